@@ -1,0 +1,32 @@
+# Two commands do everything on a fresh machine:
+#   make demo   set up, then run the main job (synthetic softmax-bottleneck experiment, no download)
+#   make test   set up, then run the default test suite
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+# the CPU wheel; an already-installed torch (any build) is kept
+TORCH_SPEC ?= torch==2.13.0
+DEMO_OUT ?= results/synthetic_bottleneck
+STAMP := .install.stamp
+
+.PHONY: install demo test test-slow clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml hf_heads/compat.py
+	@$(PYTHON) -c "import torch" 2>/dev/null && echo "using installed torch $$($(PYTHON) -c 'import torch; print(torch.__version__)')" \
+		|| $(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install -e ".[all]"
+	$(PYTHON) -c "from hf_heads.compat import main; raise SystemExit(main(['--fix']))"
+	@touch $(STAMP)
+
+demo: install
+	$(PYTHON) -m recipes.synthetic_bottleneck --out $(DEMO_OUT)
+
+test: install
+	$(PYTHON) -m pytest
+
+test-slow: install
+	$(PYTHON) -m pytest -m slow
+
+clean:
+	rm -rf $(STAMP) results build *.egg-info

@@ -1,0 +1,18 @@
+"""The pure-torch output heads, shared by the HF and fairseq adapters.
+
+Importing this package registers every head (one module per head, one ``register_head`` each).
+"""
+from .base import (HeadConfig, OutputHead, SingleSoftmaxHead, available_heads, get_head_class,
+                   register_head)
+from .mixtape import MixtapeConfig, MixtapeHead
+from .mos import MoSConfig, MoSHead
+from .plif import MoSPLIFConfig, MoSPLIFHead, PiecewiseLinearIncreasing, PLIFConfig, PLIFHead
+from .sigsoftmax import SigsoftmaxConfig, SigsoftmaxHead
+from .softmax import SoftmaxConfig, SoftmaxHead
+
+__all__ = [
+    "HeadConfig", "OutputHead", "SingleSoftmaxHead", "available_heads", "get_head_class", "register_head",
+    "SoftmaxConfig", "SoftmaxHead", "MoSConfig", "MoSHead", "MixtapeConfig", "MixtapeHead",
+    "PLIFConfig", "PLIFHead", "MoSPLIFConfig", "MoSPLIFHead", "PiecewiseLinearIncreasing",
+    "SigsoftmaxConfig", "SigsoftmaxHead",
+]

@@ -1,0 +1,297 @@
+"""The head interface, its config base class and the registry every adapter reads.
+
+A *head* replaces ``log_softmax(W g + b)``, the last layer of a language or translation
+model. Every head maps hidden states ``g`` of shape ``[..., hidden_size]`` to normalised
+log-probabilities ``[..., vocab_size]`` and offers the same small interface, so nothing
+downstream (fairseq criterion, HF model wrapper, recipes, tests) special-cases a head by name:
+
+* ``head(hidden)``           normalised log-probs, float32;
+* ``head.loss(hidden, target, ignore_index=-100, reduction="mean")``  the NLL, which a
+  head may compute without materialising what ``head(hidden)`` does;
+* ``head.aux_loss()``        a scalar regulariser to add to the training loss (0 by default);
+* ``head.topk(hidden, k)``   the k best tokens and their log-probs;
+* ``head.config``            a :class:`HeadConfig` dataclass with ``to_dict()``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional, Tuple, Type
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import functional as HF
+
+# ----------------------------------------------------------------------------- registry
+_REGISTRY: Dict[str, Type["OutputHead"]] = {}
+
+
+def register_head(name: str) -> Callable[[Type["OutputHead"]], Type["OutputHead"]]:
+    """Class decorator: make a head buildable as ``build_head(name, ...)``.
+
+    The registry is the one list of heads: the HF config validation, fairseq's
+    ``--output-head`` choices, the docs table and the test table all read it.
+    """
+
+    def wrap(cls: Type["OutputHead"]) -> Type["OutputHead"]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"head name {name!r} is already registered by {_REGISTRY[name].__name__}")
+        cls.head_name = name
+        cls.config_class.head_name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def available_heads() -> list:
+    """Sorted names of every registered head."""
+    return sorted(_REGISTRY)
+
+
+def get_head_class(name: str) -> Type["OutputHead"]:
+    """The head class registered under ``name``; ``ValueError`` listing the names otherwise."""
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"unknown output head {name!r}; available heads: {', '.join(available_heads())}")
+    return _REGISTRY[name]
+
+
+# ----------------------------------------------------------------------------- config
+def option(default: Any, help: str, **kwargs) -> Any:
+    """A dataclass field carrying its help text (read by the fairseq / HF adapters and docs)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
+    return field(default=default, metadata={"help": help}, **kwargs)
+
+
+def check_option(head: str, name: str, value: Any, ok: bool, allowed: str) -> None:
+    """Raise ``ValueError`` naming the head, the option, the value and what is allowed."""
+    if not ok:
+        raise ValueError(f"{head}: option {name}={value!r} is out of range; allowed: {allowed}")
+
+
+def check_int(head: str, name: str, value: Any, lo: int, hi: Optional[int] = None) -> None:
+    """Check that ``value`` is an int in ``[lo, hi]`` (``hi=None``: no upper bound)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
+    check_option(head, name, value, ok, f"an integer in [{lo}, {'inf' if hi is None else hi}]")
+
+
+def check_float(head: str, name: str, value: Any, lo: float, hi: float, lo_open=False, hi_open=False) -> None:
+    """Check that ``value`` is a real number in the given (half-)open or closed interval."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+    check_option(head, name, value, ok, f"a number in {interval}")
+
+
+@dataclass
+class HeadConfig:
+    """Options shared by every head. Subclasses add the head's own options.
+
+    Fields carry their help text in ``metadata["help"]``; ``__post_init__`` rejects bad values
+    with a ``ValueError`` that names the option, the value and the allowed range.
+    """
+
+    hidden_size: int = option(512, "size d1 of the last hidden state g fed to the head")
+    vocab_size: int = option(10000, "number V of output tokens")
+    embedding_size: Optional[int] = option(
+        None, "size d of the output embedding W (V x d); defaults to hidden_size (heads that "
+        "project g to context vectors h_k = tanh(H_k g) may use d != d1)")
+    dropout: float = option(0.0, "dropout on the context vector(s) multiplied with the output embedding")
+    use_bias: bool = option(True, "add an output bias b (V)")
+
+    head_name = "head"  # class attribute, set per subclass for messages
+
+    def __post_init__(self) -> None:
+        n = self.head_name
+        check_int(n, "hidden_size", self.hidden_size, 1)
+        check_int(n, "vocab_size", self.vocab_size, 2)
+        if self.embedding_size is None:
+            self.embedding_size = self.hidden_size
+        check_int(n, "embedding_size", self.embedding_size, 1)
+        check_float(n, "dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        check_option(n, "use_bias", self.use_bias, isinstance(self.use_bias, bool), "True or False")
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The options as a JSON-serialisable dict (what ``save_head`` writes)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def option_help(cls) -> Dict[str, str]:
+        """``{option name: help text}`` for every option of this config."""
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "HeadConfig":
+        """Build the config, rejecting unknown option names with the list of known ones."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(
+                f"{cls.head_name}: unknown option(s) {', '.join(unknown)}; "
+                f"allowed options: {', '.join(sorted(known))}")
+        return cls(**options)
+
+
+# ----------------------------------------------------------------------------- heads
+class OutputHead(nn.Module):
+    """Base class of every head: holds the output embedding ``weight`` (V x d) and ``bias`` (V).
+
+    Subclasses implement :meth:`log_probs_2d` on flattened hidden states ``[N, d1]``; the base
+    class handles shapes, validation, the NLL and top-k. Heads whose output is one softmax over a
+    score vector derive from :class:`SingleSoftmaxHead` instead and implement ``scores_2d``.
+    """
+
+    head_name = "head"
+    config_class: Type[HeadConfig] = HeadConfig
+    #: whether the head maps g (d1) to context vectors of size d; if not, d must equal d1
+    projects_context = False
+
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
+        c = config
+        if not self.projects_context and c.embedding_size != c.hidden_size:
+            raise ValueError(
+                f"{self.head_name}: option embedding_size={c.embedding_size!r} is out of range; allowed: "
+                f"equal to hidden_size={c.hidden_size} (this head multiplies g itself with W)")
+        self.config = config
+        self.weight = nn.Parameter(torch.empty(c.vocab_size, c.embedding_size))
+        self.bias = nn.Parameter(torch.zeros(c.vocab_size)) if c.use_bias else None
+        nn.init.normal_(self.weight, std=c.embedding_size ** -0.5)
+        self.dropout = nn.Dropout(c.dropout)
+
+    # -- construction -------------------------------------------------------------
+    @torch.no_grad()
+    def init_from_projection(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> None:
+        """Start the output embedding from an existing projection ``weight`` (V x d), ``bias`` (V)."""
+        c, n = self.config, self.head_name
+        if not torch.is_tensor(weight) or tuple(weight.shape) != (c.vocab_size, c.embedding_size):
+            shape = tuple(weight.shape) if torch.is_tensor(weight) else type(weight).__name__
+            raise ValueError(
+                f"{n}: weight has shape {shape}; expected (vocab_size, embedding_size) = "
+                f"({c.vocab_size}, {c.embedding_size})")
+        self.weight.copy_(weight)
+        if bias is not None:
+            if self.bias is None:
+                raise ValueError(f"{n}: bias given but use_bias=False")
+            if not torch.is_tensor(bias) or tuple(bias.shape) != (c.vocab_size,):
+                shape = tuple(bias.shape) if torch.is_tensor(bias) else type(bias).__name__
+                raise ValueError(f"{n}: bias has shape {shape}; expected (vocab_size,) = ({c.vocab_size},)")
+            self.bias.copy_(bias)
+
+    def tie_weight(self, embedding: nn.Module) -> None:
+        """Share the output embedding with an input embedding module (``embedding.weight``: V x d)."""
+        w = getattr(embedding, "weight", None)
+        c = self.config
+        if not isinstance(w, nn.Parameter) or tuple(w.shape) != (c.vocab_size, c.embedding_size):
+            shape = tuple(w.shape) if torch.is_tensor(w) else None
+            raise ValueError(
+                f"{self.head_name}: cannot tie to an embedding of shape {shape}; expected "
+                f"({c.vocab_size}, {c.embedding_size})")
+        self.weight = w
+
+    # -- to implement ---------------------------------------------------------------
+    def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Normalised float32 log-probs ``[N, V]`` for hidden states ``[N, d1]``."""
+        raise NotImplementedError
+
+    def nll_2d(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Per-token NLL ``[N]`` for valid targets (no ignore_index here); default via log-probs."""
+        return -self.log_probs_2d(hidden).gather(1, target[:, None]).squeeze(1)
+
+    # -- public interface -------------------------------------------------------------
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Normalised log-probabilities, shape ``[..., vocab_size]``: float32 for float32, bf16 and
+        fp16 inputs (the head math runs in float32), float64 for float64 inputs."""
+        h = self._flat_hidden(hidden)
+        with HF.fp32_math(h):
+            return self.log_probs_2d(h).view(*hidden.shape[:-1], self.config.vocab_size)
+
+    def loss(self, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+             reduction: str = "mean") -> torch.Tensor:
+        """Negative log-likelihood of ``target`` (shape ``hidden.shape[:-1]``).
+
+        Equals ``F.nll_loss(head(hidden).flatten(0, -2), target.flatten(), ignore_index=...,
+        reduction=...)``: ``"mean"`` averages over non-ignored tokens, ``"sum"`` adds them,
+        ``"none"`` returns one value per position (0 at ignored positions).
+        """
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"{self.head_name}: reduction={reduction!r}; allowed: 'mean', 'sum', 'none'")
+        h = self._flat_hidden(hidden)
+        t = HF.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
+        valid = t != ignore_index
+        with HF.fp32_math(h):
+            if bool(valid.all()):
+                nll = self.nll_2d(h, t)
+            else:
+                nll = h.new_zeros(t.shape)
+                if bool(valid.any()):
+                    nll = nll.masked_scatter(valid, self.nll_2d(h[valid], t[valid]))
+        if reduction == "none":
+            return nll.view(target.shape)
+        if reduction == "sum":
+            return nll.sum()
+        return nll.sum() / valid.sum()  # nan when every target is ignored, like F.nll_loss
+
+    def aux_loss(self) -> torch.Tensor:
+        """Scalar regulariser to add to the training loss; 0 for heads without one."""
+        return self.weight.new_zeros((), dtype=torch.float32)
+
+    def topk(self, hidden: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` most probable tokens: ``(log_probs, indices)``, each ``[..., k]``, best first."""
+        check_int(self.head_name, "k", k, 1, self.config.vocab_size)
+        return self.forward(hidden).topk(k, dim=-1)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return f"name={self.head_name!r}, hidden_size={c.hidden_size}, vocab_size={c.vocab_size}"
+
+    # -- helpers ------------------------------------------------------------------------
+    def _flat_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Validated hidden states ``[N, hidden_size]`` in the compute dtype (float32, or float64)."""
+        if not torch.is_tensor(hidden) or hidden.dim() < 1 or hidden.shape[-1] != self.config.hidden_size:
+            shape = tuple(hidden.shape) if torch.is_tensor(hidden) else type(hidden).__name__
+            raise ValueError(
+                f"{self.head_name}: hidden has shape {shape}; expected [..., hidden_size] with "
+                f"hidden_size={self.config.hidden_size}")
+        if not hidden.is_floating_point():
+            raise ValueError(f"{self.head_name}: hidden has dtype {hidden.dtype}; expected a floating-point tensor")
+        return hidden.reshape(-1, self.config.hidden_size).to(HF.compute_dtype(hidden))
+
+    def _output_logits(self, context: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
+        """float32 ``context @ W[rows]^T + b[rows]`` (autocast off, so the math stays fp32)."""
+        b = None if self.bias is None else self.bias[rows]
+        return HF.linear_fp32(context, self.weight[rows], b)
+
+
+class SingleSoftmaxHead(OutputHead):
+    """A head whose distribution is one softmax over a score vector: ``log_softmax(s(g))``.
+
+    The NLL is a fused cross-entropy on the scores, never a log-softmax plus gather.
+    """
+
+    def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 pre-softmax scores ``[N, V]``."""
+        raise NotImplementedError
+
+    def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.scores_2d(hidden), dim=-1)
+
+    def nll_2d(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.scores_2d(hidden), target, reduction="none")
+
+    def topk(self, hidden: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        check_int(self.head_name, "k", k, 1, self.config.vocab_size)
+        h = self._flat_hidden(hidden)
+        with HF.fp32_math(h):
+            s = self.scores_2d(h)
+            top, idx = s.topk(k, dim=-1)
+            lp = top - torch.logsumexp(s, dim=-1, keepdim=True)
+        shape = (*hidden.shape[:-1], k)
+        return lp.view(shape), idx.view(shape)

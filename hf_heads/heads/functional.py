@@ -1,0 +1,149 @@
+"""Shared math of the heads, as plain functions (torch only).
+
+Everything that more than one head needs lives here once: the float32 projection, the target
+checks, the log-space mixture, the sigmoid tree and the piecewise-linear increasing function.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def fp32_math(t: torch.Tensor):
+    """Context in which autocast is off on ``t``'s device, so head math stays in float32.
+
+    bf16/fp16 models feed low-precision hidden states; logits of a large vocabulary overflow
+    fp16 and lose ranks in bf16, so every head does its output math in float32.
+    """
+    return torch.autocast(device_type=t.device.type, enabled=False)
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype head math runs in for input ``t``: float64 stays float64, all else is float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ weight^T + bias`` in float32 (float64 for float64 ``x``), whatever the parameters' dtype."""
+    dt = compute_dtype(x)
+    with fp32_math(x):
+        return F.linear(x.to(dt), weight.to(dt), None if bias is None else bias.to(dt))
+
+
+def check_target(head: str, target: torch.Tensor, expected_shape: Sequence[int], vocab_size: int,
+                 ignore_index: int) -> torch.Tensor:
+    """Validate a target tensor and return it flattened.
+
+    ``target`` must be an integer tensor of shape ``expected_shape`` (the hidden states' leading
+    dims) with values in ``[0, vocab_size)`` or equal to ``ignore_index``.
+    """
+    if not torch.is_tensor(target):
+        raise ValueError(f"{head}: target must be a tensor of token ids, got {type(target).__name__}")
+    if target.dtype.is_floating_point or target.dtype == torch.bool or target.is_complex():
+        raise ValueError(f"{head}: target has dtype {target.dtype}; expected an integer tensor (torch.long)")
+    if tuple(target.shape) != tuple(expected_shape):
+        raise ValueError(
+            f"{head}: target has shape {tuple(target.shape)}; expected {tuple(expected_shape)} "
+            f"(the leading dims of hidden)")
+    t = target.reshape(-1).long()
+    bad = ((t < 0) | (t >= vocab_size)) & (t != ignore_index)
+    if bool(bad.any()):
+        value = int(t[bad][0])
+        raise ValueError(
+            f"{head}: target contains {value}; allowed: token ids in [0, {vocab_size}) "
+            f"or ignore_index={ignore_index}")
+    return t
+
+
+def sigmoid_tree_log_priors(gate_logits: torch.Tensor) -> torch.Tensor:
+    """Log-priors of K = 2^L leaves from K - 1 sigmoid gates (Mixtape eq. 3, in log space).
+
+    ``gate_logits[..., i]`` is the gate of node ``i`` of a complete binary tree in heap order
+    (root 0, children of ``i`` at ``2i+1, 2i+2``). Going left multiplies by ``sigmoid(l)``, right
+    by ``1 - sigmoid(l) = sigmoid(-l)``; for K = 4 this is exactly the paper's
+    ``pi_1 = g1 g2, pi_2 = g1 (1-g2), pi_3 = (1-g1) g3, pi_4 = (1-g1)(1-g3)``.
+    Returns ``[..., K]`` log-priors that sum (in prob space) to one.
+    """
+    num_nodes = gate_logits.shape[-1]
+    log_p = gate_logits.new_zeros(*gate_logits.shape[:-1], 1)
+    start, width = 0, 1
+    while start < num_nodes:
+        nodes = gate_logits[..., start:start + width]
+        if nodes.shape[-1] != width:
+            raise ValueError(f"sigmoid tree needs 2^L - 1 gates, got {num_nodes}")
+        left = log_p + F.logsigmoid(nodes)
+        right = log_p + F.logsigmoid(-nodes)
+        log_p = torch.stack([left, right], dim=-1).flatten(-2)
+        start, width = start + width, width * 2
+    return log_p
+
+
+class _PiecewiseLinearIncreasing(torch.autograd.Function):
+    """``f(z)`` with knots evenly spaced on [-R, R]; saves only ``z`` for backward.
+
+    The naive autograd form keeps the bin index, the gathered slope and the offset (three
+    tensors the size of ``z``); here backward recomputes the bin index from ``z`` and reduces
+    the slope gradients with one ``index_add_`` per statistic.
+    """
+
+    @staticmethod
+    def forward(ctx, z, slopes, knot_range):
+        num_knots = slopes.shape[0]
+        step = 2.0 * knot_range / num_knots
+        idx = ((z + knot_range) / step).floor_().clamp_(0, num_knots - 1).long()
+        offset = torch.cumsum(slopes * step, 0) - slopes * step  # exclusive prefix sum
+        left = idx.to(z.dtype).mul_(step).sub_(knot_range)
+        s = slopes[idx]
+        out = offset[idx].add_(s.mul_(z - left)).sub_(knot_range)
+        ctx.save_for_backward(z, slopes)
+        ctx.knot_range = knot_range
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        z, slopes = ctx.saved_tensors
+        knot_range = ctx.knot_range
+        num_knots = slopes.shape[0]
+        step = 2.0 * knot_range / num_knots
+        idx = ((z + knot_range) / step).floor_().clamp_(0, num_knots - 1).long()
+        grad_z = grad_slopes = None
+        if ctx.needs_input_grad[0]:
+            grad_z = grad_out * slopes[idx]
+        if ctx.needs_input_grad[1]:
+            flat_idx = idx.reshape(-1)
+            g = grad_out.reshape(-1).to(slopes.dtype)
+            left = idx.to(z.dtype).mul_(step).sub_(knot_range)
+            # d f / d s_j = step for every bin j below idx (via the prefix sum), (z - left) at idx
+            per_bin = slopes.new_zeros(num_knots).index_add_(0, flat_idx, g)
+            at_bin = slopes.new_zeros(num_knots).index_add_(0, flat_idx, g * (z - left).reshape(-1))
+            above = per_bin.flip(0).cumsum(0).flip(0) - per_bin
+            grad_slopes = above * step + at_bin
+        return grad_z, grad_slopes, None
+
+
+def piecewise_linear_increasing(z: torch.Tensor, slopes: torch.Tensor, knot_range: float) -> torch.Tensor:
+    """PLIF (Ganea et al. 2019): monotone piecewise-linear ``f`` applied elementwise to ``z``.
+
+    With T = ``len(slopes)`` knots at step D = 2R/T on [-R, R] and bin ``i = clamp(floor((z+R)/D),
+    0, T-1)``: ``f(z) = D * sum_{j<i} s_j + s_i (z - (-R + D i)) - R``, so f(-R) = -R, f is the
+    identity when every slope is 1, and it extends its first/last piece linearly outside
+    [-R, R]. O(1) work per element whatever T is. ``slopes`` must be positive.
+    """
+    return _PiecewiseLinearIncreasing.apply(z, slopes, float(knot_range))
+
+
+def piecewise_linear_increasing_reference(z: torch.Tensor, slopes: torch.Tensor, knot_range: float) -> torch.Tensor:
+    """Obviously-correct O(T)-per-element PLIF: sum over knots of ``s_j * clip(z - x_j, 0, D)``.
+
+    Used by the tests as ground truth; extrapolates below -R and above R with the end slopes.
+    """
+    num_knots = slopes.shape[0]
+    step = 2.0 * knot_range / num_knots
+    knots = -knot_range + step * torch.arange(num_knots, dtype=z.dtype, device=z.device)
+    inside = (z[..., None] - knots).clamp(0, step)
+    out = (inside * slopes).sum(-1) - knot_range
+    below = (z + knot_range).clamp(max=0) * slopes[0]
+    above = (z - knot_range).clamp(min=0) * slopes[-1]
+    return out + below + above

@@ -1,0 +1,121 @@
+"""Mixtape (Yang, Luong, Salakhutdinov & Le, NeurIPS 2019), papers/mixtape-paper.md eqs. 2-6."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import functional as HF
+from .base import HeadConfig, SingleSoftmaxHead, check_float, check_int, check_option, option, register_head
+
+
+@dataclass
+class MixtapeConfig(HeadConfig):
+    """Options of :class:`MixtapeHead` (paper symbols in brackets)."""
+
+    num_gates: int = option(4, "number of gates / context vectors [K], a power of two (paper: 4)")
+    frequent_fraction: float = option(
+        0.1, "fraction of the vocabulary, the most frequent token ids, with their own gate priors "
+        "[r = S/V]; the rest share one gate (paper: 0.1 for LM, 0.5 for MT). Token ids must be "
+        "ordered by frequency, most frequent first (fairseq dictionaries are)")
+    gate_embedding_size: int = option(64, "size of the gate embeddings v_x and of tanh(U_k g) [d2]")
+    gate_noise: float = option(0.1, "std of the Gaussian noise on the gate pre-activations in training")
+    gate_dropout: float = option(0.0, "dropout on tanh(U_k g) (paper: 0.15-0.2 for MT)")
+    gate_weight_norm: bool = option(
+        False, "weight-normalise the rows of U_k with a constant scale (paper: on for LM)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.head_name
+        k = self.num_gates
+        check_option(n, "num_gates", k, isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 1024
+                     and (k & (k - 1)) == 0, "a power of two in [1, 1024] (1, 2, 4, 8, ...)")
+        check_float(n, "frequent_fraction", self.frequent_fraction, 0.0, 1.0, lo_open=True)
+        check_int(n, "gate_embedding_size", self.gate_embedding_size, 1)
+        check_float(n, "gate_noise", self.gate_noise, 0.0, math.inf, hi_open=True)
+        check_float(n, "gate_dropout", self.gate_dropout, 0.0, 1.0, hi_open=True)
+        check_option(n, "gate_weight_norm", self.gate_weight_norm, isinstance(self.gate_weight_norm, bool),
+                     "True or False")
+
+    @property
+    def num_frequent(self) -> int:
+        """S = round(r V), at least 1: how many token ids get their own gate priors."""
+        return max(1, min(self.vocab_size, round(self.frequent_fraction * self.vocab_size)))
+
+
+@register_head("mixtape")
+class MixtapeHead(SingleSoftmaxHead):
+    """Logit-space vector gating with a sigmoid tree and gate sharing.
+
+    With ``g' = g / sqrt(d1)`` (as in Mesh-TensorFlow's ``Mixtape``):
+
+    * contexts (eq. 5): ``h_k = dropout(tanh(H_k g' + c_k))``, k = 1..K;
+    * gate pre-activations (eq. 4) for the S most frequent ids x < S:
+      ``l_{x,k} = v_x . dropout(tanh(U_k g' + a_k)) + u_k . g' + b_{x,k}``, and for every other id the
+      shared ``l_k = u_k . g'`` (eq. 6), k = 1..K-1, plus N(0, gate_noise^2) in training;
+    * priors (eq. 3): a sigmoid tree turns the K-1 gates into K priors ``pi_{x,k}``;
+    * logits (eq. 2): ``z_x = sum_k pi_{x,k} h_k . w_x + b_x``, then one softmax.
+
+    For the shared ids the mixture is taken before the product, ``(sum_k pi_k h_k) . w_x``, so the
+    K x N x V tensor of component logits is only built for the S frequent ids.
+    """
+
+    config_class = MixtapeConfig
+    projects_context = True
+
+    def __init__(self, config: MixtapeConfig):
+        super().__init__(config)
+        c = config
+        k, d1, d2, s = c.num_gates, c.hidden_size, c.gate_embedding_size, c.num_frequent
+        self.context_proj = nn.Linear(d1, k * c.embedding_size)                   # H_k, c_k
+        self.gate_proj = nn.Linear(d1, (k - 1) * d2)                              # U_k, a_k
+        self.shared_gate = nn.Linear(d1, k - 1, bias=False)                       # u_k
+        self.gate_embedding = nn.Parameter(torch.empty(s, d2))                    # v_x
+        self.gate_bias = nn.Parameter(torch.zeros(s, k - 1))                      # b_{x,k}
+        self.gate_dropout = nn.Dropout(c.gate_dropout)
+        for lin in (self.context_proj, self.gate_proj, self.shared_gate):
+            nn.init.normal_(lin.weight)  # unit variance: the input is scaled by d1^-1/2
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+        nn.init.normal_(self.gate_embedding, std=d2 ** -0.5)
+
+    def _gate_weight(self) -> torch.Tensor:
+        w = self.gate_proj.weight
+        if self.config.gate_weight_norm:
+            # rows kept at norm sqrt(d1), their expected norm at initialisation (constant scale)
+            w = w * (math.sqrt(w.shape[1]) / w.norm(dim=1, keepdim=True).clamp_min(1e-12))
+        return w
+
+    def _noisy(self, gate_logits: torch.Tensor) -> torch.Tensor:
+        if self.training and self.config.gate_noise > 0:
+            return gate_logits + self.config.gate_noise * torch.randn_like(gate_logits)
+        return gate_logits
+
+    def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 Mixtape logits ``z`` ``[N, V]`` (one softmax of these gives the distribution)."""
+        c = self.config
+        k, s = c.num_gates, c.num_frequent
+        g = hidden * c.hidden_size ** -0.5
+        ctx = torch.tanh(HF.linear_fp32(g, self.context_proj.weight, self.context_proj.bias))
+        ctx = self.dropout(ctx.view(-1, k, c.embedding_size))                          # [N, K, d]
+        if k == 1:
+            return self._output_logits(ctx[:, 0])
+        shared = HF.linear_fp32(g, self.shared_gate.weight)                            # [N, K-1]
+        gate_ctx = torch.tanh(HF.linear_fp32(g, self._gate_weight(), self.gate_proj.bias))
+        gate_ctx = self.gate_dropout(gate_ctx.view(-1, k - 1, c.gate_embedding_size))  # [N, K-1, d2]
+        # frequent ids: own gate priors -> vector gating in logit space
+        freq_gates = torch.einsum("nke,se->nsk", gate_ctx, self.gate_embedding.to(g.dtype))
+        freq_gates = self._noisy(freq_gates + shared[:, None, :] + self.gate_bias.to(g.dtype))
+        freq_prior = HF.sigmoid_tree_log_priors(freq_gates).exp()                      # [N, S, K]
+        comp = torch.einsum("nkd,sd->nsk", ctx, self.weight[:s].to(g.dtype))               # [N, S, K]
+        freq_logits = (freq_prior * comp).sum(-1)
+        if self.bias is not None:
+            freq_logits = freq_logits + self.bias[:s].to(g.dtype)
+        if s == c.vocab_size:
+            return freq_logits
+        # other ids: one shared prior -> mix the contexts first (scalar mixture)
+        shared_prior = HF.sigmoid_tree_log_priors(self._noisy(shared)).exp()         # [N, K]
+        mixed = torch.einsum("nk,nkd->nd", shared_prior, ctx)
+        return torch.cat([freq_logits, self._output_logits(mixed, slice(s, None))], dim=-1)

@@ -1,0 +1,67 @@
+"""Mixture of Softmaxes (Yang et al. 2018, "Breaking the softmax bottleneck")."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import functional as HF
+from .base import HeadConfig, OutputHead, check_int, option, register_head
+
+
+@dataclass
+class MoSConfig(HeadConfig):
+    """Options of :class:`MoSHead`."""
+
+    num_components: int = option(
+        15, "number K of softmax components (paper: 15 on PTB/WT2, 7 on 1B, 9 for MT)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int(self.head_name, "num_components", self.num_components, 1, 1024)
+
+
+@register_head("mos")
+class MoSHead(OutputHead):
+    """``log p(x|g) = logsumexp_k( log pi_k + log_softmax(W h_k + b)_x )``.
+
+    ``pi = softmax(P g)`` (P: d1 -> K, no bias), ``h_k = dropout(tanh(H_k g + c_k))`` (H: d1 -> K*d),
+    one output embedding W shared by the components, as in zihangdai/mos. The original mixes
+    probabilities and takes ``log(p + 1e-8)``; this head mixes in log space (exact, no floor).
+    With K = 1 it is a softmax over ``tanh(H g + c)``.
+    """
+
+    config_class = MoSConfig
+    projects_context = True
+
+    def __init__(self, config: MoSConfig):
+        super().__init__(config)
+        c = config
+        self.context_proj = nn.Linear(c.hidden_size, c.num_components * c.embedding_size)
+        self.prior_proj = nn.Linear(c.hidden_size, c.num_components, bias=False)
+
+    def component_scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """Per-component score transform before the softmax (identity; MoS-PLIF deforms it)."""
+        return logits
+
+    def _contexts_and_log_priors(self, hidden: torch.Tensor):
+        c = self.config
+        log_prior = torch.log_softmax(HF.linear_fp32(hidden, self.prior_proj.weight), dim=-1)
+        ctx = torch.tanh(HF.linear_fp32(hidden, self.context_proj.weight, self.context_proj.bias))
+        ctx = self.dropout(ctx.view(-1, c.num_components, c.embedding_size))
+        return ctx, log_prior
+
+    def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
+        ctx, log_prior = self._contexts_and_log_priors(hidden)
+        parts = [torch.log_softmax(self.component_scores(self._output_logits(ctx[:, k])), dim=-1)
+                 + log_prior[:, k, None] for k in range(self.config.num_components)]
+        return torch.logsumexp(torch.stack(parts, dim=1), dim=1)
+
+    def nll_2d(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        ctx, log_prior = self._contexts_and_log_priors(hidden)
+        parts = []
+        for k in range(self.config.num_components):
+            s = self.component_scores(self._output_logits(ctx[:, k]))
+            parts.append(s.gather(1, target[:, None]).squeeze(1) - torch.logsumexp(s, dim=-1))
+        return -torch.logsumexp(torch.stack(parts, dim=1) + log_prior, dim=1)

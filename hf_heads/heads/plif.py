@@ -1,0 +1,89 @@
+"""PLIF (Ganea et al. 2019, "Breaking the softmax bottleneck via learnable monotonic pointwise
+non-linearities"): ``softmax(f(z))`` with a learnt monotone piecewise-linear ``f``."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import functional as HF
+from .base import HeadConfig, SingleSoftmaxHead, check_float, check_int, option, register_head
+from .mos import MoSConfig, MoSHead
+
+
+@dataclass
+class PLIFConfig(HeadConfig):
+    """Options of :class:`PLIFHead` (paper symbols in brackets)."""
+
+    num_knots: int = option(100000, "number of linear pieces of f [T] (paper: 1e5 to 1e6)")
+    knot_range: float = option(20.0, "f has its knots evenly spaced on [-R, R] [R] (paper: 20)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int(self.head_name, "num_knots", self.num_knots, 1, 10_000_000)
+        check_float(self.head_name, "knot_range", self.knot_range, 0.0, 1e6, lo_open=True)
+
+
+class PiecewiseLinearIncreasing(nn.Module):
+    """Learnt monotone ``f``: slopes ``softplus(p)`` on T pieces of [-R, R], identity at start.
+
+    ``p`` starts at ``log(e - 1)`` so every slope is 1 and ``f(z) = z``. The authors add small
+    noise to that start; it is not needed here (each piece gets its own gradient) and without it
+    a fresh PLIF head is exactly a softmax. Train ``slope_params`` with its own learning rate
+    (paper: 0.02) by putting it in a separate optimiser group if you follow the paper.
+    """
+
+    def __init__(self, num_knots: int, knot_range: float):
+        super().__init__()
+        self.knot_range = float(knot_range)
+        self.slope_params = nn.Parameter(torch.full((num_knots,), math.log(math.e - 1.0)))
+
+    def slopes(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The T positive slopes ``softplus(p)`` in ``dtype``."""
+        return F.softplus(self.slope_params.to(dtype))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return HF.piecewise_linear_increasing(z, self.slopes(z.dtype), self.knot_range)
+
+    def extra_repr(self) -> str:
+        return f"num_knots={self.slope_params.shape[0]}, knot_range={self.knot_range}"
+
+
+@register_head("plif")
+class PLIFHead(SingleSoftmaxHead):
+    """``log p = log_softmax(f(W dropout(g) + b))`` with ``f`` a :class:`PiecewiseLinearIncreasing`.
+
+    O(1) lookup per logit for any number of knots; backward keeps only the logits.
+    """
+
+    config_class = PLIFConfig
+
+    def __init__(self, config: PLIFConfig):
+        super().__init__(config)
+        self.plif = PiecewiseLinearIncreasing(config.num_knots, config.knot_range)
+
+    def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.plif(self._output_logits(self.dropout(hidden)))
+
+
+@dataclass
+class MoSPLIFConfig(MoSConfig, PLIFConfig):
+    """Options of :class:`MoSPLIFHead`: those of MoS and of PLIF."""
+
+
+@register_head("mos_plif")
+class MoSPLIFHead(MoSHead):
+    """MoS whose every component is ``softmax(f(W h_k + b))``, one shared PLIF ``f`` (paper's
+    "MoS + PLIF")."""
+
+    config_class = MoSPLIFConfig
+
+    def __init__(self, config: MoSPLIFConfig):
+        super().__init__(config)
+        self.plif = PiecewiseLinearIncreasing(config.num_knots, config.knot_range)
+
+    def component_scores(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.plif(logits)

@@ -1,0 +1,23 @@
+"""Plain softmax: ``log_softmax(W g + b)``, the reference every other head is compared with."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import HeadConfig, SingleSoftmaxHead, register_head
+
+
+@dataclass
+class SoftmaxConfig(HeadConfig):
+    """Options of :class:`SoftmaxHead` (only the shared ones)."""
+
+
+@register_head("softmax")
+class SoftmaxHead(SingleSoftmaxHead):
+    """``p(x | g) = softmax(W dropout(g) + b)_x``; needs ``embedding_size == hidden_size``."""
+
+    config_class = SoftmaxConfig
+
+    def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._output_logits(self.dropout(hidden))

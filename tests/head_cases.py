@@ -1,0 +1,183 @@
+"""One table of head cases driving the generic head tests: adding a head = adding one row.
+
+Each case gives tiny options, a slow obviously-correct reference (loops, probability space,
+float64) and, where the paper has one, the degenerate setting in which the head must reduce to
+a plain softmax of the same logits.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
+
+import torch
+
+from hf_heads.heads.functional import piecewise_linear_increasing_reference
+
+HIDDEN, VOCAB = 6, 11
+
+
+def _softmax_probs(logits: torch.Tensor) -> torch.Tensor:
+    e = torch.exp(logits - logits.max())
+    return e / e.sum()
+
+
+# ------------------------------------------------------------------ slow references (one token at a time)
+def ref_softmax(head, g):
+    return torch.log(_softmax_probs(head.weight @ g + _bias(head)))
+
+
+def ref_sigsoftmax(head, g):
+    z = head.weight @ g + _bias(head)
+    p = torch.exp(z) * torch.sigmoid(z)  # the paper's form; fine for the small logits of the tests
+    return torch.log(p / p.sum())
+
+
+def _bias(head):
+    return 0.0 if head.bias is None else head.bias
+
+
+def _mos_mixture(head, g, transform=lambda z: z):
+    c = head.config
+    prior = _softmax_probs(head.prior_proj.weight @ g)
+    ctx = torch.tanh(head.context_proj.weight @ g + head.context_proj.bias).view(c.num_components, -1)
+    p = sum(prior[k] * _softmax_probs(transform(head.weight @ ctx[k] + _bias(head)))
+            for k in range(c.num_components))
+    return torch.log(p)
+
+
+def ref_mos(head, g):
+    return _mos_mixture(head, g)
+
+
+def ref_mos_plif(head, g):
+    slopes = head.plif.slopes(g.dtype)
+    return _mos_mixture(head, g, lambda z: piecewise_linear_increasing_reference(z, slopes, head.plif.knot_range))
+
+
+def ref_plif(head, g):
+    z = head.weight @ g + _bias(head)
+    f = piecewise_linear_increasing_reference(z, head.plif.slopes(g.dtype), head.plif.knot_range)
+    return torch.log(_softmax_probs(f))
+
+
+def _tree_priors(gamma):
+    """Leaf probabilities of the sigmoid tree, written out recursively (paper eq. 3)."""
+    def leaves(node, depth, levels):
+        if depth == levels:
+            return [1.0]
+        left = leaves(2 * node + 1, depth + 1, levels)
+        right = leaves(2 * node + 2, depth + 1, levels)
+        return [gamma[node] * p for p in left] + [(1 - gamma[node]) * p for p in right]
+    levels = int(math.log2(len(gamma) + 1))
+    return leaves(0, 0, levels)
+
+
+def ref_mixtape(head, g):
+    c = head.config
+    k, s = c.num_gates, c.num_frequent
+    g = g / math.sqrt(c.hidden_size)
+    h = torch.tanh(head.context_proj.weight @ g + head.context_proj.bias).view(k, -1)
+    logits = torch.empty(c.vocab_size, dtype=g.dtype)
+    for x in range(c.vocab_size):
+        if k == 1:
+            pi = [1.0]
+        else:
+            u = head.shared_gate.weight @ g
+            if x < s:
+                gate_ctx = torch.tanh(head._gate_weight() @ g + head.gate_proj.bias).view(k - 1, -1)
+                l = gate_ctx @ head.gate_embedding[x] + u + head.gate_bias[x]
+            else:
+                l = u
+            pi = _tree_priors(torch.sigmoid(l))
+        logits[x] = sum(pi[j] * (h[j] @ head.weight[x]) for j in range(k)) + (0.0 if head.bias is None else head.bias[x])
+    return torch.log(_softmax_probs(logits))
+
+
+# ------------------------------------------------------------------ degenerate cases -> plain softmax
+def _softmax_like(head, weight, bias):
+    import hf_heads
+    return hf_heads.build_head("softmax", hidden_size=weight.shape[1], vocab_size=weight.shape[0],
+                               weight=weight, bias=bias, use_bias=bias is not None).to(weight.dtype).eval()
+
+
+def _reset_plif(head):
+    plif = getattr(head, "plif", None)
+    if plif is not None:
+        with torch.no_grad():
+            plif.slope_params.fill_(math.log(math.e - 1.0))  # the identity start
+
+
+def degenerate_mos(head, hidden):
+    """K = 1 (built so by the case), PLIF (if any) at its identity start: a softmax over tanh(H g + c)."""
+    _reset_plif(head)
+    ctx = torch.tanh(hidden @ head.context_proj.weight.T + head.context_proj.bias)
+    return _softmax_like(head, head.weight, head.bias)(ctx)
+
+
+def degenerate_mixtape(head, hidden):
+    """All gate parameters 0 -> every prior 1/K -> a softmax over the mean context."""
+    with torch.no_grad():
+        for p in (head.gate_proj.weight, head.gate_proj.bias, head.shared_gate.weight,
+                  head.gate_embedding, head.gate_bias):
+            p.zero_()
+    c = head.config
+    g = hidden / math.sqrt(c.hidden_size)
+    ctx = torch.tanh(g @ head.context_proj.weight.T + head.context_proj.bias)
+    mean_ctx = ctx.view(*ctx.shape[:-1], c.num_gates, -1).mean(-2)
+    return _softmax_like(head, head.weight, head.bias)(mean_ctx)
+
+
+def degenerate_plif(head, hidden):
+    """At initialisation f is the identity: the head is a softmax of the same logits."""
+    _reset_plif(head)
+    return _softmax_like(head, head.weight, head.bias)(hidden)
+
+
+# ------------------------------------------------------------------ the table
+@dataclass
+class HeadCase:
+    name: str
+    options: Dict = field(default_factory=dict)
+    reference: Optional[Callable] = None
+    degenerate: Optional[Callable] = None  # (head, hidden) -> expected log-probs; may edit head
+    degenerate_options: Dict = field(default_factory=dict)
+    id: str = ""
+
+    def __post_init__(self):
+        self.id = self.id or self.name
+
+
+HEAD_CASES = [
+    HeadCase("softmax", {}, ref_softmax),
+    HeadCase("softmax", {"use_bias": False}, ref_softmax, id="softmax-nobias"),
+    HeadCase("sigsoftmax", {}, ref_sigsoftmax),
+    HeadCase("mos", {"num_components": 3, "embedding_size": 5}, ref_mos,
+             degenerate_mos, {"num_components": 1}),
+    HeadCase("mixtape", {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 3}, ref_mixtape,
+             degenerate_mixtape),
+    HeadCase("mixtape", {"num_gates": 8, "frequent_fraction": 0.3, "gate_embedding_size": 2,
+                         "gate_weight_norm": True, "embedding_size": 4}, ref_mixtape, id="mixtape-k8-wn"),
+    HeadCase("mixtape", {"num_gates": 2, "frequent_fraction": 1.0, "gate_embedding_size": 3}, ref_mixtape,
+             id="mixtape-k2-allfrequent"),
+    HeadCase("plif", {"num_knots": 16, "knot_range": 2.0}, ref_plif, degenerate_plif),
+    HeadCase("mos_plif", {"num_components": 2, "num_knots": 16, "knot_range": 2.0}, ref_mos_plif,
+             degenerate_mos, {"num_components": 1}),
+]
+
+
+def build_case(case: HeadCase, dtype=torch.float32, seed=0, **extra):
+    """Build the case's head, seeded, in eval mode (``randomise`` moves it off its initial values)."""
+    import hf_heads
+    torch.manual_seed(seed)
+    head = hf_heads.build_head(case.name, hidden_size=HIDDEN, vocab_size=VOCAB, **{**case.options, **extra})
+    return head.to(dtype).eval()
+
+
+def randomise(head, scale=0.5):
+    """Perturb every parameter, so nothing sits at a trivial value (PLIF's identity start, zero
+    gate biases) that could hide a bug."""
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return head

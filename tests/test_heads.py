@@ -1,0 +1,210 @@
+"""Generic tests over HEAD_CASES: every head, the same contract (SPEC section 1)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hf_heads
+from head_cases import HEAD_CASES, HIDDEN, VOCAB, build_case, randomise
+
+CASES = pytest.mark.parametrize("case", HEAD_CASES, ids=[c.id for c in HEAD_CASES])
+
+
+def _hidden(*shape, dtype=torch.float32, seed=1, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(*shape, HIDDEN, generator=g)).to(dtype)
+
+
+def test_registry_lists_every_case_head():
+    names = hf_heads.available_heads()
+    assert names == sorted(names)
+    assert {c.name for c in HEAD_CASES} <= set(names)
+    for required in ("softmax", "mos", "mixtape", "plif", "sigsoftmax", "mos_plif"):
+        assert required in names
+
+
+@CASES
+def test_log_probs_are_normalised(case):
+    head = randomise(build_case(case))
+    lp = head(_hidden(3, 5))
+    assert lp.shape == (3, 5, VOCAB) and lp.dtype == torch.float32
+    assert torch.allclose(lp.exp().sum(-1), torch.ones(3, 5), atol=1e-5)
+    assert (lp <= 1e-6).all()
+
+
+@CASES
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("ignore", [False, True])
+def test_loss_equals_nll_of_log_probs(case, reduction, ignore):
+    head = randomise(build_case(case, dtype=torch.float64))
+    hidden = _hidden(4, 3, dtype=torch.float64)
+    target = torch.randint(0, VOCAB, (4, 3), generator=torch.Generator().manual_seed(2))
+    if ignore:
+        target[0, 1] = target[2, 2] = -100
+    expected = F.nll_loss(head(hidden).flatten(0, -2), target.flatten(), ignore_index=-100, reduction=reduction)
+    got = head.loss(hidden, target, ignore_index=-100, reduction=reduction)
+    if reduction == "none":
+        expected = expected.view(4, 3)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+@CASES
+def test_loss_custom_ignore_index_and_grads_flow(case):
+    head = randomise(build_case(case))
+    hidden = _hidden(2, 4).requires_grad_()
+    target = torch.tensor([[1, 0, 3, 0], [0, 5, 0, 0]])
+    loss = head.loss(hidden, target, ignore_index=0)
+    expected = F.nll_loss(head(hidden).flatten(0, -2), target.flatten(), ignore_index=0)
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    assert hidden.grad is not None and torch.isfinite(hidden.grad).all()
+    assert hidden.grad[0, 1].abs().sum() == 0  # ignored positions get no gradient
+    assert hidden.grad[0, 0].abs().sum() > 0
+    for name, p in head.named_parameters():
+        assert p.grad is None or torch.isfinite(p.grad).all(), name
+
+
+@CASES
+def test_matches_slow_reference(case):
+    head = randomise(build_case(case, dtype=torch.float64))
+    hidden = _hidden(7, dtype=torch.float64, scale=2.0)
+    got = head(hidden)
+    with torch.no_grad():
+        expected = torch.stack([case.reference(head, g) for g in hidden])
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
+
+
+DEGENERATE = [c for c in HEAD_CASES if c.degenerate is not None]
+
+
+def test_degenerate_cases_cover_the_bottleneck_breakers():
+    assert {c.name for c in DEGENERATE} >= {"mos", "mixtape", "plif", "mos_plif"}
+
+
+@pytest.mark.parametrize("case", DEGENERATE, ids=[c.id for c in DEGENERATE])
+def test_degenerate_case_is_plain_softmax(case):
+    head = randomise(build_case(case, **case.degenerate_options))
+    hidden = _hidden(3, 4)
+    with torch.no_grad():
+        expected = case.degenerate(head, hidden)  # puts the head in its degenerate state
+    torch.testing.assert_close(head(hidden), expected, rtol=1e-5, atol=1e-5)
+
+
+@CASES
+def test_gradcheck_float64(case):
+    head = randomise(build_case(case, dtype=torch.float64))
+    hidden = _hidden(3, dtype=torch.float64).requires_grad_()
+    target = torch.tensor([1, 4, VOCAB - 1])
+    assert torch.autograd.gradcheck(lambda h: head(h), (hidden,), eps=1e-6, atol=1e-5)
+    assert torch.autograd.gradcheck(lambda h: head.loss(h, target), (hidden,), eps=1e-6, atol=1e-5)
+    # and w.r.t. the head's own parameters (one scalar check over all of them)
+    params = [p for p in head.parameters()]
+    loss = head.loss(hidden.detach(), target)
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    with torch.no_grad():
+        for p, gr in zip(params, grads):
+            if gr is None:
+                continue
+            direction = torch.randn_like(p)
+            p.add_(1e-6 * direction)
+            up = head.loss(hidden.detach(), target)
+            p.sub_(2e-6 * direction)
+            down = head.loss(hidden.detach(), target)
+            p.add_(1e-6 * direction)
+            numeric = (up - down) / 2e-6
+            assert torch.allclose((gr * direction).sum(), numeric, atol=1e-5, rtol=1e-4)
+
+
+@CASES
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inputs_are_finite_and_match_fp32(case, dtype):
+    head = randomise(build_case(case))
+    hidden = _hidden(4, 3, scale=300.0).to(dtype).requires_grad_()  # large logits
+    lp = head(hidden)
+    assert lp.dtype == torch.float32 and torch.isfinite(lp).all()
+    # fp32 ground truth on the same (rounded) inputs: the math is done in fp32
+    torch.testing.assert_close(lp, head(hidden.detach().float()), rtol=1e-5, atol=1e-4)
+    target = torch.randint(0, VOCAB, (4, 3), generator=torch.Generator().manual_seed(3))
+    loss = head.loss(hidden, target)
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert torch.isfinite(hidden.grad.float()).all()
+    # parameters in low precision too (a model cast with .to(dtype))
+    head_lp = randomise(build_case(case)).to(dtype)
+    out = head_lp(hidden.detach())
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+
+
+@CASES
+def test_autocast_keeps_head_math_fp32(case):
+    head = randomise(build_case(case))
+    hidden = _hidden(2, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp = head(hidden)
+        loss = head.loss(hidden, torch.zeros(2, 3, dtype=torch.long))
+    assert lp.dtype == torch.float32 and loss.dtype == torch.float32
+    torch.testing.assert_close(lp, head(hidden), rtol=1e-6, atol=1e-6)
+
+
+@CASES
+def test_topk_agrees_with_full_log_probs(case):
+    head = randomise(build_case(case))
+    hidden = _hidden(2, 3)
+    lp, idx = head.topk(hidden, 4)
+    full = head(hidden)
+    assert lp.shape == idx.shape == (2, 3, 4)
+    torch.testing.assert_close(lp, full.gather(-1, idx), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lp, full.topk(4, dim=-1).values, rtol=1e-5, atol=1e-5)
+
+
+@CASES
+def test_save_load_round_trip(case, tmp_path):
+    head = randomise(build_case(case))
+    hf_heads.save_head(head, tmp_path / "head")
+    loaded = hf_heads.load_head(tmp_path / "head").eval()
+    assert type(loaded) is type(head)
+    assert loaded.config == head.config and loaded.config.to_dict() == head.config.to_dict()
+    hidden = _hidden(3, 2)
+    assert torch.equal(loaded(hidden), head(hidden))
+
+
+@CASES
+def test_initialise_from_projection_and_tie(case):
+    opts = dict(case.options)
+    d = opts.pop("embedding_size", HIDDEN)
+    weight = torch.randn(VOCAB, d)
+    bias = torch.randn(VOCAB) if opts.get("use_bias", True) else None
+    head = hf_heads.build_head(case.name, hidden_size=HIDDEN, vocab_size=VOCAB, weight=weight, bias=bias, **opts)
+    assert head.config.embedding_size == d
+    assert torch.equal(head.weight.detach(), weight)
+    assert (head.bias is None) if bias is None else torch.equal(head.bias.detach(), bias)
+    emb = torch.nn.Embedding(VOCAB, d)
+    head.tie_weight(emb)
+    assert head.weight is emb.weight
+    head.loss(_hidden(2), torch.tensor([0, 1])).backward()
+    assert emb.weight.grad is not None and emb.weight.grad.abs().sum() > 0
+
+
+@CASES
+def test_a_few_training_steps_lower_the_loss(case):
+    head = build_case(case).train()
+    hidden = _hidden(64, seed=5)
+    target = torch.randint(0, VOCAB, (64,), generator=torch.Generator().manual_seed(6))
+    opt = torch.optim.Adam(head.parameters(), lr=0.05)
+    head.eval()
+    start = head.loss(hidden, target).item()
+    head.train()
+    for _ in range(40):
+        opt.zero_grad()
+        (head.loss(hidden, target) + head.aux_loss()).backward()
+        opt.step()
+    head.eval()
+    assert head.loss(hidden, target).item() < 0.8 * start
+
+
+def test_aux_loss_is_zero_scalar_for_these_heads():
+    for case in HEAD_CASES:
+        aux = build_case(case).aux_loss()
+        assert aux.dim() == 0 and aux.item() == 0.0
