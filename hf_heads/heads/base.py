@@ -148,6 +148,8 @@ class OutputHead(nn.Module):
 
     head_name = "head"
     config_class: Type[HeadConfig] = HeadConfig
+    #: where the head comes from (shown in the docs table)
+    paper = ""
     #: whether the head maps g (d1) to context vectors of size d; if not, d must equal d1
     projects_context = False
 

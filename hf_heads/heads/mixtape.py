@@ -63,6 +63,7 @@ class MixtapeHead(SingleSoftmaxHead):
     """
 
     config_class = MixtapeConfig
+    paper = "Yang et al. 2019, Mixtape: breaking the softmax bottleneck efficiently"
     projects_context = True
 
     def __init__(self, config: MixtapeConfig):

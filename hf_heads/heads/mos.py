@@ -33,6 +33,7 @@ class MoSHead(OutputHead):
     """
 
     config_class = MoSConfig
+    paper = "Yang et al. 2018, Breaking the softmax bottleneck"
     projects_context = True
 
     def __init__(self, config: MoSConfig):

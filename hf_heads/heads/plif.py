@@ -60,6 +60,7 @@ class PLIFHead(SingleSoftmaxHead):
     """
 
     config_class = PLIFConfig
+    paper = "Ganea et al. 2019, Breaking the softmax bottleneck via learnable monotonic pointwise non-linearities"
 
     def __init__(self, config: PLIFConfig):
         super().__init__(config)
@@ -80,6 +81,7 @@ class MoSPLIFHead(MoSHead):
     "MoS + PLIF")."""
 
     config_class = MoSPLIFConfig
+    paper = "Ganea et al. 2019 (MoS + PLIF)"
 
     def __init__(self, config: MoSPLIFConfig):
         super().__init__(config)

@@ -24,6 +24,7 @@ class SigsoftmaxHead(SingleSoftmaxHead):
     """
 
     config_class = SigsoftmaxConfig
+    paper = "Kanai et al. 2018, Sigsoftmax: reanalysis of the softmax bottleneck"
 
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         z = self._output_logits(self.dropout(hidden))

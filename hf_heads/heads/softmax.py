@@ -18,6 +18,7 @@ class SoftmaxHead(SingleSoftmaxHead):
     """``p(x | g) = softmax(W dropout(g) + b)_x``; needs ``embedding_size == hidden_size``."""
 
     config_class = SoftmaxConfig
+    paper = "the standard output layer"
 
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._output_logits(self.dropout(hidden))

@@ -1,0 +1,197 @@
+"""Bad input gets a ValueError naming the option, the value and what is allowed; and the
+shared math (sigmoid tree, PLIF) checked on its own."""
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+import hf_heads
+from hf_heads.heads import functional as HF
+
+BAD_OPTIONS = [
+    ("softmax", "hidden_size", 0, "integer in [1"),
+    ("softmax", "vocab_size", 1, "integer in [2"),
+    ("softmax", "dropout", 1.0, "[0.0, 1.0)"),
+    ("softmax", "dropout", -0.1, "[0.0, 1.0)"),
+    ("softmax", "embedding_size", 7, "equal to hidden_size"),
+    ("softmax", "use_bias", "yes", "True or False"),
+    ("mos", "num_components", 0, "integer in [1, 1024]"),
+    ("mos", "num_components", 2.5, "integer in [1, 1024]"),
+    ("mixtape", "num_gates", 3, "power of two"),
+    ("mixtape", "num_gates", 0, "power of two"),
+    ("mixtape", "frequent_fraction", 0.0, "(0.0, 1.0]"),
+    ("mixtape", "frequent_fraction", 1.5, "(0.0, 1.0]"),
+    ("mixtape", "gate_embedding_size", 0, "integer in [1"),
+    ("mixtape", "gate_noise", -1.0, "[0.0, inf)"),
+    ("mixtape", "gate_dropout", 1.0, "[0.0, 1.0)"),
+    ("plif", "num_knots", 0, "integer in [1, 10000000]"),
+    ("plif", "knot_range", 0.0, "(0.0, 1000000.0]"),
+    ("plif", "knot_range", float("nan"), "(0.0, 1000000.0]"),
+    ("mos_plif", "num_knots", 10 ** 8, "integer in [1, 10000000]"),
+    ("mos_plif", "num_components", -1, "integer in [1, 1024]"),
+]
+
+
+@pytest.mark.parametrize("name,opt,value,allowed", BAD_OPTIONS, ids=[f"{n}-{o}-{v}" for n, o, v, _ in BAD_OPTIONS])
+def test_out_of_range_option_names_option_value_and_range(name, opt, value, allowed):
+    kwargs = {"hidden_size": 8, "vocab_size": 20, opt: value}
+    with pytest.raises(ValueError) as err:
+        hf_heads.build_head(name, **kwargs)
+    msg = str(err.value)
+    assert name in msg and f"{opt}=" in msg and repr(value) in msg and allowed in msg, msg
+
+
+def test_unknown_head_lists_available_heads():
+    with pytest.raises(ValueError, match=r"unknown output head 'mixtap'.*available heads: .*mixtape"):
+        hf_heads.build_head("mixtap", hidden_size=8, vocab_size=20)
+
+
+def test_unknown_option_lists_allowed_options():
+    with pytest.raises(ValueError, match=r"mixtape: unknown option\(s\) num_gate; allowed options: .*num_gates"):
+        hf_heads.build_head("mixtape", hidden_size=8, vocab_size=20, num_gate=4)
+
+
+@pytest.fixture
+def head():
+    return hf_heads.build_head("mos", hidden_size=8, vocab_size=20, num_components=2)
+
+
+def test_wrong_hidden_size(head):
+    with pytest.raises(ValueError, match=re.escape("hidden has shape (3, 7); expected [..., hidden_size] with hidden_size=8")):
+        head(torch.randn(3, 7))
+    with pytest.raises(ValueError, match="expected a floating-point tensor"):
+        head(torch.ones(3, 8, dtype=torch.long))
+
+
+def test_target_out_of_range_or_mismatched(head):
+    h = torch.randn(2, 3, 8)
+    with pytest.raises(ValueError, match=re.escape("target contains 20; allowed: token ids in [0, 20) or ignore_index=-100")):
+        head.loss(h, torch.tensor([[1, 2, 20], [0, 0, 0]]))
+    with pytest.raises(ValueError, match=re.escape("target contains -1; allowed")):
+        head.loss(h, torch.tensor([[1, 2, -1], [0, 0, 0]]))
+    with pytest.raises(ValueError, match=re.escape("target has shape (6,); expected (2, 3)")):
+        head.loss(h, torch.zeros(6, dtype=torch.long))
+    with pytest.raises(ValueError, match="target has dtype torch.float32; expected an integer tensor"):
+        head.loss(h, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="reduction='avg'; allowed: 'mean', 'sum', 'none'"):
+        head.loss(h, torch.zeros(2, 3, dtype=torch.long), reduction="avg")
+    # ignore_index itself is fine, even when outside [0, V)
+    assert torch.isfinite(head.loss(h, torch.tensor([[1, 2, -100], [0, 0, 0]])))
+
+
+def test_bad_k_and_bad_projection(head):
+    with pytest.raises(ValueError, match=re.escape("k=21 is out of range; allowed: an integer in [1, 20]")):
+        head.topk(torch.randn(8), 21)
+    with pytest.raises(ValueError, match=re.escape("weight has shape (20, 9); expected (vocab_size, embedding_size) = (20, 8)")):
+        hf_heads.build_head("mos", hidden_size=8, vocab_size=20, embedding_size=8, weight=torch.randn(20, 9))
+    with pytest.raises(ValueError, match=re.escape("bias has shape (19,); expected (vocab_size,) = (20,)")):
+        hf_heads.build_head("softmax", hidden_size=8, vocab_size=20, weight=torch.randn(20, 8), bias=torch.randn(19))
+    with pytest.raises(ValueError, match=re.escape("cannot tie to an embedding of shape (21, 8)")):
+        head.tie_weight(torch.nn.Embedding(21, 8))
+
+
+def test_load_head_from_a_wrong_directory(tmp_path):
+    with pytest.raises(ValueError, match="is not a directory written by save_head"):
+        hf_heads.load_head(tmp_path)
+
+
+# ----------------------------------------------------------------------------- sigmoid tree
+@pytest.mark.parametrize("k", [1, 2, 4, 8, 16])
+def test_sigmoid_tree_is_a_distribution(k):
+    logits = 3 * torch.randn(5, 7, k - 1, dtype=torch.float64)
+    log_pi = HF.sigmoid_tree_log_priors(logits)
+    assert log_pi.shape == (5, 7, k)
+    torch.testing.assert_close(log_pi.exp().sum(-1), torch.ones(5, 7, dtype=torch.float64))
+
+
+def test_sigmoid_tree_k4_is_the_papers_equation_3():
+    l = torch.randn(10, 3, dtype=torch.float64)
+    g1, g2, g3 = torch.sigmoid(l).unbind(-1)
+    paper = torch.stack([g1 * g2, g1 * (1 - g2), (1 - g1) * g3, (1 - g1) * (1 - g3)], -1)
+    torch.testing.assert_close(HF.sigmoid_tree_log_priors(l).exp(), paper)
+
+
+def test_sigmoid_tree_rejects_a_wrong_number_of_gates():
+    with pytest.raises(ValueError, match="2\\^L - 1 gates, got 4"):
+        HF.sigmoid_tree_log_priors(torch.randn(2, 4))
+
+
+# ----------------------------------------------------------------------------- PLIF
+def _naive_plif(z, slopes, knot_range):
+    """The naive autograd form of the authors' code (gather + prefix sum), for gradients."""
+    num_knots = slopes.shape[0]
+    step = 2 * knot_range / num_knots
+    idx = ((z + knot_range) / step).floor().clamp(0, num_knots - 1).long().detach()
+    offset = torch.cumsum(slopes * step, 0) - slopes * step
+    return offset[idx] + slopes[idx] * (z - (-knot_range + step * idx.to(z.dtype))) - knot_range
+
+
+def test_plif_matches_reference_inside_and_outside_the_range():
+    slopes = torch.rand(50, dtype=torch.float64) + 0.1
+    z = torch.linspace(-8, 8, 401, dtype=torch.float64)  # R = 3: both extrapolation sides
+    torch.testing.assert_close(HF.piecewise_linear_increasing(z, slopes, 3.0),
+                               HF.piecewise_linear_increasing_reference(z, slopes, 3.0))
+    f = HF.piecewise_linear_increasing(z, slopes, 3.0)
+    assert (f.diff() > 0).all()  # monotone increasing
+
+
+def test_plif_gradients_match_the_naive_form_and_gradcheck():
+    slopes = (torch.rand(9, dtype=torch.float64) + 0.2).requires_grad_()
+    z = (3 * torch.randn(4, 6, dtype=torch.float64)).requires_grad_()
+    w = torch.randn(4, 6, dtype=torch.float64)
+    ours = torch.autograd.grad((HF.piecewise_linear_increasing(z, slopes, 2.0) * w).sum(), (z, slopes))
+    naive = torch.autograd.grad((_naive_plif(z, slopes, 2.0) * w).sum(), (z, slopes))
+    for a, b in zip(ours, naive):
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(lambda zz, ss: HF.piecewise_linear_increasing(zz, ss, 2.0), (z, slopes))
+
+
+def test_plif_with_a_million_knots_is_exact_and_identity_at_init():
+    plif_head = hf_heads.build_head("plif", hidden_size=8, vocab_size=30, num_knots=1_000_000, knot_range=20.0)
+    z = torch.tensor([-25.0, -20.0, -3.3, 0.0, 1e-4, 7.25, 19.99, 30.0], dtype=torch.float64)
+    slopes = plif_head.plif.slopes(torch.float64)  # 1 up to the float32 rounding of log(e - 1)
+    torch.testing.assert_close(HF.piecewise_linear_increasing(z, slopes, 20.0), z, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        plif_head.plif.slope_params.copy_(torch.randn(1_000_000))
+    slopes = plif_head.plif.slopes(torch.float64)
+    torch.testing.assert_close(HF.piecewise_linear_increasing(z, slopes, 20.0),
+                               HF.piecewise_linear_increasing_reference(z, slopes, 20.0), rtol=1e-9, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- Mixtape specifics
+def _mixtape(**kw):
+    return hf_heads.build_head("mixtape", hidden_size=8, vocab_size=30, gate_embedding_size=4, **kw)
+
+
+def test_mixtape_gate_noise_only_in_training():
+    head = _mixtape(gate_noise=0.5)
+    h = torch.randn(5, 8)
+    head.eval()
+    assert torch.equal(head(h), head(h))
+    head.train()
+    assert not torch.allclose(head(h), head(h))
+    head_quiet = _mixtape(gate_noise=0.0).train()
+    assert torch.equal(head_quiet(h), head_quiet(h))
+
+
+def test_mixtape_weight_norm_keeps_gate_rows_at_constant_norm():
+    head = _mixtape(gate_weight_norm=True)
+    with torch.no_grad():
+        head.gate_proj.weight.mul_(torch.rand(head.gate_proj.weight.shape[0], 1) * 10)
+    norms = head._gate_weight().norm(dim=1)
+    torch.testing.assert_close(norms, torch.full_like(norms, math.sqrt(8)))
+
+
+def test_mixtape_frequent_count_and_shared_gate_for_the_rest():
+    head = _mixtape(frequent_fraction=0.2).eval()
+    assert head.config.num_frequent == 6 and head.gate_embedding.shape == (6, 4)
+    # changing a frequent token's own gate embedding moves only that token's logit
+    h = torch.randn(3, 8)
+    before = head.scores_2d(h)
+    with torch.no_grad():
+        head.gate_embedding[2].add_(1.0)
+    diff = (head.scores_2d(h) - before).abs().amax(0)
+    assert diff[2] > 0 and diff[torch.arange(30) != 2].max() == 0
