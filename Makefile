@@ -15,7 +15,10 @@ install: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml hf_heads/compat.py
 	@$(PYTHON) -c "import torch" 2>/dev/null && echo "using installed torch $$($(PYTHON) -c 'import torch; print(torch.__version__)')" \
 		|| $(PIP) install "$(TORCH_SPEC)"
-	$(PIP) install -e ".[all]"
+	@# pin torch to the installed one, also inside isolated build environments (fairseq builds
+	@# against torch): without this pip may fetch the newest CUDA torch (GBs) just to build
+	$(PYTHON) -c "import torch; print('torch==' + torch.__version__)" > .torch-constraint.txt
+	PIP_CONSTRAINT=$(CURDIR)/.torch-constraint.txt $(PIP) install -e ".[all]"
 	$(PYTHON) -c "from hf_heads.compat import main; raise SystemExit(main(['--fix']))"
 	@touch $(STAMP)
 
@@ -29,4 +32,4 @@ test-slow: install
 	$(PYTHON) -m pytest -m slow
 
 clean:
-	rm -rf $(STAMP) results build *.egg-info
+	rm -rf $(STAMP) .torch-constraint.txt results build *.egg-info
