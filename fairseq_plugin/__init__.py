@@ -1,7 +1,10 @@
-"""fairseq adapter for softmax-heads (``fairseq-train --user-dir fairseq_plugin``).
+"""fairseq adapter for softmax-heads: ``fairseq-train --user-dir fairseq_plugin ...``.
 
-The fairseq models (``head_ARCH``), the ``head_cross_entropy`` criterion and checkpoint loading
-are being built (project issue #3); they will import the heads from :mod:`hf_heads.heads`, the
-single pure-torch implementation both adapters share. Importing this folder as a fairseq
-``--user-dir`` today registers nothing and changes nothing in fairseq.
+Registers ``head_ARCH`` for every architecture of fairseq's ``transformer`` and
+``transformer_lm`` models (``--output-head NAME --head-options JSON``), the criterion
+``head_cross_entropy``, and makes fairseq checkpoints load under torch >= 2.6's
+``weights_only=True`` default. The heads themselves are :mod:`hf_heads.heads`, shared with the
+HuggingFace adapter.
 """
+from . import checkpoint  # noqa: F401  (before anything loads a checkpoint)
+from . import criterions, models  # noqa: F401

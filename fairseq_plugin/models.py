@@ -1,0 +1,197 @@
+"""fairseq models whose decoder ends in a softmax-heads output head.
+# no `from __future__ import annotations`: fairseq reads the dataclass annotations as real types
+
+For every stock architecture ARCH of fairseq's ``transformer`` and ``transformer_lm`` models this
+registers ``head_ARCH``: the same defaults, plus ``--output-head NAME`` and ``--head-options JSON``.
+
+The decoder follows fairseq's own adaptive-softmax hook: ``output_layer`` returns the features
+(hidden states) instead of logits, and ``get_normalized_probs`` asks the head for log-probs. So
+``fairseq-generate`` (beam search, sampling), ``fairseq-interactive``, ``fairseq-eval-lm`` and
+``fairseq-validate`` work unchanged, and any stock criterion still works through
+``get_normalized_probs``; ``head_cross_entropy`` uses the head's own loss.
+"""
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import (ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, MODEL_REGISTRY, register_model,
+                            register_model_architecture)
+from fairseq.models.transformer import TransformerConfig, TransformerDecoder, TransformerModel
+from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
+
+import hf_heads
+from hf_heads.heads import OutputHead, get_head_class
+
+
+def _head_options_help() -> str:
+    parts = []
+    for name in hf_heads.available_heads():
+        cls = get_head_class(name)
+        shared = set(hf_heads.HeadConfig.__dataclass_fields__)
+        own = [f"{k}" for k in cls.config_class.__dataclass_fields__ if k not in shared]
+        parts.append(f"{name}: {', '.join(own) if own else '-'}")
+    return ("JSON object of options for --output-head, e.g. '{\"num_gates\": 4, \"frequent_fraction\": 0.5}'. "
+            "Options per head: " + "; ".join(parts) + ". Every head also takes dropout and use_bias. "
+            "hidden_size, vocab_size and embedding_size come from the model.")
+
+
+@dataclass
+class HeadArgs(FairseqDataclass):
+    """The two options every ``head_ARCH`` model adds to its architecture."""
+
+    output_head: ChoiceEnum(hf_heads.available_heads()) = field(
+        default="softmax", metadata={"help": "output head replacing the decoder's output projection + softmax"})
+    head_options: str = field(default="{}", metadata={"help": _head_options_help()})
+
+
+def parse_head_options(output_head: Any, head_options: Any) -> Tuple[str, Dict[str, Any]]:
+    """``(name, options)`` from the command-line values, with a clear error for bad JSON."""
+    name = str(output_head)
+    if name not in hf_heads.available_heads():
+        raise ValueError(f"--output-head {name!r} is not a head; choose one of: {', '.join(hf_heads.available_heads())}")
+    if isinstance(head_options, dict):
+        options = dict(head_options)
+    else:
+        try:
+            options = json.loads(head_options or "{}")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--head-options {head_options!r} is not valid JSON ({e}); expected an object such "
+                             f"as '{{\"num_gates\": 4}}'") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"--head-options {head_options!r} must be a JSON object (a dict of option: value)")
+    for reserved in ("hidden_size", "vocab_size", "embedding_size"):
+        if reserved in options:
+            raise ValueError(f"--head-options must not set {reserved!r}: it comes from the model's dimensions")
+    return name, options
+
+
+def build_decoder_head(name: str, options: Dict[str, Any], hidden_size: int, vocab_size: int,
+                       embed_tokens=None) -> OutputHead:
+    """Build the head for a decoder; tie its output embedding to ``embed_tokens`` when given.
+
+    Errors name the flag: fairseq stops before any training step.
+    """
+    embedding_size = embed_tokens.weight.shape[1] if embed_tokens is not None else hidden_size
+    try:
+        head = hf_heads.build_head(name, hidden_size=hidden_size, vocab_size=vocab_size,
+                                   embedding_size=embedding_size, **options)
+    except ValueError as e:
+        raise ValueError(f"--output-head {name} --head-options: {e}") from None
+    if embed_tokens is not None:
+        head.tie_weight(embed_tokens)
+    return head
+
+
+class HeadTransformerDecoder(TransformerDecoder):
+    """A fairseq ``TransformerDecoder`` whose output projection is a softmax-heads head."""
+
+    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False):
+        # read by build_output_projection, which the parent constructor calls
+        self._head_spec = parse_head_options(args.output_head, args.head_options)
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+
+    def build_output_projection(self, args, dictionary, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        if cfg.adaptive_softmax_cutoff is not None:
+            raise ValueError("--output-head replaces the output layer; it cannot be combined with "
+                             "--adaptive-softmax-cutoff")
+        if cfg.base_layers:
+            raise ValueError(f"--base-layers={cfg.base_layers} is not supported with --output-head")
+        name, options = self._head_spec
+        self.output_projection = None
+        self.head = build_decoder_head(name, options, self.output_embed_dim, len(dictionary),
+                                       embed_tokens if self.share_input_output_embed else None)
+
+    def output_layer(self, features):
+        """Hidden states go out as they are; the head turns them into log-probs."""
+        return features
+
+    def get_normalized_probs(self, net_output, log_probs: bool, sample: Optional[Dict] = None):
+        lp = self.head(net_output[0])
+        return lp if log_probs else lp.exp()
+
+    def get_normalized_probs_scriptable(self, net_output, log_probs: bool, sample: Optional[Dict] = None):
+        return self.get_normalized_probs(net_output, log_probs, sample)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        state_dict = super().upgrade_state_dict_named(state_dict, name)
+        # the parent re-creates output_projection.weight from the tied input embedding
+        state_dict.pop(f"{name}.output_projection.weight", None)
+        return state_dict
+
+
+def _register_head_args(parser) -> None:
+    gen_parser_from_dataclass(parser, HeadArgs())
+
+
+@register_model("head_transformer")
+class HeadTransformerModel(TransformerModel):
+    """fairseq's ``transformer`` (encoder-decoder) with a softmax-heads output head."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        _register_head_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        parse_head_options(args.output_head, args.head_options)  # fail before building anything
+        model = super().build_model(args, task)
+        # the stock decoder built by the parent is replaced, sharing its input embedding
+        model.decoder = HeadTransformerDecoder(args, task.target_dictionary, model.decoder.embed_tokens,
+                                               no_encoder_attn=getattr(args, "no_cross_attention", False))
+        return model
+
+
+@dataclass
+class HeadTransformerLanguageModelConfig(TransformerLanguageModelConfig, HeadArgs):
+    """``transformer_lm`` options plus ``--output-head`` and ``--head-options``."""
+
+
+@register_model("head_transformer_lm", dataclass=HeadTransformerLanguageModelConfig)
+class HeadTransformerLanguageModel(TransformerLanguageModel):
+    """fairseq's ``transformer_lm`` with a softmax-heads output head."""
+
+    @classmethod
+    def build_model(cls, args, task):
+        parse_head_options(args.output_head, args.head_options)
+        model = super().build_model(args, task)
+        model.decoder = HeadTransformerDecoder(args, task.target_dictionary, model.decoder.embed_tokens,
+                                               no_encoder_attn=True)
+        return model
+
+
+STOCK_MODELS = {"transformer": "head_transformer", "transformer_lm": "head_transformer_lm"}
+
+
+def _head_architecture(stock_arch: str):
+    stock_fn = ARCH_CONFIG_REGISTRY[stock_arch]
+
+    def arch(args):
+        stock_fn(args)
+        args.output_head = getattr(args, "output_head", "softmax")
+        args.head_options = getattr(args, "head_options", "{}")
+
+    arch.__name__ = f"head_{stock_arch}"
+    arch.__doc__ = f"``{stock_arch}`` with a softmax-heads output head."
+    return arch
+
+
+def register_head_architectures() -> list:
+    """Register ``head_ARCH`` for every architecture of the stock transformer models (idempotent)."""
+    added = []
+    for arch, model_name in sorted(ARCH_MODEL_NAME_REGISTRY.items()):
+        head_model = STOCK_MODELS.get(model_name)
+        head_arch = f"head_{arch}"
+        if head_model is None or head_arch in ARCH_MODEL_NAME_REGISTRY:
+            continue
+        register_model_architecture(head_model, head_arch)(_head_architecture(arch))
+        added.append(head_arch)
+    return added
+
+
+assert "head_transformer" in MODEL_REGISTRY
+HEAD_ARCHITECTURES = register_head_architectures()
