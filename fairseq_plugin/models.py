@@ -23,16 +23,12 @@ from fairseq.models.transformer import TransformerConfig, TransformerDecoder, Tr
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
 import hf_heads
-from hf_heads.heads import OutputHead, get_head_class
+from hf_heads.heads import OutputHead, head_specific_options
 
 
 def _head_options_help() -> str:
-    parts = []
-    for name in hf_heads.available_heads():
-        cls = get_head_class(name)
-        shared = set(hf_heads.HeadConfig.__dataclass_fields__)
-        own = [f"{k}" for k in cls.config_class.__dataclass_fields__ if k not in shared]
-        parts.append(f"{name}: {', '.join(own) if own else '-'}")
+    parts = [f"{name}: {', '.join(f.name for f in head_specific_options(name)) or '-'}"
+             for name in hf_heads.available_heads()]
     return ("JSON object of options for --output-head, e.g. '{\"num_gates\": 4, \"frequent_fraction\": 0.5}'. "
             "Options per head: " + "; ".join(parts) + ". Every head also takes dropout and use_bias. "
             "hidden_size, vocab_size and embedding_size come from the model.")

@@ -3,7 +3,7 @@
 Importing this package registers every head (one module per head, one ``register_head`` each).
 """
 from .base import (HeadConfig, OutputHead, SingleSoftmaxHead, available_heads, get_head_class,
-                   register_head)
+                   head_specific_options, register_head)
 from .mixtape import MixtapeConfig, MixtapeHead
 from .mos import MoSConfig, MoSHead
 from .plif import MoSPLIFConfig, MoSPLIFHead, PiecewiseLinearIncreasing, PLIFConfig, PLIFHead
@@ -11,7 +11,8 @@ from .sigsoftmax import SigsoftmaxConfig, SigsoftmaxHead
 from .softmax import SoftmaxConfig, SoftmaxHead
 
 __all__ = [
-    "HeadConfig", "OutputHead", "SingleSoftmaxHead", "available_heads", "get_head_class", "register_head",
+    "HeadConfig", "OutputHead", "SingleSoftmaxHead", "available_heads", "get_head_class", "head_specific_options",
+    "register_head",
     "SoftmaxConfig", "SoftmaxHead", "MoSConfig", "MoSHead", "MixtapeConfig", "MixtapeHead",
     "PLIFConfig", "PLIFHead", "MoSPLIFConfig", "MoSPLIFHead", "PiecewiseLinearIncreasing",
     "SigsoftmaxConfig", "SigsoftmaxHead",

@@ -52,6 +52,12 @@ def available_heads() -> list:
     return sorted(_REGISTRY)
 
 
+def head_specific_options(name: str) -> list:
+    """The dataclass fields a head adds to the shared :class:`HeadConfig` options, in order."""
+    shared = {f.name for f in dataclasses.fields(HeadConfig)}
+    return [f for f in dataclasses.fields(get_head_class(name).config_class) if f.name not in shared]
+
+
 def get_head_class(name: str) -> Type["OutputHead"]:
     """The head class registered under ``name``; ``ValueError`` listing the names otherwise."""
     if not isinstance(name, str) or name not in _REGISTRY:
