@@ -8,10 +8,16 @@ Core API (torch only)::
     log_probs = head(hidden)                       # [..., V], float32, normalised
     loss = head.loss(hidden, target) + head.aux_loss()
     hf_heads.save_head(head, "my_head"); head = hf_heads.load_head("my_head")
+
+HuggingFace (when transformers is installed)::
+
+    model = hf_heads.swap_head(AutoModelForCausalLM.from_config(cfg), "mixtape", num_gates=4)
 """
 from .compat import block_broken_torchaudio as _block_broken_torchaudio
 
 _block_broken_torchaudio()  # a torchaudio that cannot load would break transformers (see compat.py)
+
+import importlib.util as _importlib_util
 
 from .heads import HeadConfig, OutputHead, available_heads, get_head_class, register_head
 from .io import build_head, load_head, save_head
@@ -19,4 +25,16 @@ from .io import build_head, load_head, save_head
 __version__ = "0.1.0"
 
 __all__ = ["HeadConfig", "OutputHead", "available_heads", "build_head", "get_head_class", "load_head",
-           "register_head", "save_head", "__version__"]
+           "register_head", "save_head", "swap_head", "output_head", "__version__"]
+
+if _importlib_util.find_spec("transformers") is not None:
+    # the HF adapter: AutoConfig learns model_type "softmax_heads" (cheap: no model code is imported)
+    from .hf import output_head, register_auto_classes as _register_auto_classes, swap_head
+
+    _register_auto_classes()
+else:
+    def swap_head(model, name, **options):
+        """Needs transformers: ``pip install softmax-heads[hf]``."""
+        raise ImportError("hf_heads.swap_head needs HuggingFace transformers: pip install 'softmax-heads[hf]'")
+
+    output_head = swap_head
