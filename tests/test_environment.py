@@ -22,19 +22,22 @@ def run_python(code: str, extra_path: str = "") -> subprocess.CompletedProcess:
 def test_core_works_without_transformers_and_fairseq():
     proc = run_python("""
         import sys
-        class Block:
-            def find_spec(self, name, path=None, target=None):
-                if name.split('.')[0] in ('transformers', 'fairseq', 'fairseq_cli', 'accelerate'):
-                    raise ImportError('blocked for this test: ' + name)
-        sys.meta_path.insert(0, Block())
+        for name in ('transformers', 'fairseq', 'fairseq_cli', 'accelerate'):
+            sys.modules[name] = None  # as if not installed: find_spec -> None, import -> ImportError
         import torch, hf_heads
         for name in hf_heads.available_heads():
             head = hf_heads.build_head(name, hidden_size=8, vocab_size=20)
             loss = head.loss(torch.randn(3, 8), torch.tensor([1, 2, 3]))
             loss.backward()
             assert torch.isfinite(loss), name
-        bad = [m for m in sys.modules if m.split('.')[0] in ('transformers', 'fairseq')]
+        bad = [m for m, mod in sys.modules.items() if m.split('.')[0] in ('transformers', 'fairseq') and mod is not None]
         assert not bad, bad
+        try:
+            hf_heads.swap_head(None, 'mos')
+        except ImportError as e:
+            assert "pip install 'softmax-heads[hf]'" in str(e)
+        else:
+            raise AssertionError('swap_head without transformers must raise ImportError')
         print('ok', len(hf_heads.available_heads()))
     """)
     assert proc.returncode == 0, proc.stderr
