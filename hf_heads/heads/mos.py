@@ -7,11 +7,12 @@ import torch
 from torch import nn
 
 from . import functional as HF
-from .base import HeadConfig, OutputHead, check_int, option, register_head
+from .base import check_int, option, register_head
+from .contexts import ContextConfig, ContextHead
 
 
 @dataclass
-class MoSConfig(HeadConfig):
+class MoSConfig(ContextConfig):
     """Options of :class:`MoSHead`."""
 
     num_components: int = option(
@@ -23,35 +24,35 @@ class MoSConfig(HeadConfig):
 
 
 @register_head("mos")
-class MoSHead(OutputHead):
+class MoSHead(ContextHead):
     """``log p(x|g) = logsumexp_k( log pi_k + log_softmax(W h_k + b)_x )``.
 
     ``pi = softmax(P g)`` (P: d1 -> K, no bias), ``h_k = dropout(tanh(H_k g + c_k))`` (H: d1 -> K*d),
     one output embedding W shared by the components, as in zihangdai/mos. The original mixes
     probabilities and takes ``log(p + 1e-8)``; this head mixes in log space (exact, no floor).
-    With K = 1 it is a softmax over ``tanh(H g + c)``.
+    With K = 1 it is a softmax over ``tanh(H g + c)``. With ``context_activation="identity"`` and
+    ``identity_init=True`` every component starts equal to ``softmax(W g + b)``, so the head starts as the
+    softmax it was built from.
     """
 
     config_class = MoSConfig
     paper = "Yang et al. 2018, Breaking the softmax bottleneck"
-    projects_context = True
 
     def __init__(self, config: MoSConfig):
         super().__init__(config)
         c = config
-        self.context_proj = nn.Linear(c.hidden_size, c.num_components * c.embedding_size)
+        self._build_contexts(c.num_components)
         self.prior_proj = nn.Linear(c.hidden_size, c.num_components, bias=False)
+        if c.identity_init:
+            self.init_contexts_as_identity()
 
     def component_scores(self, logits: torch.Tensor) -> torch.Tensor:
         """Per-component score transform before the softmax (identity; MoS-PLIF deforms it)."""
         return logits
 
     def _contexts_and_log_priors(self, hidden: torch.Tensor):
-        c = self.config
         log_prior = torch.log_softmax(HF.linear_fp32(hidden, self.prior_proj.weight), dim=-1)
-        ctx = torch.tanh(HF.linear_fp32(hidden, self.context_proj.weight, self.context_proj.bias))
-        ctx = self.dropout(ctx.view(-1, c.num_components, c.embedding_size))
-        return ctx, log_prior
+        return self.contexts(hidden), log_prior
 
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx, log_prior = self._contexts_and_log_priors(hidden)

