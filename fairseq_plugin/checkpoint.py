@@ -3,7 +3,7 @@
 fairseq 0.12 calls ``torch.load(f, map_location=...)`` without ``weights_only``; its checkpoints
 hold more than tensors (an ``argparse.Namespace`` in older ones, the config with omegaconf and
 fairseq enum objects), so the weights-only unpickler refuses them. Rather than switching the
-safety off (``weights_only=False`` or ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``), this module adds the
+safety off (``weights_only=False``, or torch's environment variable that forces it), this module adds the
 few classes fairseq checkpoints contain to torch's allow-list of safe globals. Anything else in a
 checkpoint is still refused by torch.
 """

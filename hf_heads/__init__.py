@@ -28,7 +28,7 @@ __all__ = ["HeadConfig", "OutputHead", "available_heads", "build_head", "get_hea
            "register_head", "save_head", "swap_head", "output_head", "__version__"]
 
 if _importlib_util.find_spec("transformers") is not None:
-    # the HF adapter: AutoConfig learns model_type "softmax_heads" (cheap: no model code is imported)
+    # the HF adapter: AutoConfig learns model_type "softmax-heads" (cheap: no model code is imported)
     from .hf import output_head, register_auto_classes as _register_auto_classes, swap_head
 
     _register_auto_classes()

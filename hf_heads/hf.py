@@ -10,12 +10,13 @@ log-probs where the model expects logits, so everything downstream works unchang
   head's distribution) sees log-probs;
 * ``save_pretrained`` / ``from_pretrained`` (safetensors) round-trip through the Auto classes.
 
-Saved configs have ``model_type = "softmax_heads"``, the wrapped model's type in
+Saved configs have ``model_type = "softmax-heads"``, the wrapped model's type in
 ``base_model_type`` and the head in ``output_head``. ``import hf_heads`` registers
-``"softmax_heads"`` with ``AutoConfig``; the per-family config and model classes (e.g.
+``"softmax-heads"`` with ``AutoConfig``; the per-family config and model classes (e.g.
 ``SoftmaxHeadsGPT2LMHeadModel``, a subclass of ``GPT2LMHeadModel``) are created when first needed
 and registered with ``AutoModelForCausalLM`` / ``AutoModelForSeq2SeqLM``. Without softmax-heads
-installed, transformers refuses such a checkpoint naming the model type ``softmax_heads``.
+installed, transformers refuses such a checkpoint naming the model type ``softmax-heads``: the
+package to install.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from transformers import AutoConfig, PretrainedConfig
 from .heads import OutputHead
 from .io import build_head
 
-MODEL_TYPE = "softmax_heads"
+MODEL_TYPE = "softmax-heads"  # the pip package name: what transformers prints when it is missing
 _CONFIG_CLASSES: Dict[type, type] = {}
 _MODEL_CLASSES: Dict[type, type] = {}
 
@@ -45,7 +46,7 @@ def _base_config_class(base_model_type: str) -> type:
 
 
 class SoftmaxHeadsConfig(PretrainedConfig):
-    """The config registered as ``model_type="softmax_heads"``.
+    """The config registered as ``model_type="softmax-heads"``.
 
     ``from_dict`` returns an instance of the wrapped family's head config (a subclass of e.g.
     ``GPT2Config`` with this model type), chosen by the ``base_model_type`` entry.
@@ -83,7 +84,7 @@ def _register_model_classes(config) -> None:
 
 
 def head_config_class(base_config_class: type) -> type:
-    """The head config class for a model family: ``base_config_class`` with model_type softmax_heads."""
+    """The head config class for a model family: ``base_config_class`` with model_type softmax-heads."""
     if base_config_class.model_type == MODEL_TYPE:
         return base_config_class
     if base_config_class not in _CONFIG_CLASSES:
@@ -207,7 +208,7 @@ def swap_head(model, name: str, **options) -> nn.Module:
 
 
 def register_auto_classes() -> None:
-    """Register ``model_type="softmax_heads"`` with ``AutoConfig`` (run by ``import hf_heads``)."""
+    """Register ``model_type="softmax-heads"`` with ``AutoConfig`` (run by ``import hf_heads``)."""
     AutoConfig.register(MODEL_TYPE, SoftmaxHeadsConfig, exist_ok=True)
 
 

@@ -75,12 +75,11 @@ def test_import_hf_heads_hides_a_broken_torchaudio_from_transformers(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("fairseq", "transformers")),
+                    reason="fairseq or transformers not installed: run `make install` (pip install -e .[all])")
 def test_fairseq_and_transformers_work_in_one_environment():
     """What `pip install -e .[all]` + `make install` give: both import, and generate works,
     without importing hf_heads first (so the installed torchaudio itself must be fine)."""
-    for mod in ("fairseq", "transformers"):
-        if importlib.util.find_spec(mod) is None:
-            pytest.skip(f"{mod} not installed: run `make install` (pip install -e .[all])")
     proc = run_python("""
         import torch
         import fairseq

@@ -38,11 +38,18 @@ TRAIN = ["--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1024", "--cpu"
          "--log-format", "simple", "--log-interval", "1", "--num-workers", "0"]
 
 
+def clean_env():
+    """The environment for fairseq runs, without any variable that switches torch's weights-only
+    loading off: checkpoints must load under torch's defaults."""
+    env = {k: v for k, v in os.environ.items() if "WEIGHTS_ONLY" not in k}
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
 def cli(tool, *args, check=True, stdin=None, timeout=600):
     """Run a fairseq console script; return its combined output."""
     cmd = [os.path.join(BIN, tool) if os.path.exists(os.path.join(BIN, tool)) else tool, *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, input=stdin, timeout=timeout,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, input=stdin, timeout=timeout, env=clean_env())
     out = proc.stdout + proc.stderr
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-4000:]}")
@@ -191,7 +198,7 @@ def test_distributed_training_two_cpu_processes(data, tmp_path):
               "--max-update", 2, "--save-dir", tmp_path, "--distributed-world-size", 2, "--distributed-backend", "gloo",
               "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
               "--ddp-backend", "legacy_ddp"]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env = clean_env()
     procs = [subprocess.Popen([os.path.join(BIN, common[0]), *map(str, common[1:]), "--distributed-rank", str(r)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -247,7 +254,7 @@ def test_fp16_model_keeps_head_math_fp32(data, tmp_path):
 def test_old_checkpoints_load_with_weights_only(data, tmp_path):
     """torch >= 2.6 loads with weights_only=True: a checkpoint whose config is an omegaconf
     DictConfig (fairseq 0.10-0.11) or holds an argparse.Namespace must still load, with no
-    environment variable, through fairseq's own loader."""
+    environment variable (clean_env drops any), through fairseq's own loader."""
     import argparse
 
     import torch
@@ -257,7 +264,6 @@ def test_old_checkpoints_load_with_weights_only(data, tmp_path):
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu")
     state["cfg"] = OmegaConf.create(state["cfg"])
     torch.save(state, tmp_path / "dictconfig.pt")
-    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in os.environ
     out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / "dictconfig.pt",
               "--cpu", "--tokens-per-sample", "32", "--max-tokens", "1024", "--num-workers", "0")
     assert "Perplexity" in out
@@ -265,11 +271,11 @@ def test_old_checkpoints_load_with_weights_only(data, tmp_path):
     torch.save(state, tmp_path / "namespace.pt")
     code = ("import torch, fairseq_plugin; s = torch.load(%r, map_location='cpu'); "
             "print(type(s['extra_namespace']).__name__)") % str(tmp_path / "namespace.pt")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=clean_env())
     assert proc.returncode == 0 and "Namespace" in proc.stdout, proc.stderr[-2000:]
     # and the allow-list is what makes it work: torch alone refuses the file
     proc = subprocess.run([sys.executable, "-c", "import torch; torch.load(%r)" % str(tmp_path / "namespace.pt")],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=clean_env())
     assert proc.returncode != 0 and "Weights only load failed" in proc.stderr
 
 
@@ -284,9 +290,9 @@ def _multi30k_slice(dst, n_train=2000, n_valid=100, n_test=100):
             (dst / f"{split}.{lang}").write_text("\n".join(" ".join(l.split()) for l in lines) + "\n")
 
 
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")),
+                    reason=f"Multi30k not found at {SHARED_DATA}/multi30k (the shared offline data)")
 def test_multi30k_slice_en_de_with_mixtape(tmp_path):
-    if not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")):
-        pytest.skip(f"Multi30k not found at {SHARED_DATA}/multi30k (the shared offline data)")
     _multi30k_slice(tmp_path)
     cli("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", tmp_path / "train",
         "--validpref", tmp_path / "valid", "--testpref", tmp_path / "test", "--destdir", tmp_path / "bin",

