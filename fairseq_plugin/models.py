@@ -1,5 +1,4 @@
 """fairseq models whose decoder ends in a softmax-heads output head.
-# no `from __future__ import annotations`: fairseq reads the dataclass annotations as real types
 
 For every stock architecture ARCH of fairseq's ``transformer`` and ``transformer_lm`` models this
 registers ``head_ARCH``: the same defaults, plus ``--output-head NAME`` and ``--head-options JSON``.
@@ -10,6 +9,7 @@ The decoder follows fairseq's own adaptive-softmax hook: ``output_layer`` return
 ``fairseq-validate`` work unchanged, and any stock criterion still works through
 ``get_normalized_probs``; ``head_cross_entropy`` uses the head's own loss.
 """
+# no `from __future__ import annotations`: fairseq reads the dataclass annotations as real types
 
 import json
 from dataclasses import dataclass, field
