@@ -15,8 +15,6 @@ import typing
 
 import torch
 
-SAFE_GLOBALS = []
-
 
 def _allow_list():
     classes = [argparse.Namespace, collections.OrderedDict, collections.defaultdict, typing.Any,
@@ -45,7 +43,6 @@ def allow_fairseq_checkpoints() -> list:
         return []
     classes = _allow_list()
     torch.serialization.add_safe_globals(classes)
-    SAFE_GLOBALS[:] = classes
     return classes
 
 

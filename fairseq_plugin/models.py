@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.models import (ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, MODEL_REGISTRY, register_model,
+from fairseq.models import (ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, register_model,
                             register_model_architecture)
 from fairseq.models.transformer import TransformerConfig, TransformerDecoder, TransformerModel
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
@@ -123,6 +123,16 @@ def _register_head_args(parser) -> None:
     gen_parser_from_dataclass(parser, HeadArgs())
 
 
+def _build_with_head(build_stock_model, args, task, no_encoder_attn: bool):
+    """Build the stock model, then replace its decoder by a :class:`HeadTransformerDecoder` that shares
+    its input embedding. Bad head flags fail before anything is built."""
+    parse_head_options(args.output_head, args.head_options)
+    model = build_stock_model(args, task)
+    model.decoder = HeadTransformerDecoder(args, task.target_dictionary, model.decoder.embed_tokens,
+                                           no_encoder_attn=no_encoder_attn)
+    return model
+
+
 @register_model("head_transformer")
 class HeadTransformerModel(TransformerModel):
     """fairseq's ``transformer`` (encoder-decoder) with a softmax-heads output head."""
@@ -134,12 +144,7 @@ class HeadTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        parse_head_options(args.output_head, args.head_options)  # fail before building anything
-        model = super().build_model(args, task)
-        # the stock decoder built by the parent is replaced, sharing its input embedding
-        model.decoder = HeadTransformerDecoder(args, task.target_dictionary, model.decoder.embed_tokens,
-                                               no_encoder_attn=getattr(args, "no_cross_attention", False))
-        return model
+        return _build_with_head(super().build_model, args, task, getattr(args, "no_cross_attention", False))
 
 
 @dataclass
@@ -153,11 +158,7 @@ class HeadTransformerLanguageModel(TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
-        parse_head_options(args.output_head, args.head_options)
-        model = super().build_model(args, task)
-        model.decoder = HeadTransformerDecoder(args, task.target_dictionary, model.decoder.embed_tokens,
-                                               no_encoder_attn=True)
-        return model
+        return _build_with_head(super().build_model, args, task, no_encoder_attn=True)
 
 
 STOCK_MODELS = {"transformer": "head_transformer", "transformer_lm": "head_transformer_lm"}
@@ -189,5 +190,4 @@ def register_head_architectures() -> list:
     return added
 
 
-assert "head_transformer" in MODEL_REGISTRY
 HEAD_ARCHITECTURES = register_head_architectures()
