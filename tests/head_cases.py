@@ -98,6 +98,20 @@ def ref_mixtape(head, g):
     return torch.log(_softmax_probs(logits))
 
 
+def ref_ds_softmax(head, g):
+    """Top-1 expert of softmax(W_gate g) (dead experts excluded); its gate value scales its logits;
+    softmax over the expert's surviving classes, -inf (probability 0) elsewhere (evaluation mode)."""
+    alive = head.mask.any(1)
+    gate_logits = (head.gate.weight @ g).masked_fill(~alive, float("-inf"))
+    probs = _softmax_probs(gate_logits)
+    e = int(torch.argmax(probs))
+    z = probs[e] * (head.weight[e] @ g + (0.0 if head.bias is None else head.bias[e]))
+    out = torch.full_like(z, float("-inf"))
+    keep = head.mask[e]
+    out[keep] = torch.log(_softmax_probs(z[keep]))
+    return out
+
+
 # ------------------------------------------------------------------ degenerate cases -> plain softmax
 def _softmax_like(head, weight, bias):
     import hf_heads
@@ -146,6 +160,11 @@ def degenerate_plif(head, hidden):
     return _softmax_like(head, head.weight, head.bias)(hidden)
 
 
+def degenerate_ds_softmax(head, hidden):
+    """One expert (built so by the case): its gate value is 1, so the head is a plain softmax."""
+    return _softmax_like(head, head.weight[0], None if head.bias is None else head.bias[0])(hidden)
+
+
 # ------------------------------------------------------------------ the table
 @dataclass
 class HeadCase:
@@ -155,6 +174,8 @@ class HeadCase:
     degenerate: Optional[Callable] = None  # (head, hidden) -> expected log-probs; may edit head
     degenerate_options: Dict = field(default_factory=dict)
     id: str = ""
+    ties: bool = True  # the output embedding can be shared with an input embedding
+    has_aux: bool = False  # aux_loss() is a real regulariser (else it must be 0)
 
     def __post_init__(self):
         self.id = self.id or self.name
@@ -182,6 +203,10 @@ HEAD_CASES = [
              degenerate_mos, {"num_components": 1}),
     HeadCase("mos_plif", {"num_components": 2, "num_knots": 16, "knot_range": 2.0, "context_activation": "identity",
                           "identity_init": True}, ref_mos_plif, degenerate_identity_start, id="mos_plif-identity-start"),
+    HeadCase("ds_softmax", {"num_experts": 3}, ref_ds_softmax, degenerate_ds_softmax, {"num_experts": 1},
+             ties=False, has_aux=True),
+    HeadCase("ds_softmax", {"num_experts": 4, "use_bias": False, "gate_noise": False}, ref_ds_softmax,
+             ties=False, has_aux=True, id="ds_softmax-nobias"),
 ]
 
 

@@ -4,6 +4,7 @@ Importing this package registers every head (one module per head, one ``register
 """
 from .base import (HeadConfig, OutputHead, SingleSoftmaxHead, available_heads, get_head_class,
                    head_specific_options, register_head)
+from .ds_softmax import DSSoftmaxConfig, DSSoftmaxHead, mitosis
 from .mixtape import MixtapeConfig, MixtapeHead
 from .mos import MoSConfig, MoSHead
 from .plif import MoSPLIFConfig, MoSPLIFHead, PiecewiseLinearIncreasing, PLIFConfig, PLIFHead
@@ -15,5 +16,5 @@ __all__ = [
     "register_head",
     "SoftmaxConfig", "SoftmaxHead", "MoSConfig", "MoSHead", "MixtapeConfig", "MixtapeHead",
     "PLIFConfig", "PLIFHead", "MoSPLIFConfig", "MoSPLIFHead", "PiecewiseLinearIncreasing",
-    "SigsoftmaxConfig", "SigsoftmaxHead",
+    "SigsoftmaxConfig", "SigsoftmaxHead", "DSSoftmaxConfig", "DSSoftmaxHead", "mitosis",
 ]

@@ -1,0 +1,346 @@
+"""DS-Softmax (Liao et al. 2019, "Doubly Sparse Softmax"): a sparse mixture of sparse experts.
+
+E experts, each a copy of the output embedding W (V x d) with a class mask m_e. A gate picks one
+expert per token (top-1 of ``softmax(g W_gate)``, with learned Gaussian noise in training) and the
+logits are ``g_top * (W_e g + b_e)`` over the expert's classes. Training adds group lasso on every
+expert's class rows, an expert-level lasso and a load-balancing loss (``aux_loss``); pruning removes
+class rows whose norm falls under a cutoff, for good, on a schedule the head counts itself. At
+inference the head computes only the chosen expert's surviving classes: ``topk`` never touches the
+rest, and ``forward`` returns full log-probs with ``-inf`` outside the chosen expert.
+
+Facts from the authors' TF code (SPEC section 5) kept here: noise std ``softplus(g W_noise) + 0.01``
+in training only; importance loss ``coef * cv^2`` of the per-expert sums of the (top-1) gate values;
+group norm ``sqrt(mean_d W_e[v]^2)`` with an epsilon inside the sqrt (pruned rows are exactly 0);
+pruned classes keep logit 0 in training (``(x W_e) * m_e``) and are skipped at inference.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import functional as HF
+from .base import HeadConfig, OutputHead, check_float, check_int, check_option, option, register_head
+
+_NORM_EPS = 1e-12  # inside the sqrt of the group norms: sqrt'(0) is infinite
+
+
+@dataclass
+class DSSoftmaxConfig(HeadConfig):
+    """Options of :class:`DSSoftmaxHead`."""
+
+    num_experts: int = option(8, "number E of experts, each a masked copy of the output embedding (paper: 64)")
+    group_lasso: float = option(
+        0.002, "coefficient of the class-level group lasso sum_e sum_v sqrt(mean_d W_e[v]^2) (authors: 0.002-0.005)")
+    expert_lasso: float = option(
+        0.002, "coefficient of the expert-level lasso sum_e sqrt(mean W_e^2), which lets whole experts die")
+    balance: float = option(10.0, "coefficient of the load-balancing loss cv^2 of the per-expert gate sums "
+                                  "(authors: 10-30)")
+    prune_cutoff: float = option(
+        0.03, "a class row W_e[v] whose norm sqrt(mean_d W_e[v]^2) falls under this is removed from expert e "
+              "for good (0 disables pruning)")
+    prune_start: int = option(1000, "training steps (forward passes in training mode) before the first pruning")
+    prune_interval: int = option(100, "training steps between prunings")
+    min_experts_per_class: int = option(
+        1, "pruning never leaves a class in fewer experts than this, so every token stays reachable "
+           "(0: the paper's rule, a class may vanish from every expert)")
+    gate_noise: bool = option(True, "noisy top-1 gating in training (noise std softplus(g W_noise) + 0.01)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.head_name
+        check_int(n, "num_experts", self.num_experts, 1, 4096)
+        for name in ("group_lasso", "expert_lasso", "balance"):
+            check_float(n, name, getattr(self, name), 0.0, float("inf"))
+        check_float(n, "prune_cutoff", self.prune_cutoff, 0.0, float("inf"))
+        check_int(n, "prune_start", self.prune_start, 0)
+        check_int(n, "prune_interval", self.prune_interval, 1)
+        check_int(n, "min_experts_per_class", self.min_experts_per_class, 0, self.num_experts)
+        check_option(n, "gate_noise", self.gate_noise, isinstance(self.gate_noise, bool), "True or False")
+
+
+@register_head("ds_softmax")
+class DSSoftmaxHead(OutputHead):
+    """``p(x | g) = softmax_{x in C_e}( g_e (W_e g + b_e)_x )`` with ``e = argmax softmax(W_gate g)``.
+
+    Parameters: ``weight`` (E x V x d: one output embedding per expert, all started from the same
+    V x d matrix, or from ``weight=`` / ``init_from_projection``), ``bias`` (E x V), ``gate`` (d -> E)
+    and ``noise`` (d -> E). Buffers (saved with the weights): ``mask`` (E x V, True = class kept)
+    and ``num_steps`` (training steps seen, which drives pruning).
+
+    * training: noisy top-1 routing, pruned classes get logit 0 (the authors' ``(x W_e) * m_e``),
+      ``aux_loss()`` = balance * cv^2(gate sums of the last training call) + group_lasso * class-level
+      group lasso + expert_lasso * expert-level lasso; every ``prune_interval`` steps from
+      ``prune_start`` on, :meth:`prune` runs by itself.
+    * evaluation: classes outside the chosen expert have log-prob ``-inf``; :meth:`topk` computes
+      only the chosen expert's surviving classes.
+
+    The output embedding cannot be tied to an input embedding (there are E copies of it): build the
+    head from the embedding instead (``weight=``), which every expert copies.
+    """
+
+    config_class = DSSoftmaxConfig
+    paper = "Liao et al. 2019, Doubly Sparse Softmax (DS-Softmax)"
+
+    def __init__(self, config: DSSoftmaxConfig):
+        super().__init__(config)
+        c = config
+        base = self.weight.detach()
+        self.weight = nn.Parameter(base.unsqueeze(0).repeat(c.num_experts, 1, 1))
+        self.bias = nn.Parameter(torch.zeros(c.num_experts, c.vocab_size)) if c.use_bias else None
+        self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        self.noise = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        nn.init.zeros_(self.noise.weight)
+        self.register_buffer("mask", torch.ones(c.num_experts, c.vocab_size, dtype=torch.bool))
+        self.register_buffer("num_steps", torch.zeros((), dtype=torch.long))
+        # routing counts since the last pruning (for sparsity_report); not saved
+        self.register_buffer("routed", torch.zeros(c.num_experts, dtype=torch.long), persistent=False)
+        self._importance: Optional[torch.Tensor] = None
+        self._tables_key = None
+        self._tables: List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]] = []
+
+    def tie_weight(self, embedding: nn.Module) -> None:
+        raise ValueError(
+            f"{self.head_name}: the output embedding cannot be tied to the input embedding: the head keeps "
+            f"num_experts={self.config.num_experts} separate masked copies of it. Build the head untied, "
+            f"started from the embedding (weight=embedding.weight); in fairseq leave out "
+            f"--share-decoder-input-output-embed / --share-all-embeddings")
+
+    # -- routing ----------------------------------------------------------------------
+    def _route(self, hidden: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Top-1 expert ``[N]`` and its gate value ``g_top`` ``[N]`` (float32). In training with grad
+        enabled this is one training step: it counts, may prune, and records the gate sums."""
+        training = self.training and torch.is_grad_enabled()
+        if training:
+            self._count_step()
+        logits = HF.linear_fp32(hidden, self.gate.weight)
+        if self.training and self.config.gate_noise:
+            std = F.softplus(HF.linear_fp32(hidden, self.noise.weight)) + 0.01
+            logits = logits + torch.randn_like(logits) * std
+        alive = self.mask.any(dim=1)
+        if not bool(alive.all()):
+            logits = logits.masked_fill(~alive, float("-inf"))
+        gate, expert = torch.softmax(logits, dim=-1).max(dim=-1)
+        if training:
+            self._importance = torch.zeros(self.config.num_experts, dtype=gate.dtype,
+                                           device=gate.device).index_add(0, expert, gate)
+        self.routed += torch.bincount(expert.detach(), minlength=self.config.num_experts)
+        return expert, gate
+
+    @staticmethod
+    def _groups(expert: torch.Tensor):
+        """``(order, [(e, start, stop), ...])``: the rows sorted by expert, and each expert's slice."""
+        order = torch.argsort(expert, stable=True)
+        counts = torch.bincount(expert, minlength=1).tolist()
+        groups, start = [], 0
+        for e, n in enumerate(counts):
+            if n:
+                groups.append((e, start, start + n))
+                start += n
+        return order, groups
+
+    # -- training-mode logits (every class; pruned ones at 0) ------------------------
+    def _dense_logits(self, hidden: torch.Tensor, expert: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(hidden)
+        order, groups = self._groups(expert)
+        xs, gs = x[order], gate[order]
+        parts = []
+        for e, lo, hi in groups:
+            b = None if self.bias is None else self.bias[e]
+            z = HF.linear_fp32(xs[lo:hi], self.weight[e], b) * self.mask[e].to(xs.dtype)
+            parts.append(z * gs[lo:hi, None])
+        return torch.cat(parts)[torch.argsort(order)]
+
+    # -- inference-mode tables (only the surviving classes) ---------------------------
+    def expert_tables(self) -> List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
+        """Per expert: ``(class ids [n_e], W_e rows [n_e, d], b_e [n_e] or None)`` of its surviving
+        classes, float32 (float64 for a float64 head). Cached until the weights or masks change."""
+        ts = [t for t in (self.weight, self.bias, self.mask) if t is not None]
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in ts)
+        if key != self._tables_key:
+            dt = HF.compute_dtype(self.weight)
+            with torch.no_grad():
+                tables = []
+                for e in range(self.config.num_experts):
+                    idx = self.mask[e].nonzero().squeeze(1)
+                    b = None if self.bias is None else self.bias[e, idx].to(dt).contiguous()
+                    tables.append((idx, self.weight[e, idx].to(dt).contiguous(), b))
+            self._tables, self._tables_key = tables, key
+        return self._tables
+
+    def _expert_log_probs(self, x: torch.Tensor, gate: torch.Tensor, e: int, differentiable: bool):
+        """``(class ids, log-probs [n, n_e])`` of expert ``e`` for rows ``x``."""
+        if differentiable:  # from the parameters, so gradients reach them
+            idx = self.mask[e].nonzero().squeeze(1)
+            b = None if self.bias is None else self.bias[e, idx]
+            z = HF.linear_fp32(x, self.weight[e, idx], b)
+        else:
+            idx, w, b = self.expert_tables()[e]
+            z = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
+        return idx, torch.log_softmax(z * gate[:, None], dim=-1)
+
+    # -- the head interface -------------------------------------------------------------
+    def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
+        expert, gate = self._route(hidden)
+        if self.training:
+            return torch.log_softmax(self._dense_logits(hidden, expert, gate), dim=-1)
+        differentiable = torch.is_grad_enabled()
+        order, groups = self._groups(expert)
+        out = hidden.new_full((hidden.shape[0], self.config.vocab_size), float("-inf"))
+        for e, lo, hi in groups:
+            rows = order[lo:hi]
+            idx, lp = self._expert_log_probs(hidden[rows], gate[rows], e, differentiable)
+            out = out.index_put((rows[:, None], idx[None, :]), lp)
+        return out
+
+    def nll_2d(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().nll_2d(hidden, target)
+        expert, gate = self._route(hidden)
+        return F.cross_entropy(self._dense_logits(hidden, expert, gate), target, reduction="none")
+
+    def topk(self, hidden: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Top-k in evaluation mode computes only the chosen expert's surviving classes (where an
+        expert keeps fewer than ``k`` classes, the rest come out at ``-inf`` as in ``forward``)."""
+        check_int(self.head_name, "k", k, 1, self.config.vocab_size)
+        if self.training or torch.is_grad_enabled() and hidden.requires_grad:
+            return super().topk(hidden, k)
+        h = self._flat_hidden(hidden)
+        with torch.no_grad(), HF.fp32_math(h):
+            expert, gate = self._route(h)
+            tables = self.expert_tables()
+            if k > min(tables[e][0].numel() for e in expert.unique().tolist()):
+                return super().topk(hidden, k)
+            order, groups = self._groups(expert)
+            lp_out = h.new_empty(h.shape[0], k)
+            idx_out = torch.empty(h.shape[0], k, dtype=torch.long, device=h.device)
+            for e, lo, hi in groups:
+                rows = order[lo:hi]
+                idx, lp = self._expert_log_probs(h[rows], gate[rows], e, differentiable=False)
+                top, pos = lp.topk(k, dim=-1)
+                lp_out[rows], idx_out[rows] = top, idx[pos]
+        shape = (*hidden.shape[:-1], k)
+        return lp_out.view(shape), idx_out.view(shape)
+
+    # -- regularisers -------------------------------------------------------------------
+    def class_norms(self) -> torch.Tensor:
+        """``[E, V]``: ``sqrt(mean_d W_e[v]^2 + eps)`` of every class row (with its bias entry, if any),
+        0 for pruned rows."""
+        sq = self.weight.float().pow(2).sum(-1)
+        d = self.weight.shape[-1]
+        if self.bias is not None:
+            sq, d = sq + self.bias.float().pow(2), d + 1
+        return torch.sqrt(sq / d + _NORM_EPS) * self.mask
+
+    def aux_losses(self) -> Dict[str, torch.Tensor]:
+        """The three regularisers, unweighted: ``balance`` (cv^2 of the gate sums of the last training
+        call, 0 when there was none), ``group_lasso`` and ``expert_lasso``."""
+        zero = self.weight.new_zeros((), dtype=torch.float32)
+        imp = self._importance
+        balance = zero if imp is None or imp.numel() < 2 else imp.var(unbiased=False) / (imp.mean() ** 2 + 1e-10)
+        norms = self.class_norms()
+        expert = torch.sqrt((norms.pow(2) * self.mask).sum(-1) / self.config.vocab_size + _NORM_EPS)
+        return {"balance": balance.float(), "group_lasso": norms.sum(), "expert_lasso": expert.sum()}
+
+    def aux_loss(self) -> torch.Tensor:
+        c = self.config
+        if not (c.balance or c.group_lasso or c.expert_lasso):
+            return super().aux_loss()
+        parts = self.aux_losses()
+        return c.balance * parts["balance"] + c.group_lasso * parts["group_lasso"] + c.expert_lasso * parts["expert_lasso"]
+
+    # -- pruning ---------------------------------------------------------------------------
+    def _count_step(self) -> None:
+        self.num_steps += 1
+        c, s = self.config, int(self.num_steps)
+        if c.prune_cutoff > 0 and s >= c.prune_start and (s - c.prune_start) % c.prune_interval == 0:
+            self.prune()
+
+    @torch.no_grad()
+    def prune(self, cutoff: Optional[float] = None) -> int:
+        """Remove, for good, every class row whose norm (see :meth:`class_norms`) is under ``cutoff``
+        (default: the ``prune_cutoff`` option); returns how many rows were removed. A class keeps its
+        ``min_experts_per_class`` strongest experts whatever their norms. Runs by itself during
+        training; call it directly to prune by hand."""
+        cutoff = self.config.prune_cutoff if cutoff is None else cutoff
+        norms = self.class_norms()
+        drop = self.mask & (norms < cutoff)
+        m = self.config.min_experts_per_class
+        if m:  # protect each class's m strongest surviving experts
+            rank = norms.masked_fill(~self.mask, -1.0).argsort(dim=0, descending=True).argsort(dim=0)
+            drop &= rank >= m
+        removed = int(drop.sum())
+        if removed:
+            self.mask &= ~drop
+            self.weight.masked_fill_(drop[..., None], 0.0)
+            if self.bias is not None:
+                self.bias.masked_fill_(drop, 0.0)
+            self.routed.zero_()
+        return removed
+
+    def sparsity_report(self, hidden: Optional[torch.Tensor] = None) -> Dict[str, object]:
+        """How sparse the head is.
+
+        ``classes_per_expert`` (surviving classes of each expert), ``expert_usage`` (fraction of queries
+        routed to each expert: of ``hidden`` when given, else of every query routed since the last
+        pruning, uniform when there was none), ``expected_classes_computed`` (classes per query,
+        averaged over how often each expert is chosen), ``flops_reduction`` (``V d`` of a full softmax
+        over the ``E d + expected_classes_computed * d`` multiplications of DS-Softmax's top-1).
+        """
+        c = self.config
+        if hidden is not None:
+            with torch.no_grad():
+                was = self.training
+                self.eval()
+                expert, _ = self._route(self._flat_hidden(hidden))
+                self.train(was)
+            counts = torch.bincount(expert, minlength=c.num_experts).float()
+        else:
+            counts = self.routed.float()
+        usage = counts / counts.sum() if counts.sum() > 0 else torch.full((c.num_experts,), 1.0 / c.num_experts)
+        per_expert = self.mask.sum(dim=1).cpu()
+        expected = float((usage.cpu() * per_expert).sum())
+        d = c.embedding_size
+        return {
+            "num_experts": c.num_experts,
+            "vocab_size": c.vocab_size,
+            "classes_per_expert": per_expert.tolist(),
+            "expert_usage": usage.cpu().tolist(),
+            "expected_classes_computed": expected,
+            "flops_reduction": c.vocab_size * d / (c.num_experts * c.hidden_size + expected * d),
+            "num_steps": int(self.num_steps),
+        }
+
+
+@torch.no_grad()
+def mitosis(head: DSSoftmaxHead, num_experts: int, noise: float = 1e-3) -> DSSoftmaxHead:
+    """Grow a trained DS-Softmax head to ``num_experts`` (a multiple of its E) by cloning each expert.
+
+    Every expert (its weights, bias and mask) and its gate row are copied ``num_experts / E`` times;
+    ``noise`` (relative to the gate weights' std) breaks the ties between clones. The clones of an
+    expert share its gate value (``f`` equal gate logits get ``g / f`` each), so their weights and
+    biases are multiplied by ``f``: at ``noise=0`` the new head's log-probs equal the old one's. The
+    step counter carries over, so the pruning schedule continues. Train a small E first, then grow:
+    the paper's way to train many experts with less memory.
+    """
+    if not isinstance(head, DSSoftmaxHead):
+        raise ValueError(f"mitosis: expected a DSSoftmaxHead, got {type(head).__name__}")
+    old_e = head.config.num_experts
+    ok = isinstance(num_experts, int) and num_experts >= old_e and num_experts % old_e == 0
+    check_option(head.head_name, "num_experts", num_experts, ok, f"a multiple of the current num_experts={old_e}")
+    f = num_experts // old_e
+    new = DSSoftmaxHead(dataclasses.replace(head.config, num_experts=num_experts))
+    new = new.to(device=head.weight.device, dtype=head.weight.dtype)
+    new.weight.copy_(head.weight.repeat_interleave(f, dim=0) * f)
+    if head.bias is not None:
+        new.bias.copy_(head.bias.repeat_interleave(f, dim=0) * f)
+    gate = head.gate.weight.repeat_interleave(f, dim=0)
+    new.gate.weight.copy_(gate + noise * gate.std() * torch.randn_like(gate))
+    new.noise.weight.copy_(head.noise.weight.repeat_interleave(f, dim=0))
+    new.mask.copy_(head.mask.repeat_interleave(f, dim=0))
+    new.num_steps.copy_(head.num_steps)
+    return new.train(head.training)
