@@ -100,8 +100,8 @@ class DSSoftmaxHead(OutputHead):
         # routing counts since the last pruning (for sparsity_report); not saved
         self.register_buffer("routed", torch.zeros(c.num_experts, dtype=torch.long), persistent=False)
         self._importance: Optional[torch.Tensor] = None
-        self._tables_key = None
-        self._tables: List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]] = []
+        self._cache: Dict[str, tuple] = {}  # inference tables, dead experts (see _cached)
+        self._routed_one = [0] * c.num_experts  # batch-1 routing counts, added to `routed` when read
 
     def tie_weight(self, embedding: nn.Module) -> None:
         raise ValueError(
@@ -111,6 +111,23 @@ class DSSoftmaxHead(OutputHead):
             f"--share-decoder-input-output-embed / --share-all-embeddings")
 
     # -- routing ----------------------------------------------------------------------
+    def _cached(self, name: str, tensors, build):
+        """``build()``, cached until one of ``tensors`` changes (storage, in-place version, dtype, device)."""
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors if t is not None)
+        hit = self._cache.get(name)
+        if hit is None or hit[0] != key:
+            with torch.no_grad():
+                hit = (key, build())
+            self._cache[name] = hit
+        return hit[1]
+
+    def dead_experts(self) -> Optional[torch.Tensor]:
+        """Bool ``[E]``: experts left with no class (never chosen); ``None`` when every expert lives."""
+        def build():
+            dead = ~self.mask.any(dim=1)
+            return dead if bool(dead.any()) else None
+        return self._cached("dead", (self.mask,), build)
+
     def _route(self, hidden: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Top-1 expert ``[N]`` and its gate value ``g_top`` ``[N]`` (float32). In training with grad
         enabled this is one training step: it counts, may prune, and records the gate sums."""
@@ -121,9 +138,9 @@ class DSSoftmaxHead(OutputHead):
         if self.training and self.config.gate_noise:
             std = F.softplus(HF.linear_fp32(hidden, self.noise.weight)) + 0.01
             logits = logits + torch.randn_like(logits) * std
-        alive = self.mask.any(dim=1)
-        if not bool(alive.all()):
-            logits = logits.masked_fill(~alive, float("-inf"))
+        dead = self.dead_experts()
+        if dead is not None:
+            logits = logits.masked_fill(dead, float("-inf"))
         gate, expert = torch.softmax(logits, dim=-1).max(dim=-1)
         if training:
             self._importance = torch.zeros(self.config.num_experts, dtype=gate.dtype,
@@ -155,45 +172,78 @@ class DSSoftmaxHead(OutputHead):
             parts.append(z * gs[lo:hi, None])
         return torch.cat(parts)[torch.argsort(order)]
 
-    # -- inference-mode tables (only the surviving classes) ---------------------------
+    # -- inference (only the surviving classes) ------------------------------------------
     def expert_tables(self) -> List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
         """Per expert: ``(class ids [n_e], W_e rows [n_e, d], b_e [n_e] or None)`` of its surviving
-        classes, float32 (float64 for a float64 head). Cached until the weights or masks change."""
-        ts = [t for t in (self.weight, self.bias, self.mask) if t is not None]
-        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in ts)
-        if key != self._tables_key:
-            dt = HF.compute_dtype(self.weight)
-            with torch.no_grad():
-                tables = []
-                for e in range(self.config.num_experts):
-                    idx = self.mask[e].nonzero().squeeze(1)
-                    b = None if self.bias is None else self.bias[e, idx].to(dt).contiguous()
-                    tables.append((idx, self.weight[e, idx].to(dt).contiguous(), b))
-            self._tables, self._tables_key = tables, key
-        return self._tables
+        classes, contiguous, float32 (float64 for a float64 head): what inference reads. Cached until
+        the weights or masks change."""
+        return self._inference_tables()[0]
 
-    def _expert_log_probs(self, x: torch.Tensor, gate: torch.Tensor, e: int, differentiable: bool):
-        """``(class ids, log-probs [n, n_e])`` of expert ``e`` for rows ``x``."""
-        if differentiable:  # from the parameters, so gradients reach them
-            idx = self.mask[e].nonzero().squeeze(1)
-            b = None if self.bias is None else self.bias[e, idx]
-            z = HF.linear_fp32(x, self.weight[e, idx], b)
-        else:
-            idx, w, b = self.expert_tables()[e]
-            z = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
-        return idx, torch.log_softmax(z * gate[:, None], dim=-1)
+    def _inference_tables(self):
+        """``(expert tables, gate weights, dead experts)`` in the compute dtype, cached together (one
+        cache check per inference call)."""
+        def build():
+            dt = HF.compute_dtype(self.weight)
+            tables = []
+            for e in range(self.config.num_experts):
+                idx = self.mask[e].nonzero().squeeze(1)
+                b = None if self.bias is None else self.bias[e, idx].to(dt).contiguous()
+                tables.append((idx, self.weight[e, idx].to(dt).contiguous(), b))
+            return tables, self.gate.weight.to(dt).contiguous(), self.dead_experts()
+        return self._cached("tables", (self.weight, self.bias, self.mask, self.gate.weight), build)
+
+    def _expert_log_probs(self, x: torch.Tensor, gate: torch.Tensor, e: int):
+        """``(class ids, log-probs [n, n_e])`` of expert ``e`` for rows ``x``, from the parameters (so
+        gradients reach them)."""
+        idx = self.mask[e].nonzero().squeeze(1)
+        b = None if self.bias is None else self.bias[e, idx]
+        return idx, torch.log_softmax(HF.linear_fp32(x, self.weight[e, idx], b) * gate[:, None], dim=-1)
+
+    def _sparse_topk(self, h: torch.Tensor, k: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """The inference fast path (no grad, evaluation mode): route, then score only the chosen
+        expert's surviving classes. ``None`` where a chosen expert keeps fewer than ``k`` classes."""
+        tables, gate_weight, dead = self._inference_tables()
+        if h.shape[0] == 1:  # batch 1: _route inlined, no grouping: a handful of small ops
+            x = h[0]
+            gate_logits = torch.mv(gate_weight.to(x.dtype), x)
+            if dead is not None:
+                gate_logits = gate_logits.masked_fill(dead, float("-inf"))
+            gate, e = torch.softmax(gate_logits, 0).max(0)
+            e = int(e)
+            self._routed_one[e] += 1  # a Python counter: cheaper than a tensor op at batch 1
+            idx, w, b = tables[e]
+            if idx.numel() < k:
+                return None
+            w, b = w.to(x.dtype), None if b is None else b.to(x.dtype)
+            lp = torch.log_softmax((torch.mv(w, x) if b is None else torch.addmv(b, w, x)) * gate, 0)
+            top, pos = lp.topk(k)
+            return top[None], idx[pos][None]
+        with torch.no_grad(), HF.fp32_math(h):
+            expert, gate = self._route(h)
+            order, groups = self._groups(expert)
+            if any(tables[e][0].numel() < k for e, _, _ in groups):
+                return None
+            lp_out = h.new_empty(h.shape[0], k)
+            idx_out = torch.empty(h.shape[0], k, dtype=torch.long, device=h.device)
+            for e, lo, hi in groups:
+                rows = order[lo:hi]
+                idx, w, b = tables[e]
+                lp = torch.log_softmax(F.linear(h[rows], w.to(h.dtype), None if b is None else b.to(h.dtype))
+                                       * gate[rows, None], dim=-1)
+                lp_out[rows], pos = lp.topk(k, dim=-1)
+                idx_out[rows] = idx[pos]
+        return lp_out, idx_out
 
     # -- the head interface -------------------------------------------------------------
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         expert, gate = self._route(hidden)
         if self.training:
             return torch.log_softmax(self._dense_logits(hidden, expert, gate), dim=-1)
-        differentiable = torch.is_grad_enabled()
         order, groups = self._groups(expert)
         out = hidden.new_full((hidden.shape[0], self.config.vocab_size), float("-inf"))
         for e, lo, hi in groups:
             rows = order[lo:hi]
-            idx, lp = self._expert_log_probs(hidden[rows], gate[rows], e, differentiable)
+            idx, lp = self._expert_log_probs(hidden[rows], gate[rows], e)
             out = out.index_put((rows[:, None], idx[None, :]), lp)
         return out
 
@@ -204,27 +254,16 @@ class DSSoftmaxHead(OutputHead):
         return F.cross_entropy(self._dense_logits(hidden, expert, gate), target, reduction="none")
 
     def topk(self, hidden: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Top-k in evaluation mode computes only the chosen expert's surviving classes (where an
-        expert keeps fewer than ``k`` classes, the rest come out at ``-inf`` as in ``forward``)."""
+        """In evaluation mode without gradients, computes only the chosen expert's surviving classes
+        (if an expert keeps fewer than ``k`` classes, the rest come out at ``-inf`` as in ``forward``)."""
         check_int(self.head_name, "k", k, 1, self.config.vocab_size)
-        if self.training or torch.is_grad_enabled() and hidden.requires_grad:
-            return super().topk(hidden, k)
-        h = self._flat_hidden(hidden)
-        with torch.no_grad(), HF.fp32_math(h):
-            expert, gate = self._route(h)
-            tables = self.expert_tables()
-            if k > min(tables[e][0].numel() for e in expert.unique().tolist()):
-                return super().topk(hidden, k)
-            order, groups = self._groups(expert)
-            lp_out = h.new_empty(h.shape[0], k)
-            idx_out = torch.empty(h.shape[0], k, dtype=torch.long, device=h.device)
-            for e, lo, hi in groups:
-                rows = order[lo:hi]
-                idx, lp = self._expert_log_probs(h[rows], gate[rows], e, differentiable=False)
-                top, pos = lp.topk(k, dim=-1)
-                lp_out[rows], idx_out[rows] = top, idx[pos]
-        shape = (*hidden.shape[:-1], k)
-        return lp_out.view(shape), idx_out.view(shape)
+        if not self.training and not (torch.is_grad_enabled() and hidden.requires_grad):
+            # the inference tables carry no autograd history, so no graph is built here
+            out = self._sparse_topk(self._flat_hidden(hidden), k)
+            if out is not None:
+                shape = (*hidden.shape[:-1], k)
+                return out[0].view(shape), out[1].view(shape)
+        return super().topk(hidden, k)
 
     # -- regularisers -------------------------------------------------------------------
     def class_norms(self) -> torch.Tensor:
@@ -280,6 +319,7 @@ class DSSoftmaxHead(OutputHead):
             if self.bias is not None:
                 self.bias.masked_fill_(drop, 0.0)
             self.routed.zero_()
+            self._routed_one = [0] * self.config.num_experts
         return removed
 
     def sparsity_report(self, hidden: Optional[torch.Tensor] = None) -> Dict[str, object]:
@@ -300,7 +340,7 @@ class DSSoftmaxHead(OutputHead):
                 self.train(was)
             counts = torch.bincount(expert, minlength=c.num_experts).float()
         else:
-            counts = self.routed.float()
+            counts = self.routed.float().cpu() + torch.tensor(self._routed_one, dtype=torch.float32)
         usage = counts / counts.sum() if counts.sum() > 0 else torch.full((c.num_experts,), 1.0 / c.num_experts)
         per_expert = self.mask.sum(dim=1).cpu()
         expected = float((usage.cpu() * per_expert).sum())
