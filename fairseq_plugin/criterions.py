@@ -2,6 +2,8 @@
 # no `from __future__ import annotations`: fairseq reads the dataclass annotations as real types
 
 import math
+
+import torch
 from dataclasses import dataclass, field
 
 from fairseq import metrics, utils
@@ -65,7 +67,8 @@ class HeadCrossEntropyCriterion(FairseqCriterion):
         if not reduce:
             loss, nll = loss.view(-1), nll.view(-1)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
-        aux = head.aux_loss()
+        # a regulariser: validation losses stay the plain NLL
+        aux = head.aux_loss() if model.training else hidden.new_zeros((), dtype=torch.float32)
         if reduce:
             loss = loss + aux * sample_size  # the optimiser divides the summed loss by sample_size
         logging_output = {

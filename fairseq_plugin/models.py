@@ -77,7 +77,10 @@ def build_decoder_head(name: str, options: Dict[str, Any], hidden_size: int, voc
     except ValueError as e:
         raise ValueError(f"--output-head {name} --head-options: {e}") from None
     if embed_tokens is not None:
-        head.tie_weight(embed_tokens)
+        try:
+            head.tie_weight(embed_tokens)
+        except ValueError as e:  # DS-Softmax: --share-decoder-input-output-embed / --share-all-embeddings
+            raise ValueError(f"--output-head {name}: {e}") from None
     return head
 
 

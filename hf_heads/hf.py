@@ -21,7 +21,7 @@ package to install.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -108,10 +108,34 @@ class HeadModelMixin:
         head = build_head(spec["name"], hidden_size=old.weight.shape[1], vocab_size=old.weight.shape[0],
                           use_bias=bool(spec.get("use_bias", False)), **spec.get("options", {}))
         self.set_output_embeddings(head)
+        self._forget_head_ties()
         if getattr(config, "tie_word_embeddings", False):
             self.tie_weights()
 
+    def _head_tie_prefix(self) -> Optional[str]:
+        """``"lm_head."`` (the head's parameter prefix) when the head cannot be tied, else None."""
+        head = self.get_output_embeddings()
+        if not isinstance(head, OutputHead) or head.can_tie:
+            return None
+        return next(name for name, m in self.named_modules() if m is head) + "."
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        """transformers' tie map, without the output embedding when the head keeps several copies of it
+        (DS-Softmax): the other ties (e.g. BART's encoder/decoder embeddings) stay."""
+        keys = super().get_expanded_tied_weights_keys(all_submodels=all_submodels)
+        prefix = self._head_tie_prefix()
+        return keys if prefix is None else {k: v for k, v in keys.items() if not k.startswith(prefix)}
+
+    def _forget_head_ties(self) -> None:
+        """Drop the head from the tie map transformers computed before the head was swapped in."""
+        prefix = self._head_tie_prefix()
+        if prefix is not None and isinstance(getattr(self, "all_tied_weights_keys", None), dict):
+            for k in [k for k in self.all_tied_weights_keys if k.startswith(prefix)]:
+                del self.all_tied_weights_keys[k]
+
     def _add_aux_loss(self, out, labels_given: bool):
+        if not self.training:  # a regulariser: evaluation losses stay the plain NLL
+            return out
         aux = self.get_output_embeddings().aux_loss()
         loss = out.get("loss") if isinstance(out, dict) else None
         if loss is not None:
@@ -171,7 +195,8 @@ def swap_head(model, name: str, **options) -> nn.Module:
 
     The head's output embedding starts from the model's (and its bias from ``lm_head.bias`` +
     ``final_logits_bias`` where the model has them); if the model ties its output embedding to its
-    input embedding, the head stays tied. The model's class becomes ``SoftmaxHeads<Class>`` (a
+    input embedding, the head stays tied (a head that keeps several copies of it, DS-Softmax, starts
+    from it untied, and ``from_pretrained`` leaves it untied). The model's class becomes ``SoftmaxHeads<Class>`` (a
     subclass), its config records the head, and ``save_pretrained`` / ``from_pretrained`` restore it.
     Works for any model with ``get_output_embeddings()`` returning a ``V x d`` projection: causal LMs
     (GPT-2, Llama family, ...) and seq2seq LMs (BART, Marian, T5, ...).
@@ -200,8 +225,9 @@ def swap_head(model, name: str, **options) -> nn.Module:
     model.config.base_model_type = base_type
     model.config.output_head = {"name": name, "options": dict(options), "use_bias": use_bias}
     model.set_output_embeddings(head)
-    if tied:
+    if tied and head.can_tie:
         head.tie_weight(inputs)
+    model._forget_head_ties()  # a head that cannot be tied (DS-Softmax) starts from a copy instead
     if torch.is_tensor(getattr(model, "final_logits_bias", None)):
         model.final_logits_bias.zero_()  # folded into the head's bias: log-probs stay normalised
     return model

@@ -37,6 +37,12 @@ DEFAULT_HEAD_OPTIONS: Dict[str, Dict] = {
 }
 
 
+def default_heads() -> List[str]:
+    """The plain softmax and every registered head that is more expressive than it (the heads whose
+    purpose is speed, like DS-Softmax, have their own recipes)."""
+    return [h for h in hf_heads.available_heads() if hf_heads.get_head_class(h).purpose in ("reference", "bottleneck")]
+
+
 def make_task(num_contexts: int, num_outcomes: int, alpha: float, seed: int) -> torch.Tensor:
     """True distributions ``[N, M]`` drawn from Dirichlet(alpha), outcome ids sorted by total mass."""
     g = torch.Generator().manual_seed(seed)
@@ -173,7 +179,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.02, help="Adam learning rate (cosine decay)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heads", nargs="+", default=None,
-                   help=f"heads to train (default: every registered head: {', '.join(hf_heads.available_heads())})")
+                   help=f"heads to train (default: the softmax and every bottleneck breaker: {', '.join(default_heads())})")
     p.add_argument("--head-options", type=json.loads, default={},
                    help='JSON {head: {option: value}} overriding the defaults, e.g. \'{"mos": {"num_components": 3}}\'')
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -189,7 +195,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--alpha={args.alpha} is out of range; allowed: a number > 0")
     if not (args.lr > 0):
         p.error(f"--lr={args.lr} is out of range; allowed: a number > 0")
-    heads = args.heads or hf_heads.available_heads()
+    heads = args.heads or default_heads()
     unknown = [h for h in heads + list(args.head_options) if h not in hf_heads.available_heads()]
     if unknown:
         p.error(f"--heads/--head-options name unknown head(s) {unknown}; available: "

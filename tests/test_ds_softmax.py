@@ -215,3 +215,20 @@ def test_cannot_be_tied_and_says_what_to_do():
     head = _head()
     with pytest.raises(ValueError, match="num_experts=3 separate masked copies.*weight=embedding.weight"):
         head.tie_weight(torch.nn.Embedding(V, D))
+
+
+def test_gate_init_from_hidden_routes_clusters_to_distinct_experts_with_gate_near_one():
+    head = _head().eval()
+    g = torch.Generator().manual_seed(5)
+    centres = 4.0 * torch.randn(E, D, generator=g)
+    label = torch.arange(300) % E
+    hidden = centres[label] + 0.3 * torch.randn(300, D, generator=g)
+    head.init_gate_from_hidden(hidden)
+    with torch.no_grad():
+        expert, gate = head._route(hidden)
+    # one expert per cluster, a different one for each cluster
+    pairs = {(int(a), int(b)) for a, b in zip(label, expert)}
+    assert len(pairs) == E and len({b for _, b in pairs}) == E
+    assert gate.mean() > 0.9
+    with pytest.raises(ValueError, match="at least num_experts=3 rows"):
+        head.init_gate_from_hidden(hidden[:2])

@@ -15,6 +15,8 @@ import pytest
 
 fairseq = pytest.importorskip("fairseq", reason="fairseq not installed: run `make install` (pip install -e .[fairseq])")
 
+import hf_heads  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN = os.path.join(ROOT, "fairseq_plugin")
 SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
@@ -27,6 +29,7 @@ HEAD_OPTIONS = {
     "mixtape": {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 8},
     "plif": {"num_knots": 1000},
     "mos_plif": {"num_components": 2, "num_knots": 1000},
+    "ds_softmax": {"num_experts": 2},
 }
 SMALL_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
             "--decoder-attention-heads", "2", "--tokens-per-sample", "32"]
@@ -114,7 +117,8 @@ def test_lm_train_then_eval_lm(data, tmp_path, head):
 
 @pytest.mark.parametrize("head", list(HEAD_OPTIONS))
 def test_mt_train_then_generate_with_beam_and_sampling(data, tmp_path, head):
-    out = train_mt(data, tmp_path, head, "--share-all-embeddings", "--label-smoothing", "0.1")
+    share = ["--share-all-embeddings"] if hf_heads.get_head_class(head).can_tie else []  # DS-Softmax cannot
+    out = train_mt(data, tmp_path, head, *share, "--label-smoothing", "0.1")
     assert "nll_loss" in _last_train_stats(out)
     ckpt = tmp_path / "checkpoint_last.pt"
     out = cli("fairseq-generate", data / "mt-bin", "--user-dir", PLUGIN, "--path", ckpt, *GENERATE, "--beam", "2",
@@ -149,6 +153,25 @@ def test_restore_file_resumes_with_the_head_state(data, tmp_path):
                            state["model"]["decoder.head.plif.slope_params"])  # it kept training the head
 
 
+def test_ds_softmax_pruning_state_survives_checkpoint_resume(data, tmp_path):
+    import torch
+
+    opts = json.dumps({"num_experts": 2, "prune_start": 2, "prune_interval": 100, "prune_cutoff": 1e9})
+    train_lm(data, tmp_path, "ds_softmax", "--head-options", opts, updates=2)  # prunes at its 2nd step
+    state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu")["model"]
+    mask = state["decoder.head.mask"]
+    assert int(state["decoder.head.num_steps"]) == 2
+    assert (mask.sum(0) == 1).all()  # every class kept by exactly one expert (everything under the cutoff)
+    out = train_lm(data, tmp_path, "ds_softmax", "--head-options", opts,
+                   "--restore-file", tmp_path / "checkpoint_last.pt", updates=4)
+    assert "num_updates 4" in _last_train_stats(out)
+    resumed = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu")["model"]
+    assert int(resumed["decoder.head.num_steps"]) == 4 and torch.equal(resumed["decoder.head.mask"], mask)
+    out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / "checkpoint_last.pt",
+              "--cpu", "--tokens-per-sample", "32", "--max-tokens", "1024", "--num-workers", "0")
+    assert "Perplexity:" in out  # inf where a target sits outside the chosen expert: the head's real score
+
+
 @pytest.mark.parametrize("args,message", [
     (["--output-head", "mixtap"], "invalid choice: 'mixtap'"),
     (["--output-head", "mixtape", "--head-options", '{"num_gates": 3}'],
@@ -157,6 +180,8 @@ def test_restore_file_resumes_with_the_head_state(data, tmp_path):
     (["--output-head", "mos", "--head-options", '{"num_component": 2}'], "mos: unknown option(s) num_component"),
     (["--output-head", "mos", "--head-options", '{"vocab_size": 2}'], "must not set 'vocab_size'"),
     (["--output-head", "mos", "--head-options", "[1, 2]"], "must be a JSON object"),
+    (["--output-head", "ds_softmax", "--share-all-embeddings"],
+     "--output-head ds_softmax: ds_softmax: the output embedding cannot be tied to the input embedding"),
 ])
 def test_bad_head_flags_stop_before_training(data, tmp_path, args, message):
     code, out = cli("fairseq-train", data / "mt-bin", "--user-dir", PLUGIN, "--task", "translation",

@@ -23,6 +23,7 @@ HEADS = {
     "mixtape": {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 8},
     "plif": {"num_knots": 500},
     "mos_plif": {"num_components": 2, "num_knots": 500},
+    "ds_softmax": {"num_experts": 2},
 }
 
 
@@ -176,12 +177,18 @@ def test_marian_final_logits_bias_is_folded_into_the_head():
         torch.testing.assert_close(model(**b).logits, before, rtol=1e-5, atol=1e-5)
 
 
-def test_aux_loss_is_added(monkeypatch):
-    model = swapped("gpt2", "softmax")
+def test_aux_loss_is_added_in_training_only(monkeypatch):
+    model = swapped("gpt2", "softmax").train()
+    model.config.resid_pdrop = model.config.embd_pdrop = model.config.attn_pdrop = 0.0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
     b = batch(model)
     base = model(**b).loss
     monkeypatch.setattr(type(hf_heads.output_head(model)), "aux_loss", lambda self: torch.tensor(0.25))
     torch.testing.assert_close(model(**b).loss, base + 0.25)
+    model.eval()
+    torch.testing.assert_close(model(**b).loss, base)  # evaluation: the plain NLL
 
 
 def test_gradient_checkpointing_and_trainer(tmp_path):

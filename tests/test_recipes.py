@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import hf_heads
+from recipes import ds_softmax as dsr
 from recipes import synthetic_bottleneck as sb
 
 
@@ -36,12 +37,13 @@ def test_tiny_run_trains_every_head_and_writes_table_and_plot(tmp_path):
                        "--no-progress", "--out", str(out),
                        "--head-options", '{"mos": {"num_components": 2}, "mos_plif": {"num_components": 2, "num_knots": 1000}, '
                                          '"plif": {"num_knots": 1000}}'])
-    assert {r["head"] for r in results} == set(hf_heads.available_heads())
+    assert {r["head"] for r in results} == set(sb.default_heads())
+    assert {"softmax", "sigsoftmax", "mos", "mixtape", "plif", "mos_plif"} <= set(sb.default_heads())
     for r in results:
         first_kl, last_kl = r["curve"][0][1], r["curve"][-1][1]
         assert last_kl < first_kl, r["head"]
     table = (out / "results.md").read_text()
-    for name in hf_heads.available_heads():
+    for name in sb.default_heads():
         assert f"| {name} |" in table
     saved = json.loads((out / "results.json").read_text())
     assert saved["setup"]["num_contexts"] == 24 and len(saved["results"]) == len(results)
@@ -159,3 +161,47 @@ def test_smollm2_real_model_swap_and_finetune(tmp_path):
     assert result["valid_ppl_after"] < result["valid_ppl_before"]
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "smol")
     assert type(model).__name__ == "SoftmaxHeadsLlamaForCausalLM"
+
+
+# ----------------------------------------------------------------------------- DS-Softmax recipe
+
+
+def test_hierarchy_task_hides_super_classes_and_groups_sub_classes():
+    task = dsr.make_hierarchy(4, 3, 8, per_class=5, seed=0)
+    assert task.vocab_size == 12 and task.train_h.shape == (60, 8) and len(task.test_y) == 24
+    assert task.super_of.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    # points of sub classes of one super class are closer to each other than to other super classes
+    means = torch.stack([task.train_h[task.train_y == v].mean(0) for v in range(12)])
+    dist = torch.cdist(means, means)
+    same = task.super_of[:, None] == task.super_of[None, :]
+    assert dist[same & ~torch.eye(12, dtype=torch.bool)].mean() < dist[~same].mean()
+
+
+def test_ds_recipe_recovers_the_10x10_hierarchy_and_writes_table_and_plot(tmp_path):
+    out = tmp_path / "ds"
+    (result,) = dsr.main(["--tasks", "synthetic-10x10", "--steps", "200", "--softmax-steps", "200",
+                          "--timing-rounds", "1", "--timing-queries", "64", "--no-progress", "--out", str(out)])
+    assert result["top1_softmax"] > 0.95 and result["top1_ds"] > 0.9, result
+    assert result["mean_purity"] > 0.9 and result["supers_covered"] >= 9, result
+    assert result["classes_per_expert_mean"] < 20 and result["flops_reduction"] > 2.0, result
+    assert set(result["speedup"]) == {1, 64}
+    assert "| synthetic-10x10 |" in (out / "results.md").read_text()
+    assert (out / "synthetic-10x10-experts.png").stat().st_size > 5_000
+
+
+def test_ds_recipe_language_model_path_on_a_tiny_corpus(tmp_path):
+    words = [f"w{i}" for i in range(30)]
+    g = torch.Generator().manual_seed(0)
+    for split, n in (("valid.txt", 60), ("test.txt", 20)):
+        lines = [" ".join(words[j] for j in torch.randint(0, 30, (8,), generator=g).tolist()) for _ in range(n)]
+        (tmp_path / split).write_text("\n".join(lines) + "\n")
+    (result,) = dsr.main(["--tasks", "ptb", "--data-dir", str(tmp_path), "--dim", "16", "--lm-epochs", "1",
+                          "--experts", "4", "--steps", "20", "--timing-rounds", "1", "--timing-queries", "64",
+                          "--no-progress", "--no-plot", "--out", str(tmp_path / "out")])
+    assert result["vocab_size"] == 10000 and result["experts"] == 4
+    assert 0.0 <= result["top1_ds"] <= 1.0 and result["info"]["train_tokens"] == 60 * 9 - 1
+
+
+def test_ds_recipe_says_what_is_missing_offline(tmp_path):
+    with pytest.raises(SystemExit, match="has no valid.txt/test.txt"):
+        dsr.main(["--tasks", "ptb", "--data-dir", str(tmp_path / "nowhere"), "--no-progress"])

@@ -156,8 +156,13 @@ class OutputHead(nn.Module):
     config_class: Type[HeadConfig] = HeadConfig
     #: where the head comes from (shown in the docs table)
     paper = ""
+    #: what the head is for: "reference" (plain softmax), "bottleneck" (more expressive than a softmax)
+    #: or "fast" (cheaper inference); recipes pick their default heads by it
+    purpose = "bottleneck"
     #: whether the head maps g (d1) to context vectors of size d; if not, d must equal d1
     projects_context = False
+    #: whether the output embedding can be shared with an input embedding (:meth:`tie_weight`)
+    can_tie = True
 
     def __init__(self, config: HeadConfig):
         super().__init__()

@@ -35,7 +35,9 @@ class DSSoftmaxConfig(HeadConfig):
 
     num_experts: int = option(8, "number E of experts, each a masked copy of the output embedding (paper: 64)")
     group_lasso: float = option(
-        0.002, "coefficient of the class-level group lasso sum_e sum_v sqrt(mean_d W_e[v]^2) (authors: 0.002-0.005)")
+        0.002, "coefficient of the class-level group lasso sum_e sum_v sqrt(mean_d W_e[v]^2) (authors: 0.002-0.005). "
+               "Each class row's share of the cross-entropy gradient shrinks like 1/V, so scale it like 1/V: "
+               "about 10/V pruned cleanly here (recipes/ds_softmax.py)")
     expert_lasso: float = option(
         0.002, "coefficient of the expert-level lasso sum_e sqrt(mean W_e^2), which lets whole experts die")
     balance: float = option(10.0, "coefficient of the load-balancing loss cv^2 of the per-expert gate sums "
@@ -85,6 +87,8 @@ class DSSoftmaxHead(OutputHead):
 
     config_class = DSSoftmaxConfig
     paper = "Liao et al. 2019, Doubly Sparse Softmax (DS-Softmax)"
+    purpose = "fast"
+    can_tie = False
 
     def __init__(self, config: DSSoftmaxConfig):
         super().__init__(config)
@@ -109,6 +113,40 @@ class DSSoftmaxHead(OutputHead):
             f"num_experts={self.config.num_experts} separate masked copies of it. Build the head untied, "
             f"started from the embedding (weight=embedding.weight); in fairseq leave out "
             f"--share-decoder-input-output-embed / --share-all-embeddings")
+
+    @torch.no_grad()
+    def init_gate_from_hidden(self, hidden: torch.Tensor, iters: int = 20, sharpness: float = 20.0,
+                              seed: int = 0, restarts: int = 4) -> torch.Tensor:
+        """Start the routing at spherical k-means clusters of ``hidden`` (not in the paper; our addition).
+
+        The gate has no bias, so ``argmax_e W_gate[e] . g`` with unit-norm rows is exactly the nearest
+        centroid in cosine distance: the rows become the E centroids, scaled by ``sharpness / mean |g|`` so
+        that the chosen gate value starts near 1. Why: with a fresh gate every ``g_top`` is about 1/E,
+        which divides the logits of an expert copied from a trained softmax by E; and random routing
+        has to be unlearned before pruning can find structure. The best of ``restarts`` k-means runs
+        (highest total cosine to the centroids) is kept. Returns the cluster of every row.
+        """
+        c = self.config
+        h = self._flat_hidden(hidden).float()
+        check_option(self.head_name, "hidden rows", h.shape[0], h.shape[0] >= c.num_experts,
+                     f"at least num_experts={c.num_experts} rows to cluster")
+        u = F.normalize(h, dim=-1)
+        g = torch.Generator().manual_seed(seed)
+        best, best_score = None, -float("inf")
+        for _ in range(max(1, restarts)):
+            cent = u[torch.randperm(u.shape[0], generator=g)[:c.num_experts].to(u.device)]
+            for _ in range(iters):
+                assign = (u @ cent.T).argmax(1)
+                new = torch.zeros_like(cent).index_add_(0, assign, u)
+                empty = new.norm(dim=1) == 0
+                if bool(empty.any()):  # re-seed empty clusters at random rows
+                    new[empty] = u[torch.randint(0, u.shape[0], (int(empty.sum()),), generator=g).to(u.device)]
+                cent = F.normalize(new, dim=-1)
+            score = float((u @ cent.T).max(1).values.sum())
+            if score > best_score:
+                best, best_score = cent, score
+        self.gate.weight.copy_(best * (sharpness / h.norm(dim=1).mean()))
+        return (u @ best.T).argmax(1)
 
     # -- routing ----------------------------------------------------------------------
     def _cached(self, name: str, tensors, build):
@@ -160,15 +198,23 @@ class DSSoftmaxHead(OutputHead):
                 start += n
         return order, groups
 
+    def _per_expert(self):
+        """``(weights, biases)``: the experts' parameters as per-expert views. ``unbind`` has one
+        backward for all experts (indexing ``weight[e]`` per expert would allocate a full E x V x d
+        gradient for every expert used)."""
+        ws = self.weight.unbind(0)
+        bs = [None] * len(ws) if self.bias is None else self.bias.unbind(0)
+        return ws, bs
+
     # -- training-mode logits (every class; pruned ones at 0) ------------------------
     def _dense_logits(self, hidden: torch.Tensor, expert: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         x = self.dropout(hidden)
         order, groups = self._groups(expert)
         xs, gs = x[order], gate[order]
+        ws, bs = self._per_expert()
         parts = []
         for e, lo, hi in groups:
-            b = None if self.bias is None else self.bias[e]
-            z = HF.linear_fp32(xs[lo:hi], self.weight[e], b) * self.mask[e].to(xs.dtype)
+            z = HF.linear_fp32(xs[lo:hi], ws[e], bs[e]) * self.mask[e].to(xs.dtype)
             parts.append(z * gs[lo:hi, None])
         return torch.cat(parts)[torch.argsort(order)]
 
@@ -192,12 +238,12 @@ class DSSoftmaxHead(OutputHead):
             return tables, self.gate.weight.to(dt).contiguous(), self.dead_experts()
         return self._cached("tables", (self.weight, self.bias, self.mask, self.gate.weight), build)
 
-    def _expert_log_probs(self, x: torch.Tensor, gate: torch.Tensor, e: int):
-        """``(class ids, log-probs [n, n_e])`` of expert ``e`` for rows ``x``, from the parameters (so
-        gradients reach them)."""
+    def _expert_log_probs(self, x: torch.Tensor, gate: torch.Tensor, e: int, ws, bs):
+        """``(class ids, log-probs [n, n_e])`` of expert ``e`` for rows ``x``, from the parameters ``ws``,
+        ``bs`` (:meth:`_per_expert`), so gradients reach them."""
         idx = self.mask[e].nonzero().squeeze(1)
-        b = None if self.bias is None else self.bias[e, idx]
-        return idx, torch.log_softmax(HF.linear_fp32(x, self.weight[e, idx], b) * gate[:, None], dim=-1)
+        b = None if bs[e] is None else bs[e][idx]
+        return idx, torch.log_softmax(HF.linear_fp32(x, ws[e][idx], b) * gate[:, None], dim=-1)
 
     def _sparse_topk(self, h: torch.Tensor, k: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """The inference fast path (no grad, evaluation mode): route, then score only the chosen
@@ -240,10 +286,11 @@ class DSSoftmaxHead(OutputHead):
         if self.training:
             return torch.log_softmax(self._dense_logits(hidden, expert, gate), dim=-1)
         order, groups = self._groups(expert)
+        ws, bs = self._per_expert()
         out = hidden.new_full((hidden.shape[0], self.config.vocab_size), float("-inf"))
         for e, lo, hi in groups:
             rows = order[lo:hi]
-            idx, lp = self._expert_log_probs(hidden[rows], gate[rows], e)
+            idx, lp = self._expert_log_probs(hidden[rows], gate[rows], e, ws, bs)
             out = out.index_put((rows[:, None], idx[None, :]), lp)
         return out
 
@@ -269,7 +316,7 @@ class DSSoftmaxHead(OutputHead):
     def class_norms(self) -> torch.Tensor:
         """``[E, V]``: ``sqrt(mean_d W_e[v]^2 + eps)`` of every class row (with its bias entry, if any),
         0 for pruned rows."""
-        sq = self.weight.float().pow(2).sum(-1)
+        sq = torch.linalg.vector_norm(self.weight.float(), dim=-1).pow(2)  # one fused pass over E x V x d
         d = self.weight.shape[-1]
         if self.bias is not None:
             sq, d = sq + self.bias.float().pow(2), d + 1

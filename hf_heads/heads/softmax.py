@@ -19,6 +19,7 @@ class SoftmaxHead(SingleSoftmaxHead):
 
     config_class = SoftmaxConfig
     paper = "the standard output layer"
+    purpose = "reference"
 
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._output_logits(self.dropout(hidden))
