@@ -124,7 +124,7 @@ class DSSoftmaxHead(OutputHead):
         that the chosen gate value starts near 1. Why: with a fresh gate every ``g_top`` is about 1/E,
         which divides the logits of an expert copied from a trained softmax by E; and random routing
         has to be unlearned before pruning can find structure. The best of ``restarts`` k-means runs
-        (highest total cosine to the centroids) is kept. Returns the cluster of every row.
+        (k-means++ seeding; highest total cosine to the centroids) is kept. Returns the cluster of every row.
         """
         c = self.config
         h = self._flat_hidden(hidden).float()
@@ -134,7 +134,7 @@ class DSSoftmaxHead(OutputHead):
         g = torch.Generator().manual_seed(seed)
         best, best_score = None, -float("inf")
         for _ in range(max(1, restarts)):
-            cent = u[torch.randperm(u.shape[0], generator=g)[:c.num_experts].to(u.device)]
+            cent = _kmeans_pp(u, c.num_experts, g)
             for _ in range(iters):
                 assign = (u @ cent.T).argmax(1)
                 new = torch.zeros_like(cent).index_add_(0, assign, u)
@@ -401,6 +401,20 @@ class DSSoftmaxHead(OutputHead):
             "flops_reduction": c.vocab_size * d / (c.num_experts * c.hidden_size + expected * d),
             "num_steps": int(self.num_steps),
         }
+
+
+def _kmeans_pp(u: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
+    """k-means++ seeding on unit rows ``u``: each next centroid drawn with probability ~ (1 - cos)^2
+    to the nearest one already chosen."""
+    first = int(torch.randint(0, u.shape[0], (1,), generator=g))
+    cent = [u[first]]
+    dist = (1 - u @ u[first]).clamp_min(0) ** 2
+    for _ in range(1, k):
+        p = dist / dist.sum() if float(dist.sum()) > 0 else torch.full_like(dist, 1 / len(dist))
+        nxt = int(torch.multinomial(p.cpu(), 1, generator=g))
+        cent.append(u[nxt])
+        dist = torch.minimum(dist, (1 - u @ u[nxt]).clamp_min(0) ** 2)
+    return torch.stack(cent)
 
 
 @torch.no_grad()
