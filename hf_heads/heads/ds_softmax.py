@@ -256,10 +256,10 @@ class DSSoftmaxHead(OutputHead):
                 gate_logits = gate_logits.masked_fill(dead, float("-inf"))
             gate, e = torch.softmax(gate_logits, 0).max(0)
             e = int(e)
-            self._routed_one[e] += 1  # a Python counter: cheaper than a tensor op at batch 1
             idx, w, b = tables[e]
             if idx.numel() < k:
-                return None
+                return None  # forward() routes (and counts) this query
+            self._routed_one[e] += 1  # a Python counter: cheaper than a tensor op at batch 1
             w, b = w.to(x.dtype), None if b is None else b.to(x.dtype)
             lp = torch.log_softmax((torch.mv(w, x) if b is None else torch.addmv(b, w, x)) * gate, 0)
             top, pos = lp.topk(k)
