@@ -165,15 +165,16 @@ def train_head(head, h: torch.Tensor, y: torch.Tensor, steps: int, batch: int, l
     head.train()
     start = time.perf_counter()
     bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
-    for _ in bar:
+    for step in bar:
         idx = torch.randint(0, len(y), (batch,), generator=g)
         loss = head.loss(h[idx], y[idx])
         opt.zero_grad()
         (loss + head.aux_loss()).backward()
         opt.step()
         sched.step()
-        if hasattr(head, "sparsity_report") and _ % 20 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}", classes=int(head.mask.sum()))
+        if progress and step % 20 == 0:
+            kept = {"classes": int(head.mask.sum())} if hasattr(head, "mask") else {}
+            bar.set_postfix(loss=f"{loss.item():.3f}", **kept)
     head.eval()
     return time.perf_counter() - start
 

@@ -329,7 +329,7 @@ class DSSoftmaxHead(OutputHead):
         imp = self._importance
         balance = zero if imp is None or imp.numel() < 2 else imp.var(unbiased=False) / (imp.mean() ** 2 + 1e-10)
         norms = self.class_norms()
-        expert = torch.sqrt((norms.pow(2) * self.mask).sum(-1) / self.config.vocab_size + _NORM_EPS)
+        expert = torch.sqrt(norms.pow(2).sum(-1) / self.config.vocab_size + _NORM_EPS)  # norms: 0 if pruned
         return {"balance": balance.float(), "group_lasso": norms.sum(), "expert_lasso": expert.sum()}
 
     def aux_loss(self) -> torch.Tensor:
