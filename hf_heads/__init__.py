@@ -20,11 +20,12 @@ _block_broken_torchaudio()  # a torchaudio that cannot load would break transfor
 import importlib.util as _importlib_util
 
 from .heads import HeadConfig, OutputHead, available_heads, get_head_class, register_head
+from .convert import convert_head
 from .io import build_head, load_head, save_head
 
 __version__ = "0.1.0"
 
-__all__ = ["HeadConfig", "OutputHead", "available_heads", "build_head", "get_head_class", "load_head",
+__all__ = ["HeadConfig", "OutputHead", "available_heads", "build_head", "convert_head", "get_head_class", "load_head",
            "register_head", "save_head", "swap_head", "output_head", "__version__"]
 
 if _importlib_util.find_spec("transformers") is not None:

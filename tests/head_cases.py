@@ -112,6 +112,55 @@ def ref_ds_softmax(head, g):
     return out
 
 
+def ref_class_softmax(head, g):
+    """p(x) = p(class of x) * p(x | its class): a softmax over the classes, one over each class's tokens."""
+    c = head.config
+    class_bias = 0.0 if head.class_proj.bias is None else head.class_proj.bias
+    p_class = _softmax_probs(head.class_proj.weight @ g + class_bias)
+    out = torch.empty(c.vocab_size, dtype=g.dtype)
+    start = 0
+    for k, end in enumerate(c.class_boundaries):
+        z = torch.stack([head.weight[x] @ g + (0.0 if head.bias is None else head.bias[x]) for x in range(start, end)])
+        p_word = _softmax_probs(z)
+        for x in range(start, end):
+            out[x] = torch.log(p_class[k] * p_word[x - start])
+        start = end
+    return out
+
+
+def ref_d_softmax(head, g):
+    """Band i's tokens (consecutive ids) get logits from band i's segment of g (consecutive dims) only;
+    one softmax over every logit."""
+    c = head.config
+    logits = torch.empty(c.vocab_size, dtype=g.dtype)
+    row = col = 0
+    for w, dim in zip(head.band_weights, c.band_dims):
+        for x in range(w.shape[0]):
+            bias = 0.0 if head.bias is None else head.bias[row + x]
+            logits[row + x] = sum(w[x, j] * g[col + j] for j in range(dim)) + bias
+        row, col = row + w.shape[0], col + dim
+    assert (row, col) == (c.vocab_size, c.hidden_size)
+    return torch.log(_softmax_probs(logits))
+
+
+def ref_svd_softmax(head, g):
+    """SVD-softmax as the paper draws it, one query, float64: W = U S V^T; preview with the chosen rotated
+    dimensions; the num_refine best preview logits replaced by exact ones; one softmax."""
+    c = head.config
+    w, g = head.weight.detach().double(), g.detach().double()
+    b = 0.0 if head.bias is None else head.bias.detach().double()
+    u, s, vt = torch.linalg.svd(w, full_matrices=False)
+    z = vt @ g
+    if c.preview_dims == "leading":
+        dims = list(range(c.preview_rank))
+    else:
+        dims = sorted(range(len(s)), key=lambda j: -float(s[j] * abs(z[j])))[:c.preview_rank]
+    logits = sum(u[:, j] * s[j] * z[j] for j in dims) + b
+    for x in sorted(range(c.vocab_size), key=lambda x: -float(logits[x]))[:c.num_refine]:
+        logits[x] = w[x] @ g + (0.0 if head.bias is None else b[x])
+    return torch.log(_softmax_probs(logits))
+
+
 # ------------------------------------------------------------------ degenerate cases -> plain softmax
 def _softmax_like(head, weight, bias):
     import hf_heads
@@ -165,6 +214,38 @@ def degenerate_ds_softmax(head, hidden):
     return _softmax_like(head, head.weight[0], None if head.bias is None else head.bias[0])(hidden)
 
 
+def degenerate_class_softmax(head, hidden):
+    """One class (built so by the case): p(class) = 1, so the head is a plain softmax of W g + b."""
+    return _softmax_like(head, head.weight, head.bias)(hidden)
+
+
+def degenerate_d_softmax(head, hidden):
+    """One band of every token and all of g (built so by the case): a plain softmax of W_1 g + b."""
+    return _softmax_like(head, head.band_weights[0], head.bias)(hidden)
+
+
+# ------------------------------------------------------------------ what a head keeps of a projection it starts from
+def kept_whole(head, weight):
+    """``(the head's copy, what it must equal)``: most heads keep the V x d projection as it is (DS-Softmax
+    keeps one copy per expert)."""
+    return head.weight.detach(), weight.expand_as(head.weight)
+
+
+def kept_d_softmax_blocks(head, weight):
+    """D-Softmax keeps, for every band, the block of its rows (tokens) and its columns (segment of g)."""
+    expected = torch.zeros_like(weight)
+    row = col = 0
+    for size, dim in zip([len(w) for w in head.band_weights], head.config.band_dims):
+        expected[row:row + size, col:col + dim] = weight[row:row + size, col:col + dim]
+        row, col = row + size, col + dim
+    return head.dense_weight().detach(), expected
+
+
+def degenerate_full_preview(head, hidden):
+    """SVD-softmax whose preview uses every rotated dimension (built so by the case) is exact: W g = U S V^T g."""
+    return _softmax_like(head, head.weight, head.bias)(hidden)
+
+
 # ------------------------------------------------------------------ the table
 @dataclass
 class HeadCase:
@@ -175,7 +256,12 @@ class HeadCase:
     degenerate_options: Dict = field(default_factory=dict)
     id: str = ""
     ties: bool = True  # the output embedding can be shared with an input embedding
+    # evaluation mode approximates the training-mode softmax (SVD-softmax): gradients are checked in
+    # training mode, the evaluation path against its own slow reference
+    approximate: bool = False
     has_aux: bool = False  # aux_loss() is a real regulariser (else it must be 0)
+    # (head, the V x d projection it was built from) -> (what it kept of it, what that must equal)
+    kept_projection: Callable = kept_whole
 
     def __post_init__(self):
         self.id = self.id or self.name
@@ -207,6 +293,20 @@ HEAD_CASES = [
              ties=False, has_aux=True),
     HeadCase("ds_softmax", {"num_experts": 4, "use_bias": False, "gate_noise": False}, ref_ds_softmax,
              ties=False, has_aux=True, id="ds_softmax-nobias"),
+    HeadCase("class_softmax", {"num_classes": 3}, ref_class_softmax, degenerate_class_softmax, {"num_classes": 1}),
+    HeadCase("class_softmax", {"class_boundaries": [2, 3, 7, 11], "use_bias": False}, ref_class_softmax,
+             id="class_softmax-boundaries-nobias"),
+    HeadCase("d_softmax", {}, ref_d_softmax, degenerate_d_softmax, {"band_fractions": [1.0], "band_dims": [HIDDEN]},
+             ties=False, kept_projection=kept_d_softmax_blocks),
+    HeadCase("d_softmax", {"band_fractions": [0.3, 0.7], "band_dims": [4, 2], "use_bias": False}, ref_d_softmax,
+             ties=False, kept_projection=kept_d_softmax_blocks, id="d_softmax-2bands-nobias"),
+    HeadCase("svd_softmax", {"preview_rank": 2, "num_refine": 4}, ref_svd_softmax, degenerate_full_preview,
+             {"preview_rank": HIDDEN}, approximate=True),
+    HeadCase("svd_softmax", {"preview_rank": 3, "num_refine": 5, "preview_dims": "leading", "use_bias": False,
+                             "preview_half": False}, ref_svd_softmax, approximate=True, id="svd_softmax-leading-nobias"),
+    # the bandit serves topk only; with d <= initial_pulls it reads every coordinate, so topk is exact here
+    # (tests/test_fast_heads.py checks the sampling itself at larger d)
+    HeadCase("adaptive_sampling", {}, ref_softmax),
 ]
 
 

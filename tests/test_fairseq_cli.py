@@ -30,6 +30,8 @@ HEAD_OPTIONS = {
     "plif": {"num_knots": 1000},
     "mos_plif": {"num_components": 2, "num_knots": 1000},
     "ds_softmax": {"num_experts": 2},
+    "class_softmax": {"num_classes": 8},
+    "d_softmax": {"band_fractions": [0.25, 0.75], "band_dims": [24, 8]},
 }
 SMALL_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
             "--decoder-attention-heads", "2", "--tokens-per-sample", "32"]
@@ -127,6 +129,26 @@ def test_mt_train_then_generate_with_beam_and_sampling(data, tmp_path, head):
     out = cli("fairseq-generate", data / "mt-bin", "--user-dir", PLUGIN, "--path", ckpt, *GENERATE, "--beam", "1",
               "--sampling", "--sampling-topk", "5")
     assert re.search(r"^H-\d+\t-?[\d.]+\t", out, re.M)
+
+
+def test_softmax_checkpoint_evaluated_with_fast_heads_via_model_overrides(data, tmp_path):
+    """A model trained with --output-head softmax is scored with svd_softmax / adaptive_sampling by overriding
+    the head at evaluation time (same parameters): exact settings give the softmax's perplexity."""
+    train_lm(data, tmp_path, "softmax", "--share-decoder-input-output-embed", updates=5)
+
+    def eval_lm(*override):
+        out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / "checkpoint_last.pt",
+                  "--cpu", "--tokens-per-sample", "32", "--max-tokens", "1024", "--num-workers", "0", *override)
+        return float(re.search(r"Perplexity: ([\d.]+)", out).group(1))
+
+    def override(head, options):
+        return ["--model-overrides", repr({"output_head": head, "head_options": json.dumps(options)})]
+
+    base = eval_lm()
+    assert eval_lm(*override("svd_softmax", {"preview_rank": 32})) == pytest.approx(base, rel=1e-4)  # full rank
+    approx = eval_lm(*override("svd_softmax", {"preview_rank": 4, "num_refine": 8}))
+    assert 1.0 < approx < 1e4 and approx != pytest.approx(base, rel=1e-6)  # the preview is really used
+    assert eval_lm(*override("adaptive_sampling", {})) == pytest.approx(base, rel=1e-4)  # its log-probs are exact
 
 
 def test_interactive_translation(data, tmp_path):

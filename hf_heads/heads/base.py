@@ -163,6 +163,9 @@ class OutputHead(nn.Module):
     projects_context = False
     #: whether the output embedding can be shared with an input embedding (:meth:`tie_weight`)
     can_tie = True
+    #: whether the head's distribution is ``softmax(W g + b)`` (exactly, or approximated at inference
+    #: only): such heads convert into one another with :func:`hf_heads.convert_head`
+    is_linear_softmax = False
 
     def __init__(self, config: HeadConfig):
         super().__init__()
@@ -266,6 +269,18 @@ class OutputHead(nn.Module):
         return f"name={self.head_name!r}, hidden_size={c.hidden_size}, vocab_size={c.vocab_size}"
 
     # -- helpers ------------------------------------------------------------------------
+    def _cached(self, name: str, tensors, build):
+        """``build()`` under no_grad, cached until one of ``tensors`` changes (storage, in-place version,
+        dtype, device): inference tables of the fast heads, rebuilt after every optimizer step."""
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors if t is not None)
+        cache = self.__dict__.setdefault("_inference_cache", {})
+        hit = cache.get(name)
+        if hit is None or hit[0] != key:
+            with torch.no_grad():
+                hit = (key, build())
+            cache[name] = hit
+        return hit[1]
+
     def _flat_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Validated hidden states ``[N, hidden_size]`` in the compute dtype (float32, or float64)."""
         if not torch.is_tensor(hidden) or hidden.dim() < 1 or hidden.shape[-1] != self.config.hidden_size:

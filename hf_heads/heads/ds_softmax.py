@@ -104,7 +104,6 @@ class DSSoftmaxHead(OutputHead):
         # routing counts since the last pruning (for sparsity_report); not saved
         self.register_buffer("routed", torch.zeros(c.num_experts, dtype=torch.long), persistent=False)
         self._importance: Optional[torch.Tensor] = None
-        self._cache: Dict[str, tuple] = {}  # inference tables, dead experts (see _cached)
         self._routed_one = [0] * c.num_experts  # batch-1 routing counts, added to `routed` when read
 
     def tie_weight(self, embedding: nn.Module) -> None:
@@ -149,16 +148,6 @@ class DSSoftmaxHead(OutputHead):
         return (u @ best.T).argmax(1)
 
     # -- routing ----------------------------------------------------------------------
-    def _cached(self, name: str, tensors, build):
-        """``build()``, cached until one of ``tensors`` changes (storage, in-place version, dtype, device)."""
-        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors if t is not None)
-        hit = self._cache.get(name)
-        if hit is None or hit[0] != key:
-            with torch.no_grad():
-                hit = (key, build())
-            self._cache[name] = hit
-        return hit[1]
-
     def dead_experts(self) -> Optional[torch.Tensor]:
         """Bool ``[E]``: experts left with no class (never chosen); ``None`` when every expert lives."""
         def build():
@@ -186,18 +175,6 @@ class DSSoftmaxHead(OutputHead):
         self.routed += torch.bincount(expert.detach(), minlength=self.config.num_experts)
         return expert, gate
 
-    @staticmethod
-    def _groups(expert: torch.Tensor):
-        """``(order, [(e, start, stop), ...])``: the rows sorted by expert, and each expert's slice."""
-        order = torch.argsort(expert, stable=True)
-        counts = torch.bincount(expert, minlength=1).tolist()
-        groups, start = [], 0
-        for e, n in enumerate(counts):
-            if n:
-                groups.append((e, start, start + n))
-                start += n
-        return order, groups
-
     def _per_expert(self):
         """``(weights, biases)``: the experts' parameters as per-expert views. ``unbind`` has one
         backward for all experts (indexing ``weight[e]`` per expert would allocate a full E x V x d
@@ -209,7 +186,7 @@ class DSSoftmaxHead(OutputHead):
     # -- training-mode logits (every class; pruned ones at 0) ------------------------
     def _dense_logits(self, hidden: torch.Tensor, expert: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         x = self.dropout(hidden)
-        order, groups = self._groups(expert)
+        order, groups = HF.group_rows(expert)
         xs, gs = x[order], gate[order]
         ws, bs = self._per_expert()
         parts = []
@@ -266,7 +243,7 @@ class DSSoftmaxHead(OutputHead):
             return top[None], idx[pos][None]
         with torch.no_grad(), HF.fp32_math(h):
             expert, gate = self._route(h)
-            order, groups = self._groups(expert)
+            order, groups = HF.group_rows(expert)
             if any(tables[e][0].numel() < k for e, _, _ in groups):
                 return None
             lp_out = h.new_empty(h.shape[0], k)
@@ -285,7 +262,7 @@ class DSSoftmaxHead(OutputHead):
         expert, gate = self._route(hidden)
         if self.training:
             return torch.log_softmax(self._dense_logits(hidden, expert, gate), dim=-1)
-        order, groups = self._groups(expert)
+        order, groups = HF.group_rows(expert)
         ws, bs = self._per_expert()
         out = hidden.new_full((hidden.shape[0], self.config.vocab_size), float("-inf"))
         for e, lo, hi in groups:

@@ -5,7 +5,7 @@ checks, the log-space mixture, the sigmoid tree and the piecewise-linear increas
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +55,23 @@ def check_target(head: str, target: torch.Tensor, expected_shape: Sequence[int],
             f"{head}: target contains {value}; allowed: token ids in [0, {vocab_size}) "
             f"or ignore_index={ignore_index}")
     return t
+
+
+def group_rows(index: torch.Tensor) -> Tuple[torch.Tensor, List[Tuple[int, int, int]]]:
+    """``(order, [(value, start, stop), ...])``: the positions of the integer tensor ``index`` sorted by
+    value (stable), and for every value present the slice ``order[start:stop]`` of its positions.
+
+    Heads that route each row to one of several blocks (DS-Softmax's experts, the class-based softmax's
+    classes) run one matrix product per block present: ``x[order[start:stop]] @ W_value^T``.
+    """
+    order = torch.argsort(index, stable=True)
+    counts = torch.bincount(index, minlength=1).tolist()
+    groups, start = [], 0
+    for value, n in enumerate(counts):
+        if n:
+            groups.append((value, start, start + n))
+            start += n
+    return order, groups
 
 
 def sigmoid_tree_log_priors(gate_logits: torch.Tensor) -> torch.Tensor:

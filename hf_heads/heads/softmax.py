@@ -20,6 +20,7 @@ class SoftmaxHead(SingleSoftmaxHead):
     config_class = SoftmaxConfig
     paper = "the standard output layer"
     purpose = "reference"
+    is_linear_softmax = True
 
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._output_logits(self.dropout(hidden))
