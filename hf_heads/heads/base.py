@@ -186,20 +186,25 @@ class OutputHead(nn.Module):
     @torch.no_grad()
     def init_from_projection(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> None:
         """Start the output embedding from an existing projection ``weight`` (V x d), ``bias`` (V)."""
+        self._check_projection(weight, bias)
+        self.weight.copy_(weight)
+        if bias is not None:
+            self.bias.copy_(bias)
+
+    def _check_projection(self, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+        """``ValueError`` unless ``weight`` is V x d and ``bias`` (if given) is V with ``use_bias``."""
         c, n = self.config, self.head_name
         if not torch.is_tensor(weight) or tuple(weight.shape) != (c.vocab_size, c.embedding_size):
             shape = tuple(weight.shape) if torch.is_tensor(weight) else type(weight).__name__
             raise ValueError(
                 f"{n}: weight has shape {shape}; expected (vocab_size, embedding_size) = "
                 f"({c.vocab_size}, {c.embedding_size})")
-        self.weight.copy_(weight)
         if bias is not None:
             if self.bias is None:
                 raise ValueError(f"{n}: bias given but use_bias=False")
             if not torch.is_tensor(bias) or tuple(bias.shape) != (c.vocab_size,):
                 shape = tuple(bias.shape) if torch.is_tensor(bias) else type(bias).__name__
                 raise ValueError(f"{n}: bias has shape {shape}; expected (vocab_size,) = ({c.vocab_size},)")
-            self.bias.copy_(bias)
 
     def tie_weight(self, embedding: nn.Module) -> None:
         """Share the output embedding with an input embedding module (``embedding.weight``: V x d)."""

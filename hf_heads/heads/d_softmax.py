@@ -153,18 +153,8 @@ class DSoftmaxHead(SingleSoftmaxHead):
         """Start from an existing projection ``weight`` (V x d) and ``bias`` (V): band i keeps the block
         ``weight[band_i rows, segment_i columns]`` (lossy: the rest of each row is dropped); the bias is
         copied whole."""
-        c, n = self.config, self.head_name
-        if not torch.is_tensor(weight) or tuple(weight.shape) != (c.vocab_size, c.embedding_size):
-            shape = tuple(weight.shape) if torch.is_tensor(weight) else type(weight).__name__
-            raise ValueError(
-                f"{n}: weight has shape {shape}; expected (vocab_size, embedding_size) = "
-                f"({c.vocab_size}, {c.embedding_size})")
+        self._check_projection(weight, bias)
         if bias is not None:
-            if self.bias is None:
-                raise ValueError(f"{n}: bias given but use_bias=False")
-            if not torch.is_tensor(bias) or tuple(bias.shape) != (c.vocab_size,):
-                shape = tuple(bias.shape) if torch.is_tensor(bias) else type(bias).__name__
-                raise ValueError(f"{n}: bias has shape {shape}; expected (vocab_size,) = ({c.vocab_size},)")
             self.bias.copy_(bias)
         for w, ((r0, r1), (c0, c1)) in zip(self.band_weights, self.bands):
             w.copy_(weight[r0:r1, c0:c1])

@@ -101,8 +101,9 @@ class DSSoftmaxHead(OutputHead):
         nn.init.zeros_(self.noise.weight)
         self.register_buffer("mask", torch.ones(c.num_experts, c.vocab_size, dtype=torch.bool))
         self.register_buffer("num_steps", torch.zeros((), dtype=torch.long))
-        # routing counts since the last pruning (for sparsity_report); not saved
-        self.register_buffer("routed", torch.zeros(c.num_experts, dtype=torch.long), persistent=False)
+        # routing counts since the last pruning (for sparsity_report), not saved; a plain tensor made on first
+        # use, not a buffer: transformers leaves non-persistent buffers uninitialised when it loads a model
+        self._routed: Optional[torch.Tensor] = None
         self._importance: Optional[torch.Tensor] = None
         self._routed_one = [0] * c.num_experts  # batch-1 routing counts, added to `routed` when read
 
@@ -172,7 +173,8 @@ class DSSoftmaxHead(OutputHead):
         if training:
             self._importance = torch.zeros(self.config.num_experts, dtype=gate.dtype,
                                            device=gate.device).index_add(0, expert, gate)
-        self.routed += torch.bincount(expert.detach(), minlength=self.config.num_experts)
+        counts = torch.bincount(expert.detach(), minlength=self.config.num_experts)
+        self._routed = counts if self._routed is None or self._routed.device != counts.device else self._routed + counts
         return expert, gate
 
     def _per_expert(self):
@@ -342,7 +344,7 @@ class DSSoftmaxHead(OutputHead):
             self.weight.masked_fill_(drop[..., None], 0.0)
             if self.bias is not None:
                 self.bias.masked_fill_(drop, 0.0)
-            self.routed.zero_()
+            self._routed = None
             self._routed_one = [0] * self.config.num_experts
         return removed
 
@@ -364,7 +366,9 @@ class DSSoftmaxHead(OutputHead):
                 self.train(was)
             counts = torch.bincount(expert, minlength=c.num_experts).float()
         else:
-            counts = self.routed.float().cpu() + torch.tensor(self._routed_one, dtype=torch.float32)
+            counts = torch.tensor(self._routed_one, dtype=torch.float32)
+            if self._routed is not None:
+                counts += self._routed.float().cpu()
         usage = counts / counts.sum() if counts.sum() > 0 else torch.full((c.num_experts,), 1.0 / c.num_experts)
         per_expert = self.mask.sum(dim=1).cpu()
         expected = float((usage.cpu() * per_expert).sum())

@@ -39,9 +39,9 @@ class SVDSoftmaxConfig(HeadConfig):
     """Options of :class:`SVDSoftmaxHead`."""
 
     preview_rank: Optional[int] = option(
-        None, "W_p, rotated dimensions in the preview (paper: W); default ceil(d / 6)")
+        None, "W_p, rotated dimensions in the preview (paper: W); default ceil(2 d / 9), 128 at d = 576")
     num_refine: Optional[int] = option(
-        None, "N, candidates whose exact logit is computed; default min(V, 1024)")
+        None, "N, candidates whose exact logit is computed; default min(V, max(256, V // 64)), 768 at V = 49152")
     preview_dims: str = option(
         "adaptive", "which W_p dimensions: 'leading' (the paper: the top singular directions) or "
         "'adaptive' (per query, the largest s_j |(V^T g)_j|)")
@@ -53,10 +53,10 @@ class SVDSoftmaxConfig(HeadConfig):
         super().__post_init__()
         n = self.head_name
         if self.preview_rank is None:
-            self.preview_rank = math.ceil(self.embedding_size / 6)
+            self.preview_rank = math.ceil(2 * self.embedding_size / 9)
         check_int(n, "preview_rank", self.preview_rank, 1, self.embedding_size)
         if self.num_refine is None:
-            self.num_refine = min(self.vocab_size, 1024)
+            self.num_refine = min(self.vocab_size, max(256, self.vocab_size // 64))
         check_int(n, "num_refine", self.num_refine, 1, self.vocab_size)
         check_option(n, "preview_dims", self.preview_dims, self.preview_dims in PREVIEW_DIMS,
                      " or ".join(repr(p) for p in PREVIEW_DIMS))
