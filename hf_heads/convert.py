@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from torch import nn
@@ -54,7 +55,6 @@ def convert_head(source: Any, name: str = "svd_softmax", **options: Any):
             source.decoder.head.tie_weight(embed)
         spec = getattr(source, "args", None) or getattr(getattr(source, "cfg", None), "model", None)
         if spec is not None and hasattr(spec, "output_head"):
-            import json
             spec.output_head, spec.head_options = name, json.dumps(options)
         return source
     if hasattr(getattr(source, "decoder", None), "output_projection"):

@@ -53,7 +53,7 @@ def methods_for(head: TrainedHead, args) -> Dict[str, torch.nn.Module]:
         f"svd_softmax adaptive W={c.preview_rank} N={c.num_refine}": svd,
         f"svd_softmax leading (paper) W={c.preview_rank} N={c.num_refine}":
             build_from(head, "svd_softmax", **{**args.svd_options, "preview_dims": "leading"}),
-        f"svd_softmax leading (paper) W={wide['preview_rank']} N={wide['num_refine']}":
+        f"svd_softmax leading (paper, 2W 4N) W={wide['preview_rank']} N={wide['num_refine']}":
             build_from(head, "svd_softmax", **{**args.svd_options, **wide, "preview_dims": "leading"}),
         "adaptive_sampling (bound)": build_from(head, "adaptive_sampling", delta=args.delta),
         "adaptive_sampling (calibrated)": build_from(head, "adaptive_sampling", delta=args.delta),
@@ -167,10 +167,10 @@ def plot(rows: List[Dict], path: str) -> None:
     rand = [r for r in rows if r["setting"].startswith("random") and r["method"] != "softmax (exact)"]
     if not rand:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for method in dict.fromkeys(r["method"] for r in rand):
-        pts = sorted((r["V"], r["speedup_b1"], r["cost_gain"]) for r in rand if r["method"] == method)
-        label = method.split(" W=")[0]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    family = lambda r: r["method"].split(" W=")[0]  # the preview sizes grow with V: one line per method
+    for label in dict.fromkeys(family(r) for r in rand):
+        pts = sorted((r["V"], r["speedup_b1"], r["cost_gain"]) for r in rand if family(r) == label)
         axes[0].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
         axes[1].plot([p[0] for p in pts], [p[2] for p in pts], "o-", label=label)
     for ax, title in zip(axes, ("wall-clock speed-up at batch 1 (vs exact)", "V*d / multiplications")):
@@ -178,8 +178,9 @@ def plot(rows: List[Dict], path: str) -> None:
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xlabel("vocabulary size V (d = 512)")
         ax.set_title(title)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
+    axes[1].set_yscale("log")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=8)
+    fig.subplots_adjust(bottom=0.3)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
