@@ -220,3 +220,35 @@ def test_aux_loss_is_a_scalar_zero_unless_the_head_has_regularisers(case):
     aux = head.aux_loss()
     assert aux.dim() == 0 and aux.dtype == torch.float32 and torch.isfinite(aux)
     assert (aux.item() > 0) if case.has_aux else (aux.item() == 0.0)
+
+
+LEAN = [c for c in HEAD_CASES if hf_heads.get_head_class(c.name).lean_loss]  # DS-Softmax opts out
+
+
+@pytest.mark.parametrize("case", LEAN, ids=[c.id for c in LEAN])
+@pytest.mark.parametrize("ignore", [False, True])
+def test_memory_lean_training_loss_equals_the_reference_path(case, ignore):
+    """Training mode: the chunked loss (gradients computed chunk by chunk in the forward) gives the same
+    loss and gradients as plain autograd over the whole batch (randomness off: dropout 0, no gate noise)."""
+    extra = {"gate_noise": 0.0} if "gate_noise" in hf_heads.get_head_class(case.name).config_class.__dataclass_fields__ else {}
+    head = randomise(build_case(case, dtype=torch.float64, **extra)).train()
+    hidden = _hidden(5, 3, dtype=torch.float64).requires_grad_()
+    target = torch.randint(0, VOCAB, (5, 3), generator=torch.Generator().manual_seed(7))
+    if ignore:
+        target[1, 1] = target[4, 0] = -100
+    results = []
+    for lean in (False, True):
+        head.lean_loss = lean
+        head.lean_chunk_tokens = lambda: 4  # several chunks, one of them partial
+        if hidden.grad is not None:
+            hidden.grad = None
+        head.zero_grad(set_to_none=True)
+        loss = head.loss(hidden, target)
+        (2.5 * loss).backward()
+        grads = {n: (torch.zeros_like(p) if p.grad is None else p.grad.clone()) for n, p in head.named_parameters()}
+        results.append((loss.detach(), hidden.grad.clone(), grads))
+    (ref_loss, ref_h, ref_p), (lean_loss, lean_h, lean_p) = results
+    torch.testing.assert_close(lean_loss, ref_loss, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(lean_h, ref_h, rtol=1e-9, atol=1e-10)
+    for n in ref_p:
+        torch.testing.assert_close(lean_p[n], ref_p[n], rtol=1e-9, atol=1e-10, msg=n)

@@ -163,6 +163,13 @@ class OutputHead(nn.Module):
     projects_context = False
     #: whether the output embedding can be shared with an input embedding (:meth:`tie_weight`)
     can_tie = True
+    #: memory-lean training loss (:class:`_ChunkedNLL`): token chunks whose gradients are computed in the
+    #: forward pass, so no N x V (or K x N x V) activation is kept for backward. Set ``head.lean_loss = False``
+    #: for plain autograd over the whole batch (the reference path). Heads whose training forward has
+    #: side effects beyond its output (DS-Softmax: routing statistics for its aux loss) opt out.
+    lean_loss = True
+    #: V-wide tensors per token in the head's training forward (sets the chunk size)
+    lean_width = 1
     #: whether the head's distribution is ``softmax(W g + b)`` (exactly, or approximated at inference
     #: only): such heads convert into one another with :func:`hf_heads.convert_head`
     is_linear_softmax = False
@@ -247,6 +254,12 @@ class OutputHead(nn.Module):
         h = self._flat_hidden(hidden)
         t = HF.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
         valid = t != ignore_index
+        if reduction != "none" and self._use_lean_loss():
+            with HF.fp32_math(h):
+                everything = bool(valid.all())
+                nll_sum = _ChunkedNLL.apply(self, h if everything else h[valid], t if everything else t[valid],
+                                            self.lean_chunk_tokens(), *[p for p in self.parameters() if p.requires_grad])
+            return nll_sum if reduction == "sum" else nll_sum / valid.sum()
         with HF.fp32_math(h):
             if bool(valid.all()):
                 nll = self.nll_2d(h, t)
@@ -259,6 +272,14 @@ class OutputHead(nn.Module):
         if reduction == "sum":
             return nll.sum()
         return nll.sum() / valid.sum()  # nan when every target is ignored, like F.nll_loss
+
+    def _use_lean_loss(self) -> bool:
+        return self.lean_loss and self.training and torch.is_grad_enabled()
+
+    def lean_chunk_tokens(self) -> int:
+        """Tokens per chunk of the memory-lean training loss: about ``LEAN_CHUNK_ELEMENTS`` values of every
+        V-wide tensor the head makes per token (``lean_width`` of them: K for a mixture of K softmaxes)."""
+        return max(LEAN_MIN_CHUNK, LEAN_CHUNK_ELEMENTS // (self.config.vocab_size * self.lean_width))
 
     def aux_loss(self) -> torch.Tensor:
         """Scalar regulariser to add to the training loss; 0 for heads without one."""
@@ -301,6 +322,52 @@ class OutputHead(nn.Module):
         """float32 ``context @ W[rows]^T + b[rows]`` (autocast off, so the math stays fp32)."""
         b = None if self.bias is None else self.bias[rows]
         return HF.linear_fp32(context, self.weight[rows], b)
+
+
+#: values of the V-wide tensors of one chunk of the memory-lean loss (32 MiB in float32), and the fewest
+#: tokens per chunk (below a few hundred tokens, every chunk's V x d gradient costs more than its matmuls)
+LEAN_CHUNK_ELEMENTS = 2 ** 23
+LEAN_MIN_CHUNK = 256
+
+
+class _ChunkedNLL(torch.autograd.Function):
+    """Summed NLL of ``head`` over token chunks, each chunk's gradients computed in the forward pass.
+
+    Forward: for every chunk of ``chunk`` tokens, ``head.nll_2d`` under autograd, then ``autograd.grad``
+    of its sum with respect to the chunk's hidden states and the head's parameters; the chunk's graph
+    is freed before the next one, so peak memory is one chunk's activations instead of the whole
+    batch's. Backward: the stored gradients times the incoming scalar gradient. No recomputation;
+    the price is that gradients are computed even if the loss is never backpropagated, and no double
+    backward. Dropout / gate noise draw fresh values per chunk, as they would per batch.
+    """
+
+    @staticmethod
+    def forward(ctx, head, hidden, target, chunk, *params):
+        want_h = hidden.requires_grad
+        grad_h = torch.zeros_like(hidden) if want_h else None
+        grads = [torch.zeros_like(p) for p in params]
+        total = hidden.new_zeros((), dtype=torch.float32 if hidden.dtype != torch.float64 else torch.float64)
+        for start in range(0, hidden.shape[0], chunk):
+            with torch.enable_grad():
+                h = hidden[start:start + chunk].detach().requires_grad_(want_h)
+                loss = head.nll_2d(h, target[start:start + chunk]).sum()
+                got = torch.autograd.grad(loss, ([h] if want_h else []) + list(params), allow_unused=True)
+            total += loss.detach().to(total.dtype)
+            if want_h:
+                grad_h[start:start + chunk] = got[0]
+                got = got[1:]
+            for acc, g in zip(grads, got):
+                if g is not None:
+                    acc += g
+        ctx.want_h = want_h
+        ctx.save_for_backward(*([grad_h] if want_h else []), *grads)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        saved = list(ctx.saved_tensors)
+        grad_h = saved.pop(0) * grad_out if ctx.want_h else None
+        return (None, grad_h, None, None, *[g * grad_out for g in saved])
 
 
 class SingleSoftmaxHead(OutputHead):

@@ -86,6 +86,7 @@ class DSSoftmaxHead(OutputHead):
     """
 
     config_class = DSSoftmaxConfig
+    lean_loss = False  # its training forward records routing for the aux loss and counts pruning steps
     paper = "Liao et al. 2019, Doubly Sparse Softmax (DS-Softmax)"
     purpose = "fast"
     can_tie = False

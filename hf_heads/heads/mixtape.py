@@ -71,6 +71,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
 
     def __init__(self, config: MixtapeConfig):
         super().__init__(config)
+        self.lean_width = config.num_gates  # per frequent token K component logits; one vector for the rest
         c = config
         k, d1, d2, s = c.num_gates, c.hidden_size, c.gate_embedding_size, c.num_frequent
         self.context_input_scale = d1 ** -0.5

@@ -40,6 +40,7 @@ class MoSHead(ContextHead):
 
     def __init__(self, config: MoSConfig):
         super().__init__(config)
+        self.lean_width = config.num_components  # K logit vectors per token
         c = config
         self._build_contexts(c.num_components)
         self.prior_proj = nn.Linear(c.hidden_size, c.num_components, bias=False)

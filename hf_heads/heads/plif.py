@@ -61,6 +61,7 @@ class PLIFHead(SingleSoftmaxHead):
 
     config_class = PLIFConfig
     paper = "Ganea et al. 2019, Breaking the softmax bottleneck via learnable monotonic pointwise non-linearities"
+    lean_width = 3  # logits, knot index, deformed scores
 
     def __init__(self, config: PLIFConfig):
         super().__init__(config)
