@@ -229,3 +229,16 @@ def test_fast_inference_benchmark_tiny_run_writes_one_table(tmp_path, monkeypatc
             assert 0.0 <= r["success"] <= 1.0 and r["success_gain"] >= 1.0
     assert (tmp_path / "fast_inference_vs_vocab.png").stat().st_size > 0
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == rows
+
+
+def test_training_cost_benchmark_tiny_run(tmp_path):
+    from recipes import bench_heads
+
+    res = bench_heads.main(["--vocab", "500", "--tokens", "64", "--dim", "32", "--heads", "softmax (ours)", "mos K=3",
+                            "--no-model", "--no-peer", "--rounds", "1", "--memory-repeats", "1", "--out", str(tmp_path)],
+                           log=lambda *_: None)
+    rows = res["V=500"]
+    assert set(rows) == {bench_heads.BASELINE, "softmax (ours)", "mos K=3"}
+    assert rows[bench_heads.BASELINE]["time_ratio"] == 1.0 and rows[bench_heads.BASELINE]["memory_ratio"] == 1.0
+    assert all(r["ms"] > 0 and r["peak_mib"] >= 0 for r in rows.values())
+    assert "| mos K=3 |" in (tmp_path / "table.md").read_text()
