@@ -252,3 +252,13 @@ def test_memory_lean_training_loss_equals_the_reference_path(case, ignore):
     torch.testing.assert_close(lean_h, ref_h, rtol=1e-9, atol=1e-10)
     for n in ref_p:
         torch.testing.assert_close(lean_p[n], ref_p[n], rtol=1e-9, atol=1e-10, msg=n)
+
+
+def test_memory_lean_loss_without_anything_to_differentiate_is_the_plain_nll():
+    """A frozen head on detached hidden states in training mode: nothing needs a gradient, so the loss is
+    the plain NLL (no chunked gradients, no error from autograd.grad on no inputs)."""
+    head = build_case(HEAD_CASES[0]).train().requires_grad_(False)
+    hidden, target = _hidden(6), torch.arange(6) % VOCAB
+    loss = head.loss(hidden, target)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, F.nll_loss(head(hidden), target))

@@ -254,11 +254,12 @@ class OutputHead(nn.Module):
         h = self._flat_hidden(hidden)
         t = HF.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
         valid = t != ignore_index
-        if reduction != "none" and self._use_lean_loss():
+        params = [p for p in self.parameters() if p.requires_grad]
+        if reduction != "none" and self._use_lean_loss() and (h.requires_grad or params):
             with HF.fp32_math(h):
                 everything = bool(valid.all())
                 nll_sum = _ChunkedNLL.apply(self, h if everything else h[valid], t if everything else t[valid],
-                                            self.lean_chunk_tokens(), *[p for p in self.parameters() if p.requires_grad])
+                                            self.lean_chunk_tokens(), *params)
             return nll_sum if reduction == "sum" else nll_sum / valid.sum()
         with HF.fp32_math(h):
             if bool(valid.all()):
@@ -346,13 +347,13 @@ class _ChunkedNLL(torch.autograd.Function):
         want_h = hidden.requires_grad
         grad_h = torch.zeros_like(hidden) if want_h else None
         grads = [torch.zeros_like(p) for p in params]
-        total = hidden.new_zeros((), dtype=torch.float32 if hidden.dtype != torch.float64 else torch.float64)
+        total = hidden.new_zeros(())  # hidden is in the compute dtype already (float32 or float64)
         for start in range(0, hidden.shape[0], chunk):
             with torch.enable_grad():
                 h = hidden[start:start + chunk].detach().requires_grad_(want_h)
                 loss = head.nll_2d(h, target[start:start + chunk]).sum()
                 got = torch.autograd.grad(loss, ([h] if want_h else []) + list(params), allow_unused=True)
-            total += loss.detach().to(total.dtype)
+            total += loss.detach()
             if want_h:
                 grad_h[start:start + chunk] = got[0]
                 got = got[1:]
