@@ -6,6 +6,12 @@ log-probs where the model expects logits, so everything downstream works unchang
 
 * the model's own loss (cross-entropy on ``logits``) is the head's NLL, since
   ``log_softmax(log p) = log p``; the head's ``aux_loss()`` is added to it;
+* in training (grad enabled, ``labels`` given, the head's ``lean_loss`` on), the loss is instead the head's
+  memory-lean :meth:`OutputHead.loss` on the hidden states the head would have seen, with the model's own
+  label handling (causal LMs shift, ``shift_labels`` / ``num_items_in_batch`` as transformers' loss reads
+  them; seq2seq models build ``decoder_input_ids`` from ``labels`` and average over the labels, as BART,
+  T5 and Marian do). No ``[tokens, V]`` tensor is made, so
+  such outputs have no ``logits`` (``None``); set ``head.lean_loss = False`` to get them back;
 * ``generate`` (greedy, beam search, sampling, top-k/top-p, temperature, which then acts on the
   head's distribution) sees log-probs;
 * ``save_pretrained`` / ``from_pretrained`` (safetensors) round-trip through the Auto classes.
@@ -20,10 +26,12 @@ package to install.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Dict, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
@@ -133,6 +141,14 @@ class HeadModelMixin:
             for k in [k for k in self.all_tied_weights_keys if k.startswith(prefix)]:
                 del self.all_tied_weights_keys[k]
 
+    def _lean_loss_applies(self, kwargs) -> bool:
+        """Train with the head's memory-lean loss: labels given as a keyword, grad enabled, training mode, the
+        head's ``lean_loss`` on, a ModelOutput returned and every position scored (no ``logits_to_keep``)."""
+        head = self.get_output_embeddings()
+        return (kwargs.get("labels") is not None and isinstance(head, OutputHead) and head.lean_loss_active()
+                and kwargs.get("return_dict", getattr(self.config, "return_dict", True)) is not False
+                and not kwargs.get("logits_to_keep"))
+
     def _add_aux_loss(self, out, labels_given: bool):
         if not self.training:  # a regulariser: evaluation losses stay the plain NLL
             return out
@@ -151,9 +167,68 @@ def _forward_with_aux_loss(base_forward):
 
     @functools.wraps(base_forward)
     def forward(self, *args, **kwargs):
+        if self._lean_loss_applies(kwargs):
+            return self._add_aux_loss(_lean_forward(self, base_forward, args, kwargs), True)
         return self._add_aux_loss(base_forward(self, *args, **kwargs), kwargs.get("labels") is not None)
 
     return forward
+
+
+class _HiddenCapture(nn.Module):
+    """Stands in for the head during a lean training forward: keeps the hidden states it is called with and
+    returns a zero-strided placeholder of the logits' shape (no memory), which the caller drops."""
+
+    def __init__(self, vocab_size: int, store: list):
+        super().__init__()
+        self.vocab_size, self.store = vocab_size, store
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        self.store.append(hidden)
+        return hidden.new_zeros(()).expand(*hidden.shape[:-1], self.vocab_size)
+
+
+@contextlib.contextmanager
+def _head_replaced_by(model, stand_in: nn.Module):
+    head = model.get_output_embeddings()
+    path = next(name for name, m in model.named_modules() if m is head)
+    parent_path, _, attr = path.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    parent._modules[attr] = stand_in
+    try:
+        yield
+    finally:
+        parent._modules[attr] = head
+
+
+def _lean_forward(model, base_forward, args, kwargs):
+    """The model's forward without labels (the head captured instead of run), then the head's lean loss on the
+    captured hidden states against the labels as the model would have used them."""
+    head = model.get_output_embeddings()
+    kwargs = dict(kwargs)
+    labels = kwargs.pop("labels")
+    shift_labels = kwargs.pop("shift_labels", None)
+    num_items = kwargs.pop("num_items_in_batch", None)
+    if model.config.is_encoder_decoder:  # what the seq2seq models do with labels besides the loss
+        if kwargs.get("decoder_input_ids") is None and kwargs.get("decoder_inputs_embeds") is None:
+            kwargs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=labels)
+        kwargs["use_cache"] = False
+        num_items = None  # their loss is CrossEntropyLoss()'s mean over the non-ignored labels
+        target = labels
+    else:  # causal LMs: position t predicts label t + 1 (transformers' ForCausalLMLoss)
+        target = shift_labels if shift_labels is not None else F.pad(labels, (0, 1), value=-100)[..., 1:]
+    captured = []
+    with _head_replaced_by(model, _HiddenCapture(head.config.vocab_size, captured)):
+        out = base_forward(model, *args, **kwargs)
+    if len(captured) != 1:
+        raise RuntimeError(f"{type(model).__name__}: the output layer ran {len(captured)} times in one forward; "
+                           f"set head.lean_loss = False for this model")
+    target = target.to(captured[0].device)
+    if num_items is None:
+        loss = head.loss(captured[0], target)
+    else:
+        loss = head.loss(captured[0], target, reduction="sum") / torch.as_tensor(num_items).to(target.device)
+    fields = {k: v for k, v in out.items() if k not in ("loss", "logits")}
+    return type(out)(loss=loss, **fields)
 
 
 def head_model_class(base_model_class: type) -> type:

@@ -94,6 +94,54 @@ def test_loss_is_head_nll_and_backward(model_name, head):
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
+def _no_randomness(model):
+    """Dropout off everywhere (nn.Dropout modules and the float rates BART-like layers read) and no gate
+    noise, so two training-mode forwards give the same numbers."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        for name in ("dropout", "activation_dropout", "attention_dropout"):
+            if isinstance(getattr(m, name, None), float):
+                setattr(m, name, 0.0)
+    head = hf_heads.output_head(model)
+    if hasattr(head.config, "gate_noise"):
+        head.config.gate_noise = 0.0
+    return model
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_training_uses_the_lean_loss_and_matches_the_reference(model_name, head):
+    model = _no_randomness(swapped(model_name, head).train())
+    b = batch(model)
+    lean_head = hf_heads.output_head(model)
+
+    def loss_and_grads(**extra):
+        model.zero_grad()
+        out = model(**b, **extra)
+        out.loss.backward()
+        return out, [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+    lean_by_default = lean_head.lean_loss  # every head but DS-Softmax
+    lean, lean_grads = loss_and_grads()
+    assert (lean.logits is None) == lean_by_default  # the lean path never makes [tokens, V]
+    lean_head.lean_loss = False
+    ref, ref_grads = loss_and_grads()
+    assert ref.logits is not None
+    torch.testing.assert_close(lean.loss, ref.loss, rtol=1e-5, atol=1e-6)
+    for a, r in zip(lean_grads, ref_grads):
+        assert (a is None) == (r is None)
+        if a is not None:
+            torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-6)
+    # transformers' Trainer passes num_items_in_batch: the summed NLL divided by it
+    lean_head.lean_loss = lean_by_default
+    n = torch.tensor(5)
+    summed, _ = loss_and_grads(num_items_in_batch=n)
+    lean_head.lean_loss = False
+    ref_summed, _ = loss_and_grads(num_items_in_batch=n)
+    torch.testing.assert_close(summed.loss, ref_summed.loss, rtol=1e-5, atol=1e-6)
+
+
 def _final_hidden(model, b):
     """The hidden states the head sees, captured with a forward hook on the head."""
     seen = {}
@@ -183,11 +231,7 @@ def test_marian_final_logits_bias_is_folded_into_the_head():
 
 
 def test_aux_loss_is_added_in_training_only(monkeypatch):
-    model = swapped("gpt2", "softmax").train()
-    model.config.resid_pdrop = model.config.embd_pdrop = model.config.attn_pdrop = 0.0
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
+    model = _no_randomness(swapped("gpt2", "softmax").train())
     b = batch(model)
     base = model(**b).loss
     monkeypatch.setattr(type(hf_heads.output_head(model)), "aux_loss", lambda self: torch.tensor(0.25))

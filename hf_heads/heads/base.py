@@ -255,7 +255,7 @@ class OutputHead(nn.Module):
         t = HF.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
         valid = t != ignore_index
         params = [p for p in self.parameters() if p.requires_grad]
-        if reduction != "none" and self._use_lean_loss() and (h.requires_grad or params):
+        if reduction != "none" and self.lean_loss_active() and (h.requires_grad or params):
             with HF.fp32_math(h):
                 everything = bool(valid.all())
                 nll_sum = _ChunkedNLL.apply(self, h if everything else h[valid], t if everything else t[valid],
@@ -274,7 +274,8 @@ class OutputHead(nn.Module):
             return nll.sum()
         return nll.sum() / valid.sum()  # nan when every target is ignored, like F.nll_loss
 
-    def _use_lean_loss(self) -> bool:
+    def lean_loss_active(self) -> bool:
+        """Whether :meth:`loss` takes the memory-lean path now: ``lean_loss`` on, training mode, grad enabled."""
         return self.lean_loss and self.training and torch.is_grad_enabled()
 
     def lean_chunk_tokens(self) -> int:
