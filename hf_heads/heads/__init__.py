@@ -3,7 +3,7 @@
 Importing this package registers every head (one module per head, one ``register_head`` each).
 """
 from .adaptive_sampling import AdaptiveSamplingConfig, AdaptiveSamplingHead
-from .base import (HeadConfig, OutputHead, SingleSoftmaxHead, available_heads, get_head_class,
+from .base import (HeadConfig, LinearScoresHead, OutputHead, SingleSoftmaxHead, available_heads, get_head_class,
                    head_specific_options, register_head)
 from .class_softmax import ClassSoftmaxConfig, ClassSoftmaxHead, frequency_binning, zipf_class_boundaries
 from .d_softmax import DSoftmaxConfig, DSoftmaxHead
@@ -16,7 +16,7 @@ from .softmax import SoftmaxConfig, SoftmaxHead
 from .svd_softmax import SVDSoftmaxConfig, SVDSoftmaxHead
 
 __all__ = [
-    "HeadConfig", "OutputHead", "SingleSoftmaxHead", "available_heads", "get_head_class", "head_specific_options",
+    "HeadConfig", "OutputHead", "SingleSoftmaxHead", "LinearScoresHead", "available_heads", "get_head_class", "head_specific_options",
     "register_head",
     "SoftmaxConfig", "SoftmaxHead", "MoSConfig", "MoSHead", "MixtapeConfig", "MixtapeHead",
     "PLIFConfig", "PLIFHead", "MoSPLIFConfig", "MoSPLIFHead", "PiecewiseLinearIncreasing",

@@ -168,8 +168,9 @@ class OutputHead(nn.Module):
     #: for plain autograd over the whole batch (the reference path). Heads whose training forward has
     #: side effects beyond its output (DS-Softmax: routing statistics for its aux loss) opt out.
     lean_loss = True
-    #: V-wide tensors per token in the head's training forward (sets the chunk size)
-    lean_width = 1
+    #: V-wide float tensors per token alive in one chunk of the lean loss (logits and their log-softmax for
+    #: one softmax); sets the chunk size, see :meth:`lean_chunk_tokens`
+    lean_width = 2
     #: whether the head's distribution is ``softmax(W g + b)`` (exactly, or approximated at inference
     #: only): such heads convert into one another with :func:`hf_heads.convert_head`
     is_linear_softmax = False
@@ -279,9 +280,99 @@ class OutputHead(nn.Module):
         return self.lean_loss and self.training and torch.is_grad_enabled()
 
     def lean_chunk_tokens(self) -> int:
-        """Tokens per chunk of the memory-lean training loss: about ``LEAN_CHUNK_ELEMENTS`` values of every
-        V-wide tensor the head makes per token (``lean_width`` of them: K for a mixture of K softmaxes)."""
+        """Tokens per chunk of the memory-lean training loss: about ``LEAN_CHUNK_ELEMENTS`` values in all the
+        V-wide tensors of a chunk (``lean_width`` per token), at least ``LEAN_MIN_CHUNK`` tokens."""
         return max(LEAN_MIN_CHUNK, LEAN_CHUNK_ELEMENTS // (self.config.vocab_size * self.lean_width))
+
+    def lean_nll_chunk(self, hidden: torch.Tensor, target: torch.Tensor,
+                       grads: Dict[nn.Parameter, torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One chunk of the memory-lean loss: ``(summed NLL, its gradient w.r.t. hidden)``.
+
+        ``hidden`` ``[n, d1]`` is a leaf in the compute dtype (requiring grad or not: the gradient is then
+        None); the gradient of the sum with respect to every parameter in ``grads`` is added to
+        ``grads[param]`` (float accumulators). This default runs autograd on :meth:`nll_2d`; heads override it
+        with hand-written gradients for their V-wide part (:meth:`_lean_softmax_rows`) and autograd for the
+        rest (:meth:`_lean_backprop`). Tests hold every override to the reference path.
+        """
+        with torch.enable_grad():
+            nll = self.nll_2d(hidden, target).sum()
+        return nll.detach(), self._lean_backprop([nll], [torch.ones_like(nll)], hidden, grads)
+
+    def _lean_backprop(self, outputs, grad_outputs, hidden: Optional[torch.Tensor],
+                       grads: Dict[nn.Parameter, torch.Tensor]) -> Optional[torch.Tensor]:
+        """Autograd from ``outputs`` (weighted by ``grad_outputs``) into ``hidden`` and the parameters of
+        ``grads`` (added there); returns the gradient of ``hidden`` (None if it is None or does not require
+        grad)."""
+        pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o is not None and o.requires_grad]
+        params = list(grads)
+        want_h = hidden is not None and hidden.requires_grad
+        inputs = ([hidden] if want_h else []) + params
+        got = [None] * len(inputs)
+        if pairs and inputs:
+            got = list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True))
+        grad_h = None
+        if want_h:
+            grad_h = got.pop(0)
+            if grad_h is None:
+                grad_h = torch.zeros_like(hidden)
+        for p, g in zip(params, got):
+            if g is not None:
+                grads[p] += g
+        return grad_h
+
+    def _lean_softmax_rows(self, x: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
+                           log_prior: Optional[torch.Tensor] = None, transform: Optional[Callable] = None,
+                           prefix: Optional[torch.Tensor] = None):
+        """The V-wide part of the lean loss, forward and backward by hand, for K softmaxes per token.
+
+        Component k of token i: ``log_softmax(f([prefix_i, x_ik W[S:]^T + b[S:]]))`` (S = prefix width, 0 by
+        default; f = ``transform``, elementwise, identity by default), mixed with ``log_prior`` ``[n, K]``
+        in log space when given (K must be 1 otherwise). ``x`` ``[n, K, d]`` is detached.
+
+        Returns ``(nll [n], grad_x [n, K, d], grad_log_prior [n, K] or None, grad_prefix [n, S] or None)``
+        and adds the gradients of W and b to ``grads``. ``transform(logits)`` returns ``(scores, back)`` with
+        ``back(grad_scores) -> grad_logits`` (None for the identity). The gradient of the logits is
+        ``r_ik (softmax - onehot)`` (r: the components' posterior responsibilities), made in place in the
+        log-softmax; the weight gradient accumulates straight into ``grads`` with ``addmm_``.
+        """
+        n, k, d = x.shape
+        lo = 0 if prefix is None else prefix.shape[1]
+        w = self.weight[lo:].to(x.dtype)
+        b = None if self.bias is None else self.bias[lo:].to(x.dtype)
+        rows = x.reshape(n * k, d)
+        if prefix is None:
+            logits = rows @ w.t() if b is None else torch.addmm(b, rows, w.t())
+        else:
+            logits = torch.cat([prefix, rows @ w.t() if b is None else torch.addmm(b, rows, w.t())], dim=1)
+        scores, back = (logits, None) if transform is None else transform(logits)
+        del logits
+        logp = torch.log_softmax(scores, dim=1)
+        del scores
+        t = target.repeat_interleave(k)[:, None] if k > 1 else target[:, None]
+        logp_t = logp.gather(1, t).squeeze(1)
+        if log_prior is None:
+            nll, weight, grad_prior = -logp_t, None, None
+        else:
+            joint = logp_t.view(n, k) + log_prior
+            total = torch.logsumexp(joint, dim=1)
+            nll = -total
+            resp = (joint - total[:, None]).exp()  # posterior responsibilities of the components
+            weight, grad_prior = resp.reshape(-1, 1), -resp
+        grad = logp.exp_()  # softmax, in place
+        if weight is None:
+            grad.scatter_add_(1, t, grad.new_full(t.shape, -1.0))
+        else:
+            grad.mul_(weight).scatter_add_(1, t, -weight)
+        if back is not None:
+            grad = back(grad)
+        grad_prefix = None if prefix is None else grad[:, :lo]
+        grad_lin = grad if prefix is None else grad[:, lo:]
+        grad_x = (grad_lin @ w).view(n, k, d)
+        if self.weight in grads:
+            grads[self.weight][lo:].addmm_(grad_lin.t(), rows)
+        if self.bias is not None and self.bias in grads:
+            grads[self.bias][lo:] += grad_lin.sum(0)
+        return nll, grad_x, grad_prior, grad_prefix
 
     def aux_loss(self) -> torch.Tensor:
         """Scalar regulariser to add to the training loss; 0 for heads without one."""
@@ -326,50 +417,47 @@ class OutputHead(nn.Module):
         return HF.linear_fp32(context, self.weight[rows], b)
 
 
-#: values of the V-wide tensors of one chunk of the memory-lean loss (32 MiB in float32), and the fewest
-#: tokens per chunk (below a few hundred tokens, every chunk's V x d gradient costs more than its matmuls)
+#: values in all the V-wide tensors of one chunk of the memory-lean loss (32 MiB in float32: small enough
+#: for the elementwise passes to run from cache, which is faster on CPU than whole-batch passes), and the
+#: fewest tokens per chunk (the matrix products stay efficient; the V x d gradient accumulates in place)
 LEAN_CHUNK_ELEMENTS = 2 ** 23
-LEAN_MIN_CHUNK = 256
+LEAN_MIN_CHUNK = 64
 
 
 class _ChunkedNLL(torch.autograd.Function):
     """Summed NLL of ``head`` over token chunks, each chunk's gradients computed in the forward pass.
 
-    Forward: for every chunk of ``chunk`` tokens, ``head.nll_2d`` under autograd, then ``autograd.grad``
-    of its sum with respect to the chunk's hidden states and the head's parameters; the chunk's graph
-    is freed before the next one, so peak memory is one chunk's activations instead of the whole
-    batch's. Backward: the stored gradients times the incoming scalar gradient. No recomputation;
-    the price is that gradients are computed even if the loss is never backpropagated, and no double
-    backward. Dropout / gate noise draw fresh values per chunk, as they would per batch.
+    Forward: for every chunk of ``chunk`` tokens, :meth:`OutputHead.lean_nll_chunk` returns the chunk's summed
+    NLL and its gradient with respect to the chunk's hidden states, and adds the parameter gradients to float
+    accumulators; nothing of the chunk is kept, so peak memory is one chunk's V-wide tensors instead of the
+    whole batch's. Backward: the stored gradients times the incoming scalar gradient. No recomputation; the
+    price is that gradients are computed even if the loss is never backpropagated, and no double backward.
+    Dropout / gate noise draw fresh values per chunk, as they would per batch.
     """
 
     @staticmethod
     def forward(ctx, head, hidden, target, chunk, *params):
         want_h = hidden.requires_grad
         grad_h = torch.zeros_like(hidden) if want_h else None
-        grads = [torch.zeros_like(p) for p in params]
+        # float accumulators (float64 for float64 math) whatever the parameters' dtype
+        grads = {p: torch.zeros_like(p, dtype=hidden.dtype) for p in params}
         total = hidden.new_zeros(())  # hidden is in the compute dtype already (float32 or float64)
         for start in range(0, hidden.shape[0], chunk):
-            with torch.enable_grad():
-                h = hidden[start:start + chunk].detach().requires_grad_(want_h)
-                loss = head.nll_2d(h, target[start:start + chunk]).sum()
-                got = torch.autograd.grad(loss, ([h] if want_h else []) + list(params), allow_unused=True)
-            total += loss.detach()
+            h = hidden[start:start + chunk].detach().requires_grad_(want_h)
+            loss, got = head.lean_nll_chunk(h, target[start:start + chunk], grads)
+            total += loss
             if want_h:
-                grad_h[start:start + chunk] = got[0]
-                got = got[1:]
-            for acc, g in zip(grads, got):
-                if g is not None:
-                    acc += g
+                grad_h[start:start + chunk] = got
         ctx.want_h = want_h
-        ctx.save_for_backward(*([grad_h] if want_h else []), *grads)
+        ctx.dtypes = [p.dtype for p in params]
+        ctx.save_for_backward(*([grad_h] if want_h else []), *grads.values())
         return total
 
     @staticmethod
     def backward(ctx, grad_out):
         saved = list(ctx.saved_tensors)
         grad_h = saved.pop(0) * grad_out if ctx.want_h else None
-        return (None, grad_h, None, None, *[g * grad_out for g in saved])
+        return (None, grad_h, None, None, *[(g * grad_out).to(dt) for g, dt in zip(saved, ctx.dtypes)])
 
 
 class SingleSoftmaxHead(OutputHead):
@@ -397,3 +485,28 @@ class SingleSoftmaxHead(OutputHead):
             lp = top - torch.logsumexp(s, dim=-1, keepdim=True)
         shape = (*hidden.shape[:-1], k)
         return lp.view(shape), idx.view(shape)
+
+
+class LinearScoresHead(SingleSoftmaxHead):
+    """A single softmax over ``f(W dropout(g) + b)``, f elementwise (:meth:`score_transform`): softmax
+    (identity), sigsoftmax, PLIF. Their memory-lean loss runs the V-wide part by hand."""
+
+    def score_transform(self, logits: torch.Tensor) -> torch.Tensor:
+        """f, elementwise on the float32 logits (identity here)."""
+        return logits
+
+    def lean_score_transform(self, logits: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor]):
+        """``(f(logits), back)`` for the lean loss: ``back(grad_scores) -> grad_logits`` (may work in place on
+        its argument and on ``logits``), adding f's parameter gradients to ``grads``; ``back`` is None for the
+        identity."""
+        return logits, None
+
+    def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.score_transform(self._output_logits(self.dropout(hidden)))
+
+    def lean_nll_chunk(self, hidden, target, grads):
+        with torch.enable_grad():
+            x = self.dropout(hidden)
+        nll, grad_x, _, _ = self._lean_softmax_rows(x.detach()[:, None], target, grads,
+                                                    transform=lambda z: self.lean_score_transform(z, grads))
+        return nll.sum(), self._lean_backprop([x], [grad_x[:, 0]], hidden, grads)

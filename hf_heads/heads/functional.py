@@ -97,23 +97,49 @@ def sigmoid_tree_log_priors(gate_logits: torch.Tensor) -> torch.Tensor:
     return log_p
 
 
+def plif_bins(z: torch.Tensor, num_knots: int, knot_range: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(bin, frac)`` of every element of ``z`` for PLIF's T = ``num_knots`` pieces of step D = 2R/T on
+    [-R, R]: ``bin = clamp(floor((z + R) / D), 0, T - 1)`` (long) and ``frac = (z + R) / D - bin``, the
+    position inside the piece in steps (below 0 or above 1 only outside [-R, R])."""
+    scale = num_knots / (2.0 * knot_range)
+    u = z.mul(scale).add_(knot_range * scale)
+    floor = u.clamp(0, num_knots - 1).floor_()
+    return floor.long(), u.sub_(floor)
+
+
+def plif_values(bins: torch.Tensor, frac: torch.Tensor, slopes: torch.Tensor,
+                knot_range: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(f(z), f'(z))`` from :func:`plif_bins`: ``f = D (sum_{j<bin} s_j + s_bin frac) - R``, ``f' = s_bin``."""
+    step = 2.0 * knot_range / slopes.shape[0]
+    before = (torch.cumsum(slopes, 0) - slopes).mul_(step).sub_(knot_range)  # exclusive prefix sum, scaled
+    flat = bins.reshape(-1)
+    slope_at = slopes.index_select(0, flat).view(bins.shape)
+    return before.index_select(0, flat).view(bins.shape).addcmul_(slope_at, frac, value=step), slope_at
+
+
+def plif_slope_grads(grad_out: torch.Tensor, bins: torch.Tensor, frac: torch.Tensor, num_knots: int,
+                     knot_range: float) -> torch.Tensor:
+    """Gradient of ``sum(grad_out * f(z))`` w.r.t. the T slopes: D for every element in a higher bin, D frac
+    in its own bin; one ``scatter_add_`` per statistic, then a suffix sum."""
+    step = 2.0 * knot_range / num_knots
+    flat = bins.reshape(-1)
+    g = grad_out.reshape(-1)
+    per_bin = g.new_zeros(num_knots).scatter_add_(0, flat, g)
+    at_bin = g.new_zeros(num_knots).scatter_add_(0, flat, (grad_out * frac).reshape(-1))
+    above = per_bin.flip(0).cumsum(0).flip(0) - per_bin
+    return (above + at_bin).mul_(step)
+
+
 class _PiecewiseLinearIncreasing(torch.autograd.Function):
     """``f(z)`` with knots evenly spaced on [-R, R]; saves only ``z`` for backward.
 
-    The naive autograd form keeps the bin index, the gathered slope and the offset (three
-    tensors the size of ``z``); here backward recomputes the bin index from ``z`` and reduces
-    the slope gradients with one ``index_add_`` per statistic.
+    The naive autograd form keeps the bin index, the gathered slope and the offset (three tensors the size
+    of ``z``); here backward recomputes the bins from ``z``.
     """
 
     @staticmethod
     def forward(ctx, z, slopes, knot_range):
-        num_knots = slopes.shape[0]
-        step = 2.0 * knot_range / num_knots
-        idx = ((z + knot_range) / step).floor_().clamp_(0, num_knots - 1).long()
-        offset = torch.cumsum(slopes * step, 0) - slopes * step  # exclusive prefix sum
-        left = idx.to(z.dtype).mul_(step).sub_(knot_range)
-        s = slopes[idx]
-        out = offset[idx].add_(s.mul_(z - left)).sub_(knot_range)
+        out, _ = plif_values(*plif_bins(z, slopes.shape[0], knot_range), slopes, knot_range)
         ctx.save_for_backward(z, slopes)
         ctx.knot_range = knot_range
         return out
@@ -121,22 +147,11 @@ class _PiecewiseLinearIncreasing(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         z, slopes = ctx.saved_tensors
-        knot_range = ctx.knot_range
-        num_knots = slopes.shape[0]
-        step = 2.0 * knot_range / num_knots
-        idx = ((z + knot_range) / step).floor_().clamp_(0, num_knots - 1).long()
-        grad_z = grad_slopes = None
-        if ctx.needs_input_grad[0]:
-            grad_z = grad_out * slopes[idx]
+        bins, frac = plif_bins(z, slopes.shape[0], ctx.knot_range)
+        grad_z = grad_out * slopes.take(bins) if ctx.needs_input_grad[0] else None
+        grad_slopes = None
         if ctx.needs_input_grad[1]:
-            flat_idx = idx.reshape(-1)
-            g = grad_out.reshape(-1).to(slopes.dtype)
-            left = idx.to(z.dtype).mul_(step).sub_(knot_range)
-            # d f / d s_j = step for every bin j below idx (via the prefix sum), (z - left) at idx
-            per_bin = slopes.new_zeros(num_knots).index_add_(0, flat_idx, g)
-            at_bin = slopes.new_zeros(num_knots).index_add_(0, flat_idx, g * (z - left).reshape(-1))
-            above = per_bin.flip(0).cumsum(0).flip(0) - per_bin
-            grad_slopes = above * step + at_bin
+            grad_slopes = plif_slope_grads(grad_out.to(slopes.dtype), bins, frac, slopes.shape[0], ctx.knot_range)
         return grad_z, grad_slopes, None
 
 

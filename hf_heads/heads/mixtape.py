@@ -71,7 +71,8 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
 
     def __init__(self, config: MixtapeConfig):
         super().__init__(config)
-        self.lean_width = config.num_gates  # per frequent token K component logits; one vector for the rest
+        # one softmax (logits, log-softmax); the frequent ids' K-wide tensors are a fraction r of a V-wide one
+        self.lean_width = 2
         c = config
         k, d1, d2, s = c.num_gates, c.hidden_size, c.gate_embedding_size, c.num_frequent
         self.context_input_scale = d1 ** -0.5
@@ -101,14 +102,15 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             return gate_logits + self.config.gate_noise * torch.randn_like(gate_logits)
         return gate_logits
 
-    def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 Mixtape logits ``z`` ``[N, V]`` (one softmax of these gives the distribution)."""
+    def _frequent_logits_and_mixed_context(self, hidden: torch.Tensor):
+        """``(z[:, :S], m)``: float32 logits of the S frequent ids (bias included) and the shared-prior mixture
+        of the contexts ``m = sum_k pi_k h_k`` ``[N, d]``, whose product with ``W[S:]`` gives the others."""
         c = self.config
         k, s = c.num_gates, c.num_frequent
         g = hidden * self.context_input_scale
         ctx = self.contexts(g)                                                         # [N, K, d]
         if k == 1:
-            return self._output_logits(ctx[:, 0])
+            return self._output_logits(ctx[:, 0], slice(None, s)), ctx[:, 0]
         shared = HF.linear_fp32(g, self.shared_gate.weight)                            # [N, K-1]
         gate_ctx = torch.tanh(HF.linear_fp32(g, self._gate_weight(), self.gate_proj.bias))
         gate_ctx = self.gate_dropout(gate_ctx.view(-1, k - 1, c.gate_embedding_size))  # [N, K-1, d2]
@@ -116,13 +118,95 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         freq_gates = torch.einsum("nke,se->nsk", gate_ctx, self.gate_embedding.to(g.dtype))
         freq_gates = self._noisy(freq_gates + shared[:, None, :] + self.gate_bias.to(g.dtype))
         freq_prior = HF.sigmoid_tree_log_priors(freq_gates).exp()                      # [N, S, K]
-        comp = torch.einsum("nkd,sd->nsk", ctx, self.weight[:s].to(g.dtype))               # [N, S, K]
+        comp = torch.einsum("nkd,sd->nsk", ctx, self.weight[:s].to(g.dtype))           # [N, S, K]
         freq_logits = (freq_prior * comp).sum(-1)
         if self.bias is not None:
             freq_logits = freq_logits + self.bias[:s].to(g.dtype)
-        if s == c.vocab_size:
-            return freq_logits
         # other ids: one shared prior -> mix the contexts first (scalar mixture)
         shared_prior = HF.sigmoid_tree_log_priors(self._noisy(shared)).exp()         # [N, K]
-        mixed = torch.einsum("nk,nkd->nd", shared_prior, ctx)
-        return torch.cat([freq_logits, self._output_logits(mixed, slice(s, None))], dim=-1)
+        return freq_logits, torch.einsum("nk,nkd->nd", shared_prior, ctx)
+
+    def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 Mixtape logits ``z`` ``[N, V]`` (one softmax of these gives the distribution)."""
+        freq_logits, mixed = self._frequent_logits_and_mixed_context(hidden)
+        if self.config.num_frequent == self.config.vocab_size:
+            return freq_logits
+        return torch.cat([freq_logits, self._output_logits(mixed, slice(self.config.num_frequent, None))], dim=-1)
+
+    def lean_nll_chunk(self, hidden, target, grads):
+        """Memory-lean chunk: the contexts and gate inputs (O(n K d)) under autograd; the frequent ids' gated
+        logits (:meth:`_lean_frequent_logits`) and the V-wide softmax with hand-written gradients."""
+        c = self.config
+        k, s = c.num_gates, c.num_frequent
+        with torch.enable_grad():
+            g = hidden * self.context_input_scale
+            ctx = self.contexts(g)                                                     # [n, K, d]
+            if k == 1:  # one context: every id is a plain softmax over h_1
+                mixed, small = ctx[:, 0], []
+            else:
+                shared = HF.linear_fp32(g, self.shared_gate.weight)                    # [n, K-1]
+                gate_ctx = torch.tanh(HF.linear_fp32(g, self._gate_weight(), self.gate_proj.bias))
+                gate_ctx = self.gate_dropout(gate_ctx.view(-1, k - 1, c.gate_embedding_size))
+                shared_prior = HF.sigmoid_tree_log_priors(self._noisy(shared)).exp()
+                mixed = torch.einsum("nk,nkd->nd", shared_prior, ctx)
+                small = [ctx, gate_ctx, shared]
+        freq, back = self._lean_frequent_logits(*(t.detach() for t in small), grads) if small else (None, None)
+        nll, grad_mixed, _, grad_freq = self._lean_softmax_rows(mixed.detach()[:, None], target, grads, prefix=freq)
+        outputs, grad_outputs = [mixed], [grad_mixed[:, 0]]
+        if small:
+            outputs += small
+            grad_outputs += back(grad_freq)
+        return nll.sum(), self._lean_backprop(outputs, grad_outputs, hidden, grads)
+
+    def _lean_frequent_logits(self, ctx: torch.Tensor, gate_ctx: torch.Tensor, shared: torch.Tensor, grads):
+        """``(z[:, :S], back)``, forward and backward by hand: component logits ``h_k . w_x`` and gate
+        pre-activations as two matrix products ``[n K, .] x [., S]``, the sigmoid tree as nested lerps
+        (``node = right + sigmoid(l) (left - right)``, which is ``sum_k pi_k h_k . w_x``), no K x n x S
+        temporaries beyond the saved ones. ``back(grad_z)`` adds the gradients of W[:S], b[:S], the gate
+        embeddings and biases to ``grads`` and returns those of ``(ctx, gate_ctx, shared)``."""
+        c = self.config
+        n, k, d = ctx.shape
+        s, d2 = c.num_frequent, c.gate_embedding_size
+        w = self.weight[:s].to(ctx.dtype)
+        v = self.gate_embedding.to(ctx.dtype)
+        comp = (ctx.reshape(n * k, d) @ w.t()).view(n, k, s)
+        gates = (gate_ctx.reshape(n * (k - 1), d2) @ v.t()).view(n, k - 1, s)
+        gates += shared[:, :, None]
+        gates += self.gate_bias.to(ctx.dtype).t()
+        if self.training and c.gate_noise > 0:
+            gates.add_(torch.randn_like(gates), alpha=c.gate_noise)
+        sig = gates.sigmoid_()
+        # bottom-up: level of depth t has gates 2^t - 1 ... 2^(t+1) - 2 over the values of the level below
+        levels, values, width = [], [comp[:, j] for j in range(k)], k // 2
+        while width:
+            levels.append((width - 1, values))
+            values = [torch.lerp(values[2 * i + 1], values[2 * i], sig[:, width - 1 + i]) for i in range(width)]
+            width //= 2
+        z = values[0]
+        if self.bias is not None:
+            z = z + self.bias[:s].to(ctx.dtype)
+
+        def back(grad_z):
+            grad_gates = torch.empty_like(sig)
+            grad_values = [grad_z]
+            for first, below in reversed(levels):
+                nxt = []
+                for i, dm in enumerate(grad_values):
+                    p = sig[:, first + i]
+                    left, right = below[2 * i], below[2 * i + 1]
+                    d_left = dm * p
+                    grad_gates[:, first + i] = (left - right).mul_(d_left).mul_(1 - p)  # dm (a - b) p (1 - p)
+                    nxt += [d_left, dm - d_left]
+                grad_values = nxt
+            grad_comp = torch.stack(grad_values, dim=1).view(n * k, s)
+            grad_gates_2d = grad_gates.view(n * (k - 1), s)
+            if self.weight in grads:
+                grads[self.weight][:s].addmm_(grad_comp.t(), ctx.reshape(n * k, d))
+            if self.bias is not None and self.bias in grads:
+                grads[self.bias][:s] += grad_z.sum(0)
+            if self.gate_embedding in grads:
+                grads[self.gate_embedding].addmm_(grad_gates_2d.t(), gate_ctx.reshape(n * (k - 1), d2))
+            if self.gate_bias in grads:
+                grads[self.gate_bias] += grad_gates.sum(0).t()
+            return [(grad_comp @ w).view(n, k, d), (grad_gates_2d @ v).view(n, k - 1, d2), grad_gates.sum(2)]
+        return z, back

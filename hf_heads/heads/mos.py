@@ -40,7 +40,7 @@ class MoSHead(ContextHead):
 
     def __init__(self, config: MoSConfig):
         super().__init__(config)
-        self.lean_width = config.num_components  # K logit vectors per token
+        self.lean_width = 2 * config.num_components  # K logit vectors per token and their log-softmaxes
         c = config
         self._build_contexts(c.num_components)
         self.prior_proj = nn.Linear(c.hidden_size, c.num_components, bias=False)
@@ -50,6 +50,10 @@ class MoSHead(ContextHead):
     def component_scores(self, logits: torch.Tensor) -> torch.Tensor:
         """Per-component score transform before the softmax (identity; MoS-PLIF deforms it)."""
         return logits
+
+    def lean_component_scores(self, logits: torch.Tensor, grads):
+        """``(component_scores(logits), back)`` for the lean loss (see ``LinearScoresHead.lean_score_transform``)."""
+        return logits, None
 
     def _contexts_and_log_priors(self, hidden: torch.Tensor):
         log_prior = torch.log_softmax(HF.linear_fp32(hidden, self.prior_proj.weight), dim=-1)
@@ -68,3 +72,11 @@ class MoSHead(ContextHead):
             s = self.component_scores(self._output_logits(ctx[:, k]))
             parts.append(s.gather(1, target[:, None]).squeeze(1) - torch.logsumexp(s, dim=-1))
         return -torch.logsumexp(torch.stack(parts, dim=1) + log_prior, dim=1)
+
+    def lean_nll_chunk(self, hidden, target, grads):
+        with torch.enable_grad():
+            ctx, log_prior = self._contexts_and_log_priors(hidden)
+        nll, grad_ctx, grad_prior, _ = self._lean_softmax_rows(
+            ctx.detach(), target, grads, log_prior=log_prior.detach(),
+            transform=lambda z: self.lean_component_scores(z, grads))
+        return nll.sum(), self._lean_backprop([ctx, log_prior], [grad_ctx, grad_prior], hidden, grads)

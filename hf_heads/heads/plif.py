@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import functional as HF
-from .base import HeadConfig, SingleSoftmaxHead, check_float, check_int, option, register_head
+from .base import HeadConfig, LinearScoresHead, check_float, check_int, option, register_head
 from .mos import MoSConfig, MoSHead
 
 
@@ -48,12 +49,26 @@ class PiecewiseLinearIncreasing(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return HF.piecewise_linear_increasing(z, self.slopes(z.dtype), self.knot_range)
 
+    def lean_forward(self, z: torch.Tensor, backprop: Callable):
+        """``(f(z), back)`` for a memory-lean loss: ``back(grad)`` returns the gradient w.r.t. ``z`` (in place
+        in ``grad``) after handing the slope parameters' gradient to ``backprop(outputs, grad_outputs)``."""
+        with torch.enable_grad():
+            slopes = self.slopes(z.dtype)
+        num_knots = slopes.shape[0]
+        bins, frac = HF.plif_bins(z, num_knots, self.knot_range)
+        out, slope_at = HF.plif_values(bins, frac, slopes.detach(), self.knot_range)
+
+        def back(grad: torch.Tensor) -> torch.Tensor:
+            backprop([slopes], [HF.plif_slope_grads(grad, bins, frac, num_knots, self.knot_range)])
+            return grad.mul_(slope_at)
+        return out, back
+
     def extra_repr(self) -> str:
         return f"num_knots={self.slope_params.shape[0]}, knot_range={self.knot_range}"
 
 
 @register_head("plif")
-class PLIFHead(SingleSoftmaxHead):
+class PLIFHead(LinearScoresHead):
     """``log p = log_softmax(f(W dropout(g) + b))`` with ``f`` a :class:`PiecewiseLinearIncreasing`.
 
     O(1) lookup per logit for any number of knots; backward keeps only the logits.
@@ -61,14 +76,17 @@ class PLIFHead(SingleSoftmaxHead):
 
     config_class = PLIFConfig
     paper = "Ganea et al. 2019, Breaking the softmax bottleneck via learnable monotonic pointwise non-linearities"
-    lean_width = 3  # logits, knot index, deformed scores
+    lean_width = 7  # logits, bins (int64), position in the bin, scores, slope per logit, log-softmax
 
     def __init__(self, config: PLIFConfig):
         super().__init__(config)
         self.plif = PiecewiseLinearIncreasing(config.num_knots, config.knot_range)
 
-    def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.plif(self._output_logits(self.dropout(hidden)))
+    def score_transform(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.plif(logits)
+
+    def lean_score_transform(self, logits, grads):
+        return self.plif.lean_forward(logits, lambda outs, gouts: self._lean_backprop(outs, gouts, None, grads))
 
 
 @dataclass
@@ -87,6 +105,10 @@ class MoSPLIFHead(MoSHead):
     def __init__(self, config: MoSPLIFConfig):
         super().__init__(config)
         self.plif = PiecewiseLinearIncreasing(config.num_knots, config.knot_range)
+        self.lean_width = PLIFHead.lean_width * config.num_components
 
     def component_scores(self, logits: torch.Tensor) -> torch.Tensor:
         return self.plif(logits)
+
+    def lean_component_scores(self, logits, grads):
+        return self.plif.lean_forward(logits, lambda outs, gouts: self._lean_backprop(outs, gouts, None, grads))

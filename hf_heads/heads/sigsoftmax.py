@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import HeadConfig, SingleSoftmaxHead, register_head
+from .base import HeadConfig, LinearScoresHead, register_head
 
 
 @dataclass
@@ -15,7 +15,7 @@ class SigsoftmaxConfig(HeadConfig):
 
 
 @register_head("sigsoftmax")
-class SigsoftmaxHead(SingleSoftmaxHead):
+class SigsoftmaxHead(LinearScoresHead):
     """``log p = log_softmax(z + logsigmoid(z))``, ``z = W dropout(g) + b``.
 
     The paper's ``exp(z) sigmoid(z) / sum`` overflows for large z; adding ``logsigmoid(z)`` to the
@@ -25,7 +25,12 @@ class SigsoftmaxHead(SingleSoftmaxHead):
 
     config_class = SigsoftmaxConfig
     paper = "Kanai et al. 2018, Sigsoftmax: reanalysis of the softmax bottleneck"
+    lean_width = 3  # logits, scores, log-softmax
 
-    def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
-        z = self._output_logits(self.dropout(hidden))
-        return z + F.logsigmoid(z)
+    def score_transform(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits + F.logsigmoid(logits)
+
+    def lean_score_transform(self, logits, grads):
+        def back(grad):  # d/dz (z + logsigmoid(z)) = 1 + sigmoid(-z)
+            return grad.mul_(logits.neg_().sigmoid_().add_(1.0))
+        return self.score_transform(logits), back

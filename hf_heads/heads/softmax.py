@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from .base import HeadConfig, SingleSoftmaxHead, register_head
+from .base import HeadConfig, LinearScoresHead, register_head
 
 
 @dataclass
@@ -14,13 +12,10 @@ class SoftmaxConfig(HeadConfig):
 
 
 @register_head("softmax")
-class SoftmaxHead(SingleSoftmaxHead):
+class SoftmaxHead(LinearScoresHead):
     """``p(x | g) = softmax(W dropout(g) + b)_x``; needs ``embedding_size == hidden_size``."""
 
     config_class = SoftmaxConfig
     paper = "the standard output layer"
     purpose = "reference"
     is_linear_softmax = True
-
-    def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._output_logits(self.dropout(hidden))
