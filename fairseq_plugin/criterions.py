@@ -51,19 +51,12 @@ class HeadCrossEntropyCriterion(FairseqCriterion):
         head = find_head(model)
         hidden = net_output[0]
         target = model.get_targets(sample, net_output)
-        if self.eps > 0:
-            # one pass through the head gives both the NLL and the smoothing term
-            lprobs = head(hidden)
-            pad = target.eq(self.padding_idx)
-            nll = -lprobs.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1).masked_fill(pad, 0.0)
-            smooth = -lprobs.sum(-1).masked_fill(pad, 0.0)
-            if reduce:
-                nll, smooth = nll.sum(), smooth.sum()
-            eps_i = self.eps / (lprobs.size(-1) - 1)
-            loss = (1.0 - self.eps - eps_i) * nll + eps_i * smooth
-        else:
-            nll = head.loss(hidden, target, ignore_index=self.padding_idx, reduction="sum" if reduce else "none")
-            loss = nll
+        # fairseq's smoothing, (1 - eps - eps_i) nll + eps_i smooth with eps_i = eps / (V - 1), is the head's
+        # (F.cross_entropy's) (1 - e) nll + (e / V) smooth with e = eps V / (V - 1); memory-lean in training
+        vocab = head.config.vocab_size
+        loss, nll = head.loss_and_nll(hidden, target, ignore_index=self.padding_idx,
+                                      reduction="sum" if reduce else "none",
+                                      label_smoothing=self.eps * vocab / (vocab - 1) if vocab > 1 else 0.0)
         if not reduce:
             loss, nll = loss.view(-1), nll.view(-1)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]

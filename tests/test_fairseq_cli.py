@@ -387,3 +387,43 @@ def test_head_criterion_equals_fairseqs_own_criteria(data, tmp_path, eps):
     torch.testing.assert_close(loss, ref_loss.to(loss.dtype), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(log["nll_loss"], ref_log.get("nll_loss", ref_log["loss"]).to(loss.dtype),
                                rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_head_criterion_trains_with_the_lean_loss_and_matches_the_reference(data, tmp_path, eps):
+    """Training mode: the criterion's loss and every gradient are the same with the memory-lean loss (the
+    default) and with the reference path (head.lean_loss = False); randomness off."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    from fairseq_plugin.criterions import HeadCrossEntropyCriterion
+
+    train_lm(data, tmp_path, "mixtape", updates=1)
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(tmp_path / "checkpoint_last.pt")])
+    model = models[0].train()
+    for m in model.modules():
+        if hasattr(m, "p") and isinstance(m.p, float):
+            m.p = 0.0  # fairseq's dropout modules
+    head = model.decoder.output_head if hasattr(model.decoder, "output_head") else None
+    head = head or next(m for m in model.modules() if m.__class__.__name__.endswith("Head"))
+    head.config.gate_noise = 0.0
+    pad = task.target_dictionary.pad()
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(4, len(task.target_dictionary), (3, 10), generator=g)
+    target = torch.randint(4, len(task.target_dictionary), (3, 10), generator=g)
+    target[0, 7:] = pad
+    sample = {"net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)}, "target": target,
+              "ntokens": int(target.ne(pad).sum())}
+    criterion = HeadCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=eps)
+    results = []
+    for lean in (True, False):
+        head.lean_loss = lean
+        model.zero_grad()
+        loss, _, _ = criterion(model, sample)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (lean_loss, lean_grads), (ref_loss, ref_grads) = results
+    torch.testing.assert_close(lean_loss, ref_loss, rtol=1e-5, atol=1e-5)
+    assert len(lean_grads) == len(ref_grads)
+    for a, b in zip(lean_grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -226,10 +226,12 @@ LEAN = [c for c in HEAD_CASES if hf_heads.get_head_class(c.name).lean_loss]  # D
 
 
 @pytest.mark.parametrize("case", LEAN, ids=[c.id for c in LEAN])
-@pytest.mark.parametrize("ignore", [False, True])
-def test_memory_lean_training_loss_equals_the_reference_path(case, ignore):
+@pytest.mark.parametrize("ignore,smoothing", [(False, 0.0), (True, 0.0), (True, 0.2)])
+def test_memory_lean_training_loss_equals_the_reference_path(case, ignore, smoothing):
     """Training mode: the chunked loss (gradients computed chunk by chunk in the forward) gives the same
-    loss and gradients as plain autograd over the whole batch (randomness off: dropout 0, no gate noise)."""
+    loss, NLL and gradients as plain autograd over the whole batch (randomness off: dropout 0, no gate
+    noise), with and without label smoothing; and the reference path equals F.cross_entropy on the
+    head's log-probs (with its label_smoothing)."""
     extra = {"gate_noise": 0.0} if "gate_noise" in hf_heads.get_head_class(case.name).config_class.__dataclass_fields__ else {}
     head = randomise(build_case(case, dtype=torch.float64, **extra)).train()
     hidden = _hidden(5, 3, dtype=torch.float64).requires_grad_()
@@ -243,12 +245,17 @@ def test_memory_lean_training_loss_equals_the_reference_path(case, ignore):
         if hidden.grad is not None:
             hidden.grad = None
         head.zero_grad(set_to_none=True)
-        loss = head.loss(hidden, target)
+        loss, nll = head.loss_and_nll(hidden, target, label_smoothing=smoothing)
         (2.5 * loss).backward()
         grads = {n: (torch.zeros_like(p) if p.grad is None else p.grad.clone()) for n, p in head.named_parameters()}
-        results.append((loss.detach(), hidden.grad.clone(), grads))
-    (ref_loss, ref_h, ref_p), (lean_loss, lean_h, lean_p) = results
+        results.append((loss.detach(), nll.detach(), hidden.grad.clone(), grads))
+        if not lean:
+            with torch.no_grad():
+                expected = F.cross_entropy(head(hidden).flatten(0, 1), target.flatten(), label_smoothing=smoothing)
+                torch.testing.assert_close(loss, expected, rtol=1e-10, atol=1e-10)
+    (ref_loss, ref_nll, ref_h, ref_p), (lean_loss, lean_nll, lean_h, lean_p) = results
     torch.testing.assert_close(lean_loss, ref_loss, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(lean_nll, ref_nll, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(lean_h, ref_h, rtol=1e-9, atol=1e-10)
     for n in ref_p:
         torch.testing.assert_close(lean_p[n], ref_p[n], rtol=1e-9, atol=1e-10, msg=n)

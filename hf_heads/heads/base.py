@@ -243,15 +243,23 @@ class OutputHead(nn.Module):
             return self.log_probs_2d(h).view(*hidden.shape[:-1], self.config.vocab_size)
 
     def loss(self, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
-             reduction: str = "mean") -> torch.Tensor:
+             reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
         """Negative log-likelihood of ``target`` (shape ``hidden.shape[:-1]``).
 
         Equals ``F.nll_loss(head(hidden).flatten(0, -2), target.flatten(), ignore_index=...,
         reduction=...)``: ``"mean"`` averages over non-ignored tokens, ``"sum"`` adds them,
-        ``"none"`` returns one value per position (0 at ignored positions).
+        ``"none"`` returns one value per position (0 at ignored positions). With ``label_smoothing`` = e
+        (``F.cross_entropy``'s convention) each token's loss is ``(1 - e) nll - (e / V) sum_v log p_v``.
         """
+        return self.loss_and_nll(hidden, target, ignore_index, reduction, label_smoothing)[0]
+
+    def loss_and_nll(self, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                     reduction: str = "mean", label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, nll)``: :meth:`loss` and the plain NLL with the same reduction, from one pass (what a
+        trainer logs next to a label-smoothed loss). The NLL carries no gradient on the lean path."""
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"{self.head_name}: reduction={reduction!r}; allowed: 'mean', 'sum', 'none'")
+        check_float(self.head_name, "label_smoothing", label_smoothing, 0.0, 1.0)
         h = self._flat_hidden(hidden)
         t = HF.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
         valid = t != ignore_index
@@ -259,21 +267,30 @@ class OutputHead(nn.Module):
         if reduction != "none" and self.lean_loss_active() and (h.requires_grad or params):
             with HF.fp32_math(h):
                 everything = bool(valid.all())
-                nll_sum = _ChunkedNLL.apply(self, h if everything else h[valid], t if everything else t[valid],
-                                            self.lean_chunk_tokens(), *params)
-            return nll_sum if reduction == "sum" else nll_sum / valid.sum()
+                loss, nll = _ChunkedNLL.apply(self, h if everything else h[valid], t if everything else t[valid],
+                                              self.lean_chunk_tokens(), float(label_smoothing), *params)
+            return (loss, nll) if reduction == "sum" else (loss / valid.sum(), nll / valid.sum())
         with HF.fp32_math(h):
-            if bool(valid.all()):
-                nll = self.nll_2d(h, t)
-            else:
-                nll = h.new_zeros(t.shape)
-                if bool(valid.any()):
-                    nll = nll.masked_scatter(valid, self.nll_2d(h[valid], t[valid]))
+            nll = loss = h.new_zeros(t.shape)
+            if bool(valid.any()):
+                if label_smoothing:
+                    lp = self.log_probs_2d(h[valid])
+                    part = -lp.gather(1, t[valid][:, None]).squeeze(1)
+                    loss = loss.masked_scatter(valid, self._smoothed(part, lp.sum(1), label_smoothing))
+                else:
+                    part = self.nll_2d(h[valid], t[valid])
+                nll = nll.masked_scatter(valid, part)
+                if not label_smoothing:
+                    loss = nll
         if reduction == "none":
-            return nll.view(target.shape)
+            return loss.view(target.shape), nll.view(target.shape)
         if reduction == "sum":
-            return nll.sum()
-        return nll.sum() / valid.sum()  # nan when every target is ignored, like F.nll_loss
+            return loss.sum(), nll.sum()
+        return loss.sum() / valid.sum(), nll.sum() / valid.sum()  # nan when every target is ignored, like F.nll_loss
+
+    def _smoothed(self, nll: torch.Tensor, log_prob_sum: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+        """Per-token label-smoothed loss ``(1 - e) nll - (e / V) sum_v log p_v``."""
+        return (1.0 - label_smoothing) * nll - (label_smoothing / self.config.vocab_size) * log_prob_sum
 
     def lean_loss_active(self) -> bool:
         """Whether :meth:`loss` takes the memory-lean path now: ``lean_loss`` on, training mode, grad enabled."""
@@ -284,19 +301,26 @@ class OutputHead(nn.Module):
         V-wide tensors of a chunk (``lean_width`` per token), at least ``LEAN_MIN_CHUNK`` tokens."""
         return max(LEAN_MIN_CHUNK, LEAN_CHUNK_ELEMENTS // (self.config.vocab_size * self.lean_width))
 
-    def lean_nll_chunk(self, hidden: torch.Tensor, target: torch.Tensor,
-                       grads: Dict[nn.Parameter, torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """One chunk of the memory-lean loss: ``(summed NLL, its gradient w.r.t. hidden)``.
+    def lean_nll_chunk(self, hidden: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
+                       label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """One chunk of the memory-lean loss: ``(summed loss, summed NLL, gradient of the loss w.r.t. hidden)``.
 
         ``hidden`` ``[n, d1]`` is a leaf in the compute dtype (requiring grad or not: the gradient is then
-        None); the gradient of the sum with respect to every parameter in ``grads`` is added to
-        ``grads[param]`` (float accumulators). This default runs autograd on :meth:`nll_2d`; heads override it
-        with hand-written gradients for their V-wide part (:meth:`_lean_softmax_rows`) and autograd for the
-        rest (:meth:`_lean_backprop`). Tests hold every override to the reference path.
+        None); the gradient of the summed loss with respect to every parameter in ``grads`` is added to
+        ``grads[param]`` (float accumulators). The loss is the NLL, label-smoothed as in :meth:`loss`. This
+        default runs autograd on :meth:`nll_2d` (:meth:`log_probs_2d` with label smoothing); heads override
+        it with hand-written gradients for their V-wide part (:meth:`_lean_softmax_rows`) and autograd for
+        the rest (:meth:`_lean_backprop`). Tests hold every override to the reference path.
         """
         with torch.enable_grad():
-            nll = self.nll_2d(hidden, target).sum()
-        return nll.detach(), self._lean_backprop([nll], [torch.ones_like(nll)], hidden, grads)
+            if label_smoothing:
+                lp = self.log_probs_2d(hidden)
+                nll = -lp.gather(1, target[:, None]).squeeze(1)
+                loss = self._smoothed(nll, lp.sum(1), label_smoothing).sum()
+            else:
+                nll = self.nll_2d(hidden, target)
+                loss = nll.sum()
+        return loss.detach(), nll.sum().detach(), self._lean_backprop([loss], [torch.ones_like(loss)], hidden, grads)
 
     def _lean_backprop(self, outputs, grad_outputs, hidden: Optional[torch.Tensor],
                        grads: Dict[nn.Parameter, torch.Tensor]) -> Optional[torch.Tensor]:
@@ -322,15 +346,17 @@ class OutputHead(nn.Module):
 
     def _lean_softmax_rows(self, x: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
                            log_prior: Optional[torch.Tensor] = None, transform: Optional[Callable] = None,
-                           prefix: Optional[torch.Tensor] = None):
+                           prefix: Optional[torch.Tensor] = None, label_smoothing: float = 0.0):
         """The V-wide part of the lean loss, forward and backward by hand, for K softmaxes per token.
 
         Component k of token i: ``log_softmax(f([prefix_i, x_ik W[S:]^T + b[S:]]))`` (S = prefix width, 0 by
         default; f = ``transform``, elementwise, identity by default), mixed with ``log_prior`` ``[n, K]``
         in log space when given (K must be 1 otherwise). ``x`` ``[n, K, d]`` is detached.
 
-        Returns ``(nll [n], grad_x [n, K, d], grad_log_prior [n, K] or None, grad_prefix [n, S] or None)``
-        and adds the gradients of W and b to ``grads``. ``transform(logits)`` returns ``(scores, back)`` with
+        ``label_smoothing`` (one softmax only: no ``log_prior``) smooths the loss as in :meth:`loss`.
+
+        Returns ``(loss [n], nll [n], grad_x [n, K, d], grad_log_prior [n, K] or None, grad_prefix [n, S] or
+        None)`` and adds the gradients of W and b to ``grads``. ``transform(logits)`` returns ``(scores, back)`` with
         ``back(grad_scores) -> grad_logits`` (None for the identity). The gradient of the logits is
         ``r_ik (softmax - onehot)`` (r: the components' posterior responsibilities), made in place in the
         log-softmax; the weight gradient accumulates straight into ``grads`` with ``addmm_``.
@@ -352,15 +378,20 @@ class OutputHead(nn.Module):
         logp_t = logp.gather(1, t).squeeze(1)
         if log_prior is None:
             nll, weight, grad_prior = -logp_t, None, None
+            loss = nll if not label_smoothing else self._smoothed(nll, logp.sum(1), label_smoothing)
         else:
+            if label_smoothing:
+                raise ValueError(f"{self.head_name}: label smoothing of a mixture is not done by hand here")
             joint = logp_t.view(n, k) + log_prior
             total = torch.logsumexp(joint, dim=1)
-            nll = -total
+            nll = loss = -total
             resp = (joint - total[:, None]).exp()  # posterior responsibilities of the components
             weight, grad_prior = resp.reshape(-1, 1), -resp
         grad = logp.exp_()  # softmax, in place
-        if weight is None:
-            grad.scatter_add_(1, t, grad.new_full(t.shape, -1.0))
+        if weight is None:  # smoothed: softmax - (1 - e) onehot - e / V
+            if label_smoothing:
+                grad.sub_(label_smoothing / self.config.vocab_size)
+            grad.scatter_add_(1, t, grad.new_full(t.shape, label_smoothing - 1.0))
         else:
             grad.mul_(weight).scatter_add_(1, t, -weight)
         if back is not None:
@@ -372,7 +403,7 @@ class OutputHead(nn.Module):
             grads[self.weight][lo:].addmm_(grad_lin.t(), rows)
         if self.bias is not None and self.bias in grads:
             grads[self.bias][lo:] += grad_lin.sum(0)
-        return nll, grad_x, grad_prior, grad_prefix
+        return loss, nll, grad_x, grad_prior, grad_prefix
 
     def aux_loss(self) -> torch.Tensor:
         """Scalar regulariser to add to the training loss; 0 for heads without one."""
@@ -436,28 +467,30 @@ class _ChunkedNLL(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, head, hidden, target, chunk, *params):
+    def forward(ctx, head, hidden, target, chunk, label_smoothing, *params):
         want_h = hidden.requires_grad
         grad_h = torch.zeros_like(hidden) if want_h else None
         # float accumulators (float64 for float64 math) whatever the parameters' dtype
         grads = {p: torch.zeros_like(p, dtype=hidden.dtype) for p in params}
-        total = hidden.new_zeros(())  # hidden is in the compute dtype already (float32 or float64)
+        total, total_nll = hidden.new_zeros(()), hidden.new_zeros(())  # hidden is in the compute dtype already
         for start in range(0, hidden.shape[0], chunk):
             h = hidden[start:start + chunk].detach().requires_grad_(want_h)
-            loss, got = head.lean_nll_chunk(h, target[start:start + chunk], grads)
+            loss, nll, got = head.lean_nll_chunk(h, target[start:start + chunk], grads, label_smoothing)
             total += loss
+            total_nll += nll
             if want_h:
                 grad_h[start:start + chunk] = got
         ctx.want_h = want_h
         ctx.dtypes = [p.dtype for p in params]
         ctx.save_for_backward(*([grad_h] if want_h else []), *grads.values())
-        return total
+        ctx.mark_non_differentiable(total_nll)
+        return total, total_nll
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_nll):
         saved = list(ctx.saved_tensors)
         grad_h = saved.pop(0) * grad_out if ctx.want_h else None
-        return (None, grad_h, None, None, *[(g * grad_out).to(dt) for g, dt in zip(saved, ctx.dtypes)])
+        return (None, grad_h, None, None, None, *[(g * grad_out).to(dt) for g, dt in zip(saved, ctx.dtypes)])
 
 
 class SingleSoftmaxHead(OutputHead):
@@ -504,9 +537,10 @@ class LinearScoresHead(SingleSoftmaxHead):
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.score_transform(self._output_logits(self.dropout(hidden)))
 
-    def lean_nll_chunk(self, hidden, target, grads):
+    def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0):
         with torch.enable_grad():
             x = self.dropout(hidden)
-        nll, grad_x, _, _ = self._lean_softmax_rows(x.detach()[:, None], target, grads,
-                                                    transform=lambda z: self.lean_score_transform(z, grads))
-        return nll.sum(), self._lean_backprop([x], [grad_x[:, 0]], hidden, grads)
+        loss, nll, grad_x, _, _ = self._lean_softmax_rows(
+            x.detach()[:, None], target, grads, transform=lambda z: self.lean_score_transform(z, grads),
+            label_smoothing=label_smoothing)
+        return loss.sum(), nll.sum(), self._lean_backprop([x], [grad_x[:, 0]], hidden, grads)

@@ -133,7 +133,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             return freq_logits
         return torch.cat([freq_logits, self._output_logits(mixed, slice(self.config.num_frequent, None))], dim=-1)
 
-    def lean_nll_chunk(self, hidden, target, grads):
+    def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0):
         """Memory-lean chunk: the contexts and gate inputs (O(n K d)) under autograd; the frequent ids' gated
         logits (:meth:`_lean_frequent_logits`) and the V-wide softmax with hand-written gradients."""
         c = self.config
@@ -151,12 +151,13 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
                 mixed = torch.einsum("nk,nkd->nd", shared_prior, ctx)
                 small = [ctx, gate_ctx, shared]
         freq, back = self._lean_frequent_logits(*(t.detach() for t in small), grads) if small else (None, None)
-        nll, grad_mixed, _, grad_freq = self._lean_softmax_rows(mixed.detach()[:, None], target, grads, prefix=freq)
+        loss, nll, grad_mixed, _, grad_freq = self._lean_softmax_rows(
+            mixed.detach()[:, None], target, grads, prefix=freq, label_smoothing=label_smoothing)
         outputs, grad_outputs = [mixed], [grad_mixed[:, 0]]
         if small:
             outputs += small
             grad_outputs += back(grad_freq)
-        return nll.sum(), self._lean_backprop(outputs, grad_outputs, hidden, grads)
+        return loss.sum(), nll.sum(), self._lean_backprop(outputs, grad_outputs, hidden, grads)
 
     def _lean_frequent_logits(self, ctx: torch.Tensor, gate_ctx: torch.Tensor, shared: torch.Tensor, grads):
         """``(z[:, :S], back)``, forward and backward by hand: component logits ``h_k . w_x`` and gate

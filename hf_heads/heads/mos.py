@@ -73,10 +73,12 @@ class MoSHead(ContextHead):
             parts.append(s.gather(1, target[:, None]).squeeze(1) - torch.logsumexp(s, dim=-1))
         return -torch.logsumexp(torch.stack(parts, dim=1) + log_prior, dim=1)
 
-    def lean_nll_chunk(self, hidden, target, grads):
+    def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0):
+        if label_smoothing:  # needs the mixture's log-probs of every id: autograd on the chunk
+            return super().lean_nll_chunk(hidden, target, grads, label_smoothing)
         with torch.enable_grad():
             ctx, log_prior = self._contexts_and_log_priors(hidden)
-        nll, grad_ctx, grad_prior, _ = self._lean_softmax_rows(
+        loss, nll, grad_ctx, grad_prior, _ = self._lean_softmax_rows(
             ctx.detach(), target, grads, log_prior=log_prior.detach(),
             transform=lambda z: self.lean_component_scores(z, grads))
-        return nll.sum(), self._lean_backprop([ctx, log_prior], [grad_ctx, grad_prior], hidden, grads)
+        return loss.sum(), nll.sum(), self._lean_backprop([ctx, log_prior], [grad_ctx, grad_prior], hidden, grads)
