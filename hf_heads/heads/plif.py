@@ -59,7 +59,8 @@ class PiecewiseLinearIncreasing(nn.Module):
         out, slope_at = HF.plif_values(bins, frac, slopes.detach(), self.knot_range)
 
         def back(grad: torch.Tensor) -> torch.Tensor:
-            backprop([slopes], [HF.plif_slope_grads(grad, bins, frac, num_knots, self.knot_range)])
+            if slopes.requires_grad:
+                backprop([slopes], [HF.plif_slope_grads(grad, bins, frac, num_knots, self.knot_range)])
             return grad.mul_(slope_at)
         return out, back
 
