@@ -102,54 +102,50 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             return gate_logits + self.config.gate_noise * torch.randn_like(gate_logits)
         return gate_logits
 
-    def _frequent_logits_and_mixed_context(self, hidden: torch.Tensor):
-        """``(z[:, :S], m)``: float32 logits of the S frequent ids (bias included) and the shared-prior mixture
-        of the contexts ``m = sum_k pi_k h_k`` ``[N, d]``, whose product with ``W[S:]`` gives the others."""
+    def _gate_inputs(self, hidden: torch.Tensor):
+        """``(ctx, shared, gate_ctx, m)``: the contexts ``[N, K, d]``, the shared gate pre-activations
+        ``u_k . g'`` ``[N, K-1]``, the gate contexts ``dropout(tanh(U_k g' + a_k))`` ``[N, K-1, d2]`` and the
+        shared-prior mixture of the contexts ``m = sum_k pi_k h_k`` ``[N, d]`` (whose product with ``W[S:]``
+        gives the logits of the ids without their own gates). With one gate: ``(ctx, None, None, h_1)``."""
         c = self.config
-        k, s = c.num_gates, c.num_frequent
+        k = c.num_gates
         g = hidden * self.context_input_scale
-        ctx = self.contexts(g)                                                         # [N, K, d]
+        ctx = self.contexts(g)
         if k == 1:
-            return self._output_logits(ctx[:, 0], slice(None, s)), ctx[:, 0]
-        shared = HF.linear_fp32(g, self.shared_gate.weight)                            # [N, K-1]
+            return ctx, None, None, ctx[:, 0]
+        shared = HF.linear_fp32(g, self.shared_gate.weight)
         gate_ctx = torch.tanh(HF.linear_fp32(g, self._gate_weight(), self.gate_proj.bias))
-        gate_ctx = self.gate_dropout(gate_ctx.view(-1, k - 1, c.gate_embedding_size))  # [N, K-1, d2]
-        # frequent ids: own gate priors -> vector gating in logit space
-        freq_gates = torch.einsum("nke,se->nsk", gate_ctx, self.gate_embedding.to(g.dtype))
-        freq_gates = self._noisy(freq_gates + shared[:, None, :] + self.gate_bias.to(g.dtype))
-        freq_prior = HF.sigmoid_tree_log_priors(freq_gates).exp()                      # [N, S, K]
-        comp = torch.einsum("nkd,sd->nsk", ctx, self.weight[:s].to(g.dtype))           # [N, S, K]
-        freq_logits = (freq_prior * comp).sum(-1)
-        if self.bias is not None:
-            freq_logits = freq_logits + self.bias[:s].to(g.dtype)
-        # other ids: one shared prior -> mix the contexts first (scalar mixture)
-        shared_prior = HF.sigmoid_tree_log_priors(self._noisy(shared)).exp()         # [N, K]
-        return freq_logits, torch.einsum("nk,nkd->nd", shared_prior, ctx)
+        gate_ctx = self.gate_dropout(gate_ctx.view(-1, k - 1, c.gate_embedding_size))
+        # one shared prior -> mix the contexts first (scalar mixture)
+        shared_prior = HF.sigmoid_tree_log_priors(self._noisy(shared)).exp()           # [N, K]
+        return ctx, shared, gate_ctx, torch.einsum("nk,nkd->nd", shared_prior, ctx)
 
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 Mixtape logits ``z`` ``[N, V]`` (one softmax of these gives the distribution)."""
-        freq_logits, mixed = self._frequent_logits_and_mixed_context(hidden)
-        if self.config.num_frequent == self.config.vocab_size:
+        c = self.config
+        s = c.num_frequent
+        ctx, shared, gate_ctx, mixed = self._gate_inputs(hidden)
+        if shared is None:
+            return self._output_logits(mixed)
+        # frequent ids: own gate priors -> vector gating in logit space
+        dt = ctx.dtype
+        freq_gates = torch.einsum("nke,se->nsk", gate_ctx, self.gate_embedding.to(dt))
+        freq_gates = self._noisy(freq_gates + shared[:, None, :] + self.gate_bias.to(dt))
+        freq_prior = HF.sigmoid_tree_log_priors(freq_gates).exp()                      # [N, S, K]
+        comp = torch.einsum("nkd,sd->nsk", ctx, self.weight[:s].to(dt))                # [N, S, K]
+        freq_logits = (freq_prior * comp).sum(-1)
+        if self.bias is not None:
+            freq_logits = freq_logits + self.bias[:s].to(dt)
+        if s == c.vocab_size:
             return freq_logits
-        return torch.cat([freq_logits, self._output_logits(mixed, slice(self.config.num_frequent, None))], dim=-1)
+        return torch.cat([freq_logits, self._output_logits(mixed, slice(s, None))], dim=-1)
 
     def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0):
         """Memory-lean chunk: the contexts and gate inputs (O(n K d)) under autograd; the frequent ids' gated
         logits (:meth:`_lean_frequent_logits`) and the V-wide softmax with hand-written gradients."""
-        c = self.config
-        k, s = c.num_gates, c.num_frequent
         with torch.enable_grad():
-            g = hidden * self.context_input_scale
-            ctx = self.contexts(g)                                                     # [n, K, d]
-            if k == 1:  # one context: every id is a plain softmax over h_1
-                mixed, small = ctx[:, 0], []
-            else:
-                shared = HF.linear_fp32(g, self.shared_gate.weight)                    # [n, K-1]
-                gate_ctx = torch.tanh(HF.linear_fp32(g, self._gate_weight(), self.gate_proj.bias))
-                gate_ctx = self.gate_dropout(gate_ctx.view(-1, k - 1, c.gate_embedding_size))
-                shared_prior = HF.sigmoid_tree_log_priors(self._noisy(shared)).exp()
-                mixed = torch.einsum("nk,nkd->nd", shared_prior, ctx)
-                small = [ctx, gate_ctx, shared]
+            ctx, shared, gate_ctx, mixed = self._gate_inputs(hidden)
+        small = [] if shared is None else [ctx, gate_ctx, shared]  # one gate: a plain softmax over h_1
         freq, back = self._lean_frequent_logits(*(t.detach() for t in small), grads) if small else (None, None)
         loss, nll, grad_mixed, _, grad_freq = self._lean_softmax_rows(
             mixed.detach()[:, None], target, grads, prefix=freq, label_smoothing=label_smoothing)
