@@ -273,20 +273,24 @@ class OutputHead(nn.Module):
         with HF.fp32_math(h):
             nll = loss = h.new_zeros(t.shape)
             if bool(valid.any()):
-                if label_smoothing:
-                    lp = self.log_probs_2d(h[valid])
-                    part = -lp.gather(1, t[valid][:, None]).squeeze(1)
-                    loss = loss.masked_scatter(valid, self._smoothed(part, lp.sum(1), label_smoothing))
-                else:
-                    part = self.nll_2d(h[valid], t[valid])
-                nll = nll.masked_scatter(valid, part)
-                if not label_smoothing:
-                    loss = nll
+                loss_part, nll_part = self._loss_and_nll_2d(h[valid], t[valid], label_smoothing)
+                nll = nll.masked_scatter(valid, nll_part)
+                loss = nll if loss_part is nll_part else loss.masked_scatter(valid, loss_part)
         if reduction == "none":
             return loss.view(target.shape), nll.view(target.shape)
         if reduction == "sum":
             return loss.sum(), nll.sum()
         return loss.sum() / valid.sum(), nll.sum() / valid.sum()  # nan when every target is ignored, like F.nll_loss
+
+    def _loss_and_nll_2d(self, hidden: torch.Tensor, target: torch.Tensor, label_smoothing: float):
+        """Per-token ``(loss, nll)`` for valid targets; the same tensor twice without label smoothing (then
+        via :meth:`nll_2d`, which may skip the full log-probs)."""
+        if not label_smoothing:
+            nll = self.nll_2d(hidden, target)
+            return nll, nll
+        lp = self.log_probs_2d(hidden)
+        nll = -lp.gather(1, target[:, None]).squeeze(1)
+        return self._smoothed(nll, lp.sum(1), label_smoothing), nll
 
     def _smoothed(self, nll: torch.Tensor, log_prob_sum: torch.Tensor, label_smoothing: float) -> torch.Tensor:
         """Per-token label-smoothed loss ``(1 - e) nll - (e / V) sum_v log p_v``."""
@@ -313,13 +317,8 @@ class OutputHead(nn.Module):
         the rest (:meth:`_lean_backprop`). Tests hold every override to the reference path.
         """
         with torch.enable_grad():
-            if label_smoothing:
-                lp = self.log_probs_2d(hidden)
-                nll = -lp.gather(1, target[:, None]).squeeze(1)
-                loss = self._smoothed(nll, lp.sum(1), label_smoothing).sum()
-            else:
-                nll = self.nll_2d(hidden, target)
-                loss = nll.sum()
+            loss, nll = self._loss_and_nll_2d(hidden, target, label_smoothing)
+            loss = loss.sum()
         return loss.detach(), nll.sum().detach(), self._lean_backprop([loss], [torch.ones_like(loss)], hidden, grads)
 
     def _lean_backprop(self, outputs, grad_outputs, hidden: Optional[torch.Tensor],
