@@ -171,6 +171,9 @@ class OutputHead(nn.Module):
     #: V-wide float tensors per token alive in one chunk of the lean loss (logits and their log-softmax for
     #: one softmax); sets the chunk size, see :meth:`lean_chunk_tokens`
     lean_width = 2
+    #: rows per token of the chunk's matrix products (K for a mixture of K softmaxes); the chunk's minimum
+    #: ``LEAN_MIN_CHUNK`` counts rows, so MoS-15 does not hold 15 x 256 logit rows for speed it does not gain
+    lean_rows = 1
     #: whether the head's distribution is ``softmax(W g + b)`` (exactly, or approximated at inference
     #: only): such heads convert into one another with :func:`hf_heads.convert_head`
     is_linear_softmax = False
@@ -302,8 +305,10 @@ class OutputHead(nn.Module):
 
     def lean_chunk_tokens(self) -> int:
         """Tokens per chunk of the memory-lean training loss: about ``LEAN_CHUNK_ELEMENTS`` values in all the
-        V-wide tensors of a chunk (``lean_width`` per token), at least ``LEAN_MIN_CHUNK`` tokens."""
-        return max(LEAN_MIN_CHUNK, LEAN_CHUNK_ELEMENTS // (self.config.vocab_size * self.lean_width))
+        V-wide tensors of a chunk (``lean_width`` per token), at least ``LEAN_MIN_CHUNK`` matrix-product rows
+        (``lean_rows`` per token)."""
+        return max(-(-LEAN_MIN_CHUNK // self.lean_rows),
+                   LEAN_CHUNK_ELEMENTS // (self.config.vocab_size * self.lean_width))
 
     def lean_nll_chunk(self, hidden: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
                        label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:

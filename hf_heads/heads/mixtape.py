@@ -71,8 +71,6 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
 
     def __init__(self, config: MixtapeConfig):
         super().__init__(config)
-        # one softmax (logits, log-softmax); the frequent ids' K-wide tensors are a fraction r of a V-wide one
-        self.lean_width = 2
         c = config
         k, d1, d2, s = c.num_gates, c.hidden_size, c.gate_embedding_size, c.num_frequent
         self.context_input_scale = d1 ** -0.5

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from . import functional as HF
-from .base import LEAN_CHUNK_ELEMENTS, LEAN_MIN_CHUNK, check_int, option, register_head
+from .base import check_int, option, register_head
 from .contexts import ContextConfig, ContextHead
 
 
@@ -41,17 +41,12 @@ class MoSHead(ContextHead):
     def __init__(self, config: MoSConfig):
         super().__init__(config)
         self.lean_width = 2 * config.num_components  # K logit vectors per token and their log-softmaxes
+        self.lean_rows = config.num_components
         c = config
         self._build_contexts(c.num_components)
         self.prior_proj = nn.Linear(c.hidden_size, c.num_components, bias=False)
         if c.identity_init:
             self.init_contexts_as_identity()
-
-    def lean_chunk_tokens(self) -> int:
-        """As for every head, but the minimum counts matrix-product rows (K per token), not tokens: MoS-15
-        at V = 10k then keeps about a third of the memory at the same speed."""
-        return max(-(-LEAN_MIN_CHUNK // self.config.num_components),
-                   LEAN_CHUNK_ELEMENTS // (self.config.vocab_size * self.lean_width))
 
     def component_scores(self, logits: torch.Tensor) -> torch.Tensor:
         """Per-component score transform before the softmax (identity; MoS-PLIF deforms it)."""
