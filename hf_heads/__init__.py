@@ -26,16 +26,17 @@ from .io import build_head, load_head, save_head
 __version__ = "0.1.0"
 
 __all__ = ["HeadConfig", "OutputHead", "available_heads", "build_head", "convert_head", "get_head_class", "load_head",
-           "register_head", "save_head", "swap_head", "output_head", "__version__"]
+           "register_head", "save_head", "swap_head", "output_head", "head_config", "__version__"]
 
 if _importlib_util.find_spec("transformers") is not None:
     # the HF adapter: AutoConfig learns model_type "softmax-heads" (cheap: no model code is imported)
-    from .hf import output_head, register_auto_classes as _register_auto_classes, swap_head
+    from .hf import head_config, output_head, register_auto_classes as _register_auto_classes, swap_head
 
     _register_auto_classes()
 else:
-    def swap_head(model, name, **options):
+    def swap_head(*args, **options):
         """Needs transformers: ``pip install softmax-heads[hf]``."""
-        raise ImportError("hf_heads.swap_head needs HuggingFace transformers: pip install 'softmax-heads[hf]'")
+        raise ImportError("hf_heads.swap_head, head_config and output_head need HuggingFace transformers: "
+                          "pip install 'softmax-heads[hf]'")
 
-    output_head = swap_head
+    output_head = head_config = swap_head

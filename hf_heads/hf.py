@@ -62,14 +62,57 @@ class SoftmaxHeadsConfig(PretrainedConfig):
 
     model_type = MODEL_TYPE
 
+    def __new__(cls, *args, **kwargs):
+        # AutoConfig.for_model("softmax-heads", base_model_type=..., output_head=..., **base options) calls this
+        # class: build the wrapped family's head config instead (not an instance of this class, so Python does
+        # not run __init__ on it again), which the Auto model classes know
+        if cls is not SoftmaxHeadsConfig:
+            return super().__new__(cls)
+        config = head_config_class(_base_config_class(_required_base_type(kwargs)))(*args, **kwargs)
+        _register_model_classes(config)
+        return config
+
     @classmethod
     def from_dict(cls, config_dict: Dict[str, Any], **kwargs):
-        base = config_dict.get("base_model_type")
-        if not base:
-            raise ValueError(f"a {MODEL_TYPE} config needs 'base_model_type' (the wrapped model's type, e.g. 'gpt2')")
-        result = head_config_class(_base_config_class(base)).from_dict(config_dict, **kwargs)
+        result = head_config_class(_base_config_class(_required_base_type(config_dict))).from_dict(config_dict, **kwargs)
         _register_model_classes(result[0] if isinstance(result, tuple) else result)
         return result
+
+
+def _required_base_type(options: Dict[str, Any]) -> str:
+    base = options.get("base_model_type")
+    if not base:
+        raise ValueError(
+            f"a {MODEL_TYPE} config needs base_model_type, the wrapped model's type, and output_head: e.g. "
+            f"AutoConfig.for_model({MODEL_TYPE!r}, base_model_type='gpt2', output_head={{'name': 'mixtape', "
+            f"'options': {{}}}}, n_layer=2), or hf_heads.head_config(GPT2Config(...), 'mixtape')")
+    return base
+
+
+def head_config(base_config, name: str, use_bias: bool = False, **options) -> PretrainedConfig:
+    """A config for a new model whose output layer is the head ``name``: ``base_config`` (any causal or seq2seq
+    LM config, e.g. ``GPT2Config(n_layer=2)``) with model type ``softmax-heads``.
+
+    ``AutoModelForCausalLM.from_config(head_config(GPT2Config(...), "mixtape", num_gates=4))`` (or
+    ``AutoModelForSeq2SeqLM`` for a seq2seq config) builds the model with the head, freshly initialised;
+    ``save_pretrained`` / ``from_pretrained`` restore it. The same as ``AutoConfig.for_model("softmax-heads",
+    base_model_type=..., output_head={"name": name, "options": options}, **base options)``. Options are
+    checked here, by building the head once on the meta device.
+    """
+    if not isinstance(base_config, PretrainedConfig):
+        raise ValueError(f"head_config: expected a transformers config (e.g. GPT2Config(...)), got "
+                         f"{type(base_config).__name__}")
+    if base_config.model_type == MODEL_TYPE:
+        raise ValueError(f"head_config: the config already names a head ({base_config.output_head['name']}); "
+                         f"start from the base model's config")
+    spec = {"name": name, "options": dict(options), "use_bias": bool(use_bias)}
+    vocab, hidden = base_config.vocab_size, base_config.get_text_config().hidden_size
+    with torch.device("meta"):
+        build_head(name, hidden_size=hidden, vocab_size=vocab, use_bias=spec["use_bias"], **options)
+    config = head_config_class(type(base_config)).from_dict(
+        {**base_config.to_dict(), "base_model_type": base_config.model_type, "output_head": spec})
+    _register_model_classes(config)
+    return config
 
 
 def _register_model_classes(config) -> None:
@@ -141,18 +184,56 @@ class HeadModelMixin:
             for k in [k for k in self.all_tied_weights_keys if k.startswith(prefix)]:
                 del self.all_tied_weights_keys[k]
 
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers' resize (input embedding, then the output projection, new rows from the old rows' mean
+        and covariance with ``mean_resizing``), with the head resized through :meth:`OutputHead.resize_vocab`:
+        transformers resizes a plain ``nn.Linear`` standing in for the head, whose rows the head then takes."""
+        head = self.get_output_embeddings()
+        if not isinstance(head, OutputHead):
+            if running_head(head) is not None:
+                raise ValueError("resize_token_embeddings: the head is wrapped by PEFT (modules_to_save); resize "
+                                 "the model before get_peft_model")
+            return super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        size = head.config.vocab_size if new_num_tokens is None else new_num_tokens
+        if pad_to_multiple_of is not None:
+            size = -(-size // pad_to_multiple_of) * pad_to_multiple_of
+        head.check_resize_vocab(size)  # a head that cannot resize refuses before anything changes
+        before = head.config.to_dict()
+        tied = head.weight is getattr(self.get_input_embeddings(), "weight", None)
+        stand_in = nn.Linear(head.config.embedding_size, head.config.vocab_size, bias=head.bias is not None,
+                             device="meta")
+        stand_in.weight, stand_in.bias = head.weight, head.bias
+        if head.weight.dim() == 3:  # DS-Softmax's experts: transformers draws the new rows from their mean
+            stand_in.weight = nn.Parameter(head.weight.detach().mean(0))
+            stand_in.bias = None if head.bias is None else nn.Parameter(head.bias.detach().mean(0))
+        with _head_replaced_by(self, stand_in):
+            embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+            resized = self.get_output_embeddings()
+        if tied:  # transformers re-ties after this; the head's own state follows the input embedding's rows
+            head.resize_vocab(size, weight=embeddings.weight, bias=resized.bias)
+            head.tie_weight(embeddings)
+        else:
+            head.resize_vocab(size, weight=resized.weight, bias=resized.bias)
+        # options the resize changed (Mixtape's frequent_fraction) go into the config from_pretrained builds from
+        self.config.output_head["options"].update(
+            {k: v for k, v in head.config.to_dict().items() if v != before[k] and k != "vocab_size"})
+        final_bias = getattr(self, "final_logits_bias", None)
+        if torch.is_tensor(final_bias):  # BART, Marian: folded into the head's bias at the swap
+            final_bias.zero_()
+        return embeddings
+
     def _lean_loss_applies(self, kwargs) -> bool:
         """Train with the head's memory-lean loss: labels given as a keyword, grad enabled, training mode, the
         head's ``lean_loss`` on, a ModelOutput returned and every position scored (no ``logits_to_keep``)."""
-        head = self.get_output_embeddings()
-        return (kwargs.get("labels") is not None and isinstance(head, OutputHead) and head.lean_loss_active()
+        head = running_head(self.get_output_embeddings())
+        return (kwargs.get("labels") is not None and head is not None and head.lean_loss_active()
                 and kwargs.get("return_dict", getattr(self.config, "return_dict", True)) is not False
                 and not kwargs.get("logits_to_keep"))
 
     def _add_aux_loss(self, out, labels_given: bool):
         if not self.training:  # a regulariser: evaluation losses stay the plain NLL
             return out
-        aux = self.get_output_embeddings().aux_loss()
+        aux = running_head(self.get_output_embeddings()).aux_loss()
         loss = out.get("loss") if isinstance(out, dict) else None
         if loss is not None:
             out["loss"] = loss + aux.to(loss.dtype)
@@ -167,6 +248,13 @@ def _forward_with_aux_loss(base_forward):
 
     @functools.wraps(base_forward)
     def forward(self, *args, **kwargs):
+        labels = kwargs.get("labels")
+        if torch.is_tensor(labels) and (labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool):
+            # in training the head's loss checks them; in evaluation the model's own cross-entropy would fail
+            # with a message about its kernels, so check here for both
+            head = running_head(self.get_output_embeddings())
+            raise ValueError(f"{head.head_name if head else type(self).__name__}: labels have dtype {labels.dtype}; "
+                             f"expected token ids (torch.long), -100 where ignored")
         if self._lean_loss_applies(kwargs):
             return self._add_aux_loss(_lean_forward(self, base_forward, args, kwargs), True)
         return self._add_aux_loss(base_forward(self, *args, **kwargs), kwargs.get("labels") is not None)
@@ -187,9 +275,31 @@ class _HiddenCapture(nn.Module):
         return hidden.new_zeros(()).expand(*hidden.shape[:-1], self.vocab_size)
 
 
+def running_head(module: Optional[nn.Module]) -> Optional[OutputHead]:
+    """The head that the output layer ``module`` runs: ``module`` itself, or, when PEFT wrapped it
+    (``modules_to_save=["lm_head"]``: a ``ModulesToSaveWrapper`` holding the original and a trainable copy
+    per adapter), the copy of the active adapter (the original with adapters disabled); None if no head."""
+    if isinstance(module, OutputHead):
+        return module
+    original = getattr(module, "original_module", None)
+    if not isinstance(original, OutputHead):
+        return None
+    active = list(getattr(module, "active_adapters", None) or [])
+    copies = getattr(module, "modules_to_save", None) or {}
+    if getattr(module, "disable_adapters", False) or not active or active[0] not in copies:
+        return original
+    copy = running_head(copies[active[0]])
+    if copy is None:  # PEFT's ensure_weight_tying=True puts a plain nn.Linear sharing the tied weight there
+        raise ValueError(
+            f"PEFT replaced the {original.head_name} head by a plain {type(copies[active[0]]).__name__} for adapter "
+            f"{active[0]!r} (modules_to_save with ensure_weight_tying=True), so the model would no longer run the head; "
+            f"use ensure_weight_tying=False (PEFT's default) to train a copy of the head")
+    return copy
+
+
 @contextlib.contextmanager
 def _head_replaced_by(model, stand_in: nn.Module):
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings()  # (a wrapper around the head, e.g. PEFT's, is replaced as a whole)
     path = next(name for name, m in model.named_modules() if m is head)
     parent_path, _, attr = path.rpartition(".")
     parent = model.get_submodule(parent_path)
@@ -203,7 +313,7 @@ def _head_replaced_by(model, stand_in: nn.Module):
 def _lean_forward(model, base_forward, args, kwargs):
     """The model's forward without labels (the head captured instead of run), then the head's lean loss on the
     captured hidden states against the labels as the model would have used them."""
-    head = model.get_output_embeddings()
+    head = running_head(model.get_output_embeddings())
     kwargs = dict(kwargs)
     labels = kwargs.pop("labels")
     shift_labels = kwargs.pop("shift_labels", None)
@@ -265,7 +375,7 @@ def _output_bias(model, old: nn.Module) -> Tuple[torch.Tensor, bool]:
     return bias, used
 
 
-def swap_head(model, name: str, **options) -> nn.Module:
+def swap_head(model, name: str, *, frequency_order=None, token_counts=None, **options) -> nn.Module:
     """Replace the output layer of a transformers LM by the head ``name``, in place; returns ``model``.
 
     The head's output embedding starts from the model's (and its bias from ``lm_head.bias`` +
@@ -275,6 +385,12 @@ def swap_head(model, name: str, **options) -> nn.Module:
     subclass), its config records the head, and ``save_pretrained`` / ``from_pretrained`` restore it.
     Works for any model with ``get_output_embeddings()`` returning a ``V x d`` projection: causal LMs
     (GPT-2, Llama family, ...) and seq2seq LMs (BART, Marian, T5, ...).
+
+    Heads that need token ids ordered by frequency (Mixtape's gate sharing, class_softmax, d_softmax) take the
+    order of the model's vocabulary from ``token_counts`` (V counts in id order, e.g.
+    ``hf_heads.count_tokens(train_ids, V)``) or ``frequency_order`` (ids, most frequent first); without either
+    they assume ids are sorted already (fairseq dictionaries are; BPE vocabularies such as GPT-2's are not).
+    The order is a buffer of the head, saved with its weights.
     """
     from transformers import PreTrainedModel
 
@@ -291,8 +407,9 @@ def swap_head(model, name: str, **options) -> nn.Module:
     inputs = model.get_input_embeddings()
     tied = inputs is not None and getattr(inputs, "weight", None) is weight
     bias, use_bias = _output_bias(model, old)
+    order = {k: v for k, v in (("frequency_order", frequency_order), ("token_counts", token_counts)) if v is not None}
     head = build_head(name, hidden_size=weight.shape[1], vocab_size=weight.shape[0], weight=weight.detach(),
-                      bias=bias.to(weight.dtype) if use_bias else None, use_bias=use_bias, **options)
+                      bias=bias.to(weight.dtype) if use_bias else None, use_bias=use_bias, **order, **options)
     head = head.to(device=weight.device, dtype=weight.dtype)
     base_type = model.config.model_type
     model.__class__ = head_model_class(type(model))
@@ -314,8 +431,9 @@ def register_auto_classes() -> None:
 
 
 def output_head(model) -> OutputHead:
-    """The head of a model made by :func:`swap_head` (or loaded with one)."""
-    head = model.get_output_embeddings()
-    if not isinstance(head, OutputHead):
+    """The head of a model made by :func:`swap_head` (or loaded with one); through PEFT's wrapper of a trained
+    head (``modules_to_save``), the copy the active adapter trains."""
+    head = running_head(model.get_output_embeddings())
+    if head is None:
         raise ValueError(f"{type(model).__name__} has no softmax-heads head; call hf_heads.swap_head(model, name)")
     return head

@@ -66,9 +66,12 @@ def test_import_hf_heads_hides_a_broken_torchaudio_from_transformers(tmp_path):
         import hf_heads, importlib.util, torch
         assert importlib.util.find_spec('torchaudio') is None
         from transformers import GPT2Config, GPT2LMHeadModel
+        torch.manual_seed(0)
         model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40,
                                            bos_token_id=0, eos_token_id=0))
-        out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False, pad_token_id=0)
+        # min_new_tokens: a random model may emit eos (id 0) early, which would end the output sooner
+        out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, min_new_tokens=4, do_sample=False,
+                             pad_token_id=0)
         assert out.shape == (1, 7), out.shape
         print('ok')
     """, extra_path=_fake_broken_torchaudio(tmp_path))
@@ -85,10 +88,13 @@ def test_fairseq_and_transformers_work_in_one_environment():
         import fairseq
         from fairseq.models.transformer_lm import TransformerLanguageModel
         from transformers import GPT2Config, GPT2LMHeadModel
+        torch.manual_seed(0)
         model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40,
                                            bos_token_id=0, eos_token_id=0))
         for kw in ({'do_sample': False}, {'do_sample': True, 'top_k': 5}, {'num_beams': 2}):
-            out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, pad_token_id=0, **kw)
+            # min_new_tokens: a random model may emit eos (id 0) early, which would end the output sooner
+            out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, min_new_tokens=3, pad_token_id=0,
+                                 **kw)
             assert out.shape[1] == 6, (kw, out.shape)
         print('ok', fairseq.__version__)
     """)

@@ -19,7 +19,7 @@ BAD_OPTIONS = [
     ("softmax", "embedding_size", 7, "equal to hidden_size"),
     ("softmax", "use_bias", "yes", "True or False"),
     ("mos", "num_components", 0, "integer in [1, 1024]"),
-    ("mos", "num_components", 2.5, "integer in [1, 1024]"),
+    ("mos", "num_components", 2.5, "must be an integer (got float)"),
     ("mos", "context_activation", "relu", "one of ('tanh', 'identity')"),
     ("mixtape", "identity_init", 1, "True or False"),
     ("mixtape", "num_gates", 3, "power of two"),
@@ -79,7 +79,8 @@ def test_unknown_head_lists_available_heads():
 
 
 def test_unknown_option_lists_allowed_options():
-    with pytest.raises(ValueError, match=r"mixtape: unknown option\(s\) num_gate; allowed options: .*num_gates"):
+    with pytest.raises(ValueError, match=r"mixtape: unknown option\(s\) num_gate \(did you mean num_gates\?\); "
+                                         r"allowed options: .*num_gates"):
         hf_heads.build_head("mixtape", hidden_size=8, vocab_size=20, num_gate=4)
 
 
@@ -224,3 +225,26 @@ def test_mixtape_frequent_count_and_shared_gate_for_the_rest():
         head.gate_embedding[2].add_(1.0)
     diff = (head.scores_2d(h) - before).abs().amax(0)
     assert diff[2] > 0 and diff[torch.arange(30) != 2].max() == 0
+
+
+@pytest.mark.parametrize("name,option,value,expected", [
+    ("mixtape", "num_gates", "4", "must be an integer (got str)"),
+    ("mixtape", "frequent_fraction", "0.5", "must be a number (got str)"),
+    ("mixtape", "gate_weight_norm", "false", "must be True or False (got str)"),
+    ("mos", "num_components", 2.0, "must be an integer (got float)"),
+    ("mos", "identity_init", 1, "must be True or False (got int)"),
+    ("plif", "num_knots", True, "must be an integer (got bool)"),
+    ("softmax", "use_bias", "yes", "must be True or False (got str)"),
+    ("svd_softmax", "preview_half", None, "must be True or False (got NoneType)"),
+])
+def test_a_value_of_the_wrong_type_says_so(name, option, value, expected):
+    with pytest.raises(ValueError) as e:
+        hf_heads.build_head(name, hidden_size=8, vocab_size=20, **{option: value})
+    assert f"{name}: option {option}={value!r} {expected}" == str(e.value)
+
+
+def test_a_misspelt_option_suggests_the_nearest_name():
+    with pytest.raises(ValueError, match=r"unknown option\(s\) num_gate \(did you mean num_gates\?\); allowed"):
+        hf_heads.build_head("mixtape", hidden_size=8, vocab_size=20, num_gate=4)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) zzz; allowed"):  # nothing near: no guess
+        hf_heads.build_head("mixtape", hidden_size=8, vocab_size=20, zzz=4)

@@ -15,6 +15,7 @@ downstream (fairseq criterion, HF model wrapper, recipes, tests) special-cases a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Tuple, Type
@@ -79,19 +80,31 @@ def check_option(head: str, name: str, value: Any, ok: bool, allowed: str) -> No
         raise ValueError(f"{head}: option {name}={value!r} is out of range; allowed: {allowed}")
 
 
+def check_type(head: str, name: str, value: Any, ok: bool, expected: str) -> None:
+    """Raise ``ValueError`` saying that ``value`` has the wrong type (``"num_gates='4' must be an integer (got
+    str)"``), which a range message would hide."""
+    if not ok:
+        raise ValueError(f"{head}: option {name}={value!r} must be {expected} (got {type(value).__name__})")
+
+
 def check_int(head: str, name: str, value: Any, lo: int, hi: Optional[int] = None) -> None:
     """Check that ``value`` is an int in ``[lo, hi]`` (``hi=None``: no upper bound)."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
+    check_type(head, name, value, isinstance(value, int) and not isinstance(value, bool), "an integer")
+    ok = value >= lo and (hi is None or value <= hi)
     check_option(head, name, value, ok, f"an integer in [{lo}, {'inf' if hi is None else hi}]")
 
 
 def check_float(head: str, name: str, value: Any, lo: float, hi: float, lo_open=False, hi_open=False) -> None:
     """Check that ``value`` is a real number in the given (half-)open or closed interval."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    check_type(head, name, value, isinstance(value, (int, float)) and not isinstance(value, bool), "a number")
+    ok = math.isfinite(value) and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
     interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
     check_option(head, name, value, ok, f"a number in {interval}")
+
+
+def check_bool(head: str, name: str, value: Any) -> None:
+    """Check that ``value`` is True or False (not a truthy string such as ``"false"``)."""
+    check_type(head, name, value, isinstance(value, bool), "True or False")
 
 
 @dataclass
@@ -120,7 +133,7 @@ class HeadConfig:
             self.embedding_size = self.hidden_size
         check_int(n, "embedding_size", self.embedding_size, 1)
         check_float(n, "dropout", self.dropout, 0.0, 1.0, hi_open=True)
-        check_option(n, "use_bias", self.use_bias, isinstance(self.use_bias, bool), "True or False")
+        check_bool(n, "use_bias", self.use_bias)
 
     def to_dict(self) -> Dict[str, Any]:
         """The options as a JSON-serialisable dict (what ``save_head`` writes)."""
@@ -137,9 +150,10 @@ class HeadConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
+            named = [u + "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(u, known, 1))
+                     for u in unknown]
             raise ValueError(
-                f"{cls.head_name}: unknown option(s) {', '.join(unknown)}; "
-                f"allowed options: {', '.join(sorted(known))}")
+                f"{cls.head_name}: unknown option(s) {', '.join(named)}; allowed options: {', '.join(sorted(known))}")
         return cls(**options)
 
 
@@ -177,6 +191,9 @@ class OutputHead(nn.Module):
     #: whether the head's distribution is ``softmax(W g + b)`` (exactly, or approximated at inference
     #: only): such heads convert into one another with :func:`hf_heads.convert_head`
     is_linear_softmax = False
+    #: whether :meth:`resize_vocab` can change the number of token ids (not for heads whose structure is laid
+    #: out over the ids: class_softmax's classes, d_softmax's bands)
+    resizable = True
 
     def __init__(self, config: HeadConfig):
         super().__init__()
@@ -227,6 +244,53 @@ class OutputHead(nn.Module):
                 f"{self.head_name}: cannot tie to an embedding of shape {shape}; expected "
                 f"({c.vocab_size}, {c.embedding_size})")
         self.weight = w
+
+    # -- resizing the vocabulary ---------------------------------------------------------
+    def check_resize_vocab(self, new_size: int) -> None:
+        """``ValueError`` (naming the head and what to do) unless :meth:`resize_vocab` can go to ``new_size``."""
+        check_int(self.head_name, "new vocabulary size", new_size, 2)
+        if not self.resizable:
+            raise ValueError(
+                f"{self.head_name}: resizing the vocabulary ({self.config.vocab_size} -> {new_size}) is not "
+                f"supported: the head's structure is laid out over the token ids. Resize the model first, then put "
+                f"the head on it (hf_heads.swap_head / build_head with vocab_size={new_size})")
+
+    @torch.no_grad()
+    def resize_vocab(self, new_size: int, weight: Optional[torch.Tensor] = None,
+                     bias: Optional[torch.Tensor] = None) -> None:
+        """Change the number of token ids to ``new_size`` in place: ids ``0..min(V, new_size)-1`` keep their rows,
+        removed ids (shrinking) go, new ids (growing) get rows ``weight[V:]`` / ``bias[V:]`` when given (the new
+        projection, ``new_size`` rows: the HF adapter passes the one transformers resized), else rows drawn as the
+        head initialises them and bias 0. Every head keeps its other per-id state consistent (Mixtape: new ids
+        share the shared gate, the frequent ids stay; DS-Softmax: every expert keeps the new ids). The weight
+        becomes a new ``nn.Parameter``: build optimizers after resizing, and re-tie (:meth:`tie_weight`)."""
+        self.check_resize_vocab(new_size)
+        c = self.config
+        keep = min(c.vocab_size, new_size)
+        dt, dev = self.weight.dtype, self.weight.device
+        if weight is None:
+            rows = torch.empty(new_size - keep, c.embedding_size, dtype=dt, device=dev)
+            nn.init.normal_(rows, std=c.embedding_size ** -0.5)
+        else:
+            if not torch.is_tensor(weight) or tuple(weight.shape) != (new_size, c.embedding_size):
+                shape = tuple(weight.shape) if torch.is_tensor(weight) else type(weight).__name__
+                raise ValueError(f"{self.head_name}: resize_vocab weight has shape {shape}; expected (new_size, "
+                                 f"embedding_size) = ({new_size}, {c.embedding_size})")
+            rows = weight[keep:].detach().to(dt)
+        bias_rows = None
+        if self.bias is not None:
+            if bias is not None and (not torch.is_tensor(bias) or tuple(bias.shape) != (new_size,)):
+                shape = tuple(bias.shape) if torch.is_tensor(bias) else type(bias).__name__
+                raise ValueError(f"{self.head_name}: resize_vocab bias has shape {shape}; expected ({new_size},)")
+            bias_rows = (self.bias.new_zeros(new_size - keep) if bias is None else bias[keep:].detach().to(dt))
+        self._resize_rows(keep, rows.to(dev), None if bias_rows is None else bias_rows.to(dev))
+        c.vocab_size = new_size
+
+    def _resize_rows(self, keep: int, rows: torch.Tensor, bias_rows: Optional[torch.Tensor]) -> None:
+        """Keep the first ``keep`` ids' per-id state and append ``rows`` / ``bias_rows`` for the new ids."""
+        self.weight = nn.Parameter(torch.cat([self.weight[:keep], rows]), requires_grad=self.weight.requires_grad)
+        if self.bias is not None:
+            self.bias = nn.Parameter(torch.cat([self.bias[:keep], bias_rows]), requires_grad=self.bias.requires_grad)
 
     # -- to implement ---------------------------------------------------------------
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:

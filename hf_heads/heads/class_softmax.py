@@ -125,6 +125,7 @@ class ClassSoftmaxHead(OutputHead):
     paper = ("Goodman 2001, Classes for fast maximum entropy training; Mikolov et al. 2011, Extensions of "
              "recurrent neural network language model (frequency binning)")
     purpose = "fast"
+    resizable = False  # the classes are laid out over the ids
 
     def __init__(self, config: ClassSoftmaxConfig):
         super().__init__(config)

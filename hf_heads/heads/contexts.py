@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from . import functional as HF
-from .base import HeadConfig, OutputHead, check_option, option
+from .base import HeadConfig, OutputHead, check_bool, check_option, option
 
 CONTEXT_ACTIVATIONS = ("tanh", "identity")
 
@@ -26,7 +26,7 @@ class ContextConfig(HeadConfig):
         n = self.head_name
         check_option(n, "context_activation", self.context_activation,
                      self.context_activation in CONTEXT_ACTIVATIONS, f"one of {CONTEXT_ACTIVATIONS}")
-        check_option(n, "identity_init", self.identity_init, isinstance(self.identity_init, bool), "True or False")
+        check_bool(n, "identity_init", self.identity_init)
         if self.identity_init and self.embedding_size != self.hidden_size:
             raise ValueError(f"{n}: option identity_init=True needs embedding_size == hidden_size; got "
                              f"embedding_size={self.embedding_size}, hidden_size={self.hidden_size}")

@@ -117,6 +117,7 @@ class DSoftmaxHead(SingleSoftmaxHead):
     paper = ("Chen, Grangier & Auli 2016, Strategies for training large vocabulary neural language models "
              "(differentiated softmax)")
     purpose = "fast"
+    resizable = False  # the bands are laid out over the ids
     can_tie = False
 
     def __init__(self, config: DSoftmaxConfig):

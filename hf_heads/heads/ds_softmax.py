@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import functional as HF
-from .base import HeadConfig, OutputHead, check_float, check_int, check_option, option, register_head
+from .base import (HeadConfig, OutputHead, check_bool, check_float, check_int, check_option, option,
+                   register_head)
 
 _NORM_EPS = 1e-12  # inside the sqrt of the group norms: sqrt'(0) is infinite
 
@@ -62,7 +63,7 @@ class DSSoftmaxConfig(HeadConfig):
         check_int(n, "prune_start", self.prune_start, 0)
         check_int(n, "prune_interval", self.prune_interval, 1)
         check_int(n, "min_experts_per_class", self.min_experts_per_class, 0, self.num_experts)
-        check_option(n, "gate_noise", self.gate_noise, isinstance(self.gate_noise, bool), "True or False")
+        check_bool(n, "gate_noise", self.gate_noise)
 
 
 @register_head("ds_softmax")
@@ -107,6 +108,18 @@ class DSSoftmaxHead(OutputHead):
         self._routed: Optional[torch.Tensor] = None
         self._importance: Optional[torch.Tensor] = None
         self._routed_one = [0] * c.num_experts  # batch-1 routing counts, added to `routed` when read
+
+    def _resize_rows(self, keep, rows, bias_rows):
+        """Every expert keeps the first ``keep`` classes (pruned ones stay pruned) and gets the new classes'
+        rows, unpruned: a new token is in every expert until training prunes it."""
+        e = self.config.num_experts
+        self.weight = nn.Parameter(torch.cat([self.weight[:, :keep], rows.expand(e, -1, -1)], 1),
+                                   requires_grad=self.weight.requires_grad)
+        if self.bias is not None:
+            self.bias = nn.Parameter(torch.cat([self.bias[:, :keep], bias_rows.expand(e, -1)], 1),
+                                     requires_grad=self.bias.requires_grad)
+        self.mask = torch.cat([self.mask[:, :keep], self.mask.new_ones(e, rows.shape[0])], 1)
+        self._routed = self._importance = None  # per-class statistics of the old vocabulary
 
     def tie_weight(self, embedding: nn.Module) -> None:
         raise ValueError(

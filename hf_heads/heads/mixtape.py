@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from . import functional as HF
-from .base import SingleSoftmaxHead, check_float, check_int, check_option, option, register_head
+from .base import (SingleSoftmaxHead, check_bool, check_float, check_int, check_option, check_type, option,
+                   register_head)
 from .contexts import ContextConfig, ContextHead
 
 
@@ -31,14 +32,14 @@ class MixtapeConfig(ContextConfig):
         super().__post_init__()
         n = self.head_name
         k = self.num_gates
-        check_option(n, "num_gates", k, isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 1024
-                     and (k & (k - 1)) == 0, "a power of two in [1, 1024] (1, 2, 4, 8, ...)")
+        check_type(n, "num_gates", k, isinstance(k, int) and not isinstance(k, bool), "an integer")
+        check_option(n, "num_gates", k, 1 <= k <= 1024 and (k & (k - 1)) == 0,
+                     "a power of two in [1, 1024] (1, 2, 4, 8, ...)")
         check_float(n, "frequent_fraction", self.frequent_fraction, 0.0, 1.0, lo_open=True)
         check_int(n, "gate_embedding_size", self.gate_embedding_size, 1)
         check_float(n, "gate_noise", self.gate_noise, 0.0, math.inf, hi_open=True)
         check_float(n, "gate_dropout", self.gate_dropout, 0.0, 1.0, hi_open=True)
-        check_option(n, "gate_weight_norm", self.gate_weight_norm, isinstance(self.gate_weight_norm, bool),
-                     "True or False")
+        check_bool(n, "gate_weight_norm", self.gate_weight_norm)
 
     @property
     def num_frequent(self) -> int:
@@ -87,6 +88,19 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         nn.init.normal_(self.gate_embedding, std=d2 ** -0.5)
         if c.identity_init:
             self.init_contexts_as_identity()
+
+    def check_resize_vocab(self, new_size: int) -> None:
+        super().check_resize_vocab(new_size)
+        s = self.config.num_frequent
+        check_option(self.head_name, "new vocabulary size", new_size, new_size >= s,
+                     f"at least the {s} frequent ids that have their own gates (num_frequent)")
+
+    def _resize_rows(self, keep, rows, bias_rows):
+        """New ids are rare: they share the shared gate; the frequent ids (and so the gate parameters) stay, with
+        ``frequent_fraction`` set so that ``round(r V)`` is still their number."""
+        s = self.config.num_frequent
+        super()._resize_rows(keep, rows, bias_rows)
+        self.config.frequent_fraction = s / (keep + rows.shape[0])
 
     def _gate_weight(self) -> torch.Tensor:
         w = self.gate_proj.weight

@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .base import HeadConfig, SingleSoftmaxHead, check_int, check_option, option, register_head
+from .base import HeadConfig, SingleSoftmaxHead, check_bool, check_int, check_option, option, register_head
 
 PREVIEW_DIMS = ("adaptive", "leading")
 
@@ -60,7 +60,7 @@ class SVDSoftmaxConfig(HeadConfig):
         check_int(n, "num_refine", self.num_refine, 1, self.vocab_size)
         check_option(n, "preview_dims", self.preview_dims, self.preview_dims in PREVIEW_DIMS,
                      " or ".join(repr(p) for p in PREVIEW_DIMS))
-        check_option(n, "preview_half", self.preview_half, isinstance(self.preview_half, bool), "True or False")
+        check_bool(n, "preview_half", self.preview_half)
 
 
 @register_head("svd_softmax")
