@@ -21,11 +21,13 @@ import importlib.util as _importlib_util
 
 from .heads import HeadConfig, OutputHead, available_heads, get_head_class, register_head
 from .convert import convert_head
+from .frequency import count_tokens, frequency_order
 from .io import build_head, load_head, save_head
 
 __version__ = "0.1.0"
 
-__all__ = ["HeadConfig", "OutputHead", "available_heads", "build_head", "convert_head", "get_head_class", "load_head",
+__all__ = ["HeadConfig", "OutputHead", "available_heads", "build_head", "convert_head", "count_tokens",
+           "frequency_order", "get_head_class", "load_head",
            "register_head", "save_head", "swap_head", "output_head", "head_config", "__version__"]
 
 if _importlib_util.find_spec("transformers") is not None:

@@ -7,6 +7,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from .frequency import frequency_order as order_by_counts
 from .heads import OutputHead, get_head_class
 
 CONFIG_NAME = "head_config.json"
@@ -15,11 +16,15 @@ FORMAT_VERSION = 1
 
 
 def build_head(name: str, hidden_size: int, vocab_size: int, weight: Optional[torch.Tensor] = None,
-               bias: Optional[torch.Tensor] = None, **options: Any) -> OutputHead:
+               bias: Optional[torch.Tensor] = None, frequency_order=None, token_counts=None,
+               **options: Any) -> OutputHead:
     """Build the head registered as ``name``.
 
     ``weight`` (V x d) and ``bias`` (V) start the output embedding from an existing projection
     (e.g. a trained ``lm_head``); ``embedding_size`` defaults to ``weight.shape[1]`` then.
+    ``frequency_order`` (ids, most frequent first) or ``token_counts`` (V counts in id order) give heads that
+    treat ids as ordered by frequency (mixtape, class_softmax, d_softmax) the order of a vocabulary that is not
+    sorted (:meth:`OutputHead.set_frequency_order`); without them such heads take ids as sorted.
     Unknown options or values out of range raise ``ValueError`` naming them.
     """
     cls = get_head_class(name)
@@ -29,6 +34,16 @@ def build_head(name: str, hidden_size: int, vocab_size: int, weight: Optional[to
         options["use_bias"] = True
     config = cls.config_class.from_options(hidden_size=hidden_size, vocab_size=vocab_size, **options)
     head = cls(config)
+    if frequency_order is not None and token_counts is not None:
+        raise ValueError(f"{name}: give frequency_order or token_counts, not both")
+    if token_counts is not None:
+        counts = torch.as_tensor(token_counts)
+        if counts.numel() != vocab_size:
+            raise ValueError(f"{name}: token_counts has {counts.numel()} entries; expected one per token id, "
+                             f"vocab_size={vocab_size}")
+        frequency_order = order_by_counts(counts)
+    if frequency_order is not None:  # before the projection: d_softmax lays its bands out by it
+        head.set_frequency_order(frequency_order)
     if weight is not None or bias is not None:
         if weight is None:
             raise ValueError(f"{name}: bias given without weight; pass the projection's weight too")

@@ -167,6 +167,10 @@ def parse_args(argv=None):
     p.add_argument("--dataset-config", default=None, help="e.g. wikitext-2-raw-v1")
     p.add_argument("--head", default="mixtape", choices=hf_heads.available_heads(), help="output head")
     p.add_argument("--head-options", type=json.loads, default={}, help='JSON options, e.g. \'{"num_gates": 4}\'')
+    p.add_argument("--frequency-order", choices=["counts", "ids"], default="counts",
+                   help="for heads that need ids ordered by frequency (mixtape, class_softmax, d_softmax): "
+                        "'counts' orders the vocabulary by the training text's token counts, 'ids' takes the ids' "
+                        "own order (right for vocabularies sorted by frequency, such as fairseq's)")
     p.add_argument("--start", choices=["pretrained", "paper"], default="pretrained",
                    help="with --model: 'pretrained' starts MoS/Mixtape exactly at the model's softmax "
                         "(identity contexts); 'paper' uses the papers' tanh contexts with random H_k")
@@ -206,10 +210,15 @@ def main(argv=None) -> Dict:
         options.setdefault("context_activation", "identity")
         options.setdefault("identity_init", True)
     args.head_options = options
-    model = hf_heads.swap_head(model, args.head, **options)
     texts = read_texts(args)
     train = blocks(tokenizer, texts["train"], args.block_size, args.max_train_tokens)
     valid = blocks(tokenizer, texts["valid"], args.block_size, args.max_valid_tokens)
+    order = {}
+    if args.frequency_order == "counts" and hf_heads.get_head_class(args.head).uses_frequency_order:
+        # BPE ids are not sorted by frequency: Mixtape's own-gate ids, class_softmax's classes and d_softmax's
+        # bands follow the training text's counts instead (saved with the head)
+        order["token_counts"] = hf_heads.count_tokens([train], model.get_output_embeddings().weight.shape[0])
+    model = hf_heads.swap_head(model, args.head, **order, **options)
     train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train), batch_size=args.batch_size, shuffle=True)
     valid_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(valid), batch_size=args.batch_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -242,7 +251,8 @@ def main(argv=None) -> Dict:
     seconds = time.perf_counter() - start
     ppl_after = perplexity(model, valid_loader, accelerator)
     log(f"valid perplexity after {step} steps: {ppl_after:.2f} ({seconds:.1f}s)")
-    result = {"head": args.head, "head_options": args.head_options, "steps": step, "train_seconds": seconds,
+    result = {"head": args.head, "head_options": args.head_options,
+              "frequency_order": "counts" if order else "ids", "steps": step, "train_seconds": seconds,
               "valid_ppl_before": ppl_before, "valid_ppl_after": ppl_after, "first_loss": losses[0],
               "last_loss": losses[-1], "num_processes": accelerator.num_processes}
     accelerator.wait_for_everyone()

@@ -107,6 +107,10 @@ def test_finetune_recipe_trains_evaluates_saves_and_reloads(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(model).__name__ == "SoftmaxHeadsGPT2LMHeadModel"
     assert model.config.output_head["name"] == "mixtape"
+    # GPT-2's BPE is not sorted by frequency: the head's own-gate ids come from the training text's counts
+    head = hf_heads.output_head(model)
+    assert result["frequency_order"] == "counts" and head.frequent_ids() is not None
+    assert 13 in head.frequent_ids().tolist()  # "." (id 13) is among the most frequent tokens of any text
     tok = AutoTokenizer.from_pretrained(out)
     assert tok("Hello world")["input_ids"] == [15496, 995]  # GPT-2's BPE ids
     ids = torch.tensor([tok("The cat sat")["input_ids"]])

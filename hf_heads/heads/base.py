@@ -194,6 +194,10 @@ class OutputHead(nn.Module):
     #: whether :meth:`resize_vocab` can change the number of token ids (not for heads whose structure is laid
     #: out over the ids: class_softmax's classes, d_softmax's bands)
     resizable = True
+    #: whether the head treats ids as ordered by frequency (Mixtape's own-gate ids, class_softmax's classes,
+    #: d_softmax's bands): such heads keep the order in the buffer ``frequency_order`` (ids, most frequent
+    #: first; ``arange(V)`` by default), set by :meth:`set_frequency_order`
+    uses_frequency_order = False
 
     def __init__(self, config: HeadConfig):
         super().__init__()
@@ -209,6 +213,34 @@ class OutputHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(c.vocab_size)) if c.use_bias else None
         nn.init.normal_(self.weight, std=c.embedding_size ** -0.5)
         self.dropout = nn.Dropout(c.dropout)
+        if self.uses_frequency_order:  # a buffer, not a config field: saved with the weights, not in config.json
+            self.register_buffer("frequency_order", torch.arange(c.vocab_size))
+
+    def set_frequency_order(self, order) -> None:
+        """Set the order of the token ids, most frequent first (a permutation of ``0..V-1``; e.g.
+        :func:`hf_heads.frequency_order` of :func:`hf_heads.count_tokens`), for heads that treat ids as ordered
+        by frequency. The head then equals the one built on frequency-sorted ids up to that permutation."""
+        n, v = self.head_name, self.config.vocab_size
+        if not self.uses_frequency_order:
+            raise ValueError(f"{n}: frequency_order / token_counts do not apply: this head does not depend on the "
+                             f"order of the token ids (heads that do: mixtape, class_softmax, d_softmax)")
+        order = torch.as_tensor(order).flatten().cpu()
+        ok = (not order.is_floating_point() and order.numel() == v
+              and torch.equal(order.long().sort().values, torch.arange(v)))
+        if not ok:
+            raise ValueError(f"{n}: frequency_order (length {order.numel()}, dtype {order.dtype}) must be a "
+                             f"permutation of the token ids 0..{v - 1}, most frequent first")
+        self.frequency_order.copy_(order.long())
+
+    def ranks(self) -> Optional[torch.Tensor]:
+        """Every id's position in ``frequency_order`` (its frequency rank); None when ids are sorted already
+        (the order is ``arange(V)``), so heads keep their contiguous fast paths."""
+        def build():
+            order = self.frequency_order
+            if bool((order == torch.arange(len(order), device=order.device)).all()):
+                return None
+            return torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=order.device))
+        return self._cached("ranks", [self.frequency_order], build)
 
     # -- construction -------------------------------------------------------------
     @torch.no_grad()
@@ -291,6 +323,10 @@ class OutputHead(nn.Module):
         self.weight = nn.Parameter(torch.cat([self.weight[:keep], rows]), requires_grad=self.weight.requires_grad)
         if self.bias is not None:
             self.bias = nn.Parameter(torch.cat([self.bias[:keep], bias_rows]), requires_grad=self.bias.requires_grad)
+        if self.uses_frequency_order:  # the kept ids in their order, then the new ids as the rarest
+            order = self.frequency_order
+            self.frequency_order = torch.cat([order[order < keep], torch.arange(keep, keep + rows.shape[0],
+                                                                                device=order.device)])
 
     # -- to implement ---------------------------------------------------------------
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -414,7 +450,8 @@ class OutputHead(nn.Module):
 
     def _lean_softmax_rows(self, x: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
                            log_prior: Optional[torch.Tensor] = None, transform: Optional[Callable] = None,
-                           prefix: Optional[torch.Tensor] = None, label_smoothing: float = 0.0):
+                           prefix: Optional[torch.Tensor] = None, prefix_ids: Optional[torch.Tensor] = None,
+                           label_smoothing: float = 0.0):
         """The V-wide part of the lean loss, forward and backward by hand, for K softmaxes per token.
 
         Component k of token i: ``log_softmax(f([prefix_i, x_ik W[S:]^T + b[S:]]))`` (S = prefix width, 0 by
@@ -422,6 +459,8 @@ class OutputHead(nn.Module):
         in log space when given (K must be 1 otherwise). ``x`` ``[n, K, d]`` is detached.
 
         ``label_smoothing`` (one softmax only: no ``log_prior``) smooths the loss as in :meth:`loss`.
+        ``prefix_ids`` (S ids): the prefix holds the logits of these ids instead of the first S (every id's
+        logit comes from the product then, and the prefix overwrites theirs).
 
         Returns ``(loss [n], nll [n], grad_x [n, K, d], grad_log_prior [n, K] or None, grad_prefix [n, S] or
         None)`` and adds the gradients of W and b to ``grads``. ``transform(logits)`` returns ``(scores, back)`` with
@@ -430,17 +469,19 @@ class OutputHead(nn.Module):
         log-softmax; the weight gradient accumulates straight into ``grads`` with ``addmm_``.
         """
         n, k, d = x.shape
-        lo = 0 if prefix is None else prefix.shape[1]
+        lo = 0 if prefix is None or prefix_ids is not None else prefix.shape[1]
         w = self.weight[lo:].to(x.dtype)
         b = None if self.bias is None else self.bias[lo:].to(x.dtype)
         rows = x.reshape(n * k, d)
         logits = x.new_empty(n * k, self.config.vocab_size)
-        if prefix is not None:
+        if lo:
             logits[:, :lo] = prefix
         if b is None:
             torch.mm(rows, w.t(), out=logits[:, lo:])
         else:
             torch.addmm(b, rows, w.t(), out=logits[:, lo:])
+        if prefix_ids is not None:
+            logits.index_copy_(1, prefix_ids, prefix)
         scores, back = (logits, None) if transform is None else transform(logits)
         del logits
         logp = torch.log_softmax(scores, dim=1)
@@ -467,8 +508,12 @@ class OutputHead(nn.Module):
             grad.mul_(weight).scatter_add_(1, t, -weight)
         if back is not None:
             grad = back(grad)
-        grad_prefix = None if prefix is None else grad[:, :lo]
-        grad_lin = grad if prefix is None else grad[:, lo:]
+        if prefix_ids is not None:  # the prefix ids' logits did not come from the product
+            grad_prefix = grad.index_select(1, prefix_ids)
+            grad_lin = grad.index_fill_(1, prefix_ids, 0.0)
+        else:
+            grad_prefix = None if prefix is None else grad[:, :lo]
+            grad_lin = grad if prefix is None else grad[:, lo:]
         grad_x = (grad_lin @ w).view(n, k, d)
         if self.weight in grads:
             grads[self.weight][lo:].addmm_(grad_lin.t(), rows)

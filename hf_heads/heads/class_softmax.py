@@ -126,6 +126,7 @@ class ClassSoftmaxHead(OutputHead):
              "recurrent neural network language model (frequency binning)")
     purpose = "fast"
     resizable = False  # the classes are laid out over the ids
+    uses_frequency_order = True  # class c holds the ids frequency_order[class c's rank range]
 
     def __init__(self, config: ClassSoftmaxConfig):
         super().__init__(config)
@@ -134,11 +135,9 @@ class ClassSoftmaxHead(OutputHead):
         nn.init.normal_(self.class_proj.weight, std=c.hidden_size ** -0.5)
         if self.class_proj.bias is not None:
             nn.init.zeros_(self.class_proj.bias)
-        #: ``(first id, end id)`` of every class
+        #: ``(first rank, end rank)`` of every class: its ids are ``frequency_order[first:end]`` (``first..end-1``
+        #: when ids are sorted by frequency)
         self.spans: List[Tuple[int, int]] = list(zip([0] + c.class_boundaries[:-1], c.class_boundaries))
-        # class tables per device, built from the config on first use: not buffers, which transformers
-        # leaves uninitialised when it builds a model on the meta device to load it
-        self._class_tables: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor]] = {}
         #: set by every :meth:`topk` call: per-query multiply-adds, the ``V d`` budget, tokens and classes scored
         self.last_stats: Optional[dict] = None
 
@@ -147,13 +146,16 @@ class ClassSoftmaxHead(OutputHead):
         """``(token_class [V], class_size [C])`` (long) on ``device`` (default: the weight's): the class of
         every token id and the number of tokens in every class, from ``class_boundaries``."""
         device = torch.device(self.weight.device if device is None else device)
-        tables = self._class_tables.get(device)
-        if tables is None:
+
+        def build():  # built on first use, not buffers: transformers builds models on the meta device to load them
             spans = torch.tensor(self.spans, dtype=torch.long, device="cpu")
             sizes = spans[:, 1] - spans[:, 0]
-            token_class = torch.repeat_interleave(torch.arange(len(sizes), device="cpu"), sizes)
-            tables = self._class_tables[device] = (token_class.to(device), sizes.to(device))
-        return tables
+            token_class = torch.repeat_interleave(torch.arange(len(sizes), device="cpu"), sizes)  # by rank
+            ranks = self.ranks()
+            if ranks is not None:
+                token_class = token_class[ranks.cpu()]
+            return token_class.to(device), sizes.to(device)
+        return self._cached(f"class_tables:{device}", [self.frequency_order], build)
 
     def class_log_probs(self, x: torch.Tensor) -> torch.Tensor:
         """``log p(c | g)`` ``[N, C]`` for (dropped-out) hidden states ``x`` ``[N, d]``."""
@@ -163,8 +165,11 @@ class ClassSoftmaxHead(OutputHead):
         """``(weights, biases)``: the rows of every class, as views. ``split`` has one backward for all
         classes (slicing ``weight[start:end]`` per class would allocate a full V x d gradient for each)."""
         sizes = [end - start for start, end in self.spans]
-        ws = self.weight.split(sizes)
-        return ws, [None] * len(ws) if self.bias is None else self.bias.split(sizes)
+        order = None if self.ranks() is None else self.frequency_order
+        w, b = (self.weight, self.bias) if order is None else (
+            self.weight.index_select(0, order), None if self.bias is None else self.bias.index_select(0, order))
+        ws = w.split(sizes)
+        return ws, [None] * len(ws) if b is None else b.split(sizes)
 
     def _full_log_probs(self, x: torch.Tensor, class_lp: torch.Tensor) -> torch.Tensor:
         """Every token's ``log p(c(x)) + log p(x | c(x))`` ``[N, V]``: one product, a segment log-sum-exp."""
@@ -187,6 +192,8 @@ class ClassSoftmaxHead(OutputHead):
         target_class = self.class_tables(target.device)[0][target]
         nll = -self.class_log_probs(x).gather(1, target_class[:, None]).squeeze(1)
         order, groups = HF.group_rows(target_class)
+        ranks = self.ranks()
+        target_rank = target if ranks is None else ranks[target]
         ws, bs = self._per_class()
         rows, within = [], []
         for c, lo, hi in groups:
@@ -195,7 +202,8 @@ class ClassSoftmaxHead(OutputHead):
                 continue
             r = order[lo:hi]
             rows.append(r)
-            within.append(F.cross_entropy(HF.linear_fp32(x[r], ws[c], bs[c]), target[r] - start, reduction="none"))
+            within.append(F.cross_entropy(HF.linear_fp32(x[r], ws[c], bs[c]), target_rank[r] - start,
+                                          reduction="none"))
         if rows:
             nll = nll.index_add(0, torch.cat(rows), torch.cat(within))
         return nll
@@ -256,7 +264,9 @@ class ClassSoftmaxHead(OutputHead):
             cand_lp[r, s, : top.shape[1]] = top
             cand_idx[r, s, : top.shape[1]] = pos + start
         lp, flat = cand_lp.view(n, -1).topk(k, dim=-1)
-        idx = cand_idx.view(n, -1).gather(1, flat)
+        idx = cand_idx.view(n, -1).gather(1, flat)  # frequency ranks
+        if self.ranks() is not None:
+            idx = self.frequency_order[idx]
         searched_sizes = sizes[:, :width] * chosen
         tokens = float((searched_sizes * (searched_sizes > 1)).sum()) / n
         return lp, idx, tokens, float(searched.sum()) / n

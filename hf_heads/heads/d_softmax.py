@@ -118,6 +118,7 @@ class DSoftmaxHead(SingleSoftmaxHead):
              "(differentiated softmax)")
     purpose = "fast"
     resizable = False  # the bands are laid out over the ids
+    uses_frequency_order = True  # band i holds the ids frequency_order[band i's rank range]
     can_tie = False
 
     def __init__(self, config: DSoftmaxConfig):
@@ -144,9 +145,11 @@ class DSoftmaxHead(SingleSoftmaxHead):
 
     def dense_weight(self) -> torch.Tensor:
         """The equivalent V x hidden_size output embedding: band i's block at ``[band_i rows, segment_i
-        columns]``, zero elsewhere, so that the logits are ``dense_weight() @ g + bias``. For inspection
+        columns]`` (rows in id order), zero elsewhere, so that the logits are ``dense_weight() @ g + bias``. For inspection
         only: the head never builds it."""
-        return torch.block_diag(*self.band_weights)
+        dense = torch.block_diag(*self.band_weights)  # rows in band (frequency rank) order
+        ranks = self.ranks()
+        return dense if ranks is None else dense.index_select(0, ranks)
 
     # -- construction -------------------------------------------------------------------
     @torch.no_grad()
@@ -158,7 +161,7 @@ class DSoftmaxHead(SingleSoftmaxHead):
         if bias is not None:
             self.bias.copy_(bias)
         for w, ((r0, r1), (c0, c1)) in zip(self.band_weights, self.bands):
-            w.copy_(weight[r0:r1, c0:c1])
+            w.copy_(weight[self.frequency_order[r0:r1], c0:c1])
 
     def tie_weight(self, embedding: nn.Module) -> None:
         raise ValueError(
@@ -171,9 +174,12 @@ class DSoftmaxHead(SingleSoftmaxHead):
     # -- the head interface ---------------------------------------------------------------------
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         x = self.dropout(hidden)
-        logits = [HF.linear_fp32(x[:, c0:c1], w, None if self.bias is None else self.bias[r0:r1])
-                  for w, ((r0, r1), (c0, c1)) in zip(self.band_weights, self.bands)]
-        return torch.cat(logits, dim=-1)
+        ranks = self.ranks()
+        bias = None if self.bias is None or ranks is None else self.bias.index_select(0, self.frequency_order)
+        bias = self.bias if bias is None else bias  # the bias in band (frequency rank) order
+        logits = torch.cat([HF.linear_fp32(x[:, c0:c1], w, None if bias is None else bias[r0:r1])
+                            for w, ((r0, r1), (c0, c1)) in zip(self.band_weights, self.bands)], dim=-1)
+        return logits if ranks is None else logits.index_select(1, ranks)  # back to id order
 
     def aux_loss(self) -> torch.Tensor:
         return self.band_weights[0].new_zeros((), dtype=torch.float32)

@@ -69,6 +69,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
 
     config_class = MixtapeConfig
     paper = "Yang et al. 2019, Mixtape: breaking the softmax bottleneck efficiently"
+    uses_frequency_order = True  # the S most frequent ids (frequency_order[:S]) have their own gates
 
     def __init__(self, config: MixtapeConfig):
         super().__init__(config)
@@ -101,6 +102,19 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         s = self.config.num_frequent
         super()._resize_rows(keep, rows, bias_rows)
         self.config.frequent_fraction = s / (keep + rows.shape[0])
+
+    def frequent_ids(self):
+        """The ids with their own gates, ``frequency_order[:S]``; None when they are ``0..S-1`` (ids sorted by
+        frequency, as in fairseq dictionaries), where the frequent logits are a prefix of the output."""
+        def build():
+            ids = self.frequency_order[: self.config.num_frequent]
+            return None if bool((ids == torch.arange(len(ids), device=ids.device)).all()) else ids.clone()
+        return self._cached("frequent_ids", [self.frequency_order], build)
+
+    def _frequent_rows(self, t, dtype):
+        """The frequent ids' rows of ``t`` (W or b) in ``dtype``."""
+        ids = self.frequent_ids()
+        return (t[: self.config.num_frequent] if ids is None else t.index_select(0, ids)).to(dtype)
 
     def _gate_weight(self) -> torch.Tensor:
         w = self.gate_proj.weight
@@ -144,10 +158,13 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         freq_gates = torch.einsum("nke,se->nsk", gate_ctx, self.gate_embedding.to(dt))
         freq_gates = self._noisy(freq_gates + shared[:, None, :] + self.gate_bias.to(dt))
         freq_prior = HF.sigmoid_tree_log_priors(freq_gates).exp()                      # [N, S, K]
-        comp = torch.einsum("nkd,sd->nsk", ctx, self.weight[:s].to(dt))                # [N, S, K]
+        comp = torch.einsum("nkd,sd->nsk", ctx, self._frequent_rows(self.weight, dt))  # [N, S, K]
         freq_logits = (freq_prior * comp).sum(-1)
         if self.bias is not None:
-            freq_logits = freq_logits + self.bias[:s].to(dt)
+            freq_logits = freq_logits + self._frequent_rows(self.bias, dt)
+        ids = self.frequent_ids()
+        if ids is not None:  # frequent ids anywhere in the vocabulary: shared logits for all, then theirs
+            return self._output_logits(mixed).index_copy(1, ids, freq_logits)
         if s == c.vocab_size:
             return freq_logits
         return torch.cat([freq_logits, self._output_logits(mixed, slice(s, None))], dim=-1)
@@ -160,7 +177,8 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         small = [] if shared is None else [ctx, gate_ctx, shared]  # one gate: a plain softmax over h_1
         freq, back = self._lean_frequent_logits(*(t.detach() for t in small), grads) if small else (None, None)
         loss, nll, grad_mixed, _, grad_freq = self._lean_softmax_rows(
-            mixed.detach()[:, None], target, grads, prefix=freq, label_smoothing=label_smoothing)
+            mixed.detach()[:, None], target, grads, prefix=freq, prefix_ids=self.frequent_ids(),
+            label_smoothing=label_smoothing)
         outputs, grad_outputs = [mixed], [grad_mixed[:, 0]]
         if small:
             outputs += small
@@ -176,7 +194,8 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         c = self.config
         n, k, d = ctx.shape
         s, d2 = c.num_frequent, c.gate_embedding_size
-        w = self.weight[:s].to(ctx.dtype)
+        w = self._frequent_rows(self.weight, ctx.dtype)
+        ids = self.frequent_ids()
         v = self.gate_embedding.to(ctx.dtype)
         comp = (ctx.reshape(n * k, d) @ w.t()).view(n, k, s)
         gates = (gate_ctx.reshape(n * (k - 1), d2) @ v.t()).view(n, k - 1, s)
@@ -193,7 +212,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             width //= 2
         z = values[0]
         if self.bias is not None:
-            z = z + self.bias[:s].to(ctx.dtype)
+            z = z + self._frequent_rows(self.bias, ctx.dtype)
 
         def back(grad_z):
             grad_gates = torch.empty_like(sig)
@@ -210,9 +229,15 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             grad_comp = torch.stack(grad_values, dim=1).view(n * k, s)
             grad_gates_2d = grad_gates.view(n * (k - 1), s)
             if self.weight in grads:
-                grads[self.weight][:s].addmm_(grad_comp.t(), ctx.reshape(n * k, d))
+                if ids is None:
+                    grads[self.weight][:s].addmm_(grad_comp.t(), ctx.reshape(n * k, d))
+                else:
+                    grads[self.weight].index_add_(0, ids, grad_comp.t() @ ctx.reshape(n * k, d))
             if self.bias is not None and self.bias in grads:
-                grads[self.bias][:s] += grad_z.sum(0)
+                if ids is None:
+                    grads[self.bias][:s] += grad_z.sum(0)
+                else:
+                    grads[self.bias].index_add_(0, ids, grad_z.sum(0))
             if self.gate_embedding in grads:
                 grads[self.gate_embedding].addmm_(grad_gates_2d.t(), gate_ctx.reshape(n * (k - 1), d2))
             if self.gate_bias in grads:
