@@ -11,10 +11,15 @@ The decoder follows fairseq's own adaptive-softmax hook: ``output_layer`` return
 """
 # no `from __future__ import annotations`: fairseq reads the dataclass annotations as real types
 
+import dataclasses
 import json
+import logging
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
+import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import (ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, register_model,
@@ -23,7 +28,11 @@ from fairseq.models.transformer import TransformerConfig, TransformerDecoder, Tr
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
 import hf_heads
-from hf_heads.heads import OutputHead, head_specific_options
+from hf_heads.heads import OutputHead, get_head_class, head_specific_options
+
+logger = logging.getLogger(__name__)
+#: head options that come from the model's dimensions, not from --head-options
+MODEL_SUPPLIED = ("hidden_size", "vocab_size", "embedding_size")
 
 
 def _head_options_help() -> str:
@@ -58,10 +67,30 @@ def parse_head_options(output_head: Any, head_options: Any) -> Tuple[str, Dict[s
                              f"as '{{\"num_gates\": 4}}'") from None
     if not isinstance(options, dict):
         raise ValueError(f"--head-options {head_options!r} must be a JSON object (a dict of option: value)")
-    for reserved in ("hidden_size", "vocab_size", "embedding_size"):
+    for reserved in MODEL_SUPPLIED:
         if reserved in options:
             raise ValueError(f"--head-options must not set {reserved!r}: it comes from the model's dimensions")
+    config_class = get_head_class(name).config_class
+    settable = {f.name for f in dataclasses.fields(config_class)} - set(MODEL_SUPPLIED)
+    try:
+        config_class.check_option_names(options, settable)
+    except ValueError as e:
+        raise ValueError(f"--output-head {name} --head-options: {e}") from None
     return name, options
+
+
+def usage_error(message: str):
+    """A bad flag: under a fairseq command (fairseq-train, -generate, ...) one line on stderr and exit 2, as
+    argparse does for its own checks (head flags can only be checked once the model is built); in library use
+    (hub loading, tests) a ``ValueError``."""
+    prog = os.path.basename(sys.argv[0] if sys.argv else "")
+    if prog.startswith("fairseq-"):
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        sys.stdout.flush(), sys.stderr.flush()
+        # os._exit, not SystemExit: raised inside a training step, unwinding through fairseq's trainer and
+        # torch's autograd threads can abort the interpreter (exit -6) instead of exiting with 2
+        os._exit(2)
+    raise ValueError(message)
 
 
 def build_decoder_head(name: str, options: Dict[str, Any], hidden_size: int, vocab_size: int,
@@ -109,8 +138,23 @@ class HeadTransformerDecoder(TransformerDecoder):
         return features
 
     def get_normalized_probs(self, net_output, log_probs: bool, sample: Optional[Dict] = None):
+        if self.training and torch.is_grad_enabled():
+            self._check_stock_criterion()
         lp = self.head(net_output[0])
         return lp if log_probs else lp.exp()
+
+    def _check_stock_criterion(self) -> None:
+        """Training through the log-probs is what fairseq's own criteria (cross_entropy,
+        label_smoothed_cross_entropy) do; head_cross_entropy uses the head's loss instead. Refuse it for a head
+        whose aux loss it would drop (DS-Softmax), warn once for the others (full [tokens, V] log-probs)."""
+        if type(self.head).aux_loss is not OutputHead.aux_loss:  # the head has a regulariser of its own
+            usage_error(f"--output-head {self.head.head_name} has an auxiliary loss that this --criterion drops; "
+                        f"use --criterion head_cross_entropy (with --label-smoothing for label smoothing)")
+        if not getattr(self, "_warned_stock_criterion", False):
+            self._warned_stock_criterion = True
+            logger.warning(f"--output-head {self.head.head_name} trained through its full log-probs by a stock "
+                           f"--criterion; --criterion head_cross_entropy trains with the head's memory-lean loss "
+                           f"(same values, no [tokens, V] tensor)")
 
     def get_normalized_probs_scriptable(self, net_output, log_probs: bool, sample: Optional[Dict] = None):
         return self.get_normalized_probs(net_output, log_probs, sample)
@@ -129,10 +173,15 @@ def _register_head_args(parser) -> None:
 def _build_with_head(build_stock_model, args, task, no_encoder_attn: bool):
     """Build the stock model, then replace its decoder by a :class:`HeadTransformerDecoder` that shares
     its input embedding. Bad head flags fail before anything is built."""
-    parse_head_options(args.output_head, args.head_options)
-    model = build_stock_model(args, task)
-    model.decoder = HeadTransformerDecoder(args, task.target_dictionary, model.decoder.embed_tokens,
-                                           no_encoder_attn=no_encoder_attn)
+    try:
+        parse_head_options(args.output_head, args.head_options)
+        model = build_stock_model(args, task)
+        model.decoder = HeadTransformerDecoder(args, task.target_dictionary, model.decoder.embed_tokens,
+                                               no_encoder_attn=no_encoder_attn)
+    except ValueError as e:
+        if str(e).startswith("--"):  # our head flags: a usage error, not a crash
+            usage_error(str(e))
+        raise
     return model
 
 

@@ -199,7 +199,10 @@ def test_ds_softmax_pruning_state_survives_checkpoint_resume(data, tmp_path):
     (["--output-head", "mixtape", "--head-options", '{"num_gates": 3}'],
      "--output-head mixtape --head-options: mixtape: option num_gates=3 is out of range; allowed: a power of two"),
     (["--output-head", "mos", "--head-options", "{num_components: 2}"], "--head-options '{num_components: 2}' is not valid JSON"),
-    (["--output-head", "mos", "--head-options", '{"num_component": 2}'], "mos: unknown option(s) num_component"),
+    (["--output-head", "mos", "--head-options", '{"num_component": 2}'],
+     "mos: unknown option(s) num_component (did you mean num_components?); allowed options: context_activation, "
+     "dropout, identity_init, num_components, use_bias\n"),  # hidden_size etc. come from the model: not listed
+    (["--output-head", "mixtape", "--head-options", '{"num_gates": "4"}'], "num_gates='4' must be an integer"),
     (["--output-head", "mos", "--head-options", '{"vocab_size": 2}'], "must not set 'vocab_size'"),
     (["--output-head", "mos", "--head-options", "[1, 2]"], "must be a JSON object"),
     (["--output-head", "ds_softmax", "--share-all-embeddings"],
@@ -209,8 +212,22 @@ def test_bad_head_flags_stop_before_training(data, tmp_path, args, message):
     code, out = cli("fairseq-train", data / "mt-bin", "--user-dir", PLUGIN, "--task", "translation",
                     "--arch", "head_transformer_iwslt_de_en", *SMALL_MT, *args, "--criterion", "head_cross_entropy",
                     *TRAIN, "--max-update", 1, "--save-dir", tmp_path, check=False)
-    assert code != 0 and message in out, out[-2000:]
-    assert "Start iterating over samples" not in out
+    assert code == 2 and message in out, out[-2000:]  # a usage error, as argparse gives
+    assert "Traceback" not in out and "Start iterating over samples" not in out
+
+
+@pytest.mark.parametrize("criterion", ["cross_entropy", "label_smoothed_cross_entropy"])
+def test_stock_criteria_refuse_a_head_with_an_aux_loss_and_warn_for_others(data, tmp_path, criterion):
+    common = ["fairseq-train", data / "mt-bin", "--user-dir", PLUGIN, "--task", "translation",
+              "--arch", "head_transformer_iwslt_de_en", *SMALL_MT, "--criterion", criterion, *TRAIN,
+              "--max-update", 1]
+    code, out = cli(*common, "--output-head", "ds_softmax", "--head-options", json.dumps(HEAD_OPTIONS["ds_softmax"]),
+                    "--save-dir", tmp_path / "ds", check=False)
+    assert code == 2 and "Traceback" not in out, out[-2000:]
+    assert "has an auxiliary loss that this --criterion drops; use --criterion head_cross_entropy" in out
+    out = cli(*common, "--output-head", "mos", "--head-options", json.dumps(HEAD_OPTIONS["mos"]),
+              "--save-dir", tmp_path / "mos")
+    assert out.count("--criterion head_cross_entropy trains with the head's memory-lean loss") == 1
 
 
 def test_head_criterion_refuses_a_model_without_head(data, tmp_path):

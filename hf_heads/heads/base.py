@@ -147,14 +147,20 @@ class HeadConfig:
     @classmethod
     def from_options(cls, **options: Any) -> "HeadConfig":
         """Build the config, rejecting unknown option names with the list of known ones."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        cls.check_option_names(options)
+        return cls(**options)
+
+    @classmethod
+    def check_option_names(cls, options: Dict[str, Any], settable: Optional[set] = None) -> None:
+        """``ValueError`` for names in ``options`` that are not among ``settable`` (default: every option),
+        suggesting the nearest allowed name and listing them all."""
+        known = {f.name for f in dataclasses.fields(cls)} if settable is None else set(settable)
         unknown = sorted(set(options) - known)
         if unknown:
             named = [u + "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(u, known, 1))
                      for u in unknown]
             raise ValueError(
                 f"{cls.head_name}: unknown option(s) {', '.join(named)}; allowed options: {', '.join(sorted(known))}")
-        return cls(**options)
 
 
 # ----------------------------------------------------------------------------- heads
