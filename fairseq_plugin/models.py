@@ -147,7 +147,7 @@ class HeadTransformerDecoder(TransformerDecoder):
         """Training through the log-probs is what fairseq's own criteria (cross_entropy,
         label_smoothed_cross_entropy) do; head_cross_entropy uses the head's loss instead. Refuse it for a head
         whose aux loss it would drop (DS-Softmax), warn once for the others (full [tokens, V] log-probs)."""
-        if type(self.head).aux_loss is not OutputHead.aux_loss:  # the head has a regulariser of its own
+        if self.head.has_aux_loss:
             usage_error(f"--output-head {self.head.head_name} has an auxiliary loss that this --criterion drops; "
                         f"use --criterion head_cross_entropy (with --label-smoothing for label smoothing)")
         if not getattr(self, "_warned_stock_criterion", False):

@@ -407,9 +407,9 @@ def swap_head(model, name: str, *, frequency_order=None, token_counts=None, **op
     inputs = model.get_input_embeddings()
     tied = inputs is not None and getattr(inputs, "weight", None) is weight
     bias, use_bias = _output_bias(model, old)
-    order = {k: v for k, v in (("frequency_order", frequency_order), ("token_counts", token_counts)) if v is not None}
     head = build_head(name, hidden_size=weight.shape[1], vocab_size=weight.shape[0], weight=weight.detach(),
-                      bias=bias.to(weight.dtype) if use_bias else None, use_bias=use_bias, **order, **options)
+                      bias=bias.to(weight.dtype) if use_bias else None, use_bias=use_bias,
+                      frequency_order=frequency_order, token_counts=token_counts, **options)
     head = head.to(device=weight.device, dtype=weight.dtype)
     base_type = model.config.model_type
     model.__class__ = head_model_class(type(model))

@@ -248,3 +248,11 @@ def test_a_misspelt_option_suggests_the_nearest_name():
         hf_heads.build_head("mixtape", hidden_size=8, vocab_size=20, num_gate=4)
     with pytest.raises(ValueError, match=r"unknown option\(s\) zzz; allowed"):  # nothing near: no guess
         hf_heads.build_head("mixtape", hidden_size=8, vocab_size=20, zzz=4)
+
+
+def test_has_aux_loss_marks_exactly_the_heads_with_a_regulariser():
+    """What adapters read to refuse training paths that would drop the aux loss (fairseq's stock criteria)."""
+    for name in hf_heads.available_heads():
+        head = hf_heads.build_head(name, hidden_size=8, vocab_size=20).train()
+        head.loss(torch.randn(6, 8), torch.randint(0, 20, (6,)))
+        assert head.has_aux_loss == bool(head.aux_loss() != 0), name

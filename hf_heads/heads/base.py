@@ -204,6 +204,8 @@ class OutputHead(nn.Module):
     #: d_softmax's bands): such heads keep the order in the buffer ``frequency_order`` (ids, most frequent
     #: first; ``arange(V)`` by default), set by :meth:`set_frequency_order`
     uses_frequency_order = False
+    #: whether :meth:`aux_loss` is a regulariser the training loss must include (DS-Softmax), not the zero default
+    has_aux_loss = False
 
     def __init__(self, config: HeadConfig):
         super().__init__()

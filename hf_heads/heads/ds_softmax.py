@@ -87,6 +87,7 @@ class DSSoftmaxHead(OutputHead):
     """
 
     config_class = DSSoftmaxConfig
+    has_aux_loss = True  # load balance, group lasso and expert lasso (aux_losses)
     lean_loss = False  # its training forward records routing for the aux loss and counts pruning steps
     paper = "Liao et al. 2019, Doubly Sparse Softmax (DS-Softmax)"
     purpose = "fast"
