@@ -15,6 +15,7 @@ import pytest
 
 fairseq = pytest.importorskip("fairseq", reason="fairseq not installed: run `make install` (pip install -e .[fairseq])")
 
+import fairseq_plugin  # noqa: E402,F401  (head checkpoints load after it: torch.load below, like users)
 import hf_heads  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -341,6 +342,37 @@ def test_old_checkpoints_load_with_weights_only(data, tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import torch; torch.load(%r)" % str(tmp_path / "namespace.pt")],
                           capture_output=True, text=True, env=clean_env())
     assert proc.returncode != 0 and "Weights only load failed" in proc.stderr
+
+
+HUB = """
+import sys
+if "import" in sys.argv:
+    import fairseq_plugin
+from fairseq.models.transformer import TransformerModel
+hub = TransformerModel.from_pretrained(sys.argv[1], "checkpoint_last.pt", sys.argv[2])
+print(type(hub.models[0].decoder.head).__name__, "|", hub.translate("w1 w2 w3", beam=2))
+"""
+
+
+def test_hub_checkpoint_without_user_dir_names_the_plugin_or_loads(data, tmp_path):
+    """A head checkpoint starts with a marker of the plugin's: without the plugin torch's weights-only error names
+    user_dir and fairseq_plugin; after `import fairseq_plugin` it loads; with weights_only off (torch's variable)
+    unpickling imports the plugin, so no user_dir is needed."""
+    import torch
+    from fairseq_plugin.checkpoint import MARKER_KEY, MARKER_NAME
+
+    train_mt(data, tmp_path, "mixtape", updates=1)
+    assert next(iter(torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu"))) == MARKER_KEY
+
+    def hub(*args, **env):
+        return subprocess.run([sys.executable, "-c", HUB, str(tmp_path), str(data / "mt-bin"), *args],
+                              capture_output=True, text=True, cwd=str(tmp_path), env={**clean_env(), **env})
+
+    bare = hub()
+    assert bare.returncode != 0 and f"fairseq_plugin.checkpoint.{MARKER_NAME}" in bare.stderr, bare.stderr[-2000:]
+    assert "user_dir" in MARKER_NAME and "import_fairseq_plugin" in MARKER_NAME
+    for proc in (hub("import"), hub(TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")):
+        assert proc.returncode == 0 and "MixtapeHead |" in proc.stdout, proc.stderr[-2000:]
 
 
 def _multi30k_slice(dst, n_train=2000, n_valid=100, n_test=100):

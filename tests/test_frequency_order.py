@@ -107,3 +107,13 @@ def test_bad_orders_are_refused_with_what_is_allowed():
         hf_heads.build_head("mos", hidden_size=D, vocab_size=V, token_counts=torch.ones(V))
     with pytest.raises(ValueError, match=r"count_tokens: id 40 is out of range; allowed: \[0, 40\)"):
         hf_heads.count_tokens([[1, 40]], V)
+
+
+def test_count_tokens_reads_ragged_batches_mappings_and_skips_ignored_ids():
+    from collections import UserDict  # transformers' BatchEncoding is a UserDict, not a dict
+    data = [{"input_ids": [[1, 2], [3, 3, 3]]}, UserDict({"input_ids": torch.tensor([[4, 4]])}),
+            {"labels": [5, -100]}, torch.tensor([[6], [-100]]), [7]]
+    assert hf_heads.count_tokens(data, 9).tolist() == [0, 1, 1, 3, 2, 1, 1, 1, 0]
+    with pytest.raises(ValueError, match="needs 'input_ids' or 'labels'"):
+        hf_heads.count_tokens([{"attention_mask": [1]}], 9)
+    assert hf_heads.frequency_order(torch.tensor([2, 5, 5, 0])).tolist() == [1, 2, 0, 3]  # ties: smaller id first

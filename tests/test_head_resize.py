@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import hf_heads
+from hf_heads.heads.mos import MoSHead
 from head_cases import HEAD_CASES, HIDDEN, VOCAB, build_case, randomise
 
 CASES = [c for c in HEAD_CASES if hf_heads.get_head_class(c.name).resizable]
@@ -18,6 +19,7 @@ def test_resize_keeps_the_old_rows_and_saves(case, tmp_path):
         head.config.gate_noise = 0.0 if isinstance(head.config.gate_noise, float) else False
     old_weight = head.weight.detach().clone()
     g = torch.randn(5, HIDDEN, dtype=torch.float64)
+    lp_old = head(g)
     new_rows = torch.randn(3, head.config.embedding_size, dtype=torch.float64)
     weight = torch.cat([old_weight.reshape(-1, VOCAB, head.config.embedding_size)[0], new_rows])
     head.resize_vocab(VOCAB + 3, weight=weight)
@@ -25,6 +27,11 @@ def test_resize_keeps_the_old_rows_and_saves(case, tmp_path):
     lp = head(g)
     assert lp.shape == (5, VOCAB + 3)
     torch.testing.assert_close(lp.exp().sum(-1), torch.ones(5, dtype=torch.float64))
+    if not case.approximate and not isinstance(head, MoSHead):
+        # one softmax: the old ids keep their logits, the new ids only take mass, so renormalised over the old
+        # ids nothing moved (not for a mixture of softmaxes, whose components renormalise differently, nor for
+        # the SVD preview, whose decomposition changes with W)
+        torch.testing.assert_close(lp[:, :VOCAB].log_softmax(-1), lp_old)
     w = head.weight.detach()
     torch.testing.assert_close(w[..., :VOCAB, :], old_weight)  # old ids keep their rows (every DS expert too)
     torch.testing.assert_close(w[..., VOCAB:, :], new_rows.expand_as(w[..., VOCAB:, :]))
@@ -79,3 +86,25 @@ def test_resize_rejects_a_projection_of_the_wrong_shape():
         head.resize_vocab(14, weight=torch.zeros(12, HIDDEN))
     with pytest.raises(ValueError, match=r"new vocabulary size=1 is out of range"):
         head.resize_vocab(1)
+
+
+def test_mixtape_refuses_to_drop_a_frequent_id_that_is_not_among_the_first_ids():
+    order = torch.arange(20).flip(0)  # ids 19..15 are the frequent ones
+    head = hf_heads.build_head("mixtape", hidden_size=HIDDEN, vocab_size=20, num_gates=2, frequent_fraction=0.25,
+                               gate_embedding_size=4, frequency_order=order)
+    with pytest.raises(ValueError, match="at least 20: shrinking would remove frequent id 19"):
+        head.resize_vocab(17)
+    assert head.config.vocab_size == 20 and torch.equal(head.frequency_order, order)
+    head.resize_vocab(23)  # new ids are the rarest; the frequent ids stay, with their gates
+    assert head.frequency_order[:20].tolist() == order.tolist() and head.frequency_order[20:].tolist() == [20, 21, 22]
+    assert head.frequent_ids().tolist() == [19, 18, 17, 16, 15]
+
+
+def test_svd_softmax_shrinks_num_refine_with_the_vocabulary(tmp_path):
+    head = hf_heads.build_head("svd_softmax", hidden_size=HIDDEN, vocab_size=20, preview_rank=2).eval()
+    assert head.config.num_refine == 20
+    head.resize_vocab(12)
+    g = torch.randn(3, HIDDEN)
+    assert head.config.num_refine == 12 and head(g).shape == (3, 12)
+    hf_heads.save_head(head, tmp_path)  # the config stays valid (num_refine <= vocab_size)
+    torch.testing.assert_close(hf_heads.load_head(tmp_path).eval()(g), head(g))

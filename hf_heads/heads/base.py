@@ -325,6 +325,9 @@ class OutputHead(nn.Module):
             bias_rows = (self.bias.new_zeros(new_size - keep) if bias is None else bias[keep:].detach().to(dt))
         self._resize_rows(keep, rows.to(dev), None if bias_rows is None else bias_rows.to(dev))
         c.vocab_size = new_size
+        # the cache keys on (data_ptr, version): a later resize could allocate its new tensors where freed ones
+        # lived, at the same version, and hit tables of another size
+        self.__dict__.pop("_inference_cache", None)
 
     def _resize_rows(self, keep: int, rows: torch.Tensor, bias_rows: Optional[torch.Tensor]) -> None:
         """Keep the first ``keep`` ids' per-id state and append ``rows`` / ``bias_rows`` for the new ids."""
@@ -376,14 +379,19 @@ class OutputHead(nn.Module):
         valid = t != ignore_index
         params = [p for p in self.parameters() if p.requires_grad]
         if reduction != "none" and self.lean_loss_active() and (h.requires_grad or params):
-            with HF.fp32_math(h):
-                everything = bool(valid.all())
-                loss, nll = _ChunkedNLL.apply(self, h if everything else h[valid], t if everything else t[valid],
-                                              self.lean_chunk_tokens(), float(label_smoothing), *params)
+            loss, nll = self._lean_loss_and_nll(h, t, valid, float(label_smoothing), params)
             return (loss, nll) if reduction == "sum" else (loss / valid.sum(), nll / valid.sum())
         with HF.fp32_math(h):
             nll = loss = h.new_zeros(t.shape)
-            if bool(valid.any()):
+            if HF.compiling() and not (self.has_aux_loss and self.training):
+                # torch.compile: every row (ignored ones scored as id 0, then zeroed), as selecting the valid rows
+                # (a data-dependent shape) would break the graph; rows are independent, so valid rows are unchanged.
+                # Not for a head whose training forward keeps routing statistics (DS-Softmax): padding would count
+                loss, nll = self._loss_and_nll_2d(h, t.masked_fill(~valid, 0), label_smoothing)
+                same = loss is nll
+                nll = nll.masked_fill(~valid, 0.0)
+                loss = nll if same else loss.masked_fill(~valid, 0.0)
+            elif bool(valid.any()):
                 loss_part, nll_part = self._loss_and_nll_2d(h[valid], t[valid], label_smoothing)
                 nll = nll.masked_scatter(valid, nll_part)
                 loss = nll if loss_part is nll_part else loss.masked_scatter(valid, loss_part)
@@ -392,6 +400,17 @@ class OutputHead(nn.Module):
         if reduction == "sum":
             return loss.sum(), nll.sum()
         return loss.sum() / valid.sum(), nll.sum() / valid.sum()  # nan when every target is ignored, like F.nll_loss
+
+    @torch.compiler.disable
+    def _lean_loss_and_nll(self, h: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, label_smoothing: float,
+                           params) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Summed ``(loss, nll)`` of the valid tokens by :class:`_ChunkedNLL`. Always eager: under torch.compile the
+        graph breaks around this call, since the chunks run autograd inside a custom autograd.Function's forward,
+        which dynamo cannot trace."""
+        with HF.fp32_math(h):
+            everything = bool(valid.all())
+            return _ChunkedNLL.apply(self, h if everything else h[valid], t if everything else t[valid],
+                                     self.lean_chunk_tokens(), label_smoothing, *params)
 
     def _loss_and_nll_2d(self, hidden: torch.Tensor, target: torch.Tensor, label_smoothing: float):
         """Per-token ``(loss, nll)`` for valid targets; the same tensor twice without label smoothing (then

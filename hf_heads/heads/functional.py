@@ -32,6 +32,11 @@ def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         return F.linear(x.to(dt), weight.to(dt), None if bias is None else bias.to(dt))
 
 
+def compiling() -> bool:
+    """Whether torch.compile is tracing the caller (False on torch < 2.3, which has no public flag)."""
+    return getattr(torch.compiler, "is_compiling", lambda: False)()
+
+
 def check_target(head: str, target: torch.Tensor, expected_shape: Sequence[int], vocab_size: int,
                  ignore_index: int) -> torch.Tensor:
     """Validate a target tensor and return it flattened.
@@ -49,6 +54,12 @@ def check_target(head: str, target: torch.Tensor, expected_shape: Sequence[int],
             f"(the leading dims of hidden)")
     t = target.reshape(-1).long()
     bad = ((t < 0) | (t >= vocab_size)) & (t != ignore_index)
+    if compiling():
+        # reading the flag in Python would break torch.compile's graph (and sync); the assert stays in the graph
+        # and raises RuntimeError (it cannot name the value): the eager run gives the full message
+        torch._assert_async(~bad.any(), f"{head}: target contains ids outside [0, {vocab_size}) other than "
+                                        f"ignore_index={ignore_index} (run eagerly to see the value)")
+        return t
     if bool(bad.any()):
         value = int(t[bad][0])
         raise ValueError(

@@ -95,6 +95,11 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         s = self.config.num_frequent
         check_option(self.head_name, "new vocabulary size", new_size, new_size >= s,
                      f"at least the {s} frequent ids that have their own gates (num_frequent)")
+        # gate embeddings/biases are rows by frequency rank: dropping a frequent id would hand its gate to another
+        top = int(self.frequency_order[:s].max())
+        check_option(self.head_name, "new vocabulary size", new_size, new_size > top,
+                     f"at least {top + 1}: shrinking would remove frequent id {top}, which has its own gate "
+                     f"(frequency_order[:{s}]); rebuild the head (hf_heads.swap_head / build_head) instead")
 
     def _resize_rows(self, keep, rows, bias_rows):
         """New ids are rare: they share the shared gate; the frequent ids (and so the gate parameters) stay, with

@@ -81,6 +81,11 @@ class SVDSoftmaxHead(SingleSoftmaxHead):
         super().__init__(config)
         self.last_stats: dict = {}
 
+    def _resize_rows(self, keep, rows, bias_rows):
+        """As the base; ``num_refine`` (N <= V) shrinks with the vocabulary, so the config stays valid."""
+        super()._resize_rows(keep, rows, bias_rows)
+        self.config.num_refine = min(self.config.num_refine, keep + rows.shape[0])
+
     def svd_tables(self, dtype: torch.dtype = torch.float32):
         """``(Bt, scale, Vt, s, W, b)`` in ``dtype``, computed once (SVD in float64) and cached until
         ``weight`` or ``bias`` change. ``Bt * scale[:, None] = (U S)^T`` (d x V, one contiguous row per
