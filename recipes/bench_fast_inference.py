@@ -23,7 +23,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 
@@ -121,7 +121,7 @@ def run_setting(name: str, head: TrainedHead, extra: Dict[str, torch.nn.Module],
 
 def lm_setting(args, log=print):
     """Setting (b): train the DS recipe's LSTM LM on PTB; class_softmax and d_softmax on its states."""
-    from recipes.ds_softmax import make_ptb_task, train_head
+    from recipes.hidden_tasks import make_ptb_task, train_head
 
     task = make_ptb_task(args.ptb_dir, dim=512, epochs=args.lm_epochs, seed=args.seed, progress=args.progress)
     V, d = task.vocab_size, task.train_h.shape[1]

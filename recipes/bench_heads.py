@@ -17,23 +17,18 @@ median of a few steps), so it counts every activation, gradient and temporary th
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.util
 import json
 import os
-import statistics
 import sys
-import threading
-import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict
 
 import torch
 import torch.nn.functional as F
 
 import hf_heads
-from recipes.timing import time_per_call
+from recipes.timing import MALLOC_ENV, peak_memory, time_per_call
 
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 #: (label, head name, options): the settings of the issue's target table
 HEADS = [
@@ -48,36 +43,6 @@ HEADS = [
 ]
 BASELINE = "torch softmax"
 PEER = "x-transformers MoS K=3"
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
-
-
-def peak_memory(step: Callable[[], None], repeats: int = 3) -> float:
-    """Median over ``repeats`` runs of the peak rise of the resident set during ``step()``, in bytes."""
-    peaks = []
-    for _ in range(repeats):
-        gc.collect()
-        base = _rss()
-        top = [base]
-        done = threading.Event()
-
-        def watch():
-            while not done.is_set():
-                top[0] = max(top[0], _rss())
-                time.sleep(0.0005)
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        try:
-            step()
-        finally:
-            done.set()
-            watcher.join()
-        peaks.append(max(top[0], _rss()) - base)
-    return statistics.median(peaks)
 
 
 def _clear(params) -> None:
@@ -225,7 +190,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
 def settings(args):

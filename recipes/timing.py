@@ -1,16 +1,27 @@
-"""Wall-clock timing for benchmarks: functions measured side by side in one process.
+"""Wall-clock timing and peak memory for benchmarks: functions measured side by side in one process.
 
 Timings on a shared CPU drift by 2x within a minute, so every function is timed in interleaved
 rounds (each round runs every function over the same queries, in rotating order) and the median
 round is reported. Speed-ups are ratios of medians taken in the same run.
+
+Peak memory (:func:`peak_memory`): the largest rise of the process's resident set during one call, sampled by a
+thread; measure it in a process started with :data:`MALLOC_ENV`, whose glibc returns freed memory at once (else
+a later call's peak hides in memory kept for reuse).
 """
 from __future__ import annotations
 
+import gc
+import os
 import statistics
+import threading
 import time
 from typing import Callable, Dict, Sequence
 
 import torch
+
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: environment of a memory-measuring process: every allocation above 64 KiB mapped on its own, returned when freed
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
 def time_per_call(fns: Dict[str, Callable], queries: Sequence, rounds: int = 7, warmup: int = 1) -> Dict[str, float]:
@@ -28,3 +39,33 @@ def time_per_call(fns: Dict[str, Callable], queries: Sequence, rounds: int = 7, 
                 if r >= warmup:
                     samples[n].append((time.perf_counter() - t) / len(queries))
     return {n: statistics.median(v) for n, v in samples.items()}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def peak_memory(step: Callable[[], None], repeats: int = 3) -> float:
+    """Median over ``repeats`` runs of the peak rise of the resident set during ``step()``, in bytes."""
+    peaks = []
+    for _ in range(repeats):
+        gc.collect()
+        base = _rss()
+        top = [base]
+        done = threading.Event()
+
+        def watch():
+            while not done.is_set():
+                top[0] = max(top[0], _rss())
+                time.sleep(0.0005)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            step()
+        finally:
+            done.set()
+            watcher.join()
+        peaks.append(max(top[0], _rss()) - base)
+    return statistics.median(peaks)

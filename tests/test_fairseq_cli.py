@@ -239,8 +239,6 @@ def test_head_criterion_refuses_a_model_without_head(data, tmp_path):
 
 
 def test_user_dir_from_the_installed_copy(data, tmp_path):
-    import fairseq_plugin
-
     installed = os.path.dirname(os.path.abspath(fairseq_plugin.__file__))
     out = cli("fairseq-train", data / "lm-bin", "--user-dir", installed, "--task", "language_modeling",
               "--arch", "head_transformer_lm_gpt2_tiny", *SMALL_LM, "--output-head", "sigsoftmax",
@@ -273,7 +271,6 @@ def test_distributed_training_two_cpu_processes(data, tmp_path):
 
 
 def test_architectures_mirror_every_stock_transformer_arch():
-    import fairseq_plugin  # noqa: F401
     from fairseq import options
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 

@@ -1,0 +1,133 @@
+"""What several recipes train heads on: tasks of (hidden state, label) pairs and the loop that fits a head to them.
+
+* :class:`Task`: hidden states and labels of a train and a test set (plus hidden super classes, if known);
+* :func:`make_ptb_task`: a word-level LSTM language model trained on PTB ``valid.txt`` (the train split is not
+  shipped here), whose last hidden states on valid / ``test.txt`` make the task (DS-Softmax recipe, fast-inference
+  benchmark);
+* :func:`train_head`: Adam with cosine decay on such pairs, ``loss + aux_loss``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+import hf_heads
+
+
+@dataclass
+class Task:
+    """Hidden states and labels of one task (train / test), plus the hidden super classes if known."""
+
+    name: str
+    train_h: torch.Tensor
+    train_y: torch.Tensor
+    test_h: torch.Tensor
+    test_y: torch.Tensor
+    vocab_size: int
+    super_of: Optional[torch.Tensor] = None  # [V] super class of each class (synthetic only)
+    softmax: Optional[torch.nn.Module] = None  # a softmax head trained with the hidden states (LM)
+    info: Dict = field(default_factory=dict)
+
+
+def read_words(path: str) -> List[str]:
+    with open(path) as f:
+        return [w for line in f for w in line.split() + ["<eos>"]]
+
+
+class LSTMLM(torch.nn.Module):
+    """Embedding -> LSTM -> dropout: the body whose last hidden states feed the heads."""
+
+    def __init__(self, vocab: int, dim: int, layers: int, dropout: float):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.lstm = torch.nn.LSTM(dim, dim, layers, batch_first=True, dropout=dropout if layers > 1 else 0.0)
+        self.drop = torch.nn.Dropout(dropout)
+
+    def forward(self, tokens):
+        return self.drop(self.lstm(self.drop(self.embed(tokens)))[0])
+
+
+def make_ptb_task(data_dir: str, dim: int, epochs: int, seed: int, progress: bool, layers: int = 1,
+                  bptt: int = 35, batch: int = 20, lr: float = 2e-3) -> Task:
+    """Train an LSTM LM + softmax on PTB valid.txt; hidden states of valid (train) and test.txt."""
+    from tqdm.auto import tqdm
+
+    train_w, test_w = (read_words(os.path.join(data_dir, f)) for f in ("valid.txt", "test.txt"))
+    counts: Dict[str, int] = {}
+    for w in train_w:
+        counts[w] = counts.get(w, 0) + 1
+    vocab_words = sorted(set(train_w) | set(test_w), key=lambda w: (-counts.get(w, 0), w))
+    ids = {w: i for i, w in enumerate(vocab_words)}
+    vocab = max(len(ids), 10000)  # PTB's vocabulary has 10,000 words; valid+test use most of them
+    train = torch.tensor([ids[w] for w in train_w])
+    test = torch.tensor([ids[w] for w in test_w])
+
+    torch.manual_seed(seed)
+    body = LSTMLM(vocab, dim, layers, dropout=0.5)
+    head = hf_heads.build_head("softmax", hidden_size=dim, vocab_size=vocab)
+    params = list(body.parameters()) + list(head.parameters())
+    opt = torch.optim.Adam(params, lr=lr)
+    n = (len(train) - 1) // batch * batch
+    x_all, y_all = train[:n].view(batch, -1), train[1:n + 1].view(batch, -1)
+    chunks = list(range(0, x_all.shape[1] - 1, bptt))
+    bar = tqdm(total=epochs * len(chunks), desc="ptb LSTM", disable=not progress, leave=False)
+    for epoch in range(epochs):
+        for g in opt.param_groups:
+            g["lr"] = lr * 0.5 * (1 + math.cos(math.pi * epoch / epochs))
+        body.train()
+        for i in chunks:
+            x, y = x_all[:, i:i + bptt], y_all[:, i:i + bptt]
+            loss = head.loss(body(x), y)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 0.25 * 10)
+            opt.step()
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.2f}")
+    bar.close()
+    body.eval()
+    head.eval()
+
+    @torch.no_grad()
+    def states(tokens):
+        h = body(tokens[:-1][None])[0]
+        return h, tokens[1:]
+
+    train_h, train_y = states(train)
+    test_h, test_y = states(test)
+    with torch.no_grad():
+        test_ppl = math.exp(head.loss(test_h, test_y).item())
+    return Task("ptb", train_h, train_y, test_h, test_y, vocab, softmax=head,
+                info={"dim": dim, "layers": layers, "epochs": epochs, "train_tokens": len(train_y),
+                      "test_tokens": len(test_y), "softmax_test_ppl": test_ppl})
+
+
+def train_head(head, h: torch.Tensor, y: torch.Tensor, steps: int, batch: int, lr: float, seed: int,
+               desc: str, progress: bool) -> float:
+    """Adam with cosine decay on (hidden, label) pairs; ``loss + aux_loss`` (DS-Softmax prunes itself)."""
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(head.parameters(), lr=lr, fused=True)  # one pass over E x V x d, not a dozen
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
+    g = torch.Generator().manual_seed(seed)
+    head.train()
+    start = time.perf_counter()
+    bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
+    for step in bar:
+        idx = torch.randint(0, len(y), (batch,), generator=g)
+        loss = head.loss(h[idx], y[idx])
+        opt.zero_grad()
+        (loss + head.aux_loss()).backward()
+        opt.step()
+        sched.step()
+        if progress and step % 20 == 0:
+            kept = {"classes": int(head.mask.sum())} if hasattr(head, "mask") else {}
+            bar.set_postfix(loss=f"{loss.item():.3f}", **kept)
+    head.eval()
+    return time.perf_counter() - start

@@ -1,0 +1,25 @@
+"""Reproductions of the papers' tables: ``python -m recipes.reproduce TABLE --scale {mini,full}``.
+
+One module per table (``mt_en_de.py`` is the En-De BLEU table, ...); what the tables share lives in modules of
+its own: :mod:`~recipes.reproduce.data` (data checks, BPE), :mod:`~recipes.reproduce.runner` (fairseq's command
+line, ``commands.sh``, logs), :mod:`~recipes.reproduce.variants` (head names such as ``mos-9``),
+:mod:`~recipes.reproduce.results` (rows, finished cells), :mod:`~recipes.reproduce.costs` (the papers' training
+cost columns), :mod:`~recipes.reproduce.report` (``docs/reproduction.md``).
+"""
+from __future__ import annotations
+
+import importlib
+
+#: table name -> the module that defines it (its ``TABLE``)
+TABLE_MODULES = {
+    "mt-en-de": "recipes.reproduce.mt_en_de",
+    "mt-en-fr": "recipes.reproduce.mt_en_fr",
+}
+
+
+def get_table(name: str):
+    """The table object called ``name``; a bad name stops with the choices."""
+    if name not in TABLE_MODULES:
+        raise SystemExit(f"unknown table {name!r}; choose one of: {', '.join(TABLE_MODULES)} "
+                         f"(python -m recipes.reproduce --list)")
+    return importlib.import_module(TABLE_MODULES[name]).TABLE

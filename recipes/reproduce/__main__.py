@@ -1,0 +1,80 @@
+"""``python -m recipes.reproduce``: list the tables, run one at a scale, or print its full-size plan.
+
+    python -m recipes.reproduce --list
+    python -m recipes.reproduce mt-en-de --scale mini                      # Multi30k, a 2-core CPU
+    python -m recipes.reproduce mt-en-de --scale full --dry-run            # the paper's commands + parameters
+    python -m recipes.reproduce mt-en-de --scale mini --heads softmax mixtape --seeds 1 --max-updates 200
+
+A finished cell (table, head, seed) is skipped on the next call; an interrupted fairseq-train resumes from its
+last checkpoint. Results: OUT/TABLE/results.json, commands: OUT/TABLE/commands.sh.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+from recipes.reproduce import TABLE_MODULES, get_table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m recipes.reproduce", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("table", nargs="?", help="table to reproduce (--list shows them)")
+    p.add_argument("--list", action="store_true", help="print one table per line with its description")
+    p.add_argument("--scale", choices=["mini", "full"], default="mini")
+    p.add_argument("--heads", nargs="+", default=None,
+                   help="heads to run (registry names or variants such as mos-9, mixtape-noshare); "
+                        "default: the table's")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per head (default: the table's, e.g. 3 for "
+                                                            "the compared heads and 1 for the others)")
+    p.add_argument("--max-updates", type=int, default=None, help="training updates per cell (default: the table's)")
+    p.add_argument("--data", default=DEFAULT_DATA, help=f"shared data directory (default {DEFAULT_DATA})")
+    p.add_argument("--out", default=os.path.join("results", "reproduce"), help="output directory")
+    p.add_argument("--dry-run", action="store_true", help="print the commands and parameter counts, run nothing")
+    p.add_argument("--bpe-size", type=int, default=4000, help="joint BPE vocabulary of the mini tables")
+    p.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)  # tests: first N lines of every split
+    p.add_argument("--no-costs", action="store_true", help="skip the training-cost columns")
+    p.add_argument("--cost-batch", type=int, default=256, help="sentences a batch for the same-batch cost "
+                                                               "columns (the paper's MT tables: 256)")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep each cell's checkpoints")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    if not args.list and not args.table:
+        p.error("name a table (or --list)")
+    for name in ("seeds", "max_updates", "cost_batch"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+    if args.bpe_size < 100:
+        p.error(f"--bpe-size must be >= 100 (got {args.bpe_size})")
+    return args
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: Optional[List[str]] = None, log=_stderr):
+    """Run the command line; returns the table's results rows (None for --list). ``log`` gets progress lines."""
+    args = parse_args(argv)
+    if args.list:
+        for name in TABLE_MODULES:
+            print(f"{name}\t{get_table(name).description}")
+        return None
+    table = get_table(args.table)
+    if args.scale not in table.scales:
+        raise SystemExit(f"{args.table} has no --scale {args.scale} (it has: {', '.join(table.scales)})")
+    if args.dry_run and args.scale != "full":
+        raise SystemExit("--dry-run prints the full-size plan: use it with --scale full")
+    args.data = os.path.abspath(args.data)
+    args.out = os.path.abspath(args.out)
+    return table.run(args, log=log)
+
+
+if __name__ == "__main__":
+    main()

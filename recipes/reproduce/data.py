@@ -1,0 +1,141 @@
+"""Data for the reproduced tables: checks of ``--data``, joint BPE (sentencepiece), fairseq binarisation.
+
+Mini translation tables use the shared Multi30k files (``DATA/multi30k/{train,val,test_2016_flickr,
+test_2017_flickr}.{en,de,fr}.gz``); the full-size ones the WMT'14 data, which only a machine with internet can
+fetch (:func:`require_internet` stops at once otherwise, naming what it needs).
+
+Run as a script it prepares one language pair (what ``commands.sh`` records, so a user can redo it by hand)::
+
+    python -m recipes.reproduce.data multi30k --data ../shared/data --src en --tgt de --bpe-size 8000 --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import socket
+import sys
+from typing import Dict, List, Sequence
+
+#: Multi30k splits: our name -> the file stem in DATA/multi30k
+MULTI30K_SPLITS = {"train": "train", "valid": "val", "test_2016_flickr": "test_2016_flickr",
+                   "test_2017_flickr": "test_2017_flickr"}
+MULTI30K_TESTS = ["test_2016_flickr", "test_2017_flickr"]
+
+
+class DataError(SystemExit):
+    """A missing or unusable data directory: the message names the path expected and what is there."""
+
+
+def missing_files_error(directory: str, expected: Sequence[str], what: str) -> DataError:
+    """The error for ``expected`` files not found in ``directory``, listing what the directory holds."""
+    if os.path.isdir(directory):
+        present = sorted(os.listdir(directory))
+        there = ", ".join(present[:20]) + (" ..." if len(present) > 20 else "") if present else "nothing"
+        found = f"{directory} holds: {there}"
+    else:
+        found = f"{directory} does not exist"
+    missing = [f for f in expected if not os.path.isfile(os.path.join(directory, f))]
+    return DataError(f"{what}: expected {', '.join(missing)} in {directory}; {found}. Pass --data DIR, the "
+                     f"directory that holds multi30k/ (default ../shared/data, beside the project)")
+
+
+def multi30k_files(data: str, langs: Sequence[str]) -> Dict[str, Dict[str, str]]:
+    """``{split: {lang: path}}`` of the Multi30k files under ``data``; a clear stop when any is missing."""
+    directory = os.path.join(data, "multi30k")
+    expected = [f"{stem}.{lang}.gz" for stem in MULTI30K_SPLITS.values() for lang in langs]
+    if not all(os.path.isfile(os.path.join(directory, f)) for f in expected):
+        raise missing_files_error(directory, expected, "Multi30k")
+    return {split: {lang: os.path.join(directory, f"{stem}.{lang}.gz") for lang in langs}
+            for split, stem in MULTI30K_SPLITS.items()}
+
+
+def read_lines(path: str, limit: int = 0) -> List[str]:
+    """Stripped lines of a text file (``.gz`` or plain), the first ``limit`` when ``limit`` > 0."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n").strip() for line in f]
+    return lines[:limit] if limit > 0 else lines
+
+
+def write_lines(path: str, lines: Sequence[str]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def _sentencepiece():
+    try:
+        import sentencepiece
+    except ImportError:
+        raise SystemExit("the reproduction recipes learn their BPE with sentencepiece: pip install -e .[reproduce] "
+                         "(or `make install`)") from None
+    return sentencepiece
+
+
+def learn_bpe(texts: Sequence[str], prefix: str, vocab_size: int) -> str:
+    """Learn a joint BPE model (sentencepiece, ``model_type=bpe``) on ``texts``; return the model path.
+
+    Deterministic: every sentence is used, in order, on one thread."""
+    spm = _sentencepiece()
+    corpus = prefix + ".corpus.txt"
+    write_lines(corpus, texts)
+    spm.SentencePieceTrainer.train(
+        input=corpus, model_prefix=prefix, vocab_size=vocab_size, model_type="bpe", character_coverage=1.0,
+        num_threads=1, shuffle_input_sentence=False, input_sentence_size=0, bos_id=-1, eos_id=-1, pad_id=-1,
+        unk_id=0, minloglevel=2)
+    os.remove(corpus)
+    return prefix + ".model"
+
+
+def encode(model: str, lines: Sequence[str]) -> List[str]:
+    """BPE pieces of each line, space-separated (fairseq's input; ``--post-process sentencepiece`` undoes it)."""
+    sp = _sentencepiece().SentencePieceProcessor(model_file=model)
+    return [" ".join(pieces) for pieces in sp.encode(list(lines), out_type=str)]
+
+
+def prepare_multi30k(data: str, src: str, tgt: str, bpe_size: int, out: str, limit: int = 0) -> Dict[str, str]:
+    """Raw references and BPE-encoded text of every split for ``src -> tgt``, in ``out``.
+
+    Writes ``out/raw/SPLIT.LANG`` (the detokenized originals: references for sacrebleu), ``out/bpe/SPLIT.LANG``
+    and ``out/spm.model`` (joint BPE of the training text of both languages). ``limit`` keeps the first
+    lines of every split (tests). Returns ``{"bpe": dir, "raw": dir, "model": path}``."""
+    files = multi30k_files(data, [src, tgt])
+    raw_dir, bpe_dir = os.path.join(out, "raw"), os.path.join(out, "bpe")
+    texts = {(split, lang): read_lines(path, limit) for split, by_lang in files.items() for lang, path in by_lang.items()}
+    for (split, lang), lines in texts.items():
+        write_lines(os.path.join(raw_dir, f"{split}.{lang}"), lines)
+    model = learn_bpe(texts["train", src] + texts["train", tgt], os.path.join(out, "spm"), bpe_size)
+    for (split, lang), lines in texts.items():
+        write_lines(os.path.join(bpe_dir, f"{split}.{lang}"), encode(model, lines))
+    return {"bpe": bpe_dir, "raw": raw_dir, "model": model}
+
+
+def require_internet(what: str, urls: Sequence[str], timeout: float = 5.0) -> None:
+    """Stop at once, naming ``what`` and the ``urls`` it needs, when the first URL's host is unreachable."""
+    host = urls[0].split("/")[2]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError as e:
+        raise SystemExit(f"{what} needs the internet ({host} unreachable: {e}). On a machine with internet it "
+                         f"downloads:\n  " + "\n  ".join(urls)) from None
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.data", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="corpus", required=True)
+    m = sub.add_parser("multi30k", help="Multi30k task 1 from --data, joint BPE, raw references")
+    m.add_argument("--data", default=os.path.join("..", "shared", "data"))
+    m.add_argument("--src", required=True, choices=["en", "de", "fr"])
+    m.add_argument("--tgt", required=True, choices=["en", "de", "fr"])
+    m.add_argument("--bpe-size", type=int, default=8000)
+    m.add_argument("--limit", type=int, default=0, help="first N lines of every split (0: all)")
+    m.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    if args.corpus == "multi30k":
+        prepare_multi30k(args.data, args.src, args.tgt, args.bpe_size, args.out, args.limit)
+        print(f"wrote {args.out}/bpe, {args.out}/raw, {args.out}/spm.model", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""The reproduction report: ``docs/reproduction.md`` from the committed ``docs/reproduction/*.json``.
+
+    python -m recipes.reproduce.report                       # collect results/reproduce/*, then write the report
+    python -m recipes.reproduce.report --no-collect          # rebuild the report from the committed json only
+
+``--collect`` copies each table's results (``OUT/TABLE/results.json``, its finished cells without the
+hypotheses, ``costs.json``) into ``docs/reproduction/TABLE.json``; the report is then generated from those files
+alone, so it can be rebuilt on any machine. For each table: our numbers (mean +- std over seeds, the seeds, the
+scale) beside the paper's, the cost columns, plots (score per head with every seed, valid loss against updates,
+training cost), and a paragraph of what the numbers show, saying where two heads differ by less than the seed
+spread.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+from recipes.reproduce import TABLE_MODULES
+from recipes.reproduce import results as R
+from recipes.reproduce.runner import relative_paths
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOCS = os.path.join(ROOT, "docs")
+METRIC_NAMES = {"bleu": "BLEU", "ppl": "perplexity",
+                "time_out_layer_same_bsz": "out layer, same batch", "time_all_layers_same_bsz": "all layers, same batch",
+                "time_out_layer_same_mem": "out layer, same memory", "time_all_layers_same_mem": "all layers, same memory"}
+SCORES = ("bleu", "ppl")
+
+
+def collect(results_dir: str, docs_dir: str) -> List[str]:
+    """Copy every table's results under ``results_dir`` into ``docs_dir/reproduction/TABLE.json``."""
+    written = []
+    for table in TABLE_MODULES:
+        table_dir = os.path.join(results_dir, table)
+        path = os.path.join(table_dir, "results.json")
+        if not os.path.isfile(path):
+            continue
+        costs_path = os.path.join(table_dir, "costs.json")
+        costs = json.load(open(costs_path)) if os.path.isfile(costs_path) else None
+        cells = list(R.cells(table_dir))  # whole records: a new machine resumes from them
+        for c in cells:
+            c["commands"] = [relative_paths(line) for line in c["commands"]]
+        rows = R.load_rows(path)
+        for r in rows:
+            r["command"] = relative_paths(r["command"])
+        from recipes.reproduce import get_table
+
+        obj = {"table": table, "description": get_table(table).description, "rows": rows,
+               "cells": cells, "costs": costs}
+        out = os.path.join(docs_dir, "reproduction", f"{table}.json")
+        R.save_json(out, obj)
+        written.append(out)
+    return written
+
+
+def _fmt(mean: Optional[float], std: Optional[float], digits: int = 2) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
+def _score_rows(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [r for r in rows if r["metric"] in SCORES]
+
+
+def score_table(rows: List[Dict[str, Any]]) -> str:
+    """Markdown table: one line per head, one column per split (mean ± std, n seeds), the paper's number."""
+    rows = _score_rows(rows)
+    if not rows:
+        return "_no finished cells yet_\n"
+    splits = list(dict.fromkeys(r["split"] for r in rows))
+    heads = list(dict.fromkeys(r["head"] for r in rows))
+    metric = METRIC_NAMES.get(rows[0]["metric"], rows[0]["metric"])
+    lines = ["| head | " + " | ".join(f"{metric} {s}" for s in splits) + " | seeds | paper (full scale) |",
+             "|---|" + "---|" * (len(splits) + 2)]
+    for head in heads:
+        by_split = {r["split"]: r for r in rows if r["head"] == head}
+        any_row = next(iter(by_split.values()))
+        cells = [_fmt(by_split[s]["mean"], by_split[s]["std"]) if s in by_split else "-" for s in splits]
+        paper = "-" if any_row["paper"] is None else f"{any_row['paper']:.1f}"
+        lines.append(f"| {head} | " + " | ".join(cells) + f" | {len(any_row['values'])} | {paper} |")
+    return "\n".join(lines) + "\n"
+
+
+def cost_table(rows: List[Dict[str, Any]]) -> str:
+    rows = [r for r in rows if r["metric"].startswith("time_")]
+    if not rows:
+        return ""
+    metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    heads = list(dict.fromkeys(r["head"] for r in rows))
+    lines = ["| head | " + " | ".join(f"{METRIC_NAMES[m]} (ours / paper)" for m in metrics) + " |",
+             "|---|" + "---|" * len(metrics)]
+    for head in heads:
+        by = {r["metric"]: r for r in rows if r["head"] == head}
+        cells = []
+        for m in metrics:
+            r = by.get(m)
+            cells.append("-" if r is None else f"{r['mean']:.2f}x / " + ("-" if r["paper"] is None else f"{r['paper']:.2f}x"))
+        lines.append(f"| {head} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def findings(rows: List[Dict[str, Any]], higher_is_better: bool = True) -> str:
+    """What the scores show, per split: each head against softmax, within the seed spread or not."""
+    rows = _score_rows(rows)
+    out = []
+    for split in dict.fromkeys(r["split"] for r in rows):
+        by = {r["head"]: r for r in rows if r["split"] == split}
+        base = by.get("softmax")
+        if base is None:
+            continue
+        parts = []
+        for head, r in by.items():
+            if head == "softmax":
+                continue
+            diff = r["mean"] - base["mean"]
+            spread = max(s for s in (r["std"], base["std"], 0.0) if s is not None)
+            better = (diff > 0) == higher_is_better
+            if len(r["values"]) < 2 or len(base["values"]) < 2:
+                verdict = "one seed: no spread to compare against"
+            elif abs(diff) <= spread:
+                verdict = f"within the seed spread ({spread:.2f}): no ranking"
+            else:
+                verdict = ("better" if better else "worse") + f" by more than the seed spread ({spread:.2f})"
+            parts.append(f"{head} {diff:+.2f} ({verdict})")
+        if parts:
+            out.append(f"On {split}, against softmax ({_fmt(base['mean'], base['std'])}): " + "; ".join(parts) + ".")
+    return " ".join(out)
+
+
+def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
+    """Score per head (every seed a dot), valid loss against updates, cost ratios; returns the file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = obj["table"]
+    written = []
+    rows = _score_rows(obj["rows"])
+    if rows:
+        splits = list(dict.fromkeys(r["split"] for r in rows))
+        heads = list(dict.fromkeys(r["head"] for r in rows))
+        fig, axes = plt.subplots(1, len(splits), figsize=(4.5 * len(splits), 3.2), squeeze=False)
+        for ax, split in zip(axes[0], splits):
+            for i, head in enumerate(heads):
+                r = next((r for r in rows if r["head"] == head and r["split"] == split), None)
+                if r is None:
+                    continue
+                ax.bar(i, r["mean"], color="C0" if head == "softmax" else "C1", alpha=0.5)
+                ax.plot([i] * len(r["values"]), r["values"], "k.", ms=6)
+            ax.set_xticks(range(len(heads)), heads, rotation=30, ha="right")
+            ax.set_title(split, fontsize=9)
+            ax.set_ylabel(METRIC_NAMES.get(rows[0]["metric"], rows[0]["metric"]))
+            lo = min(v for r in rows if r["split"] == split for v in r["values"])
+            ax.set_ylim(max(0.0, lo - 3), None)
+        fig.suptitle(f"{table}: per head (bars: mean, dots: seeds)", fontsize=10)
+        fig.tight_layout()
+        name = f"{table}-scores.png"
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+        written.append(name)
+    curves = [c for c in obj.get("cells", []) if c.get("valid_curve")]
+    if curves:
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        heads = list(dict.fromkeys(c["head"] for c in curves))
+        for i, head in enumerate(heads):
+            for j, c in enumerate(x for x in curves if x["head"] == head):
+                u, loss = zip(*c["valid_curve"])
+                ax.plot(u, loss, color=f"C{i}", alpha=0.8, label=head if j == 0 else None)
+        ax.set_xlabel("updates")
+        ax.set_ylabel("valid loss (base 2, label-smoothed)")
+        ax.set_title(f"{table}: validation loss, every seed", fontsize=10)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        name = f"{table}-valid-loss.png"
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+        written.append(name)
+    cost_rows = [r for r in obj["rows"] if r["metric"].startswith("time_")]
+    if cost_rows:
+        metrics = list(dict.fromkeys(r["metric"] for r in cost_rows))
+        heads = list(dict.fromkeys(r["head"] for r in cost_rows))
+        fig, ax = plt.subplots(figsize=(6.5, 3.5))
+        width = 0.8 / len(heads)
+        for i, head in enumerate(heads):
+            vals = [next((r["mean"] for r in cost_rows if r["head"] == head and r["metric"] == m), 0) for m in metrics]
+            ax.bar([k + i * width for k in range(len(metrics))], vals, width, label=head)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(metrics))], [METRIC_NAMES[m] for m in metrics],
+                      rotation=15, fontsize=8)
+        ax.set_ylabel("training time / softmax's")
+        ax.set_title(f"{table}: training cost (mini model, CPU)", fontsize=10)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        name = f"{table}-cost.png"
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+INTRO = """# Reproduced tables
+
+Generated by `python -m recipes.reproduce.report` from `docs/reproduction/*.json` (do not edit by hand).
+Every number below comes from a run of `python -m recipes.reproduce TABLE --scale mini` on this project's
+2-core CPU machine (the commands of every cell are in the json files and in `results/reproduce/TABLE/commands.sh`
+of the machine that ran them); the paper's numbers are the full-size ones (GPU clusters, WMT'14 / the papers'
+corpora), so they are a reference for the *ordering* of heads and the *cost ratios*, not for the absolute value
+of a mini number. `--scale full --dry-run` prints the full-size commands and parameter counts.
+Mean ± sample std over seeds; "within the seed spread" means the difference of means is no larger than the
+larger of the two standard deviations, and then we do not rank the heads.
+"""
+
+
+def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "") -> str:
+    rows = obj["rows"]
+    scale = rows[0]["scale"] if rows else "-"
+    lines = [f"## {obj['table']}: {obj['description']}", "", f"Scale: **{scale}**. {notes}".rstrip(), "",
+             score_table(rows)]
+    costs = cost_table(rows)
+    if costs:
+        lines += ["Training time as a ratio to softmax (the paper's cost columns; ours on the mini model, CPU):", "",
+                  costs]
+        c = obj.get("costs") or {}
+        if c:
+            batches = ", ".join(f"{h} {b['all']}/{b['out']}" for h, b in c["same_mem_batch"].items())
+            lines += [f"Same batch: {c['batch']} sentences. Same memory: softmax's peak at {c['batch']} sentences "
+                      f"x {c['budget_factor']} (all layers {c['budget_bytes']['all'] / 2**20:.0f} MiB, output "
+                      f"layer {c['budget_bytes']['out'] / 2**20:.0f} MiB); largest batch that fits, all layers / "
+                      f"output layer: {batches}; time per sentence at that batch. {c['threads']} threads.", ""]
+    text = findings(rows, higher_is_better=not any(r["metric"] == "ppl" for r in rows))
+    if text:
+        lines += ["**What it shows.** " + text, ""]
+    for name in plots(obj, out_dir):
+        lines += [f"![{name}](reproduction/{name})", ""]
+    if rows:
+        lines += ["Commands (first seed of each head; every seed in the json):", "", "```"]
+        seen = set()
+        for r in _score_rows(rows):
+            if r["head"] not in seen:
+                seen.add(r["head"])
+                lines.append(r["command"])
+        lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -> str:
+    """Write ``docs_dir/reproduction.md`` (and its plots) from ``docs_dir/reproduction/*.json``; return it."""
+    src = os.path.join(docs_dir, "reproduction")
+    os.makedirs(src, exist_ok=True)
+    sections = [INTRO]
+    for table in TABLE_MODULES:
+        path = os.path.join(src, f"{table}.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                obj = json.load(f)
+            from recipes.reproduce import get_table
+
+            note = getattr(get_table(table), "report_notes", "")
+            sections.append(table_section(obj, src, (notes or {}).get(table, note)))
+    text = "\n".join(sections)
+    with open(os.path.join(docs_dir, "reproduction.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.report", description=__doc__.split("\n")[0])
+    p.add_argument("--results", default=os.path.join("results", "reproduce"), help="where the tables ran")
+    p.add_argument("--docs", default=DOCS)
+    p.add_argument("--no-collect", action="store_true", help="only rebuild the report from the committed json")
+    args = p.parse_args(argv)
+    if not args.no_collect:
+        for path in collect(args.results, args.docs):
+            print(f"collected {path}")
+    build_report(args.docs)
+    print(f"wrote {os.path.join(args.docs, 'reproduction.md')}")
+
+
+if __name__ == "__main__":
+    main()

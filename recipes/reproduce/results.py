@@ -1,0 +1,121 @@
+"""Results of the reproduced tables: one row per (table, dataset, split, head, metric), values per seed.
+
+``OUT/TABLE/results.json`` is a list of rows::
+
+    {"table", "dataset", "split", "head", "options", "metric", "values" (one per seed, in seed order), "seeds",
+     "mean", "std" (sample std over seeds; null for one seed), "paper" (the paper's number or null), "scale",
+     "command"}
+
+Each finished cell (table, head, seed) is kept in ``OUT/TABLE/cells/HEAD-seedK.json`` (its scores, valid-loss
+curve, timings); the rows are rebuilt from the cells, so a rerun skips what is done and a new machine given the
+committed cells continues where the last one stopped.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from typing import Any, Dict, Iterable, List, Optional
+
+ROW_KEYS = ("table", "dataset", "split", "head", "options", "metric", "values", "seeds", "mean", "std", "paper",
+            "scale", "command")
+
+
+def mean_std(values: List[float]):
+    """``(mean, sample std)``; std is None for fewer than two values."""
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def make_row(**fields) -> Dict[str, Any]:
+    """A results row: ``values``/``seeds`` given, ``mean``/``std`` computed; every key of :data:`ROW_KEYS`."""
+    values = [float(v) for v in fields["values"]]
+    mean, std = mean_std(values)
+    row = {k: fields.get(k) for k in ROW_KEYS}
+    row.update(values=values, mean=mean, std=std)
+    missing = [k for k in ("table", "dataset", "split", "head", "metric", "scale") if row[k] is None]
+    if missing:
+        raise ValueError(f"results row lacks {', '.join(missing)}: {fields}")
+    return row
+
+
+def cell_path(table_dir: str, head: str, seed: int) -> str:
+    return os.path.join(table_dir, "cells", f"{head}-seed{seed}.json")
+
+
+def load_cell(table_dir: str, head: str, seed: int) -> Optional[Dict[str, Any]]:
+    """The finished cell's record, or None."""
+    path = cell_path(table_dir, head, seed)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def save_json(path: str, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically (a killed run never leaves half a file)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=False, default=_json_default)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _json_default(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def load_rows(path: str) -> List[Dict[str, Any]]:
+    with open(path) as f:
+        rows = json.load(f)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and set(ROW_KEYS) <= set(r) for r in rows):
+        raise ValueError(f"{path}: not a results list (rows with keys {', '.join(ROW_KEYS)})")
+    return rows
+
+
+def cells(table_dir: str) -> Iterable[Dict[str, Any]]:
+    """Every finished cell record of a table, sorted by head then seed."""
+    directory = os.path.join(table_dir, "cells")
+    if not os.path.isdir(directory):
+        return []
+    records = []
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".json"):
+            with open(os.path.join(directory, name)) as f:
+                records.append(json.load(f))
+    return sorted(records, key=lambda r: (r["head"], r["seed"]))
+
+
+#: what must agree for a committed cell to stand for one this run would make
+CELL_CONFIG = ("table", "head", "options", "seed", "scale", "updates", "bpe_size", "limit")
+
+
+def restore_cells(table_dir: str, committed: str, log=print) -> int:
+    """Copy the finished cells of a committed table file (``docs/reproduction/TABLE.json``) that ``table_dir``
+    lacks into ``table_dir/cells``: a new machine continues where the last one stopped (a cell counts as done
+    only when its settings agree with the run's, :func:`same_config`). Returns how many it restored."""
+    if not os.path.isfile(committed):
+        return 0
+    with open(committed) as f:
+        records = json.load(f).get("cells", [])
+    restored = 0
+    for record in records:
+        if "commands" not in record or load_cell(table_dir, record["head"], record["seed"]) is not None:
+            continue
+        save_json(cell_path(table_dir, record["head"], record["seed"]), record)
+        restored += 1
+    if restored:
+        log(f"restored {restored} finished cell(s) from {committed} (their hypotheses stay on the machine that "
+            f"ran them)")
+    return restored
+
+
+def same_config(record: Dict[str, Any], expected: Dict[str, Any]) -> bool:
+    """Whether a cell record was made with ``expected``'s settings: the keys of :data:`CELL_CONFIG` that both
+    give agree (a record from before a key was kept is judged on the others)."""
+    return all(record[k] == v for k, v in expected.items() if k in CELL_CONFIG and k in record)

@@ -1,0 +1,112 @@
+"""Running fairseq's own command line for a table: every command logged to ``commands.sh``, output to a log file,
+progress from the training log, failures that name the cell and the log.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence
+
+BIN = os.path.dirname(sys.executable)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLUGIN = os.path.join(ROOT, "fairseq_plugin")
+UPDATES = re.compile(r'"(?:train_inner_)?num_updates": "(\d+)"|num_updates[ =](\d+)')
+
+
+def tool(name: str) -> str:
+    """A console script (``fairseq-train`` ...) of this Python's environment, else from PATH."""
+    path = os.path.join(BIN, name)
+    return path if os.path.exists(path) else name
+
+
+def shell_line(cmd: Sequence[str]) -> str:
+    """``cmd`` as a shell line to run from the project root: this environment's scripts by their names, paths
+    inside the project (or beside it, as ``../shared/data``) relative to it."""
+    return relative_paths(shlex.join(os.path.basename(str(c)) if str(c).startswith(BIN + os.sep) else str(c)
+                                     for c in cmd))
+
+
+def relative_paths(line: str) -> str:
+    """``line`` with the project's absolute path, and its parent's, written relative to the project root."""
+    parent = os.path.dirname(ROOT)
+    return line.replace(ROOT + os.sep, "").replace(parent + os.sep, ".." + os.sep).replace(sys.executable, "python")
+
+
+class Runner:
+    """Runs a table's commands, recording each in ``TABLE_DIR/commands.sh`` (once; reruns add only new lines)."""
+
+    def __init__(self, table_dir: str, log=print, progress: bool = True):
+        self.table_dir = table_dir
+        self.log = log
+        self.progress = progress
+        self.commands_path = os.path.join(table_dir, "commands.sh")
+
+    def record(self, cmd: Sequence[str], comment: Optional[str] = None) -> str:
+        """Add ``cmd`` (and a ``# comment`` line before it) to commands.sh unless it is there; return the line."""
+        line = shell_line(cmd)
+        os.makedirs(self.table_dir, exist_ok=True)
+        known = open(self.commands_path).read().splitlines() if os.path.exists(self.commands_path) else []
+        if line not in known:
+            with open(self.commands_path, "a") as f:
+                if not known:
+                    f.write("#!/bin/sh\n# every command `python -m recipes.reproduce` ran for this table, in order;\n"
+                            "# run from the project root (fairseq-train needs --user-dir fairseq_plugin)\nset -e\n")
+                f.write((f"# {comment}\n" if comment else "") + line + "\n")
+        return line
+
+    def run(self, cmd: Sequence[str], log_path: str, cell: str, comment: Optional[str] = None,
+            total_updates: Optional[int] = None, env: Optional[Dict[str, str]] = None) -> str:
+        """Run ``cmd`` (recorded first), its output to ``log_path`` (appended: a resumed run keeps the earlier
+        log), with a progress bar over the updates when ``total_updates`` is given. Returns this run's output.
+        A non-zero exit stops with the cell, the log file and its last lines."""
+        self.record(cmd, comment)
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        full_env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+        bar = None
+        if total_updates and self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total_updates, desc=cell, unit="upd", leave=False, file=sys.stderr)
+        out: List[str] = []
+        with open(log_path, "a") as log:
+            log.write(f"$ {shell_line(cmd)}\n")
+            log.flush()
+            proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, env=full_env, cwd=ROOT)
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()  # the log shows progress as it happens (tail -f)
+                out.append(line)
+                if bar is not None:
+                    m = UPDATES.search(line)
+                    if m:
+                        bar.n = min(total_updates, int(m.group(1) or m.group(2)))
+                        bar.refresh()
+            rc = proc.wait()
+        if bar is not None:
+            bar.close()
+        if rc != 0:
+            tail = "".join(out[-15:])
+            raise SystemExit(f"cell {cell} failed ({os.path.basename(str(cmd[0]))} exit {rc}); log: {log_path}\n{tail}")
+        return "".join(out)
+
+
+def parse_valid_curve(log_text: str) -> List[List[float]]:
+    """``[[num_updates, valid_loss], ...]`` from a fairseq-train log in ``--log-format json`` (base 2 losses)."""
+    curve = {}
+    for line in log_text.splitlines():
+        if "| valid |" in line and "{" in line:
+            stats = json.loads(line[line.index("{"):])
+            if "valid_loss" in stats and "valid_num_updates" in stats:
+                curve[int(stats["valid_num_updates"])] = float(stats["valid_loss"])
+    return [[u, loss] for u, loss in sorted(curve.items())]
+
+
+def parse_train_wall(log_text: str) -> Optional[float]:
+    """The last ``train_wall`` (seconds spent in training steps, over resumes) of a fairseq-train log."""
+    walls = re.findall(r'"train_wall": "([\d.]+)"', log_text)
+    return float(walls[-1]) if walls else None

@@ -1,0 +1,256 @@
+"""The translation tables (Mixtape paper, Tables 1, 5 and 6): a transformer with each head, trained and scored
+through fairseq's own command line.
+
+* ``--scale mini`` (a 2-core CPU): Multi30k from ``--data``, a joint sentencepiece BPE learned here, a small
+  transformer (:data:`MINI_MODEL`) trained for a fixed number of updates per cell, beam 5, sacrebleu on the
+  detokenized hypotheses of test_2016_flickr and test_2017_flickr; plus the paper's cost columns measured on
+  this model (:mod:`recipes.reproduce.costs`).
+* ``--scale full`` (a GPU cluster): the paper's section 4.2 models on WMT'14 (data prepared on a machine with
+  internet by :mod:`recipes.reproduce.wmt`); ``--dry-run`` prints the commands and counts every model's
+  parameters on the meta device.
+
+Each (head, seed) cell: ``fairseq-train`` (resumes from its ``checkpoint_last.pt`` when interrupted) ->
+``fairseq-generate --beam 5 --post-process sentencepiece`` on every test set -> ``HEAD/seedK/TESTSET.hyp``
+(detokenized, one line per source sentence, in test order) -> sacrebleu against the raw references.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from recipes.reproduce import data as D
+from recipes.reproduce import results as R
+from recipes.reproduce.runner import PLUGIN, Runner, parse_train_wall, parse_valid_curve, shell_line, tool
+from recipes.reproduce.variants import Variant, resolve
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOCS = os.path.join(ROOT, "docs")
+#: the default --out, made absolute as the command line makes it
+DEFAULT_OUT = os.path.join(ROOT, "results", "reproduce")
+
+#: the mini transformer: 2+2 layers, 256-d, pre-norm (stable at a high learning rate), shared embeddings
+MINI_MODEL = ["--arch", "head_transformer", "--encoder-layers", "2", "--decoder-layers", "2",
+              "--encoder-normalize-before", "--decoder-normalize-before",
+              "--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "512",
+              "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+              "--share-all-embeddings", "--dropout", "0.1"]
+#: its training schedule: Adam, a short warm-up for few updates, batches of 4096 tokens, label smoothing 0.1
+MINI_TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0", "--lr", "0.003",
+              "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--warmup-init-lr", "1e-07",
+              "--max-tokens", "4096", "--label-smoothing", "0.1"]
+MINI_UPDATES = 360
+#: the paper's settings for the heads on MT (section 4.2): K = 4, r = 0.5, noise 0.1 on the gate priors; the
+#: dropout on tanh(U_k g) is the table's (En-De 0.2, En-Fr 0.15); MoS as the paper's baseline, K = 9
+MT_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.5, "gate_noise": 0.1},
+                   "mos": {"num_components": 9}}
+#: mini heads, and how many seeds each gets by default (issue: 3 for the compared heads, 1 for the others)
+MINI_HEADS = ["softmax", "mixtape", "mos-4", "plif", "sigsoftmax"]
+MINI_SEEDS = {"softmax": 3, "mixtape": 3, "mos-4": 3}
+MINI_HEAD_OPTIONS = {"plif": {"num_knots": 10000}}
+
+
+@dataclass
+class TranslationTable:
+    """One translation table: a language pair, the paper's numbers, the full-size model."""
+
+    name: str
+    src: str
+    tgt: str
+    description: str
+    paper_bleu: Dict[str, float]
+    #: the paper's cost columns per head: seconds (same batch) / ms per instance (same memory)
+    paper_costs: Dict[str, Dict[str, float]]
+    full_model: List[str]
+    full_train: List[str]
+    full_updates: int
+    gate_dropout: float
+    full_data: str
+    full_heads: List[str] = field(default_factory=lambda: ["softmax", "mos-9", "mixtape"])
+    scales = ("mini", "full")
+
+    # -- heads -------------------------------------------------------------------------------
+    def head_options(self, scale: str) -> Dict[str, Dict[str, Any]]:
+        options = {k: dict(v) for k, v in MT_HEAD_OPTIONS.items()}
+        options["mixtape"]["gate_dropout"] = self.gate_dropout
+        if scale == "mini":
+            for head, extra in MINI_HEAD_OPTIONS.items():
+                options.setdefault(head, {}).update(extra)
+        return options
+
+    def variants(self, args) -> List[Variant]:
+        names = args.heads or (MINI_HEADS if args.scale == "mini" else self.full_heads)
+        return resolve(names, self.head_options(args.scale))
+
+    def seeds_for(self, variant: Variant, args) -> List[int]:
+        n = args.seeds if args.seeds else (MINI_SEEDS.get(variant.name, 1) if args.scale == "mini" else 1)
+        return list(range(1, n + 1))
+
+    def paper_bleu_for(self, variant: Variant) -> Optional[float]:
+        return self.paper_bleu.get(variant.name)
+
+    # -- commands ----------------------------------------------------------------------------
+    def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args) -> List[str]:
+        full = args.scale == "full"
+        updates = args.max_updates or (self.full_updates if full else MINI_UPDATES)
+        model, train = (self.full_model, self.full_train) if full else (MINI_MODEL, MINI_TRAIN)
+        return [tool("fairseq-train"), bin_dir, "--user-dir", PLUGIN, "--task", "translation",
+                "--source-lang", self.src, "--target-lang", self.tgt, *model,
+                "--output-head", variant.head, "--head-options", json.dumps(variant.options, sort_keys=True),
+                "--criterion", "head_cross_entropy", *train, "--max-update", str(updates), "--seed", str(seed),
+                "--save-dir", save_dir, "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "10",
+                "--num-workers", "0", *(["--cpu"] if not full else ["--fp16"])]
+
+    def generate_command(self, bin_dir: str, checkpoint: str, subset: str, args) -> List[str]:
+        return [tool("fairseq-generate"), bin_dir, "--user-dir", PLUGIN, "--task", "translation",
+                "--source-lang", self.src, "--target-lang", self.tgt, "--path", checkpoint, "--gen-subset", subset,
+                "--beam", "5", "--lenpen", "1.0", "--batch-size", "128", "--max-len-a", "1.5", "--max-len-b", "10",
+                # fairseq drops a last batch smaller than the multiple (8): every sentence must be translated
+                "--required-batch-size-multiple", "1", "--post-process", "sentencepiece",
+                "--num-workers", "0", *(["--cpu"] if args.scale == "mini" else ["--fp16"])]
+
+    # -- data --------------------------------------------------------------------------------
+    def prepare_mini(self, runner: Runner, args, table_dir: str) -> Dict[str, Any]:
+        """Multi30k -> raw references, BPE, ``fairseq-preprocess`` (skipped when done)."""
+        prep = os.path.join(table_dir, "data")
+        bin_dir = os.path.join(prep, "bin")
+        D.multi30k_files(args.data, [self.src, self.tgt])  # a clear stop before anything else
+        tests = list(D.MULTI30K_TESTS)
+        done = os.path.join(prep, "done.json")
+        if not os.path.isfile(done):
+            limit = ["--limit", str(args.limit)] if args.limit else []
+            runner.run([sys.executable, "-m", "recipes.reproduce.data", "multi30k", "--data", args.data,
+                        "--src", self.src, "--tgt", self.tgt, "--bpe-size", str(args.bpe_size), *limit,
+                        "--out", prep], os.path.join(prep, "prepare.log"), "data", comment="data: Multi30k + BPE")
+            bpe = os.path.join(prep, "bpe")
+            shutil.rmtree(bin_dir, ignore_errors=True)
+            runner.run([tool("fairseq-preprocess"), "--source-lang", self.src, "--target-lang", self.tgt,
+                        "--trainpref", os.path.join(bpe, "train"), "--validpref", os.path.join(bpe, "valid"),
+                        "--testpref", ",".join(os.path.join(bpe, t) for t in tests), "--destdir", bin_dir,
+                        "--joined-dictionary", "--workers", "2"], os.path.join(prep, "prepare.log"), "data")
+            R.save_json(done, {"tests": tests, "bpe_size": args.bpe_size, "limit": args.limit})
+        # fairseq names the test sets test, test1, ...
+        subsets = {t: ("test" if i == 0 else f"test{i}") for i, t in enumerate(tests)}
+        return {"bin": bin_dir, "raw": os.path.join(prep, "raw"), "subsets": subsets}
+
+    # -- one cell ----------------------------------------------------------------------------
+    def cell_config(self, variant: Variant, seed: int, args) -> Dict[str, Any]:
+        """The settings a finished cell is kept under (a committed cell stands for a new one only if they agree)."""
+        full = args.scale == "full"
+        return {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
+                "scale": args.scale, "updates": args.max_updates or (self.full_updates if full else MINI_UPDATES),
+                "bpe_size": None if full else args.bpe_size, "limit": args.limit}
+
+    def finished(self, table_dir: str, variant: Variant, seed: int, args) -> bool:
+        record = R.load_cell(table_dir, variant.name, seed)
+        return record is not None and R.same_config(record, self.cell_config(variant, seed, args))
+
+    def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str):
+        cell_dir = os.path.join(table_dir, variant.name, f"seed{seed}")
+        save_dir = os.path.join(cell_dir, "checkpoints")
+        log_path = os.path.join(cell_dir, "train.log")
+        train = self.train_command(prepared["bin"], variant, seed, save_dir, args)
+        updates = int(train[train.index("--max-update") + 1])
+        runner.run(train, log_path, label, comment=f"{label}: train", total_updates=updates)
+        log_text = open(log_path).read()
+        checkpoint = os.path.join(save_dir, "checkpoint_best.pt")
+        bleu, commands = {}, [shell_line(train)]
+        for testset, subset in prepared["subsets"].items():
+            gen = self.generate_command(prepared["bin"], checkpoint, subset, args)
+            out = runner.run(gen, os.path.join(cell_dir, f"generate-{testset}.log"), label,
+                             comment=f"{label}: translate {testset} (hypotheses: H-lines, detokenized)")
+            hyps = hypotheses(out)
+            refs = D.read_lines(os.path.join(prepared["raw"], f"{testset}.{self.tgt}"))
+            if len(hyps) != len(refs):
+                raise SystemExit(f"cell {label}: {len(hyps)} hypotheses for {len(refs)} references of {testset}; "
+                                 f"see {os.path.join(cell_dir, f'generate-{testset}.log')}")
+            hyp_path = os.path.join(cell_dir, f"{testset}.hyp")
+            D.write_lines(hyp_path, hyps)
+            ref_path = os.path.join(prepared["raw"], f"{testset}.{self.tgt}")
+            score_cmd = ["sacrebleu", ref_path, "-i", hyp_path, "-m", "bleu", "-b", "-w", "2"]
+            runner.record(score_cmd, comment=f"{label}: score {testset}")
+            bleu[testset] = corpus_bleu(hyps, refs)
+            commands += [shell_line(gen), shell_line(score_cmd)]
+        record = {**self.cell_config(variant, seed, args), "registry_head": variant.head, "bleu": bleu,
+                  "valid_curve": parse_valid_curve(log_text), "train_wall_s": parse_train_wall(log_text),
+                  "commands": commands}
+        R.save_json(R.cell_path(table_dir, variant.name, seed), record)
+        if not args.keep_checkpoints:
+            shutil.rmtree(save_dir, ignore_errors=True)
+        return record
+
+    # -- the table ---------------------------------------------------------------------------
+    def run(self, args, log=print) -> List[Dict[str, Any]]:
+        table_dir = os.path.join(args.out, self.name)
+        variants = self.variants(args)
+        runner = Runner(table_dir, log=log, progress=not args.quiet)
+        if args.scale == "full":
+            from recipes.reproduce import wmt
+
+            if args.dry_run:
+                return wmt.plan(self, variants, args, table_dir, log)
+            prepared = wmt.prepared_full(self, args)
+        else:
+            prepared = self.prepare_mini(runner, args, table_dir)
+        if args.out == DEFAULT_OUT:  # continue from the committed cells of another machine
+            R.restore_cells(table_dir, os.path.join(DOCS, "reproduction", f"{self.name}.json"), log)
+        # seed 1 of every head first: a run cut short still compares every head
+        todo = sorted(((v, s) for v in variants for s in self.seeds_for(v, args)), key=lambda c: c[1])
+        for i, (variant, seed) in enumerate(todo, 1):
+            label = f"{self.name} cell {i}/{len(todo)} {variant.name} seed {seed}"
+            if self.finished(table_dir, variant, seed, args):
+                log(f"{label}: done (cells/{variant.name}-seed{seed}.json), skipped")
+                continue
+            log(f"{label}: training ({os.path.join(table_dir, variant.name, f'seed{seed}', 'train.log')})")
+            record = self.run_cell(runner, prepared, variant, seed, args, table_dir, label)
+            log(f"{label}: BLEU " + ", ".join(f"{t} {b:.2f}" for t, b in record["bleu"].items()))
+            R.save_json(os.path.join(table_dir, "results.json"), self.rows(table_dir, variants, args))  # so far
+        costs = None
+        if not args.no_costs and args.scale == "mini":
+            from recipes.reproduce import costs as C
+
+            costs = C.table_costs(runner, self, prepared, variants, args, table_dir, log)
+        rows = self.rows(table_dir, variants, args, costs)
+        R.save_json(os.path.join(table_dir, "results.json"), rows)
+        return rows
+
+    def rows(self, table_dir: str, variants: Sequence[Variant], args, costs=None) -> List[Dict[str, Any]]:
+        """Results rows from the finished cells (and the cost columns, when measured)."""
+        rows = []
+        for variant in variants:
+            records = [R.load_cell(table_dir, variant.name, s) for s in self.seeds_for(variant, args)
+                       if self.finished(table_dir, variant, s, args)]
+            if not records:
+                continue
+            for testset in records[0]["bleu"]:
+                rows.append(R.make_row(
+                    table=self.name, dataset="multi30k" if args.scale == "mini" else "wmt14", split=testset,
+                    head=variant.name, options=variant.options, metric="bleu",
+                    values=[r["bleu"][testset] for r in records], seeds=[r["seed"] for r in records],
+                    paper=self.paper_bleu_for(variant), scale=args.scale, command=records[0]["commands"][0]))
+            for metric, paper in (costs or {}).get(variant.name, {}).items():
+                rows.append(R.make_row(table=self.name, dataset="multi30k", split="train", head=variant.name,
+                                       options=variant.options, metric=metric, values=[paper["ours"]],
+                                       seeds=[], paper=paper["paper"], scale=args.scale,
+                                       command=paper["command"]))
+        return rows
+
+
+def hypotheses(generate_output: str) -> List[str]:
+    """The detokenized hypotheses (``H-i`` lines) of fairseq-generate's output, in source order."""
+    hyps = {}
+    for line in generate_output.splitlines():
+        if line.startswith("H-"):
+            idx, _score, *text = line.split("\t")
+            hyps[int(idx[2:])] = text[0] if text else ""
+    return [hyps[i] for i in sorted(hyps)]
+
+
+def corpus_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """sacrebleu's corpus BLEU (13a tokenisation, as the ``sacrebleu`` command line), detokenized input."""
+    import sacrebleu
+
+    return round(sacrebleu.corpus_bleu(list(hyps), [list(refs)]).score, 2)

@@ -1,0 +1,192 @@
+"""Full-size translation tables: WMT data (prepared on a machine with internet), the paper's models, and the
+``--dry-run`` plan (commands and parameter counts of every model, built on the meta device).
+
+Data, once, on a machine with internet (then copy ``DATA/wmt16-en-de`` / ``DATA/wmt14-en-fr`` to the cluster)::
+
+    python -m recipes.reproduce.wmt --pair en-de --data ../shared/data     # WMT'16 En-De (4.5M pairs), 32k BPE
+    python -m recipes.reproduce.wmt --pair en-fr --data ../shared/data     # WMT'14 En-Fr (36M pairs), 40k BPE
+
+It downloads the training corpora (the lists of fairseq's ``prepare-wmt14en2*.sh`` / the WMT'16 En-De data
+of fairseq's transformer-big recipes), newstest2013 (valid) and newstest2014 (test, ``wmt14/full``) through
+sacrebleu, drops pairs longer than 250 words or with a length ratio above 1.5 (as fairseq's ``clean-corpus-n``),
+learns a joint sentencepiece BPE (32k En-De, 40k En-Fr; fairseq's scripts use Moses tokenisation + subword-nmt,
+we keep the raw text so the hypotheses come out detokenized for sacrebleu) and binarises with
+``fairseq-preprocess``. Offline it stops at once, naming the URLs it needs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from typing import Any, Dict, List
+
+from recipes.reproduce import data as D
+from recipes.reproduce.runner import shell_line, tool
+
+CORPORA = {
+    "en-de": {"dir": "wmt16-en-de", "bpe": 32000, "urls": [
+        "http://www.statmt.org/europarl/v7/de-en.tgz",
+        "http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+        "http://data.statmt.org/wmt16/translation-task/training-parallel-nc-v11.tgz"],
+        "files": ["europarl-v7.de-en", "commoncrawl.de-en", "news-commentary-v11.de-en"]},
+    "en-fr": {"dir": "wmt14-en-fr", "bpe": 40000, "urls": [
+        "http://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+        "http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+        "http://www.statmt.org/wmt13/training-parallel-un.tgz",
+        "http://www.statmt.org/wmt14/training-parallel-nc-v9.tgz",
+        "http://www.statmt.org/wmt10/training-giga-fren.tar"],
+        "files": ["europarl-v7.fr-en", "commoncrawl.fr-en", "undoc.2000.fr-en", "news-commentary-v9.fr-en",
+                  "giga-fren.release2.fixed"]},
+}
+TESTSET = "newstest2014"
+
+
+def data_dir(args, table) -> str:
+    return os.path.join(args.data, CORPORA[f"{table.src}-{table.tgt}"]["dir"])
+
+
+def prepared_full(table, args) -> Dict[str, Any]:
+    """The prepared WMT data of a table, or a stop naming the command that prepares it."""
+    directory = data_dir(args, table)
+    bin_dir = os.path.join(directory, "bin")
+    if not os.path.isfile(os.path.join(bin_dir, f"dict.{table.tgt}.txt")):
+        raise D.missing_files_error(bin_dir, [f"dict.{table.src}.txt", f"dict.{table.tgt}.txt"],
+                                    f"{table.name} --scale full (prepare the data first, on a machine with internet: "
+                                    f"python -m recipes.reproduce.wmt --pair {table.src}-{table.tgt} --data {args.data})")
+    return {"bin": bin_dir, "raw": os.path.join(directory, "raw"), "subsets": {TESTSET: "test"}}
+
+
+def _fetch(url: str, dst_dir: str) -> str:
+    path = os.path.join(dst_dir, url.rsplit("/", 1)[1])
+    if not os.path.exists(path):
+        print(f"downloading {url}", file=sys.stderr)
+        urllib.request.urlretrieve(url, path + ".part")
+        os.replace(path + ".part", path)
+    return path
+
+
+def _find(root: str, name: str) -> str:
+    for base, _dirs, files in os.walk(root):
+        for f in files:
+            if f == name or f == name + ".gz":
+                return os.path.join(base, f)
+    raise SystemExit(f"{name} not found under {root} after extraction")
+
+
+def prepare(pair: str, data: str, max_words: int = 250, ratio: float = 1.5) -> str:
+    """Download, clean, BPE and binarise one WMT pair into ``data/<dir>``; return the directory."""
+    src, tgt = pair.split("-")
+    spec = CORPORA[pair]
+    D.require_internet(f"WMT {pair} data", spec["urls"])
+    import sacrebleu  # noqa: F401  (the test sets come through its command line)
+
+    out = os.path.join(data, spec["dir"])
+    raw, bpe, downloads = (os.path.join(out, d) for d in ("raw", "bpe", "downloads"))
+    for d in (raw, bpe, downloads):
+        os.makedirs(d, exist_ok=True)
+    for url in spec["urls"]:
+        archive = _fetch(url, downloads)
+        with tarfile.open(archive) as t:
+            t.extractall(downloads)
+    train = {src: [], tgt: []}
+    for stem in spec["files"]:
+        a = D.read_lines(_find(downloads, f"{stem}.{src}"))
+        b = D.read_lines(_find(downloads, f"{stem}.{tgt}"))
+        for x, y in zip(a, b):
+            nx, ny = len(x.split()), len(y.split())
+            if 0 < nx <= max_words and 0 < ny <= max_words and max(nx, ny) <= ratio * min(nx, ny):
+                train[src].append(x)
+                train[tgt].append(y)
+    for lang in (src, tgt):
+        D.write_lines(os.path.join(raw, f"train.{lang}"), train[lang])
+    for split, test in (("valid", "wmt13"), (TESTSET, "wmt14/full")):
+        for lang, side in ((src, "src"), (tgt, "ref")):
+            text = subprocess.run(["sacrebleu", "-t", test, "-l", pair, "--echo", side], capture_output=True,
+                                  text=True, check=True).stdout.splitlines()
+            D.write_lines(os.path.join(raw, f"{split}.{lang}"), text)
+    sample = train[src][::max(1, len(train[src]) // 2_000_000)] + train[tgt][::max(1, len(train[tgt]) // 2_000_000)]
+    model = D.learn_bpe(sample, os.path.join(out, "spm"), spec["bpe"])
+    for split in ("train", "valid", TESTSET):
+        for lang in (src, tgt):
+            D.write_lines(os.path.join(bpe, f"{split}.{lang}"),
+                          D.encode(model, D.read_lines(os.path.join(raw, f"{split}.{lang}"))))
+    subprocess.run([tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
+                    "--trainpref", os.path.join(bpe, "train"), "--validpref", os.path.join(bpe, "valid"),
+                    "--testpref", os.path.join(bpe, TESTSET), "--destdir", os.path.join(out, "bin"),
+                    "--joined-dictionary", "--workers", str(os.cpu_count() or 1)], check=True)
+    return out
+
+
+def _dummy_bin(table, size: int, directory: str) -> str:
+    """Dictionaries of ``size`` symbols (the joint BPE's size): enough for fairseq to build the models."""
+    for lang in (table.src, table.tgt):
+        with open(os.path.join(directory, f"dict.{lang}.txt"), "w") as f:
+            f.write("".join(f"tok{i} {size - i}\n" for i in range(size - 4)))  # + 4 specials = size
+    return directory
+
+
+def count_parameters(train_args: List[str]) -> int:
+    """Parameters of the model a ``fairseq-train`` argument list builds, built on the meta device."""
+    import torch
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=train_args)
+    utils.import_user_module(args)
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    with torch.device("meta"):
+        model = task.build_model(cfg.model)
+    return sum(p.numel() for p in model.parameters())
+
+
+def plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
+    """The full-size commands of every cell, and each head's parameter count; written to ``plan.json``."""
+    from recipes.reproduce.results import save_json
+
+    pair = f"{table.src}-{table.tgt}"
+    spec = CORPORA[pair]
+    bin_dir = os.path.join(data_dir(args, table), "bin")
+    commands = [shell_line([sys.executable, "-m", "recipes.reproduce.wmt", "--pair", pair, "--data", args.data])]
+    parameters = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = _dummy_bin(table, spec["bpe"], tmp)
+        for v in variants:
+            seeds = table.seeds_for(v, args)
+            for seed in seeds:
+                cell = os.path.join(table_dir, v.name, f"seed{seed}")
+                train = table.train_command(bin_dir, v, seed, os.path.join(cell, "checkpoints"), args)
+                gen = table.generate_command(bin_dir, os.path.join(cell, "checkpoints", "checkpoint_best.pt"), "test",
+                                             args)
+                commands += [shell_line(train), shell_line(gen) + f" > {cell}/generate-{TESTSET}.log",
+                             f"# {TESTSET}.hyp = the H- lines in id order; then: sacrebleu -t wmt14/full -l {pair} "
+                             f"-i {cell}/{TESTSET}.hyp -m bleu -b"]
+            train = table.train_command(fake, v, 1, os.path.join(tmp, "ck"), args)
+            parameters[v.name] = count_parameters(train[1:])
+            log(f"{table.name} {v.name}: {parameters[v.name] / 1e6:.1f}M parameters")
+    result = {"commands": commands, "parameters": parameters, "vocabulary": spec["bpe"],
+              "note": "fairseq has no relative position encodings (the paper's transformer uses them): the "
+                      "plan uses fairseq's sinusoidal absolute positions; its GPU count comes from fairseq "
+                      "(all visible GPUs); the paper's batch of 4096 tokens is per GPU (--max-tokens 4096)."}
+    save_json(os.path.join(table_dir, "plan.json"), result)
+    for line in commands:
+        print(line)
+    return result
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.wmt", description=__doc__.split("\n")[0])
+    p.add_argument("--pair", required=True, choices=sorted(CORPORA))
+    p.add_argument("--data", default=os.path.join("..", "shared", "data"))
+    args = p.parse_args(argv)
+    out = prepare(args.pair, args.data)
+    print(json.dumps({"prepared": out}))
+
+
+if __name__ == "__main__":
+    main()

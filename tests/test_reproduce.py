@@ -1,0 +1,163 @@
+"""`python -m recipes.reproduce`: the translation tables' mini path end to end on generated Multi30k-shaped data
+(a few hundred sentences, a few updates: preprocess, two heads, generate, sacrebleu, rows, hypotheses, costs,
+resume), the full-size dry runs (commands, meta-device parameter counts against the paper's), the report
+builder on a fixture, and the errors for a bad --data / head / table."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import shlex
+import shutil
+
+import pytest
+
+pytest.importorskip("fairseq", reason="fairseq not installed: run `make install`")
+pytest.importorskip("sentencepiece", reason="sentencepiece not installed: run `make install` (the reproduce extra)")
+
+from recipes.reproduce import __main__ as cli  # noqa: E402
+from recipes.reproduce import costs as C  # noqa: E402
+from recipes.reproduce import report  # noqa: E402
+from recipes.reproduce import results as R  # noqa: E402
+from recipes.reproduce.translation import hypotheses  # noqa: E402
+
+SPLITS = {"train": 200, "val": 20, "test_2016_flickr": 9, "test_2017_flickr": 7}
+
+
+@pytest.fixture(scope="module")
+def fake_data(tmp_path_factory):
+    """Multi30k-shaped gz files: English sentences of made-up words, 'German' = reversed, respelt words."""
+    root = tmp_path_factory.mktemp("data")
+    d = root / "multi30k"
+    d.mkdir()
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(2, 6))) for _ in range(80)]
+    for split, n in SPLITS.items():
+        en = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))).capitalize() + "." for _ in range(n)]
+        de = [" ".join(w[::-1] for w in reversed(s[:-1].split())) + "." for s in en]
+        for lang, lines in (("en", en), ("de", de), ("fr", de)):
+            with gzip.open(d / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+    return root
+
+
+def _run(fake_data, out, *extra):
+    logs = []
+    rows = cli.main(["mt-en-de", "--scale", "mini", "--data", str(fake_data), "--out", str(out), "--heads",
+                     "softmax", "mixtape", "--seeds", "1", "--max-updates", "2", "--bpe-size", "120", "--quiet",
+                     "--no-costs", *extra], log=logs.append)
+    return rows
+
+
+def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
+    rows = _run(fake_data, tmp_path)
+    table = tmp_path / "mt-en-de"
+    assert json.load(open(table / "results.json")) == rows
+    bleu = [r for r in rows if r["metric"] == "bleu"]
+    assert {(r["head"], r["split"]) for r in bleu} == {(h, t) for h in ("softmax", "mixtape")
+                                                      for t in ("test_2016_flickr", "test_2017_flickr")}
+    for r in rows:
+        assert set(R.ROW_KEYS) <= set(r) and r["table"] == "mt-en-de" and r["scale"] == "mini"
+    for r in bleu:
+        assert len(r["values"]) == 1 and r["seeds"] == [1] and 0.0 <= r["mean"] <= 100.0 and r["std"] is None
+        assert r["paper"] == {"softmax": 29.0, "mixtape": 29.3}[r["head"]]  # the paper's WMT'14 En-De BLEU
+        assert r["command"].startswith("fairseq-train ") and "--output-head " + r["head"] in r["command"]
+    # mixtape runs with the paper's MT options
+    assert next(r for r in bleu if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.5
+    for head in ("softmax", "mixtape"):
+        for testset, n in (("test_2016_flickr", 9), ("test_2017_flickr", 7)):
+            hyp = (table / head / "seed1" / f"{testset}.hyp").read_text().split("\n")
+            assert len(hyp) == n + 1 and hyp[-1] == ""  # one line per source sentence
+            assert "\u2581" not in "".join(hyp)  # detokenized: no sentencepiece marks
+    commands = (table / "commands.sh").read_text()
+    for needle in ("fairseq-preprocess", "fairseq-train", "fairseq-generate", "sacrebleu", "recipes.reproduce.data",
+                   "--user-dir"):
+        assert needle in commands
+    # a new machine: the committed table file (report.collect) brings the finished cells back
+    docs = tmp_path / "docs"
+    report.collect(str(tmp_path), str(docs))
+    shutil.rmtree(table / "cells")
+    assert R.restore_cells(str(table), str(docs / "reproduction" / "mt-en-de.json"), log=lambda m: None) == 2
+    # resume: finished cells are skipped, nothing is retrained
+    cell = R.cell_path(str(table), "mixtape", 1)
+    before = os.path.getmtime(cell)
+    logs = []
+    again = cli.main(["mt-en-de", "--data", str(fake_data), "--out", str(tmp_path), "--heads", "softmax", "mixtape",
+                      "--seeds", "1", "--max-updates", "2", "--bpe-size", "120", "--quiet", "--no-costs"],
+                     log=logs.append)
+    assert os.path.getmtime(cell) == before and again == rows
+    assert sum("skipped" in line for line in logs) == 2
+    # the cost columns on the table's own models (in this process; the recipe measures memory in a child)
+    costs = {}
+    spec = {"heads": {v: shlex.split(json.load(open(table / "cells" / f"{v}-seed1.json"))["commands"][0])[1:]
+                      for v in ("softmax", "mixtape")}, "batch": 16, "budget_factor": 1.05, "max_batch": 24,
+            "rounds": 1, "memory_repeats": 1}
+    memory = C.measure_memory(spec)
+    assert set(memory["batch"]) == {"softmax", "mixtape"} and memory["batch"]["softmax"]["all"] >= 16
+    costs = C.measure(spec, memory, log=lambda m: None)
+    assert costs["ratios"]["softmax"]["time_all_layers_same_bsz"] == 1.0
+    assert costs["ratios"]["mixtape"]["time_out_layer_same_bsz"] > 0
+
+
+def test_full_size_dry_runs_count_the_papers_parameters(tmp_path):
+    for table, billions in (("mt-en-de", 0.2), ("mt-en-fr", 0.8)):
+        cli.main([table, "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "mixtape",
+                  "--quiet"])
+        plan = json.load(open(tmp_path / table / "plan.json"))
+        assert set(plan["parameters"]) == {"softmax", "mixtape"}
+        assert abs(plan["parameters"]["mixtape"] / 1e9 - billions) <= 0.1 * billions, plan["parameters"]
+        assert plan["parameters"]["mixtape"] > plan["parameters"]["softmax"]
+        train = [c for c in plan["commands"] if c.startswith("fairseq-train")]
+        assert len(train) == 2 and all("--user-dir" in c and "--max-update" in c for c in train)
+        assert any(c.startswith("fairseq-generate") for c in plan["commands"])
+        assert "recipes.reproduce.wmt" in plan["commands"][0]
+
+
+def test_bad_data_head_and_table_stop_with_what_was_expected(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["mt-en-de", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--quiet"])
+    assert "multi30k" in str(e.value) and str(tmp_path) in str(e.value) and "train.en.gz" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["mt-en-de", "--heads", "mos9", "--out", str(tmp_path / "o")])
+    assert "mos-K" in str(e.value) and "mixtape" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["mt-en-xx"])
+    assert "mt-en-de" in str(e.value)
+    cli.main(["--list"])
+    listed = capsys.readouterr().out.splitlines()
+    assert [l.split("\t")[0] for l in listed][:2] == ["mt-en-de", "mt-en-fr"] and all("\t" in l for l in listed)
+
+
+def test_hypotheses_are_read_in_source_order():
+    out = "S-2\tc\nH-2\t-0.1\tdrei\nH-0\t-0.2\teins\nD-0\t-0.2\teins\nH-1\t-0.3\t\n"
+    assert hypotheses(out) == ["eins", "", "drei"]
+
+
+def _fixture_rows():
+    def row(head, split, values, paper, metric="bleu"):
+        return R.make_row(table="mt-en-de", dataset="multi30k", split=split, head=head, options={}, metric=metric,
+                          values=values, seeds=list(range(1, len(values) + 1)), paper=paper, scale="mini",
+                          command=f"fairseq-train bin --output-head {head}")
+    return [row("softmax", "test_2016_flickr", [30.0, 31.0, 32.0], 29.0),
+            row("mixtape", "test_2016_flickr", [31.5, 30.5, 32.5], 29.3),
+            row("mos-4", "test_2016_flickr", [35.0, 35.2, 34.8], None),
+            row("plif", "test_2016_flickr", [28.0], None),
+            row("mixtape", "train", [2.5], 5.83 / 2.16, metric="time_out_layer_same_bsz"),
+            row("softmax", "train", [1.0], 1.0, metric="time_out_layer_same_bsz")]
+
+
+def test_report_from_a_fixture(tmp_path):
+    docs = tmp_path / "docs"
+    cells = [{"head": "softmax", "seed": s, "valid_curve": [[10, 9.0 - s], [20, 7.0 - s]]} for s in (1, 2, 3)]
+    R.save_json(str(docs / "reproduction" / "mt-en-de.json"),
+                {"table": "mt-en-de", "description": "En-De", "rows": _fixture_rows(), "cells": cells, "costs": None})
+    text = report.build_report(str(docs))
+    assert text == (docs / "reproduction.md").read_text()
+    assert "| softmax | 31.00 ± 1.00 | 3 | 29.0 |" in text and "| mixtape | 31.50 ± 1.00 | 3 | 29.3 |" in text
+    assert "mixtape +0.50 (within the seed spread (1.00): no ranking)" in text
+    assert "mos-4 +4.00 (better by more than the seed spread" in text
+    assert "plif -3.00 (one seed" in text
+    assert "2.50x / 2.70x" in text
+    for name in ("mt-en-de-scores.png", "mt-en-de-valid-loss.png", "mt-en-de-cost.png"):
+        assert (docs / "reproduction" / name).stat().st_size > 1000 and f"reproduction/{name}" in text
