@@ -62,6 +62,9 @@ class HeadCrossEntropyCriterion(FairseqCriterion):
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         # a regulariser: validation losses stay the plain NLL
         aux = head.aux_loss() if model.training else hidden.new_zeros((), dtype=torch.float32)
+        regularization = getattr(model.decoder, "regularization_loss", None)  # AWD-LSTM's AR / TAR
+        if model.training and regularization is not None:
+            aux = aux + regularization().float()
         if reduce:
             loss = loss + aux * sample_size  # the optimiser divides the summed loss by sample_size
         logging_output = {

@@ -113,25 +113,9 @@ def build_decoder_head(name: str, options: Dict[str, Any], hidden_size: int, voc
     return head
 
 
-class HeadTransformerDecoder(TransformerDecoder):
-    """A fairseq ``TransformerDecoder`` whose output projection is a softmax-heads head."""
-
-    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False):
-        # read by build_output_projection, which the parent constructor calls
-        self._head_spec = parse_head_options(args.output_head, args.head_options)
-        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-
-    def build_output_projection(self, args, dictionary, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        if cfg.adaptive_softmax_cutoff is not None:
-            raise ValueError("--output-head replaces the output layer; it cannot be combined with "
-                             "--adaptive-softmax-cutoff")
-        if cfg.base_layers:
-            raise ValueError(f"--base-layers={cfg.base_layers} is not supported with --output-head")
-        name, options = self._head_spec
-        self.output_projection = None
-        self.head = build_decoder_head(name, options, self.output_embed_dim, len(dictionary),
-                                       embed_tokens if self.share_input_output_embed else None)
+class HeadDecoderMixin:
+    """What every decoder with a head does in fairseq (``self.head``): features out of ``output_layer``, log-probs
+    from the head, and the check of fairseq's stock criteria (as fairseq's adaptive-softmax hook)."""
 
     def output_layer(self, features):
         """Hidden states go out as they are; the head turns them into log-probs."""
@@ -158,6 +142,27 @@ class HeadTransformerDecoder(TransformerDecoder):
 
     def get_normalized_probs_scriptable(self, net_output, log_probs: bool, sample: Optional[Dict] = None):
         return self.get_normalized_probs(net_output, log_probs, sample)
+
+
+class HeadTransformerDecoder(HeadDecoderMixin, TransformerDecoder):
+    """A fairseq ``TransformerDecoder`` whose output projection is a softmax-heads head."""
+
+    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False):
+        # read by build_output_projection, which the parent constructor calls
+        self._head_spec = parse_head_options(args.output_head, args.head_options)
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+
+    def build_output_projection(self, args, dictionary, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        if cfg.adaptive_softmax_cutoff is not None:
+            raise ValueError("--output-head replaces the output layer; it cannot be combined with "
+                             "--adaptive-softmax-cutoff")
+        if cfg.base_layers:
+            raise ValueError(f"--base-layers={cfg.base_layers} is not supported with --output-head")
+        name, options = self._head_spec
+        self.output_projection = None
+        self.head = build_decoder_head(name, options, self.output_embed_dim, len(dictionary),
+                                       embed_tokens if self.share_input_output_embed else None)
 
     def upgrade_state_dict_named(self, state_dict, name):
         state_dict = super().upgrade_state_dict_named(state_dict, name)

@@ -1,10 +1,9 @@
 """The papers' training-cost columns, measured on a table's mini model: time of the output layer and of all layers,
 
-* at the same batch (``--batch`` sentences for every head): seconds per batch;
+* at the same batch (``--cost-batch`` sentences for every head, 256 as the paper's MT tables): seconds per batch;
 * at the same memory budget: the largest batch (from a grid of sentence counts) whose training step fits the
   budget, and the time per sentence at that batch. The budget is what the softmax model's step takes at the
-  same batch (times ``--budget-factor``, 1.05, for measurement noise), separately for the output layer and
-  for all layers, as the paper's 12 GB budget is the softmax model's.
+  same batch (times 1.05, for measurement noise), separately for the output layer and for all layers.
 
 Reported as ratios to softmax (the papers' absolute numbers are GPU seconds; ratios are what carries over).
 Models are the table's own fairseq models, built from its ``fairseq-train`` command (untrained: a step's cost

@@ -1,8 +1,8 @@
 """Table ``mt-en-de``: English -> German (Mixtape paper, Tables 1 and 5: WMT'14 En-De BLEU softmax 29.0,
 MoS-9 29.5, Mixtape 29.3). Mini: Multi30k English -> German on a CPU. Full: the paper's transformer (6 layers,
-embedding 1024, inner 4096, 16 heads, dropout 0.3, attention dropout 0.15, Mixtape gate dropout 0.2,
-300k updates, 16k warm-up) on WMT'16 En-De training data, newstest2013 / newstest2014."""
-from recipes.reproduce.translation import TranslationTable
+embedding 1024, inner 4096, 16 heads, dropout 0.3, attention dropout 0.15, Mixtape gate dropout 0.2, learning
+rate 2.5 with 16k warm-up, 300k updates) on WMT'16 En-De training data, newstest2013 / newstest2014."""
+from recipes.reproduce.translation import TranslationTable, paper_schedule, paper_transformer
 
 TABLE = TranslationTable(
     name="mt-en-de", src="en", tgt="de",
@@ -11,13 +11,5 @@ TABLE = TranslationTable(
     paper_costs={"softmax": {"out_bsz": 2.16, "all_bsz": 18.15, "out_mem": 5.4, "all_mem": 37.0},
                  "mos-9": {"out_bsz": 14.36, "all_bsz": 30.08, "out_mem": 61.1, "all_mem": 97.9},
                  "mixtape": {"out_bsz": 5.83, "all_bsz": 21.48, "out_mem": 17.6, "all_mem": 49.8}},
-    full_model=["--arch", "head_transformer_vaswani_wmt_en_de_big", "--encoder-layers", "6", "--decoder-layers", "6",
-                "--encoder-embed-dim", "1024", "--decoder-embed-dim", "1024", "--encoder-ffn-embed-dim", "4096",
-                "--decoder-ffn-embed-dim", "4096", "--encoder-attention-heads", "16",
-                "--decoder-attention-heads", "16", "--share-all-embeddings", "--dropout", "0.3",
-                "--attention-dropout", "0.15"],
-    # the paper's rsqrt schedule, lr 2.5 * d^-0.5 * max(step, 16k)^-0.5: a peak of 6.2e-4 at 16k updates
-    full_train=["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.000618", "--lr-scheduler",
-                "inverse_sqrt", "--warmup-updates", "16000", "--warmup-init-lr", "1e-07", "--max-tokens", "4096",
-                "--label-smoothing", "0.1", "--clip-norm", "0.0"],
-    full_updates=300000, gate_dropout=0.2, full_data="wmt16-en-de")
+    full_model=paper_transformer("head_transformer_vaswani_wmt_en_de_big", 1024, 4096, 0.3, 0.15),
+    full_train=paper_schedule(2.5, 1024), full_updates=300000, gate_dropout=0.2, full_data="wmt16-en-de")

@@ -139,6 +139,12 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
 
     table = obj["table"]
     written = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+        written.append(name)
     rows = _score_rows(obj["rows"])
     if rows:
         splits = list(dict.fromkeys(r["split"] for r in rows))
@@ -157,11 +163,7 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
             lo = min(v for r in rows if r["split"] == split for v in r["values"])
             ax.set_ylim(max(0.0, lo - 3), None)
         fig.suptitle(f"{table}: per head (bars: mean, dots: seeds)", fontsize=10)
-        fig.tight_layout()
-        name = f"{table}-scores.png"
-        fig.savefig(os.path.join(out_dir, name), dpi=110)
-        plt.close(fig)
-        written.append(name)
+        save(fig, f"{table}-scores.png")
     curves = [c for c in obj.get("cells", []) if c.get("valid_curve")]
     if curves:
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
@@ -174,11 +176,7 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
         ax.set_ylabel("valid loss (base 2, label-smoothed)")
         ax.set_title(f"{table}: validation loss, every seed", fontsize=10)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        name = f"{table}-valid-loss.png"
-        fig.savefig(os.path.join(out_dir, name), dpi=110)
-        plt.close(fig)
-        written.append(name)
+        save(fig, f"{table}-valid-loss.png")
     cost_rows = [r for r in obj["rows"] if r["metric"].startswith("time_")]
     if cost_rows:
         metrics = list(dict.fromkeys(r["metric"] for r in cost_rows))
@@ -194,11 +192,7 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
         ax.set_ylabel("training time / softmax's")
         ax.set_title(f"{table}: training cost (mini model, CPU)", fontsize=10)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        name = f"{table}-cost.png"
-        fig.savefig(os.path.join(out_dir, name), dpi=110)
-        plt.close(fig)
-        written.append(name)
+        save(fig, f"{table}-cost.png")
     return written
 
 

@@ -53,6 +53,23 @@ MINI_SEEDS = {"softmax": 3, "mixtape": 3, "mos-4": 3}
 MINI_HEAD_OPTIONS = {"plif": {"num_knots": 10000}}
 
 
+def paper_transformer(arch: str, dim: int, ffn: int, dropout: float, attention_dropout: float) -> List[str]:
+    """The Mixtape paper's 6-layer transformer (section 4.2) as fairseq options: 16 heads, shared embeddings."""
+    return ["--arch", arch, "--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", str(dim),
+            "--decoder-embed-dim", str(dim), "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn),
+            "--encoder-attention-heads", "16", "--decoder-attention-heads", "16", "--share-all-embeddings",
+            "--dropout", str(dropout), "--attention-dropout", str(attention_dropout)]
+
+
+def paper_schedule(rate: float, dim: int, warmup: int = 16000) -> List[str]:
+    """The paper's rsqrt schedule ``rate * d^-0.5 * min(step/warmup^1.5, step^-0.5)`` as fairseq's inverse_sqrt,
+    whose peak learning rate (at ``warmup``) is ``rate / sqrt(d * warmup)``; 4096 tokens a batch per GPU."""
+    peak = rate / (dim * warmup) ** 0.5
+    return ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", f"{peak:.3g}", "--lr-scheduler",
+            "inverse_sqrt", "--warmup-updates", str(warmup), "--warmup-init-lr", "1e-07", "--max-tokens", "4096",
+            "--label-smoothing", "0.1", "--clip-norm", "0.0"]
+
+
 @dataclass
 class TranslationTable:
     """One translation table: a language pair, the paper's numbers, the full-size model."""

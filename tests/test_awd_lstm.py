@@ -1,0 +1,117 @@
+"""The AWD-LSTM language model of the plugin (``--arch head_awd_lstm_lm``): its dropouts against their
+definitions, the eval forward against a plain LSTM stack, every head through fairseq's criterion, and the
+command line (fairseq-train -> fairseq-eval-lm)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("fairseq", reason="fairseq not installed: run `make install`")
+
+from fairseq_plugin.awd_lstm import WeightDropLSTM, embedded_dropout, locked_dropout  # noqa: E402
+from recipes.reproduce.costs import FairseqSteps  # noqa: E402
+from test_fairseq_cli import HEAD_OPTIONS, PLUGIN, TRAIN, cli, data  # noqa: E402,F401
+
+TINY = ["--emsize", "16", "--nhid", "24", "--nhidlast", "20", "--tokens-per-sample", "16"]
+OPTIONS = {**HEAD_OPTIONS, "d_softmax": {"band_fractions": [0.25, 0.75], "band_dims": [16, 4]}}  # sum: --nhidlast
+UNTIED = ("ds_softmax", "d_softmax")  # experts / bands are no V x d matrix: they cannot be tied
+
+
+def test_locked_dropout_shares_one_mask_over_time():
+    x = torch.ones(3, 7, 5)
+    y = locked_dropout(x, 0.5, training=True)
+    assert torch.equal(y, y[:, :1].expand_as(y))  # the same at every step
+    assert set(y.unique().tolist()) <= {0.0, 2.0} and (y == 0).any() and (y == 2).any()
+    assert torch.equal(locked_dropout(x, 0.5, training=False), x)
+
+
+def test_embedded_dropout_drops_whole_word_types():
+    embed = torch.nn.Embedding(50, 8)
+    tokens = torch.tensor([[3, 3, 4, 5, 3], [4, 5, 6, 7, 3]])
+    out = embedded_dropout(embed, tokens, 0.5, training=True)
+    for t in tokens.unique():
+        rows = out[tokens == t]
+        assert torch.equal(rows, rows[:1].expand_as(rows))  # every occurrence alike
+        assert torch.allclose(rows[0], torch.zeros(8)) or torch.allclose(rows[0], 2 * embed.weight[t])
+    assert torch.equal(embedded_dropout(embed, tokens, 0.5, training=False), embed(tokens))
+
+
+def test_weight_drop_masks_only_the_recurrent_matrix_in_training():
+    torch.manual_seed(0)
+    layer = WeightDropLSTM(4, 6, 0.5)
+    x = torch.randn(2, 5, 4)
+    layer.eval()
+    assert torch.equal(layer(x)[0], layer.lstm(x)[0])
+    layer.train()
+    first, second = layer(x)[0], layer(x)[0]
+    assert not torch.equal(first, second)  # a new mask every forward
+    # the same as an LSTM whose weight_hh is the dropped matrix
+    torch.manual_seed(1)
+    got = layer(x)[0]
+    torch.manual_seed(1)
+    dropped = torch.nn.functional.dropout(layer.lstm.weight_hh_l0, 0.5, training=True)
+    ref = torch.nn.LSTM(4, 6, batch_first=True)
+    ref.load_state_dict({**layer.lstm.state_dict(), "weight_hh_l0": dropped.detach()})
+    torch.testing.assert_close(got, ref(x)[0])
+    got.sum().backward()
+    assert layer.lstm.weight_hh_l0.grad is not None and layer.lstm.weight_hh_l0.grad.abs().sum() > 0
+
+
+def _steps(data, head):
+    untie = ["--untie-weights"] if head in UNTIED else []
+    return FairseqSteps([str(data / "lm-bin"), "--user-dir", PLUGIN, "--task", "language_modeling", "--arch",
+                         "head_awd_lstm_lm_ptb", *TINY, *untie, "--output-head", head, "--head-options",
+                         json.dumps(OPTIONS[head]), "--criterion", "head_cross_entropy", "--optimizer", "sgd",
+                         "--lr", "20", "--max-tokens", "1024", "--cpu", "--seed", "1"])
+
+
+def test_eval_forward_is_a_plain_lstm_stack_and_every_head_trains(data):
+    for head in HEAD_OPTIONS:
+        steps = _steps(data, head)
+        model, decoder = steps.model, steps.model.decoder
+        last = 20 if head in ("mos", "mixtape", "mos_plif", *UNTIED) else 16  # else tied at --emsize
+        assert decoder.head.head_name == head and decoder.head.config.hidden_size == last
+        assert [r.lstm.hidden_size for r in decoder.rnns] == [24, 24, last]
+        if head not in UNTIED:  # tied to the input embedding, as the papers
+            assert decoder.head.weight is decoder.embed_tokens.weight
+        sample = steps.batch(4)
+        tokens = sample["net_input"]["src_tokens"]
+        model.eval()
+        with torch.no_grad():
+            x = decoder.embed_tokens(tokens)
+            for rnn in decoder.rnns:
+                x = rnn.lstm(x)[0]
+            torch.testing.assert_close(model(**sample["net_input"])[0], x)
+            lp = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
+            torch.testing.assert_close(lp.exp().sum(-1), torch.ones(lp.shape[:-1]), rtol=1e-4, atol=1e-4)
+        model.train()
+        loss, _, log = steps.criterion(model, sample)
+        assert torch.isfinite(loss) and log["aux_loss"] > 0  # AR / TAR (plus the head's own aux loss)
+        loss.backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads), head
+
+
+def test_awd_lstm_command_line_trains_and_evaluates(data, tmp_path):
+    out = cli("fairseq-train", data / "lm-bin", "--user-dir", PLUGIN, "--task", "language_modeling", "--arch",
+              "head_awd_lstm_lm_wt2", *TINY, "--output-head", "mixtape", "--head-options",
+              json.dumps(HEAD_OPTIONS["mixtape"]), "--criterion", "head_cross_entropy", "--batch-size", "12",
+              "--required-batch-size-multiple", "1", *[a for a in TRAIN if a not in ("--max-tokens", "1024")],
+              "--max-update", 3, "--save-dir", tmp_path)
+    valid = float(re.findall(r"valid on 'valid' subset \| loss [\d.]+ \| nll_loss [\d.]+ \| ppl ([\d.]+)", out)[-1])
+    assert "bsz=12" in out
+    ev = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / "checkpoint_best.pt",
+             "--tokens-per-sample", "16", "--cpu", "--num-workers", "0", "--gen-subset", "valid")
+    ppl = float(re.search(r"Perplexity: ([\d.]+)", ev).group(1))
+    assert abs(ppl - valid) / valid < 0.02, (ppl, valid)
+    code, err = cli("fairseq-train", data / "lm-bin", "--user-dir", PLUGIN, "--task", "language_modeling", "--arch",
+                    "head_awd_lstm_lm", *TINY, "--wdrop", "1.5", *TRAIN, "--max-update", 1, "--save-dir", tmp_path / "x",
+                    check=False)
+    assert code == 2 and "--wdrop 1.5 is out of range" in err
+    code, err = cli("fairseq-train", data / "lm-bin", "--user-dir", PLUGIN, "--task", "language_modeling", "--arch",
+                    "head_awd_lstm_lm", *TINY, "--output-head", "ds_softmax", *TRAIN, "--max-update", 1,
+                    "--save-dir", tmp_path / "y", check=False)
+    assert code == 2 and "--untie-weights" in err
