@@ -1,6 +1,6 @@
 """The AWD-LSTM language model of the plugin (``--arch head_awd_lstm_lm``): its dropouts against their
-definitions, the eval forward against a plain LSTM stack, every head through fairseq's criterion, and the
-command line (fairseq-train -> fairseq-eval-lm)."""
+definitions, the eval forward against a plain LSTM stack, every head through fairseq's criterion, the command
+line (fairseq-train -> fairseq-eval-lm), and the NT-ASGD schedule (averages, trigger, averaged checkpoint)."""
 from __future__ import annotations
 
 import json
@@ -115,3 +115,67 @@ def test_awd_lstm_command_line_trains_and_evaluates(data, tmp_path):
                     "head_awd_lstm_lm", *TINY, "--output-head", "ds_softmax", *TRAIN, "--max-update", 1,
                     "--save-dir", tmp_path / "y", check=False)
     assert code == 2 and "--untie-weights" in err
+
+
+def test_averaged_sgd_keeps_the_mean_since_the_switch_and_saves_it():
+    from fairseq_plugin.ntasgd import AveragedSGD
+
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(5))
+    opt = AveragedSGD([p], lr=0.1, weight_decay=0.01)
+    seen = []
+    for step in range(6):
+        if step == 2:
+            opt.start_averaging()
+        p.grad = torch.randn(5)
+        opt.step()
+        if opt.averaging:
+            seen.append(p.detach().clone())
+    torch.testing.assert_close(opt.state[p]["ax"], torch.stack(seen).mean(0))
+    again = AveragedSGD([p], lr=0.1)
+    again.load_state_dict(opt.state_dict())
+    assert again.averaging and torch.equal(again.state[p]["ax"], opt.state[p]["ax"])
+
+
+def test_ntasgd_switches_when_validation_is_worse_than_before_the_last_epochs():
+    from fairseq_plugin.ntasgd import FairseqNTASGD, NTASGDConfig, NTASGDSchedule, NTASGDScheduleConfig
+
+    opt = FairseqNTASGD(NTASGDConfig(lr=[20.0]), [torch.nn.Parameter(torch.zeros(2))])
+    sched = NTASGDSchedule(NTASGDScheduleConfig(nonmono=2, lr=[20.0]), opt)
+    for epoch, loss in enumerate([5.0, 4.0, 3.0, 4.5], 1):  # 4.5 is worse than the last two, not than epoch 1
+        sched.step(epoch, loss)
+        assert not opt.optimizer.averaging
+    sched.step(5, 4.2)  # worse than 4.0, the best before the last 2 epochs (5, 4 | 3, 4.5)
+    assert opt.optimizer.averaging and opt.get_lr() == 20.0
+    with pytest.raises(ValueError, match="--optimizer ntasgd"):
+        from fairseq.optim.sgd import SGD
+
+        NTASGDSchedule(NTASGDScheduleConfig(lr=[1.0]), SGD(argparse_namespace(lr=[1.0]), [torch.nn.Parameter(torch.zeros(1))]))
+
+
+def argparse_namespace(**kw):
+    import argparse
+
+    return argparse.Namespace(momentum=0.0, weight_decay=0.0, **kw)
+
+
+def test_ntasgd_on_the_command_line_then_the_averaged_checkpoint_is_scored(data, tmp_path):
+    import subprocess
+    import sys
+
+    out = cli("fairseq-train", data / "lm-bin", "--user-dir", PLUGIN, "--task", "language_modeling", "--arch",
+              "head_awd_lstm_lm_ptb", *TINY, "--output-head", "mos", "--head-options", '{"num_components": 2}',
+              "--criterion", "head_cross_entropy", "--optimizer", "ntasgd", "--weight-decay", "1.2e-6",
+              "--lr-scheduler", "ntasgd", "--asgd-from-epoch", "1", "--lr", "20", "--clip-norm", "0.25",
+              "--batch-size", "12", "--required-batch-size-multiple", "1", "--max-epoch", "2", "--cpu",
+              "--save-dir", tmp_path, "--no-epoch-checkpoints", "--num-workers", "0")
+    assert "NT-ASGD: averaging from the end of epoch 1" in out
+    avg = subprocess.run([sys.executable, "-m", "fairseq_plugin.average", str(tmp_path / "checkpoint_last.pt"),
+                          str(tmp_path / "avg.pt")], capture_output=True, text=True)
+    assert avg.returncode == 0 and "parameters averaged" in avg.stderr, avg.stderr[-2000:]
+    ppl = {}
+    for name in ("checkpoint_last.pt", "avg.pt"):
+        ev = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / name,
+                 "--tokens-per-sample", "16", "--cpu", "--num-workers", "0", "--gen-subset", "valid")
+        ppl[name] = float(re.search(r"Perplexity: ([\d.]+)", ev).group(1))
+    assert ppl["avg.pt"] != ppl["checkpoint_last.pt"]  # other weights: the averages

@@ -1,0 +1,167 @@
+"""Non-monotonically triggered averaged SGD (NT-ASGD, Merity et al. 2018), the AWD-LSTM / MoS schedule, in fairseq.
+
+* ``--optimizer ntasgd`` (``--weight-decay``): plain SGD, which once switched also keeps the running mean of
+  every parameter since the switch (torch's ASGD with ``t0`` = the switch and ``lambd = 0``, as AWD-LSTM uses
+  it). The switch and the averages live in the optimizer state, so they survive checkpoints and resuming.
+* ``--lr-scheduler ntasgd`` (``--nonmono N``, ``--asgd-from-epoch E``): a constant learning rate; at the end of
+  each epoch it switches the optimizer to averaging when the validation loss is worse than the best of the
+  epochs before the last ``N`` (AWD-LSTM's test), or at epoch ``E`` when given (MoS's finetune stage averages
+  from the start: ``--asgd-from-epoch 1``).
+* ``python -m fairseq_plugin.average CHECKPOINT OUT``: a checkpoint whose model weights are the averages, what
+  AWD-LSTM evaluates and keeps; score it with ``fairseq-eval-lm --path OUT``.
+
+Difference from AWD-LSTM: fairseq validates with the current weights, so after the switch the per-epoch
+validation (and the choice of ``checkpoint_best.pt``) sees the SGD iterate, not the average; the averaged
+checkpoint comes from the command above.
+"""
+import logging
+from dataclasses import dataclass, field
+from typing import List
+
+import torch
+from fairseq.dataclass import FairseqDataclass
+from fairseq.optim import FairseqOptimizer, register_optimizer
+from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
+from omegaconf import II
+
+logger = logging.getLogger(__name__)
+
+
+class AveragedSGD(torch.optim.SGD):
+    """SGD that, after :meth:`start_averaging`, also keeps ``state[p]["ax"]``, the mean of ``p`` over the steps
+    since the switch (its own count in ``state[p]["avg_steps"]``)."""
+
+    def __init__(self, params, lr: float, weight_decay: float = 0.0):
+        super().__init__(params, lr=lr, weight_decay=weight_decay)
+        for group in self.param_groups:
+            group.setdefault("averaging", False)
+
+    @property
+    def averaging(self) -> bool:
+        return bool(self.param_groups[0]["averaging"])
+
+    def start_averaging(self) -> None:
+        for group in self.param_groups:
+            group["averaging"] = True
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = super().step(closure)
+        for group in self.param_groups:
+            if not group["averaging"]:
+                continue
+            for p in group["params"]:
+                state = self.state[p]
+                n = state.get("avg_steps", 0) + 1
+                state["avg_steps"] = n
+                if n == 1:
+                    state["ax"] = p.detach().clone()
+                else:
+                    state["ax"].add_(p.detach() - state["ax"], alpha=1.0 / n)
+        return loss
+
+
+@dataclass
+class NTASGDConfig(FairseqDataclass):
+    weight_decay: float = field(default=0.0, metadata={"help": "weight decay (AWD-LSTM / MoS: 1.2e-6)"})
+    lr: List[float] = II("optimization.lr")
+
+
+@register_optimizer("ntasgd", dataclass=NTASGDConfig)
+class FairseqNTASGD(FairseqOptimizer):
+    """fairseq's wrapper of :class:`AveragedSGD`; pair it with ``--lr-scheduler ntasgd``."""
+
+    def __init__(self, cfg: NTASGDConfig, params):
+        super().__init__(cfg)
+        self._optimizer = AveragedSGD(params, **self.optimizer_config)
+
+    @property
+    def optimizer_config(self):
+        return {"lr": self.cfg.lr[0], "weight_decay": self.cfg.weight_decay}
+
+    @property
+    def supports_flat_params(self):
+        return False
+
+
+@dataclass
+class NTASGDScheduleConfig(FairseqDataclass):
+    nonmono: int = field(default=5, metadata={"help": "switch to averaging when the validation loss is worse "
+                                                      "than the best before the last N epochs (AWD-LSTM: 5)"})
+    asgd_from_epoch: int = field(default=0, metadata={"help": "switch at the end of this epoch at the latest "
+                                                              "(0: only the non-monotone test)"})
+    lr: List[float] = II("optimization.lr")
+
+
+def averaged_sgd(optimizer) -> AveragedSGD:
+    """The :class:`AveragedSGD` inside fairseq's optimizer wrappers, or a clear error."""
+    inner = optimizer
+    for _ in range(4):
+        if isinstance(inner, AveragedSGD):
+            return inner
+        inner = getattr(inner, "optimizer", getattr(inner, "fp32_optimizer", None))
+    raise ValueError("--lr-scheduler ntasgd needs --optimizer ntasgd (the averages are the optimizer's)")
+
+
+@register_lr_scheduler("ntasgd", dataclass=NTASGDScheduleConfig)
+class NTASGDSchedule(FairseqLRScheduler):
+    """A constant learning rate and the non-monotone trigger of averaging (see the module's docstring)."""
+
+    def __init__(self, cfg: NTASGDScheduleConfig, optimizer):
+        super().__init__(cfg, optimizer)
+        if cfg.nonmono < 0 or cfg.asgd_from_epoch < 0:
+            raise ValueError(f"--nonmono {cfg.nonmono} / --asgd-from-epoch {cfg.asgd_from_epoch}: allowed >= 0")
+        averaged_sgd(optimizer)
+        self.lr = cfg.lr[0]
+        self.val_losses: List[float] = []
+        self.optimizer.set_lr(self.lr)
+
+    def state_dict(self):
+        return {"best": self.best, "val_losses": self.val_losses}
+
+    def load_state_dict(self, state_dict):
+        self.best = state_dict.get("best", self.best)
+        self.val_losses = list(state_dict.get("val_losses", []))
+
+    def step(self, epoch, val_loss=None):
+        super().step(epoch, val_loss)
+        if val_loss is None:
+            return self.optimizer.get_lr()
+        sgd = averaged_sgd(self.optimizer)
+        n = self.cfg.nonmono
+        worse = len(self.val_losses) > n and val_loss > min(self.val_losses[:len(self.val_losses) - n])
+        forced = self.cfg.asgd_from_epoch and epoch >= self.cfg.asgd_from_epoch
+        if not sgd.averaging and (worse or forced):
+            sgd.start_averaging()
+            logger.info(f"NT-ASGD: averaging from the end of epoch {epoch} ("
+                        + ("validation loss %.4f worse than the best before the last %d epochs" % (val_loss, n)
+                           if worse else f"--asgd-from-epoch {self.cfg.asgd_from_epoch}") + ")")
+        self.val_losses.append(float(val_loss))
+        return self.optimizer.get_lr()
+
+    def step_update(self, num_updates):
+        return self.optimizer.get_lr()
+
+
+def average_checkpoint(path: str, out: str) -> int:
+    """Write ``out``: the checkpoint ``path`` with every parameter replaced by its NT-ASGD average; returns how
+    many were replaced (0, with a warning, before the switch)."""
+    from fairseq import checkpoint_utils
+
+    state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([path])
+    names = [n for n, p in models[0].named_parameters() if p.requires_grad]
+    opt_state = state["last_optimizer_state"]
+    ids = [i for group in opt_state["param_groups"] for i in group["params"]]
+    if len(ids) != len(names):
+        raise ValueError(f"{path}: {len(ids)} optimizer parameters for {len(names)} model parameters")
+    replaced = 0
+    for name, i in zip(names, ids):
+        ax = opt_state["state"].get(i, {}).get("ax")
+        if ax is not None:
+            state["model"][name] = ax.to(state["model"][name].dtype)
+            replaced += 1
+    if not replaced:
+        logger.warning(f"{path}: no averages (NT-ASGD had not switched): the weights are copied as they are")
+    checkpoint_utils.torch_persistent_save(state, out)
+    return replaced
