@@ -35,7 +35,7 @@ test-slow: install
 	$(PYTHON) -m pytest -m slow
 
 # every mini table (hours on 2 cores; resumable: rerun to continue), then docs/reproduction.md
-REPRODUCE_TABLES ?= mt-en-de mt-en-fr
+REPRODUCE_TABLES ?= mt-en-de mt-en-fr lm-ptb lm-wt2
 reproduce: install
 	for t in $(REPRODUCE_TABLES); do $(PYTHON) -m recipes.reproduce $$t --scale mini || exit 1; done
 	$(PYTHON) -m recipes.reproduce.report

@@ -161,3 +161,43 @@ def test_report_from_a_fixture(tmp_path):
     assert "2.50x / 2.70x" in text
     for name in ("mt-en-de-scores.png", "mt-en-de-valid-loss.png", "mt-en-de-cost.png"):
         assert (docs / "reproduction" / name).stat().st_size > 1000 and f"reproduction/{name}" in text
+
+
+@pytest.fixture(scope="module")
+def fake_lm_data(tmp_path_factory):
+    """PTB-shaped valid.txt / test.txt of made-up words (with <unk>, as PTB)."""
+    root = tmp_path_factory.mktemp("lmdata")
+    d = root / "ptb"
+    d.mkdir()
+    rng = random.Random(1)
+    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, 5))) for _ in range(60)] + ["<unk>"]
+    for name, n in (("valid.txt", 90), ("test.txt", 30)):
+        (d / name).write_text("".join(" " + " ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) + " \n"
+                                      for _ in range(n)))
+    return root
+
+
+def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
+    rows = cli.main(["lm-ptb", "--data", str(fake_lm_data), "--out", str(tmp_path), "--heads", "softmax", "mixtape",
+                     "--seeds", "1", "--max-updates", "1", "--no-costs", "--quiet"], log=lambda m: None)
+    assert {(r["head"], r["split"]) for r in rows} == {(h, s) for h in ("softmax", "mixtape") for s in ("valid", "test")}
+    for r in rows:
+        assert r["metric"] == "ppl" and r["dataset"] == "ptb" and 1.0 < r["mean"] < 1e4
+        assert "--arch head_awd_lstm_lm_ptb" in r["command"] and "--optimizer ntasgd" in r["command"]
+    assert next(r for r in rows if r["head"] == "softmax" and r["split"] == "test")["paper"] == 59.19
+    assert next(r for r in rows if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.1  # the LM setting
+    commands = (tmp_path / "lm-ptb" / "commands.sh").read_text()
+    for needle in ("recipes.reproduce.data lm", "fairseq-preprocess --only-source", "fairseq_plugin.average",
+                   "fairseq-eval-lm"):
+        assert needle in commands
+    raw = tmp_path / "lm-ptb" / "data" / "raw"
+    assert len((raw / "train.txt").read_text().splitlines()) == 81 and len((raw / "valid.txt").read_text().splitlines()) == 9
+
+
+def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
+    cli.main(["lm-ptb", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "mos-15", "mixtape",
+              "--quiet"], log=lambda m: None)
+    plan = json.load(open(tmp_path / "lm-ptb" / "plan.json"))
+    assert 20e6 < plan["parameters"]["mos-15"] < 24e6  # the MoS paper: 22M on PTB
+    assert plan["parameters"]["mixtape"] < plan["parameters"]["mos-15"]
+    assert any("--max-epoch 1000" in c and "--lr-scheduler ntasgd" in c for c in plan["commands"])

@@ -1,7 +1,8 @@
 """Reproductions of the papers' tables: ``python -m recipes.reproduce TABLE --scale {mini,full}``.
 
-One module per table (``mt_en_de.py`` is the En-De BLEU table, ...); what the tables share lives in modules of
-its own: :mod:`~recipes.reproduce.data` (data checks, BPE), :mod:`~recipes.reproduce.runner` (fairseq's command
+One module per table (``mt_en_de.py`` is the En-De BLEU table, ``lm_ptb.py`` the PTB perplexity table, ...;
+``translation.py`` / ``language_model.py`` what each kind shares, ``table.py`` the loop of all); what the tables
+share besides lives in modules of its own: :mod:`~recipes.reproduce.data` (data checks, BPE), :mod:`~recipes.reproduce.runner` (fairseq's command
 line, ``commands.sh``, logs), :mod:`~recipes.reproduce.variants` (head names such as ``mos-9``),
 :mod:`~recipes.reproduce.results` (rows, finished cells), :mod:`~recipes.reproduce.costs` (the papers' training
 cost columns), :mod:`~recipes.reproduce.report` (``docs/reproduction.md``).
@@ -14,6 +15,8 @@ import importlib
 TABLE_MODULES = {
     "mt-en-de": "recipes.reproduce.mt_en_de",
     "mt-en-fr": "recipes.reproduce.mt_en_fr",
+    "lm-ptb": "recipes.reproduce.lm_ptb",
+    "lm-wt2": "recipes.reproduce.lm_wt2",
 }
 
 

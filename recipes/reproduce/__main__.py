@@ -32,7 +32,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "default: the table's")
     p.add_argument("--seeds", type=int, default=None, help="seeds per head (default: the table's, e.g. 3 for "
                                                             "the compared heads and 1 for the others)")
-    p.add_argument("--max-updates", type=int, default=None, help="training updates per cell (default: the table's)")
+    p.add_argument("--max-updates", type=int, default=None, help="training updates per cell (language-model tables: epochs; default: the table's)")
     p.add_argument("--data", default=DEFAULT_DATA, help=f"shared data directory (default {DEFAULT_DATA})")
     p.add_argument("--out", default=os.path.join("results", "reproduce"), help="output directory")
     p.add_argument("--dry-run", action="store_true", help="print the commands and parameter counts, run nothing")

@@ -40,17 +40,10 @@ class FairseqSteps:
     """A fairseq model built from a ``fairseq-train`` argument list, with its two training steps on a batch."""
 
     def __init__(self, train_args: Sequence[str]):
-        from fairseq import options, tasks, utils
-        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
         from fairseq_plugin.criterions import find_head
 
-        parser = options.get_training_parser()
-        args = options.parse_args_and_arch(parser, input_args=list(train_args))
-        utils.import_user_module(args)
-        cfg = convert_namespace_to_omegaconf(args)
+        cfg, self.task = setup_task(train_args)
         torch.manual_seed(cfg.common.seed)
-        self.task = tasks.setup_task(cfg.task)
         self.task.load_dataset(cfg.dataset.train_subset, combine=False, epoch=1)
         self.dataset = self.task.dataset(cfg.dataset.train_subset)
         self.model = self.task.build_model(cfg.model).train()
@@ -89,6 +82,25 @@ class FairseqSteps:
             clear()
 
         return {"all": all_layers, "out": out_layer}
+
+
+def setup_task(train_args: Sequence[str]):
+    """``(cfg, task)`` of a ``fairseq-train`` argument list (its ``--user-dir`` imported), as fairseq-train sets up."""
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=list(train_args))
+    utils.import_user_module(args)
+    cfg = convert_namespace_to_omegaconf(args)
+    return cfg, tasks.setup_task(cfg.task)
+
+
+def count_parameters(train_args: Sequence[str]) -> int:
+    """Parameters of the model a ``fairseq-train`` argument list builds, built on the meta device."""
+    cfg, task = setup_task(train_args)
+    with torch.device("meta"):
+        model = task.build_model(cfg.model)
+    return sum(p.numel() for p in model.parameters())
 
 
 def build(spec: Dict[str, Any]) -> Dict[str, FairseqSteps]:

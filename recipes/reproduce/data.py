@@ -4,9 +4,10 @@ Mini translation tables use the shared Multi30k files (``DATA/multi30k/{train,va
 test_2017_flickr}.{en,de,fr}.gz``); the full-size ones the WMT'14 data, which only a machine with internet can
 fetch (:func:`require_internet` stops at once otherwise, naming what it needs).
 
-Run as a script it prepares one language pair (what ``commands.sh`` records, so a user can redo it by hand)::
+Run as a script it prepares one table's data (what ``commands.sh`` records, so a user can redo it by hand)::
 
-    python -m recipes.reproduce.data multi30k --data ../shared/data --src en --tgt de --bpe-size 8000 --out DIR
+    python -m recipes.reproduce.data multi30k --data ../shared/data --src en --tgt de --bpe-size 4000 --out DIR
+    python -m recipes.reproduce.data lm --data ../shared/data --corpus ptb --out DIR
 """
 from __future__ import annotations
 
@@ -111,6 +112,36 @@ def prepare_multi30k(data: str, src: str, tgt: str, bpe_size: int, out: str, lim
     return {"bpe": bpe_dir, "raw": raw_dir, "model": model}
 
 
+#: the language-model corpora here: their directory under --data, and the files the mini tables read
+LM_CORPORA = {"ptb": "ptb", "wikitext-2": "wikitext-2"}
+
+
+def prepare_lm(data: str, corpus: str, out: str, valid_fraction: float = 0.1, limit: int = 0) -> Dict[str, str]:
+    """A mini language-modelling corpus from the shipped splits (the train split is not here): the first lines
+    of ``valid.txt`` train, its last ``valid_fraction`` validates (checkpoint choice, the NT-ASGD trigger),
+    ``test.txt`` tests. Writes ``out/raw/{train,valid,test}.txt`` and ``out/dict.txt``: every word of the three
+    files (as AWD-LSTM's vocabulary), ordered by its count in the training part (frequency order for Mixtape)."""
+    directory = os.path.join(data, LM_CORPORA[corpus])
+    expected = ["valid.txt", "test.txt"]
+    if not all(os.path.isfile(os.path.join(directory, f)) for f in expected):
+        raise missing_files_error(directory, expected, corpus)
+    lines = [line for line in read_lines(os.path.join(directory, "valid.txt"), limit) if line]
+    test = [line for line in read_lines(os.path.join(directory, "test.txt"), limit) if line]
+    cut = len(lines) - max(1, int(round(valid_fraction * len(lines))))
+    splits = {"train": lines[:cut], "valid": lines[cut:], "test": test}
+    raw = os.path.join(out, "raw")
+    for split, text in splits.items():
+        write_lines(os.path.join(raw, f"{split}.txt"), text)
+    counts: Dict[str, int] = {}
+    for line in splits["train"]:
+        for w in line.split():
+            counts[w] = counts.get(w, 0) + 1
+    words = {w for text in splits.values() for line in text for w in line.split()}
+    ordered = sorted(words, key=lambda w: (-counts.get(w, 0), w))
+    write_lines(os.path.join(out, "dict.txt"), [f"{w} {counts.get(w, 0)}" for w in ordered if w != "<unk>"])
+    return {"raw": raw, "dict": os.path.join(out, "dict.txt")}
+
+
 def require_internet(what: str, urls: Sequence[str], timeout: float = 5.0) -> None:
     """Stop at once, naming ``what`` and the ``urls`` it needs, when the first URL's host is unreachable."""
     host = urls[0].split("/")[2]
@@ -123,16 +154,25 @@ def require_internet(what: str, urls: Sequence[str], timeout: float = 5.0) -> No
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m recipes.reproduce.data", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="corpus", required=True)
+    sub = p.add_subparsers(dest="what", required=True)
     m = sub.add_parser("multi30k", help="Multi30k task 1 from --data, joint BPE, raw references")
     m.add_argument("--data", default=os.path.join("..", "shared", "data"))
     m.add_argument("--src", required=True, choices=["en", "de", "fr"])
     m.add_argument("--tgt", required=True, choices=["en", "de", "fr"])
-    m.add_argument("--bpe-size", type=int, default=8000)
+    m.add_argument("--bpe-size", type=int, default=4000)
     m.add_argument("--limit", type=int, default=0, help="first N lines of every split (0: all)")
     m.add_argument("--out", required=True)
+    lm = sub.add_parser("lm", help="a mini LM corpus from the shipped valid/test splits (see prepare_lm)")
+    lm.add_argument("--data", default=os.path.join("..", "shared", "data"))
+    lm.add_argument("--corpus", required=True, choices=sorted(LM_CORPORA))
+    lm.add_argument("--valid-fraction", type=float, default=0.1)
+    lm.add_argument("--limit", type=int, default=0, help="first N lines of every file (0: all)")
+    lm.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    if args.corpus == "multi30k":
+    if args.what == "lm":
+        prepare_lm(args.data, args.corpus, args.out, args.valid_fraction, args.limit)
+        print(f"wrote {args.out}/raw, {args.out}/dict.txt", file=sys.stderr)
+    elif args.what == "multi30k":
         prepare_multi30k(args.data, args.src, args.tgt, args.bpe_size, args.out, args.limit)
         print(f"wrote {args.out}/bpe, {args.out}/raw, {args.out}/spm.model", file=sys.stderr)
 

@@ -24,13 +24,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from recipes.reproduce import data as D
 from recipes.reproduce import results as R
-from recipes.reproduce.runner import PLUGIN, Runner, parse_train_wall, parse_valid_curve, shell_line, tool
+from recipes.reproduce.runner import PLUGIN, Runner, shell_line, tool
+from recipes.reproduce.table import Table
 from recipes.reproduce.variants import Variant, resolve
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DOCS = os.path.join(ROOT, "docs")
-#: the default --out, made absolute as the command line makes it
-DEFAULT_OUT = os.path.join(ROOT, "results", "reproduce")
 
 #: the mini transformer: 2+2 layers, 256-d, pre-norm (stable at a high learning rate), shared embeddings
 MINI_MODEL = ["--arch", "head_transformer", "--encoder-layers", "2", "--decoder-layers", "2",
@@ -71,7 +67,7 @@ def paper_schedule(rate: float, dim: int, warmup: int = 16000) -> List[str]:
 
 
 @dataclass
-class TranslationTable:
+class TranslationTable(Table):
     """One translation table: a language pair, the paper's numbers, the full-size model."""
 
     name: str
@@ -87,7 +83,7 @@ class TranslationTable:
     gate_dropout: float
     full_data: str
     full_heads: List[str] = field(default_factory=lambda: ["softmax", "mos-9", "mixtape"])
-    scales = ("mini", "full")
+    metric = "bleu"
 
     # -- heads -------------------------------------------------------------------------------
     def head_options(self, scale: str) -> Dict[str, Dict[str, Any]]:
@@ -105,9 +101,6 @@ class TranslationTable:
     def seeds_for(self, variant: Variant, args) -> List[int]:
         n = args.seeds if args.seeds else (MINI_SEEDS.get(variant.name, 1) if args.scale == "mini" else 1)
         return list(range(1, n + 1))
-
-    def paper_bleu_for(self, variant: Variant) -> Optional[float]:
-        return self.paper_bleu.get(variant.name)
 
     # -- commands ----------------------------------------------------------------------------
     def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args) -> List[str]:
@@ -161,10 +154,6 @@ class TranslationTable:
                 "scale": args.scale, "updates": args.max_updates or (self.full_updates if full else MINI_UPDATES),
                 "bpe_size": None if full else args.bpe_size, "limit": args.limit}
 
-    def finished(self, table_dir: str, variant: Variant, seed: int, args) -> bool:
-        record = R.load_cell(table_dir, variant.name, seed)
-        return record is not None and R.same_config(record, self.cell_config(variant, seed, args))
-
     def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str):
         cell_dir = os.path.join(table_dir, variant.name, f"seed{seed}")
         save_dir = os.path.join(cell_dir, "checkpoints")
@@ -172,7 +161,6 @@ class TranslationTable:
         train = self.train_command(prepared["bin"], variant, seed, save_dir, args)
         updates = int(train[train.index("--max-update") + 1])
         runner.run(train, log_path, label, comment=f"{label}: train", total_updates=updates)
-        log_text = open(log_path).read()
         checkpoint = os.path.join(save_dir, "checkpoint_best.pt")
         bleu, commands = {}, [shell_line(train)]
         for testset, subset in prepared["subsets"].items():
@@ -191,69 +179,25 @@ class TranslationTable:
             runner.record(score_cmd, comment=f"{label}: score {testset}")
             bleu[testset] = corpus_bleu(hyps, refs)
             commands += [shell_line(gen), shell_line(score_cmd)]
-        record = {**self.cell_config(variant, seed, args), "registry_head": variant.head, "bleu": bleu,
-                  "valid_curve": parse_valid_curve(log_text), "train_wall_s": parse_train_wall(log_text),
-                  "commands": commands}
-        R.save_json(R.cell_path(table_dir, variant.name, seed), record)
-        if not args.keep_checkpoints:
-            shutil.rmtree(save_dir, ignore_errors=True)
-        return record
+        return self.finish_cell(table_dir, variant, seed, args, bleu, log_path, commands, remove=[save_dir])
 
-    # -- the table ---------------------------------------------------------------------------
-    def run(self, args, log=print) -> List[Dict[str, Any]]:
-        table_dir = os.path.join(args.out, self.name)
-        variants = self.variants(args)
-        runner = Runner(table_dir, log=log, progress=not args.quiet)
+    def prepare(self, runner: Runner, args, table_dir: str) -> Dict[str, Any]:
         if args.scale == "full":
             from recipes.reproduce import wmt
 
-            if args.dry_run:
-                return wmt.plan(self, variants, args, table_dir, log)
-            prepared = wmt.prepared_full(self, args)
-        else:
-            prepared = self.prepare_mini(runner, args, table_dir)
-        if args.out == DEFAULT_OUT:  # continue from the committed cells of another machine
-            R.restore_cells(table_dir, os.path.join(DOCS, "reproduction", f"{self.name}.json"), log)
-        # seed 1 of every head first: a run cut short still compares every head
-        todo = sorted(((v, s) for v in variants for s in self.seeds_for(v, args)), key=lambda c: c[1])
-        for i, (variant, seed) in enumerate(todo, 1):
-            label = f"{self.name} cell {i}/{len(todo)} {variant.name} seed {seed}"
-            if self.finished(table_dir, variant, seed, args):
-                log(f"{label}: done (cells/{variant.name}-seed{seed}.json), skipped")
-                continue
-            log(f"{label}: training ({os.path.join(table_dir, variant.name, f'seed{seed}', 'train.log')})")
-            record = self.run_cell(runner, prepared, variant, seed, args, table_dir, label)
-            log(f"{label}: BLEU " + ", ".join(f"{t} {b:.2f}" for t, b in record["bleu"].items()))
-            R.save_json(os.path.join(table_dir, "results.json"), self.rows(table_dir, variants, args))  # so far
-        costs = None
-        if not args.no_costs and args.scale == "mini":
-            from recipes.reproduce import costs as C
+            return wmt.prepared_full(self, args)
+        return self.prepare_mini(runner, args, table_dir)
 
-            costs = C.table_costs(runner, self, prepared, variants, args, table_dir, log)
-        rows = self.rows(table_dir, variants, args, costs)
-        R.save_json(os.path.join(table_dir, "results.json"), rows)
-        return rows
+    def plan(self, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
+        from recipes.reproduce import wmt
 
-    def rows(self, table_dir: str, variants: Sequence[Variant], args, costs=None) -> List[Dict[str, Any]]:
-        """Results rows from the finished cells (and the cost columns, when measured)."""
-        rows = []
-        for variant in variants:
-            records = [R.load_cell(table_dir, variant.name, s) for s in self.seeds_for(variant, args)
-                       if self.finished(table_dir, variant, s, args)]
-            if not records:
-                continue
-            for testset in records[0]["bleu"]:
-                rows.append(R.make_row(
-                    table=self.name, dataset="multi30k" if args.scale == "mini" else "wmt14", split=testset,
-                    head=variant.name, options=variant.options, metric="bleu",
-                    values=[r["bleu"][testset] for r in records], seeds=[r["seed"] for r in records],
-                    paper=self.paper_bleu_for(variant), scale=args.scale, command=records[0]["commands"][0]))
-            for metric, paper in (costs or {}).get(variant.name, {}).items():
-                rows.append(R.make_row(table=self.name, dataset="multi30k", split="train", head=variant.name,
-                                       options=variant.options, metric=metric, values=[paper["ours"]],
-                                       seeds=[], paper=paper["paper"], scale=args.scale,
-                                       command=paper["command"]))
-        return rows
+        return wmt.plan(self, variants, args, table_dir, log)
+
+    def dataset(self, args) -> str:
+        return "multi30k" if args.scale == "mini" else "wmt14"
+
+    def paper_for(self, variant: Variant, split: str) -> Optional[float]:
+        return self.paper_bleu.get(variant.name)
 
 
 def hypotheses(generate_output: str) -> List[str]:

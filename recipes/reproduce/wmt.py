@@ -23,9 +23,10 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 from recipes.reproduce import data as D
+from recipes.reproduce.costs import count_parameters
 from recipes.reproduce.runner import shell_line, tool
 
 CORPORA = {
@@ -128,21 +129,6 @@ def _dummy_bin(table, size: int, directory: str) -> str:
         with open(os.path.join(directory, f"dict.{lang}.txt"), "w") as f:
             f.write("".join(f"tok{i} {size - i}\n" for i in range(size - 4)))  # + 4 specials = size
     return directory
-
-
-def count_parameters(train_args: List[str]) -> int:
-    """Parameters of the model a ``fairseq-train`` argument list builds, built on the meta device."""
-    import torch
-    from fairseq import options, tasks, utils
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    args = options.parse_args_and_arch(options.get_training_parser(), input_args=train_args)
-    utils.import_user_module(args)
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    with torch.device("meta"):
-        model = task.build_model(cfg.model)
-    return sum(p.numel() for p in model.parameters())
 
 
 def plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any]:

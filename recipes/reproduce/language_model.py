@@ -1,0 +1,174 @@
+"""The perplexity tables (Mixtape paper Table 3, PLIF paper): the papers' AWD-LSTM (``--arch head_awd_lstm_lm``)
+with each head, trained with NT-ASGD and scored by ``fairseq-eval-lm`` on the averaged weights.
+
+* ``--scale mini`` (a 2-core CPU): the shipped splits only (the train splits are not here): the first 90% of
+  ``valid.txt`` trains, its last 10% validates (the NT-ASGD trigger, the checkpoint), ``test.txt`` tests; a
+  scaled-down AWD-LSTM (:data:`MINI_MODEL`) for a fixed number of epochs per cell.
+* ``--scale full``: the MoS settings (``head_awd_lstm_lm_ptb`` / ``_wt2``, 1000 epochs, NT-ASGD) on the standard
+  splits; ``--dry-run`` prints the commands and each model's parameter count.
+
+Each (head, seed) cell: ``fairseq-train`` -> ``python -m fairseq_plugin.average`` (the NT-ASGD averages, as
+AWD-LSTM evaluates) -> ``fairseq-eval-lm`` on the valid and test splits. No dynamic evaluation, no finetune stage.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from recipes.reproduce import data as D
+from recipes.reproduce import results as R
+from recipes.reproduce.runner import PLUGIN, Runner, shell_line, tool
+from recipes.reproduce.table import Table
+from recipes.reproduce.variants import Variant, resolve
+
+#: the mini AWD-LSTM: the MoS settings' dropouts, smaller layers
+MINI_MODEL = ["--emsize", "200", "--nhid", "400", "--nhidlast", "300"]
+MINI_EPOCHS = 12
+#: the papers' options of the heads on language modelling: Mixtape r = 0.1 with weight-normalised gates,
+#: PLIF 1e5 knots (the PLIF paper), MoS-with-PLIF as the PLIF paper's last row
+LM_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.1, "gate_weight_norm": True, "gate_noise": 0.1},
+                   "plif": {"num_knots": 100000}, "mos_plif": {"num_components": 15, "num_knots": 100000}}
+FULL_HEADS = ["softmax", "mos-3", "mos-5", "mos-10", "mos-15", "mixtape", "mixtape-noshare", "plif", "sigsoftmax",
+              "mos_plif"]
+#: mini: every head but MoS-10/15 (which do not fit a cell's budget here); 3 seeds for the compared heads
+MINI_HEADS = ["softmax", "mos-3", "mos-5", "mixtape", "mixtape-noshare", "plif", "sigsoftmax", "mos_plif-5"]
+MINI_SEEDS = {"softmax": 3, "mos-5": 3, "mixtape": 3, "plif": 3}
+PPL = re.compile(r"Perplexity: ([\d.]+)")
+
+
+@dataclass
+class LanguageModelTable(Table):
+    """One perplexity table: a corpus, the paper's numbers, the MoS preset for its full size."""
+
+    name: str
+    corpus: str
+    description: str
+    #: the papers' perplexities: {split: {head: ppl}}
+    paper: Dict[str, Dict[str, float]]
+    full_arch: str
+    full_batch: int
+    full_lr: float
+    paper_costs: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    full_epochs: int = 1000
+    metric = "ppl"
+
+    def variants(self, args) -> List[Variant]:
+        return resolve(args.heads or (MINI_HEADS if args.scale == "mini" else FULL_HEADS), LM_HEAD_OPTIONS)
+
+    def seeds_for(self, variant: Variant, args) -> List[int]:
+        n = args.seeds if args.seeds else (MINI_SEEDS.get(variant.name, 1) if args.scale == "mini" else 1)
+        return list(range(1, n + 1))
+
+    def dataset(self, args) -> str:
+        return self.corpus
+
+    def paper_for(self, variant: Variant, split: str) -> Optional[float]:
+        return self.paper.get(split, {}).get(variant.name)
+
+    def epochs(self, args) -> int:
+        return args.max_updates or (self.full_epochs if args.scale == "full" else MINI_EPOCHS)
+
+    def cell_config(self, variant: Variant, seed: int, args) -> Dict[str, Any]:
+        return {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
+                "scale": args.scale, "updates": self.epochs(args), "limit": args.limit}
+
+    # -- commands ----------------------------------------------------------------------------
+    def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args) -> List[str]:
+        """``--max-updates`` counts epochs here (the papers train LMs for a number of epochs)."""
+        full = args.scale == "full"
+        model = [] if full else MINI_MODEL
+        untie = ["--untie-weights"] if variant.head in ("ds_softmax", "d_softmax") else []
+        return [tool("fairseq-train"), bin_dir, "--user-dir", PLUGIN, "--task", "language_modeling",
+                "--arch", self.full_arch, *model, *untie, "--output-head", variant.head,
+                "--head-options", json.dumps(variant.options, sort_keys=True), "--criterion", "head_cross_entropy",
+                "--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(self.full_lr),
+                "--clip-norm", "0.25", "--weight-decay", "1.2e-6", "--tokens-per-sample", "70",
+                "--batch-size", str(self.full_batch), "--required-batch-size-multiple", "1",
+                "--max-epoch", str(self.epochs(args)), "--seed", str(seed), "--save-dir", save_dir,
+                "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "20", "--num-workers", "0",
+                *(["--cpu"] if not full else [])]
+
+    def eval_command(self, bin_dir: str, checkpoint: str, split: str, args) -> List[str]:
+        return [tool("fairseq-eval-lm"), bin_dir, "--user-dir", PLUGIN, "--path", checkpoint, "--gen-subset", split,
+                "--tokens-per-sample", "70", "--batch-size", "10", "--num-workers", "0",
+                *(["--cpu"] if args.scale == "mini" else [])]
+
+    # -- data --------------------------------------------------------------------------------
+    def prepare(self, runner: Runner, args, table_dir: str) -> Dict[str, Any]:
+        if args.scale == "full":
+            bin_dir = os.path.join(args.data, f"{self.corpus}-full", "bin")
+            if not os.path.isfile(os.path.join(bin_dir, "dict.txt")):
+                raise D.missing_files_error(bin_dir, ["dict.txt"], f"{self.name} --scale full (binarise the "
+                                            f"standard {self.corpus} splits with fairseq-preprocess --only-source "
+                                            f"into {bin_dir}; see the plan of --dry-run)")
+            return {"bin": bin_dir}
+        prep = os.path.join(table_dir, "data")
+        bin_dir = os.path.join(prep, "bin")
+        done = os.path.join(prep, "done.json")
+        if not os.path.isfile(done):
+            limit = ["--limit", str(args.limit)] if args.limit else []
+            runner.run([sys.executable, "-m", "recipes.reproduce.data", "lm", "--data", args.data, "--corpus",
+                        self.corpus, *limit, "--out", prep], os.path.join(prep, "prepare.log"), "data",
+                       comment=f"data: {self.corpus} valid.txt -> train / valid, test.txt -> test")
+            raw = os.path.join(prep, "raw")
+            runner.run([tool("fairseq-preprocess"), "--only-source", "--srcdict", os.path.join(prep, "dict.txt"),
+                        "--trainpref", os.path.join(raw, "train.txt"), "--validpref", os.path.join(raw, "valid.txt"),
+                        "--testpref", os.path.join(raw, "test.txt"), "--destdir", bin_dir, "--workers", "2"],
+                       os.path.join(prep, "prepare.log"), "data")
+            R.save_json(done, {"limit": args.limit})
+        return {"bin": bin_dir}
+
+    def plan(self, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
+        from recipes.reproduce.costs import count_parameters
+        import tempfile
+
+        bin_dir = os.path.join(args.data, f"{self.corpus}-full", "bin")
+        commands, parameters = [], {}
+        for v in variants:
+            cell = os.path.join(table_dir, v.name, "seed1")
+            commands += [shell_line(self.train_command(bin_dir, v, 1, os.path.join(cell, "checkpoints"), args)),
+                         shell_line([sys.executable, "-m", "fairseq_plugin.average",
+                                     os.path.join(cell, "checkpoints", "checkpoint_last.pt"),
+                                     os.path.join(cell, "averaged.pt")])]
+            commands += [shell_line(self.eval_command(bin_dir, os.path.join(cell, "averaged.pt"), s, args))
+                         for s in ("valid", "test")]
+            with tempfile.TemporaryDirectory() as tmp:
+                vocab = 10000 if self.corpus == "ptb" else 33278  # the standard vocabularies
+                with open(os.path.join(tmp, "dict.txt"), "w") as f:
+                    f.write("".join(f"w{i} {vocab - i}\n" for i in range(vocab - 4)))
+                parameters[v.name] = count_parameters(self.train_command(tmp, v, 1, tmp, args)[1:])
+            log(f"{self.name} {v.name}: {parameters[v.name] / 1e6:.1f}M parameters")
+        result = {"commands": commands, "parameters": parameters,
+                  "note": "fairseq's language_modeling task gives each 70-token block on its own (AWD-LSTM carries "
+                          "the state across batches and varies the BPTT length); no finetune stage, no dynamic "
+                          "evaluation; checkpoint_best is chosen on the SGD iterate, the average scored at the end."}
+        R.save_json(os.path.join(table_dir, "plan.json"), result)
+        for line in commands:
+            print(line)
+        return result
+
+    # -- one cell ----------------------------------------------------------------------------
+    def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str):
+        cell_dir = os.path.join(table_dir, variant.name, f"seed{seed}")
+        save_dir = os.path.join(cell_dir, "checkpoints")
+        log_path = os.path.join(cell_dir, "train.log")
+        train = self.train_command(prepared["bin"], variant, seed, save_dir, args)
+        runner.run(train, log_path, label, comment=f"{label}: train")
+        averaged = os.path.join(cell_dir, "averaged.pt")
+        average = [sys.executable, "-m", "fairseq_plugin.average", os.path.join(save_dir, "checkpoint_last.pt"),
+                   averaged]
+        runner.run(average, log_path, label, comment=f"{label}: the NT-ASGD averages")
+        ppl, commands = {}, [shell_line(train), shell_line(average)]
+        for split in ("valid", "test"):
+            cmd = self.eval_command(prepared["bin"], averaged, split, args)
+            out = runner.run(cmd, os.path.join(cell_dir, f"eval-{split}.log"), label, comment=f"{label}: {split}")
+            found = PPL.findall(out)
+            if not found:
+                raise SystemExit(f"cell {label}: no perplexity in {os.path.join(cell_dir, f'eval-{split}.log')}")
+            ppl[split] = float(found[-1])
+            commands.append(shell_line(cmd))
+        return self.finish_cell(table_dir, variant, seed, args, ppl, log_path, commands, remove=[save_dir, averaged])

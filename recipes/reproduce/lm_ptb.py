@@ -1,0 +1,22 @@
+"""Table ``lm-ptb``: Penn Treebank perplexity (Mixtape paper Table 3: softmax 59.19, MoS-3 57.62, MoS-5 57.24,
+MoS-10 56.49, MoS-15 56.14, Mixtape 56.37, Mixtape without gate sharing 56.33, test; PLIF paper: AWD-LSTM softmax
+60.83 / 58.37 -> PLIF 59.45 / 57.25 valid / test, MoS-15 58.58 / 56.43 -> MoS + PLIF 58.20 / 56.02). Full: the MoS
+settings (emsize 280, nhid 960, nhidlast 620, batch 12, bptt 70, lr 20, NT-ASGD). Mini: trained on the shipped
+valid.txt, scored on test.txt."""
+from recipes.reproduce.language_model import LanguageModelTable
+
+TABLE = LanguageModelTable(
+    name="lm-ptb", corpus="ptb",
+    description="Penn Treebank perplexity (Mixtape Table 3, PLIF): AWD-LSTM + head; mini trains on valid.txt",
+    paper={"test": {"softmax": 59.19, "mos-3": 57.62, "mos-5": 57.24, "mos-10": 56.49, "mos-15": 56.14,
+                    "mixtape": 56.37, "mixtape-noshare": 56.33, "plif": 57.25, "mos_plif": 56.02},
+           "valid": {"softmax": 60.83, "mos-15": 58.58, "plif": 59.45, "mos_plif": 58.20}},
+    # Table 3's time columns: seconds per batch of 48 (same batch), per instance at 12 GB (same memory)
+    paper_costs={"softmax": {"out_bsz": 14, "all_bsz": 328, "out_mem": 0.40, "all_mem": 3.06},
+                 "mos-3": {"out_bsz": 147, "all_bsz": 439, "out_mem": 3.37, "all_mem": 6.25},
+                 "mos-5": {"out_bsz": 173, "all_bsz": 488, "out_mem": 4.40, "all_mem": 8.38},
+                 "mos-10": {"out_bsz": 242, "all_bsz": 609, "out_mem": 6.96, "all_mem": 12.99},
+                 "mos-15": {"out_bsz": 310, "all_bsz": 731, "out_mem": 9.62, "all_mem": 15.73},
+                 "mixtape": {"out_bsz": 27, "all_bsz": 345, "out_mem": 0.90, "all_mem": 3.66},
+                 "mixtape-noshare": {"out_bsz": 95, "all_bsz": 487, "out_mem": 3.88, "all_mem": 10.44}},
+    full_arch="head_awd_lstm_lm_ptb", full_batch=12, full_lr=20.0)
