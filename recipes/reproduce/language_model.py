@@ -66,6 +66,13 @@ class LanguageModelTable(Table):
     def dataset(self, args) -> str:
         return self.corpus
 
+    @property
+    def report_notes(self) -> str:
+        return (f"Mini: the train split of {self.corpus} is not here: the first 90% of its valid.txt trains, the "
+                f"last 10% validates (\"valid\" below), test.txt tests; an AWD-LSTM of {' '.join(MINI_MODEL)} with "
+                f"the MoS settings' dropouts, {MINI_EPOCHS} epochs of NT-ASGD, scored on the averaged weights. "
+                f"Far less data than the papers: compare the ordering of the heads, not the values.")
+
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
         return self.paper.get(split, {}).get(variant.name)
 

@@ -212,7 +212,9 @@ larger of the two standard deviations, and then we do not rank the heads.
 def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "") -> str:
     rows = obj["rows"]
     scale = rows[0]["scale"] if rows else "-"
-    lines = [f"## {obj['table']}: {obj['description']}", "", f"Scale: **{scale}**. {notes}".rstrip(), "",
+    cells = obj.get("cells") or []
+    done = f" Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else ""
+    lines = [f"## {obj['table']}: {obj['description']}", "", f"Scale: **{scale}**. {notes}{done}".rstrip(), "",
              score_table(rows)]
     costs = cost_table(rows)
     if costs:
