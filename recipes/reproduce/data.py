@@ -142,6 +142,41 @@ def prepare_lm(data: str, corpus: str, out: str, valid_fraction: float = 0.1, li
     return {"raw": raw, "dict": os.path.join(out, "dict.txt")}
 
 
+def download(url: str, dst_dir: str) -> str:
+    """``url`` saved in ``dst_dir`` under its own name (kept: a rerun does not download it again); returns the path."""
+    import urllib.request
+
+    os.makedirs(dst_dir, exist_ok=True)
+    path = os.path.join(dst_dir, url.rsplit("/", 1)[1])
+    if not os.path.exists(path):
+        print(f"downloading {url}", file=sys.stderr)
+        urllib.request.urlretrieve(url, path + ".part")
+        os.replace(path + ".part", path)
+    return path
+
+
+def extract(archive: str, dst_dir: str) -> None:
+    """Unpack a .tar(.gz) / .tgz / .zip archive into ``dst_dir``."""
+    import tarfile
+    import zipfile
+
+    if archive.endswith(".zip"):
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(dst_dir)
+    else:
+        with tarfile.open(archive) as t:
+            t.extractall(dst_dir)
+
+
+def find_file(root: str, name: str) -> str:
+    """The path of the file ``name`` (or ``name.gz``) somewhere under ``root``; a stop when there is none."""
+    for base, _dirs, files in os.walk(root):
+        for f in files:
+            if f == name or f == name + ".gz":
+                return os.path.join(base, f)
+    raise SystemExit(f"{name} not found under {root} after extraction")
+
+
 def require_internet(what: str, urls: Sequence[str], timeout: float = 5.0) -> None:
     """Stop at once, naming ``what`` and the ``urls`` it needs, when the first URL's host is unreachable."""
     host = urls[0].split("/")[2]

@@ -20,9 +20,7 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
-import urllib.request
 from typing import Any, Dict
 
 from recipes.reproduce import data as D
@@ -62,23 +60,6 @@ def prepared_full(table, args) -> Dict[str, Any]:
     return {"bin": bin_dir, "raw": os.path.join(directory, "raw"), "subsets": {TESTSET: "test"}}
 
 
-def _fetch(url: str, dst_dir: str) -> str:
-    path = os.path.join(dst_dir, url.rsplit("/", 1)[1])
-    if not os.path.exists(path):
-        print(f"downloading {url}", file=sys.stderr)
-        urllib.request.urlretrieve(url, path + ".part")
-        os.replace(path + ".part", path)
-    return path
-
-
-def _find(root: str, name: str) -> str:
-    for base, _dirs, files in os.walk(root):
-        for f in files:
-            if f == name or f == name + ".gz":
-                return os.path.join(base, f)
-    raise SystemExit(f"{name} not found under {root} after extraction")
-
-
 def prepare(pair: str, data: str, max_words: int = 250, ratio: float = 1.5) -> str:
     """Download, clean, BPE and binarise one WMT pair into ``data/<dir>``; return the directory."""
     src, tgt = pair.split("-")
@@ -91,13 +72,11 @@ def prepare(pair: str, data: str, max_words: int = 250, ratio: float = 1.5) -> s
     for d in (raw, bpe, downloads):
         os.makedirs(d, exist_ok=True)
     for url in spec["urls"]:
-        archive = _fetch(url, downloads)
-        with tarfile.open(archive) as t:
-            t.extractall(downloads)
+        D.extract(D.download(url, downloads), downloads)
     train = {src: [], tgt: []}
     for stem in spec["files"]:
-        a = D.read_lines(_find(downloads, f"{stem}.{src}"))
-        b = D.read_lines(_find(downloads, f"{stem}.{tgt}"))
+        a = D.read_lines(D.find_file(downloads, f"{stem}.{src}"))
+        b = D.read_lines(D.find_file(downloads, f"{stem}.{tgt}"))
         for x, y in zip(a, b):
             nx, ny = len(x.split()), len(y.split())
             if 0 < nx <= max_words and 0 < ny <= max_words and max(nx, ny) <= ratio * min(nx, ny):
