@@ -28,6 +28,7 @@ from hf_heads.heads import head_specific_options
 
 PRESETS = {
     "gpt2-tiny": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 256},
+    "gpt2-mini": {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": 128},
     "gpt2-small": {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024},
 }
 
@@ -106,10 +107,13 @@ def load_model_and_tokenizer(args):
 
 
 def read_texts(args) -> Dict[str, List[str]]:
-    """``{"train": [...], "valid": [...]}`` from local files, or from ``datasets`` when online."""
+    """``{"train": [...], "valid": [...]}`` (and ``"test"`` with ``--test-file`` or a dataset's test split) from
+    local files, or from ``datasets`` when online."""
     if args.train_file:
         out = {}
-        for split, path in (("train", args.train_file), ("valid", args.valid_file or args.train_file)):
+        files = [("train", args.train_file), ("valid", args.valid_file or args.train_file)]
+        files += [("test", args.test_file)] if args.test_file else []
+        for split, path in files:
             if not os.path.isfile(path):
                 raise SystemExit(f"--{split}-file {path!r} does not exist")
             with open(path, encoding="utf-8") as f:
@@ -122,8 +126,10 @@ def read_texts(args) -> Dict[str, List[str]]:
         raise SystemExit(f"--dataset {args.dataset!r} could not be loaded ({type(e).__name__}: {e}). It needs the "
                          f"`datasets` package and internet access; offline, pass --train-file/--valid-file "
                          f"(e.g. ../shared/data/wikitext-2/valid.txt)") from None
-    valid = "validation" if "validation" in ds else "test"
-    return {"train": [t for t in ds["train"]["text"] if t.strip()], "valid": [t for t in ds[valid]["text"] if t.strip()]}
+    splits = {"train": "train", "valid": "validation" if "validation" in ds else "test"}
+    if "test" in ds and "validation" in ds:
+        splits["test"] = "test"
+    return {ours: [t for t in ds[theirs]["text"] if t.strip()] for ours, theirs in splits.items()}
 
 
 def blocks(tokenizer, texts: List[str], block_size: int, max_tokens: Optional[int]) -> torch.Tensor:
@@ -163,6 +169,7 @@ def parse_args(argv=None):
     p.add_argument("--tokenizer", default=None, help="'gpt2-bpe' or a tokenizer directory (default: the model's, or gpt2-bpe)")
     p.add_argument("--train-file", help="local text file, one paragraph per line")
     p.add_argument("--valid-file", help="local text file for perplexity (default: --train-file)")
+    p.add_argument("--test-file", help="local text file for a test perplexity after training (optional)")
     p.add_argument("--dataset", help="a `datasets` name (needs internet), e.g. wikitext")
     p.add_argument("--dataset-config", default=None, help="e.g. wikitext-2-raw-v1")
     p.add_argument("--head", default="mixtape", choices=hf_heads.available_heads(), help="output head")
@@ -180,14 +187,18 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--max-train-tokens", type=int, default=None, help="use only this many training tokens")
     p.add_argument("--max-valid-tokens", type=int, default=None, help="use only this many validation tokens")
+    p.add_argument("--max-test-tokens", type=int, default=None, help="use only this many test tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="results/finetune_hf")
+    p.add_argument("--no-save", action="store_true", help="write only OUTPUT_DIR/results.json, not the model")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if not args.train_file and not args.dataset:
         p.error("give --train-file (and --valid-file) or --dataset")
-    for flag, value in (("--block-size", args.block_size), ("--batch-size", args.batch_size), ("--max-steps", args.max_steps)):
-        if value < 1:
+    for flag, value in (("--block-size", args.block_size), ("--batch-size", args.batch_size), ("--max-steps", args.max_steps),
+                        ("--max-train-tokens", args.max_train_tokens), ("--max-valid-tokens", args.max_valid_tokens),
+                        ("--max-test-tokens", args.max_test_tokens)):
+        if value is not None and value < 1:
             p.error(f"{flag}={value} is out of range; allowed: an integer >= 1")
     if not isinstance(args.head_options, dict):
         p.error(f"--head-options must be a JSON object, got {args.head_options!r}")
@@ -213,6 +224,7 @@ def main(argv=None) -> Dict:
     texts = read_texts(args)
     train = blocks(tokenizer, texts["train"], args.block_size, args.max_train_tokens)
     valid = blocks(tokenizer, texts["valid"], args.block_size, args.max_valid_tokens)
+    test = blocks(tokenizer, texts["test"], args.block_size, args.max_test_tokens) if "test" in texts else None
     order = {}
     if args.frequency_order == "counts" and hf_heads.get_head_class(args.head).uses_frequency_order:
         # BPE ids are not sorted by frequency: Mixtape's own-gate ids, class_softmax's classes and d_softmax's
@@ -221,10 +233,14 @@ def main(argv=None) -> Dict:
     model = hf_heads.swap_head(model, args.head, **order, **options)
     train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train), batch_size=args.batch_size, shuffle=True)
     valid_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(valid), batch_size=args.batch_size)
+    test_loader = (torch.utils.data.DataLoader(torch.utils.data.TensorDataset(test), batch_size=args.batch_size)
+                   if test is not None else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / args.max_steps))
     model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, valid_loader, scheduler)
+    if test_loader is not None:
+        test_loader = accelerator.prepare(test_loader)
     log = accelerator.print
     log(f"{type(accelerator.unwrap_model(model)).__name__} with head {args.head} {args.head_options}: "
         f"{sum(p.numel() for p in model.parameters()):,} parameters; {train.shape[0]} train / {valid.shape[0]} valid "
@@ -251,18 +267,22 @@ def main(argv=None) -> Dict:
     seconds = time.perf_counter() - start
     ppl_after = perplexity(model, valid_loader, accelerator)
     log(f"valid perplexity after {step} steps: {ppl_after:.2f} ({seconds:.1f}s)")
+    test_ppl = perplexity(model, test_loader, accelerator) if test_loader is not None else None
+    if test_ppl is not None:
+        log(f"test perplexity: {test_ppl:.2f} ({test.numel()} tokens)")
     result = {"head": args.head, "head_options": args.head_options,
               "frequency_order": "counts" if order else "ids", "steps": step, "train_seconds": seconds,
-              "valid_ppl_before": ppl_before, "valid_ppl_after": ppl_after, "first_loss": losses[0],
+              "valid_ppl_before": ppl_before, "valid_ppl_after": ppl_after, "test_ppl": test_ppl, "first_loss": losses[0],
               "last_loss": losses[-1], "num_processes": accelerator.num_processes}
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
-        accelerator.unwrap_model(model).save_pretrained(args.output_dir)
-        tokenizer.save_pretrained(args.output_dir)
+        if not args.no_save:
+            accelerator.unwrap_model(model).save_pretrained(args.output_dir)
+            tokenizer.save_pretrained(args.output_dir)
+            log(f"saved to {args.output_dir} (reload: import hf_heads; AutoModelForCausalLM.from_pretrained(...))")
         with open(os.path.join(args.output_dir, "results.json"), "w") as f:
             json.dump(result, f, indent=2)
-        log(f"saved to {args.output_dir} (reload: import hf_heads; AutoModelForCausalLM.from_pretrained(...))")
     return result
 
 
