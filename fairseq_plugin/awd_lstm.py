@@ -1,6 +1,6 @@
 """The papers' language model in fairseq: AWD-LSTM with the MoS paper's settings, a softmax-heads head on top.
 
-``--arch head_awd_lstm_lm`` (and the presets ``head_awd_lstm_lm_ptb`` / ``head_awd_lstm_lm_wt2``) is the model of zihangdai/mos (built on salesforce/awd-lstm-lm), which the Mixtape and
+``--arch head_awd_lstm_lm`` (and the presets ``head_awd_lstm_lm_ptb`` / ``_wt2`` / ``_1b``) is the model of zihangdai/mos (built on salesforce/awd-lstm-lm), which the Mixtape and
 PLIF papers use for their perplexity tables:
 
 * an embedding (``--emsize``) with embedding dropout (``--dropoute``: whole words dropped, the rest rescaled),
@@ -207,4 +207,15 @@ def awd_lstm_lm_ptb(args):
 def awd_lstm_lm_wt2(args):
     """WikiText-2 (MoS: emsize 300, nhid 1150, nhidlast 650, dropouti .55, dropouth .2; batch 15, lr 15)."""
     _defaults(args, emsize=300, nhid=1150, nhidlast=650, dropouti=0.55, dropouth=0.2)
+    awd_lstm_lm(args)
+
+
+@register_model_architecture("head_awd_lstm_lm", "head_awd_lstm_lm_1b")
+def awd_lstm_lm_1b(args):
+    """One Billion Word (100k lower-cased words), the MoS paper's Table 3 / Mixtape's Table 4 setting as far as it
+    is published: the MoS paper gives the parameter counts (softmax 119M, MoS 113M), not every size. Two LSTM
+    layers of 1024 units on a tied 1024-d embedding give the softmax model 119.3M parameters; the light
+    regularisation (dropouts .1, no word dropout, no weight drop) is our assumption for a corpus this large."""
+    _defaults(args, emsize=1024, nhid=1024, nhidlast=1024, nlayers=2, dropout=0.1, dropouth=0.1, dropouti=0.1,
+              dropoute=0.0, wdrop=0.0, dropoutl=0.1)
     awd_lstm_lm(args)

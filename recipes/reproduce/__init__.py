@@ -17,6 +17,8 @@ TABLE_MODULES = {
     "mt-en-fr": "recipes.reproduce.mt_en_fr",
     "lm-ptb": "recipes.reproduce.lm_ptb",
     "lm-wt2": "recipes.reproduce.lm_wt2",
+    "lm-1b": "recipes.reproduce.lm_1b",
+    "lm-gpt2": "recipes.reproduce.lm_gpt2",
 }
 
 

@@ -21,13 +21,13 @@ from typing import Any, Dict, List, Optional
 
 from recipes.reproduce import data as D
 from recipes.reproduce import results as R
+from recipes.reproduce.lm_data import CORPORA as LM_CORPORA, full_dir
 from recipes.reproduce.runner import PLUGIN, Runner, shell_line, tool
 from recipes.reproduce.table import Table
 from recipes.reproduce.variants import Variant, resolve
 
 #: the mini AWD-LSTM: the MoS settings' dropouts, smaller layers
 MINI_MODEL = ["--emsize", "200", "--nhid", "400", "--nhidlast", "300"]
-MINI_EPOCHS = 12
 #: the papers' options of the heads on language modelling: Mixtape r = 0.1 with weight-normalised gates,
 #: PLIF 1e5 knots (the PLIF paper), MoS-with-PLIF as the PLIF paper's last row
 LM_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.1, "gate_weight_norm": True, "gate_noise": 0.1},
@@ -38,6 +38,25 @@ FULL_HEADS = ["softmax", "mos-3", "mos-5", "mos-10", "mos-15", "mixtape", "mixta
 MINI_HEADS = ["softmax", "mos-3", "mos-5", "mixtape", "mixtape-noshare", "plif", "sigsoftmax", "mos_plif-5"]
 MINI_SEEDS = {"softmax": 3, "mos-5": 3, "mixtape": 3, "plif": 3}
 PPL = re.compile(r"Perplexity: ([\d.]+)")
+#: how every full-size language-model plan differs from the papers' code
+FULL_NOTE = ("fairseq's language_modeling task gives each 70-token block on its own (AWD-LSTM carries the state "
+             "across batches and varies the BPTT length); no finetune stage, no dynamic evaluation; checkpoint_best "
+             "is chosen on the SGD iterate, the average scored at the end.")
+
+
+def prepare_mini_corpus(runner: Runner, args, table_dir: str, corpus: str) -> str:
+    """The mini corpus of ``corpus`` (:func:`recipes.reproduce.data.prepare_lm`: the shipped valid.txt split into
+    train / valid, test.txt as test) under ``table_dir/data``, made once; returns its ``raw`` directory."""
+    prep = os.path.join(table_dir, "data")
+    raw = os.path.join(prep, "raw")
+    marker = os.path.join(prep, "corpus.json")
+    if not os.path.isfile(marker):
+        limit = ["--limit", str(args.limit)] if args.limit else []
+        runner.run([sys.executable, "-m", "recipes.reproduce.data", "lm", "--data", args.data, "--corpus", corpus,
+                    *limit, "--out", prep], os.path.join(prep, "prepare.log"), "data",
+                   comment=f"data: {corpus} valid.txt -> train / valid, test.txt -> test")
+        R.save_json(marker, {"corpus": corpus, "limit": args.limit})
+    return raw
 
 
 @dataclass
@@ -52,12 +71,20 @@ class LanguageModelTable(Table):
     full_arch: str
     full_batch: int
     full_lr: float
+    #: epochs of a mini cell: a cell's time budget (<= 5 minutes on 2 cores for most heads; WikiText-2's
+    #: valid.txt is 3x PTB's, so fewer epochs over more text)
+    mini_epochs: int = 6
     paper_costs: Dict[str, Dict[str, float]] = field(default_factory=dict)
     full_epochs: int = 1000
+    #: the heads of ``--scale full`` (default :data:`FULL_HEADS`)
+    full_heads: List[str] = field(default_factory=lambda: list(FULL_HEADS))
+    #: what the full-size plan assumes beyond :data:`FULL_NOTE` (printed by --dry-run, shown in the report)
+    full_note: str = ""
+    scales: tuple = ("mini", "full")
     metric = "ppl"
 
     def variants(self, args) -> List[Variant]:
-        return resolve(args.heads or (MINI_HEADS if args.scale == "mini" else FULL_HEADS), LM_HEAD_OPTIONS)
+        return resolve(args.heads or (MINI_HEADS if args.scale == "mini" else self.full_heads), LM_HEAD_OPTIONS)
 
     def seeds_for(self, variant: Variant, args) -> List[int]:
         n = args.seeds if args.seeds else (MINI_SEEDS.get(variant.name, 1) if args.scale == "mini" else 1)
@@ -68,16 +95,18 @@ class LanguageModelTable(Table):
 
     @property
     def report_notes(self) -> str:
+        if "mini" not in self.scales:
+            return ""
         return (f"Mini: the train split of {self.corpus} is not here: the first 90% of its valid.txt trains, the "
                 f"last 10% validates (\"valid\" below), test.txt tests; an AWD-LSTM of {' '.join(MINI_MODEL)} with "
-                f"the MoS settings' dropouts, {MINI_EPOCHS} epochs of NT-ASGD, scored on the averaged weights. "
+                f"the MoS settings' dropouts, {self.mini_epochs} epochs of NT-ASGD, scored on the averaged weights. "
                 f"Far less data than the papers: compare the ordering of the heads, not the values.")
 
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
         return self.paper.get(split, {}).get(variant.name)
 
     def epochs(self, args) -> int:
-        return args.max_updates or (self.full_epochs if args.scale == "full" else MINI_EPOCHS)
+        return args.max_updates or (self.full_epochs if args.scale == "full" else self.mini_epochs)
 
     def cell_config(self, variant: Variant, seed: int, args) -> Dict[str, Any]:
         return {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
@@ -99,6 +128,10 @@ class LanguageModelTable(Table):
                 "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "20", "--num-workers", "0",
                 *(["--cpu"] if not full else [])]
 
+    def data_command(self, args) -> str:
+        return shell_line([sys.executable, "-m", "recipes.reproduce.lm_data", "--corpus", self.corpus, "--data",
+                           args.data])
+
     def eval_command(self, bin_dir: str, checkpoint: str, split: str, args) -> List[str]:
         return [tool("fairseq-eval-lm"), bin_dir, "--user-dir", PLUGIN, "--path", checkpoint, "--gen-subset", split,
                 "--tokens-per-sample", "70", "--batch-size", "10", "--num-workers", "0",
@@ -107,21 +140,16 @@ class LanguageModelTable(Table):
     # -- data --------------------------------------------------------------------------------
     def prepare(self, runner: Runner, args, table_dir: str) -> Dict[str, Any]:
         if args.scale == "full":
-            bin_dir = os.path.join(args.data, f"{self.corpus}-full", "bin")
+            bin_dir = os.path.join(full_dir(args.data, self.corpus), "bin")
             if not os.path.isfile(os.path.join(bin_dir, "dict.txt")):
-                raise D.missing_files_error(bin_dir, ["dict.txt"], f"{self.name} --scale full (binarise the "
-                                            f"standard {self.corpus} splits with fairseq-preprocess --only-source "
-                                            f"into {bin_dir}; see the plan of --dry-run)")
+                raise D.missing_files_error(bin_dir, ["dict.txt"], f"{self.name} --scale full (prepare the data "
+                                            f"first, on a machine with internet: {self.data_command(args)})")
             return {"bin": bin_dir}
         prep = os.path.join(table_dir, "data")
         bin_dir = os.path.join(prep, "bin")
         done = os.path.join(prep, "done.json")
         if not os.path.isfile(done):
-            limit = ["--limit", str(args.limit)] if args.limit else []
-            runner.run([sys.executable, "-m", "recipes.reproduce.data", "lm", "--data", args.data, "--corpus",
-                        self.corpus, *limit, "--out", prep], os.path.join(prep, "prepare.log"), "data",
-                       comment=f"data: {self.corpus} valid.txt -> train / valid, test.txt -> test")
-            raw = os.path.join(prep, "raw")
+            raw = prepare_mini_corpus(runner, args, table_dir, self.corpus)
             runner.run([tool("fairseq-preprocess"), "--only-source", "--srcdict", os.path.join(prep, "dict.txt"),
                         "--trainpref", os.path.join(raw, "train.txt"), "--validpref", os.path.join(raw, "valid.txt"),
                         "--testpref", os.path.join(raw, "test.txt"), "--destdir", bin_dir, "--workers", "2"],
@@ -133,8 +161,8 @@ class LanguageModelTable(Table):
         from recipes.reproduce.costs import count_parameters
         import tempfile
 
-        bin_dir = os.path.join(args.data, f"{self.corpus}-full", "bin")
-        commands, parameters = [], {}
+        bin_dir = os.path.join(full_dir(args.data, self.corpus), "bin")
+        commands, parameters = [self.data_command(args)], {}
         for v in variants:
             cell = os.path.join(table_dir, v.name, "seed1")
             commands += [shell_line(self.train_command(bin_dir, v, 1, os.path.join(cell, "checkpoints"), args)),
@@ -144,18 +172,24 @@ class LanguageModelTable(Table):
             commands += [shell_line(self.eval_command(bin_dir, os.path.join(cell, "averaged.pt"), s, args))
                          for s in ("valid", "test")]
             with tempfile.TemporaryDirectory() as tmp:
-                vocab = 10000 if self.corpus == "ptb" else 33278  # the standard vocabularies
+                vocab = LM_CORPORA[self.corpus]["vocab"]  # the standard vocabularies
                 with open(os.path.join(tmp, "dict.txt"), "w") as f:
                     f.write("".join(f"w{i} {vocab - i}\n" for i in range(vocab - 4)))
                 parameters[v.name] = count_parameters(self.train_command(tmp, v, 1, tmp, args)[1:])
             log(f"{self.name} {v.name}: {parameters[v.name] / 1e6:.1f}M parameters")
-        result = {"commands": commands, "parameters": parameters,
-                  "note": "fairseq's language_modeling task gives each 70-token block on its own (AWD-LSTM carries "
-                          "the state across batches and varies the BPTT length); no finetune stage, no dynamic "
-                          "evaluation; checkpoint_best is chosen on the SGD iterate, the average scored at the end."}
+        note = f"{self.full_note} {FULL_NOTE}".strip()
+        mos = [h for h in parameters if h.startswith("mos-")]
+        if "mixtape" in parameters and mos:  # the Mixtape paper tunes Mixtape's size to MoS's count
+            note += (f" Mixtape has {parameters['mixtape'] / parameters[mos[-1]]:.0%} of {mos[-1]}'s parameters "
+                     f"(the paper makes them equal).")
+        paper = {v.name: {split: self.paper_for(v, split) for split in ("valid", "test") if self.paper_for(v, split)}
+                 for v in variants}
+        result = {"commands": commands, "parameters": parameters, "note": note,
+                  "paper": {h: by_split for h, by_split in paper.items() if by_split}}
         R.save_json(os.path.join(table_dir, "plan.json"), result)
         for line in commands:
             print(line)
+        print(result["note"])
         return result
 
     # -- one cell ----------------------------------------------------------------------------
