@@ -4,6 +4,7 @@
     python -m recipes.reproduce mt-en-de --scale mini                      # Multi30k, a 2-core CPU
     python -m recipes.reproduce mt-en-de --scale full --dry-run            # the paper's commands + parameters
     python -m recipes.reproduce mt-en-de --scale mini --heads softmax mixtape --seeds 1 --max-updates 200
+    python -m recipes.reproduce lm-gpt2 --scale mini --models gpt2                # HF GPT-2 from a config only
 
 A finished cell (table, head, seed) is skipped on the next call; an interrupted fairseq-train resumes from its
 last checkpoint. Results: OUT/TABLE/results.json, commands: OUT/TABLE/commands.sh.
@@ -36,6 +37,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--data", default=DEFAULT_DATA, help=f"shared data directory (default {DEFAULT_DATA})")
     p.add_argument("--out", default=os.path.join("results", "reproduce"), help="output directory")
     p.add_argument("--dry-run", action="store_true", help="print the commands and parameter counts, run nothing")
+    p.add_argument("--models", nargs="+", default=None, help="lm-gpt2 only: the models of each cell (gpt2, "
+                                                                    "smollm2; default both)")
     p.add_argument("--bpe-size", type=int, default=4000, help="joint BPE vocabulary of the mini tables")
     p.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)  # tests: first N lines of every split
     p.add_argument("--no-costs", action="store_true", help="skip the training-cost columns")
@@ -71,6 +74,8 @@ def main(argv: Optional[List[str]] = None, log=_stderr):
         raise SystemExit(f"{args.table} has no --scale {args.scale} (it has: {', '.join(table.scales)})")
     if args.dry_run and args.scale != "full":
         raise SystemExit("--dry-run prints the full-size plan: use it with --scale full")
+    if args.models and args.table != "lm-gpt2":
+        raise SystemExit(f"--models is an option of lm-gpt2 only (not {args.table})")
     args.data = os.path.abspath(args.data)
     args.out = os.path.abspath(args.out)
     return table.run(args, log=log)

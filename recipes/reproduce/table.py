@@ -28,6 +28,7 @@ class Table:
     metric: str  # the key of the cell records' scores and the rows' metric: "bleu", "ppl"
     scales = ("mini", "full")
     paper_costs: Dict[str, Dict[str, float]]  # the paper's cost columns per head (see costs.PAPER_KEYS)
+    cost_columns = True  # whether the mini scale measures the cost columns (fairseq models: recipes.reproduce.costs)
 
     # -- what a table gives -----------------------------------------------------------------
     def variants(self, args) -> List[Variant]:
@@ -101,7 +102,7 @@ class Table:
             log(f"{label}: {self.metric} " + ", ".join(f"{t} {b:.2f}" for t, b in record[self.metric].items()))
             R.save_json(os.path.join(table_dir, "results.json"), self.rows(table_dir, variants, args))  # so far
         costs = None
-        if not args.no_costs and args.scale == "mini":
+        if self.cost_columns and not args.no_costs and args.scale == "mini":
             from recipes.reproduce import costs as C
 
             costs = C.table_costs(runner, self, prepared, variants, args, table_dir, log)

