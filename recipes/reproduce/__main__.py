@@ -42,8 +42,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--bpe-size", type=int, default=4000, help="joint BPE vocabulary of the mini tables")
     p.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)  # tests: first N lines of every split
     p.add_argument("--no-costs", action="store_true", help="skip the training-cost columns")
-    p.add_argument("--cost-batch", type=int, default=256, help="sentences a batch for the same-batch cost "
-                                                               "columns (the paper's MT tables: 256)")
+    p.add_argument("--cost-batch", type=int, default=None, help="sequences a batch for the same-batch cost "
+                                                               "columns (default: the table's, as its paper: 256 "
+                                                               "sentences for translation, 48 blocks of 70 tokens "
+                                                               "for PTB / WikiText-2)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each cell's checkpoints")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)

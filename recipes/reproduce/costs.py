@@ -160,7 +160,7 @@ def measure(spec: Dict[str, Any], memory: Dict[str, Any], log=print) -> Dict[str
 
     ratios = {h: {metric: ratio(h, f"{kind}_{setting}") for metric, (kind, setting) in COLUMNS.items()}
               for h in models}
-    return {"batch": bsz, "budget_bytes": memory["budget"], "budget_factor": spec["budget_factor"],
+    return {"batch": bsz, "unit": spec.get("unit", "sentences"), "budget_bytes": memory["budget"], "budget_factor": spec["budget_factor"],
             "same_mem_batch": memory["batch"], "peaks_bytes": memory["peaks"], "seconds": seconds,
             "ratios": ratios, "threads": torch.get_num_threads()}
 
@@ -205,11 +205,12 @@ def table_costs(runner, table, prepared, variants, args, table_dir: str, log=pri
     spec_path = os.path.join(table_dir, "costs-spec.json")
     heads = {v.name: table.train_command(prepared["bin"], v, 1, os.path.join(table_dir, "costs-tmp"), args)[1:]
              for v in variants}
-    spec = {"heads": heads, "batch": args.cost_batch, "budget_factor": 1.05, "max_batch": args.cost_batch * 3 // 2,
-            "rounds": 5}
+    batch = args.cost_batch or table.cost_batch
+    spec = {"heads": heads, "batch": batch, "budget_factor": 1.05, "max_batch": batch * 3 // 2, "rounds": 5,
+            "unit": table.cost_unit}
     cmd = [sys.executable, "-m", "recipes.reproduce.costs", "--spec", spec_path, "--out", out]
     done = os.path.isfile(out) and set(names) <= set(json.load(open(out))["ratios"]) \
-        and json.load(open(out))["batch"] == args.cost_batch
+        and json.load(open(out))["batch"] == batch
     if not done:
         save_json(spec_path, spec)
         log(f"{table.name}: training-cost columns ({', '.join(names)})")

@@ -82,6 +82,8 @@ class LanguageModelTable(Table):
     full_note: str = ""
     scales: tuple = ("mini", "full")
     metric = "ppl"
+    cost_batch = 48  # Table 3's same-batch columns: 48 sequences
+    cost_unit = "blocks of 70 tokens"
 
     def variants(self, args) -> List[Variant]:
         return resolve(args.heads or (MINI_HEADS if args.scale == "mini" else self.full_heads), LM_HEAD_OPTIONS)

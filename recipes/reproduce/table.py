@@ -29,6 +29,8 @@ class Table:
     scales = ("mini", "full")
     paper_costs: Dict[str, Dict[str, float]]  # the paper's cost columns per head (see costs.PAPER_KEYS)
     cost_columns = True  # whether the mini scale measures the cost columns (fairseq models: recipes.reproduce.costs)
+    cost_batch = 256  # sequences a batch for the same-batch cost columns, as the paper's table (--cost-batch)
+    cost_unit = "sentences"  # what a sequence of the table is, for the report
 
     # -- what a table gives -----------------------------------------------------------------
     def variants(self, args) -> List[Variant]:
