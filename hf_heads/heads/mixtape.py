@@ -174,6 +174,22 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             return freq_logits
         return torch.cat([freq_logits, self._output_logits(mixed, slice(s, None))], dim=-1)
 
+    @property
+    def lean_width(self) -> int:
+        """V-wide tensors per token of a lean chunk: the softmax's two, plus the frequent ids' ``[n, S]`` tensors of
+        :meth:`_lean_frequent_logits` at its backward's peak (K component logits, K - 1 gate sigmoids, K - 1 tree
+        values, K - 1 gate gradients, about 2K value gradients: 6K - 3 of them), counted in units of V. With a large
+        frequent set (S = V / 2, as the MT tables) they outweigh the softmax, so the chunks shrink to match."""
+        c = self.config
+        if c.num_gates == 1:
+            return 2
+        return 2 + math.ceil((6 * c.num_gates - 3) * c.num_frequent / c.vocab_size)
+
+    @property
+    def lean_rows(self) -> int:
+        """Rows per token of the frequent ids' matrix products (``[n K, d] x [d, S]``): K."""
+        return self.config.num_gates
+
     def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0):
         """Memory-lean chunk: the contexts and gate inputs (O(n K d)) under autograd; the frequent ids' gated
         logits (:meth:`_lean_frequent_logits`) and the V-wide softmax with hand-written gradients."""
