@@ -184,11 +184,11 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     assert {(r["head"], r["split"]) for r in rows} == {(h, s) for h in ("softmax", "mixtape") for s in ("valid", "test")}
     for r in rows:
         assert r["metric"] == "ppl" and r["dataset"] == "ptb" and 1.0 < r["mean"] < 1e4
-        assert "--arch head_awd_lstm_lm_ptb" in r["command"] and "--optimizer ntasgd" in r["command"]
+        assert "--arch head_awd_lstm_lm_ptb" in r["command"] and "--optimizer adam" in r["command"]
     assert next(r for r in rows if r["head"] == "softmax" and r["split"] == "test")["paper"] == 59.19
     assert next(r for r in rows if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.1  # the LM setting
     commands = (tmp_path / "lm-ptb" / "commands.sh").read_text()
-    for needle in ("recipes.reproduce.data lm", "fairseq-preprocess --only-source", "fairseq_plugin.average",
+    for needle in ("recipes.reproduce.data lm", "fairseq-preprocess --only-source", "checkpoint_best.pt",
                    "fairseq-eval-lm"):
         assert needle in commands
     raw = tmp_path / "lm-ptb" / "data" / "raw"
@@ -280,3 +280,10 @@ def test_full_size_data_scripts_stop_offline_naming_what_they_need(tmp_path, mon
         with pytest.raises(SystemExit, match=f"the full {corpus} data needs the internet(.|\n)*{url}"):
             lm_data.main(["--corpus", corpus, "--data", str(tmp_path)])
     assert not any(tmp_path.iterdir())  # stopped before writing anything
+
+
+def test_timing_noise_is_the_largest_gap_between_the_twin_tables():
+    ratios = lambda mos, plif: {"softmax": {"out": 1.0}, "mos-4": {"out": mos}, "plif": {"out": plif}}  # noqa: E731
+    objs = {"mt-en-de": {"costs": {"ratios": ratios(2.0, 1.5)}}, "mt-en-fr": {"costs": {"ratios": ratios(2.2, 1.0)}}}
+    assert "up to 50% (plif, out: 1.50x and 1.00x)" in report.timing_noise(objs)
+    assert report.timing_noise({"mt-en-de": objs["mt-en-de"]}) == ""  # one table: no evidence

