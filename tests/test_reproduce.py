@@ -287,3 +287,19 @@ def test_timing_noise_is_the_largest_gap_between_the_twin_tables():
     objs = {"mt-en-de": {"costs": {"ratios": ratios(2.0, 1.5)}}, "mt-en-fr": {"costs": {"ratios": ratios(2.2, 1.0)}}}
     assert "up to 50% (plif, out: 1.50x and 1.00x)" in report.timing_noise(objs)
     assert report.timing_noise({"mt-en-de": objs["mt-en-de"]}) == ""  # one table: no evidence
+
+
+def test_a_cell_directory_left_by_other_settings_is_cleared(tmp_path):
+    from recipes.reproduce.lm_ptb import TABLE
+    from recipes.reproduce.variants import resolve
+
+    args = cli.parse_args(["lm-ptb", "--out", str(tmp_path)])
+    variant = resolve(["softmax"], {})[0]
+    cell = tmp_path / "lm-ptb" / "softmax" / "seed1"
+    TABLE.start_cell(str(tmp_path / "lm-ptb"), variant, 1, args, log=lambda m: None)
+    (cell / "checkpoints").mkdir()
+    TABLE.start_cell(str(tmp_path / "lm-ptb"), variant, 1, args, log=lambda m: None)  # same settings: resumes
+    assert (cell / "checkpoints").is_dir()
+    args.max_updates = 2  # other settings: the old checkpoints must not resume
+    TABLE.start_cell(str(tmp_path / "lm-ptb"), variant, 1, args, log=lambda m: None)
+    assert not (cell / "checkpoints").exists() and json.load(open(cell / "cell-config.json"))["updates"] == 2

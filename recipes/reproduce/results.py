@@ -96,7 +96,7 @@ def cells(table_dir: str) -> Iterable[Dict[str, Any]]:
 
 
 #: what must agree for a committed cell to stand for one this run would make
-CELL_CONFIG = ("table", "head", "options", "seed", "scale", "updates", "bpe_size", "limit", "models")
+CELL_CONFIG = ("table", "head", "options", "seed", "scale", "updates", "bpe_size", "limit", "models", "mini")
 
 
 def restore_cells(table_dir: str, committed: str, log=print) -> int:

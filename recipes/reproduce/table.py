@@ -78,6 +78,19 @@ class Table:
         return record
 
     # -- the loop ---------------------------------------------------------------------------
+    def start_cell(self, table_dir: str, variant: Variant, seed: int, args, log=print) -> None:
+        """Mark the cell's directory with its settings; a directory left by an interrupted run of other settings
+        (its checkpoints would resume the wrong model) is cleared first."""
+        cell_dir = os.path.join(table_dir, variant.name, f"seed{seed}")
+        marker = os.path.join(cell_dir, "cell-config.json")
+        config = self.cell_config(variant, seed, args)
+        previous = R.load_json(marker)
+        if previous is not None and not R.same_config(previous, config):
+            log(f"{self.name} {variant.name} seed {seed}: {cell_dir} was left by a run of other settings: cleared")
+            shutil.rmtree(cell_dir)
+        if previous is None or not R.same_config(previous, config):
+            R.save_json(marker, config)
+
     def finished(self, table_dir: str, variant: Variant, seed: int, args) -> bool:
         record = R.load_cell(table_dir, variant.name, seed)
         return record is not None and R.same_config(record, self.cell_config(variant, seed, args))
@@ -99,6 +112,7 @@ class Table:
             if self.finished(table_dir, variant, seed, args):
                 log(f"{label}: done (cells/{variant.name}-seed{seed}.json), skipped")
                 continue
+            self.start_cell(table_dir, variant, seed, args, log)
             log(f"{label}: training ({os.path.join(table_dir, variant.name, f'seed{seed}', 'train.log')})")
             record = self.run_cell(runner, prepared, variant, seed, args, table_dir, label)
             log(f"{label}: {self.metric} " + ", ".join(f"{t} {b:.2f}" for t, b in record[self.metric].items()))
