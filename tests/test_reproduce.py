@@ -149,7 +149,8 @@ def _fixture_rows():
 
 def test_report_from_a_fixture(tmp_path):
     docs = tmp_path / "docs"
-    cells = [{"head": "softmax", "seed": s, "valid_curve": [[10, 9.0 - s], [20, 7.0 - s]]} for s in (1, 2, 3)]
+    cells = [{"head": "softmax", "seed": s, "valid_curve": [[10, 9.0 - s], [20, 7.0 - s]], "train_wall_s": 60.0 * s}
+             for s in (1, 2, 3)]
     R.save_json(str(docs / "reproduction" / "mt-en-de.json"),
                 {"table": "mt-en-de", "description": "En-De", "rows": _fixture_rows(), "cells": cells, "costs": None})
     text = report.build_report(str(docs))
@@ -159,6 +160,7 @@ def test_report_from_a_fixture(tmp_path):
     assert "mos-4 +4.00 (better by more than the seed spread" in text
     assert "plif -3.00 (one seed" in text
     assert "2.50x / 2.70x" in text
+    assert "minutes, mean over seeds; one core each, two tables at a time): softmax 2.0." in text
     for name in ("mt-en-de-scores.png", "mt-en-de-valid-loss.png", "mt-en-de-cost.png"):
         assert (docs / "reproduction" / name).stat().st_size > 1000 and f"reproduction/{name}" in text
 

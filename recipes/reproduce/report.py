@@ -242,6 +242,14 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     done = f" Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else ""
     lines = [f"## {obj['table']}: {obj['description']}", "", f"Scale: **{scale}**. {notes}{done}".rstrip(), "",
              *([] if full_only else [score_table(rows)])]
+    walls = {}
+    for c in cells:
+        if c.get("train_wall_s"):
+            walls.setdefault(c["head"], []).append(c["train_wall_s"] / 60)
+    if walls and rows:
+        lines += ["Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over seeds; one core "
+                  "each, two tables at a time): " + ", ".join(f"{h} {sum(v) / len(v):.1f}" for h, v in walls.items())
+                  + ".", ""]
     costs = cost_table(rows)
     if costs:
         lines += ["Training time as a ratio to softmax (the paper's cost columns; ours on the mini model, CPU):", "",
