@@ -305,3 +305,12 @@ def test_a_cell_directory_left_by_other_settings_is_cleared(tmp_path):
     args.max_updates = 2  # other settings: the old checkpoints must not resume
     TABLE.start_cell(str(tmp_path / "lm-ptb"), variant, 1, args, log=lambda m: None)
     assert not (cell / "checkpoints").exists() and json.load(open(cell / "cell-config.json"))["updates"] == 2
+
+
+def test_score_table_gives_the_papers_number_per_split_where_they_differ():
+    row = lambda split, paper: R.make_row(table="lm-ptb", dataset="ptb", split=split, head="softmax",  # noqa: E731
+                                          options={}, metric="ppl", values=[300.0, 310.0], seeds=[1, 2], paper=paper,
+                                          scale="mini", command="fairseq-train ...")
+    text = report.score_table([row("valid", 60.83), row("test", 59.19)])
+    assert "paper (full scale; valid / test) |" in text and "| 2 | 60.8 / 59.2 |" in text
+    assert "| 2 | 29.0 |" in report.score_table([row("valid", 29.0), row("test", 29.0)])  # one number for both

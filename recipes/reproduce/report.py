@@ -77,13 +77,16 @@ def score_table(rows: List[Dict[str, Any]]) -> str:
     splits = list(dict.fromkeys(r["split"] for r in rows))
     heads = list(dict.fromkeys(r["head"] for r in rows))
     metric = METRIC_NAMES.get(rows[0]["metric"], rows[0]["metric"])
-    lines = ["| head | " + " | ".join(f"{metric} {s}" for s in splits) + " | seeds | paper (full scale) |",
-             "|---|" + "---|" * (len(splits) + 2)]
-    for head in heads:
-        by_split = {r["split"]: r for r in rows if r["head"] == head}
+    by_head = {h: {r["split"]: r for r in rows if r["head"] == h} for h in heads}
+    papers = {h: ["-" if by.get(s, {}).get("paper") is None else f"{by[s]['paper']:.1f}" for s in splits]
+              for h, by in by_head.items()}
+    per_split = any(len(set(p)) > 1 for p in papers.values())  # else one number (e.g. newstest2014 for both)
+    lines = ["| head | " + " | ".join(f"{metric} {s}" for s in splits) + " | seeds | paper (full scale"
+             + (f"; {' / '.join(splits)}" if per_split else "") + ") |", "|---|" + "---|" * (len(splits) + 2)]
+    for head, by_split in by_head.items():
         any_row = next(iter(by_split.values()))
         cells = [_fmt(by_split[s]["mean"], by_split[s]["std"]) if s in by_split else "-" for s in splits]
-        paper = "-" if any_row["paper"] is None else f"{any_row['paper']:.1f}"
+        paper = " / ".join(papers[head]) if per_split else papers[head][0]
         lines.append(f"| {head} | " + " | ".join(cells) + f" | {len(any_row['values'])} | {paper} |")
     return "\n".join(lines) + "\n"
 
