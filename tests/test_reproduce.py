@@ -314,3 +314,14 @@ def test_score_table_gives_the_papers_number_per_split_where_they_differ():
     text = report.score_table([row("valid", 60.83), row("test", 59.19)])
     assert "paper (full scale; valid / test) |" in text and "| 2 | 60.8 / 59.2 |" in text
     assert "| 2 | 29.0 |" in report.score_table([row("valid", 29.0), row("test", 29.0)])  # one number for both
+
+
+def test_training_time_from_fairseq_and_from_the_finetuning_recipe():
+    from recipes.reproduce.runner import parse_train_wall
+
+    fairseq_log = ('| train | {"epoch": 1, "train_wall": "81"}\n| train_inner | {"train_wall": "17"}\n'
+                   '| train | {"epoch": 2, "train_wall": "157"}\n')
+    assert parse_train_wall(fairseq_log) == 157.0  # the epoch lines count from the start
+    recipe_log = "valid perplexity after 150 steps: 303.74 (295.5s)\nvalid perplexity after 20 steps: 43.15 (145.9s)\n"
+    assert parse_train_wall(recipe_log) == pytest.approx(441.4)  # one line per model of the cell
+    assert parse_train_wall("nothing timed") is None

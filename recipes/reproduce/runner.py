@@ -107,6 +107,11 @@ def parse_valid_curve(log_text: str) -> List[List[float]]:
 
 
 def parse_train_wall(log_text: str) -> Optional[float]:
-    """The last ``train_wall`` (seconds spent in training steps, over resumes) of a fairseq-train log."""
+    """Seconds spent training: the last ``train_wall`` of a fairseq-train log (over resumes), or the sum of the
+    training times that :mod:`recipes.finetune_hf` prints (``valid perplexity after N steps: P (Ts)``), one per
+    model of the log."""
     walls = re.findall(r'"train_wall": "([\d.]+)"', log_text)
-    return float(walls[-1]) if walls else None
+    if walls:
+        return float(walls[-1])
+    recipe = re.findall(r"after \d+ steps: [\d.]+ \(([\d.]+)s\)", log_text)
+    return sum(float(t) for t in recipe) if recipe else None
