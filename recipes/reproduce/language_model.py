@@ -223,7 +223,7 @@ class LanguageModelTable(Table):
 
     # -- one cell ----------------------------------------------------------------------------
     def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str):
-        cell_dir = os.path.join(table_dir, variant.name, f"seed{seed}")
+        cell_dir = R.cell_dir(table_dir, variant.name, seed)
         save_dir = os.path.join(cell_dir, "checkpoints")
         log_path = os.path.join(cell_dir, "train.log")
         train = self.train_command(prepared["bin"], variant, seed, save_dir, args)
@@ -247,4 +247,4 @@ class LanguageModelTable(Table):
             ppl[split] = float(found[-1])
             commands.append(shell_line(cmd))
         return self.finish_cell(table_dir, variant, seed, args, ppl, log_path, commands,
-                                remove=[p for p in (save_dir, os.path.join(cell_dir, "averaged.pt")) if os.path.exists(p)])
+                                remove=[save_dir, os.path.join(cell_dir, "averaged.pt")])

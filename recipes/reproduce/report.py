@@ -260,12 +260,14 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                   costs]
         c = obj.get("costs") or {}
         if c:
-            batches = ", ".join(f"{h} {b['all'] or 'none'}/{b['out'] or 'none'}" for h, b in c["same_mem_batch"].items())
+            batches = ", ".join(f"{h} {b['all'] or 'none'}/{b['out'] or 'none'}"
+                                for h, b in c["same_mem_batch"].items())
             unit = c.get("unit", "sentences")
             lines += [f"Same batch: {c['batch']} {unit}. Same memory: softmax's peak at {c['batch']} {unit} "
                       f"x {c['budget_factor']} (all layers {c['budget_bytes']['all'] / 2**20:.0f} MiB, output "
                       f"layer {c['budget_bytes']['out'] / 2**20:.0f} MiB); largest batch that fits, all layers / "
-                      f"output layer: {batches} (none: not even {min(GRID)} fit); time per sequence at that batch. {c['threads']} thread"
+                      f"output layer: {batches} (none: not even {min(GRID)} fit); time per sequence at that batch. "
+                      f"{c['threads']} thread"
                       f"{'s' if c['threads'] != 1 else ''}, one timing run per head on a 2-core machine shared "
                       f"with the training runs. {noise}".rstrip(), ""]
     text = findings(rows, higher_is_better=not any(r["metric"] == "ppl" for r in rows))

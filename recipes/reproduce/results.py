@@ -45,6 +45,11 @@ def cell_path(table_dir: str, head: str, seed: int) -> str:
     return os.path.join(table_dir, "cells", f"{head}-seed{seed}.json")
 
 
+def cell_dir(table_dir: str, head: str, seed: int) -> str:
+    """Where a cell trains: its logs, checkpoints and outputs."""
+    return os.path.join(table_dir, head, f"seed{seed}")
+
+
 def load_json(path: str) -> Any:
     """The JSON file at ``path``, or None when there is none."""
     if not os.path.isfile(path):

@@ -64,7 +64,7 @@ class Table:
     def finish_cell(self, table_dir: str, variant: Variant, seed: int, args, scores: Dict[str, float],
                     log_path: str, commands: List[str], remove: Sequence[str] = ()) -> Dict[str, Any]:
         """Keep a finished cell: its settings, ``scores`` (``record[self.metric]``), the valid-loss curve and the
-        training time from its log, its commands; then remove its checkpoints (``remove``) unless
+        training time from its log, its commands; then remove its checkpoints (``remove``, those that exist) unless
         ``--keep-checkpoints``."""
         with open(log_path) as f:
             log_text = f.read()
@@ -74,22 +74,26 @@ class Table:
         R.save_json(R.cell_path(table_dir, variant.name, seed), record)
         if not args.keep_checkpoints:
             for path in remove:
-                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                elif os.path.exists(path):
+                    os.remove(path)
         return record
 
     # -- the loop ---------------------------------------------------------------------------
     def start_cell(self, table_dir: str, variant: Variant, seed: int, args, log=print) -> None:
         """Mark the cell's directory with its settings; a directory left by an interrupted run of other settings
         (its checkpoints would resume the wrong model) is cleared first."""
-        cell_dir = os.path.join(table_dir, variant.name, f"seed{seed}")
+        cell_dir = R.cell_dir(table_dir, variant.name, seed)
         marker = os.path.join(cell_dir, "cell-config.json")
         config = self.cell_config(variant, seed, args)
         previous = R.load_json(marker)
-        if previous is not None and not R.same_config(previous, config):
+        if previous is not None and R.same_config(previous, config):
+            return  # the same settings: an interrupted run resumes
+        if previous is not None:
             log(f"{self.name} {variant.name} seed {seed}: {cell_dir} was left by a run of other settings: cleared")
             shutil.rmtree(cell_dir)
-        if previous is None or not R.same_config(previous, config):
-            R.save_json(marker, config)
+        R.save_json(marker, config)
 
     def finished(self, table_dir: str, variant: Variant, seed: int, args) -> bool:
         record = R.load_cell(table_dir, variant.name, seed)
@@ -113,7 +117,7 @@ class Table:
                 log(f"{label}: done (cells/{variant.name}-seed{seed}.json), skipped")
                 continue
             self.start_cell(table_dir, variant, seed, args, log)
-            log(f"{label}: training ({os.path.join(table_dir, variant.name, f'seed{seed}', 'train.log')})")
+            log(f"{label}: training ({os.path.join(R.cell_dir(table_dir, variant.name, seed), 'train.log')})")
             record = self.run_cell(runner, prepared, variant, seed, args, table_dir, label)
             log(f"{label}: {self.metric} " + ", ".join(f"{t} {b:.2f}" for t, b in record[self.metric].items()))
             R.save_json(os.path.join(table_dir, "results.json"), self.rows(table_dir, variants, args))  # so far

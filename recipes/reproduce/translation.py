@@ -155,7 +155,7 @@ class TranslationTable(Table):
                 "bpe_size": None if full else args.bpe_size, "limit": args.limit}
 
     def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str):
-        cell_dir = os.path.join(table_dir, variant.name, f"seed{seed}")
+        cell_dir = R.cell_dir(table_dir, variant.name, seed)
         save_dir = os.path.join(cell_dir, "checkpoints")
         log_path = os.path.join(cell_dir, "train.log")
         train = self.train_command(prepared["bin"], variant, seed, save_dir, args)

@@ -24,6 +24,7 @@ import tempfile
 from typing import Any, Dict
 
 from recipes.reproduce import data as D
+from recipes.reproduce import results as R
 from recipes.reproduce.costs import count_parameters
 from recipes.reproduce.runner import shell_line, tool
 
@@ -124,7 +125,7 @@ def plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
         for v in variants:
             seeds = table.seeds_for(v, args)
             for seed in seeds:
-                cell = os.path.join(table_dir, v.name, f"seed{seed}")
+                cell = R.cell_dir(table_dir, v.name, seed)
                 train = table.train_command(bin_dir, v, seed, os.path.join(cell, "checkpoints"), args)
                 gen = table.generate_command(bin_dir, os.path.join(cell, "checkpoints", "checkpoint_best.pt"), "test",
                                              args)
