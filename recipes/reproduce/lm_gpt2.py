@@ -116,6 +116,10 @@ class HFLanguageModelTable(Table):
                 "--head-options", json.dumps(variant.options, sort_keys=True), "--seed", str(seed),
                 "--output-dir", out_dir, *mini]
 
+    def command_for(self, split: str, record: Dict[str, Any]) -> str:
+        """The recipe run of the split's model (``"smollm2 test"`` -> the smollm2 command)."""
+        return record["commands"][record["models"].index(split.split()[0])]
+
     # -- data, plan ----------------------------------------------------------------------------
     def prepare(self, runner: Runner, args, table_dir: str) -> Dict[str, Any]:
         if args.scale == "full":  # the recipe loads WikiText-103 through `datasets` (offline: it says so and stops)

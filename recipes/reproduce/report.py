@@ -295,8 +295,8 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
         lines += ["Commands (first seed of each head; every seed in the json):", "", "```"]
         seen = set()
         for r in _score_rows(rows):
-            if r["head"] not in seen:
-                seen.add(r["head"])
+            if r["command"] not in seen:  # one per head, one per model where a cell trains several
+                seen.add(r["command"])
                 lines.append(r["command"])
         lines += ["```", ""]
     return "\n".join(lines)

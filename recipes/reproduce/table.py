@@ -130,6 +130,11 @@ class Table:
         R.save_json(os.path.join(table_dir, "results.json"), rows)
         return rows
 
+    def command_for(self, split: str, record: Dict[str, Any]) -> str:
+        """The command of a finished cell ``record`` that made the scores of ``split`` (default: its first, the
+        training command)."""
+        return record["commands"][0]
+
     def rows(self, table_dir: str, variants: Sequence[Variant], args, costs=None) -> List[Dict[str, Any]]:
         """Results rows from the finished cells (and the cost columns, when measured)."""
         rows = []
@@ -143,7 +148,7 @@ class Table:
                     table=self.name, dataset=self.dataset(args), split=split, head=variant.name,
                     options=variant.options, metric=self.metric, values=[r[self.metric][split] for r in records],
                     seeds=[r["seed"] for r in records], paper=self.paper_for(variant, split), scale=args.scale,
-                    command=records[0]["commands"][0]))
+                    command=self.command_for(split, records[0])))
             for metric, cost in (costs or {}).get(variant.name, {}).items():
                 rows.append(R.make_row(table=self.name, dataset=self.dataset(args), split="train", head=variant.name,
                                        options=variant.options, metric=metric, values=[cost["ours"]], seeds=[],
