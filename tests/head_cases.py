@@ -80,7 +80,8 @@ def _tree_priors(gamma):
 def ref_mixtape(head, g):
     c = head.config
     k, s = c.num_gates, c.num_frequent
-    g = g / math.sqrt(c.hidden_size)
+    if c.scaled_input:
+        g = g / math.sqrt(c.hidden_size)
     h = _act(head)(head.context_proj.weight @ g + head.context_proj.bias).view(k, -1)
     logits = torch.empty(c.vocab_size, dtype=g.dtype)
     for x in range(c.vocab_size):
@@ -189,7 +190,7 @@ def degenerate_mixtape(head, hidden):
                   head.gate_embedding, head.gate_bias):
             p.zero_()
     c = head.config
-    g = hidden / math.sqrt(c.hidden_size)
+    g = hidden / math.sqrt(c.hidden_size) if c.scaled_input else hidden
     ctx = torch.tanh(g @ head.context_proj.weight.T + head.context_proj.bias)
     mean_ctx = ctx.view(*ctx.shape[:-1], c.num_gates, -1).mean(-2)
     return _softmax_like(head, head.weight, head.bias)(mean_ctx)
@@ -279,6 +280,9 @@ HEAD_CASES = [
                          "gate_weight_norm": True, "embedding_size": 4}, ref_mixtape, id="mixtape-k8-wn"),
     HeadCase("mixtape", {"num_gates": 2, "frequent_fraction": 1.0, "gate_embedding_size": 3}, ref_mixtape,
              id="mixtape-k2-allfrequent"),
+    HeadCase("mixtape", {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 3,
+                         "gate_weight_norm": True, "scaled_input": False}, ref_mixtape, degenerate_mixtape,
+             id="mixtape-unscaled-wn"),
     HeadCase("mos", {"num_components": 3, "context_activation": "identity", "identity_init": True}, ref_mos,
              degenerate_identity_start, id="mos-identity-start"),
     HeadCase("mixtape", {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 3,

@@ -215,6 +215,32 @@ def test_mixtape_weight_norm_keeps_gate_rows_at_constant_norm():
     torch.testing.assert_close(norms, torch.full_like(norms, math.sqrt(8)))
 
 
+def test_mixtape_unscaled_input_is_the_same_function_with_weights_sqrt_d_smaller():
+    h = torch.randn(5, 8)
+    heads = {}
+    for scaled in (True, False):
+        torch.manual_seed(3)
+        heads[scaled] = _mixtape(scaled_input=scaled, gate_weight_norm=True).eval()
+    mesh, plain = heads[True], heads[False]
+    for name in ("context_proj", "gate_proj", "shared_gate"):
+        torch.testing.assert_close(getattr(plain, name).weight, getattr(mesh, name).weight / math.sqrt(8))
+    torch.testing.assert_close(plain.scores_2d(h), mesh.scores_2d(h))
+    norms = plain._gate_weight().norm(dim=1)
+    torch.testing.assert_close(norms, torch.ones_like(norms))
+    # one SGD step moves the unscaled head's output further: its weights are d1 = 8 times as sensitive
+    moved = {}
+    for scaled, head in heads.items():
+        head.train()
+        head.config.gate_noise = 0.0
+        loss = head.scores_2d(h).logsumexp(-1).sum()
+        loss.backward()
+        with torch.no_grad():
+            before = head.eval().scores_2d(h)
+            head.context_proj.weight.sub_(0.1 * head.context_proj.weight.grad)
+            moved[scaled] = (head.scores_2d(h) - before).abs().sum()
+    assert moved[False] > 4 * moved[True]
+
+
 def test_mixtape_frequent_count_and_shared_gate_for_the_rest():
     head = _mixtape(frequent_fraction=0.2).eval()
     assert head.config.num_frequent == 6 and head.gate_embedding.shape == (6, 4)

@@ -27,6 +27,12 @@ class MixtapeConfig(ContextConfig):
     gate_dropout: float = option(0.0, "dropout on tanh(U_k g) (paper: 0.15-0.2 for MT)")
     gate_weight_norm: bool = option(
         False, "weight-normalise the rows of U_k with a constant scale (paper: on for LM)")
+    scaled_input: bool = option(
+        True, "multiply g by d1^-1/2 before H_k, U_k, u_k and draw those with unit variance, as Mesh TensorFlow's "
+        "Mixtape (made for Adafactor, whose steps follow each weight's scale). False: g as is, those weights "
+        "drawn the same and multiplied by d1^-1/2 (as a torch nn.Linear): the same function at initialisation, "
+        "but Adam and SGD then move them at the pace of the model's other layers (about sqrt(d1) times faster "
+        "under Adam); the language-model tables use False")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -40,6 +46,7 @@ class MixtapeConfig(ContextConfig):
         check_float(n, "gate_noise", self.gate_noise, 0.0, math.inf, hi_open=True)
         check_float(n, "gate_dropout", self.gate_dropout, 0.0, 1.0, hi_open=True)
         check_bool(n, "gate_weight_norm", self.gate_weight_norm)
+        check_bool(n, "scaled_input", self.scaled_input)
 
     @property
     def num_frequent(self) -> int:
@@ -51,7 +58,8 @@ class MixtapeConfig(ContextConfig):
 class MixtapeHead(ContextHead, SingleSoftmaxHead):
     """Logit-space vector gating with a sigmoid tree and gate sharing.
 
-    With ``g' = g / sqrt(d1)`` (as in Mesh-TensorFlow's ``Mixtape``):
+    With ``g' = g / sqrt(d1)`` (as in Mesh-TensorFlow's ``Mixtape``; ``scaled_input=False``: ``g' = g`` with
+    H_k, U_k, u_k drawn ``sqrt(d1)`` times smaller, the same function, a different pace under Adam or SGD):
 
     * contexts (eq. 5): ``h_k = dropout(tanh(H_k g' + c_k))``, k = 1..K;
     * gate pre-activations (eq. 4) for the S most frequent ids x < S:
@@ -75,7 +83,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         super().__init__(config)
         c = config
         k, d1, d2, s = c.num_gates, c.hidden_size, c.gate_embedding_size, c.num_frequent
-        self.context_input_scale = d1 ** -0.5
+        self.context_input_scale = d1 ** -0.5 if c.scaled_input else 1.0
         self._build_contexts(k)                                                   # H_k, c_k
         self.gate_proj = nn.Linear(d1, (k - 1) * d2)                              # U_k, a_k
         self.shared_gate = nn.Linear(d1, k - 1, bias=False)                       # u_k
@@ -83,7 +91,8 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         self.gate_bias = nn.Parameter(torch.zeros(s, k - 1))                      # b_{x,k}
         self.gate_dropout = nn.Dropout(c.gate_dropout)
         for lin in (self.context_proj, self.gate_proj, self.shared_gate):
-            nn.init.normal_(lin.weight)  # unit variance: the input is scaled by d1^-1/2
+            # unit variance for the input scaled by d1^-1/2; scaled_input=False: the same function (same draws)
+            nn.init.normal_(lin.weight, std=1.0 if c.scaled_input else d1 ** -0.5)
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
         nn.init.normal_(self.gate_embedding, std=d2 ** -0.5)
@@ -124,8 +133,9 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
     def _gate_weight(self) -> torch.Tensor:
         w = self.gate_proj.weight
         if self.config.gate_weight_norm:
-            # rows kept at norm sqrt(d1), their expected norm at initialisation (constant scale)
-            w = w * (math.sqrt(w.shape[1]) / w.norm(dim=1, keepdim=True).clamp_min(1e-12))
+            # rows kept at their expected norm at initialisation (constant scale): sqrt(d1), or 1 unscaled
+            norm = math.sqrt(w.shape[1]) if self.config.scaled_input else 1.0
+            w = w * (norm / w.norm(dim=1, keepdim=True).clamp_min(1e-12))
         return w
 
     def _noisy(self, gate_logits: torch.Tensor) -> torch.Tensor:
