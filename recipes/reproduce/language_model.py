@@ -98,6 +98,9 @@ class LanguageModelTable(Table):
     full_heads: List[str] = field(default_factory=lambda: list(FULL_HEADS))
     #: what the full-size plan assumes beyond :data:`FULL_NOTE` (printed by --dry-run, shown in the report)
     full_note: str = ""
+    #: the mini Mixtape cells as first trained, with Mesh TensorFlow's input scaling (the library's default), before
+    #: the tables took ``scaled_input=False`` (their runs, the committed cells of 4a4a53b)
+    scaled_mixtape: str = ""
     scales: tuple = ("mini", "full")
     metric = "ppl"
     cost_batch = 48  # Table 3's same-batch columns: 48 sequences
@@ -125,7 +128,10 @@ class LanguageModelTable(Table):
                 f"{self.full_batch}, bptt 70), scored on the best checkpoint. Adam, not NT-ASGD: in a 5-minute cell "
                 f"NT-ASGD at lr 20 left softmax at valid perplexity 472 and MoS-3 at 968 with an oscillating valid "
                 f"loss (PTB, 6 epochs, the MoS dropouts). Far less data than the papers: compare the ordering of "
-                f"the heads, not the values.")
+                f"the heads, not the values. Mixtape runs with `scaled_input=False` (the torch `nn.Linear` form of "
+                f"its projections); with Mesh TensorFlow's input scaling, the library's default, the same cells "
+                f"gave {self.scaled_mixtape}: under Adam that form moves its projections about sqrt(d1) times "
+                f"more slowly. The cost columns timed that form (the same operations, less one scaling of g).")
 
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
         return self.paper.get(split, {}).get(variant.name)
