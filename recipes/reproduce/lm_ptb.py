@@ -19,6 +19,4 @@ TABLE = LanguageModelTable(
                  "mos-15": {"out_bsz": 310, "all_bsz": 731, "out_mem": 9.62, "all_mem": 15.73},
                  "mixtape": {"out_bsz": 27, "all_bsz": 345, "out_mem": 0.90, "all_mem": 3.66},
                  "mixtape-noshare": {"out_bsz": 95, "all_bsz": 487, "out_mem": 3.88, "all_mem": 10.44}},
-    full_arch="head_awd_lstm_lm_ptb", full_batch=12, full_lr=20.0,
-    scaled_mixtape="valid 417.3 ± 2.5, test 438.4 ± 1.2 (mixtape, 3 seeds; softmax 355.6 ± 14.1, 375.8 ± 9.9) and "
-                   "425.1, 446.5 (mixtape-noshare, 1 seed)")
+    full_arch="head_awd_lstm_lm_ptb", full_batch=12, full_lr=20.0)

@@ -10,6 +10,4 @@ TABLE = LanguageModelTable(
     paper={"test": {"softmax": 65.22, "plif": 64.86, "mos-15": 63.33},
            "valid": {"softmax": 68.11, "plif": 67.87, "mos-15": 66.01}},
     full_arch="head_awd_lstm_lm_wt2", full_batch=15, full_lr=15.0, mini_lines=1500,
-    mini_mos="mos-3",  # MoS-5 trains about 310 s a cell on WikiText-2's larger vocabulary here: over the budget
-    scaled_mixtape="valid 604.4 ± 34.0, test 790.3 ± 47.2 (mixtape, 3 seeds; softmax 517.5 ± 27.8, 680.7 ± 50.5) and "
-                   "676.9, 871.3 (mixtape-noshare, 1 seed)")
+    mini_mos="mos-3")  # MoS-5 trains about 310 s a cell on WikiText-2's larger vocabulary here: over the budget

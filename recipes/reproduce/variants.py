@@ -1,8 +1,10 @@
 """Head variants of the reproduced tables: a registry head with the options a table gives it.
 
 A table names its heads as the papers do: the registry's names (``softmax``, ``mixtape``, ``plif``, ...) plus
-variants such as ``mos-9`` (MoS with K = 9 components) and ``mixtape-noshare`` (Mixtape without gate sharing:
-every token has its own gate priors, r = 1). The table's own options for a head (its dropouts, the paper's r)
+variants such as ``mos-9`` (MoS with K = 9 components), ``mixtape-noshare`` (Mixtape without gate sharing:
+every token has its own gate priors, r = 1) and ``mixtape-unscaled`` (Mixtape with ``scaled_input=False``: its
+projections in torch's ``nn.Linear`` form instead of Mesh TensorFlow's, see :class:`hf_heads.heads.mixtape.MixtapeConfig`).
+The table's own options for a head (its dropouts, the paper's r)
 come first; a variant's options are applied on top.
 """
 from __future__ import annotations
@@ -30,6 +32,8 @@ def _parse(name: str):
         return ("mos_plif" if m.group(1) else "mos"), {"num_components": int(m.group(2))}
     if name == "mixtape-noshare":
         return "mixtape", {"frequent_fraction": 1.0}
+    if name == "mixtape-unscaled":
+        return "mixtape", {"scaled_input": False}
     if name in hf_heads.available_heads():
         return name, {}
     return None
@@ -45,7 +49,7 @@ def resolve(names: Sequence[str], table_options: Mapping[str, Dict[str, Any]], o
         if parsed is None:
             raise SystemExit(f"{option}: {name!r} is not a head; choose from the registry "
                              f"({', '.join(hf_heads.available_heads())}) or a variant: mos-K, mos_plif-K "
-                             f"(K components, e.g. mos-9), mixtape-noshare")
+                             f"(K components, e.g. mos-9), mixtape-noshare, mixtape-unscaled")
         head, extra = parsed
         options = {**table_options.get(head, {}), **extra}
         hf_heads.heads.get_head_class(head).config_class(hidden_size=8, vocab_size=16, **options)  # checks options
