@@ -32,7 +32,8 @@ class MixtapeConfig(ContextConfig):
         "Mixtape (made for Adafactor, whose steps follow each weight's scale). False: g as is, those weights "
         "drawn the same and multiplied by d1^-1/2 (as a torch nn.Linear): the same function at initialisation, "
         "but Adam and SGD then move them at the pace of the model's other layers (about sqrt(d1) times faster "
-        "under Adam); the language-model tables use False")
+        "under Adam, d1 times under SGD): in effect a larger learning rate for the head's projections "
+        "(docs/reproduction.md: mixtape vs mixtape-unscaled)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
