@@ -3,9 +3,8 @@
 A table names its heads as the papers do: the registry's names (``softmax``, ``mixtape``, ``plif``, ...) plus
 variants such as ``mos-9`` (MoS with K = 9 components), ``mixtape-noshare`` (Mixtape without gate sharing:
 every token has its own gate priors, r = 1) and ``mixtape-unscaled`` (Mixtape with ``scaled_input=False``: its
-projections in torch's ``nn.Linear`` form instead of Mesh TensorFlow's, see :class:`hf_heads.heads.mixtape.MixtapeConfig`).
-The table's own options for a head (its dropouts, the paper's r)
-come first; a variant's options are applied on top.
+projections in torch's ``nn.Linear`` form instead of Mesh TensorFlow's; see ``MixtapeConfig``). The table's own
+options for a head (its dropouts, the paper's r) come first; a variant's options are applied on top.
 """
 from __future__ import annotations
 
