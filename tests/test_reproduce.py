@@ -103,8 +103,8 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
 def test_costs_of_heads_added_later_merge_beside_the_measured_ones():
     def run(heads, softmax_s, other_s):
         seconds = {h: {"out_bsz": softmax_s if h == "softmax" else other_s} for h in heads}
-        return {"batch": 48, "budget_bytes": {"all": 1.0, "out": 1.0}, "same_mem_batch": {h: {"out": 48} for h in heads},
-                "peaks_bytes": {h: {} for h in heads}, "seconds": seconds,
+        return {"batch": 48, "budget_bytes": {"all": 1.0, "out": 1.0}, "seconds": seconds,
+                "same_mem_batch": {h: {"out": 48} for h in heads}, "peaks_bytes": {h: {} for h in heads},
                 "ratios": {h: {"time_out_layer_same_bsz": seconds[h]["out_bsz"] / softmax_s} for h in heads}}
 
     measured = run(["softmax", "mixtape"], 2.0, 3.0)

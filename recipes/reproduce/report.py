@@ -251,9 +251,9 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
         if c.get("train_wall_s"):
             walls.setdefault(c["head"], []).append(c["train_wall_s"] / 60)
     if walls and rows:
+        times = ", ".join(f"{h} {sum(v) / len(v):.1f}" for h, v in walls.items())
         lines += ["Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over seeds; one thread "
-                  "each, two to five cells at a time on the 2 cores): " + ", ".join(f"{h} {sum(v) / len(v):.1f}" for h, v in walls.items())
-                  + ".", ""]
+                  f"each, two to five cells at a time on the 2 cores): {times}.", ""]
     costs = cost_table(rows)
     if costs:
         lines += ["Training time as a ratio to softmax (the paper's cost columns; ours on the mini model, CPU):", "",
