@@ -114,6 +114,8 @@ def test_costs_of_heads_added_later_merge_beside_the_measured_ones():
     assert merged["seconds"]["softmax"]["out_bsz"] == 2.0
     assert merged["added"]["mixtape-unscaled"]["softmax_seconds"] == {"out_bsz": 4.0}
     assert "mixtape-unscaled" not in measured["ratios"]  # the measured table is left as it was
+    assert "mixtape-unscaled: added to the table later" in report._added_heads(merged)
+    assert report._added_heads(measured) == ""
 
 
 def test_full_size_dry_runs_count_the_papers_parameters(tmp_path):

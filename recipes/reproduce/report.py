@@ -235,6 +235,15 @@ def timing_noise(objs: Dict[str, Dict[str, Any]]) -> str:
             f"smaller differences as noise.")
 
 
+def _added_heads(costs: Dict[str, Any]) -> str:
+    """The sentence on heads timed after the table's cost run (:func:`recipes.reproduce.costs.merge_costs`)."""
+    added = list(costs.get("added") or {})
+    if not added:
+        return ""
+    return (f" {', '.join(added)}: added to the table later, timed beside softmax again in a run of "
+            f"{'its' if len(added) == 1 else 'their'} own (ratios to that run's softmax; the budget is that run's).")
+
+
 def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str = "") -> str:
     rows = obj["rows"]
     full_only = not rows and obj["table"] in TABLE_MODULES and "mini" not in get_table(obj["table"]).scales
@@ -269,7 +278,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                       f"output layer: {batches} (none: not even {min(GRID)} fit); time per sequence at that batch. "
                       f"{c['threads']} thread"
                       f"{'s' if c['threads'] != 1 else ''}, one timing run per head on a 2-core machine shared "
-                      f"with the training runs. {noise}".rstrip(), ""]
+                      f"with the training runs.{_added_heads(c)} {noise}".rstrip(), ""]
     text = findings(rows, higher_is_better=not any(r["metric"] == "ppl" for r in rows))
     if text:
         lines += ["**What it shows.** " + text, ""]
