@@ -195,7 +195,7 @@ def main(argv=None) -> None:
 def table_costs(runner, table, prepared, variants, args, table_dir: str, log=print) -> Dict[str, Dict[str, Any]]:
     """Measure (once; ``costs.json`` is kept) the cost columns of ``variants`` for a table; return
     ``{head: {metric: {"ours": ratio, "paper": ratio or None, "command": line}}}``."""
-    from recipes.reproduce.results import save_json
+    from recipes.reproduce.results import load_json, save_json
 
     out = os.path.join(table_dir, "costs.json")
     names = [v.name for v in variants]
@@ -209,26 +209,24 @@ def table_costs(runner, table, prepared, variants, args, table_dir: str, log=pri
     spec = {"heads": heads, "batch": batch, "budget_factor": 1.05, "max_batch": batch * 3 // 2, "rounds": 5,
             "unit": table.cost_unit}
     cmd = [sys.executable, "-m", "recipes.reproduce.costs", "--spec", spec_path, "--out", out]
-    before = json.load(open(out)) if os.path.isfile(out) else None
-    if before is None or before["batch"] != batch:
+    lines = dict.fromkeys(names, runner.record(cmd, comment="training-cost columns"))
+    measured = load_json(out)
+    if measured is None or measured["batch"] != batch:
         save_json(spec_path, spec)
         log(f"{table.name}: training-cost columns ({', '.join(names)})")
         runner.run(cmd, os.path.join(table_dir, "costs.log"), f"{table.name} costs", comment="training-cost columns")
-    else:
-        runner.record(cmd, comment="training-cost columns")
-    lines = dict.fromkeys(names, runner.record(cmd))
-    missing = [n for n in names if n not in json.load(open(out))["ratios"]]
+        measured = load_json(out)
+    missing = [n for n in names if n not in measured["ratios"]]
     if missing:  # heads added to a measured table: timed beside softmax again, in a process of their own
         add_spec, add_out = (os.path.join(table_dir, f"costs-added-{'-'.join(missing)}{ext}")
                              for ext in ("-spec.json", ".json"))
         add_cmd = [sys.executable, "-m", "recipes.reproduce.costs", "--spec", add_spec, "--out", add_out]
         save_json(add_spec, {**spec, "heads": {n: heads[n] for n in ["softmax", *missing]}})
         log(f"{table.name}: training-cost columns of the added heads ({', '.join(missing)}), beside softmax")
+        lines.update(dict.fromkeys(missing, runner.record(add_cmd, comment="added heads")))
         runner.run(add_cmd, os.path.join(table_dir, "costs.log"), f"{table.name} costs", comment="added heads")
-        save_json(out, merge_costs(json.load(open(out)), json.load(open(add_out)), missing))
-        lines.update(dict.fromkeys(missing, runner.record(add_cmd)))
-    with open(out) as f:
-        measured = json.load(f)
+        measured = merge_costs(measured, load_json(add_out), missing)
+        save_json(out, measured)
     paper = getattr(table, "paper_costs", {})
     result = {}
     for name in names:
