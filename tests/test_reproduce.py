@@ -108,11 +108,12 @@ def test_costs_of_heads_added_later_merge_beside_the_measured_ones():
                 "ratios": {h: {"time_out_layer_same_bsz": seconds[h]["out_bsz"] / softmax_s} for h in heads}}
 
     measured = run(["softmax", "mixtape"], 2.0, 3.0)
-    merged = C.merge_costs(measured, run(["softmax", "mixtape-unscaled"], 4.0, 8.0), ["mixtape-unscaled"])
+    merged = C.merge_costs(measured, run(["softmax", "mixtape-unscaled"], 4.0, 8.0), ["mixtape-unscaled"], "added-cmd")
     assert merged["ratios"]["mixtape-unscaled"]["time_out_layer_same_bsz"] == 2.0  # to its own run's softmax
     assert merged["ratios"]["mixtape"] == measured["ratios"]["mixtape"]
     assert merged["seconds"]["softmax"]["out_bsz"] == 2.0
     assert merged["added"]["mixtape-unscaled"]["softmax_seconds"] == {"out_bsz": 4.0}
+    assert merged["added"]["mixtape-unscaled"]["command"] == "added-cmd"  # rows of later runs name it too
     assert "mixtape-unscaled" not in measured["ratios"]  # the measured table is left as it was
     assert "mixtape-unscaled: added to the table later" in report._added_heads(merged)
     assert report._added_heads(measured) == ""

@@ -223,10 +223,10 @@ def table_costs(runner, table, prepared, variants, args, table_dir: str, log=pri
         add_cmd = [sys.executable, "-m", "recipes.reproduce.costs", "--spec", add_spec, "--out", add_out]
         save_json(add_spec, {**spec, "heads": {n: heads[n] for n in ["softmax", *missing]}})
         log(f"{table.name}: training-cost columns of the added heads ({', '.join(missing)}), beside softmax")
-        lines.update(dict.fromkeys(missing, runner.record(add_cmd, comment="added heads")))
         runner.run(add_cmd, os.path.join(table_dir, "costs.log"), f"{table.name} costs", comment="added heads")
-        measured = merge_costs(measured, load_json(add_out), missing)
+        measured = merge_costs(measured, load_json(add_out), missing, runner.record(add_cmd))
         save_json(out, measured)
+    lines.update({h: a["command"] for h, a in measured.get("added", {}).items() if h in lines})
     paper = getattr(table, "paper_costs", {})
     result = {}
     for name in names:
@@ -243,15 +243,15 @@ def table_costs(runner, table, prepared, variants, args, table_dir: str, log=pri
     return result
 
 
-def merge_costs(measured: Dict[str, Any], added: Dict[str, Any], heads: Sequence[str]) -> Dict[str, Any]:
+def merge_costs(measured: Dict[str, Any], added: Dict[str, Any], heads: Sequence[str], command: str) -> Dict[str, Any]:
     """``measured`` (costs.json) with the per-head entries of ``heads`` from ``added`` (a later run of those heads
-    beside softmax: their ratios are to that run's softmax), listed under ``"added"``."""
+    beside softmax, made by ``command``: their ratios are to that run's softmax), listed under ``"added"``."""
     merged = json.loads(json.dumps(measured))
     for key in ("same_mem_batch", "peaks_bytes", "seconds", "ratios"):
         merged[key].update({h: added[key][h] for h in heads})
     merged["added"] = {**merged.get("added", {}),
-                       **{h: {"softmax_seconds": added["seconds"]["softmax"], "budget_bytes": added["budget_bytes"]}
-                          for h in heads}}
+                       **{h: {"softmax_seconds": added["seconds"]["softmax"], "budget_bytes": added["budget_bytes"],
+                              "command": command} for h in heads}}
     return merged
 
 
