@@ -19,10 +19,9 @@ _block_broken_torchaudio()  # a torchaudio that cannot load would break transfor
 
 import importlib.util as _importlib_util
 
-from .heads import HeadConfig, OutputHead, available_heads, get_head_class, register_head
-from .convert import convert_head
-from .frequency import count_tokens, frequency_order
-from .io import build_head, load_head, save_head
+from .core import (HeadConfig, OutputHead, available_heads, build_head, convert_head, count_tokens, frequency_order,
+                   get_head_class, load_head, register_head, save_head)
+from . import heads as _heads  # noqa: F401  (registers every head)
 
 __version__ = "0.1.0"
 

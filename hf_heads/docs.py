@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .heads import HeadConfig, available_heads, get_head_class, head_specific_options
+from .core import HeadConfig, available_heads, get_head_class, head_specific_options
 
 
 def heads_table() -> str:

@@ -12,7 +12,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from hf_heads.heads.functional import piecewise_linear_increasing_reference
+from hf_heads.core.functional import piecewise_linear_increasing_reference
 
 HIDDEN, VOCAB = 6, 11
 

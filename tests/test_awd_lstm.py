@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("fairseq", reason="fairseq not installed: run `make install`")
 
-from fairseq_plugin.awd_lstm import WeightDropLSTM, embedded_dropout, locked_dropout  # noqa: E402
+from fairseq_plugin.lm.awd_lstm import WeightDropLSTM, embedded_dropout, locked_dropout  # noqa: E402
 from recipes.reproduce.costs import FairseqSteps  # noqa: E402
 from test_fairseq_cli import HEAD_OPTIONS, PLUGIN, TRAIN, cli, data  # noqa: E402,F401
 
@@ -118,7 +118,7 @@ def test_awd_lstm_command_line_trains_and_evaluates(data, tmp_path):
 
 
 def test_averaged_sgd_keeps_the_mean_since_the_switch_and_saves_it():
-    from fairseq_plugin.ntasgd import AveragedSGD
+    from fairseq_plugin.lm.ntasgd import AveragedSGD
 
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(5))
@@ -138,7 +138,7 @@ def test_averaged_sgd_keeps_the_mean_since_the_switch_and_saves_it():
 
 
 def test_ntasgd_switches_when_validation_is_worse_than_before_the_last_epochs():
-    from fairseq_plugin.ntasgd import FairseqNTASGD, NTASGDConfig, NTASGDSchedule, NTASGDScheduleConfig
+    from fairseq_plugin.lm.ntasgd import FairseqNTASGD, NTASGDConfig, NTASGDSchedule, NTASGDScheduleConfig
 
     opt = FairseqNTASGD(NTASGDConfig(lr=[20.0]), [torch.nn.Parameter(torch.zeros(2))])
     sched = NTASGDSchedule(NTASGDScheduleConfig(nonmono=2, lr=[20.0]), opt)

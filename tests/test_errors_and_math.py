@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hf_heads
-from hf_heads.heads import functional as HF
+from hf_heads.core import functional as HF
 
 BAD_OPTIONS = [
     ("softmax", "hidden_size", 0, "integer in [1"),

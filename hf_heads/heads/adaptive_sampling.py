@@ -32,8 +32,8 @@ from typing import Dict, Tuple
 
 import torch
 
-from . import functional as HF
-from .base import HeadConfig, SingleSoftmaxHead, check_float, check_int, option, register_head
+from ..core import functional as HF
+from ..core import HeadConfig, SingleSoftmaxHead, check_float, check_int, option, register_head
 
 
 @dataclass

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import functional as HF
-from .base import HeadConfig, OutputHead, check_int, check_option, option, register_head
+from ..core import functional as HF
+from ..core import HeadConfig, OutputHead, check_int, check_option, option, register_head
 
 
 def frequency_binning(counts, num_classes: int) -> List[int]:

@@ -4,8 +4,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import functional as HF
-from .base import HeadConfig, OutputHead, check_bool, check_option, option
+from ..core import functional as HF
+from ..core import HeadConfig, OutputHead, check_bool, check_option, option
 
 CONTEXT_ACTIVATIONS = ("tanh", "identity")
 

@@ -24,8 +24,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from . import functional as HF
-from .base import HeadConfig, SingleSoftmaxHead, check_option, option, register_head
+from ..core import functional as HF
+from ..core import HeadConfig, SingleSoftmaxHead, check_option, option, register_head
 
 _DEFAULT_BANDS = 3
 

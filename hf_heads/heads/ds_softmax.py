@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import functional as HF
-from .base import (HeadConfig, OutputHead, check_bool, check_float, check_int, check_option, option,
+from ..core import functional as HF
+from ..core import (HeadConfig, OutputHead, check_bool, check_float, check_int, check_option, option,
                    register_head)
 
 _NORM_EPS = 1e-12  # inside the sqrt of the group norms: sqrt'(0) is infinite

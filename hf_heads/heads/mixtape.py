@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import functional as HF
-from .base import (SingleSoftmaxHead, check_bool, check_float, check_int, check_option, check_type, option,
+from ..core import functional as HF
+from ..core import (SingleSoftmaxHead, check_bool, check_float, check_int, check_option, check_type, option,
                    register_head)
 from .contexts import ContextConfig, ContextHead
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import functional as HF
-from .base import check_int, option, register_head
+from ..core import functional as HF
+from ..core import check_int, option, register_head
 from .contexts import ContextConfig, ContextHead
 
 

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import functional as HF
-from .base import HeadConfig, LinearScoresHead, check_float, check_int, option, register_head
+from ..core import functional as HF
+from ..core import HeadConfig, LinearScoresHead, check_float, check_int, option, register_head
 from .mos import MoSConfig, MoSHead
 
 

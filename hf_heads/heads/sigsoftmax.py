@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import HeadConfig, LinearScoresHead, register_head
+from ..core import HeadConfig, LinearScoresHead, register_head
 
 
 @dataclass

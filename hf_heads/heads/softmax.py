@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import HeadConfig, LinearScoresHead, register_head
+from ..core import HeadConfig, LinearScoresHead, register_head
 
 
 @dataclass

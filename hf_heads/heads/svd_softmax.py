@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .base import HeadConfig, SingleSoftmaxHead, check_bool, check_int, check_option, option, register_head
+from ..core import HeadConfig, SingleSoftmaxHead, check_bool, check_int, check_option, option, register_head
 
 PREVIEW_DIMS = ("adaptive", "leading")
 

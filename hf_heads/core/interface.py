@@ -13,157 +13,19 @@ downstream (fairseq criterion, HF model wrapper, recipes, tests) special-cases a
 * ``head.config``            a :class:`HeadConfig` dataclass with ``to_dict()``.
 """
 from __future__ import annotations
+from __future__ import annotations
 
-import dataclasses
-import difflib
-import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple, Type
+from typing import Callable, Dict, Optional, Tuple, Type
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import functional as HF
-
-# ----------------------------------------------------------------------------- registry
-_REGISTRY: Dict[str, Type["OutputHead"]] = {}
-
-
-def register_head(name: str) -> Callable[[Type["OutputHead"]], Type["OutputHead"]]:
-    """Class decorator: make a head buildable as ``build_head(name, ...)``.
-
-    The registry is the one list of heads: the HF config validation, fairseq's
-    ``--output-head`` choices, the docs table and the test table all read it.
-    """
-
-    def wrap(cls: Type["OutputHead"]) -> Type["OutputHead"]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"head name {name!r} is already registered by {_REGISTRY[name].__name__}")
-        cls.head_name = name
-        cls.config_class.head_name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return wrap
+from .config import HeadConfig, check_float, check_int
+from .lean import LEAN_CHUNK_ELEMENTS, LEAN_MIN_CHUNK, _ChunkedNLL
 
 
-def available_heads() -> list:
-    """Sorted names of every registered head."""
-    return sorted(_REGISTRY)
-
-
-def head_specific_options(name: str) -> list:
-    """The dataclass fields a head adds to the shared :class:`HeadConfig` options, in order."""
-    shared = {f.name for f in dataclasses.fields(HeadConfig)}
-    return [f for f in dataclasses.fields(get_head_class(name).config_class) if f.name not in shared]
-
-
-def get_head_class(name: str) -> Type["OutputHead"]:
-    """The head class registered under ``name``; ``ValueError`` listing the names otherwise."""
-    if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"unknown output head {name!r}; available heads: {', '.join(available_heads())}")
-    return _REGISTRY[name]
-
-
-# ----------------------------------------------------------------------------- config
-def option(default: Any, help: str, **kwargs) -> Any:
-    """A dataclass field carrying its help text (read by the fairseq / HF adapters and docs)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
-    return field(default=default, metadata={"help": help}, **kwargs)
-
-
-def check_option(head: str, name: str, value: Any, ok: bool, allowed: str) -> None:
-    """Raise ``ValueError`` naming the head, the option, the value and what is allowed."""
-    if not ok:
-        raise ValueError(f"{head}: option {name}={value!r} is out of range; allowed: {allowed}")
-
-
-def check_type(head: str, name: str, value: Any, ok: bool, expected: str) -> None:
-    """Raise ``ValueError`` saying that ``value`` has the wrong type (``"num_gates='4' must be an integer (got
-    str)"``), which a range message would hide."""
-    if not ok:
-        raise ValueError(f"{head}: option {name}={value!r} must be {expected} (got {type(value).__name__})")
-
-
-def check_int(head: str, name: str, value: Any, lo: int, hi: Optional[int] = None) -> None:
-    """Check that ``value`` is an int in ``[lo, hi]`` (``hi=None``: no upper bound)."""
-    check_type(head, name, value, isinstance(value, int) and not isinstance(value, bool), "an integer")
-    ok = value >= lo and (hi is None or value <= hi)
-    check_option(head, name, value, ok, f"an integer in [{lo}, {'inf' if hi is None else hi}]")
-
-
-def check_float(head: str, name: str, value: Any, lo: float, hi: float, lo_open=False, hi_open=False) -> None:
-    """Check that ``value`` is a real number in the given (half-)open or closed interval."""
-    check_type(head, name, value, isinstance(value, (int, float)) and not isinstance(value, bool), "a number")
-    ok = math.isfinite(value) and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
-    interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
-    check_option(head, name, value, ok, f"a number in {interval}")
-
-
-def check_bool(head: str, name: str, value: Any) -> None:
-    """Check that ``value`` is True or False (not a truthy string such as ``"false"``)."""
-    check_type(head, name, value, isinstance(value, bool), "True or False")
-
-
-@dataclass
-class HeadConfig:
-    """Options shared by every head. Subclasses add the head's own options.
-
-    Fields carry their help text in ``metadata["help"]``; ``__post_init__`` rejects bad values
-    with a ``ValueError`` that names the option, the value and the allowed range.
-    """
-
-    hidden_size: int = option(512, "size d1 of the last hidden state g fed to the head")
-    vocab_size: int = option(10000, "number V of output tokens")
-    embedding_size: Optional[int] = option(
-        None, "size d of the output embedding W (V x d); defaults to hidden_size (heads that "
-        "project g to context vectors h_k = tanh(H_k g) may use d != d1)")
-    dropout: float = option(0.0, "dropout on the context vector(s) multiplied with the output embedding")
-    use_bias: bool = option(True, "add an output bias b (V)")
-
-    head_name = "head"  # class attribute, set per subclass for messages
-
-    def __post_init__(self) -> None:
-        n = self.head_name
-        check_int(n, "hidden_size", self.hidden_size, 1)
-        check_int(n, "vocab_size", self.vocab_size, 2)
-        if self.embedding_size is None:
-            self.embedding_size = self.hidden_size
-        check_int(n, "embedding_size", self.embedding_size, 1)
-        check_float(n, "dropout", self.dropout, 0.0, 1.0, hi_open=True)
-        check_bool(n, "use_bias", self.use_bias)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The options as a JSON-serialisable dict (what ``save_head`` writes)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def option_help(cls) -> Dict[str, str]:
-        """``{option name: help text}`` for every option of this config."""
-        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
-
-    @classmethod
-    def from_options(cls, **options: Any) -> "HeadConfig":
-        """Build the config, rejecting unknown option names with the list of known ones."""
-        cls.check_option_names(options)
-        return cls(**options)
-
-    @classmethod
-    def check_option_names(cls, options: Dict[str, Any], settable: Optional[set] = None) -> None:
-        """``ValueError`` for names in ``options`` that are not among ``settable`` (default: every option),
-        suggesting the nearest allowed name and listing them all."""
-        known = {f.name for f in dataclasses.fields(cls)} if settable is None else set(settable)
-        unknown = sorted(set(options) - known)
-        if unknown:
-            named = [u + "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(u, known, 1))
-                     for u in unknown]
-            raise ValueError(
-                f"{cls.head_name}: unknown option(s) {', '.join(named)}; allowed options: {', '.join(sorted(known))}")
-
-
-# ----------------------------------------------------------------------------- heads
 class OutputHead(nn.Module):
     """Base class of every head: holds the output embedding ``weight`` (V x d) and ``bias`` (V).
 
@@ -590,51 +452,6 @@ class OutputHead(nn.Module):
         b = None if self.bias is None else self.bias[rows]
         return HF.linear_fp32(context, self.weight[rows], b)
 
-
-#: values in all the V-wide tensors of one chunk of the memory-lean loss (32 MiB in float32: small enough
-#: for the elementwise passes to run from cache, which is faster on CPU than whole-batch passes), and the
-#: fewest tokens per chunk (below that, the weight gradient's matrix product, whose inner size is the
-#: chunk, loses speed: 1.2x the plain softmax's time at V = 50257 with 83-token chunks, 1.0x with 256-512)
-LEAN_CHUNK_ELEMENTS = 2 ** 23
-LEAN_MIN_CHUNK = 256
-
-
-class _ChunkedNLL(torch.autograd.Function):
-    """Summed loss (and NLL) of ``head`` over token chunks, each chunk's gradients computed in the forward pass.
-
-    Forward: for every chunk of ``chunk`` tokens, :meth:`OutputHead.lean_nll_chunk` returns the chunk's summed
-    loss (label-smoothed or not), its NLL and the loss's gradient with respect to the chunk's hidden states,
-    and adds the parameter gradients to float accumulators; nothing of the chunk is kept, so peak memory is one chunk's V-wide tensors instead of the
-    whole batch's. Backward: the stored gradients times the incoming scalar gradient. No recomputation; the
-    price is that gradients are computed even if the loss is never backpropagated, and no double backward.
-    Dropout / gate noise draw fresh values per chunk, as they would per batch.
-    """
-
-    @staticmethod
-    def forward(ctx, head, hidden, target, chunk, label_smoothing, *params):
-        want_h = hidden.requires_grad
-        grad_h = torch.zeros_like(hidden) if want_h else None
-        # float accumulators (float64 for float64 math) whatever the parameters' dtype
-        grads = {p: torch.zeros_like(p, dtype=hidden.dtype) for p in params}
-        total, total_nll = hidden.new_zeros(()), hidden.new_zeros(())  # hidden is in the compute dtype already
-        for start in range(0, hidden.shape[0], chunk):
-            h = hidden[start:start + chunk].detach().requires_grad_(want_h)
-            loss, nll, got = head.lean_nll_chunk(h, target[start:start + chunk], grads, label_smoothing)
-            total += loss
-            total_nll += nll
-            if want_h:
-                grad_h[start:start + chunk] = got
-        ctx.want_h = want_h
-        ctx.dtypes = [p.dtype for p in params]
-        ctx.save_for_backward(*([grad_h] if want_h else []), *grads.values())
-        ctx.mark_non_differentiable(total_nll)
-        return total, total_nll
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_nll):
-        saved = list(ctx.saved_tensors)
-        grad_h = saved.pop(0) * grad_out if ctx.want_h else None
-        return (None, grad_h, None, None, None, *[(g * grad_out).to(dt) for g, dt in zip(saved, ctx.dtypes)])
 
 
 class SingleSoftmaxHead(OutputHead):

@@ -1,23 +1,60 @@
-"""Building heads by name, and saving / loading them (config JSON + weights-only state dict)."""
+"""The registry of heads: the one list every adapter, the docs table and the tests read, and ``build_head``."""
 from __future__ import annotations
 
-import json
-import os
-from typing import Any, Optional, Union
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Type
 
 import torch
 
+from .config import HeadConfig
 from .frequency import frequency_order as order_by_counts
-from .heads import OutputHead, get_head_class
 
-CONFIG_NAME = "head_config.json"
-WEIGHTS_NAME = "head_state.pt"
-FORMAT_VERSION = 1
+if TYPE_CHECKING:
+    from .interface import OutputHead
+
+_REGISTRY: Dict[str, Type["OutputHead"]] = {}
+
+
+def register_head(name: str) -> Callable[[Type["OutputHead"]], Type["OutputHead"]]:
+    """Class decorator: make a head buildable as ``build_head(name, ...)``.
+
+    The registry is the one list of heads: the HF config validation, fairseq's
+    ``--output-head`` choices, the docs table and the test table all read it.
+    """
+
+    def wrap(cls: Type["OutputHead"]) -> Type["OutputHead"]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"head name {name!r} is already registered by {_REGISTRY[name].__name__}")
+        cls.head_name = name
+        cls.config_class.head_name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def available_heads() -> list:
+    """Sorted names of every registered head."""
+    return sorted(_REGISTRY)
+
+
+def head_specific_options(name: str) -> list:
+    """The dataclass fields a head adds to the shared :class:`HeadConfig` options, in order."""
+    shared = {f.name for f in dataclasses.fields(HeadConfig)}
+    return [f for f in dataclasses.fields(get_head_class(name).config_class) if f.name not in shared]
+
+
+def get_head_class(name: str) -> Type["OutputHead"]:
+    """The head class registered under ``name``; ``ValueError`` listing the names otherwise."""
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"unknown output head {name!r}; available heads: {', '.join(available_heads())}")
+    return _REGISTRY[name]
+
 
 
 def build_head(name: str, hidden_size: int, vocab_size: int, weight: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, frequency_order=None, token_counts=None,
-               **options: Any) -> OutputHead:
+               **options: Any) -> "OutputHead":
     """Build the head registered as ``name``.
 
     ``weight`` (V x d) and ``bias`` (V) start the output embedding from an existing projection
@@ -49,32 +86,3 @@ def build_head(name: str, hidden_size: int, vocab_size: int, weight: Optional[to
             raise ValueError(f"{name}: bias given without weight; pass the projection's weight too")
         head.init_from_projection(weight, bias)
     return head
-
-
-def save_head(head: OutputHead, path: Union[str, os.PathLike]) -> None:
-    """Save ``head`` to the directory ``path``: ``head_config.json`` + ``head_state.pt``."""
-    if not isinstance(head, OutputHead):
-        raise ValueError(f"save_head: expected an OutputHead, got {type(head).__name__}")
-    os.makedirs(path, exist_ok=True)
-    meta = {"format_version": FORMAT_VERSION, "head": head.head_name, "config": head.config.to_dict()}
-    with open(os.path.join(path, CONFIG_NAME), "w") as f:
-        json.dump(meta, f, indent=2, sort_keys=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
-    torch.save(state, os.path.join(path, WEIGHTS_NAME))
-
-
-def load_head(path: Union[str, os.PathLike], map_location: Union[str, torch.device] = "cpu") -> OutputHead:
-    """Load a head saved by :func:`save_head` (weights loaded with ``weights_only=True``)."""
-    cfg_file = os.path.join(path, CONFIG_NAME)
-    if not os.path.isfile(cfg_file):
-        raise ValueError(f"load_head: {cfg_file} not found; {path!s} is not a directory written by save_head")
-    with open(cfg_file) as f:
-        meta = json.load(f)
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"load_head: {cfg_file} has format_version={meta.get('format_version')!r}; "
-                         f"this version of softmax-heads reads {FORMAT_VERSION}")
-    cls = get_head_class(meta["head"])
-    head = cls(cls.config_class.from_options(**meta["config"]))
-    state = torch.load(os.path.join(path, WEIGHTS_NAME), map_location=map_location, weights_only=True)
-    head.load_state_dict(state)
-    return head.to(map_location)

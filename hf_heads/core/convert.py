@@ -19,8 +19,8 @@ from typing import Any
 
 from torch import nn
 
-from .heads import OutputHead
-from .io import build_head
+from .interface import OutputHead
+from .registry import build_head
 
 
 def _from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:
@@ -65,7 +65,7 @@ def convert_head(source: Any, name: str = "svd_softmax", **options: Any):
     except ImportError:  # pragma: no cover - transformers is optional
         PreTrainedModel = ()
     if isinstance(source, PreTrainedModel):
-        from .hf import HeadModelMixin, swap_head
+        from ..hf import HeadModelMixin, swap_head
 
         if not isinstance(source, HeadModelMixin):
             return swap_head(source, name, **options)

@@ -18,7 +18,7 @@ PLIF papers use for their perplexity tables:
 
 Differences from the papers' code, beside the locked dropout on the contexts: fairseq's ``language_modeling``
 task gives each block of ``--tokens-per-sample`` tokens on its own (the original carries the LSTM state across
-consecutive batches and varies the BPTT length); the averaged-SGD switch is :mod:`fairseq_plugin.ntasgd`.
+consecutive batches and varies the BPTT length); the averaged-SGD switch is :mod:`fairseq_plugin.lm.ntasgd`.
 """
 import logging
 from typing import Optional
@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 import hf_heads
 
-from .models import HeadDecoderMixin, _register_head_args, build_decoder_head, parse_head_options, usage_error
+from ..models import HeadDecoderMixin
+from ..options import _register_head_args, build_decoder_head, parse_head_options, usage_error
 
 
 def locked_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
