@@ -37,6 +37,13 @@ def compiling() -> bool:
     return getattr(torch.compiler, "is_compiling", lambda: False)()
 
 
+def smoothed_loss(nll: torch.Tensor, log_prob_sum: torch.Tensor, label_smoothing: float,
+                  vocab_size: int) -> torch.Tensor:
+    """Per-token label-smoothed loss ``(1 - e) nll - (e / V) sum_v log p_v`` (``F.cross_entropy``'s smoothing) from
+    the NLL and the sum of the V log-probs."""
+    return (1.0 - label_smoothing) * nll - (label_smoothing / vocab_size) * log_prob_sum
+
+
 def check_target(head: str, target: torch.Tensor, expected_shape: Sequence[int], vocab_size: int,
                  ignore_index: int) -> torch.Tensor:
     """Validate a target tensor and return it flattened.

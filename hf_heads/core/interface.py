@@ -13,17 +13,16 @@ downstream (fairseq criterion, HF model wrapper, recipes, tests) special-cases a
 * ``head.config``            a :class:`HeadConfig` dataclass with ``to_dict()``.
 """
 from __future__ import annotations
-from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple, Type
+from typing import Dict, Optional, Tuple, Type
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import functional as HF
+from . import lean
 from .config import HeadConfig, check_float, check_int
-from .lean import LEAN_CHUNK_ELEMENTS, LEAN_MIN_CHUNK, _ChunkedNLL
 
 
 class OutputHead(nn.Module):
@@ -45,7 +44,7 @@ class OutputHead(nn.Module):
     projects_context = False
     #: whether the output embedding can be shared with an input embedding (:meth:`tie_weight`)
     can_tie = True
-    #: memory-lean training loss (:class:`_ChunkedNLL`): token chunks whose gradients are computed in the
+    #: memory-lean training loss (:mod:`hf_heads.core.lean`): token chunks whose gradients are computed in the
     #: forward pass, so no N x V (or K x N x V) activation is kept for backward. Set ``head.lean_loss = False``
     #: for plain autograd over the whole batch (the reference path). Heads whose training forward has
     #: side effects beyond its output (DS-Softmax: routing statistics for its aux loss) opt out.
@@ -241,7 +240,7 @@ class OutputHead(nn.Module):
         valid = t != ignore_index
         params = [p for p in self.parameters() if p.requires_grad]
         if reduction != "none" and self.lean_loss_active() and (h.requires_grad or params):
-            loss, nll = self._lean_loss_and_nll(h, t, valid, float(label_smoothing), params)
+            loss, nll = lean.loss_and_nll(self, h, t, valid, float(label_smoothing), params)
             return (loss, nll) if reduction == "sum" else (loss / valid.sum(), nll / valid.sum())
         with HF.fp32_math(h):
             nll = loss = h.new_zeros(t.shape)
@@ -263,17 +262,6 @@ class OutputHead(nn.Module):
             return loss.sum(), nll.sum()
         return loss.sum() / valid.sum(), nll.sum() / valid.sum()  # nan when every target is ignored, like F.nll_loss
 
-    @torch.compiler.disable
-    def _lean_loss_and_nll(self, h: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, label_smoothing: float,
-                           params) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Summed ``(loss, nll)`` of the valid tokens by :class:`_ChunkedNLL`. Always eager: under torch.compile the
-        graph breaks around this call, since the chunks run autograd inside a custom autograd.Function's forward,
-        which dynamo cannot trace."""
-        with HF.fp32_math(h):
-            everything = bool(valid.all())
-            return _ChunkedNLL.apply(self, h if everything else h[valid], t if everything else t[valid],
-                                     self.lean_chunk_tokens(), label_smoothing, *params)
-
     def _loss_and_nll_2d(self, hidden: torch.Tensor, target: torch.Tensor, label_smoothing: float):
         """Per-token ``(loss, nll)`` for valid targets; the same tensor twice without label smoothing (then
         via :meth:`nll_2d`, which may skip the full log-probs)."""
@@ -282,22 +270,15 @@ class OutputHead(nn.Module):
             return nll, nll
         lp = self.log_probs_2d(hidden)
         nll = -lp.gather(1, target[:, None]).squeeze(1)
-        return self._smoothed(nll, lp.sum(1), label_smoothing), nll
-
-    def _smoothed(self, nll: torch.Tensor, log_prob_sum: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-        """Per-token label-smoothed loss ``(1 - e) nll - (e / V) sum_v log p_v``."""
-        return (1.0 - label_smoothing) * nll - (label_smoothing / self.config.vocab_size) * log_prob_sum
+        return HF.smoothed_loss(nll, lp.sum(1), label_smoothing, self.config.vocab_size), nll
 
     def lean_loss_active(self) -> bool:
         """Whether :meth:`loss` takes the memory-lean path now: ``lean_loss`` on, training mode, grad enabled."""
         return self.lean_loss and self.training and torch.is_grad_enabled()
 
     def lean_chunk_tokens(self) -> int:
-        """Tokens per chunk of the memory-lean training loss: about ``LEAN_CHUNK_ELEMENTS`` values in all the
-        V-wide tensors of a chunk (``lean_width`` per token), at least ``LEAN_MIN_CHUNK`` matrix-product rows
-        (``lean_rows`` per token)."""
-        return max(-(-LEAN_MIN_CHUNK // self.lean_rows),
-                   LEAN_CHUNK_ELEMENTS // (self.config.vocab_size * self.lean_width))
+        """Tokens per chunk of the memory-lean training loss (:func:`hf_heads.core.lean.chunk_tokens`)."""
+        return lean.chunk_tokens(self)
 
     def lean_nll_chunk(self, hidden: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
                        label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
@@ -307,108 +288,11 @@ class OutputHead(nn.Module):
         None); the gradient of the summed loss with respect to every parameter in ``grads`` is added to
         ``grads[param]`` (float accumulators). The loss is the NLL, label-smoothed as in :meth:`loss`. This
         default runs autograd on :meth:`nll_2d` (:meth:`log_probs_2d` with label smoothing); heads override
-        it with hand-written gradients for their V-wide part (:meth:`_lean_softmax_rows`) and autograd for
-        the rest (:meth:`_lean_backprop`). Tests hold every override to the reference path.
+        it with hand-written gradients for their V-wide part (:func:`hf_heads.core.lean.softmax_rows`) and
+        autograd for the rest (:func:`hf_heads.core.lean.backprop`). Tests hold every override to the reference
+        path.
         """
-        with torch.enable_grad():
-            loss, nll = self._loss_and_nll_2d(hidden, target, label_smoothing)
-            loss = loss.sum()
-        return loss.detach(), nll.sum().detach(), self._lean_backprop([loss], [torch.ones_like(loss)], hidden, grads)
-
-    def _lean_backprop(self, outputs, grad_outputs, hidden: Optional[torch.Tensor],
-                       grads: Dict[nn.Parameter, torch.Tensor]) -> Optional[torch.Tensor]:
-        """Autograd from ``outputs`` (weighted by ``grad_outputs``) into ``hidden`` and the parameters of
-        ``grads`` (added there); returns the gradient of ``hidden`` (None if it is None or does not require
-        grad)."""
-        pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o is not None and o.requires_grad]
-        params = list(grads)
-        want_h = hidden is not None and hidden.requires_grad
-        inputs = ([hidden] if want_h else []) + params
-        got = [None] * len(inputs)
-        if pairs and inputs:
-            got = list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True))
-        grad_h = None
-        if want_h:
-            grad_h = got.pop(0)
-            if grad_h is None:
-                grad_h = torch.zeros_like(hidden)
-        for p, g in zip(params, got):
-            if g is not None:
-                grads[p] += g
-        return grad_h
-
-    def _lean_softmax_rows(self, x: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
-                           log_prior: Optional[torch.Tensor] = None, transform: Optional[Callable] = None,
-                           prefix: Optional[torch.Tensor] = None, prefix_ids: Optional[torch.Tensor] = None,
-                           label_smoothing: float = 0.0):
-        """The V-wide part of the lean loss, forward and backward by hand, for K softmaxes per token.
-
-        Component k of token i: ``log_softmax(f([prefix_i, x_ik W[S:]^T + b[S:]]))`` (S = prefix width, 0 by
-        default; f = ``transform``, elementwise, identity by default), mixed with ``log_prior`` ``[n, K]``
-        in log space when given (K must be 1 otherwise). ``x`` ``[n, K, d]`` is detached.
-
-        ``label_smoothing`` (one softmax only: no ``log_prior``) smooths the loss as in :meth:`loss`.
-        ``prefix_ids`` (S ids): the prefix holds the logits of these ids instead of the first S (every id's
-        logit comes from the product then, and the prefix overwrites theirs).
-
-        Returns ``(loss [n], nll [n], grad_x [n, K, d], grad_log_prior [n, K] or None, grad_prefix [n, S] or
-        None)`` and adds the gradients of W and b to ``grads``. ``transform(logits)`` returns ``(scores, back)`` with
-        ``back(grad_scores) -> grad_logits`` (None for the identity). The gradient of the logits is
-        ``r_ik (softmax - onehot)`` (r: the components' posterior responsibilities), made in place in the
-        log-softmax; the weight gradient accumulates straight into ``grads`` with ``addmm_``.
-        """
-        n, k, d = x.shape
-        lo = 0 if prefix is None or prefix_ids is not None else prefix.shape[1]
-        w = self.weight[lo:].to(x.dtype)
-        b = None if self.bias is None else self.bias[lo:].to(x.dtype)
-        rows = x.reshape(n * k, d)
-        logits = x.new_empty(n * k, self.config.vocab_size)
-        if lo:
-            logits[:, :lo] = prefix
-        if b is None:
-            torch.mm(rows, w.t(), out=logits[:, lo:])
-        else:
-            torch.addmm(b, rows, w.t(), out=logits[:, lo:])
-        if prefix_ids is not None:
-            logits.index_copy_(1, prefix_ids, prefix)
-        scores, back = (logits, None) if transform is None else transform(logits)
-        del logits
-        logp = torch.log_softmax(scores, dim=1)
-        del scores
-        t = target.repeat_interleave(k)[:, None] if k > 1 else target[:, None]
-        logp_t = logp.gather(1, t).squeeze(1)
-        if log_prior is None:
-            nll, weight, grad_prior = -logp_t, None, None
-            loss = nll if not label_smoothing else self._smoothed(nll, logp.sum(1), label_smoothing)
-        else:
-            if label_smoothing:
-                raise ValueError(f"{self.head_name}: label smoothing of a mixture is not done by hand here")
-            joint = logp_t.view(n, k) + log_prior
-            total = torch.logsumexp(joint, dim=1)
-            nll = loss = -total
-            resp = (joint - total[:, None]).exp()  # posterior responsibilities of the components
-            weight, grad_prior = resp.reshape(-1, 1), -resp
-        grad = logp.exp_()  # softmax, in place
-        if weight is None:  # smoothed: softmax - (1 - e) onehot - e / V
-            if label_smoothing:
-                grad.sub_(label_smoothing / self.config.vocab_size)
-            grad.scatter_add_(1, t, grad.new_full(t.shape, label_smoothing - 1.0))
-        else:
-            grad.mul_(weight).scatter_add_(1, t, -weight)
-        if back is not None:
-            grad = back(grad)
-        if prefix_ids is not None:  # the prefix ids' logits did not come from the product
-            grad_prefix = grad.index_select(1, prefix_ids)
-            grad_lin = grad.index_fill_(1, prefix_ids, 0.0)
-        else:
-            grad_prefix = None if prefix is None else grad[:, :lo]
-            grad_lin = grad if prefix is None else grad[:, lo:]
-        grad_x = (grad_lin @ w).view(n, k, d)
-        if self.weight in grads:
-            grads[self.weight][lo:].addmm_(grad_lin.t(), rows)
-        if self.bias is not None and self.bias in grads:
-            grads[self.bias][lo:] += grad_lin.sum(0)
-        return loss, nll, grad_x, grad_prior, grad_prefix
+        return lean.autograd_chunk(self, hidden, target, grads, label_smoothing)
 
     def aux_loss(self) -> torch.Tensor:
         """Scalar regulariser to add to the training loss; 0 for heads without one."""
@@ -501,7 +385,7 @@ class LinearScoresHead(SingleSoftmaxHead):
     def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0):
         with torch.enable_grad():
             x = self.dropout(hidden)
-        loss, nll, grad_x, _, _ = self._lean_softmax_rows(
-            x.detach()[:, None], target, grads, transform=lambda z: self.lean_score_transform(z, grads),
+        loss, nll, grad_x, _, _ = lean.softmax_rows(
+            self, x.detach()[:, None], target, grads, transform=lambda z: self.lean_score_transform(z, grads),
             label_smoothing=label_smoothing)
-        return loss.sum(), nll.sum(), self._lean_backprop([x], [grad_x[:, 0]], hidden, grads)
+        return loss.sum(), nll.sum(), lean.backprop([x], [grad_x[:, 0]], hidden, grads)

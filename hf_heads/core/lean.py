@@ -1,7 +1,19 @@
-"""The memory-lean training loss: token chunks whose gradients are computed in the forward pass."""
+"""The memory-lean training loss, the whole engine: chunk sizing, the autograd function over token chunks, and the
+pieces a head's :meth:`OutputHead.lean_nll_chunk` calls (:func:`softmax_rows`, the V-wide softmaxes forward and
+backward by hand; :func:`backprop`, autograd for the rest; :func:`autograd_chunk`, the default that runs autograd on
+the head's reference math).
+
+:meth:`OutputHead.loss` takes this path in training (``head.lean_loss`` on, grad enabled): no ``[tokens, V]`` (or
+``[tokens, K, V]``) activation is kept for backward; tests hold every head's chunk to its plain-autograd loss.
+"""
 from __future__ import annotations
 
+from typing import Callable, Dict, Optional, Tuple
+
 import torch
+from torch import nn
+
+from . import functional
 
 #: values in all the V-wide tensors of one chunk of the memory-lean loss (32 MiB in float32: small enough
 #: for the elementwise passes to run from cache, which is faster on CPU than whole-batch passes), and the
@@ -11,7 +23,26 @@ LEAN_CHUNK_ELEMENTS = 2 ** 23
 LEAN_MIN_CHUNK = 256
 
 
-class _ChunkedNLL(torch.autograd.Function):
+def chunk_tokens(head) -> int:
+    """Tokens per chunk of ``head``'s lean loss: about ``LEAN_CHUNK_ELEMENTS`` values in all the V-wide tensors of a
+    chunk (``head.lean_width`` per token), at least ``LEAN_MIN_CHUNK`` matrix-product rows (``head.lean_rows`` per
+    token)."""
+    return max(-(-LEAN_MIN_CHUNK // head.lean_rows),
+               LEAN_CHUNK_ELEMENTS // (head.config.vocab_size * head.lean_width))
+
+
+def autograd_chunk(head, hidden: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
+                   label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """The default chunk: autograd on the head's reference math (:meth:`OutputHead.nll_2d`, or its log-probs with
+    label smoothing); see :meth:`OutputHead.lean_nll_chunk` for the contract."""
+    with torch.enable_grad():
+        loss, nll = head._loss_and_nll_2d(hidden, target, label_smoothing)
+        loss = loss.sum()
+    return loss.detach(), nll.sum().detach(), backprop([loss], [torch.ones_like(loss)], hidden, grads)
+
+
+
+class ChunkedNLL(torch.autograd.Function):
     """Summed loss (and NLL) of ``head`` over token chunks, each chunk's gradients computed in the forward pass.
 
     Forward: for every chunk of ``chunk`` tokens, :meth:`OutputHead.lean_nll_chunk` returns the chunk's summed
@@ -48,3 +79,113 @@ class _ChunkedNLL(torch.autograd.Function):
         grad_h = saved.pop(0) * grad_out if ctx.want_h else None
         return (None, grad_h, None, None, None, *[(g * grad_out).to(dt) for g, dt in zip(saved, ctx.dtypes)])
 
+
+@torch.compiler.disable
+def loss_and_nll(head, h: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, label_smoothing: float,
+                 params) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Summed ``(loss, nll)`` of ``head`` on the valid tokens by :class:`ChunkedNLL`. Always eager: under torch.compile the
+    graph breaks around this call, since the chunks run autograd inside a custom autograd.Function's forward,
+    which dynamo cannot trace."""
+    with functional.fp32_math(h):
+        everything = bool(valid.all())
+        return ChunkedNLL.apply(head, h if everything else h[valid], t if everything else t[valid],
+                                 head.lean_chunk_tokens(), label_smoothing, *params)
+
+
+def backprop(outputs, grad_outputs, hidden: Optional[torch.Tensor],
+             grads: Dict[nn.Parameter, torch.Tensor]) -> Optional[torch.Tensor]:
+    """Autograd from ``outputs`` (weighted by ``grad_outputs``) into ``hidden`` and the parameters of
+    ``grads`` (added there); returns the gradient of ``hidden`` (None if it is None or does not require
+    grad)."""
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o is not None and o.requires_grad]
+    params = list(grads)
+    want_h = hidden is not None and hidden.requires_grad
+    inputs = ([hidden] if want_h else []) + params
+    got = [None] * len(inputs)
+    if pairs and inputs:
+        got = list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True))
+    grad_h = None
+    if want_h:
+        grad_h = got.pop(0)
+        if grad_h is None:
+            grad_h = torch.zeros_like(hidden)
+    for p, g in zip(params, got):
+        if g is not None:
+            grads[p] += g
+    return grad_h
+
+
+def softmax_rows(head, x: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
+                 log_prior: Optional[torch.Tensor] = None, transform: Optional[Callable] = None,
+                 prefix: Optional[torch.Tensor] = None, prefix_ids: Optional[torch.Tensor] = None,
+                 label_smoothing: float = 0.0):
+    """The V-wide part of the lean loss of ``head`` (its ``weight`` W and ``bias`` b), forward and backward by
+    hand, for K softmaxes per token.
+
+    Component k of token i: ``log_softmax(f([prefix_i, x_ik W[S:]^T + b[S:]]))`` (S = prefix width, 0 by
+    default; f = ``transform``, elementwise, identity by default), mixed with ``log_prior`` ``[n, K]``
+    in log space when given (K must be 1 otherwise). ``x`` ``[n, K, d]`` is detached.
+
+    ``label_smoothing`` (one softmax only: no ``log_prior``) smooths the loss as in :meth:`OutputHead.loss`.
+    ``prefix_ids`` (S ids): the prefix holds the logits of these ids instead of the first S (every id's
+    logit comes from the product then, and the prefix overwrites theirs).
+
+    Returns ``(loss [n], nll [n], grad_x [n, K, d], grad_log_prior [n, K] or None, grad_prefix [n, S] or
+    None)`` and adds the gradients of W and b to ``grads``. ``transform(logits)`` returns ``(scores, back)`` with
+    ``back(grad_scores) -> grad_logits`` (None for the identity). The gradient of the logits is
+    ``r_ik (softmax - onehot)`` (r: the components' posterior responsibilities), made in place in the
+    log-softmax; the weight gradient accumulates straight into ``grads`` with ``addmm_``.
+    """
+    n, k, d = x.shape
+    lo = 0 if prefix is None or prefix_ids is not None else prefix.shape[1]
+    w = head.weight[lo:].to(x.dtype)
+    b = None if head.bias is None else head.bias[lo:].to(x.dtype)
+    rows = x.reshape(n * k, d)
+    logits = x.new_empty(n * k, head.config.vocab_size)
+    if lo:
+        logits[:, :lo] = prefix
+    if b is None:
+        torch.mm(rows, w.t(), out=logits[:, lo:])
+    else:
+        torch.addmm(b, rows, w.t(), out=logits[:, lo:])
+    if prefix_ids is not None:
+        logits.index_copy_(1, prefix_ids, prefix)
+    scores, back = (logits, None) if transform is None else transform(logits)
+    del logits
+    logp = torch.log_softmax(scores, dim=1)
+    del scores
+    t = target.repeat_interleave(k)[:, None] if k > 1 else target[:, None]
+    logp_t = logp.gather(1, t).squeeze(1)
+    if log_prior is None:
+        nll, weight, grad_prior = -logp_t, None, None
+        loss = nll if not label_smoothing else functional.smoothed_loss(nll, logp.sum(1), label_smoothing,
+                                                                        head.config.vocab_size)
+    else:
+        if label_smoothing:
+            raise ValueError(f"{head.head_name}: label smoothing of a mixture is not done by hand here")
+        joint = logp_t.view(n, k) + log_prior
+        total = torch.logsumexp(joint, dim=1)
+        nll = loss = -total
+        resp = (joint - total[:, None]).exp()  # posterior responsibilities of the components
+        weight, grad_prior = resp.reshape(-1, 1), -resp
+    grad = logp.exp_()  # softmax, in place
+    if weight is None:  # smoothed: softmax - (1 - e) onehot - e / V
+        if label_smoothing:
+            grad.sub_(label_smoothing / head.config.vocab_size)
+        grad.scatter_add_(1, t, grad.new_full(t.shape, label_smoothing - 1.0))
+    else:
+        grad.mul_(weight).scatter_add_(1, t, -weight)
+    if back is not None:
+        grad = back(grad)
+    if prefix_ids is not None:  # the prefix ids' logits did not come from the product
+        grad_prefix = grad.index_select(1, prefix_ids)
+        grad_lin = grad.index_fill_(1, prefix_ids, 0.0)
+    else:
+        grad_prefix = None if prefix is None else grad[:, :lo]
+        grad_lin = grad if prefix is None else grad[:, lo:]
+    grad_x = (grad_lin @ w).view(n, k, d)
+    if head.weight in grads:
+        grads[head.weight][lo:].addmm_(grad_lin.t(), rows)
+    if head.bias is not None and head.bias in grads:
+        grads[head.bias][lo:] += grad_lin.sum(0)
+    return loss, nll, grad_x, grad_prior, grad_prefix

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..core import functional as HF
+from ..core import lean
 from ..core import (SingleSoftmaxHead, check_bool, check_float, check_int, check_option, check_type, option,
                    register_head)
 from .contexts import ContextConfig, ContextHead
@@ -208,14 +209,14 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             ctx, shared, gate_ctx, mixed = self._gate_inputs(hidden)
         small = [] if shared is None else [ctx, gate_ctx, shared]  # one gate: a plain softmax over h_1
         freq, back = self._lean_frequent_logits(*(t.detach() for t in small), grads) if small else (None, None)
-        loss, nll, grad_mixed, _, grad_freq = self._lean_softmax_rows(
-            mixed.detach()[:, None], target, grads, prefix=freq, prefix_ids=self.frequent_ids(),
+        loss, nll, grad_mixed, _, grad_freq = lean.softmax_rows(
+            self, mixed.detach()[:, None], target, grads, prefix=freq, prefix_ids=self.frequent_ids(),
             label_smoothing=label_smoothing)
         outputs, grad_outputs = [mixed], [grad_mixed[:, 0]]
         if small:
             outputs += small
             grad_outputs += back(grad_freq)
-        return loss.sum(), nll.sum(), self._lean_backprop(outputs, grad_outputs, hidden, grads)
+        return loss.sum(), nll.sum(), lean.backprop(outputs, grad_outputs, hidden, grads)
 
     def _lean_frequent_logits(self, ctx: torch.Tensor, gate_ctx: torch.Tensor, shared: torch.Tensor, grads):
         """``(z[:, :S], back)``, forward and backward by hand: component logits ``h_k . w_x`` and gate

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ..core import functional as HF
+from ..core import lean
 from ..core import check_int, option, register_head
 from .contexts import ContextConfig, ContextHead
 
@@ -79,7 +80,7 @@ class MoSHead(ContextHead):
             return super().lean_nll_chunk(hidden, target, grads, label_smoothing)
         with torch.enable_grad():
             ctx, log_prior = self._contexts_and_log_priors(hidden)
-        loss, nll, grad_ctx, grad_prior, _ = self._lean_softmax_rows(
-            ctx.detach(), target, grads, log_prior=log_prior.detach(),
+        loss, nll, grad_ctx, grad_prior, _ = lean.softmax_rows(
+            self, ctx.detach(), target, grads, log_prior=log_prior.detach(),
             transform=lambda z: self.lean_component_scores(z, grads))
-        return loss.sum(), nll.sum(), self._lean_backprop([ctx, log_prior], [grad_ctx, grad_prior], hidden, grads)
+        return loss.sum(), nll.sum(), lean.backprop([ctx, log_prior], [grad_ctx, grad_prior], hidden, grads)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import functional as HF
+from ..core import lean
 from ..core import HeadConfig, LinearScoresHead, check_float, check_int, option, register_head
 from .mos import MoSConfig, MoSHead
 
@@ -87,7 +88,7 @@ class PLIFHead(LinearScoresHead):
         return self.plif(logits)
 
     def lean_score_transform(self, logits, grads):
-        return self.plif.lean_forward(logits, lambda outs, gouts: self._lean_backprop(outs, gouts, None, grads))
+        return self.plif.lean_forward(logits, lambda outs, gouts: lean.backprop(outs, gouts, None, grads))
 
 
 @dataclass
@@ -112,4 +113,4 @@ class MoSPLIFHead(MoSHead):
         return self.plif(logits)
 
     def lean_component_scores(self, logits, grads):
-        return self.plif.lean_forward(logits, lambda outs, gouts: self._lean_backprop(outs, gouts, None, grads))
+        return self.plif.lean_forward(logits, lambda outs, gouts: lean.backprop(outs, gouts, None, grads))
