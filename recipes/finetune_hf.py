@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 import torch
 
 import hf_heads
-from hf_heads.heads import head_specific_options
+from hf_heads.core import head_specific_options, heads_where
 
 PRESETS = {
     "gpt2-tiny": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 256},
@@ -175,7 +175,8 @@ def parse_args(argv=None):
     p.add_argument("--head", default="mixtape", choices=hf_heads.available_heads(), help="output head")
     p.add_argument("--head-options", type=json.loads, default={}, help='JSON options, e.g. \'{"num_gates": 4}\'')
     p.add_argument("--frequency-order", choices=["counts", "ids"], default="counts",
-                   help="for heads that need ids ordered by frequency (mixtape, class_softmax, d_softmax): "
+                   help="for heads that need ids ordered by frequency ("
+                        + ", ".join(heads_where(uses_frequency_order=True)) + "): "
                         "'counts' orders the vocabulary by the training text's token counts, 'ids' takes the ids' "
                         "own order (right for vocabularies sorted by frequency, such as fairseq's)")
     p.add_argument("--start", choices=["pretrained", "paper"], default="pretrained",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hf_heads
-from hf_heads.core import functional as HF
+from hf_heads.core import functional as ops
 
 BAD_OPTIONS = [
     ("softmax", "hidden_size", 0, "integer in [1"),
@@ -132,7 +132,7 @@ def test_load_head_from_a_wrong_directory(tmp_path):
 @pytest.mark.parametrize("k", [1, 2, 4, 8, 16])
 def test_sigmoid_tree_is_a_distribution(k):
     logits = 3 * torch.randn(5, 7, k - 1, dtype=torch.float64)
-    log_pi = HF.sigmoid_tree_log_priors(logits)
+    log_pi = ops.sigmoid_tree_log_priors(logits)
     assert log_pi.shape == (5, 7, k)
     torch.testing.assert_close(log_pi.exp().sum(-1), torch.ones(5, 7, dtype=torch.float64))
 
@@ -141,12 +141,12 @@ def test_sigmoid_tree_k4_is_the_papers_equation_3():
     l = torch.randn(10, 3, dtype=torch.float64)
     g1, g2, g3 = torch.sigmoid(l).unbind(-1)
     paper = torch.stack([g1 * g2, g1 * (1 - g2), (1 - g1) * g3, (1 - g1) * (1 - g3)], -1)
-    torch.testing.assert_close(HF.sigmoid_tree_log_priors(l).exp(), paper)
+    torch.testing.assert_close(ops.sigmoid_tree_log_priors(l).exp(), paper)
 
 
 def test_sigmoid_tree_rejects_a_wrong_number_of_gates():
     with pytest.raises(ValueError, match="2\\^L - 1 gates, got 4"):
-        HF.sigmoid_tree_log_priors(torch.randn(2, 4))
+        ops.sigmoid_tree_log_priors(torch.randn(2, 4))
 
 
 # ----------------------------------------------------------------------------- PLIF
@@ -162,9 +162,9 @@ def _naive_plif(z, slopes, knot_range):
 def test_plif_matches_reference_inside_and_outside_the_range():
     slopes = torch.rand(50, dtype=torch.float64) + 0.1
     z = torch.linspace(-8, 8, 401, dtype=torch.float64)  # R = 3: both extrapolation sides
-    torch.testing.assert_close(HF.piecewise_linear_increasing(z, slopes, 3.0),
-                               HF.piecewise_linear_increasing_reference(z, slopes, 3.0))
-    f = HF.piecewise_linear_increasing(z, slopes, 3.0)
+    torch.testing.assert_close(ops.piecewise_linear_increasing(z, slopes, 3.0),
+                               ops.piecewise_linear_increasing_reference(z, slopes, 3.0))
+    f = ops.piecewise_linear_increasing(z, slopes, 3.0)
     assert (f.diff() > 0).all()  # monotone increasing
 
 
@@ -172,23 +172,23 @@ def test_plif_gradients_match_the_naive_form_and_gradcheck():
     slopes = (torch.rand(9, dtype=torch.float64) + 0.2).requires_grad_()
     z = (3 * torch.randn(4, 6, dtype=torch.float64)).requires_grad_()
     w = torch.randn(4, 6, dtype=torch.float64)
-    ours = torch.autograd.grad((HF.piecewise_linear_increasing(z, slopes, 2.0) * w).sum(), (z, slopes))
+    ours = torch.autograd.grad((ops.piecewise_linear_increasing(z, slopes, 2.0) * w).sum(), (z, slopes))
     naive = torch.autograd.grad((_naive_plif(z, slopes, 2.0) * w).sum(), (z, slopes))
     for a, b in zip(ours, naive):
         torch.testing.assert_close(a, b)
-    assert torch.autograd.gradcheck(lambda zz, ss: HF.piecewise_linear_increasing(zz, ss, 2.0), (z, slopes))
+    assert torch.autograd.gradcheck(lambda zz, ss: ops.piecewise_linear_increasing(zz, ss, 2.0), (z, slopes))
 
 
 def test_plif_with_a_million_knots_is_exact_and_identity_at_init():
     plif_head = hf_heads.build_head("plif", hidden_size=8, vocab_size=30, num_knots=1_000_000, knot_range=20.0)
     z = torch.tensor([-25.0, -20.0, -3.3, 0.0, 1e-4, 7.25, 19.99, 30.0], dtype=torch.float64)
     slopes = plif_head.plif.slopes(torch.float64)  # 1 up to the float32 rounding of log(e - 1)
-    torch.testing.assert_close(HF.piecewise_linear_increasing(z, slopes, 20.0), z, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ops.piecewise_linear_increasing(z, slopes, 20.0), z, rtol=0, atol=1e-6)
     with torch.no_grad():
         plif_head.plif.slope_params.copy_(torch.randn(1_000_000))
     slopes = plif_head.plif.slopes(torch.float64)
-    torch.testing.assert_close(HF.piecewise_linear_increasing(z, slopes, 20.0),
-                               HF.piecewise_linear_increasing_reference(z, slopes, 20.0), rtol=1e-9, atol=1e-6)
+    torch.testing.assert_close(ops.piecewise_linear_increasing(z, slopes, 20.0),
+                               ops.piecewise_linear_increasing_reference(z, slopes, 20.0), rtol=1e-9, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- Mixtape specifics

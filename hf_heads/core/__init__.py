@@ -4,5 +4,6 @@ from .config import HeadConfig, check_bool, check_float, check_int, check_option
 from .convert import convert_head
 from .frequency import count_tokens, frequency_order
 from .interface import LinearScoresHead, OutputHead, SingleSoftmaxHead
-from .registry import available_heads, build_head, get_head_class, head_specific_options, register_head
+from .registry import (available_heads, build_head, get_head_class, head_specific_options, heads_where,
+                       register_head)
 from .serialization import load_head, save_head

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from .interface import OutputHead
-from .registry import build_head
+from .registry import build_head, heads_where
 
 
 def _from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:
@@ -28,7 +28,7 @@ def _from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:
     if isinstance(layer, OutputHead) and not layer.is_linear_softmax:
         raise ValueError(
             f"convert_head: a {layer.head_name!r} head is not a softmax of W g + b; only softmax-like heads "
-            f"(softmax, svd_softmax, adaptive_sampling) and nn.Linear layers can be converted")
+            f"({', '.join(heads_where(is_linear_softmax=True))}) and nn.Linear layers can be converted")
     if not isinstance(layer, (OutputHead, nn.Linear)):
         raise ValueError(f"convert_head: cannot convert a {type(layer).__name__}; expected a softmax-like head, "
                          f"an nn.Linear, a transformers model or a fairseq model with --output-head")

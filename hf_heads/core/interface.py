@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import functional as HF
+from . import functional as ops
 from . import lean
 from .config import HeadConfig, check_float, check_int
 from .vocabulary import VocabularyMixin
@@ -68,6 +68,10 @@ class OutputHead(VocabularyMixin, nn.Module):
     uses_frequency_order = False
     #: whether :meth:`aux_loss` is a regulariser the training loss must include (DS-Softmax), not the zero default
     has_aux_loss = False
+    #: what the last inference call cost, per query, for heads that make inference cheaper (purpose "fast"):
+    #: ``multiplications`` done against the ``budget`` of a full ``V d`` product, and head-specific counts (see each
+    #: head's ``topk``); None until such a call, and for heads that do not count
+    last_stats: Optional[Dict[str, float]] = None
 
     def __init__(self, config: HeadConfig):
         super().__init__()
@@ -100,7 +104,7 @@ class OutputHead(VocabularyMixin, nn.Module):
         """Normalised log-probabilities, shape ``[..., vocab_size]``: float32 for float32, bf16 and
         fp16 inputs (the head math runs in float32), float64 for float64 inputs."""
         h = self._flat_hidden(hidden)
-        with HF.fp32_math(h):
+        with ops.fp32_math(h):
             return self.log_probs_2d(h).view(*hidden.shape[:-1], self.config.vocab_size)
 
     def loss(self, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
@@ -122,15 +126,15 @@ class OutputHead(VocabularyMixin, nn.Module):
             raise ValueError(f"{self.head_name}: reduction={reduction!r}; allowed: 'mean', 'sum', 'none'")
         check_float(self.head_name, "label_smoothing", label_smoothing, 0.0, 1.0)
         h = self._flat_hidden(hidden)
-        t = HF.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
+        t = ops.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
         valid = t != ignore_index
         params = [p for p in self.parameters() if p.requires_grad]
         if reduction != "none" and self.lean_loss_active() and (h.requires_grad or params):
             loss, nll = lean.loss_and_nll(self, h, t, valid, float(label_smoothing), params)
             return (loss, nll) if reduction == "sum" else (loss / valid.sum(), nll / valid.sum())
-        with HF.fp32_math(h):
+        with ops.fp32_math(h):
             nll = loss = h.new_zeros(t.shape)
-            if HF.compiling() and not (self.has_aux_loss and self.training):
+            if ops.compiling() and not (self.has_aux_loss and self.training):
                 # torch.compile: every row (ignored ones scored as id 0, then zeroed), as selecting the valid rows
                 # (a data-dependent shape) would break the graph; rows are independent, so valid rows are unchanged.
                 # Not for a head whose training forward keeps routing statistics (DS-Softmax): padding would count
@@ -156,7 +160,7 @@ class OutputHead(VocabularyMixin, nn.Module):
             return nll, nll
         lp = self.log_probs_2d(hidden)
         nll = -lp.gather(1, target[:, None]).squeeze(1)
-        return HF.smoothed_loss(nll, lp.sum(1), label_smoothing, self.config.vocab_size), nll
+        return ops.smoothed_loss(nll, lp.sum(1), label_smoothing, self.config.vocab_size), nll
 
     def lean_loss_active(self) -> bool:
         """Whether :meth:`loss` takes the memory-lean path now: ``lean_loss`` on, training mode, grad enabled."""
@@ -215,12 +219,12 @@ class OutputHead(VocabularyMixin, nn.Module):
                 f"hidden_size={self.config.hidden_size}")
         if not hidden.is_floating_point():
             raise ValueError(f"{self.head_name}: hidden has dtype {hidden.dtype}; expected a floating-point tensor")
-        return hidden.reshape(-1, self.config.hidden_size).to(HF.compute_dtype(hidden))
+        return hidden.reshape(-1, self.config.hidden_size).to(ops.compute_dtype(hidden))
 
     def _output_logits(self, context: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
         """float32 ``context @ W[rows]^T + b[rows]`` (autocast off, so the math stays fp32)."""
         b = None if self.bias is None else self.bias[rows]
-        return HF.linear_fp32(context, self.weight[rows], b)
+        return ops.linear_fp32(context, self.weight[rows], b)
 
 
 
@@ -243,7 +247,7 @@ class SingleSoftmaxHead(OutputHead):
     def topk(self, hidden: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
         check_int(self.head_name, "k", k, 1, self.config.vocab_size)
         h = self._flat_hidden(hidden)
-        with HF.fp32_math(h):
+        with ops.fp32_math(h):
             s = self.scores_2d(h)
             top, idx = s.topk(k, dim=-1)
             lp = top - torch.logsumexp(s, dim=-1, keepdim=True)

@@ -47,8 +47,8 @@ class ChunkedNLL(torch.autograd.Function):
 
     Forward: for every chunk of ``chunk`` tokens, :meth:`OutputHead.lean_nll_chunk` returns the chunk's summed
     loss (label-smoothed or not), its NLL and the loss's gradient with respect to the chunk's hidden states,
-    and adds the parameter gradients to float accumulators; nothing of the chunk is kept, so peak memory is one chunk's V-wide tensors instead of the
-    whole batch's. Backward: the stored gradients times the incoming scalar gradient. No recomputation; the
+    and adds the parameter gradients to float accumulators; nothing of the chunk is kept, so peak memory is one
+    chunk's V-wide tensors instead of the whole batch's. Backward: the stored gradients times the incoming scalar gradient. No recomputation; the
     price is that gradients are computed even if the loss is never backpropagated, and no double backward.
     Dropout / gate noise draw fresh values per chunk, as they would per batch.
     """
@@ -83,9 +83,9 @@ class ChunkedNLL(torch.autograd.Function):
 @torch.compiler.disable
 def loss_and_nll(head, h: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, label_smoothing: float,
                  params) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Summed ``(loss, nll)`` of ``head`` on the valid tokens by :class:`ChunkedNLL`. Always eager: under torch.compile the
-    graph breaks around this call, since the chunks run autograd inside a custom autograd.Function's forward,
-    which dynamo cannot trace."""
+    """Summed ``(loss, nll)`` of ``head`` on the valid tokens by :class:`ChunkedNLL`. Always eager: under
+    torch.compile the graph breaks around this call, since the chunks run autograd inside a custom
+    autograd.Function's forward, which dynamo cannot trace."""
     with functional.fp32_math(h):
         everything = bool(valid.all())
         return ChunkedNLL.apply(head, h if everything else h[valid], t if everything else t[valid],

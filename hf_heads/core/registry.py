@@ -38,6 +38,15 @@ def available_heads() -> list:
     return sorted(_REGISTRY)
 
 
+def heads_where(**flags: Any) -> list:
+    """Sorted names of the registered heads whose class attributes equal ``flags``, e.g.
+    ``heads_where(uses_frequency_order=True)``: lists of heads in messages and docs come from here."""
+    for flag in flags:
+        if any(not hasattr(cls, flag) for cls in _REGISTRY.values()):
+            raise ValueError(f"heads_where: {flag!r} is not a class attribute of every head")
+    return [name for name in available_heads() if all(getattr(_REGISTRY[name], k) == v for k, v in flags.items())]
+
+
 def head_specific_options(name: str) -> list:
     """The dataclass fields a head adds to the shared :class:`HeadConfig` options, in order."""
     shared = {f.name for f in dataclasses.fields(HeadConfig)}
@@ -60,7 +69,7 @@ def build_head(name: str, hidden_size: int, vocab_size: int, weight: Optional[to
     ``weight`` (V x d) and ``bias`` (V) start the output embedding from an existing projection
     (e.g. a trained ``lm_head``); ``embedding_size`` defaults to ``weight.shape[1]`` then.
     ``frequency_order`` (ids, most frequent first) or ``token_counts`` (V counts in id order) give heads that
-    treat ids as ordered by frequency (mixtape, class_softmax, d_softmax) the order of a vocabulary that is not
+    treat ids as ordered by frequency (``heads_where(uses_frequency_order=True)``) the order of a vocabulary that is not
     sorted (:meth:`OutputHead.set_frequency_order`); without them such heads take ids as sorted.
     Unknown options or values out of range raise ``ValueError`` naming them.
     """

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .config import check_int
+from .registry import heads_where
 
 
 class VocabularyMixin:
@@ -20,8 +21,9 @@ class VocabularyMixin:
         by frequency. The head then equals the one built on frequency-sorted ids up to that permutation."""
         n, v = self.head_name, self.config.vocab_size
         if not self.uses_frequency_order:
+            ordered = ", ".join(heads_where(uses_frequency_order=True))
             raise ValueError(f"{n}: frequency_order / token_counts do not apply: this head does not depend on the "
-                             f"order of the token ids (heads that do: mixtape, class_softmax, d_softmax)")
+                             f"order of the token ids (heads that do: {ordered})")
         order = torch.as_tensor(order).flatten().cpu()
         ok = (not order.is_floating_point() and order.numel() == v
               and torch.equal(order.long().sort().values, torch.arange(v)))

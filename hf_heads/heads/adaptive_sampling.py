@@ -32,7 +32,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from ..core import functional as HF
+from ..core import functional as ops
 from ..core import HeadConfig, SingleSoftmaxHead, check_float, check_int, option, register_head
 
 
@@ -74,7 +74,6 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
 
     def __init__(self, config: AdaptiveSamplingConfig):
         super().__init__(config)
-        self.last_stats: Dict[str, float] = {}
         self._generator = torch.Generator().manual_seed(config.seed)
 
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -94,7 +93,7 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
         check_int(self.head_name, "k", k, 1, self.config.vocab_size)
         h = self._flat_hidden(hidden)
         lps, idxs, stats = [], [], []
-        with HF.fp32_math(h):
+        with ops.fp32_math(h):
             for g in h:
                 lp, idx, st = self._bandit_topk(g, k)
                 lps.append(lp)

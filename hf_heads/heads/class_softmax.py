@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import functional as HF
+from ..core import functional as ops
 from ..core import HeadConfig, OutputHead, check_int, check_option, option, register_head
 
 
@@ -139,7 +139,6 @@ class ClassSoftmaxHead(OutputHead):
         #: when ids are sorted by frequency)
         self.spans: List[Tuple[int, int]] = list(zip([0] + c.class_boundaries[:-1], c.class_boundaries))
         #: set by every :meth:`topk` call: per-query multiply-adds, the ``V d`` budget, tokens and classes scored
-        self.last_stats: Optional[dict] = None
 
     # -- the two levels ------------------------------------------------------------------
     def class_tables(self, device: Optional[torch.device] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -159,7 +158,7 @@ class ClassSoftmaxHead(OutputHead):
 
     def class_log_probs(self, x: torch.Tensor) -> torch.Tensor:
         """``log p(c | g)`` ``[N, C]`` for (dropped-out) hidden states ``x`` ``[N, d]``."""
-        return torch.log_softmax(HF.linear_fp32(x, self.class_proj.weight, self.class_proj.bias), dim=-1)
+        return torch.log_softmax(ops.linear_fp32(x, self.class_proj.weight, self.class_proj.bias), dim=-1)
 
     def _per_class(self):
         """``(weights, biases)``: the rows of every class, as views. ``split`` has one backward for all
@@ -191,7 +190,7 @@ class ClassSoftmaxHead(OutputHead):
         x = self.dropout(hidden)
         target_class = self.class_tables(target.device)[0][target]
         nll = -self.class_log_probs(x).gather(1, target_class[:, None]).squeeze(1)
-        order, groups = HF.group_rows(target_class)
+        order, groups = ops.group_rows(target_class)
         ranks = self.ranks()
         target_rank = target if ranks is None else ranks[target]
         ws, bs = self._per_class()
@@ -202,7 +201,7 @@ class ClassSoftmaxHead(OutputHead):
                 continue
             r = order[lo:hi]
             rows.append(r)
-            within.append(F.cross_entropy(HF.linear_fp32(x[r], ws[c], bs[c]), target_rank[r] - start,
+            within.append(F.cross_entropy(ops.linear_fp32(x[r], ws[c], bs[c]), target_rank[r] - start,
                                           reduction="none"))
         if rows:
             nll = nll.index_add(0, torch.cat(rows), torch.cat(within))
@@ -221,7 +220,7 @@ class ClassSoftmaxHead(OutputHead):
         c = self.config
         check_int(self.head_name, "k", k, 1, c.vocab_size)
         h = self._flat_hidden(hidden)
-        with HF.fp32_math(h):
+        with ops.fp32_math(h):
             x = self.dropout(h)
             class_lp = self.class_log_probs(x)
             if c.search_classes >= c.num_classes:
@@ -251,7 +250,7 @@ class ClassSoftmaxHead(OutputHead):
         pair_class = order[rows, slots]
         cand_lp = x.new_full((n, width, k), float("-inf"))
         cand_idx = torch.zeros(n, width, k, dtype=torch.long, device=x.device)
-        by_class, groups = HF.group_rows(pair_class)
+        by_class, groups = ops.group_rows(pair_class)
         ws, bs = self._per_class()
         for c, lo, hi in groups:
             sel = by_class[lo:hi]
@@ -259,7 +258,7 @@ class ClassSoftmaxHead(OutputHead):
             start, end = self.spans[c]
             lp = class_lp[r, c][:, None]
             if end - start > 1:  # a one-token class needs no token logit: p(x | c) = 1
-                lp = torch.log_softmax(HF.linear_fp32(x[r], ws[c], bs[c]), dim=-1) + lp
+                lp = torch.log_softmax(ops.linear_fp32(x[r], ws[c], bs[c]), dim=-1) + lp
             top, pos = lp.topk(min(k, end - start), dim=-1)
             cand_lp[r, s, : top.shape[1]] = top
             cand_idx[r, s, : top.shape[1]] = pos + start

@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..core import functional as HF
+from ..core import functional as ops
 from ..core import HeadConfig, SingleSoftmaxHead, check_option, option, register_head
 
 _DEFAULT_BANDS = 3
@@ -136,7 +136,6 @@ class DSoftmaxHead(SingleSoftmaxHead):
             nn.init.normal_(w, std=dim ** -0.5)  # unit-variance logits in every band for unit-variance g
             self.band_weights.append(w)
         #: set by every :meth:`topk` call (multiply-adds per query against the ``V d`` budget)
-        self.last_stats: Optional[dict] = None
 
     @property
     def multiplications_per_token(self) -> int:
@@ -177,7 +176,7 @@ class DSoftmaxHead(SingleSoftmaxHead):
         ranks = self.ranks()
         bias = None if self.bias is None or ranks is None else self.bias.index_select(0, self.frequency_order)
         bias = self.bias if bias is None else bias  # the bias in band (frequency rank) order
-        logits = torch.cat([HF.linear_fp32(x[:, c0:c1], w, None if bias is None else bias[r0:r1])
+        logits = torch.cat([ops.linear_fp32(x[:, c0:c1], w, None if bias is None else bias[r0:r1])
                             for w, ((r0, r1), (c0, c1)) in zip(self.band_weights, self.bands)], dim=-1)
         return logits if ranks is None else logits.index_select(1, ranks)  # back to id order
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import functional as HF
+from ..core import functional as ops
 from ..core import (HeadConfig, OutputHead, check_bool, check_float, check_int, check_option, option,
                    register_head)
 
@@ -177,9 +177,9 @@ class DSSoftmaxHead(OutputHead):
         training = self.training and torch.is_grad_enabled()
         if training:
             self._count_step()
-        logits = HF.linear_fp32(hidden, self.gate.weight)
+        logits = ops.linear_fp32(hidden, self.gate.weight)
         if self.training and self.config.gate_noise:
-            std = F.softplus(HF.linear_fp32(hidden, self.noise.weight)) + 0.01
+            std = F.softplus(ops.linear_fp32(hidden, self.noise.weight)) + 0.01
             logits = logits + torch.randn_like(logits) * std
         dead = self.dead_experts()
         if dead is not None:
@@ -203,12 +203,12 @@ class DSSoftmaxHead(OutputHead):
     # -- training-mode logits (every class; pruned ones at 0) ------------------------
     def _dense_logits(self, hidden: torch.Tensor, expert: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         x = self.dropout(hidden)
-        order, groups = HF.group_rows(expert)
+        order, groups = ops.group_rows(expert)
         xs, gs = x[order], gate[order]
         ws, bs = self._per_expert()
         parts = []
         for e, lo, hi in groups:
-            z = HF.linear_fp32(xs[lo:hi], ws[e], bs[e]) * self.mask[e].to(xs.dtype)
+            z = ops.linear_fp32(xs[lo:hi], ws[e], bs[e]) * self.mask[e].to(xs.dtype)
             parts.append(z * gs[lo:hi, None])
         return torch.cat(parts)[torch.argsort(order)]
 
@@ -223,7 +223,7 @@ class DSSoftmaxHead(OutputHead):
         """``(expert tables, gate weights, dead experts)`` in the compute dtype, cached together (one
         cache check per inference call)."""
         def build():
-            dt = HF.compute_dtype(self.weight)
+            dt = ops.compute_dtype(self.weight)
             tables = []
             for e in range(self.config.num_experts):
                 idx = self.mask[e].nonzero().squeeze(1)
@@ -237,7 +237,7 @@ class DSSoftmaxHead(OutputHead):
         ``bs`` (:meth:`_per_expert`), so gradients reach them."""
         idx = self.mask[e].nonzero().squeeze(1)
         b = None if bs[e] is None else bs[e][idx]
-        return idx, torch.log_softmax(HF.linear_fp32(x, ws[e][idx], b) * gate[:, None], dim=-1)
+        return idx, torch.log_softmax(ops.linear_fp32(x, ws[e][idx], b) * gate[:, None], dim=-1)
 
     def _sparse_topk(self, h: torch.Tensor, k: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """The inference fast path (no grad, evaluation mode): route, then score only the chosen
@@ -258,9 +258,9 @@ class DSSoftmaxHead(OutputHead):
             lp = torch.log_softmax((torch.mv(w, x) if b is None else torch.addmv(b, w, x)) * gate, 0)
             top, pos = lp.topk(k)
             return top[None], idx[pos][None]
-        with torch.no_grad(), HF.fp32_math(h):
+        with torch.no_grad(), ops.fp32_math(h):
             expert, gate = self._route(h)
-            order, groups = HF.group_rows(expert)
+            order, groups = ops.group_rows(expert)
             if any(tables[e][0].numel() < k for e, _, _ in groups):
                 return None
             lp_out = h.new_empty(h.shape[0], k)
@@ -279,7 +279,7 @@ class DSSoftmaxHead(OutputHead):
         expert, gate = self._route(hidden)
         if self.training:
             return torch.log_softmax(self._dense_logits(hidden, expert, gate), dim=-1)
-        order, groups = HF.group_rows(expert)
+        order, groups = ops.group_rows(expert)
         ws, bs = self._per_expert()
         out = hidden.new_full((hidden.shape[0], self.config.vocab_size), float("-inf"))
         for e, lo, hi in groups:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..core import functional as HF
+from ..core import functional as ops
 from ..core import lean
 from ..core import (SingleSoftmaxHead, check_bool, check_float, check_int, check_option, check_type, option,
                    register_head)
@@ -156,11 +156,11 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         ctx = self.contexts(g)
         if k == 1:
             return ctx, None, None, ctx[:, 0]
-        shared = HF.linear_fp32(g, self.shared_gate.weight)
-        gate_ctx = torch.tanh(HF.linear_fp32(g, self._gate_weight(), self.gate_proj.bias))
+        shared = ops.linear_fp32(g, self.shared_gate.weight)
+        gate_ctx = torch.tanh(ops.linear_fp32(g, self._gate_weight(), self.gate_proj.bias))
         gate_ctx = self.gate_dropout(gate_ctx.view(-1, k - 1, c.gate_embedding_size))
         # one shared prior -> mix the contexts first (scalar mixture)
-        shared_prior = HF.sigmoid_tree_log_priors(self._noisy(shared)).exp()           # [N, K]
+        shared_prior = ops.sigmoid_tree_log_priors(self._noisy(shared)).exp()           # [N, K]
         return ctx, shared, gate_ctx, torch.einsum("nk,nkd->nd", shared_prior, ctx)
 
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -174,7 +174,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         dt = ctx.dtype
         freq_gates = torch.einsum("nke,se->nsk", gate_ctx, self.gate_embedding.to(dt))
         freq_gates = self._noisy(freq_gates + shared[:, None, :] + self.gate_bias.to(dt))
-        freq_prior = HF.sigmoid_tree_log_priors(freq_gates).exp()                      # [N, S, K]
+        freq_prior = ops.sigmoid_tree_log_priors(freq_gates).exp()                      # [N, S, K]
         comp = torch.einsum("nkd,sd->nsk", ctx, self._frequent_rows(self.weight, dt))  # [N, S, K]
         freq_logits = (freq_prior * comp).sum(-1)
         if self.bias is not None:

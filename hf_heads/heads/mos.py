@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..core import functional as HF
+from ..core import functional as ops
 from ..core import lean
 from ..core import check_int, option, register_head
 from .contexts import ContextConfig, ContextHead
@@ -58,7 +58,7 @@ class MoSHead(ContextHead):
         return logits, None
 
     def _contexts_and_log_priors(self, hidden: torch.Tensor):
-        log_prior = torch.log_softmax(HF.linear_fp32(hidden, self.prior_proj.weight), dim=-1)
+        log_prior = torch.log_softmax(ops.linear_fp32(hidden, self.prior_proj.weight), dim=-1)
         return self.contexts(hidden), log_prior
 
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:

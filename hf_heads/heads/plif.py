@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import functional as HF
+from ..core import functional as ops
 from ..core import lean
 from ..core import HeadConfig, LinearScoresHead, check_float, check_int, option, register_head
 from .mos import MoSConfig, MoSHead
@@ -48,7 +48,7 @@ class PiecewiseLinearIncreasing(nn.Module):
         return F.softplus(self.slope_params.to(dtype))
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return HF.piecewise_linear_increasing(z, self.slopes(z.dtype), self.knot_range)
+        return ops.piecewise_linear_increasing(z, self.slopes(z.dtype), self.knot_range)
 
     def lean_forward(self, z: torch.Tensor, backprop: Callable):
         """``(f(z), back)`` for a memory-lean loss: ``back(grad)`` returns the gradient w.r.t. ``z`` (in place
@@ -56,12 +56,12 @@ class PiecewiseLinearIncreasing(nn.Module):
         with torch.enable_grad():
             slopes = self.slopes(z.dtype)
         num_knots = slopes.shape[0]
-        bins, frac = HF.plif_bins(z, num_knots, self.knot_range)
-        out, slope_at = HF.plif_values(bins, frac, slopes.detach(), self.knot_range)
+        bins, frac = ops.plif_bins(z, num_knots, self.knot_range)
+        out, slope_at = ops.plif_values(bins, frac, slopes.detach(), self.knot_range)
 
         def back(grad: torch.Tensor) -> torch.Tensor:
             if slopes.requires_grad:
-                backprop([slopes], [HF.plif_slope_grads(grad, bins, frac, num_knots, self.knot_range)])
+                backprop([slopes], [ops.plif_slope_grads(grad, bins, frac, num_knots, self.knot_range)])
             return grad.mul_(slope_at)
         return out, back
 

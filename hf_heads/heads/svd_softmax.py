@@ -79,7 +79,6 @@ class SVDSoftmaxHead(SingleSoftmaxHead):
 
     def __init__(self, config: SVDSoftmaxConfig):
         super().__init__(config)
-        self.last_stats: dict = {}
 
     def _resize_rows(self, keep, rows, bias_rows):
         """As the base; ``num_refine`` (N <= V) shrinks with the vocabulary, so the config stays valid."""
