@@ -9,4 +9,4 @@ Registers ``head_ARCH`` for every architecture of fairseq's ``transformer`` and
 HuggingFace adapter.
 """
 from . import checkpoint  # noqa: F401  (before anything loads a checkpoint)
-from . import criterions, lm, models  # noqa: F401
+from . import convert, criterions, lm, models  # noqa: F401

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 
 import pytest
 import torch
@@ -162,3 +164,38 @@ def test_convert_head_on_a_transformers_model_keeps_ties_and_saves(tmp_path):
         torch.testing.assert_close(torch.log_softmax(loaded(ids).logits, -1), ref, rtol=1e-4, atol=1e-4)
     out = loaded.generate(ids[:, :3], max_new_tokens=4, do_sample=False)
     assert out.shape == (2, 7)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fairseq") is None, reason="fairseq is not installed")
+def test_convert_head_on_a_fairseq_model_keeps_ties_and_records_the_head(tmp_path):
+    """The fairseq plugin converts its own models (the core knows no fairseq attribute): the decoder's softmax head
+    becomes svd_softmax in place, tied as before, the model's args name it; a mixture head is refused."""
+    import shutil
+
+    import fairseq_plugin  # noqa: F401  (registers the head_* models and the converter)
+    from fairseq import options, tasks
+
+    for lang in ("de", "en"):  # a translation task's dictionaries: the 24 types of the saved LM's
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "saved_0_1_0", "fairseq_lm",
+                                 "dict.txt"), tmp_path / f"dict.{lang}.txt")
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(tmp_path), "--task", "translation", "-s", "de", "-t", "en", "--arch", "head_transformer",
+        "--output-head", "softmax", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+        "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-decoder-input-output-embed"])
+    model = tasks.setup_task(args).build_model(args).eval()
+    src, prev = torch.randint(4, 24, (2, 5)), torch.randint(4, 24, (2, 6))
+
+    def log_probs():
+        with torch.no_grad():
+            return model.get_normalized_probs(model(src, torch.tensor([5, 5]), prev), log_probs=True)
+
+    ref = log_probs()
+    assert hf_heads.convert_head(model, "svd_softmax", preview_rank=16) is model
+    head = model.decoder.head
+    assert head.head_name == "svd_softmax" and head.weight is model.decoder.embed_tokens.weight
+    assert (model.args.output_head, json.loads(model.args.head_options)) == ("svd_softmax", {"preview_rank": 16})
+    torch.testing.assert_close(log_probs(), ref, rtol=1e-4, atol=1e-4)  # a full-rank preview: the same distribution
+    hf_heads.convert_head(model, "mos", num_components=2)  # any head can start from a softmax-like one
+    with pytest.raises(ValueError, match="a 'mos' head is not a softmax of W g \\+ b"):
+        hf_heads.convert_head(model, "svd_softmax")

@@ -4,18 +4,18 @@
 
 * a softmax-like head (``softmax``, ``svd_softmax``, ``adaptive_sampling``: heads whose distribution is
   ``softmax(W g + b)``) or an ``nn.Linear``: returns a new head started from its weight and bias;
-* a transformers model: its ``lm_head`` (or its softmax-like head, if it has one already) is replaced
-  in place, ties to the input embedding kept; returns the model (``save_pretrained`` records the head);
-* a fairseq model built with ``--output-head`` (the plugin's ``head_*`` architectures): the decoder's
-  head is replaced in place; returns the model. On the command line the same is
+* a transformers model (:mod:`hf_heads.hf` converts it): its ``lm_head`` (or its softmax-like head, if it has
+  one already) is replaced in place, ties to the input embedding kept; returns the model (``save_pretrained``
+  records the head);
+* a fairseq model built with ``--output-head`` (the plugin's ``head_*`` architectures; ``fairseq_plugin`` converts
+  it): the decoder's head is replaced in place; returns the model. On the command line the same is
   ``--model-overrides "{'output_head': 'svd_softmax'}"`` at ``fairseq-generate`` / ``fairseq-eval-lm``
   time: the parameters of these heads are the same (``weight``, ``bias``), so a checkpoint trained
   with ``--output-head softmax`` loads into any of them.
 """
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Any, Callable, List, Optional
 
 from torch import nn
 
@@ -23,7 +23,7 @@ from .interface import OutputHead
 from .registry import build_head, heads_where
 
 
-def _from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:
+def from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:
     """A head ``name`` started from a softmax-like head or an ``nn.Linear`` (same dtype and device)."""
     if isinstance(layer, OutputHead) and not layer.is_linear_softmax:
         raise ValueError(
@@ -40,43 +40,28 @@ def _from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:
     return head.to(device=w.device, dtype=w.dtype).train(layer.training)
 
 
+#: the adapters' converters, in the order they registered (:func:`register_converter`)
+_CONVERTERS: List[Callable[[Any, str, dict], Optional[Any]]] = []
+
+
+def register_converter(converter: Callable[[Any, str, dict], Optional[Any]]) -> Callable:
+    """Let an adapter convert its own models: ``converter(source, name, options)`` returns ``source`` with its
+    output layer rebuilt as the head ``name`` (or raises ``ValueError`` saying why it cannot), or None when
+    ``source`` is not one of its models. The transformers adapter registers one when it is imported (by ``import
+    hf_heads`` where transformers is installed), the fairseq plugin when it is."""
+    if converter not in _CONVERTERS:
+        _CONVERTERS.append(converter)
+    return converter
+
+
 def convert_head(source: Any, name: str = "svd_softmax", **options: Any):
     """Rebuild the trained softmax output layer of ``source`` as the head ``name`` (module docstring).
 
     The output embedding is copied (heads keep it shared with the input embedding where the source
     did, for heads that can be tied); ``options`` are the new head's options.
     """
-    decoder_head = getattr(getattr(source, "decoder", None), "head", None)
-    if isinstance(decoder_head, OutputHead):  # fairseq, the plugin's decoder
-        embed = getattr(source.decoder, "embed_tokens", None)
-        tied = embed is not None and decoder_head.weight is getattr(embed, "weight", None)
-        source.decoder.head = _from_projection(decoder_head, name, options)
-        if tied and source.decoder.head.can_tie:
-            source.decoder.head.tie_weight(embed)
-        spec = getattr(source, "args", None) or getattr(getattr(source, "cfg", None), "model", None)
-        if spec is not None and hasattr(spec, "output_head"):
-            spec.output_head, spec.head_options = name, json.dumps(options)
-        return source
-    if hasattr(getattr(source, "decoder", None), "output_projection"):
-        raise ValueError("convert_head: this fairseq model has a stock output projection; train it with the "
-                         "plugin's head_<ARCH> architecture (--user-dir fairseq_plugin --output-head softmax)")
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is optional
-        PreTrainedModel = ()
-    if isinstance(source, PreTrainedModel):
-        from ..hf import HeadModelMixin, swap_head
-
-        if not isinstance(source, HeadModelMixin):
-            return swap_head(source, name, **options)
-        old = source.get_output_embeddings()
-        inputs = source.get_input_embeddings()
-        tied = inputs is not None and old.weight is getattr(inputs, "weight", None)
-        head = _from_projection(old, name, options)
-        source.set_output_embeddings(head)
-        if tied and head.can_tie:
-            head.tie_weight(inputs)
-        source.config.output_head = {"name": name, "options": dict(options), "use_bias": head.bias is not None}
-        source._forget_head_ties()
-        return source
-    return _from_projection(source, name, options)
+    for converter in _CONVERTERS:
+        converted = converter(source, name, options)
+        if converted is not None:
+            return converted
+    return from_projection(source, name, options)

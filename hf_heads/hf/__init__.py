@@ -27,6 +27,7 @@ package to install.
 from .config import MODEL_TYPE, SoftmaxHeadsConfig, head_config, head_config_class, register_auto_classes
 from .modeling import HeadModelMixin, head_model_class, output_head, swap_head
 from .peft import running_head
+from . import convert as _convert  # noqa: F401,E402  (registers convert_head for transformers models)
 
 __all__ = ["MODEL_TYPE", "SoftmaxHeadsConfig", "HeadModelMixin", "head_config", "head_config_class",
            "head_model_class", "output_head", "register_auto_classes", "running_head", "swap_head"]
