@@ -21,7 +21,7 @@ from fairseq.models import (ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, regi
 from fairseq.models.transformer import TransformerConfig, TransformerDecoder, TransformerModel
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
-from .options import HeadArgs, _register_head_args, build_decoder_head, parse_head_options, usage_error
+from .options import HeadArgs, HeadFlagError, add_head_args, build_decoder_head, parse_head_options, usage_error
 
 logger = logging.getLogger(__name__)
 
@@ -60,18 +60,19 @@ class HeadDecoderMixin:
 class HeadTransformerDecoder(HeadDecoderMixin, TransformerDecoder):
     """A fairseq ``TransformerDecoder`` whose output projection is a softmax-heads head."""
 
-    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False):
-        # read by build_output_projection, which the parent constructor calls
-        self._head_spec = parse_head_options(args.output_head, args.head_options)
+    def __init__(self, args, dictionary, embed_tokens, head_spec, no_encoder_attn=False):
+        # ``(name, options)`` from parse_head_options; read by build_output_projection, which the parent
+        # constructor calls
+        self._head_spec = head_spec
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
 
     def build_output_projection(self, args, dictionary, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
         if cfg.adaptive_softmax_cutoff is not None:
-            raise ValueError("--output-head replaces the output layer; it cannot be combined with "
-                             "--adaptive-softmax-cutoff")
+            raise HeadFlagError("--output-head replaces the output layer; it cannot be combined with "
+                                "--adaptive-softmax-cutoff")
         if cfg.base_layers:
-            raise ValueError(f"--base-layers={cfg.base_layers} is not supported with --output-head")
+            raise HeadFlagError(f"--base-layers={cfg.base_layers} is not supported with --output-head")
         name, options = self._head_spec
         self.output_projection = None
         self.head = build_decoder_head(name, options, self.output_embed_dim, len(dictionary),
@@ -88,16 +89,14 @@ class HeadTransformerDecoder(HeadDecoderMixin, TransformerDecoder):
 
 def _build_with_head(build_stock_model, args, task, no_encoder_attn: bool):
     """Build the stock model, then replace its decoder by a :class:`HeadTransformerDecoder` that shares
-    its input embedding. Bad head flags fail before anything is built."""
+    its input embedding. Bad head flags fail before anything is built, as a usage error."""
     try:
-        parse_head_options(args.output_head, args.head_options)
+        spec = parse_head_options(args.output_head, args.head_options)
         model = build_stock_model(args, task)
-        model.decoder = HeadTransformerDecoder(args, task.target_dictionary, model.decoder.embed_tokens,
+        model.decoder = HeadTransformerDecoder(args, task.target_dictionary, model.decoder.embed_tokens, spec,
                                                no_encoder_attn=no_encoder_attn)
-    except ValueError as e:
-        if str(e).startswith("--"):  # our head flags: a usage error, not a crash
-            usage_error(str(e))
-        raise
+    except HeadFlagError as e:
+        usage_error(str(e))
     return model
 
 
@@ -108,7 +107,7 @@ class HeadTransformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        _register_head_args(parser)
+        add_head_args(parser)
 
     @classmethod
     def build_model(cls, args, task):

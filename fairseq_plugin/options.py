@@ -19,12 +19,18 @@ from hf_heads.heads import OutputHead, get_head_class, head_specific_options
 MODEL_SUPPLIED = ("hidden_size", "vocab_size", "embedding_size")
 
 
+class HeadFlagError(ValueError):
+    """A bad ``--output-head`` / ``--head-options`` (or a head they cannot build on this model): the fairseq
+    entry points turn it into a usage error (:func:`usage_error`); its message starts with the flag."""
+
+
 def _head_options_help() -> str:
     parts = [f"{name}: {', '.join(f.name for f in head_specific_options(name)) or '-'}"
              for name in hf_heads.available_heads()]
+    shared = [f.name for f in dataclasses.fields(hf_heads.HeadConfig) if f.name not in MODEL_SUPPLIED]
     return ("JSON object of options for --output-head, e.g. '{\"num_gates\": 4, \"frequent_fraction\": 0.5}'. "
-            "Options per head: " + "; ".join(parts) + ". Every head also takes dropout and use_bias. "
-            "hidden_size, vocab_size and embedding_size come from the model.")
+            "Options per head: " + "; ".join(parts) + f". Every head also takes {' and '.join(shared)}. "
+            f"{', '.join(MODEL_SUPPLIED)} come from the model.")
 
 
 @dataclass
@@ -37,29 +43,30 @@ class HeadArgs(FairseqDataclass):
 
 
 def parse_head_options(output_head: Any, head_options: Any) -> Tuple[str, Dict[str, Any]]:
-    """``(name, options)`` from the command-line values, with a clear error for bad JSON."""
+    """``(name, options)`` from the command-line values; :class:`HeadFlagError` naming the flag for an unknown head,
+    bad JSON or an unknown option."""
     name = str(output_head)
     if name not in hf_heads.available_heads():
-        raise ValueError(f"--output-head {name!r} is not a head; choose one of: {', '.join(hf_heads.available_heads())}")
+        raise HeadFlagError(f"--output-head {name!r} is not a head; choose one of: {', '.join(hf_heads.available_heads())}")
     if isinstance(head_options, dict):
         options = dict(head_options)
     else:
         try:
             options = json.loads(head_options or "{}")
         except json.JSONDecodeError as e:
-            raise ValueError(f"--head-options {head_options!r} is not valid JSON ({e}); expected an object such "
+            raise HeadFlagError(f"--head-options {head_options!r} is not valid JSON ({e}); expected an object such "
                              f"as '{{\"num_gates\": 4}}'") from None
     if not isinstance(options, dict):
-        raise ValueError(f"--head-options {head_options!r} must be a JSON object (a dict of option: value)")
+        raise HeadFlagError(f"--head-options {head_options!r} must be a JSON object (a dict of option: value)")
     for reserved in MODEL_SUPPLIED:
         if reserved in options:
-            raise ValueError(f"--head-options must not set {reserved!r}: it comes from the model's dimensions")
+            raise HeadFlagError(f"--head-options must not set {reserved!r}: it comes from the model's dimensions")
     config_class = get_head_class(name).config_class
     settable = {f.name for f in dataclasses.fields(config_class)} - set(MODEL_SUPPLIED)
     try:
         config_class.check_option_names(options, settable)
     except ValueError as e:
-        raise ValueError(f"--output-head {name} --head-options: {e}") from None
+        raise HeadFlagError(f"--output-head {name} --head-options: {e}") from None
     return name, options
 
 
@@ -81,23 +88,24 @@ def build_decoder_head(name: str, options: Dict[str, Any], hidden_size: int, voc
                        embed_tokens=None) -> OutputHead:
     """Build the head for a decoder; tie its output embedding to ``embed_tokens`` when given.
 
-    Errors name the flag: fairseq stops before any training step.
+    Errors (:class:`HeadFlagError`) name the flag: fairseq stops before any training step.
     """
     embedding_size = embed_tokens.weight.shape[1] if embed_tokens is not None else hidden_size
     try:
         head = hf_heads.build_head(name, hidden_size=hidden_size, vocab_size=vocab_size,
                                    embedding_size=embedding_size, **options)
     except ValueError as e:
-        raise ValueError(f"--output-head {name} --head-options: {e}") from None
+        raise HeadFlagError(f"--output-head {name} --head-options: {e}") from None
     if embed_tokens is not None:
         try:
             head.tie_weight(embed_tokens)
         except ValueError as e:  # DS-Softmax: --share-decoder-input-output-embed / --share-all-embeddings
-            raise ValueError(f"--output-head {name}: {e}") from None
+            raise HeadFlagError(f"--output-head {name}: {e}") from None
     return head
 
 
-
-def _register_head_args(parser) -> None:
+def add_head_args(parser) -> None:
+    """Add ``--output-head`` and ``--head-options`` to a model's argparse parser (models that take
+    ``add_args``; dataclass-configured models inherit :class:`HeadArgs` instead)."""
     gen_parser_from_dataclass(parser, HeadArgs())
 

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 import hf_heads
 
 from ..models import HeadDecoderMixin
-from ..options import _register_head_args, build_decoder_head, parse_head_options, usage_error
+from ..options import HeadFlagError, add_head_args, build_decoder_head, parse_head_options, usage_error
 
 
 def locked_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -84,7 +84,10 @@ class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
         self.args = args
         self.embed_tokens = nn.Embedding(len(dictionary), args.emsize, padding_idx=dictionary.pad())
         nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)  # as the MoS / AWD-LSTM code
-        name, options = parse_head_options(args.output_head, args.head_options)
+        try:
+            name, options = parse_head_options(args.output_head, args.head_options)
+        except HeadFlagError as e:
+            usage_error(str(e))
         options = {"dropout": args.dropoutl, **options}
         last = self.last_layer_size(args, name, options, len(dictionary))
         sizes = [args.emsize] + [args.nhid] * (args.nlayers - 1) + [last]
@@ -92,7 +95,7 @@ class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
         try:
             self.head = build_decoder_head(name, options, last, len(dictionary),
                                            None if args.untie_weights else self.embed_tokens)
-        except ValueError as e:
+        except HeadFlagError as e:
             hint = "; with --arch head_awd_lstm_lm pass --untie-weights" if "cannot be tied" in str(e) else ""
             usage_error(f"{e}{hint}")
         self._regularization: Optional[torch.Tensor] = None
@@ -175,7 +178,7 @@ class HeadAWDLSTMLanguageModel(FairseqLanguageModel):
                                  "ds_softmax needs this)")
         parser.add_argument("--alpha", type=float, metavar="A", help="activation regularisation (AR) weight")
         parser.add_argument("--beta", type=float, metavar="B", help="temporal activation regularisation weight")
-        _register_head_args(parser)
+        add_head_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
