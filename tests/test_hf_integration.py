@@ -185,3 +185,25 @@ def test_float_labels_get_the_librarys_message(training):
     b = batch(model)
     with pytest.raises(ValueError, match=r"mixtape: labels have dtype torch.float32; expected token ids \(torch.long\)"):
         model(input_ids=b["input_ids"], labels=b["labels"].float())
+
+
+def test_a_causal_head_model_of_a_seq2seq_family_does_not_take_over_auto_seq2seq(tmp_path):
+    """BART's config is encoder-decoder, but BartForCausalLM is AutoModelForCausalLM's class for it: after a head is
+    swapped onto a BartForCausalLM, AutoModelForSeq2SeqLM still loads a saved BART head model as
+    BartForConditionalGeneration (it loaded it as BartForCausalLM, dropping the encoder)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, BartConfig, BartForCausalLM
+
+    torch.manual_seed(0)
+    config = BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=16)
+    seq2seq = AutoModelForSeq2SeqLM.from_config(hf_heads.head_config(config, "mos", num_components=2)).eval()
+    seq2seq.save_pretrained(tmp_path / "seq2seq")
+    hf_heads.swap_head(BartForCausalLM(BartConfig(**{**config.to_dict(), "is_decoder": True})), "mos",
+                       num_components=2).save_pretrained(tmp_path / "causal")
+    ids = torch.randint(0, 40, (2, 6))
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "seq2seq").eval()
+    assert type(loaded).__name__ == "SoftmaxHeadsBartForConditionalGeneration"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids, decoder_input_ids=ids).logits,
+                                   seq2seq(input_ids=ids, decoder_input_ids=ids).logits)
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "causal")).__name__ == "SoftmaxHeadsBartForCausalLM"

@@ -25,7 +25,7 @@ class _HiddenCapture(nn.Module):
 
 
 @contextlib.contextmanager
-def _head_replaced_by(model, stand_in: nn.Module):
+def head_replaced_by(model, stand_in: nn.Module):
     head = model.get_output_embeddings()  # (a wrapper around the head, e.g. PEFT's, is replaced as a whole)
     path = next(name for name, m in model.named_modules() if m is head)
     parent_path, _, attr = path.rpartition(".")
@@ -37,7 +37,7 @@ def _head_replaced_by(model, stand_in: nn.Module):
         parent._modules[attr] = head
 
 
-def _lean_forward(model, base_forward, args, kwargs):
+def lean_forward(model, base_forward, args, kwargs):
     """The model's forward without labels (the head captured instead of run), then the head's lean loss on the
     captured hidden states against the labels as the model would have used them."""
     head = running_head(model.get_output_embeddings())
@@ -54,7 +54,7 @@ def _lean_forward(model, base_forward, args, kwargs):
     else:  # causal LMs: position t predicts label t + 1 (transformers' ForCausalLMLoss)
         target = shift_labels if shift_labels is not None else F.pad(labels, (0, 1), value=-100)[..., 1:]
     captured = []
-    with _head_replaced_by(model, _HiddenCapture(head.config.vocab_size, captured)):
+    with head_replaced_by(model, _HiddenCapture(head.config.vocab_size, captured)):
         out = base_forward(model, *args, **kwargs)
     if len(captured) != 1:
         raise RuntimeError(f"{type(model).__name__}: the output layer ran {len(captured)} times in one forward; "

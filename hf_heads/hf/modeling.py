@@ -9,8 +9,9 @@ from torch import nn
 
 from ..core import OutputHead, build_head
 from .config import head_config_class
-from .lean_forward import _head_replaced_by, _lean_forward
+from .lean_forward import lean_forward
 from .peft import running_head
+from .resize import resize_token_embeddings
 
 _MODEL_CLASSES: Dict[type, type] = {}
 
@@ -54,42 +55,10 @@ class HeadModelMixin:
                 del self.all_tied_weights_keys[k]
 
     def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
-        """transformers' resize (input embedding, then the output projection, new rows from the old rows' mean
-        and covariance with ``mean_resizing``), with the head resized through :meth:`OutputHead.resize_vocab`:
-        transformers resizes a plain ``nn.Linear`` standing in for the head, whose rows the head then takes."""
-        head = self.get_output_embeddings()
-        if not isinstance(head, OutputHead):
-            if running_head(head) is not None:
-                raise ValueError("resize_token_embeddings: the head is wrapped by PEFT (modules_to_save); resize "
-                                 "the model before get_peft_model")
-            return super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        size = head.config.vocab_size if new_num_tokens is None else new_num_tokens
-        if pad_to_multiple_of is not None:
-            size = -(-size // pad_to_multiple_of) * pad_to_multiple_of
-        head.check_resize_vocab(size)  # a head that cannot resize refuses before anything changes
-        before = head.config.to_dict()
-        tied = head.weight is getattr(self.get_input_embeddings(), "weight", None)
-        stand_in = nn.Linear(head.config.embedding_size, head.config.vocab_size, bias=head.bias is not None,
-                             device="meta")
-        stand_in.weight, stand_in.bias = head.weight, head.bias
-        if head.weight.dim() == 3:  # DS-Softmax's experts: transformers draws the new rows from their mean
-            stand_in.weight = nn.Parameter(head.weight.detach().mean(0))
-            stand_in.bias = None if head.bias is None else nn.Parameter(head.bias.detach().mean(0))
-        with _head_replaced_by(self, stand_in):
-            embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-            resized = self.get_output_embeddings()
-        if tied:  # transformers re-ties after this; the head's own state follows the input embedding's rows
-            head.resize_vocab(size, weight=embeddings.weight, bias=resized.bias)
-            head.tie_weight(embeddings)
-        else:
-            head.resize_vocab(size, weight=resized.weight, bias=resized.bias)
-        # options the resize changed (Mixtape's frequent_fraction) go into the config from_pretrained builds from
-        self.config.output_head["options"].update(
-            {k: v for k, v in head.config.to_dict().items() if v != before[k] and k != "vocab_size"})
-        final_bias = getattr(self, "final_logits_bias", None)
-        if torch.is_tensor(final_bias):  # BART, Marian: folded into the head's bias at the swap
-            final_bias.zero_()
-        return embeddings
+        """transformers' resize, with the head resized through :meth:`OutputHead.resize_vocab`
+        (:func:`hf_heads.hf.resize.resize_token_embeddings`)."""
+        base = super()._resize_token_embeddings
+        return resize_token_embeddings(self, base, new_num_tokens, pad_to_multiple_of, mean_resizing)
 
     def _lean_loss_applies(self, kwargs) -> bool:
         """Train with the head's memory-lean loss: labels given as a keyword, grad enabled, training mode, the
@@ -125,11 +94,26 @@ def _forward_with_aux_loss(base_forward):
             raise ValueError(f"{head.head_name if head else type(self).__name__}: labels have dtype {labels.dtype}; "
                              f"expected token ids (torch.long), -100 where ignored")
         if self._lean_loss_applies(kwargs):
-            return self._add_aux_loss(_lean_forward(self, base_forward, args, kwargs), True)
+            return self._add_aux_loss(lean_forward(self, base_forward, args, kwargs), True)
         return self._add_aux_loss(base_forward(self, *args, **kwargs), kwargs.get("labels") is not None)
 
     return forward
 
+
+
+def _auto_class(base_model_class: type) -> type:
+    """The Auto class that maps the config class to ``base_model_class`` (BART's config maps to
+    ``BartForConditionalGeneration`` under ``AutoModelForSeq2SeqLM`` and to ``BartForCausalLM`` under
+    ``AutoModelForCausalLM``); for a class in neither mapping, the one its config's ``is_encoder_decoder`` says."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers.models.auto import modeling_auto
+
+    config_class = base_model_class.config_class
+    for auto, mapping in ((AutoModelForSeq2SeqLM, modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING),
+                          (AutoModelForCausalLM, modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING)):
+        if config_class in mapping and mapping[config_class] is base_model_class:
+            return auto
+    return AutoModelForSeq2SeqLM if getattr(config_class(), "is_encoder_decoder", False) else AutoModelForCausalLM
 
 
 def head_model_class(base_model_class: type) -> type:
@@ -137,16 +121,12 @@ def head_model_class(base_model_class: type) -> type:
     if issubclass(base_model_class, HeadModelMixin):
         return base_model_class
     if base_model_class not in _MODEL_CLASSES:
-        from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
-
         config_class = head_config_class(base_model_class.config_class)
         cls = type(f"SoftmaxHeads{base_model_class.__name__}", (HeadModelMixin, base_model_class),
                    {"config_class": config_class, "__module__": __name__,
                     "forward": _forward_with_aux_loss(base_model_class.forward),
                     "__doc__": f"{base_model_class.__name__} whose output layer is a softmax-heads head."})
-        auto = AutoModelForSeq2SeqLM if getattr(base_model_class.config_class(), "is_encoder_decoder", False) \
-            else AutoModelForCausalLM
-        auto.register(config_class, cls, exist_ok=True)
+        _auto_class(base_model_class).register(config_class, cls, exist_ok=True)
         _MODEL_CLASSES[base_model_class] = cls
     return _MODEL_CLASSES[base_model_class]
 
