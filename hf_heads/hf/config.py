@@ -1,109 +1,11 @@
-"""The transformers configs of head models: the per-family config classes (model_type ``softmax-heads``), their
-registration with ``AutoConfig``, and :func:`head_config`."""
+"""The config classes of head models: for each model family, its config class with model type ``softmax-heads``
+(``SoftmaxHeadsGPT2Config``, ...), made when first needed."""
 from __future__ import annotations
 
-from typing import Any, Dict
-
-import torch
-from transformers import AutoConfig, PretrainedConfig
-
-from ..core import build_head
+from typing import Dict
 
 MODEL_TYPE = "softmax-heads"  # the pip package name: what transformers prints when it is missing
 _CONFIG_CLASSES: Dict[type, type] = {}
-
-
-def _base_config_class(base_model_type: str) -> type:
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    try:
-        return CONFIG_MAPPING[base_model_type]
-    except KeyError:
-        raise ValueError(f"{MODEL_TYPE}: base_model_type {base_model_type!r} is not a model type this version of "
-                         f"transformers knows") from None
-
-
-class SoftmaxHeadsConfig(PretrainedConfig):
-    """The config registered as ``model_type="softmax-heads"``.
-
-    ``from_dict`` returns an instance of the wrapped family's head config (a subclass of e.g.
-    ``GPT2Config`` with this model type), chosen by the ``base_model_type`` entry.
-    """
-
-    model_type = MODEL_TYPE
-
-    def __new__(cls, *args, **kwargs):
-        # AutoConfig.for_model("softmax-heads", base_model_type=..., output_head=..., **base options) calls this
-        # class: build the wrapped family's head config instead (not an instance of this class, so Python does
-        # not run __init__ on it again), which the Auto model classes know
-        if cls is not SoftmaxHeadsConfig:
-            return super().__new__(cls)
-        config = head_config_class(_base_config_class(_required_base_type(kwargs)))(*args, **kwargs)
-        _register_model_classes(config)
-        return config
-
-    @classmethod
-    def from_dict(cls, config_dict: Dict[str, Any], **kwargs):
-        result = head_config_class(_base_config_class(_required_base_type(config_dict))).from_dict(config_dict, **kwargs)
-        _register_model_classes(result[0] if isinstance(result, tuple) else result)
-        return result
-
-
-def _required_base_type(options: Dict[str, Any]) -> str:
-    base = options.get("base_model_type")
-    if not base:
-        raise ValueError(
-            f"a {MODEL_TYPE} config needs base_model_type, the wrapped model's type, and output_head: e.g. "
-            f"AutoConfig.for_model({MODEL_TYPE!r}, base_model_type='gpt2', output_head={{'name': 'mixtape', "
-            f"'options': {{}}}}, n_layer=2), or hf_heads.head_config(GPT2Config(...), 'mixtape')")
-    return base
-
-
-def head_config(base_config, name: str, use_bias: bool = False, **options) -> PretrainedConfig:
-    """A config for a new model whose output layer is the head ``name``: ``base_config`` (any causal or seq2seq
-    LM config, e.g. ``GPT2Config(n_layer=2)``) with model type ``softmax-heads``.
-
-    ``AutoModelForCausalLM.from_config(head_config(GPT2Config(...), "mixtape", num_gates=4))`` (or
-    ``AutoModelForSeq2SeqLM`` for a seq2seq config) builds the model with the head, freshly initialised;
-    ``save_pretrained`` / ``from_pretrained`` restore it. The same as ``AutoConfig.for_model("softmax-heads",
-    base_model_type=..., output_head={"name": name, "options": options}, **base options)``. Options are
-    checked here, by building the head once on the meta device.
-    """
-    if not isinstance(base_config, PretrainedConfig):
-        raise ValueError(f"head_config: expected a transformers config (e.g. GPT2Config(...)), got "
-                         f"{type(base_config).__name__}")
-    if base_config.model_type == MODEL_TYPE:
-        raise ValueError(f"head_config: the config already names a head ({base_config.output_head['name']}); "
-                         f"start from the base model's config")
-    spec = {"name": name, "options": dict(options), "use_bias": bool(use_bias)}
-    vocab, hidden = base_config.vocab_size, base_config.get_text_config().hidden_size
-    with torch.device("meta"):
-        build_head(name, hidden_size=hidden, vocab_size=vocab, use_bias=spec["use_bias"], **options)
-    config = head_config_class(type(base_config)).from_dict(
-        {**base_config.to_dict(), "base_model_type": base_config.model_type, "output_head": spec})
-    _register_model_classes(config)
-    return config
-
-
-def _register_model_classes(config) -> None:
-    """Make the Auto model classes know the head model classes of a loaded head config: the class
-    named in ``architectures`` (``SoftmaxHeads<Class>``), else the family's Auto-mapped LM classes."""
-    import transformers
-    from transformers.models.auto import modeling_auto
-
-    from .modeling import head_model_class
-
-    base_config = type(config).__mro__[1]
-    found = False
-    for arch in getattr(config, "architectures", None) or []:
-        base_cls = getattr(transformers, arch[len("SoftmaxHeads"):], None) if arch.startswith("SoftmaxHeads") else None
-        if isinstance(base_cls, type):
-            head_model_class(base_cls)
-            found = True
-    if not found:
-        for mapping in (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING, modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING):
-            if base_config in mapping:
-                head_model_class(mapping[base_config])
 
 
 def head_config_class(base_config_class: type) -> type:
@@ -116,10 +18,3 @@ def head_config_class(base_config_class: type) -> type:
             {"model_type": MODEL_TYPE, "__module__": __name__,
              "__doc__": f"{base_config_class.__name__} of a model whose output layer is a softmax-heads head."})
     return _CONFIG_CLASSES[base_config_class]
-
-
-
-def register_auto_classes() -> None:
-    """Register ``model_type="softmax-heads"`` with ``AutoConfig`` (run by ``import hf_heads``)."""
-    AutoConfig.register(MODEL_TYPE, SoftmaxHeadsConfig, exist_ok=True)
-
