@@ -2,27 +2,26 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Type
+from typing import Any, Callable, Dict, Optional
 
 import torch
+from torch import nn
 
 from .config import HeadConfig
 from .frequency import frequency_order as order_by_counts
 
-if TYPE_CHECKING:
-    from .interface import OutputHead
-
-_REGISTRY: Dict[str, Type["OutputHead"]] = {}
+#: name -> head class (an :class:`~hf_heads.core.interface.OutputHead` subclass; the registry imports none)
+_REGISTRY: Dict[str, type] = {}
 
 
-def register_head(name: str) -> Callable[[Type["OutputHead"]], Type["OutputHead"]]:
+def register_head(name: str) -> Callable[[type], type]:
     """Class decorator: make a head buildable as ``build_head(name, ...)``.
 
     The registry is the one list of heads: the HF config validation, fairseq's
     ``--output-head`` choices, the docs table and the test table all read it.
     """
 
-    def wrap(cls: Type["OutputHead"]) -> Type["OutputHead"]:
+    def wrap(cls: type) -> type:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise ValueError(f"head name {name!r} is already registered by {_REGISTRY[name].__name__}")
         cls.head_name = name
@@ -53,7 +52,7 @@ def head_specific_options(name: str) -> list:
     return [f for f in dataclasses.fields(get_head_class(name).config_class) if f.name not in shared]
 
 
-def get_head_class(name: str) -> Type["OutputHead"]:
+def get_head_class(name: str) -> type:
     """The head class registered under ``name``; ``ValueError`` listing the names otherwise."""
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"unknown output head {name!r}; available heads: {', '.join(available_heads())}")
@@ -63,7 +62,7 @@ def get_head_class(name: str) -> Type["OutputHead"]:
 
 def build_head(name: str, hidden_size: int, vocab_size: int, weight: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, frequency_order=None, token_counts=None,
-               **options: Any) -> "OutputHead":
+               **options: Any) -> nn.Module:
     """Build the head registered as ``name``.
 
     ``weight`` (V x d) and ``bias`` (V) start the output embedding from an existing projection
