@@ -1,4 +1,4 @@
-"""Generic tests over HEAD_CASES: every head, the same contract (SPEC section 1)."""
+"""Generic tests over HEAD_CASES: every head, the same contract."""
 from __future__ import annotations
 
 import pytest

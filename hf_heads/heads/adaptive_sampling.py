@@ -10,7 +10,7 @@ threshold of the ``(n+1)``-th key), whose variance estimate is ``sum_j (W_ij g_j
 1. *Best arms* (successive elimination, delta/2): all arms get ``initial_pulls`` coordinates; arms
    whose upper confidence bound falls under the k-th best lower bound are dropped; survivors get
    twice as many coordinates, until k arms remain or every coordinate has been used. Confidence
-   radius ``sqrt(2 var log(6 V log d / delta))`` (SPEC section 5, the authors' code).
+   radius ``sqrt(2 var log(6 V log d / delta))`` (from the authors' code).
 2. The k winners get their exact logits (the rest of their coordinates).
 3. *Partition function* (delta/2): ``Z = sum_i exp(mu_i)`` from the exact logits where known and the
    estimates elsewhere; while ``sqrt(2 log(4 / delta) sum_i exp(2 mu_i) var_i)`` (the normal

@@ -8,7 +8,7 @@ class rows whose norm falls under a cutoff, for good, on a schedule the head cou
 inference the head computes only the chosen expert's surviving classes: ``topk`` never touches the
 rest, and ``forward`` returns full log-probs with ``-inf`` outside the chosen expert.
 
-Facts from the authors' TF code (SPEC section 5) kept here: noise std ``softplus(g W_noise) + 0.01``
+Facts from the authors' TensorFlow code kept here: noise std ``softplus(g W_noise) + 0.01``
 in training only; importance loss ``coef * cv^2`` of the per-expert sums of the (top-1) gate values;
 group norm ``sqrt(mean_d W_e[v]^2)`` with an epsilon inside the sqrt (pruned rows are exactly 0);
 pruned classes keep logit 0 in training (``(x W_e) * m_e``) and are skipped at inference.

@@ -1,4 +1,5 @@
-"""Mixtape (Yang, Luong, Salakhutdinov & Le, NeurIPS 2019), papers/mixtape-paper.md eqs. 2-6."""
+"""Mixtape (Yang, Luong, Salakhutdinov & Le, NeurIPS 2019, "Mixtape: breaking the softmax bottleneck
+efficiently"), eqs. 2-6."""
 from __future__ import annotations
 
 import math
