@@ -1,11 +1,116 @@
-"""The README's heads table is the one generated from the registry."""
+"""The README and docs/*.md: the heads table is generated from the registry, every relative link and anchor
+resolves, and every ```python block runs (the blocks of one file in order, in one fresh process)."""
+import json
 import os
+import re
+import subprocess
+import sys
+import urllib.parse
+import warnings
+
+import pytest
 
 from hf_heads.docs import heads_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+MARKDOWN = ["README.md"] + sorted(f"docs/{name}" for name in os.listdir(DOCS) if name.endswith(".md"))
+GENERATED = {"docs/reproduction.md"}  # written by `python -m recipes.reproduce.report`; holds no Python blocks
+NOT_RUN = re.compile(r"^<!--\s*snippet:\s*not run\s*(?:—|–|-|:)\s*(?P<reason>.*\S)\s*-->\s*$")
+SNIPPET_TIMEOUT_S = 240
 
 
+class SnippetNotRun(UserWarning):
+    """A documentation block marked ``<!-- snippet: not run — REASON -->``."""
+
+
+def _read(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+def _fences(text):
+    """``(info, first_code_line, code, lines_before)`` for every fenced block; line numbers are 1-based."""
+    lines = text.split("\n")
+    blocks, i = [], 0
+    while i < len(lines):
+        m = re.match(r"^ {0,3}(`{3,}|~{3,})(.*)$", lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, info, start = m.group(1), m.group(2).strip(), i + 1
+        j = start
+        while j < len(lines) and not re.match(r"^ {0,3}" + re.escape(fence[0]) + "{%d,}\\s*$" % len(fence), lines[j]):
+            j += 1
+        blocks.append((info, start + 1, "\n".join(lines[start:j]), lines[:i]))
+        i = j + 1
+    return blocks
+
+
+def _prose(text):
+    """The text with fenced blocks and inline code spans blanked out (links inside code are not links)."""
+    out, in_fence, fence = [], False, ""
+    for line in text.split("\n"):
+        m = re.match(r"^ {0,3}(`{3,}|~{3,})", line)
+        if in_fence:
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not line.strip()[len(m.group(1)):]:
+                in_fence = False
+            out.append("")
+        elif m:
+            in_fence, fence = True, m.group(1)
+            out.append("")
+        else:
+            out.append(re.sub(r"(`+)(?:(?!\1).)+?\1", "", line))
+    return "\n".join(out)
+
+
+def _python_blocks(rel):
+    """``(first_code_line, code, skip_reason or None)`` for every ```python block of ``rel``."""
+    return _python_blocks_in(_read(rel))
+
+
+def _python_blocks_in(text):
+    found = []
+    for info, line, code, before in _fences(text):
+        if info.split()[:1] != ["python"]:
+            continue
+        previous = next((b.strip() for b in reversed(before) if b.strip()), "")
+        m = NOT_RUN.match(previous)
+        found.append((line, code, m.group("reason") if m else None))
+    return found
+
+
+def _slug(heading):
+    """GitHub's anchor of a heading: markup removed, lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links: their text
+    text = re.sub(r"<[^>]+>", "", text)                           # inline html
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def _anchors(rel):
+    """Every heading anchor of a markdown file (duplicates numbered -1, -2, ... as GitHub does)."""
+    seen, anchors = {}, set()
+    for line in _prose(_read(rel)).split("\n"):
+        m = re.match(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        slug = _slug(m.group(1))
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def _links(rel):
+    """``(line, target)`` of every markdown link and image link ``[text](target)`` outside code."""
+    found = []
+    for number, line in enumerate(_prose(_read(rel)).split("\n"), start=1):
+        for m in re.finditer(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", line):
+            found.append((number, m.group(1)))
+    return found
+
+
+# ----------------------------------------------------------------------------- the README's generated parts
 def test_readme_heads_table_is_generated_from_the_registry():
     readme = open(os.path.join(ROOT, "README.md")).read()
     assert heads_table() in readme, "README's table of heads is stale: paste `python -m hf_heads.docs`"
@@ -24,3 +129,101 @@ def test_readme_says_each_thing_once_and_calls_built_heads_built():
     shared_line = heads_table().splitlines()[-1]
     assert readme.count(shared_line) == 1, "the shared-options sentence is printed more than once"
     assert "roadmap" not in readme[:1500], "the opening paragraph calls built heads a roadmap"
+
+
+# ----------------------------------------------------------------------------- links
+@pytest.mark.parametrize("rel", MARKDOWN)
+def test_relative_links_and_anchors_resolve(rel):
+    problems = []
+    for line, target in _links(rel):
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):  # http(s), mailto, ...: not checked here
+            continue
+        path, _, anchor = target.partition("#")
+        path = urllib.parse.unquote(path)
+        resolved = os.path.normpath(os.path.join(ROOT, os.path.dirname(rel), path)) if path else os.path.join(ROOT, rel)
+        where = f"{rel}:{line}: ({target})"
+        if os.path.commonpath([resolved, ROOT]) != ROOT:
+            problems.append(f"{where} points outside the repository")
+        elif not os.path.exists(resolved):
+            problems.append(f"{where} names {os.path.relpath(resolved, ROOT)}, which does not exist")
+        elif anchor and resolved.endswith(".md") and anchor not in _anchors(os.path.relpath(resolved, ROOT)):
+            problems.append(f"{where}: no heading with the anchor #{anchor} in {os.path.relpath(resolved, ROOT)}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_link_checker_reads_links_anchors_and_code_as_github_does():
+    text = "# A `swap_head` (on GPT-2)!\n## Mixtape's scaled input\n## Mixtape's scaled input\n"
+    assert [_slug(h[2:].lstrip("# ")) for h in text.splitlines()] == [
+        "a-swap_head-on-gpt-2", "mixtapes-scaled-input", "mixtapes-scaled-input"]
+    prose = _prose("see [a](x.md) and `[b](y.md)`\n```\n[c](z.md)\n```\n![img](p.png \"title\")")
+    assert re.findall(r"\]\(([^)\s]+)", prose) == ["x.md", "p.png"]
+
+
+# ----------------------------------------------------------------------------- Python blocks
+_RUNNER = r"""
+import json, sys, traceback
+blocks = json.load(open(sys.argv[1]))
+namespace = {"__name__": "__main__"}
+for block in blocks:
+    print(f"--- {block['file']}: block at line {block['line']}", flush=True)
+    # padded with newlines so that tracebacks give the line numbers of the markdown file
+    code = compile("\n" * (block["line"] - 1) + block["code"], block["file"], "exec")
+    try:
+        exec(code, namespace)
+    except BaseException:
+        traceback.print_exc()
+        print(f"FAILED: {block['file']}: the block at line {block['line']}", file=sys.stderr, flush=True)
+        sys.exit(1)
+"""
+
+SNIPPET_FILES = [rel for rel in MARKDOWN if rel not in GENERATED and _python_blocks(rel)]
+
+
+def test_the_block_reader_finds_python_blocks_and_not_run_markers():
+    text = ("intro\n```python\na = 1\n```\n\n<!-- snippet: not run — needs a GPU -->\n\n```python\nb = 2\n```\n"
+            "```bash\nmake test\n```\n````md\n```python\nnot a block\n```\n````\n")
+    assert _python_blocks_in(text) == [(3, "a = 1", None), (9, "b = 2", "needs a GPU")]
+
+
+def test_generated_pages_hold_no_python_blocks():
+    for rel in GENERATED:
+        assert not _python_blocks(rel), f"{rel} is generated; its Python blocks would not be run"
+
+
+@pytest.mark.parametrize("rel", SNIPPET_FILES)
+def test_python_blocks_run(rel, tmp_path):
+    blocks = _python_blocks(rel)
+    skipped = [(line, reason) for line, _, reason in blocks if reason is not None]
+    for line, reason in skipped:
+        message = f"{rel}: the python block at line {line} is not run: {reason}"
+        print(message)
+        warnings.warn(SnippetNotRun(message))
+    run = [{"file": rel, "line": line, "code": code} for line, code, reason in blocks if reason is None]
+    if not run:
+        return
+    (tmp_path / "blocks.json").write_text(json.dumps(run))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               MPLBACKEND="Agg", PYTHONHASHSEED="0",
+               # one thread: the blocks are tiny, and on a busy 2-core machine torch's thread pool spins for seconds
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _RUNNER, str(tmp_path / "blocks.json")], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        ran = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        last = [line for line in ran.splitlines() if line.startswith("--- ")][-1:]
+        pytest.fail(f"{rel}: the Python blocks took longer than {SNIPPET_TIMEOUT_S} s; last started: {last}")
+    assert proc.returncode == 0, (
+        f"{rel}: a Python block failed\n--- stdout (tail)\n{proc.stdout[-3000:]}\n--- stderr (tail)\n{proc.stderr[-6000:]}")
+
+
+def test_not_run_markers_are_few_and_say_why():
+    marked = [(rel, line, reason) for rel in MARKDOWN if rel not in GENERATED
+              for line, _, reason in _python_blocks(rel) if reason is not None]
+    assert len(marked) <= 3, f"too many Python blocks are not run: {marked}"
+    for rel in MARKDOWN:
+        text = _read(rel).split("\n")
+        for number, line in enumerate(text, start=1):
+            if "snippet:" in line and line.strip().startswith("<!--"):
+                assert NOT_RUN.match(line.strip()), f"{rel}:{number}: write `<!-- snippet: not run — REASON -->`"
