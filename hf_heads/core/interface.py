@@ -14,6 +14,7 @@ downstream (fairseq criterion, HF model wrapper, recipes, tests) special-cases a
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional, Tuple, Type
 
 import torch
@@ -161,6 +162,19 @@ class OutputHead(VocabularyMixin, nn.Module):
         lp = self.log_probs_2d(hidden)
         nll = -lp.gather(1, target[:, None]).squeeze(1)
         return ops.smoothed_loss(nll, lp.sum(1), label_smoothing, self.config.vocab_size), nll
+
+    def token_log_probs(self, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                        temperature: float = 1.0) -> torch.Tensor:
+        """``log p(target)`` at every position (shape ``target.shape``, 0 where ``target == ignore_index``),
+        differentiable: for losses that weight tokens themselves (TRL's). At ``temperature`` T the distribution is
+        ``softmax(log p / T)``. Memory-lean in training (:func:`hf_heads.core.lean.token_log_probs`)."""
+        check_float(self.head_name, "temperature", temperature, 0.0, math.inf, lo_open=True, hi_open=True)
+        h = self._flat_hidden(hidden)
+        t = ops.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
+        valid = t != ignore_index
+        with ops.fp32_math(h):
+            lp = lean.token_log_probs(self, h[valid], t[valid], float(temperature))
+        return h.new_zeros(t.shape).masked_scatter(valid, lp).view(target.shape)
 
     def lean_loss_active(self) -> bool:
         """Whether :meth:`loss` takes the memory-lean path now: ``lean_loss`` on, training mode, grad enabled."""

@@ -189,3 +189,30 @@ def softmax_rows(head, x: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Par
     if head.bias is not None and head.bias in grads:
         grads[head.bias][lo:] += grad_lin.sum(0)
     return loss, nll, grad_x, grad_prior, grad_prefix
+
+
+def _target_log_probs_2d(head, hidden: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log p(target)`` per row, the head's reference math; at ``temperature`` T the distribution is ``p^(1/T)``
+    renormalised (``log_softmax(log p / T)``: the head's log-probs stand where a softmax's logits would)."""
+    if temperature == 1.0:
+        return -head.nll_2d(hidden, target)
+    lp = torch.log_softmax(head.log_probs_2d(hidden) / temperature, dim=-1)
+    return lp.gather(1, target[:, None]).squeeze(1)
+
+
+def token_log_probs(head, hidden: torch.Tensor, target: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``log p(target)`` of every row of ``hidden`` ``[N, d1]`` (valid targets only), differentiable, for callers that
+    weight tokens themselves (TRL's losses). In training (:meth:`OutputHead.lean_loss_active`) the rows go in chunks
+    of :func:`chunk_tokens`, each under ``torch.utils.checkpoint``: no chunk's V-wide tensors are kept for backward,
+    which makes them again, one chunk at a time, with the random state of the forward (dropout and gate noise draw
+    the same values). A head whose training forward has side effects (DS-Softmax's routing statistics) takes one
+    plain pass instead."""
+    from torch.utils.checkpoint import checkpoint
+
+    if not (head.lean_loss_active() and not head.has_aux_loss and torch.is_grad_enabled()):
+        return _target_log_probs_2d(head, hidden, target, temperature)
+    chunk = head.lean_chunk_tokens()
+    parts = [checkpoint(_target_log_probs_2d, head, hidden[start:start + chunk], target[start:start + chunk],
+                        temperature, use_reentrant=False)
+             for start in range(0, hidden.shape[0], chunk)]
+    return torch.cat(parts) if parts else hidden.new_zeros(0)

@@ -37,6 +37,19 @@ def head_replaced_by(model, stand_in: nn.Module):
         parent._modules[attr] = head
 
 
+def capture_hidden(model, base_forward, args, kwargs):
+    """``(outputs, hidden)``: the model's forward with the head replaced by a stand-in that keeps the hidden states it
+    is given (the outputs' ``logits`` are a zero-strided placeholder: drop them)."""
+    captured = []
+    head = running_head(model.get_output_embeddings())
+    with head_replaced_by(model, _HiddenCapture(head.config.vocab_size, captured)):
+        out = base_forward(model, *args, **kwargs)
+    if len(captured) != 1:
+        raise RuntimeError(f"{type(model).__name__}: the output layer ran {len(captured)} times in one forward; "
+                           f"set head.lean_loss = False for this model")
+    return out, captured[0]
+
+
 def lean_forward(model, base_forward, args, kwargs):
     """The model's forward without labels (the head captured instead of run), then the head's lean loss on the
     captured hidden states against the labels as the model would have used them."""
@@ -53,17 +66,12 @@ def lean_forward(model, base_forward, args, kwargs):
         target = labels
     else:  # causal LMs: position t predicts label t + 1 (transformers' ForCausalLMLoss)
         target = shift_labels if shift_labels is not None else F.pad(labels, (0, 1), value=-100)[..., 1:]
-    captured = []
-    with head_replaced_by(model, _HiddenCapture(head.config.vocab_size, captured)):
-        out = base_forward(model, *args, **kwargs)
-    if len(captured) != 1:
-        raise RuntimeError(f"{type(model).__name__}: the output layer ran {len(captured)} times in one forward; "
-                           f"set head.lean_loss = False for this model")
-    target = target.to(captured[0].device)
+    out, hidden = capture_hidden(model, base_forward, args, kwargs)
+    target = target.to(hidden.device)
     if num_items is None:
-        loss = head.loss(captured[0], target)
+        loss = head.loss(hidden, target)
     else:
-        loss = head.loss(captured[0], target, reduction="sum") / torch.as_tensor(num_items).to(target.device)
+        loss = head.loss(hidden, target, reduction="sum") / torch.as_tensor(num_items).to(target.device)
     fields = {k: v for k, v in out.items() if k not in ("loss", "logits")}
     return type(out)(loss=loss, **fields)
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from ..core import OutputHead, build_head
 from .config import head_config_class
+from . import trl
 from .lean_forward import lean_forward
 from .peft import running_head
 from .resize import resize_token_embeddings
@@ -32,6 +33,13 @@ class HeadModelMixin:
         self._forget_head_ties()
         if getattr(config, "tie_word_embeddings", False):
             self.tie_weights()
+
+    def __setattr__(self, name, value):
+        # TRL's trainers replace model.forward by a fused LM head that never runs the head: keep ours, which
+        # answers the same calls with the head (hf_heads/hf/trl.py)
+        if name == "forward" and trl.keeps_own_forward(self, name, value):
+            return
+        super().__setattr__(name, value)
 
     def _head_tie_prefix(self) -> Optional[str]:
         """``"lm_head."`` (the head's parameter prefix) when the head cannot be tied, else None."""
@@ -82,7 +90,7 @@ class HeadModelMixin:
 
 def _forward_with_aux_loss(base_forward):
     """``base_forward`` plus the head's aux loss, with the base signature (Trainer reads it to
-    choose the dataset columns it passes)."""
+    choose the dataset columns it passes); ``fused_lm_head=True`` (TRL) goes to :func:`hf_heads.hf.trl.fused_forward`."""
 
     @functools.wraps(base_forward)
     def forward(self, *args, **kwargs):
@@ -93,6 +101,8 @@ def _forward_with_aux_loss(base_forward):
             head = running_head(self.get_output_embeddings())
             raise ValueError(f"{head.head_name if head else type(self).__name__}: labels have dtype {labels.dtype}; "
                              f"expected token ids (torch.long), -100 where ignored")
+        if kwargs.pop("fused_lm_head", False):  # TRL's protocol (hf_heads/hf/trl.py), answered by the head
+            return trl.fused_forward(self, base_forward, args, kwargs)
         if self._lean_loss_applies(kwargs):
             return self._add_aux_loss(lean_forward(self, base_forward, args, kwargs), True)
         return self._add_aux_loss(base_forward(self, *args, **kwargs), kwargs.get("labels") is not None)
