@@ -47,7 +47,8 @@ def parse_head_options(output_head: Any, head_options: Any) -> Tuple[str, Dict[s
     bad JSON or an unknown option."""
     name = str(output_head)
     if name not in hf_heads.available_heads():
-        raise HeadFlagError(f"--output-head {name!r} is not a head; choose one of: {', '.join(hf_heads.available_heads())}")
+        raise HeadFlagError(f"--output-head {name!r} is not a head; choose one of: "
+                            f"{', '.join(hf_heads.available_heads())}")
     if isinstance(head_options, dict):
         options = dict(head_options)
     else:

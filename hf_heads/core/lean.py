@@ -41,15 +41,15 @@ def autograd_chunk(head, hidden: torch.Tensor, target: torch.Tensor, grads: Dict
     return loss.detach(), nll.sum().detach(), backprop([loss], [torch.ones_like(loss)], hidden, grads)
 
 
-
 class ChunkedNLL(torch.autograd.Function):
     """Summed loss (and NLL) of ``head`` over token chunks, each chunk's gradients computed in the forward pass.
 
     Forward: for every chunk of ``chunk`` tokens, :meth:`OutputHead.lean_nll_chunk` returns the chunk's summed
     loss (label-smoothed or not), its NLL and the loss's gradient with respect to the chunk's hidden states,
     and adds the parameter gradients to float accumulators; nothing of the chunk is kept, so peak memory is one
-    chunk's V-wide tensors instead of the whole batch's. Backward: the stored gradients times the incoming scalar gradient. No recomputation; the
-    price is that gradients are computed even if the loss is never backpropagated, and no double backward.
+    chunk's V-wide tensors instead of the whole batch's. Backward: the stored gradients times the incoming scalar
+    gradient. No recomputation; the price is that gradients are computed even if the loss is never
+    backpropagated, and no double backward.
     Dropout / gate noise draw fresh values per chunk, as they would per batch.
     """
 

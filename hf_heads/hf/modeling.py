@@ -90,7 +90,8 @@ class HeadModelMixin:
 
 def _forward_with_aux_loss(base_forward):
     """``base_forward`` plus the head's aux loss, with the base signature (Trainer reads it to
-    choose the dataset columns it passes); ``fused_lm_head=True`` (TRL) goes to :func:`hf_heads.hf.trl.fused_forward`."""
+    choose the dataset columns it passes); ``fused_lm_head=True`` (TRL) goes to
+    :func:`hf_heads.hf.trl.fused_forward`."""
 
     @functools.wraps(base_forward)
     def forward(self, *args, **kwargs):
