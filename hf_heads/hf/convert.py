@@ -1,7 +1,7 @@
 """``hf_heads.convert_head`` on transformers models (registered with the core when this adapter is imported)."""
 from __future__ import annotations
 
-from transformers import PreTrainedModel
+import sys
 
 from ..core.convert import from_projection, register_converter
 from .modeling import HeadModelMixin, swap_head
@@ -11,6 +11,10 @@ from .modeling import HeadModelMixin, swap_head
 def convert_transformers_model(source, name: str, options: dict):
     """A plain model gets the head through :func:`swap_head`; a model with a head already has it rebuilt as the head
     ``name`` in place (tie kept, config updated); None for anything that is not a transformers model."""
+    if "transformers.modeling_utils" not in sys.modules:  # no model class loaded: not a transformers model (and
+        return None                                      # importing PreTrainedModel here would cost every process 1 s)
+    from transformers import PreTrainedModel
+
     if not isinstance(source, PreTrainedModel):
         return None
     if not isinstance(source, HeadModelMixin):
