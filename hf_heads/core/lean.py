@@ -205,11 +205,11 @@ def token_log_probs(head, hidden: torch.Tensor, target: torch.Tensor, temperatur
     weight tokens themselves (TRL's losses). In training (:meth:`OutputHead.lean_loss_active`) the rows go in chunks
     of :func:`chunk_tokens`, each under ``torch.utils.checkpoint``: no chunk's V-wide tensors are kept for backward,
     which makes them again, one chunk at a time, with the random state of the forward (dropout and gate noise draw
-    the same values). A head whose training forward has side effects (DS-Softmax's routing statistics) takes one
-    plain pass instead."""
+    the same values). A head that opts out of the lean loss (``lean_loss = False``: DS-Softmax, whose training
+    forward records routing statistics, which a recomputation would count twice) takes one plain pass instead."""
     from torch.utils.checkpoint import checkpoint
 
-    if not (head.lean_loss_active() and not head.has_aux_loss and torch.is_grad_enabled()):
+    if not head.lean_loss_active():
         return _target_log_probs_2d(head, hidden, target, temperature)
     chunk = head.lean_chunk_tokens()
     parts = [checkpoint(_target_log_probs_2d, head, hidden[start:start + chunk], target[start:start + chunk],

@@ -37,7 +37,7 @@ class HeadModelMixin:
     def __setattr__(self, name, value):
         # TRL's trainers replace model.forward by a fused LM head that never runs the head: keep ours, which
         # answers the same calls with the head (hf_heads/hf/trl.py)
-        if name == "forward" and trl.keeps_own_forward(self, name, value):
+        if name == "forward" and trl.keeps_own_forward(self, value):
             return
         super().__setattr__(name, value)
 

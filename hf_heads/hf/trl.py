@@ -28,11 +28,11 @@ FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 
 def _fused_settings(value) -> Optional[Dict[str, Any]]:
     """``{"temperature", "outputs"}`` of a forward made by TRL's ``add_fused_lm_head``; None for any other value."""
-    code = getattr(getattr(value, "__func__", value), "__code__", None)  # (functools.wraps copied the names)
+    func = getattr(value, "__func__", value)
+    code = getattr(func, "__code__", None)  # (functools.wraps copied the names, not the code)
     if code is None or getattr(code, "co_qualname", code.co_name) not in (FUSED_FORWARD, "_fused_forward") or \
             f"{os.sep}trl{os.sep}" not in code.co_filename:
         return None
-    func = value.__func__ if hasattr(value, "__func__") else value
     cells = dict(zip(func.__code__.co_freevars, (c.cell_contents for c in func.__closure__ or ())))
     return {"temperature": float(cells.get("temperature", 1.0)), "outputs": tuple(cells.get("outputs", FIELDS))}
 
@@ -50,10 +50,10 @@ def _trainer_name() -> str:
     return "TRL"
 
 
-def keeps_own_forward(model, name: str, value) -> bool:
-    """Whether setting ``model.<name> = value`` is TRL's fused LM head, which the model then keeps out (its own
+def keeps_own_forward(model, value) -> bool:
+    """Whether setting ``model.forward = value`` is TRL's fused LM head, which the model then keeps out (its own
     forward answers ``fused_lm_head=True``); a head with an auxiliary loss refuses it with a ``ValueError``."""
-    settings = _fused_settings(value) if name == "forward" else None
+    settings = _fused_settings(value)
     if settings is None:
         return False
     head = running_head(model.get_output_embeddings())
