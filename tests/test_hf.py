@@ -275,7 +275,8 @@ def _run(code, env_extra=None):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
 
 
-def test_fresh_process_loads_after_import_hf_heads_and_fails_clearly_without(tmp_path):
+def test_fresh_process_loads_after_import_hf_heads_and_asks_for_remote_code_without(tmp_path):
+    # (without the package, trust_remote_code=True loads the files saved with the model: tests/test_remote_code.py)
     model = swapped("bart", "mixtape")
     model.save_pretrained(tmp_path)
     load = ("import torch, transformers\n{imp}\n"
@@ -283,4 +284,4 @@ def test_fresh_process_loads_after_import_hf_heads_and_fails_clearly_without(tmp
     ok = _run(load.format(imp="import hf_heads"))
     assert ok.returncode == 0 and "SoftmaxHeadsBartForConditionalGeneration" in ok.stdout, ok.stderr[-2000:]
     without = _run(load.format(imp=""))
-    assert without.returncode != 0 and "model type `softmax-heads`" in without.stderr
+    assert without.returncode != 0 and "trust_remote_code=True" in without.stderr

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -9,7 +10,7 @@ from torch import nn
 
 from ..core import OutputHead, build_head
 from .config import head_config_class
-from . import trl
+from . import liger, remote_code, trl
 from .lean_forward import lean_forward
 from .peft import running_head
 from .resize import resize_token_embeddings
@@ -35,11 +36,30 @@ class HeadModelMixin:
             self.tie_weights()
 
     def __setattr__(self, name, value):
-        # TRL's trainers replace model.forward by a fused LM head that never runs the head: keep ours, which
-        # answers the same calls with the head (hf_heads/hf/trl.py)
-        if name == "forward" and trl.keeps_own_forward(self, value):
+        # TRL's trainers and Liger replace model.forward by a fused LM head that never runs the head: keep ours, which
+        # answers the same calls with the head (hf_heads/hf/trl.py, hf_heads/hf/liger.py)
+        if name == "forward" and (trl.keeps_own_forward(self, value) or liger.keeps_own_forward(self, value)):
             return
         super().__setattr__(name, value)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' ``save_pretrained`` (``push_to_hub`` and ``Trainer.save_model`` call it), plus the code
+        that loads the model where softmax-heads is not installed: ``from_pretrained(folder,
+        trust_remote_code=True)`` (:mod:`hf_heads.hf.remote_code`)."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            self._write_remote_code(save_directory)
+        return result
+
+    def _upload_modified_files(self, working_dir, *args, **kwargs):
+        # save_pretrained(push_to_hub=True) uploads before it returns: the code goes up with the weights
+        self._write_remote_code(working_dir)
+        return super()._upload_modified_files(working_dir, *args, **kwargs)
+
+    def _write_remote_code(self, folder) -> None:
+        auto = _auto_class(self._head_base_class).__name__
+        remote_code.write_code(os.fspath(folder), type(self), auto)
+        self.config.auto_map = remote_code.auto_map(type(self), auto)
 
     def _head_tie_prefix(self) -> Optional[str]:
         """``"lm_head."`` (the head's parameter prefix) when the head cannot be tied, else None."""
@@ -102,6 +122,7 @@ def _forward_with_aux_loss(base_forward):
             head = running_head(self.get_output_embeddings())
             raise ValueError(f"{head.head_name if head else type(self).__name__}: labels have dtype {labels.dtype}; "
                              f"expected token ids (torch.long), -100 where ignored")
+        kwargs.pop("skip_logits", None)  # Liger's flag, which Trainer(use_liger_kernel=True) passes in evaluation
         if kwargs.pop("fused_lm_head", False):  # TRL's protocol (hf_heads/hf/trl.py), answered by the head
             return trl.fused_forward(self, base_forward, args, kwargs)
         if self._lean_loss_applies(kwargs):
@@ -132,9 +153,10 @@ def head_model_class(base_model_class: type) -> type:
     if issubclass(base_model_class, HeadModelMixin):
         return base_model_class
     if base_model_class not in _MODEL_CLASSES:
+        liger.check_base_forward(base_model_class)
         config_class = head_config_class(base_model_class.config_class)
         cls = type(f"SoftmaxHeads{base_model_class.__name__}", (HeadModelMixin, base_model_class),
-                   {"config_class": config_class, "__module__": __name__,
+                   {"config_class": config_class, "__module__": __name__, "_head_base_class": base_model_class,
                     "forward": _forward_with_aux_loss(base_model_class.forward),
                     "__doc__": f"{base_model_class.__name__} whose output layer is a softmax-heads head."})
         _auto_class(base_model_class).register(config_class, cls, exist_ok=True)

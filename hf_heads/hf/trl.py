@@ -10,6 +10,7 @@ when the trainer is built, naming the trainer and what to use instead.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any, Dict, Optional
@@ -72,7 +73,8 @@ def fused_forward(model, base_forward, args, kwargs):
     ``shift_labels`` as given). Returns TRL's ``FusedCausalLMOutput``: ``log_probs`` (differentiable, memory-lean in
     training), the metrics TRL asked for (entropy, ``is_top1``, ...; no gradient), ``label_mask`` and ``loss`` (the
     mean NLL, or the sum over ``num_items_in_batch``, plus the head's aux loss in training)."""
-    from trl.trainer.utils import FusedCausalLMOutput
+    # by name: the files a saved model carries may import only torch and transformers (hf_heads/hf/remote_code.py)
+    FusedCausalLMOutput = importlib.import_module("trl.trainer.utils").FusedCausalLMOutput
 
     settings = model.__dict__.get("_trl_fused_settings", {"temperature": 1.0, "outputs": ("log_probs",)})
     head = running_head(model.get_output_embeddings())
