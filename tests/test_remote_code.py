@@ -25,14 +25,18 @@ HEADS = {"mixtape": {"num_gates": 4, "gate_embedding_size": 8, "gate_noise": 0.0
          "plif": {"num_knots": 100}, "ds_softmax": {"num_experts": 4}}
 CASES = [("causal", name) for name in HEADS] + [("seq2seq", "mos"), ("seq2seq", "ds_softmax")]
 
-#: runs in a fresh interpreter that cannot import the package: loads each saved model through its own files
-CLEAN = textwrap.dedent("""
-    import importlib.abc, json, sys, tempfile
+#: the start of a script for a fresh interpreter: from there on, softmax-heads cannot be imported
+WITHOUT_PACKAGE = textwrap.dedent("""
+    import importlib.abc, sys
     class NoSoftmaxHeads(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
             if name.split(".")[0] in ("hf_heads", "fairseq_plugin", "recipes"):
                 raise ImportError(f"{name}: softmax-heads is not installed here")
     sys.meta_path.insert(0, NoSoftmaxHeads())
+""")
+#: loads each saved model through its own files, where the package cannot be imported
+CLEAN = WITHOUT_PACKAGE + textwrap.dedent("""
+    import json, tempfile
     import torch, transformers
     results = {}
     for folder, auto in json.loads(sys.argv[1]):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -61,6 +62,23 @@ class HeadModelMixin:
         remote_code.write_code(os.fspath(folder), type(self), auto)
         self.config.auto_map = remote_code.auto_map(type(self), auto)
 
+    def set_output_embeddings(self, new_embeddings):
+        """transformers' setter, refusing to replace the head by a module that runs no head (transformers' universal
+        assisted decoding with ``do_sample=True`` prunes an assistant's ``lm_head`` into a plain ``nn.Linear``)."""
+        head = running_head(self.get_output_embeddings())
+        if head is not None and running_head(new_embeddings) is None:
+            raise ValueError(
+                f"{type(self).__name__}: set_output_embeddings({type(new_embeddings).__name__}) would replace the "
+                f"{head.head_name} head by a plain projection (transformers' assisted generation with an assistant of "
+                f"another tokenizer and do_sample=True prunes the assistant's lm_head); use do_sample=False, or an "
+                f"assistant with the target's tokenizer")
+        super().set_output_embeddings(new_embeddings)
+
+    def _get_name(self) -> str:
+        # the name transformers' Trainer looks up to know a causal LM (it shifts the labels for label smoothing); it
+        # is also what repr(model) starts with: the head shows as the model's lm_head
+        return self._head_base_class.__name__
+
     def _head_tie_prefix(self) -> Optional[str]:
         """``"lm_head."`` (the head's parameter prefix) when the head cannot be tied, else None."""
         head = self.get_output_embeddings()
@@ -99,12 +117,19 @@ class HeadModelMixin:
     def _add_aux_loss(self, out, labels_given: bool):
         if not self.training:  # a regulariser: evaluation losses stay the plain NLL
             return out
-        aux = running_head(self.get_output_embeddings()).aux_loss()
+        head = running_head(self.get_output_embeddings())
+        aux = head.aux_loss()
         loss = out.get("loss") if isinstance(out, dict) else None
         if loss is not None:
             out["loss"] = loss + aux.to(loss.dtype)
         elif isinstance(out, tuple) and labels_given and torch.is_tensor(out[0]) and out[0].dim() == 0:
             out = (out[0] + aux.to(out[0].dtype),) + out[1:]
+        elif head.has_aux_loss and torch.is_grad_enabled() and not self.__dict__.get("_warned_aux_loss"):
+            self.__dict__["_warned_aux_loss"] = True
+            warnings.warn(f"{head.head_name}: a training forward without labels returns no loss to add the head's "
+                          f"aux_loss() to (transformers' Trainer calls the model so with label_smoothing_factor or "
+                          f"compute_loss_func); add hf_heads.output_head(model).aux_loss() to your loss, or pass "
+                          f"labels", stacklevel=3)
         return out
 
 

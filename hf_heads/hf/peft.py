@@ -16,6 +16,11 @@ def running_head(module: Optional[nn.Module]) -> Optional[OutputHead]:
     original = getattr(module, "original_module", None)
     if not isinstance(original, OutputHead):
         return None
+    if type(module).__name__ == "TrainableTokensWrapper":  # (by name: the saved model's code imports no peft)
+        raise ValueError(
+            f"PEFT's trainable_token_indices wrapped the {original.head_name} head (lm_head) in a "
+            f"TrainableTokensWrapper, which cannot run a head; train the head with modules_to_save=['lm_head'] "
+            f"instead")
     active = list(getattr(module, "active_adapters", None) or [])
     copies = getattr(module, "modules_to_save", None) or {}
     if getattr(module, "disable_adapters", False) or not active or active[0] not in copies:
