@@ -12,7 +12,7 @@ The decoder follows fairseq's own adaptive-softmax hook: ``output_layer`` return
 # no `from __future__ import annotations`: fairseq reads the dataclass annotations as real types
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 import torch
@@ -22,6 +22,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerDecoder, Tr
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
 from .options import HeadArgs, HeadFlagError, add_head_args, build_decoder_head, parse_head_options, usage_error
+from .relative_attention import use_relative_positions
 
 logger = logging.getLogger(__name__)
 
@@ -90,14 +91,25 @@ class HeadTransformerDecoder(HeadDecoderMixin, TransformerDecoder):
 def _build_with_head(build_stock_model, args, task, no_encoder_attn: bool):
     """Build the stock model, then replace its decoder by a :class:`HeadTransformerDecoder` that shares
     its input embedding. Bad head flags fail before anything is built, as a usage error."""
+    relative = getattr(args, "relative_positions", 0) or 0
     try:
+        if relative < 0:
+            raise HeadFlagError(f"--relative-positions must be >= 0 (0: off; else the clipping distance k, e.g. 20), "
+                                f"got {relative}")
         spec = parse_head_options(args.output_head, args.head_options)
         model = build_stock_model(args, task)
         model.decoder = HeadTransformerDecoder(args, task.target_dictionary, model.decoder.embed_tokens, spec,
                                                no_encoder_attn=no_encoder_attn)
     except HeadFlagError as e:
         usage_error(str(e))
+    if relative:
+        use_relative_positions(model, relative, getattr(args, "quant_noise_pq", 0.0) or 0.0,
+                               getattr(args, "quant_noise_pq_block_size", 8) or 8)
     return model
+
+
+RELATIVE_HELP = ("self-attention with relative position representations (Shaw et al. 2018), clipped at this distance "
+                 "k (tensor2tensor's transformer_relative: 20, with --no-token-positional-embeddings); 0: off")
 
 
 @register_model("head_transformer")
@@ -108,6 +120,7 @@ class HeadTransformerModel(TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         add_head_args(parser)
+        parser.add_argument("--relative-positions", type=int, default=0, metavar="K", help=RELATIVE_HELP)
 
     @classmethod
     def build_model(cls, args, task):
@@ -116,7 +129,9 @@ class HeadTransformerModel(TransformerModel):
 
 @dataclass
 class HeadTransformerLanguageModelConfig(TransformerLanguageModelConfig, HeadArgs):
-    """``transformer_lm`` options plus ``--output-head`` and ``--head-options``."""
+    """``transformer_lm`` options plus ``--output-head``, ``--head-options`` and ``--relative-positions``."""
+
+    relative_positions: int = field(default=0, metadata={"help": RELATIVE_HELP})
 
 
 @register_model("head_transformer_lm", dataclass=HeadTransformerLanguageModelConfig)
@@ -138,6 +153,7 @@ def _head_architecture(stock_arch: str):
         stock_fn(args)
         args.output_head = getattr(args, "output_head", "softmax")
         args.head_options = getattr(args, "head_options", "{}")
+        args.relative_positions = getattr(args, "relative_positions", 0)
 
     arch.__name__ = f"head_{stock_arch}"
     arch.__doc__ = f"``{stock_arch}`` with a softmax-heads output head."

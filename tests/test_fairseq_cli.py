@@ -92,11 +92,11 @@ def train_lm(data, save_dir, head, *extra, updates=3):
                *TRAIN, "--max-update", updates, "--save-dir", save_dir, *extra)
 
 
-def train_mt(data, save_dir, head, *extra, updates=3):
+def train_mt(data, save_dir, head, *extra, updates=3, check=True):
     return cli("fairseq-train", data / "mt-bin", "--user-dir", PLUGIN, "--task", "translation",
                "--arch", "head_transformer_iwslt_de_en", *SMALL_MT, "--output-head", head,
                "--head-options", json.dumps(HEAD_OPTIONS[head]), "--criterion", "head_cross_entropy",
-               *TRAIN, "--max-update", updates, "--save-dir", save_dir, *extra)
+               *TRAIN, "--max-update", updates, "--save-dir", save_dir, *extra, check=check)
 
 
 def _last_train_stats(out):
@@ -130,6 +130,31 @@ def test_mt_train_then_generate_with_beam_and_sampling(data, tmp_path, head):
     out = cli("fairseq-generate", data / "mt-bin", "--user-dir", PLUGIN, "--path", ckpt, *GENERATE, "--beam", "1",
               "--sampling", "--sampling-topk", "5")
     assert re.search(r"^H-\d+\t-?[\d.]+\t", out, re.M)
+
+
+def test_relative_positions_train_generate_and_eval_lm(data, tmp_path):
+    """--relative-positions K (Shaw et al. 2018, the Mixtape paper's transformer): every self-attention of the
+    encoder and decoder gets K-clipped relative keys and values, encoder-decoder attention does not; training,
+    beam search (incremental decoding, reordered caches) and eval-lm run; a bad K is a usage error."""
+    import torch
+
+    out = train_mt(data, tmp_path / "mt", "mixtape", "--relative-positions", "4", "--no-token-positional-embeddings",
+                   "--share-all-embeddings")
+    assert "nll_loss" in _last_train_stats(out)
+    ckpt = tmp_path / "mt" / "checkpoint_last.pt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["model"]
+    relative = sorted(k for k in state if k.endswith("relative_keys"))
+    assert relative == ["decoder.layers.0.self_attn.relative_keys", "encoder.layers.0.self_attn.relative_keys"]
+    assert state[relative[0]].shape == (9, 16)  # 2K + 1 distances x head size (32 / 2 heads)
+    assert not any("embed_positions" in k for k in state)
+    out = cli("fairseq-generate", data / "mt-bin", "--user-dir", PLUGIN, "--path", ckpt, *GENERATE, "--beam", "2")
+    assert re.search(r"^H-\d+\t-?[\d.]+\t", out, re.M)
+    train_lm(data, tmp_path / "lm", "softmax", "--relative-positions", "3")
+    out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / "lm" / "checkpoint_last.pt",
+              "--cpu", "--tokens-per-sample", "32", "--max-tokens", "1024", "--num-workers", "0")
+    assert 1.0 < float(re.search(r"Perplexity: ([\d.]+)", out).group(1)) < 200.0
+    code, out = train_mt(data, tmp_path / "bad", "softmax", "--relative-positions", "-1", check=False)
+    assert code != 0 and "--relative-positions must be >= 0" in out
 
 
 def test_softmax_checkpoint_evaluated_with_fast_heads_via_model_overrides(data, tmp_path):

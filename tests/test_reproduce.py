@@ -131,6 +131,9 @@ def test_full_size_dry_runs_count_the_papers_parameters(tmp_path):
         assert len(train) == 2 and all("--user-dir" in c and "--max-update" in c for c in train)
         assert any(c.startswith("fairseq-generate") for c in plan["commands"])
         assert "recipes.reproduce.wmt" in plan["commands"][0]
+        # the paper's setup: a 32K BPE for both pairs (Table 2), relative positions [16] and no absolute ones
+        assert plan["vocabulary"] == 32000
+        assert all("--relative-positions 20 --no-token-positional-embeddings" in c for c in train)
 
 
 def test_bad_data_head_and_table_stop_with_what_was_expected(tmp_path, capsys):

@@ -50,11 +50,15 @@ MINI_HEAD_OPTIONS = {"plif": {"num_knots": 10000}}
 
 
 def paper_transformer(arch: str, dim: int, ffn: int, dropout: float, attention_dropout: float) -> List[str]:
-    """The Mixtape paper's 6-layer transformer (section 4.2) as fairseq options: 16 heads, shared embeddings."""
+    """The Mixtape paper's 6-layer transformer (section 4.2) as fairseq options: 16 heads, shared embeddings, and
+    "relative positional encodings [16]" (Shaw et al. 2018): relative keys and values clipped at 20 in every
+    self-attention, no absolute positions, as the authors' tensor2tensor ``transformer_relative`` (the paper gives no
+    clipping distance)."""
     return ["--arch", arch, "--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", str(dim),
             "--decoder-embed-dim", str(dim), "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn),
             "--encoder-attention-heads", "16", "--decoder-attention-heads", "16", "--share-all-embeddings",
-            "--dropout", str(dropout), "--attention-dropout", str(attention_dropout)]
+            "--dropout", str(dropout), "--attention-dropout", str(attention_dropout),
+            "--relative-positions", "20", "--no-token-positional-embeddings"]
 
 
 def paper_schedule(rate: float, dim: int, warmup: int = 16000) -> List[str]:

@@ -4,12 +4,13 @@
 Data, once, on a machine with internet (then copy ``DATA/wmt16-en-de`` / ``DATA/wmt14-en-fr`` to the cluster)::
 
     python -m recipes.reproduce.wmt --pair en-de --data ../shared/data     # WMT'16 En-De (4.5M pairs), 32k BPE
-    python -m recipes.reproduce.wmt --pair en-fr --data ../shared/data     # WMT'14 En-Fr (36M pairs), 40k BPE
+    python -m recipes.reproduce.wmt --pair en-fr --data ../shared/data     # WMT'14 En-Fr (36M pairs), 32k BPE
 
 It downloads the training corpora (the lists of fairseq's ``prepare-wmt14en2*.sh`` / the WMT'16 En-De data
 of fairseq's transformer-big recipes), newstest2013 (valid) and newstest2014 (test, ``wmt14/full``) through
 sacrebleu, drops pairs longer than 250 words or with a length ratio above 1.5 (as fairseq's ``clean-corpus-n``),
-learns a joint sentencepiece BPE (32k En-De, 40k En-Fr; fairseq's scripts use Moses tokenisation + subword-nmt,
+learns a joint sentencepiece BPE of 32k (the Mixtape paper's Table 2 and section 4.2: "a vocabulary size of 32K" for both
+pairs; fairseq's scripts use 40k for En-Fr, Moses tokenisation + subword-nmt,
 we keep the raw text so the hypotheses come out detokenized for sacrebleu) and binarises with
 ``fairseq-preprocess``. Offline it stops at once, naming the URLs it needs.
 """
@@ -34,7 +35,7 @@ CORPORA = {
         "http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
         "http://data.statmt.org/wmt16/translation-task/training-parallel-nc-v11.tgz"],
         "files": ["europarl-v7.de-en", "commoncrawl.de-en", "news-commentary-v11.de-en"]},
-    "en-fr": {"dir": "wmt14-en-fr", "bpe": 40000, "urls": [
+    "en-fr": {"dir": "wmt14-en-fr", "bpe": 32000, "urls": [
         "http://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
         "http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
         "http://www.statmt.org/wmt13/training-parallel-un.tgz",
@@ -136,9 +137,11 @@ def plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
             parameters[v.name] = count_parameters(train[1:])
             log(f"{table.name} {v.name}: {parameters[v.name] / 1e6:.1f}M parameters")
     result = {"commands": commands, "parameters": parameters, "vocabulary": spec["bpe"],
-              "note": "fairseq has no relative position encodings (the paper's transformer uses them): the "
-                      "plan uses fairseq's sinusoidal absolute positions; its GPU count comes from fairseq "
-                      "(all visible GPUs); the paper's batch of 4096 tokens is per GPU (--max-tokens 4096)."}
+              "note": "Relative position representations (Shaw et al. 2018, the paper's reference [16]) in every "
+                      "self-attention, clipped at 20 and without absolute positions, as the authors' tensor2tensor "
+                      "transformer_relative (--relative-positions 20 --no-token-positional-embeddings; the paper "
+                      "gives no k); its GPU count comes from fairseq (all visible GPUs); the paper's batch of 4096 "
+                      "tokens is per GPU (--max-tokens 4096)."}
     save_json(os.path.join(table_dir, "plan.json"), result)
     for line in commands:
         print(line)
