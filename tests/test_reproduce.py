@@ -134,6 +134,9 @@ def test_full_size_dry_runs_count_the_papers_parameters(tmp_path):
         # the paper's setup: a 32K BPE for both pairs (Table 2), relative positions [16] and no absolute ones
         assert plan["vocabulary"] == 32000
         assert all("--relative-positions 20 --no-token-positional-embeddings" in c for c in train)
+        # Mixtape in the form that trains with the plan's Adam, and the plan says why
+        assert [c for c in train if "--output-head mixtape" in c][0].count('"scaled_input": false') == 1
+        assert "scaled_input=false" in plan["note"] and "Adam" in plan["note"]
 
 
 def test_bad_data_head_and_table_stop_with_what_was_expected(tmp_path, capsys):

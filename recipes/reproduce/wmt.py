@@ -115,6 +115,7 @@ def _dummy_bin(table, size: int, directory: str) -> str:
 def plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
     """The full-size commands of every cell, and each head's parameter count; written to ``plan.json``."""
     from recipes.reproduce.results import save_json
+    from recipes.reproduce.translation import FULL_MIXTAPE_NOTE
 
     pair = f"{table.src}-{table.tgt}"
     spec = CORPORA[pair]
@@ -141,7 +142,7 @@ def plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
                       "self-attention, clipped at 20 and without absolute positions, as the authors' tensor2tensor "
                       "transformer_relative (--relative-positions 20 --no-token-positional-embeddings; the paper "
                       "gives no k); its GPU count comes from fairseq (all visible GPUs); the paper's batch of 4096 "
-                      "tokens is per GPU (--max-tokens 4096)."}
+                      "tokens is per GPU (--max-tokens 4096). " + FULL_MIXTAPE_NOTE}
     save_json(os.path.join(table_dir, "plan.json"), result)
     for line in commands:
         print(line)
