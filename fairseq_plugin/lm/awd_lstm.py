@@ -16,9 +16,11 @@ PLIF papers use for their perplexity tables:
   (``--beta``: L2 of the change of the undropped output between steps), added to the training loss by
   ``head_cross_entropy`` (:meth:`AWDLSTMDecoder.regularization_loss`).
 
-Differences from the papers' code, beside the locked dropout on the contexts: fairseq's ``language_modeling``
-task gives each block of ``--tokens-per-sample`` tokens on its own (the original carries the LSTM state across
-consecutive batches and varies the BPTT length); the averaged-SGD switch is :mod:`fairseq_plugin.lm.ntasgd`.
+Trained and scored as the papers' code does (contiguous streams, the LSTM state carried from one window to the next,
+variable BPTT with the learning rate scaled by it) with ``--task awd_language_modeling``
+(:mod:`fairseq_plugin.lm.streams`); fairseq's ``language_modeling`` task gives each block of
+``--tokens-per-sample`` tokens on its own, from a zero state. Beside that, the difference from the papers' code is
+the plain dropout on the contexts; the averaged-SGD switch is :mod:`fairseq_plugin.lm.ntasgd`.
 """
 import logging
 from typing import Optional
@@ -34,6 +36,7 @@ import hf_heads
 
 from ..models import HeadDecoderMixin
 from ..options import HeadFlagError, add_head_args, build_decoder_head, parse_head_options, usage_error
+from .streams import CarriedStates
 
 
 def locked_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -62,11 +65,12 @@ class WeightDropLSTM(nn.Module):
         self.lstm = nn.LSTM(input_size, hidden_size, batch_first=True)
         self.weight_dropout = weight_dropout
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, x: torch.Tensor, hx=None):
+        """``(output, (h, c))`` of the LSTM on ``x`` ``[batch, time, input]`` from the state ``hx`` (zeros: None)."""
         if not self.training or self.weight_dropout == 0.0:
-            return self.lstm(x)
+            return self.lstm(x, hx)
         dropped = F.dropout(self.lstm.weight_hh_l0, self.weight_dropout, training=True)
-        return torch.func.functional_call(self.lstm, {"weight_hh_l0": dropped}, (x,))
+        return torch.func.functional_call(self.lstm, {"weight_hh_l0": dropped}, (x, hx))
 
 
 class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
@@ -99,6 +103,7 @@ class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
             hint = "; with --arch head_awd_lstm_lm pass --untie-weights" if "cannot be tied" in str(e) else ""
             usage_error(f"{e}{hint}")
         self._regularization: Optional[torch.Tensor] = None
+        self._streams = CarriedStates()
 
     @staticmethod
     def last_layer_size(args, name: str, options, vocab_size: int) -> int:
@@ -125,17 +130,28 @@ class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
                     f"{args.emsize} units (not --nhidlast {args.nhidlast}), so the head ties to the embedding")
         return args.emsize
 
-    def forward(self, prev_output_tokens, src_lengths=None, **kwargs):
-        features, extra = self.extract_features(prev_output_tokens)
+    def forward(self, prev_output_tokens, src_lengths=None, stream_key=None, stream_step=None, hidden=None,
+                **kwargs):
+        """Features of ``prev_output_tokens`` from the LSTM state ``hidden`` (zeros: None). ``stream_key`` /
+        ``stream_step`` (batches of ``--task awd_language_modeling``): the state is the one this decoder kept at
+        the end of the stream's previous window (:class:`fairseq_plugin.lm.streams.CarriedStates`)."""
+        if stream_key is not None:
+            hidden = self._streams.incoming(stream_key, int(stream_step), prev_output_tokens.shape[0])
+        features, extra = self.extract_features(prev_output_tokens, hidden=hidden)
+        if stream_key is not None:
+            self._streams.store(stream_key, int(stream_step), hidden, extra["hidden"])
         return self.output_layer(features), extra
 
-    def extract_features(self, prev_output_tokens, **kwargs):
+    def extract_features(self, prev_output_tokens, hidden=None, **kwargs):
+        """``(features, extra)``: the last layer's (dropped) output, and in ``extra["hidden"]`` the final ``(h, c)``
+        of every layer (each ``[1, batch, units]``), the state the next window of a stream starts from."""
         a = self.args
         x = embedded_dropout(self.embed_tokens, prev_output_tokens, a.dropoute, self.training)
         x = locked_dropout(x, a.dropouti, self.training)
-        raw = x
+        raw, final = x, []
         for i, rnn in enumerate(self.rnns):
-            raw, _ = rnn(x)
+            raw, state = rnn(x, None if hidden is None else hidden[i])
+            final.append(state)
             x = locked_dropout(raw, a.dropouth, self.training) if i < len(self.rnns) - 1 else raw
         out = locked_dropout(raw, a.dropout, self.training)
         self._regularization = None
@@ -144,7 +160,7 @@ class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
             ar = a.alpha * (out * mask).pow(2).sum() / (mask.sum() * out.shape[-1])
             tar = a.beta * ((raw[:, 1:] - raw[:, :-1]) * mask[:, 1:]).pow(2).sum() / (mask[:, 1:].sum() * out.shape[-1]).clamp(min=1)
             self._regularization = ar + tar
-        return out, {"attn": None, "inner_states": None}
+        return out, {"attn": None, "inner_states": None, "hidden": tuple(final)}
 
     def regularization_loss(self) -> torch.Tensor:
         """AR + TAR of the last training forward (mean squares, as AWD-LSTM), 0 outside training."""
