@@ -230,6 +230,16 @@ def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
     assert plan["parameters"]["mixtape"] < plan["parameters"]["mos-15"]
     assert any("--max-epoch 1000" in c and "--lr-scheduler ntasgd" in c for c in plan["commands"])
     assert "Mixtape has" in plan["note"] and "of mos-15's parameters" in plan["note"]
+    # the papers' protocol: streams with the state carried, trained and scored (fairseq_plugin/lm/streams.py)
+    train = [c for c in plan["commands"] if c.startswith("fairseq-train")]
+    evals = [c for c in plan["commands"] if c.startswith("fairseq-eval-lm")]
+    assert train and all("--task awd_language_modeling" in c and "--bptt 70 --max-seq-len-delta 40 --batch-size 12 "
+                         "--update-freq 1" in c for c in train)
+    assert evals and all("--task awd_language_modeling" in c and "--tokens-per-sample" not in c for c in evals)
+    cli.main(["lm-wt2", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "--quiet"],
+             log=lambda m: None)
+    plan = json.load(open(tmp_path / "lm-wt2" / "plan.json"))  # MoS's WT2: batch 15 in small batches of 5, cap 20
+    assert any("--max-seq-len-delta 20 --batch-size 5 --update-freq 3" in c for c in plan["commands"])
 
 
 def test_one_billion_word_table_is_a_full_size_plan(tmp_path):

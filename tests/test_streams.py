@@ -163,18 +163,27 @@ def test_validation_carries_the_state_over_the_split_and_stateless_does_not(data
             assert abs(evaluate(model, rows, 12, True) - evaluate(model, rows, 12, False)) > 1e-4
 
 
-def test_command_line_trains_and_eval_lm_scores_with_and_without_the_state(data, tmp_path):
-    cli("fairseq-train", *train_args(data / "lm-bin", tmp_path, "--max-epoch", "1", "--no-epoch-checkpoints",
-                                    "--log-format", "simple"))
+def test_command_line_trains_with_ntasgd_and_eval_lm_scores_the_average_with_and_without_the_state(data, tmp_path):
+    """The full plans' commands, tiny: fairseq-train (NT-ASGD) -> python -m fairseq_plugin.average ->
+    fairseq-eval-lm --task awd_language_modeling, with the state carried and --stateless (another number)."""
+    import subprocess
+    import sys
+
+    cli("fairseq-train", *train_args(data / "lm-bin", tmp_path, "--max-epoch", "2", "--no-epoch-checkpoints",
+                                    "--log-format", "simple", "--optimizer", "ntasgd", "--lr-scheduler", "ntasgd",
+                                    "--asgd-from-epoch", "1"))
+    avg = subprocess.run([sys.executable, "-m", "fairseq_plugin.average", str(tmp_path / "checkpoint_last.pt"),
+                          str(tmp_path / "avg.pt")], capture_output=True, text=True)
+    assert avg.returncode == 0, avg.stderr[-2000:]
     scores = {}
     for extra in ([], ["--stateless"]):
         out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--task", "awd_language_modeling",
-                  "--path", tmp_path / "checkpoint_last.pt", "--gen-subset", "valid", "--bptt", "12", "--cpu",
+                  "--path", tmp_path / "avg.pt", "--gen-subset", "valid", "--bptt", "12", "--cpu",
                   "--num-workers", "0", *extra)
         scores[bool(extra)] = float(re.search(r"Perplexity: ([\d.]+)", out).group(1))
     assert all(1.0 < s < 200.0 for s in scores.values()) and scores[False] != scores[True]
     code, out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--task", "awd_language_modeling",
-                    "--path", tmp_path / "checkpoint_last.pt", "--gen-subset", "valid", "--cpu", "--context-window",
+                    "--path", tmp_path / "avg.pt", "--gen-subset", "valid", "--cpu", "--context-window",
                     "5", check=False)
     assert code != 0
 
@@ -184,3 +193,29 @@ def test_stream_dataset_layout_is_the_papers_batchify():
     dataset = StreamDataset(tokens, "valid")
     torch.testing.assert_close(dataset.layout(4), batchify(tokens, 4))  # the last 23 mod 4 = 3 tokens dropped
     assert dataset.nrows(4) == 5
+
+
+def test_two_processes_read_their_own_streams_and_equal_one_process_with_all_of_them(data, tmp_path):
+    """fairseq's distributed training (gloo, legacy_ddp, 2 CPU processes) with --batch-size 2 each: rank r reads
+    streams [2r, 2r + 2) of 4, every rank the same windows; the weights equal one process with --batch-size 4."""
+    import os
+    import subprocess
+
+    from test_fairseq_cli import BIN, _free_port, clean_env
+
+    one = tmp_path / "one"
+    cli("fairseq-train", *train_args(data / "lm-bin", one, "--max-epoch", "1", "--no-epoch-checkpoints"))
+    two = tmp_path / "two"
+    common = [os.path.join(BIN, "fairseq-train"), *train_args(data / "lm-bin", two, "--max-epoch", "1",
+                                                              "--no-epoch-checkpoints"),
+              "--distributed-world-size", "2", "--distributed-backend", "gloo", "--distributed-init-method",
+              f"tcp://127.0.0.1:{_free_port()}", "--distributed-no-spawn", "--ddp-backend", "legacy_ddp"]
+    common[common.index("--batch-size") + 1] = "2"
+    procs = [subprocess.Popen(common + ["--distributed-rank", str(r)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=clean_env()) for r in (0, 1)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
+    a = torch.load(one / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
+    b = torch.load(two / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6, msg=name)

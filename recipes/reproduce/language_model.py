@@ -51,10 +51,11 @@ MIXTAPE_FORMS = ("`mixtape` is the library's default, Mesh TensorFlow's form of 
                  "`scaled_input=False` (torch's `nn.Linear` form: the same function at initialisation, but Adam "
                  "moves its projections about sqrt(d1) times faster, SGD d1 times).")
 PPL = re.compile(r"Perplexity: ([\d.]+)")
-#: how every full-size language-model plan differs from the papers' code
-FULL_NOTE = ("fairseq's language_modeling task gives each 70-token block on its own (AWD-LSTM carries the state "
-             "across batches and varies the BPTT length); no finetune stage, no dynamic evaluation; checkpoint_best "
-             "is chosen on the SGD iterate, the average scored at the end.")
+#: how every full-size language-model plan trains and differs from the papers' code
+FULL_NOTE = ("Trained and scored as the papers' code (--task awd_language_modeling: contiguous streams, the LSTM state "
+             "carried from window to window, BPTT lengths drawn as the papers draw them with the learning rate "
+             "scaled by them; evaluation over the whole split, batch 10 valid / 1 test); no finetune stage, no "
+             "dynamic evaluation; checkpoint_best is chosen on the SGD iterate, the average scored at the end.")
 
 
 def prepare_mini_corpus(runner: Runner, args, table_dir: str, corpus: str, limit: int = 0) -> str:
@@ -88,6 +89,10 @@ class LanguageModelTable(Table):
     full_arch: str
     full_batch: int
     full_lr: float
+    #: MoS's small batches at full size: the full batch's streams in this many chunks (--update-freq), and its cap
+    #: on drawn windows (bptt + delta): WikiText-2 runs --batch_size 15 --small_batch_size 5 --max_seq_len_delta 20
+    full_chunks: int = 1
+    full_max_seq_len_delta: int = 40
     #: epochs of a mini cell: a cell's time budget (<= 5 minutes on one core of this machine for every compared head)
     mini_epochs: int = 5
     #: lines of valid.txt and of test.txt the mini corpus reads (0: all); WikiText-2 reads PTB's amount of text
@@ -124,7 +129,8 @@ class LanguageModelTable(Table):
         return (f"Mini: the train split of {self.corpus} is not here: the first 90% of {lines}its valid.txt trains, "
                 f"the last 10% validates (\"valid\" below), {lines}test.txt tests; an AWD-LSTM of "
                 f"{' '.join(MINI_MODEL)}, {self.mini_epochs} epochs of {' '.join(MINI_TRAIN)} (batch "
-                f"{self.full_batch}, bptt 70), scored on the best checkpoint. Adam, not NT-ASGD: in a 5-minute cell "
+                f"{self.full_batch}, fairseq's language_modeling blocks of 70 tokens, each from a zero state; the "
+                f"full plans train on the papers' streams), scored on the best checkpoint. Adam, not NT-ASGD: in a 5-minute cell "
                 f"NT-ASGD at lr 20 left softmax at valid perplexity 472 and MoS-3 at 968 with an oscillating valid "
                 f"loss (PTB, 6 epochs, the MoS dropouts). Far less data than the papers: compare the ordering of "
                 f"the heads, not the values. {MIXTAPE_FORMS}")
@@ -154,11 +160,16 @@ class LanguageModelTable(Table):
         schedule = (["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(self.full_lr)]
                     if full else MINI_TRAIN)
         untie = ["--untie-weights"] if variant.head in ("ds_softmax", "d_softmax") else []
-        return [tool("fairseq-train"), bin_dir, "--user-dir", PLUGIN, "--task", "language_modeling",
+        # full: the papers' streams (fairseq_plugin/lm/streams.py); mini: fairseq's 70-token blocks, as its cells ran
+        data = (["--task", "awd_language_modeling", "--bptt", "70", "--max-seq-len-delta",
+                 str(self.full_max_seq_len_delta), "--batch-size", str(self.full_batch // self.full_chunks),
+                 "--update-freq", str(self.full_chunks)] if full else
+                ["--task", "language_modeling", "--tokens-per-sample", "70", "--batch-size", str(self.full_batch),
+                 "--required-batch-size-multiple", "1"])
+        return [tool("fairseq-train"), bin_dir, "--user-dir", PLUGIN, *data[:2],
                 "--arch", self.full_arch, *model, *untie, "--output-head", variant.head,
                 "--head-options", json.dumps(variant.options, sort_keys=True), "--criterion", "head_cross_entropy",
-                *schedule, "--clip-norm", "0.25", "--weight-decay", "1.2e-6", "--tokens-per-sample", "70",
-                "--batch-size", str(self.full_batch), "--required-batch-size-multiple", "1",
+                *schedule, "--clip-norm", "0.25", "--weight-decay", "1.2e-6", *data[2:],
                 "--max-epoch", str(self.epochs(args)), "--seed", str(seed), "--save-dir", save_dir,
                 "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "20", "--num-workers", "0",
                 *(["--cpu"] if not full else [])]
@@ -168,9 +179,11 @@ class LanguageModelTable(Table):
                            args.data])
 
     def eval_command(self, bin_dir: str, checkpoint: str, split: str, args) -> List[str]:
+        if args.scale == "full":  # the state carried over the whole split, 10 streams (valid) / 1 (test)
+            return [tool("fairseq-eval-lm"), bin_dir, "--user-dir", PLUGIN, "--task", "awd_language_modeling",
+                    "--bptt", "70", "--path", checkpoint, "--gen-subset", split, "--num-workers", "0"]
         return [tool("fairseq-eval-lm"), bin_dir, "--user-dir", PLUGIN, "--path", checkpoint, "--gen-subset", split,
-                "--tokens-per-sample", "70", "--batch-size", "10", "--num-workers", "0",
-                *(["--cpu"] if args.scale == "mini" else [])]
+                "--tokens-per-sample", "70", "--batch-size", "10", "--num-workers", "0", "--cpu"]
 
     # -- data --------------------------------------------------------------------------------
     def prepare(self, runner: Runner, args, table_dir: str) -> Dict[str, Any]:
