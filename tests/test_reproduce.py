@@ -369,3 +369,26 @@ def test_training_time_from_fairseq_and_from_the_finetuning_recipe():
     recipe_log = "valid perplexity after 150 steps: 303.74 (295.5s)\nvalid perplexity after 20 steps: 43.15 (145.9s)\n"
     assert parse_train_wall(recipe_log) == pytest.approx(441.4)  # one line per model of the cell
     assert parse_train_wall("nothing timed") is None
+
+
+def test_protocols_summary_has_every_protocol_and_scoring():
+    from recipes.reproduce import protocols
+
+    cells = [{"protocol": p, "seed": s, "ppl": {sc: {"valid": 100.0 + s + i, "test": 90.0 + s + i}
+                                                for i, sc in enumerate(protocols.SCORINGS)}}
+             for p in protocols.PROTOCOLS for s in (1, 2)]
+    lines = protocols.summary(cells)
+    assert len(lines) == 2 + len(protocols.PROTOCOLS) * len(protocols.SCORINGS)
+    assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in lines
+
+
+@pytest.mark.slow  # two tiny trainings and twelve fairseq-eval-lm runs: about 2 minutes
+def test_protocols_recipe_trains_both_ways_and_scores_each_checkpoint_three_ways(tmp_path):
+    from recipes.reproduce import protocols
+
+    assert protocols.main(["--seeds", "1", "--epochs", "1", "--limit", "120", "--out", str(tmp_path), "--quiet"]) == 0
+    result = json.load(open(tmp_path / "protocols.json"))
+    assert {(c["protocol"], c["seed"]) for c in result["cells"]} == {("blocks", 1), ("streams", 1)}
+    streams = next(c for c in result["cells"] if c["protocol"] == "streams")
+    assert "--task awd_language_modeling" in streams["commands"][0]
+    assert set(streams["ppl"]) == set(protocols.SCORINGS) and all(v["test"] > 1 for v in streams["ppl"].values())

@@ -153,17 +153,20 @@ class LanguageModelTable(Table):
         return config
 
     # -- commands ----------------------------------------------------------------------------
-    def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args) -> List[str]:
-        """``--max-updates`` counts epochs here (the papers train LMs for a number of epochs)."""
+    def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args,
+                      streams: Optional[bool] = None) -> List[str]:
+        """``--max-updates`` counts epochs here (the papers train LMs for a number of epochs). ``streams``: the papers'
+        protocol (``--task awd_language_modeling``) or fairseq's blocks (default: streams at full size only, as the
+        mini cells ran)."""
         full = args.scale == "full"
+        streams = full if streams is None else streams
         model = [] if full else MINI_MODEL
         schedule = (["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(self.full_lr)]
                     if full else MINI_TRAIN)
         untie = ["--untie-weights"] if variant.head in ("ds_softmax", "d_softmax") else []
-        # full: the papers' streams (fairseq_plugin/lm/streams.py); mini: fairseq's 70-token blocks, as its cells ran
         data = (["--task", "awd_language_modeling", "--bptt", "70", "--max-seq-len-delta",
                  str(self.full_max_seq_len_delta), "--batch-size", str(self.full_batch // self.full_chunks),
-                 "--update-freq", str(self.full_chunks)] if full else
+                 "--update-freq", str(self.full_chunks)] if streams else
                 ["--task", "language_modeling", "--tokens-per-sample", "70", "--batch-size", str(self.full_batch),
                  "--required-batch-size-multiple", "1"])
         return [tool("fairseq-train"), bin_dir, "--user-dir", PLUGIN, *data[:2],
@@ -178,12 +181,20 @@ class LanguageModelTable(Table):
         return shell_line([sys.executable, "-m", "recipes.reproduce.lm_data", "--corpus", self.corpus, "--data",
                            args.data])
 
-    def eval_command(self, bin_dir: str, checkpoint: str, split: str, args) -> List[str]:
-        if args.scale == "full":  # the state carried over the whole split, 10 streams (valid) / 1 (test)
-            return [tool("fairseq-eval-lm"), bin_dir, "--user-dir", PLUGIN, "--task", "awd_language_modeling",
-                    "--bptt", "70", "--path", checkpoint, "--gen-subset", split, "--num-workers", "0"]
-        return [tool("fairseq-eval-lm"), bin_dir, "--user-dir", PLUGIN, "--path", checkpoint, "--gen-subset", split,
-                "--tokens-per-sample", "70", "--batch-size", "10", "--num-workers", "0", "--cpu"]
+    def eval_command(self, bin_dir: str, checkpoint: str, split: str, args, scoring: Optional[str] = None
+                     ) -> List[str]:
+        """``fairseq-eval-lm`` of ``checkpoint`` on ``split``; ``scoring``: ``"stateful"`` (the papers': the state
+        carried over the whole split, 10 streams for valid / 1 for test), ``"stateless"`` (the same windows from a
+        zero state each) or ``"blocks"`` (fairseq's language_modeling: blocks of 70, batch 10); default: stateful at
+        full size, blocks at mini (as the mini cells ran)."""
+        scoring = scoring or ("stateful" if args.scale == "full" else "blocks")
+        cpu = ["--cpu"] if args.scale == "mini" else []
+        if scoring == "blocks":
+            return [tool("fairseq-eval-lm"), bin_dir, "--user-dir", PLUGIN, "--path", checkpoint, "--gen-subset",
+                    split, "--tokens-per-sample", "70", "--batch-size", "10", "--num-workers", "0", *cpu]
+        return [tool("fairseq-eval-lm"), bin_dir, "--user-dir", PLUGIN, "--task", "awd_language_modeling",
+                "--bptt", "70", *(["--stateless"] if scoring == "stateless" else []), "--path", checkpoint,
+                "--gen-subset", split, "--num-workers", "0", *cpu]
 
     # -- data --------------------------------------------------------------------------------
     def prepare(self, runner: Runner, args, table_dir: str) -> Dict[str, Any]:
