@@ -236,10 +236,20 @@ def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
     assert train and all("--task awd_language_modeling" in c and "--bptt 70 --max-seq-len-delta 40 --batch-size 12 "
                          "--update-freq 1" in c for c in train)
     assert evals and all("--task awd_language_modeling" in c and "--tokens-per-sample" not in c for c in evals)
-    cli.main(["lm-wt2", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "--quiet"],
-             log=lambda m: None)
+    cli.main(["lm-wt2", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "mos-15", "softmax",
+              "--quiet"], log=lambda m: None)
     plan = json.load(open(tmp_path / "lm-wt2" / "plan.json"))  # MoS's WT2: batch 15 in small batches of 5, cap 20
     assert any("--max-seq-len-delta 20 --batch-size 5 --update-freq 3" in c for c in plan["commands"])
+    # each row trains the model its paper number came from: softmax, PLIF and sigsoftmax AWD-LSTM's own (PTB 24M,
+    # WT2 33M: 3 layers of 400 / 1150 / 400, batch 20 / 80, lr 30, uncapped windows), MoS the MoS model
+    assert 33e6 < plan["parameters"]["softmax"] < 34e6
+    assert any("--arch head_awd_lstm_lm_awd_wt2" in c and "--max-seq-len-delta -1 --batch-size 80" in c
+               and "--lr 30.0" in c for c in plan["commands"])
+    cli.main(["lm-ptb", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "plif",
+              "sigsoftmax", "--quiet"], log=lambda m: None)
+    plan = json.load(open(tmp_path / "lm-ptb" / "plan.json"))
+    assert all(23.5e6 < n < 25e6 for n in plan["parameters"].values()), plan["parameters"]
+    assert "train AWD-LSTM's own model" in plan["note"]
 
 
 def test_one_billion_word_table_is_a_full_size_plan(tmp_path):

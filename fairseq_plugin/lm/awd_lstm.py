@@ -230,6 +230,22 @@ def awd_lstm_lm_wt2(args):
     awd_lstm_lm(args)
 
 
+@register_model_architecture("head_awd_lstm_lm", "head_awd_lstm_lm_awd_ptb")
+def awd_lstm_lm_awd_ptb(args):
+    """Penn Treebank, AWD-LSTM's own sizes (salesforce/awd-lstm-lm: emsize 400, nhid 1150, 3 layers, dropouti .4,
+    dropouth .25; batch 20, lr 30; 24M parameters): the model of the papers' softmax, PLIF and sigsoftmax rows."""
+    _defaults(args, emsize=400, nhid=1150, nhidlast=400, dropouti=0.4, dropouth=0.25)
+    awd_lstm_lm(args)
+
+
+@register_model_architecture("head_awd_lstm_lm", "head_awd_lstm_lm_awd_wt2")
+def awd_lstm_lm_awd_wt2(args):
+    """WikiText-2, AWD-LSTM's own sizes (emsize 400, nhid 1150, 3 layers, dropouti .65, dropouth .2; batch 80,
+    lr 30; 33M parameters)."""
+    _defaults(args, emsize=400, nhid=1150, nhidlast=400, dropouti=0.65, dropouth=0.2)
+    awd_lstm_lm(args)
+
+
 @register_model_architecture("head_awd_lstm_lm", "head_awd_lstm_lm_1b")
 def awd_lstm_lm_1b(args):
     """One Billion Word (100k lower-cased words), the MoS paper's Table 3 / Mixtape's Table 4 setting as far as it

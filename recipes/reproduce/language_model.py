@@ -45,6 +45,9 @@ MINI_HEADS = ["softmax", "mos-3", "mos-5", "mixtape", "mixtape-unscaled", "mixta
               "mos_plif-5"]
 #: the heads of 3 mini seeds (1 for the others), with the table's :attr:`LanguageModelTable.mini_mos`
 MINI_COMPARED = ("softmax", "mixtape", "mixtape-unscaled", "plif")
+#: the heads whose papers' numbers come from AWD-LSTM's own sizes (the PLIF paper's softmax -> PLIF rows, the MoS
+#: paper's AWD-LSTM baseline that Mixtape's Table 3 softmax reproduces); MoS, Mixtape and MoS + PLIF run the MoS model
+AWD_HEADS = ("softmax", "plif", "sigsoftmax")
 #: the two forms of Mixtape's projections in the tables (report notes of every LM table)
 MIXTAPE_FORMS = ("`mixtape` is the library's default, Mesh TensorFlow's form of Mixtape's projections (g scaled by "
                  "d1^-1/2, unit-variance weights, made for Adafactor); `mixtape-unscaled` the same head with "
@@ -93,6 +96,9 @@ class LanguageModelTable(Table):
     #: on drawn windows (bptt + delta): WikiText-2 runs --batch_size 15 --small_batch_size 5 --max_seq_len_delta 20
     full_chunks: int = 1
     full_max_seq_len_delta: int = 40
+    #: the model of the rows whose paper numbers come from AWD-LSTM itself (:data:`AWD_HEADS`): its arch, batch and
+    #: learning rate (awd-lstm-lm's own code: no cap on the drawn windows); None: every row trains the MoS model
+    full_awd: Optional[Dict[str, Any]] = None
     #: epochs of a mini cell: a cell's time budget (<= 5 minutes on one core of this machine for every compared head)
     mini_epochs: int = 5
     #: lines of valid.txt and of test.txt the mini corpus reads (0: all); WikiText-2 reads PTB's amount of text
@@ -161,21 +167,31 @@ class LanguageModelTable(Table):
         full = args.scale == "full"
         streams = full if streams is None else streams
         model = [] if full else MINI_MODEL
-        schedule = (["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(self.full_lr)]
+        arch, batch, lr, chunks, delta = self.full_model(variant)
+        if not full:
+            arch, batch, chunks, delta = self.full_arch, self.full_batch, self.full_chunks, self.full_max_seq_len_delta
+        schedule = (["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(lr)]
                     if full else MINI_TRAIN)
         untie = ["--untie-weights"] if variant.head in ("ds_softmax", "d_softmax") else []
-        data = (["--task", "awd_language_modeling", "--bptt", "70", "--max-seq-len-delta",
-                 str(self.full_max_seq_len_delta), "--batch-size", str(self.full_batch // self.full_chunks),
-                 "--update-freq", str(self.full_chunks)] if streams else
-                ["--task", "language_modeling", "--tokens-per-sample", "70", "--batch-size", str(self.full_batch),
+        data = (["--task", "awd_language_modeling", "--bptt", "70", "--max-seq-len-delta", str(delta),
+                 "--batch-size", str(batch // chunks), "--update-freq", str(chunks)] if streams else
+                ["--task", "language_modeling", "--tokens-per-sample", "70", "--batch-size", str(batch),
                  "--required-batch-size-multiple", "1"])
         return [tool("fairseq-train"), bin_dir, "--user-dir", PLUGIN, *data[:2],
-                "--arch", self.full_arch, *model, *untie, "--output-head", variant.head,
+                "--arch", arch, *model, *untie, "--output-head", variant.head,
                 "--head-options", json.dumps(variant.options, sort_keys=True), "--criterion", "head_cross_entropy",
                 *schedule, "--clip-norm", "0.25", "--weight-decay", "1.2e-6", *data[2:],
                 "--max-epoch", str(self.epochs(args)), "--seed", str(seed), "--save-dir", save_dir,
                 "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "20", "--num-workers", "0",
                 *(["--cpu"] if not full else [])]
+
+    def full_model(self, variant: Variant):
+        """``(arch, batch, lr, chunks, max_seq_len_delta)`` of a row at full size: AWD-LSTM's own model for the rows
+        whose paper numbers come from it (:data:`AWD_HEADS`), else the MoS model."""
+        if self.full_awd and variant.head in AWD_HEADS:
+            a = self.full_awd
+            return a["arch"], a["batch"], a["lr"], 1, -1
+        return self.full_arch, self.full_batch, self.full_lr, self.full_chunks, self.full_max_seq_len_delta
 
     def data_command(self, args) -> str:
         return shell_line([sys.executable, "-m", "recipes.reproduce.lm_data", "--corpus", self.corpus, "--data",
@@ -237,10 +253,17 @@ class LanguageModelTable(Table):
                 parameters[v.name] = count_parameters(self.train_command(tmp, v, 1, tmp, args)[1:])
             log(f"{self.name} {v.name}: {parameters[v.name] / 1e6:.1f}M parameters")
         note = f"{self.full_note} {FULL_NOTE}".strip()
+        if self.full_awd:
+            awd = [v.name for v in variants if v.head in AWD_HEADS]
+            note += (f" {', '.join(awd)} train AWD-LSTM's own model ({self.full_awd['arch']}: batch "
+                     f"{self.full_awd['batch']}, lr {self.full_awd['lr']:g}, no cap on the drawn windows, as "
+                     f"salesforce/awd-lstm-lm), the model their paper numbers come from; the others the MoS model "
+                     f"({self.full_arch}).") if awd else ""
         mos = [h for h in parameters if h.startswith("mos-")]
         if "mixtape" in parameters and mos:  # the Mixtape paper tunes Mixtape's size to MoS's count
-            note += (f" Mixtape has {parameters['mixtape'] / parameters[mos[-1]]:.0%} of {mos[-1]}'s parameters "
-                     f"(the paper makes them equal).")
+            note += (f" Mixtape has {parameters['mixtape'] / parameters[mos[-1]]:.0%} of {mos[-1]}'s parameters: "
+                     f"the paper makes them equal without saying which size it changed, and the plan keeps the MoS "
+                     f"sizes for both.")
         paper = {v.name: {split: self.paper_for(v, split) for split in ("valid", "test") if self.paper_for(v, split)}
                  for v in variants}
         result = {"commands": commands, "parameters": parameters, "note": note,

@@ -19,4 +19,5 @@ TABLE = LanguageModelTable(
                  "mos-15": {"out_bsz": 310, "all_bsz": 731, "out_mem": 9.62, "all_mem": 15.73},
                  "mixtape": {"out_bsz": 27, "all_bsz": 345, "out_mem": 0.90, "all_mem": 3.66},
                  "mixtape-noshare": {"out_bsz": 95, "all_bsz": 487, "out_mem": 3.88, "all_mem": 10.44}},
-    full_arch="head_awd_lstm_lm_ptb", full_batch=12, full_lr=20.0)
+    full_arch="head_awd_lstm_lm_ptb", full_batch=12, full_lr=20.0,
+    full_awd={"arch": "head_awd_lstm_lm_awd_ptb", "batch": 20, "lr": 30.0})

@@ -10,5 +10,6 @@ TABLE = LanguageModelTable(
     paper={"test": {"softmax": 65.22, "plif": 64.86, "mos-15": 63.33},
            "valid": {"softmax": 68.11, "plif": 67.87, "mos-15": 66.01}},
     full_arch="head_awd_lstm_lm_wt2", full_batch=15, full_lr=15.0, full_chunks=3, full_max_seq_len_delta=20,
+    full_awd={"arch": "head_awd_lstm_lm_awd_wt2", "batch": 80, "lr": 30.0},
     mini_lines=1500,
     mini_mos="mos-3")  # MoS-5 trains about 310 s a cell on WikiText-2's larger vocabulary here: over the budget
