@@ -253,10 +253,13 @@ def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
 
 
 def test_one_billion_word_table_is_a_full_size_plan(tmp_path):
-    cli.main(["lm-1b", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "--quiet"],
-             log=lambda m: None)
+    cli.main(["lm-1b", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "mos-7",
+              "mixtape", "--quiet"], log=lambda m: None)
     plan = json.load(open(tmp_path / "lm-1b" / "plan.json"))
-    assert 118e6 < plan["parameters"]["softmax"] < 120e6  # the MoS paper: 119M with the 100k vocabulary
+    counts = plan["parameters"]
+    assert 118e6 < counts["softmax"] < 120e6  # the MoS paper: 119M with the 100k vocabulary
+    assert abs(counts["mos-7"] / 113e6 - 1) < 0.02  # the MoS paper's MoS: 113M
+    assert abs(counts["mixtape"] / counts["mos-7"] - 1) < 0.02  # the Mixtape paper matches Mixtape to MoS
     assert any("--arch head_awd_lstm_lm_1b" in c for c in plan["commands"])
     assert "recipes.reproduce.lm_data --corpus lm1b" in plan["commands"][0] and "assumptions" in plan["note"]
     with pytest.raises(SystemExit, match="lm-1b has no --scale mini"):

@@ -99,6 +99,8 @@ class LanguageModelTable(Table):
     #: the model of the rows whose paper numbers come from AWD-LSTM itself (:data:`AWD_HEADS`): its arch, batch and
     #: learning rate (awd-lstm-lm's own code: no cap on the drawn windows); None: every row trains the MoS model
     full_awd: Optional[Dict[str, Any]] = None
+    #: model options of some rows at full size, by registry head (lm-1b: the sizes that give MoS its paper's count)
+    full_model_options: Dict[str, List[str]] = field(default_factory=dict)
     #: epochs of a mini cell: a cell's time budget (<= 5 minutes on one core of this machine for every compared head)
     mini_epochs: int = 5
     #: lines of valid.txt and of test.txt the mini corpus reads (0: all); WikiText-2 reads PTB's amount of text
@@ -166,7 +168,7 @@ class LanguageModelTable(Table):
         mini cells ran)."""
         full = args.scale == "full"
         streams = full if streams is None else streams
-        model = [] if full else MINI_MODEL
+        model = self.full_model_options.get(variant.head, []) if full else MINI_MODEL
         arch, batch, lr, chunks, delta = self.full_model(variant)
         if not full:
             arch, batch, chunks, delta = self.full_arch, self.full_batch, self.full_chunks, self.full_max_seq_len_delta
