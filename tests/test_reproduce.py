@@ -230,6 +230,9 @@ def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
     assert plan["parameters"]["mixtape"] < plan["parameters"]["mos-15"]
     assert any("--max-epoch 1000" in c and "--lr-scheduler ntasgd" in c for c in plan["commands"])
     assert "Mixtape has" in plan["note"] and "of mos-15's parameters" in plan["note"]
+    # Mixtape in the form that trains under the plan's NT-ASGD, and the plan says why
+    assert '"scaled_input": false' in next(c for c in plan["commands"] if "--output-head mixtape" in c)
+    assert "scaled_input=false" in plan["note"] and "NT-ASGD" in plan["note"]
     # the papers' protocol: streams with the state carried, trained and scored (fairseq_plugin/lm/streams.py)
     train = [c for c in plan["commands"] if c.startswith("fairseq-train")]
     evals = [c for c in plan["commands"] if c.startswith("fairseq-eval-lm")]

@@ -38,7 +38,8 @@ MINI_TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--lr", "5e
 #: PLIF 1e5 knots (the PLIF paper), MoS-with-PLIF as the PLIF paper's last row
 LM_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.1, "gate_weight_norm": True, "gate_noise": 0.1},
                    "plif": {"num_knots": 100000}, "mos_plif": {"num_components": 15, "num_knots": 100000}}
-FULL_HEADS = ["softmax", "mos-3", "mos-5", "mos-10", "mos-15", "mixtape", "mixtape-unscaled", "mixtape-noshare", "plif",
+#: (no mixtape-unscaled: at full size every Mixtape row runs that form, :data:`FULL_MIXTAPE_FORM`)
+FULL_HEADS = ["softmax", "mos-3", "mos-5", "mos-10", "mos-15", "mixtape", "mixtape-noshare", "plif",
               "sigsoftmax", "mos_plif"]
 #: mini: every head but MoS-10/15 (which do not fit a cell's budget here); 3 seeds for the compared heads
 MINI_HEADS = ["softmax", "mos-3", "mos-5", "mixtape", "mixtape-unscaled", "mixtape-noshare", "plif", "sigsoftmax",
@@ -53,6 +54,10 @@ MIXTAPE_FORMS = ("`mixtape` is the library's default, Mesh TensorFlow's form of 
                  "d1^-1/2, unit-variance weights, made for Adafactor); `mixtape-unscaled` the same head with "
                  "`scaled_input=False` (torch's `nn.Linear` form: the same function at initialisation, but Adam "
                  "moves its projections about sqrt(d1) times faster, SGD d1 times).")
+#: why the full-size plans run Mixtape with scaled_input=False (in the note of every plan with a Mixtape row)
+FULL_MIXTAPE_FORM = ("Mixtape runs with its projections in torch's nn.Linear form (scaled_input=false): under the "
+                     "plans' NT-ASGD (SGD) Mesh TensorFlow's form, the library's default, made for Adafactor, moves "
+                     "its projections about d1 (the last layer's units) times more slowly relative to the function.")
 PPL = re.compile(r"Perplexity: ([\d.]+)")
 #: how every full-size language-model plan trains and differs from the papers' code
 FULL_NOTE = ("Trained and scored as the papers' code (--task awd_language_modeling: contiguous streams, the LSTM state "
@@ -119,7 +124,10 @@ class LanguageModelTable(Table):
     cost_unit = "blocks of 70 tokens"
 
     def variants(self, args) -> List[Variant]:
-        return resolve(args.heads or (MINI_HEADS if args.scale == "mini" else self.full_heads), LM_HEAD_OPTIONS)
+        options = LM_HEAD_OPTIONS
+        if args.scale == "full":  # the form that trains under the plans' NT-ASGD (FULL_MIXTAPE_FORM)
+            options = {**options, "mixtape": {**options["mixtape"], "scaled_input": False}}
+        return resolve(args.heads or (MINI_HEADS if args.scale == "mini" else self.full_heads), options)
 
     def seeds_for(self, variant: Variant, args) -> List[int]:
         compared = variant.name in MINI_COMPARED or variant.name == self.mini_mos
@@ -261,6 +269,8 @@ class LanguageModelTable(Table):
                      f"{self.full_awd['batch']}, lr {self.full_awd['lr']:g}, no cap on the drawn windows, as "
                      f"salesforce/awd-lstm-lm), the model their paper numbers come from; the others the MoS model "
                      f"({self.full_arch}).") if awd else ""
+        if any(v.head == "mixtape" for v in variants):
+            note += " " + FULL_MIXTAPE_FORM
         mos = [h for h in parameters if h.startswith("mos-")]
         if "mixtape" in parameters and mos:  # the Mixtape paper tunes Mixtape's size to MoS's count
             note += (f" Mixtape has {parameters['mixtape'] / parameters[mos[-1]]:.0%} of {mos[-1]}'s parameters: "

@@ -16,7 +16,7 @@ TABLE = LanguageModelTable(
                  "mos-7": {"out_bsz": 794, "all_bsz": 856, "out_mem": 52.5, "all_mem": 59.8},
                  "mixtape": {"out_bsz": 114, "all_bsz": 170, "out_mem": 8.6, "all_mem": 11.3},
                  "mixtape-noshare": {"out_bsz": 364, "all_bsz": 414, "out_mem": 34.3, "all_mem": 48.6}},
-    full_heads=["softmax", "mos-7", "mixtape", "mixtape-unscaled", "mixtape-noshare"],
+    full_heads=["softmax", "mos-7", "mixtape", "mixtape-noshare"],
     full_arch="head_awd_lstm_lm_1b", full_batch=128, full_lr=20.0, full_epochs=5,
     # MoS and Mixtape on a 920-d embedding and last layer: MoS-7 113.2M (the MoS paper: 113M), Mixtape 111.5M (98%)
     full_model_options={"mos": MOS_SIZES, "mixtape": MOS_SIZES},
