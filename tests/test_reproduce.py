@@ -175,7 +175,9 @@ def _fixture_rows():
 def test_report_from_a_fixture(tmp_path):
     docs = tmp_path / "docs"
     cells = [{"head": "softmax", "seed": s, "valid_curve": [[10, 9.0 - s], [20, 7.0 - s]], "train_wall_s": 60.0 * s}
-             for s in (1, 2, 3)]
+             for s in (1, 2, 3)] + [{"head": "mixtape", "seed": s, "train_wall_s": 120.0 if s == 1 else None,
+                                     "commands": [f"fairseq-train bin --save-dir results/mt-en-de/mixtape/seed{s}/c"]}
+                                    for s in (1, 2, 3)]
     R.save_json(str(docs / "reproduction" / "mt-en-de.json"),
                 {"table": "mt-en-de", "description": "En-De", "rows": _fixture_rows(), "cells": cells, "costs": None})
     text = report.build_report(str(docs))
@@ -185,7 +187,9 @@ def test_report_from_a_fixture(tmp_path):
     assert "mos-4 +4.00 (better by more than the seed spread" in text
     assert "plif -3.00 (one seed" in text
     assert "2.50x / 2.70x" in text
-    assert "mean over seeds; one thread each, two to five cells at a time on the 2 cores): softmax 2.0." in text
+    assert ("mean over the seeds that logged one; one thread each, two to five cells at a time on the 2 cores): "
+            "softmax 2.0, mixtape 2.0 (1 of its 3 seeds logged a time).") in text
+    assert "Worst seed on test_2016_flickr:" in text and "name another cell's directory" not in text
     for name in ("mt-en-de-scores.png", "mt-en-de-valid-loss.png", "mt-en-de-cost.png"):
         assert (docs / "reproduction" / name).stat().st_size > 1000 and f"reproduction/{name}" in text
 
@@ -212,7 +216,18 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     for r in rows:
         assert r["metric"] == "ppl" and r["dataset"] == "ptb" and 1.0 < r["mean"] < 1e4
         assert "--arch head_awd_lstm_lm_ptb" in r["command"] and "--optimizer adam" in r["command"]
-    assert next(r for r in rows if r["head"] == "softmax" and r["split"] == "test")["paper"] == 59.19
+    # each row's paper number from the paper whose model it trains: softmax the PLIF paper's AWD-LSTM (valid / test)
+    assert next(r for r in rows if r["head"] == "softmax" and r["split"] == "test")["paper"] == 58.37
+    assert next(r for r in rows if r["head"] == "softmax" and r["split"] == "valid")["paper"] == 60.83
+    table = report.score_table(rows, {"*": "Mixtape T3", "softmax": "PLIF"}, cli.get_table("lm-ptb").paper)
+    assert "| 60.83 / 58.37 (PLIF) |" in table and "| - / 56.37 (Mixtape T3) |" in table
+    # every recorded command redoes its own cell: its directories are the cell's
+    for head in ("softmax", "mixtape"):
+        record = json.load(open(tmp_path / "lm-ptb" / "cells" / f"{head}-seed1.json"))
+        assert all(f"/lm-ptb/{head}/seed1/" in c for c in record["commands"]), record["commands"]
+    assert report.misrecorded([record]) == ""
+    assert "mixtape-unscaled seed 2 name another cell's directory" in report.misrecorded(
+        [{**record, "head": "mixtape-unscaled", "seed": 2}])
     assert next(r for r in rows if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.1  # the LM setting
     commands = (tmp_path / "lm-ptb" / "commands.sh").read_text()
     for needle in ("recipes.reproduce.data lm", "fairseq-preprocess --only-source", "checkpoint_best.pt",

@@ -92,7 +92,7 @@ class LanguageModelTable(Table):
     name: str
     corpus: str
     description: str
-    #: the papers' perplexities: {split: {head: ppl}}
+    #: the papers' perplexities: {split: {head: ppl}}, each head's from one paper (:attr:`paper_source`)
     paper: Dict[str, Dict[str, float]]
     full_arch: str
     full_batch: int
@@ -106,6 +106,8 @@ class LanguageModelTable(Table):
     full_awd: Optional[Dict[str, Any]] = None
     #: model options of some rows at full size, by registry head (lm-1b: the sizes that give MoS its paper's count)
     full_model_options: Dict[str, List[str]] = field(default_factory=dict)
+    #: which paper each head's numbers come from, by head name ("*": the others), when the table cites several
+    paper_source: Dict[str, str] = field(default_factory=dict)
     #: epochs of a mini cell: a cell's time budget (<= 5 minutes on one core of this machine for every compared head)
     mini_epochs: int = 5
     #: lines of valid.txt and of test.txt the mini corpus reads (0: all); WikiText-2 reads PTB's amount of text

@@ -93,8 +93,8 @@ class HFLanguageModelTable(Table):
                 f"fine-tuned, `{smol}` (MoS / Mixtape start at the pretrained softmax). Perplexities are per BPE "
                 f"token of each model's own tokenizer: compare heads within a column, not across columns. No "
                 f"paper reports these numbers. {MIXTAPE_FORMS} The gpt2 column's 150 steps leave its seeds far "
-                f"apart, and a seed that starts badly stays behind for every head (seed 3 here): compare heads "
-                f"seed by seed (the cells in the json), not by the spread; the smollm2 column is the steady one. "
+                f"apart (which seed is worst for which head: below): compare heads seed by seed (the cells in the "
+                f"json), not by the spread; the smollm2 column is the steady one. "
                 f"PLIF's 1e5 knots barely move in smollm2's 20 steps at lr 1e-4 (it equals softmax to two "
                 f"decimals).")
 
