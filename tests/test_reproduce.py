@@ -402,7 +402,7 @@ def test_training_time_from_fairseq_and_from_the_finetuning_recipe():
     assert parse_train_wall("nothing timed") is None
 
 
-def test_protocols_summary_has_every_protocol_and_scoring():
+def test_protocols_summary_and_report_section():
     from recipes.reproduce import protocols
 
     cells = [{"protocol": p, "seed": s, "ppl": {sc: {"valid": 100.0 + s + i, "test": 90.0 + s + i}
@@ -411,6 +411,10 @@ def test_protocols_summary_has_every_protocol_and_scoring():
     lines = protocols.summary(cells)
     assert len(lines) == 2 + len(protocols.PROTOCOLS) * len(protocols.SCORINGS)
     assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in lines
+    text = report.protocols_section({"table": "lm-ptb", "description": "d", "cells": cells})
+    assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in text
+    assert "stateful minus stateless, valid: +1.00, +1.00 (per seed)" in text
+    assert "each scored as it trained, test: +2.00, +2.00 (per seed)" in text
 
 
 @pytest.mark.slow  # two tiny trainings and twelve fairseq-eval-lm runs: about 2 minutes

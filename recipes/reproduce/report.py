@@ -361,6 +361,31 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     return "\n".join(lines)
 
 
+def protocols_section(obj: Dict[str, Any]) -> str:
+    """The papers' training protocol against fairseq's blocks (``python -m recipes.reproduce.protocols``): the
+    perplexities of every (trained on, scored) pair, and the paired per-seed differences that matter."""
+    from recipes.reproduce import protocols
+
+    cells = obj["cells"]
+    by = {(c["protocol"], c["seed"]): c["ppl"] for c in cells}
+    seeds = sorted({s for (_, s) in by})
+    lines = [f"### {obj['table']}: the papers' protocol (streams, carried state) against fairseq's blocks", "",
+             obj["description"], "", *protocols.summary(cells), ""]
+    pairs = []
+    for label, a, b in (("the same checkpoint (trained on streams), stateful minus stateless",
+                         ("streams", "stateful"), ("streams", "stateless")),
+                        ("trained on streams minus trained on blocks, each scored as it trained",
+                         ("streams", "stateful"), ("blocks", "blocks"))):
+        for split in ("valid", "test"):
+            diffs = [by[(a[0], s)][a[1]][split] - by[(b[0], s)][b[1]][split] for s in seeds
+                     if (a[0], s) in by and (b[0], s) in by]
+            if diffs:
+                pairs.append(f"{label}, {split}: " + ", ".join(f"{d:+.2f}" for d in diffs) + " (per seed)")
+    if pairs:
+        lines += ["Paired differences of perplexity (negative: the first is better): " + "; ".join(pairs) + ".", ""]
+    return "\n".join(lines)
+
+
 def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -> str:
     """Write ``docs_dir/reproduction.md`` (and its plots) from ``docs_dir/reproduction/*.json``; return it."""
     src = os.path.join(docs_dir, "reproduction")
@@ -376,6 +401,10 @@ def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -
     for table, obj in objs.items():
         note = getattr(get_table(table), "report_notes", "")
         sections.append(table_section(obj, src, (notes or {}).get(table, note), noise))
+        protocols_path = os.path.join(src, f"{table}-protocols.json")
+        if os.path.isfile(protocols_path):
+            with open(protocols_path) as f:
+                sections.append(protocols_section(json.load(f)))
     text = "\n".join(sections)
     with open(os.path.join(docs_dir, "reproduction.md"), "w") as f:
         f.write(text)
