@@ -413,8 +413,8 @@ def test_protocols_summary_and_report_section():
     assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in lines
     text = report.protocols_section({"table": "lm-ptb", "description": "d", "cells": cells})
     assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in text
-    assert "stateful minus stateless, valid: +1.00, +1.00 (per seed)" in text
-    assert "each scored as it trained, test: +2.00, +2.00 (per seed)" in text
+    assert "stateful minus stateless, valid: +1.00 [+1.00, +1.00], p = 0.0e+00" in text
+    assert "each scored as it trained, test: +2.00 [+2.00, +2.00]" in text and "(per seed +2.00, +2.00)" in text
 
 
 @pytest.mark.slow  # two tiny trainings and twelve fairseq-eval-lm runs: about 2 minutes

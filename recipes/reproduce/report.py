@@ -21,6 +21,7 @@ from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce import results as R
 from recipes.reproduce.costs import GRID
 from recipes.reproduce.runner import relative_paths
+from recipes.reproduce.stats import paired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(ROOT, "docs")
@@ -377,12 +378,15 @@ def protocols_section(obj: Dict[str, Any]) -> str:
                         ("trained on streams minus trained on blocks, each scored as it trained",
                          ("streams", "stateful"), ("blocks", "blocks"))):
         for split in ("valid", "test"):
-            diffs = [by[(a[0], s)][a[1]][split] - by[(b[0], s)][b[1]][split] for s in seeds
-                     if (a[0], s) in by and (b[0], s) in by]
-            if diffs:
-                pairs.append(f"{label}, {split}: " + ", ".join(f"{d:+.2f}" for d in diffs) + " (per seed)")
+            both = [s for s in seeds if (a[0], s) in by and (b[0], s) in by]
+            if both:
+                first = [by[(a[0], s)][a[1]][split] for s in both]
+                second = [by[(b[0], s)][b[1]][split] for s in both]
+                per_seed = ", ".join(f"{x - y:+.2f}" for x, y in zip(first, second))
+                pairs.append(f"{label}, {split}: {paired(first, second).describe()} (per seed {per_seed})")
     if pairs:
-        lines += ["Paired differences of perplexity (negative: the first is better): " + "; ".join(pairs) + ".", ""]
+        lines += ["Paired differences of perplexity (negative: the first is better; mean, 95% interval, paired "
+                  "t-test): " + "; ".join(pairs) + ".", ""]
     return "\n".join(lines)
 
 
