@@ -8,7 +8,8 @@ twice, the same seed: with fairseq's ``language_modeling`` blocks of 70 tokens (
 the papers' streams (``--task awd_language_modeling``: the state carried, BPTT lengths drawn, the learning rate scaled
 by them). Each best checkpoint is then scored three ways on valid and test: fairseq's blocks (batch 10), the papers'
 windows from a zero state (``--stateless``), and with the state carried over the split (10 streams valid, 1 test).
-Every finished (protocol, seed) is kept in ``OUT/cells``: a rerun continues. Writes ``OUT/protocols.json`` (per-seed
+Every finished (protocol, seed) is kept in ``OUT/cells``: a rerun continues (an interrupted cell resumes from its
+last epoch's checkpoint). Writes ``OUT/protocols.json`` (per-seed
 perplexities, the commands) and prints the table; ``--commit`` copies the json to
 ``docs/reproduction/lm-ptb-protocols.json``, which the report shows.
 """
@@ -40,7 +41,10 @@ def run_cell(runner: Runner, bin_dir: str, protocol: str, seed: int, args, out: 
     record = R.load_json(path)
     if record is not None and record.get("epochs") == args.epochs:
         return record
-    shutil.rmtree(cell_dir, ignore_errors=True)
+    marker = os.path.join(cell_dir, "cell-config.json")
+    if R.load_json(marker) != {"epochs": args.epochs, "limit": args.limit}:  # else: fairseq resumes checkpoint_last
+        shutil.rmtree(cell_dir, ignore_errors=True)
+        R.save_json(marker, {"epochs": args.epochs, "limit": args.limit})
     variant = resolve(["softmax"], {})[0]
     table_args = SimpleNamespace(scale="mini", max_updates=args.epochs, limit=args.limit)
     save_dir = os.path.join(cell_dir, "checkpoints")
