@@ -225,9 +225,9 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     for head in ("softmax", "mixtape"):
         record = json.load(open(tmp_path / "lm-ptb" / "cells" / f"{head}-seed1.json"))
         assert all(f"/lm-ptb/{head}/seed1/" in c for c in record["commands"]), record["commands"]
-    assert report.misrecorded([record]) == ""
+    assert report.misrecorded([record], "lm-ptb") == ""
     assert "mixtape-unscaled seed 2 name another cell's directory" in report.misrecorded(
-        [{**record, "head": "mixtape-unscaled", "seed": 2}])
+        [{**record, "head": "mixtape-unscaled", "seed": 2}], "lm-ptb")
     assert next(r for r in rows if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.1  # the LM setting
     commands = (tmp_path / "lm-ptb" / "commands.sh").read_text()
     for needle in ("recipes.reproduce.data lm", "fairseq-preprocess --only-source", "checkpoint_best.pt",

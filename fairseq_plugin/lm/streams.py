@@ -153,9 +153,6 @@ class CarriedStates:
     def store(self, key: str, step: int, incoming, outgoing) -> None:
         self._states[key] = (step, incoming, tuple((h.detach(), c.detach()) for h, c in outgoing))
 
-    def clear(self) -> None:
-        self._states.clear()
-
 
 @dataclass
 class AWDLanguageModelingConfig(LanguageModelingConfig):

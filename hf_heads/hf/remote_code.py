@@ -123,8 +123,9 @@ def code_files() -> Dict[str, str]:
     return files
 
 
-def _entry_files(model_class: type, auto_class: str) -> Dict[str, str]:
-    """The configuration and modeling files ``auto_map`` names, for ``model_class`` (``SoftmaxHeads<Base>``)."""
+def _entry_files(model_class: type, auto_class: str, carried: List[str]) -> Dict[str, str]:
+    """The configuration and modeling files ``auto_map`` names, for ``model_class`` (``SoftmaxHeads<Base>``); the
+    modeling file imports each of the ``carried`` files (names of :func:`code_files`)."""
     base_model = model_class._head_base_class.__name__
     config_class = model_class.config_class
     base_config = config_class.__mro__[1].__name__
@@ -132,13 +133,12 @@ def _entry_files(model_class: type, auto_class: str) -> Dict[str, str]:
               f'softmax-heads package:\n{auto_class}.from_pretrained(folder, trust_remote_code=True). Written by '
               f'softmax-heads {_version()} when the model was saved; the softmax_heads_*.py files beside it are that '
               f'version\'s code (torch and transformers only)."""\n')
-    flat = [f[:-3] for f in code_files()]
     config = (header.format(what="The config") + f"from transformers import {base_config}\n\n"
               f"from .{PREFIX}_hf_config import head_config_class\n\n"
               f"{config_class.__name__} = head_config_class({base_config})\n")
     # one `from .x import` line per file: what makes transformers copy each of them (and import every head)
-    carried = "".join(f"from .{name} import __name__ as _  # noqa: F401\n" for name in flat)
-    modeling = (header.format(what="The model") + f"from transformers import {base_model}\n\n" + carried +
+    imports = "".join(f"from .{name[:-3]} import __name__ as _  # noqa: F401\n" for name in carried)
+    modeling = (header.format(what="The model") + f"from transformers import {base_model}\n\n" + imports +
                 f"from .{CONFIG_FILE} import {config_class.__name__}  # noqa: F401\n"
                 f"from .{PREFIX}_hf_modeling import head_model_class\n\n"
                 f"{model_class.__name__} = head_model_class({base_model})\n")
@@ -154,7 +154,8 @@ def auto_map(model_class: type, auto_class: str) -> Dict[str, str]:
 def write_code(folder: str, model_class: type, auto_class: str) -> List[str]:
     """Write the files of a model saved in ``folder`` (see the module docstring) and point ``config.json``'s
     ``auto_map`` at them; returns the file names written."""
-    files = {**code_files(), **_entry_files(model_class, auto_class)}
+    code = code_files()  # (reads and rewrites every module: once per save)
+    files = {**code, **_entry_files(model_class, auto_class, sorted(code))}
     for name, source in files.items():
         missing = [m for m in RELATIVE_IMPORT.findall(source) if m + ".py" not in files and m != "."]
         if missing:

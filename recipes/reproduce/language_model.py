@@ -148,8 +148,8 @@ class LanguageModelTable(Table):
                 f"the last 10% validates (\"valid\" below), {lines}test.txt tests; an AWD-LSTM of "
                 f"{' '.join(MINI_MODEL)}, {self.mini_epochs} epochs of {' '.join(MINI_TRAIN)} (batch "
                 f"{self.full_batch}, fairseq's language_modeling blocks of 70 tokens, each from a zero state; the "
-                f"full plans train on the papers' streams), scored on the best checkpoint. Adam, not NT-ASGD: in a 5-minute cell "
-                f"NT-ASGD at lr 20 left softmax at valid perplexity 472 and MoS-3 at 968 with an oscillating valid "
+                f"full plans train on the papers' streams), scored on the best checkpoint. Adam, not NT-ASGD: in a "
+                f"5-minute cell NT-ASGD at lr 20 left softmax at valid perplexity 472 and MoS-3 at 968 with an oscillating valid "
                 f"loss (PTB, 6 epochs, the MoS dropouts). Far less data than the papers: compare the ordering of "
                 f"the heads, not the values. {MIXTAPE_FORMS}")
 
@@ -179,9 +179,7 @@ class LanguageModelTable(Table):
         full = args.scale == "full"
         streams = full if streams is None else streams
         model = self.full_model_options.get(variant.head, []) if full else MINI_MODEL
-        arch, batch, lr, chunks, delta = self.full_model(variant)
-        if not full:
-            arch, batch, chunks, delta = self.full_arch, self.full_batch, self.full_chunks, self.full_max_seq_len_delta
+        arch, batch, lr, chunks, delta = self.full_model(variant if full else None)
         schedule = (["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(lr)]
                     if full else MINI_TRAIN)
         untie = ["--untie-weights"] if variant.head in ("ds_softmax", "d_softmax") else []
@@ -197,10 +195,11 @@ class LanguageModelTable(Table):
                 "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "20", "--num-workers", "0",
                 *(["--cpu"] if not full else [])]
 
-    def full_model(self, variant: Variant):
+    def full_model(self, variant: Optional[Variant]):
         """``(arch, batch, lr, chunks, max_seq_len_delta)`` of a row at full size: AWD-LSTM's own model for the rows
-        whose paper numbers come from it (:data:`AWD_HEADS`), else the MoS model."""
-        if self.full_awd and variant.head in AWD_HEADS:
+        whose paper numbers come from it (:data:`AWD_HEADS`), else (and for ``variant=None``: the mini cells, which
+        scale it down) the MoS model."""
+        if self.full_awd and variant is not None and variant.head in AWD_HEADS:
             a = self.full_awd
             return a["arch"], a["batch"], a["lr"], 1, -1
         return self.full_arch, self.full_batch, self.full_lr, self.full_chunks, self.full_max_seq_len_delta

@@ -150,7 +150,7 @@ def findings(rows: List[Dict[str, Any]], higher_is_better: bool = True) -> str:
     return " ".join(out)
 
 
-def misrecorded(cells: List[Dict[str, Any]]) -> str:
+def misrecorded(cells: List[Dict[str, Any]], table: str) -> str:
     """The sentence on cells whose recorded commands name another cell's directory (recorded by an earlier version;
     replaying them would resume or overwrite that cell), or ""."""
     wrong = sorted({(c["head"], c["seed"]) for c in cells if c.get("commands")
@@ -159,7 +159,7 @@ def misrecorded(cells: List[Dict[str, Any]]) -> str:
         return ""
     cells_text = ", ".join(f"{h} seed {s}" for h, s in wrong)
     return (f" The recorded commands of {cells_text} name another cell's directory (an earlier version recorded "
-            f"them): rerun such a cell with `python -m recipes.reproduce TABLE --heads HEAD` instead of replaying "
+            f"them): rerun such a cell with `python -m recipes.reproduce {table} --heads HEAD` instead of replaying "
             f"its command.")
 
 
@@ -298,7 +298,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
         scale = "full only (the plan below; nothing run here)" if full_only else "mini, no cell finished yet"
     cells = obj.get("cells") or []
     done = f" Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else ""
-    done += misrecorded(cells).replace("TABLE", obj["table"])
+    done += misrecorded(cells, obj["table"])
     table = get_table(obj["table"]) if obj["table"] in TABLE_MODULES else None
     sources = getattr(table, "paper_source", None)
     lines = [f"## {obj['table']}: {obj['description']}", "", f"Scale: **{scale}**. {notes}{done}".rstrip(), "",

@@ -43,7 +43,6 @@ MINI_UPDATES = 360
 #: dropout on tanh(U_k g) is the table's (En-De 0.2, En-Fr 0.15); MoS as the paper's baseline, K = 9
 MT_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.5, "gate_noise": 0.1},
                    "mos": {"num_components": 9}}
-#: mini heads, and how many seeds each gets by default (issue: 3 for the compared heads, 1 for the others)
 #: what the full-size plans choose where the paper is silent (in every MT plan's note)
 FULL_MIXTAPE_NOTE = (
     "The paper names no optimizer: its 'learning rate 2.5 (2.0), 16K warmup' is tensor2tensor's transformer schedule "
@@ -53,6 +52,7 @@ FULL_MIXTAPE_NOTE = (
     "default, is made for Adafactor, and under Adam its projections move about sqrt(d1) (32 / 45) times more slowly "
     "relative to the function. d2 = 64 (the gate embedding size) is the library's default: the paper does not give "
     "it.")
+#: mini heads, and how many seeds each gets by default (issue: 3 for the compared heads, 1 for the others)
 MINI_HEADS = ["softmax", "mixtape", "mos-4", "plif", "sigsoftmax"]
 MINI_SEEDS = {"softmax": 3, "mixtape": 3, "mos-4": 3}
 MINI_HEAD_OPTIONS = {"plif": {"num_knots": 10000}}
