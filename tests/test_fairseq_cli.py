@@ -498,3 +498,24 @@ def test_head_criterion_trains_with_the_lean_loss_and_matches_the_reference(data
     assert len(lean_grads) == len(ref_grads)
     for a, b in zip(lean_grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _valid_losses(out):
+    """``{epoch: valid loss}`` of a fairseq-train log (``--log-format simple``)."""
+    return {int(e): float(v) for e, v in re.findall(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", out)}
+
+
+def test_patience_counts_across_a_resumed_run(data, tmp_path):
+    """--patience stops a resumed run where the same run stops uninterrupted: the plugin keeps fairseq's count
+    in the checkpoint (fairseq alone would count again from the first validation after the resume)."""
+    stop = ["--patience", "2", "--lr", "0.01", "--max-update", "100000"]
+    whole = train_lm(data, tmp_path / "whole", "softmax", *stop, "--max-epoch", "60")
+    losses = _valid_losses(whole)
+    best = min(losses, key=losses.get)
+    assert "early stop since valid performance hasn't improved for last 2 runs" in whole, whole[-3000:]
+    assert max(losses) == best + 2  # stopped two validations after its best
+    train_lm(data, tmp_path / "cut", "softmax", *stop, "--max-epoch", str(best + 1))  # interrupted after the best
+    resumed = train_lm(data, tmp_path / "cut", "softmax", *stop, "--max-epoch", "60")
+    after = _valid_losses(resumed)  # (fairseq's resume is not bit-exact: the losses may differ in the last digit)
+    assert list(after) == [best + 2], (losses, after)  # one epoch, then stops; without the plugin: best + 4 or later
+    assert "early stop" in resumed

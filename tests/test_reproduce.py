@@ -46,7 +46,7 @@ def _run(fake_data, out, *extra):
     logs = []
     rows = cli.main(["mt-en-de", "--scale", "mini", "--data", str(fake_data), "--out", str(out), "--heads",
                      "softmax", "mixtape", "--seeds", "1", "--max-updates", "2", "--bpe-size", "120", "--quiet",
-                     "--no-costs", *extra], log=logs.append)
+                     "--no-costs", "--lrs", "0.003", *extra], log=logs.append)
     return rows
 
 
@@ -67,7 +67,7 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     assert next(r for r in bleu if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.5
     for head in ("softmax", "mixtape"):
         for testset, n in (("test_2016_flickr", 9), ("test_2017_flickr", 7)):
-            hyp = (table / head / "seed1" / f"{testset}.hyp").read_text().split("\n")
+            hyp = (table / head / "lr0.003" / "seed1" / f"{testset}.hyp").read_text().split("\n")
             assert len(hyp) == n + 1 and hyp[-1] == ""  # one line per source sentence
             assert "\u2581" not in "".join(hyp)  # detokenized: no sentencepiece marks
     commands = (table / "commands.sh").read_text()
@@ -80,17 +80,17 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     shutil.rmtree(table / "cells")
     assert R.restore_cells(str(table), str(docs / "reproduction" / "mt-en-de.json"), log=lambda m: None) == 2
     # resume: finished cells are skipped, nothing is retrained
-    cell = R.cell_path(str(table), "mixtape", 1)
+    cell = R.cell_path(str(table), "mixtape", 1, 0.003)
     before = os.path.getmtime(cell)
     logs = []
     again = cli.main(["mt-en-de", "--data", str(fake_data), "--out", str(tmp_path), "--heads", "softmax", "mixtape",
-                      "--seeds", "1", "--max-updates", "2", "--bpe-size", "120", "--quiet", "--no-costs"],
-                     log=logs.append)
+                      "--seeds", "1", "--max-updates", "2", "--bpe-size", "120", "--quiet", "--no-costs",
+                      "--lrs", "0.003"], log=logs.append)
     assert os.path.getmtime(cell) == before and again == rows
     assert sum("skipped" in line for line in logs) == 2
     # the cost columns on the table's own models (in this process; the recipe measures memory in a child)
     costs = {}
-    spec = {"heads": {v: shlex.split(json.load(open(table / "cells" / f"{v}-seed1.json"))["commands"][0])[1:]
+    spec = {"heads": {v: shlex.split(json.load(open(table / "cells" / f"{v}-lr0.003-seed1.json"))["commands"][0])[1:]
                       for v in ("softmax", "mixtape")}, "batch": 16, "budget_factor": 1.05, "max_batch": 24,
             "rounds": 1, "memory_repeats": 1}
     memory = C.measure_memory(spec)
@@ -211,7 +211,8 @@ def fake_lm_data(tmp_path_factory):
 
 def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     rows = cli.main(["lm-ptb", "--data", str(fake_lm_data), "--out", str(tmp_path), "--heads", "softmax", "mixtape",
-                     "--seeds", "1", "--max-updates", "1", "--no-costs", "--quiet"], log=lambda m: None)
+                     "--seeds", "1", "--max-updates", "1", "--no-costs", "--quiet", "--lrs", "0.005"],
+                    log=lambda m: None)
     assert {(r["head"], r["split"]) for r in rows} == {(h, s) for h in ("softmax", "mixtape") for s in ("valid", "test")}
     for r in rows:
         assert r["metric"] == "ppl" and r["dataset"] == "ptb" and 1.0 < r["mean"] < 1e4
@@ -223,8 +224,8 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     assert "| 60.83 / 58.37 (PLIF) |" in table and "| - / 56.37 (Mixtape T3) |" in table
     # every recorded command redoes its own cell: its directories are the cell's
     for head in ("softmax", "mixtape"):
-        record = json.load(open(tmp_path / "lm-ptb" / "cells" / f"{head}-seed1.json"))
-        assert all(f"/lm-ptb/{head}/seed1/" in c for c in record["commands"]), record["commands"]
+        record = json.load(open(tmp_path / "lm-ptb" / "cells" / f"{head}-lr0.005-seed1.json"))
+        assert all(f"/lm-ptb/{head}/lr0.005/seed1/" in c for c in record["commands"]), record["commands"]
     assert report.misrecorded([record], "lm-ptb") == ""
     assert "mixtape-unscaled seed 2 name another cell's directory" in report.misrecorded(
         [{**record, "head": "mixtape-unscaled", "seed": 2}], "lm-ptb")

@@ -33,7 +33,17 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "default: the table's")
     p.add_argument("--seeds", type=int, default=None, help="seeds per head (default: the table's, e.g. 3 for "
                                                             "the compared heads and 1 for the others)")
-    p.add_argument("--max-updates", type=int, default=None, help="training updates per cell (language-model tables: epochs; default: the table's)")
+    p.add_argument("--max-updates", type=int, default=None,
+                   help="training updates per cell (language-model tables: epochs; default: the table's); at mini "
+                        "scale a cap beside the stopping rule")
+    p.add_argument("--lrs", type=float, nargs="+", default=None,
+                   help="mini: the learning rates every head is swept over (default: the table's grid, grown by a "
+                        "factor 2 beyond an end that is best, up to 5 rates)")
+    p.add_argument("--patience", type=int, default=None,
+                   help="mini: epochs without a better valid loss before a cell stops (default: the table's; 0: no "
+                        "early stopping)")
+    p.add_argument("--max-epochs", type=int, default=None, help="mini: the stopping rule's cap on epochs "
+                                                                "(default: the table's)")
     p.add_argument("--data", default=DEFAULT_DATA, help=f"shared data directory (default {DEFAULT_DATA})")
     p.add_argument("--out", default=os.path.join("results", "reproduce"), help="output directory")
     p.add_argument("--dry-run", action="store_true", help="print the commands and parameter counts, run nothing")
@@ -51,10 +61,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.list and not args.table:
         p.error("name a table (or --list)")
-    for name in ("seeds", "max_updates", "cost_batch"):
+    for name in ("seeds", "max_updates", "cost_batch", "max_epochs"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+    if args.patience is not None and args.patience < 0:
+        p.error(f"--patience must be >= 0 (got {args.patience}; 0 switches early stopping off)")
+    if args.lrs and (min(args.lrs) <= 0 or len(set(args.lrs)) != len(args.lrs)):
+        p.error(f"--lrs must be distinct positive rates (got {' '.join(map(str, args.lrs))})")
     if args.bpe_size < 100:
         p.error(f"--bpe-size must be >= 100 (got {args.bpe_size})")
     return args

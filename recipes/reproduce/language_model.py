@@ -23,17 +23,20 @@ from typing import Any, Dict, List, Optional
 from recipes.reproduce import data as D
 from recipes.reproduce import results as R
 from recipes.reproduce.lm_data import CORPORA as LM_CORPORA, full_dir
-from recipes.reproduce.runner import PLUGIN, Runner, shell_line, tool
+from recipes.reproduce.runner import PLUGIN, Runner, shell_line, tool, training_done
+from recipes.reproduce.sweep import StopRule
 from recipes.reproduce.table import Table
 from recipes.reproduce.variants import Variant, resolve
 
 #: the mini AWD-LSTM: smaller layers, half the MoS settings' dropouts (a few epochs on 60k tokens underfit)
 MINI_MODEL = ["--emsize", "200", "--nhid", "400", "--nhidlast", "300", "--dropout", "0.2", "--dropouth", "0.1",
               "--dropouti", "0.2", "--dropoute", "0.05", "--wdrop", "0.25", "--dropoutl", "0.15"]
-#: the mini schedule: Adam at a fixed rate. NT-ASGD from lr 20 needs hundreds of epochs; in the 5 epochs a cell
-#: affords here it left softmax at valid ppl 472 and MoS-3 at 968 with an oscillating valid loss (6 epochs, the
-#: MoS dropouts), where 5 epochs of Adam reach 372 and 406 (seed 1; the report's notes say so too)
-MINI_TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--lr", "5e-3", "--lr-scheduler", "fixed"]
+#: the mini schedule: Adam at a fixed rate (swept per head around :data:`MINI_LR`) under :data:`MINI_STOP`. NT-ASGD
+#: from lr 20 needs hundreds of epochs; in 6 epochs it left softmax at valid ppl 472 and MoS-3 at 968 with an
+#: oscillating valid loss (the MoS dropouts), where 5 epochs of Adam reached 372 and 406 (seed 1)
+MINI_TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--lr-scheduler", "fixed"]
+MINI_LR = 0.005
+MINI_STOP = StopRule(patience=3, max_epochs=40)
 #: the papers' options of the heads on language modelling: Mixtape r = 0.1 with weight-normalised gates,
 #: PLIF 1e5 knots (the PLIF paper), MoS-with-PLIF as the PLIF paper's last row
 LM_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.1, "gate_weight_norm": True, "gate_noise": 0.1},
@@ -41,11 +44,9 @@ LM_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.1, "gate_w
 #: (no mixtape-unscaled: at full size every Mixtape row runs that form, :data:`FULL_MIXTAPE_FORM`)
 FULL_HEADS = ["softmax", "mos-3", "mos-5", "mos-10", "mos-15", "mixtape", "mixtape-noshare", "plif",
               "sigsoftmax", "mos_plif"]
-#: mini: every head but MoS-10/15 (which do not fit a cell's budget here); 3 seeds for the compared heads
-MINI_HEADS = ["softmax", "mos-3", "mos-5", "mixtape", "mixtape-unscaled", "mixtape-noshare", "plif", "sigsoftmax",
-              "mos_plif-5"]
-#: the heads of 3 mini seeds (1 for the others), with the table's :attr:`LanguageModelTable.mini_mos`
-MINI_COMPARED = ("softmax", "mixtape", "mixtape-unscaled", "plif")
+#: mini: softmax, the table's MoS (:attr:`LanguageModelTable.mini_mos`), both forms of Mixtape, PLIF, Sigsoftmax
+#: (MoS-3, Mixtape without sharing and MoS + PLIF are in the full plans; their cells did not fit the budget here)
+MINI_HEADS = ["softmax", "MOS", "mixtape", "mixtape-unscaled", "plif", "sigsoftmax"]
 #: the heads whose papers' numbers come from AWD-LSTM's own sizes (the PLIF paper's softmax -> PLIF rows, the MoS
 #: paper's AWD-LSTM baseline that Mixtape's Table 3 softmax reproduces); MoS, Mixtape and MoS + PLIF run the MoS model
 AWD_HEADS = ("softmax", "plif", "sigsoftmax")
@@ -108,12 +109,13 @@ class LanguageModelTable(Table):
     full_model_options: Dict[str, List[str]] = field(default_factory=dict)
     #: which paper each head's numbers come from, by head name ("*": the others), when the table cites several
     paper_source: Dict[str, str] = field(default_factory=dict)
-    #: epochs of a mini cell: a cell's time budget (<= 5 minutes on one core of this machine for every compared head)
-    mini_epochs: int = 5
     #: lines of valid.txt and of test.txt the mini corpus reads (0: all); WikiText-2 reads PTB's amount of text
     mini_lines: int = 0
-    #: the compared MoS of the mini scale (3 seeds): the largest K whose cell keeps its budget here
+    #: the MoS of the mini scale: the largest K whose cells keep the budget here
     mini_mos: str = "mos-5"
+    #: seeds of each mini head at its chosen learning rate ("MOS": :attr:`mini_mos`; others 1)
+    mini_seeds: Dict[str, int] = field(default_factory=lambda: {"softmax": 3, "MOS": 3, "mixtape": 3,
+                                                                "mixtape-unscaled": 3})
     paper_costs: Dict[str, Dict[str, float]] = field(default_factory=dict)
     full_epochs: int = 1000
     #: the heads of ``--scale full`` (default :data:`FULL_HEADS`)
@@ -122,6 +124,8 @@ class LanguageModelTable(Table):
     full_note: str = ""
     scales: tuple = ("mini", "full")
     metric = "ppl"
+    mini_stop = MINI_STOP
+    mini_lr = MINI_LR
     cost_batch = 48  # Table 3's same-batch columns: 48 sequences
     cost_unit = "blocks of 70 tokens"
 
@@ -129,11 +133,12 @@ class LanguageModelTable(Table):
         options = LM_HEAD_OPTIONS
         if args.scale == "full":  # the form that trains under the plans' NT-ASGD (FULL_MIXTAPE_FORM)
             options = {**options, "mixtape": {**options["mixtape"], "scaled_input": False}}
-        return resolve(args.heads or (MINI_HEADS if args.scale == "mini" else self.full_heads), options)
+        mini = [self.mini_mos if h == "MOS" else h for h in MINI_HEADS]
+        return resolve(args.heads or (mini if args.scale == "mini" else self.full_heads), options)
 
     def seeds_for(self, variant: Variant, args) -> List[int]:
-        compared = variant.name in MINI_COMPARED or variant.name == self.mini_mos
-        n = args.seeds if args.seeds else (3 if args.scale == "mini" and compared else 1)
+        name = "MOS" if variant.name == self.mini_mos else variant.name
+        n = args.seeds if args.seeds else (self.mini_seeds.get(name, 1) if args.scale == "mini" else 1)
         return list(range(1, n + 1))
 
     def dataset(self, args) -> str:
@@ -146,42 +151,47 @@ class LanguageModelTable(Table):
         lines = f"the first {self.mini_lines} lines of " if self.mini_lines else ""
         return (f"Mini: the train split of {self.corpus} is not here: the first 90% of {lines}its valid.txt trains, "
                 f"the last 10% validates (\"valid\" below), {lines}test.txt tests; an AWD-LSTM of "
-                f"{' '.join(MINI_MODEL)}, {self.mini_epochs} epochs of {' '.join(MINI_TRAIN)} (batch "
+                f"{' '.join(MINI_MODEL)}, {' '.join(MINI_TRAIN)} (batch "
                 f"{self.full_batch}, fairseq's language_modeling blocks of 70 tokens, each from a zero state; the "
-                f"full plans train on the papers' streams), scored on the best checkpoint. Adam, not NT-ASGD: in a "
-                f"5-minute cell NT-ASGD at lr 20 left softmax at valid perplexity 472 and MoS-3 at 968 with an oscillating valid "
-                f"loss (PTB, 6 epochs, the MoS dropouts). Far less data than the papers: compare the ordering of "
+                f"full plans train on the papers' streams), {MINI_STOP.describe()}. Adam, not NT-ASGD: in 6 epochs "
+                f"NT-ASGD at lr 20 left softmax at valid perplexity 472 and MoS-3 at 968 with an oscillating valid "
+                f"loss (PTB, the MoS dropouts). Far less data than the papers: compare the ordering of "
                 f"the heads, not the values. {MIXTAPE_FORMS}")
 
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
         return self.paper.get(split, {}).get(variant.name)
 
     def epochs(self, args) -> int:
-        return args.max_updates or (self.full_epochs if args.scale == "full" else self.mini_epochs)
+        """Epochs of a full-size cell, or the cap of a mini cell's stopping rule."""
+        return args.max_updates or (self.full_epochs if args.scale == "full" else self.stop_rule(args).max_epochs)
 
     def lines(self, args) -> int:
         """Lines of valid.txt / test.txt the mini corpus reads (``--limit`` of the tests, else :attr:`mini_lines`)."""
         return args.limit or self.mini_lines
 
-    def cell_config(self, variant: Variant, seed: int, args) -> Dict[str, Any]:
+    def cell_config(self, variant: Variant, seed: int, args, lr: Optional[float] = None) -> Dict[str, Any]:
         config = {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
                   "scale": args.scale, "updates": self.epochs(args), "limit": self.lines(args)}
         if args.scale == "mini":  # cells trained with other mini settings are trained again
-            config["mini"] = MINI_MODEL + MINI_TRAIN
+            rule = self.stop_rule(args)
+            config.update(lr=lr or MINI_LR, stop=rule.as_dict() if rule else None, mini=MINI_MODEL + MINI_TRAIN)
         return config
 
     # -- commands ----------------------------------------------------------------------------
     def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args,
-                      streams: Optional[bool] = None) -> List[str]:
-        """``--max-updates`` counts epochs here (the papers train LMs for a number of epochs). ``streams``: the papers'
-        protocol (``--task awd_language_modeling``) or fairseq's blocks (default: streams at full size only, as the
-        mini cells ran)."""
+                      lr: Optional[float] = None, streams: Optional[bool] = None) -> List[str]:
+        """``--max-updates`` counts epochs here (the papers train LMs for a number of epochs; mini: the cap of the
+        stopping rule). ``lr``: a mini cell's rate (default the grid's centre). ``streams``: the papers' protocol
+        (``--task awd_language_modeling``) or fairseq's blocks (default: streams at full size only, as the mini
+        cells run)."""
         full = args.scale == "full"
         streams = full if streams is None else streams
         model = self.full_model_options.get(variant.head, []) if full else MINI_MODEL
-        arch, batch, lr, chunks, delta = self.full_model(variant if full else None)
-        schedule = (["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(lr)]
-                    if full else MINI_TRAIN)
+        arch, batch, full_lr, chunks, delta = self.full_model(variant if full else None)
+        schedule = (["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(full_lr)]
+                    if full else [*MINI_TRAIN, "--lr", f"{lr or MINI_LR:g}"])
+        length = (["--max-epoch", str(self.epochs(args))] if full or self.stop_rule(args) is None else
+                  [*self.stop_rule(args).fairseq_args()[2:], "--max-epoch", str(self.epochs(args))])
         untie = ["--untie-weights"] if variant.head in ("ds_softmax", "d_softmax") else []
         data = (["--task", "awd_language_modeling", "--bptt", "70", "--max-seq-len-delta", str(delta),
                  "--batch-size", str(batch // chunks), "--update-freq", str(chunks)] if streams else
@@ -191,7 +201,7 @@ class LanguageModelTable(Table):
                 "--arch", arch, *model, *untie, "--output-head", variant.head,
                 "--head-options", json.dumps(variant.options, sort_keys=True), "--criterion", "head_cross_entropy",
                 *schedule, "--clip-norm", "0.25", "--weight-decay", "1.2e-6", *data[2:],
-                "--max-epoch", str(self.epochs(args)), "--seed", str(seed), "--save-dir", save_dir,
+                *length, "--seed", str(seed), "--save-dir", save_dir,
                 "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "20", "--num-workers", "0",
                 *(["--cpu"] if not full else [])]
 
@@ -288,22 +298,30 @@ class LanguageModelTable(Table):
         return result
 
     # -- one cell ----------------------------------------------------------------------------
-    def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str):
-        cell_dir = R.cell_dir(table_dir, variant.name, seed)
-        save_dir = os.path.join(cell_dir, "checkpoints")
+    def train_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
+                   lr: Optional[float] = None) -> Dict[str, Any]:
+        cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
+        save_dir = self.checkpoint_dir(table_dir, variant, seed, lr)
         log_path = os.path.join(cell_dir, "train.log")
-        train = self.train_command(prepared["bin"], variant, seed, save_dir, args)
-        runner.run(train, log_path, label, comment=f"{label}: train")
+        train = self.train_command(prepared["bin"], variant, seed, save_dir, args, lr)
         commands = [shell_line(train)]
+        if not training_done(log_path):
+            runner.run(train, log_path, label, comment=f"{label}: train")
         if args.scale == "full":  # NT-ASGD: score the averages, as AWD-LSTM does
-            scored = os.path.join(cell_dir, "averaged.pt")
             average = [sys.executable, "-m", "fairseq_plugin.average", os.path.join(save_dir, "checkpoint_last.pt"),
-                       scored]
+                       os.path.join(cell_dir, "averaged.pt")]
             runner.run(average, log_path, label, comment=f"{label}: the NT-ASGD averages")
             commands.append(shell_line(average))
-        else:  # Adam: the checkpoint of the best valid loss
-            scored = os.path.join(save_dir, "checkpoint_best.pt")
-        ppl = {}
+        return self.trained_record(table_dir, variant, seed, args, log_path, commands, lr)
+
+    def score_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
+                   record: Dict[str, Any]):
+        """Perplexity of the averaged weights (full size) or the best checkpoint (mini: Adam) on valid and test."""
+        lr = record.get("lr") if args.scale == "mini" else None
+        cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
+        scored = (os.path.join(cell_dir, "averaged.pt") if args.scale == "full" else
+                  os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_best.pt"))
+        ppl, commands = {}, []
         for split in ("valid", "test"):
             cmd = self.eval_command(prepared["bin"], scored, split, args)
             out = runner.run(cmd, os.path.join(cell_dir, f"eval-{split}.log"), label, comment=f"{label}: {split}")
@@ -312,5 +330,10 @@ class LanguageModelTable(Table):
                 raise SystemExit(f"cell {label}: no perplexity in {os.path.join(cell_dir, f'eval-{split}.log')}")
             ppl[split] = float(found[-1])
             commands.append(shell_line(cmd))
-        return self.finish_cell(table_dir, variant, seed, args, ppl, log_path, commands,
-                                remove=[save_dir, os.path.join(cell_dir, "averaged.pt")])
+        return ppl, commands
+
+    def remove_checkpoints(self, table_dir: str, variant: Variant, seed: int, lr: Optional[float] = None) -> None:
+        super().remove_checkpoints(table_dir, variant, seed, lr)
+        averaged = os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), "averaged.pt")
+        if os.path.exists(averaged):
+            os.remove(averaged)

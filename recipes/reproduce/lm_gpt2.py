@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 from recipes.reproduce import results as R
 from recipes.reproduce.language_model import LM_HEAD_OPTIONS, MIXTAPE_FORMS, prepare_mini_corpus
 from recipes.reproduce.lm_wt2 import TABLE as WT2
-from recipes.reproduce.runner import Runner, shell_line
+from recipes.reproduce.runner import Runner, parse_train_wall, shell_line
 from recipes.reproduce.table import Table
 from recipes.reproduce.variants import Variant, resolve
 
@@ -105,7 +105,7 @@ class HFLanguageModelTable(Table):
             base[base.index("--max-steps") + 1] = str(args.max_updates)
         return base
 
-    def cell_config(self, variant: Variant, seed: int, args) -> Dict[str, Any]:
+    def cell_config(self, variant: Variant, seed: int, args, lr: Optional[float] = None) -> Dict[str, Any]:
         return {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
                 "scale": args.scale, "updates": {m: self.recipe_args(m, args) for m in self.models(args)},
                 "limit": WT2.lines(args), "models": self.models(args)}
@@ -156,7 +156,8 @@ class HFLanguageModelTable(Table):
         return result
 
     # -- one cell ------------------------------------------------------------------------------
-    def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str):
+    def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
+                 lr: Optional[float] = None):
         cell_dir = R.cell_dir(table_dir, variant.name, seed)
         log_path = os.path.join(cell_dir, "train.log")
         scores, commands = {}, []
@@ -174,7 +175,12 @@ class HFLanguageModelTable(Table):
             scores[f"{model} valid"] = result["valid_ppl_after"]
             scores[f"{model} test"] = result["test_ppl"]
             commands.append(shell_line(cmd))
-        return self.finish_cell(table_dir, variant, seed, args, scores, log_path, commands)
+        with open(log_path) as f:
+            wall = parse_train_wall(f.read())
+        record = {**self.cell_config(variant, seed, args), "registry_head": variant.head, self.metric: scores,
+                  "train_wall_s": wall, "commands": commands}
+        R.save_json(R.cell_path(table_dir, variant.name, seed), record)
+        return record
 
 
 def count_parameters(recipe_args: List[str], variant: Variant) -> int:

@@ -32,6 +32,7 @@ from recipes.reproduce.variants import resolve
 PROTOCOLS = ("blocks", "streams")  # how a cell trains
 SCORINGS = ("blocks", "stateless", "stateful")  # how its checkpoint is scored
 PPL = re.compile(r"Perplexity: ([\d.]+)")
+EPOCHS = 5  # a fixed number of epochs (no early stopping): both protocols train the same
 
 
 def run_cell(runner: Runner, bin_dir: str, protocol: str, seed: int, args, out: str) -> Dict:
@@ -46,7 +47,7 @@ def run_cell(runner: Runner, bin_dir: str, protocol: str, seed: int, args, out: 
         shutil.rmtree(cell_dir, ignore_errors=True)
         R.save_json(marker, {"epochs": args.epochs, "limit": args.limit})
     variant = resolve(["softmax"], {})[0]
-    table_args = SimpleNamespace(scale="mini", max_updates=args.epochs, limit=args.limit)
+    table_args = SimpleNamespace(scale="mini", max_updates=args.epochs, limit=args.limit, patience=0)
     save_dir = os.path.join(cell_dir, "checkpoints")
     train = TABLE.train_command(bin_dir, variant, seed, save_dir, table_args, streams=protocol == "streams")
     label = f"{protocol} seed {seed}"
@@ -89,7 +90,7 @@ def summary(records: List[Dict]) -> List[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m recipes.reproduce.protocols", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=3, help="seeds per protocol (default 3)")
-    p.add_argument("--epochs", type=int, default=TABLE.mini_epochs, help="epochs per cell (default: the table's)")
+    p.add_argument("--epochs", type=int, default=EPOCHS, help=f"epochs per cell (default {EPOCHS})")
     p.add_argument("--data", default=os.path.join("..", "shared", "data"))
     p.add_argument("--out", default=os.path.join("results", "protocols"))
     p.add_argument("--commit", action="store_true", help="copy the results to docs/reproduction/lm-ptb-protocols.json")

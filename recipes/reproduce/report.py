@@ -52,10 +52,11 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         for r in rows:
             r["command"] = relative_paths(r["command"])
         plan = json.load(open(plan_path)) if os.path.isfile(plan_path) else before.get("plan")
+        sweep = R.load_json(os.path.join(table_dir, "sweep.json")) or before.get("sweep")
         if plan:
             plan["commands"] = [relative_paths(line) for line in plan["commands"]]
         obj = {"table": table, "description": get_table(table).description, "rows": rows,
-               "cells": cells, "costs": costs, "plan": plan}
+               "cells": cells, "costs": costs, "plan": plan, **({"sweep": sweep} if sweep else {})}
         R.save_json(out, obj)
         written.append(out)
     return written
@@ -154,7 +155,7 @@ def misrecorded(cells: List[Dict[str, Any]], table: str) -> str:
     """The sentence on cells whose recorded commands name another cell's directory (recorded by an earlier version;
     replaying them would resume or overwrite that cell), or ""."""
     wrong = sorted({(c["head"], c["seed"]) for c in cells if c.get("commands")
-                    and f"/{c['head']}/seed{c['seed']}/" not in c["commands"][0]})
+                    and f"/{R.cell_dir('', c['head'], c['seed'], c.get('lr'))}/" not in c["commands"][0]})
     if not wrong:
         return ""
     cells_text = ", ".join(f"{h} seed {s}" for h, s in wrong)
@@ -179,6 +180,13 @@ def worst_seeds(rows: List[Dict[str, Any]]) -> str:
         out.append(f"Worst seed on {split}: seed {seeds.pop()} for every head." if len(seeds) == 1 else
                    f"Worst seed on {split}: " + ", ".join(f"{h} {s}" for h, s in worst.items()) + ".")
     return " ".join(out)
+
+
+def chosen_cells(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The cells a table's rows come from: at each head's chosen learning rate (``obj["sweep"]``), or every cell of
+    a table without a sweep."""
+    chosen = {h: s["chosen"] for h, s in (obj.get("sweep") or {}).items()}
+    return [c for c in obj.get("cells", []) if c["head"] not in chosen or c.get("lr") == chosen[c["head"]]]
 
 
 def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
@@ -215,19 +223,29 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
             ax.set_ylim(max(0.0, lo - 3), None)
         fig.suptitle(f"{table}: per head (bars: mean, dots: seeds)", fontsize=10)
         save(fig, f"{table}-scores.png")
-    curves = [c for c in obj.get("cells", []) if c.get("valid_curve")]
+    curves = [c for c in chosen_cells(obj) if c.get("curve") or c.get("valid_curve")]
     if curves:
-        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        timed = any(p.get("seconds") is not None for c in curves for p in c.get("curve", []))
+        fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 5.5, 3.5), squeeze=False)
         heads = list(dict.fromkeys(c["head"] for c in curves))
-        for i, head in enumerate(heads):
-            for j, c in enumerate(x for x in curves if x["head"] == head):
-                u, loss = zip(*c["valid_curve"])
-                ax.plot(u, loss, color=f"C{i}", alpha=0.8, label=head if j == 0 else None)
-        ax.set_xlabel("updates")
-        ax.set_ylabel("valid loss (base 2, label-smoothed)")
-        ax.set_title(f"{table}: validation loss, every seed", fontsize=10)
-        ax.legend(fontsize=8)
-        save(fig, f"{table}-valid-loss.png")
+        for ax, x_key, x_label in [(axes[0][0], "updates", "updates"),
+                                   *([(axes[0][1], "seconds", "training seconds (one core each)")] if timed else [])]:
+            for i, head in enumerate(heads):
+                for j, c in enumerate(x for x in curves if x["head"] == head):
+                    points = c.get("curve") or [{"updates": u, "loss": loss} for u, loss in c["valid_curve"]]
+                    points = [p for p in points if p.get(x_key) is not None]
+                    if points:
+                        ax.plot([p[x_key] for p in points], [p["loss"] for p in points], color=f"C{i}", alpha=0.8,
+                                label=head if j == 0 else None)
+                        best = min(points, key=lambda p: p["loss"])
+                        ax.plot([best[x_key]], [best["loss"]], "o", color=f"C{i}", ms=3)
+            ax.set_xlabel(x_label)
+            ax.set_ylabel("valid loss (base 2, label-smoothed)" if obj["table"].startswith("mt-") else
+                          "valid loss (base 2)")
+            ax.legend(fontsize=8)
+        fig.suptitle(f"{obj['table']}: validation loss, every seed at the head's chosen rate (dots: best)",
+                     fontsize=10)
+        save(fig, f"{obj['table']}-valid-loss.png")
     cost_rows = [r for r in obj["rows"] if r["metric"].startswith("time_")]
     if cost_rows:
         metrics = list(dict.fromkeys(r["metric"] for r in cost_rows))

@@ -41,13 +41,18 @@ def make_row(**fields) -> Dict[str, Any]:
     return row
 
 
-def cell_path(table_dir: str, head: str, seed: int) -> str:
-    return os.path.join(table_dir, "cells", f"{head}-seed{seed}.json")
+def cell_name(head: str, seed: int, lr: Optional[float] = None) -> str:
+    """``HEAD-seedK``, or ``HEAD-lrRATE-seedK`` for a cell of a learning-rate sweep."""
+    return f"{head}-seed{seed}" if lr is None else f"{head}-lr{lr:g}-seed{seed}"
 
 
-def cell_dir(table_dir: str, head: str, seed: int) -> str:
-    """Where a cell trains: its logs, checkpoints and outputs."""
-    return os.path.join(table_dir, head, f"seed{seed}")
+def cell_path(table_dir: str, head: str, seed: int, lr: Optional[float] = None) -> str:
+    return os.path.join(table_dir, "cells", cell_name(head, seed, lr) + ".json")
+
+
+def cell_dir(table_dir: str, head: str, seed: int, lr: Optional[float] = None) -> str:
+    """Where a cell trains: its logs, checkpoints and outputs (``HEAD/seedK``, or ``HEAD/lrRATE/seedK``)."""
+    return os.path.join(table_dir, head, *([] if lr is None else [f"lr{lr:g}"]), f"seed{seed}")
 
 
 def load_json(path: str) -> Any:
@@ -58,9 +63,9 @@ def load_json(path: str) -> Any:
         return json.load(f)
 
 
-def load_cell(table_dir: str, head: str, seed: int) -> Optional[Dict[str, Any]]:
+def load_cell(table_dir: str, head: str, seed: int, lr: Optional[float] = None) -> Optional[Dict[str, Any]]:
     """The finished cell's record, or None."""
-    return load_json(cell_path(table_dir, head, seed))
+    return load_json(cell_path(table_dir, head, seed, lr))
 
 
 def save_json(path: str, obj: Any) -> None:
@@ -97,11 +102,14 @@ def cells(table_dir: str) -> Iterable[Dict[str, Any]]:
         if name.endswith(".json"):
             with open(os.path.join(directory, name)) as f:
                 records.append(json.load(f))
-    return sorted(records, key=lambda r: (r["head"], r["seed"]))
+    return sorted(records, key=lambda r: (r["head"], r.get("lr") or 0.0, r["seed"]))
 
 
 #: what must agree for a committed cell to stand for one this run would make
-CELL_CONFIG = ("table", "head", "options", "seed", "scale", "updates", "bpe_size", "limit", "models", "mini")
+CELL_CONFIG = ("table", "head", "options", "seed", "scale", "updates", "bpe_size", "limit", "models", "mini", "lr",
+               "stop")
+#: keys a record must have when the run's settings have them (cells of the stopping rule and the sweep)
+REQUIRED_CONFIG = ("lr", "stop")
 
 
 def restore_cells(table_dir: str, committed: str, log=print) -> int:
@@ -114,9 +122,10 @@ def restore_cells(table_dir: str, committed: str, log=print) -> int:
         records = json.load(f).get("cells", [])
     restored = 0
     for record in records:
-        if "commands" not in record or load_cell(table_dir, record["head"], record["seed"]) is not None:
+        lr = record.get("lr")
+        if "commands" not in record or load_cell(table_dir, record["head"], record["seed"], lr) is not None:
             continue
-        save_json(cell_path(table_dir, record["head"], record["seed"]), record)
+        save_json(cell_path(table_dir, record["head"], record["seed"], lr), record)
         restored += 1
     if restored:
         log(f"restored {restored} finished cell(s) from {committed} (their hypotheses stay on the machine that "
@@ -126,5 +135,7 @@ def restore_cells(table_dir: str, committed: str, log=print) -> int:
 
 def same_config(record: Dict[str, Any], expected: Dict[str, Any]) -> bool:
     """Whether a cell record was made with ``expected``'s settings: the keys of :data:`CELL_CONFIG` that both
-    give agree (a record from before a key was kept is judged on the others)."""
+    give agree (a record from before a key was kept is judged on the others, except for :data:`REQUIRED_CONFIG`)."""
+    if any(k in expected and k not in record for k in REQUIRED_CONFIG):
+        return False
     return all(record[k] == v for k, v in expected.items() if k in CELL_CONFIG and k in record)

@@ -95,15 +95,15 @@ class Runner:
         return "".join(out)
 
 
-def parse_valid_curve(log_text: str) -> List[List[float]]:
-    """``[[num_updates, valid_loss], ...]`` from a fairseq-train log in ``--log-format json`` (base 2 losses)."""
-    curve = {}
-    for line in log_text.splitlines():
-        if "| valid |" in line and "{" in line:
-            stats = json.loads(line[line.index("{"):])
-            if "valid_loss" in stats and "valid_num_updates" in stats:
-                curve[int(stats["valid_num_updates"])] = float(stats["valid_loss"])
-    return [[u, loss] for u, loss in sorted(curve.items())]
+def training_done(log_path: str) -> bool:
+    """Whether the fairseq-train run logged in ``log_path`` ended (stopped early or at its cap): running it again
+    would train past its stopping point."""
+    if not os.path.isfile(log_path):
+        return False
+    with open(log_path) as f:
+        text = f.read()
+    last_run = text[text.rfind("\n$ ") + 1:] if "\n$ " in text else text
+    return "done training in" in last_run
 
 
 def parse_train_wall(log_text: str) -> Optional[float]:

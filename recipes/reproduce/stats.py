@@ -83,3 +83,20 @@ def holm(pvalues: Sequence[Optional[float]]) -> List[Optional[float]]:
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+def paired_bootstrap_p(baseline: Sequence[str], system: Sequence[str], references: Sequence[str],
+                       samples: int = 1000) -> float:
+    """sacrebleu's paired bootstrap resampling (Koehn 2004; ``sacrebleu REF -i BASE SYS --paired-bs``): the p-value
+    of ``system``'s BLEU differing from ``baseline``'s on one test set, from ``samples`` resamplings of the
+    sentences with sacrebleu's own seed (``SACREBLEU_SEED``, default 12345), so a rerun gives the same p."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    if not len(baseline) == len(system) == len(references):
+        raise ValueError(f"paired_bootstrap_p: {len(baseline)} baseline, {len(system)} system hypotheses and "
+                         f"{len(references)} references: one of each per sentence")
+    test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": BLEU()},
+                      [list(references)], test_type="bs", n_samples=samples)
+    _, scores = test()
+    return float(scores["BLEU"][1].p_value)

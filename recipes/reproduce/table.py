@@ -12,12 +12,20 @@ import shutil
 from typing import Any, Dict, List, Optional, Sequence
 
 from recipes.reproduce import results as R
-from recipes.reproduce.runner import ROOT, Runner, parse_train_wall, parse_valid_curve
+from recipes.reproduce import sweep as S
+from recipes.reproduce.runner import ROOT, Runner, parse_train_wall
 from recipes.reproduce.variants import Variant
 
 DOCS = os.path.join(ROOT, "docs")
 #: the default --out, made absolute as the command line makes it
 DEFAULT_OUT = os.path.join(ROOT, "results", "reproduce")
+
+
+def torch_threads() -> int:
+    """The threads a fairseq run of this machine uses without ``OMP_NUM_THREADS`` (torch's default)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 class Table:
@@ -45,11 +53,7 @@ class Table:
     def plan(self, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
         raise NotImplementedError
 
-    def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str,
-                 label: str) -> Dict[str, Any]:
-        raise NotImplementedError
-
-    def cell_config(self, variant: Variant, seed: int, args) -> Dict[str, Any]:
+    def cell_config(self, variant: Variant, seed: int, args, lr: Optional[float] = None) -> Dict[str, Any]:
         raise NotImplementedError
 
     def dataset(self, args) -> str:
@@ -58,35 +62,149 @@ class Table:
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
         raise NotImplementedError
 
-    def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args) -> List[str]:
+    def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args,
+                      lr: Optional[float] = None) -> List[str]:
         raise NotImplementedError
 
-    def finish_cell(self, table_dir: str, variant: Variant, seed: int, args, scores: Dict[str, float],
-                    log_path: str, commands: List[str], remove: Sequence[str] = ()) -> Dict[str, Any]:
-        """Keep a finished cell: its settings, ``scores`` (``record[self.metric]``), the valid-loss curve and the
-        training time from its log, its commands; then remove its checkpoints (``remove``, those that exist) unless
-        ``--keep-checkpoints``."""
-        with open(log_path) as f:
-            log_text = f.read()
-        record = {**self.cell_config(variant, seed, args), "registry_head": variant.head, self.metric: scores,
-                  "valid_curve": parse_valid_curve(log_text), "train_wall_s": parse_train_wall(log_text),
-                  "commands": commands}
-        R.save_json(R.cell_path(table_dir, variant.name, seed), record)
+    # -- one cell: train (resumable), then score ----------------------------------------------
+    def train_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
+                   lr: Optional[float] = None) -> Dict[str, Any]:
+        """Train one cell (fairseq resumes an interrupted run) and return its record (:meth:`trained_record`)."""
+        raise NotImplementedError
+
+    def score_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
+                   record: Dict[str, Any]) -> Dict[str, Any]:
+        """Score a trained cell's checkpoint on the table's splits; return ``{split: score}`` and the commands."""
+        raise NotImplementedError
+
+    def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str,
+                 label: str, lr: Optional[float] = None) -> Dict[str, Any]:
+        """Train (unless trained) and score one cell; returns its finished record."""
+        record = R.load_cell(table_dir, variant.name, seed, lr)
+        if not (record and "curve" in record and R.same_config(record, self.cell_config(variant, seed, args, lr))):
+            record = self.train_cell(runner, prepared, variant, seed, args, table_dir, label, lr)
+        scores, commands = self.score_cell(runner, prepared, variant, seed, args, table_dir, label, record)
+        record = {**record, self.metric: scores, "commands": record["commands"] + commands}
+        R.save_json(R.cell_path(table_dir, variant.name, seed, lr), record)
         if not args.keep_checkpoints:
-            for path in remove:
-                if os.path.isdir(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                elif os.path.exists(path):
-                    os.remove(path)
+            self.remove_checkpoints(table_dir, variant, seed, lr)
         return record
 
+    def remove_checkpoints(self, table_dir: str, variant: Variant, seed: int, lr: Optional[float] = None) -> None:
+        """Remove what a scored cell no longer needs (its checkpoints)."""
+        shutil.rmtree(self.checkpoint_dir(table_dir, variant, seed, lr), ignore_errors=True)
+
+    def checkpoint_dir(self, table_dir: str, variant: Variant, seed: int, lr: Optional[float] = None) -> str:
+        return os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), "checkpoints")
+
+    def trained_record(self, table_dir: str, variant: Variant, seed: int, args, log_path: str,
+                       commands: List[str], lr: Optional[float] = None) -> Dict[str, Any]:
+        """Keep a trained cell: its settings, its curve (:func:`sweep.parse_curve`), its best epoch, why it stopped,
+        the training time, its commands; ``checkpoint_last.pt`` goes (``checkpoint_best.pt`` stays until scored)."""
+        with open(log_path) as f:
+            log_text = f.read()
+        curve = S.parse_curve(log_text)
+        record = {**self.cell_config(variant, seed, args, lr), "registry_head": variant.head, "curve": curve,
+                  "best": S.best_point(curve), "train_wall_s": parse_train_wall(log_text),
+                  "threads": int(os.environ.get("OMP_NUM_THREADS") or torch_threads()), "commands": commands}
+        rule = self.stop_rule(args)
+        if rule is not None:
+            record["stopped"] = S.stopped(curve, rule) or "max_updates"
+        R.save_json(R.cell_path(table_dir, variant.name, seed, lr), record)
+        last = os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_last.pt")
+        if os.path.exists(last) and not args.keep_checkpoints:
+            os.remove(last)
+        return record
+
+    # -- the stopping rule and the learning-rate sweep (mini) ------------------------------------
+    #: the mini cells' stopping rule (None: a fixed number of updates, as at full size)
+    mini_stop: Optional[S.StopRule] = None
+    #: the centre of a mini table's learning-rate grid, the factor between its rates, and how far it may grow
+    mini_lr: Optional[float] = None
+    lr_factor: float = 2.0
+    max_rates: int = 5
+
+    def stop_rule(self, args) -> Optional[S.StopRule]:
+        """The stopping rule of this run's cells (``--patience`` / ``--max-epochs`` override the table's), or None
+        (full size, or ``--patience 0``: a fixed number of epochs)."""
+        if args.scale != "mini" or self.mini_stop is None or getattr(args, "patience", None) == 0:
+            return None
+        return S.StopRule(getattr(args, "patience", None) or self.mini_stop.patience,
+                          getattr(args, "max_epochs", None) or self.mini_stop.max_epochs)
+
+    def sweeps(self, args) -> bool:
+        """Whether this run sweeps each head's learning rate (the mini scale of a table with a rate grid)."""
+        return args.scale == "mini" and self.mini_lr is not None
+
+    def lr_grid(self, args) -> List[float]:
+        return list(getattr(args, "lrs", None) or S.grid(self.mini_lr, self.lr_factor))
+
+    def run_sweep(self, runner: Runner, prepared, variants: Sequence[Variant], args, table_dir: str,
+                  log=print) -> Dict[str, float]:
+        """Seed 1 of every head at every rate of the grid (growing it where the best is at an end, unless ``--lrs``
+        gave it), the rate of the lowest best valid loss chosen per head; then every seed at the chosen rate, seed
+        by seed, each scored. Returns ``{head: chosen rate}``."""
+        rates = {v.name: self.lr_grid(args) for v in variants}
+        max_rates = len(args.lrs) if getattr(args, "lrs", None) else self.max_rates
+        chosen: Dict[str, float] = {}
+        while len(chosen) < len(variants):
+            for v in variants:
+                for lr in ([] if v.name in chosen else rates[v.name]):
+                    self.ensure_trained(runner, prepared, v, 1, args, table_dir, lr, log)
+            for v in [v for v in variants if v.name not in chosen]:
+                losses = self.sweep_losses(table_dir, v, rates[v.name], args)
+                more = S.extend_grid(rates[v.name], losses, self.lr_factor, max_rates)
+                if more is None:
+                    chosen[v.name] = S.choose_lr(losses)
+                    log(f"{self.name} {v.name}: learning rate {S.rate_key(chosen[v.name])} (best valid loss of "
+                        + ", ".join(f"{S.rate_key(lr)}: {loss:.3f}" for lr, loss in sorted(losses.items())) + ")")
+                else:
+                    rates[v.name].append(more)
+        R.save_json(os.path.join(table_dir, "sweep.json"),
+                    {v.name: {"rates": sorted(rates[v.name]), "chosen": chosen[v.name]} for v in variants})
+        for v in variants:  # the checkpoints of the rates not chosen are not scored
+            for lr in rates[v.name]:
+                if lr != chosen[v.name] and not args.keep_checkpoints:
+                    self.remove_checkpoints(table_dir, v, 1, lr)
+        todo = sorted(((v, s) for v in variants for s in self.seeds_for(v, args)), key=lambda c: c[1])
+        for i, (v, seed) in enumerate(todo, 1):
+            label = f"{self.name} cell {i}/{len(todo)} {v.name} lr {S.rate_key(chosen[v.name])} seed {seed}"
+            self.run_or_skip(runner, prepared, v, seed, args, table_dir, label, chosen[v.name], log)
+            R.save_json(os.path.join(table_dir, "results.json"), self.rows(table_dir, variants, args, rates=chosen))
+        return chosen
+
+    def ensure_trained(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str,
+                       lr: float, log=print) -> Dict[str, Any]:
+        """A trained cell's record: the kept one, or a new (or resumed) training run."""
+        record = R.load_cell(table_dir, variant.name, seed, lr)
+        if record and "curve" in record and R.same_config(record, self.cell_config(variant, seed, args, lr)):
+            return record
+        label = f"{self.name} sweep {variant.name} lr {S.rate_key(lr)} seed {seed}"
+        self.start_cell(table_dir, variant, seed, args, log, lr)
+        log(f"{label}: training ({os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), 'train.log')})")
+        record = self.train_cell(runner, prepared, variant, seed, args, table_dir, label, lr)
+        best = record["best"] or {}
+        log(f"{label}: best valid loss {best.get('loss', float('nan')):.3f} at epoch {best.get('epoch')} "
+            f"(stopped: {record.get('stopped')})")
+        return record
+
+    def sweep_losses(self, table_dir: str, variant: Variant, rates: Sequence[float], args) -> Dict[float, float]:
+        """``{rate: best valid loss}`` of the trained seed-1 cells of ``variant``."""
+        out = {}
+        for lr in rates:
+            record = R.load_cell(table_dir, variant.name, 1, lr)
+            if record and record.get("best") and R.same_config(record, self.cell_config(variant, 1, args, lr)):
+                out[lr] = record["best"]["loss"]
+        return out
+
     # -- the loop ---------------------------------------------------------------------------
-    def start_cell(self, table_dir: str, variant: Variant, seed: int, args, log=print) -> None:
+    def start_cell(self, table_dir: str, variant: Variant, seed: int, args, log=print,
+                   lr: Optional[float] = None) -> None:
         """Mark the cell's directory with its settings; a directory left by an interrupted run of other settings
         (its checkpoints would resume the wrong model) is cleared first."""
-        cell_dir = R.cell_dir(table_dir, variant.name, seed)
+        cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
         marker = os.path.join(cell_dir, "cell-config.json")
-        config = self.cell_config(variant, seed, args)
+        config = self.cell_config(variant, seed, args, lr)
         previous = R.load_json(marker)
         if previous is not None and R.same_config(previous, config):
             return  # the same settings: an interrupted run resumes
@@ -95,9 +213,21 @@ class Table:
             shutil.rmtree(cell_dir)
         R.save_json(marker, config)
 
-    def finished(self, table_dir: str, variant: Variant, seed: int, args) -> bool:
-        record = R.load_cell(table_dir, variant.name, seed)
-        return record is not None and R.same_config(record, self.cell_config(variant, seed, args))
+    def finished(self, table_dir: str, variant: Variant, seed: int, args, lr: Optional[float] = None) -> bool:
+        record = R.load_cell(table_dir, variant.name, seed, lr)
+        return (record is not None and self.metric in record
+                and R.same_config(record, self.cell_config(variant, seed, args, lr)))
+
+    def run_or_skip(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
+                    lr: Optional[float], log=print) -> None:
+        if self.finished(table_dir, variant, seed, args, lr):
+            log(f"{label}: done ({os.path.relpath(R.cell_path(table_dir, variant.name, seed, lr), table_dir)}), "
+                f"skipped")
+            return
+        self.start_cell(table_dir, variant, seed, args, log, lr)
+        log(f"{label}: training ({os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), 'train.log')})")
+        record = self.run_cell(runner, prepared, variant, seed, args, table_dir, label, lr)
+        log(f"{label}: {self.metric} " + ", ".join(f"{t} {b:.2f}" for t, b in record[self.metric].items()))
 
     def run(self, args, log=print) -> List[Dict[str, Any]]:
         """Every cell of the table at ``args.scale`` (or the plan, with ``--dry-run``); returns the rows."""
@@ -109,24 +239,21 @@ class Table:
         prepared = self.prepare(runner, args, table_dir)
         if args.out == DEFAULT_OUT:  # continue from the committed cells of another machine
             R.restore_cells(table_dir, os.path.join(DOCS, "reproduction", f"{self.name}.json"), log)
-        # seed 1 of every head first: a run cut short still compares every head
-        todo = sorted(((v, s) for v in variants for s in self.seeds_for(v, args)), key=lambda c: c[1])
-        for i, (variant, seed) in enumerate(todo, 1):
-            label = f"{self.name} cell {i}/{len(todo)} {variant.name} seed {seed}"
-            if self.finished(table_dir, variant, seed, args):
-                log(f"{label}: done (cells/{variant.name}-seed{seed}.json), skipped")
-                continue
-            self.start_cell(table_dir, variant, seed, args, log)
-            log(f"{label}: training ({os.path.join(R.cell_dir(table_dir, variant.name, seed), 'train.log')})")
-            record = self.run_cell(runner, prepared, variant, seed, args, table_dir, label)
-            log(f"{label}: {self.metric} " + ", ".join(f"{t} {b:.2f}" for t, b in record[self.metric].items()))
-            R.save_json(os.path.join(table_dir, "results.json"), self.rows(table_dir, variants, args))  # so far
+        rates = None
+        if self.sweeps(args):
+            rates = self.run_sweep(runner, prepared, variants, args, table_dir, log)
+        else:  # seed 1 of every head first: a run cut short still compares every head
+            todo = sorted(((v, s) for v in variants for s in self.seeds_for(v, args)), key=lambda c: c[1])
+            for i, (variant, seed) in enumerate(todo, 1):
+                label = f"{self.name} cell {i}/{len(todo)} {variant.name} seed {seed}"
+                self.run_or_skip(runner, prepared, variant, seed, args, table_dir, label, None, log)
+                R.save_json(os.path.join(table_dir, "results.json"), self.rows(table_dir, variants, args))  # so far
         costs = None
         if self.cost_columns and not args.no_costs and args.scale == "mini":
             from recipes.reproduce import costs as C
 
             costs = C.table_costs(runner, self, prepared, variants, args, table_dir, log)
-        rows = self.rows(table_dir, variants, args, costs)
+        rows = self.rows(table_dir, variants, args, costs, rates)
         R.save_json(os.path.join(table_dir, "results.json"), rows)
         return rows
 
@@ -135,12 +262,14 @@ class Table:
         training command)."""
         return record["commands"][0]
 
-    def rows(self, table_dir: str, variants: Sequence[Variant], args, costs=None) -> List[Dict[str, Any]]:
-        """Results rows from the finished cells (and the cost columns, when measured)."""
+    def rows(self, table_dir: str, variants: Sequence[Variant], args, costs=None,
+             rates: Optional[Dict[str, float]] = None) -> List[Dict[str, Any]]:
+        """Results rows from the finished cells (at each head's chosen rate, ``rates``), and the cost columns."""
         rows = []
         for variant in variants:
-            records = [R.load_cell(table_dir, variant.name, s) for s in self.seeds_for(variant, args)
-                       if self.finished(table_dir, variant, s, args)]
+            lr = (rates or {}).get(variant.name)
+            records = [R.load_cell(table_dir, variant.name, s, lr) for s in self.seeds_for(variant, args)
+                       if self.finished(table_dir, variant, s, args, lr)]
             if not records:
                 continue
             for split in records[0][self.metric]:

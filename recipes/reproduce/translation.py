@@ -24,21 +24,25 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from recipes.reproduce import data as D
 from recipes.reproduce import results as R
-from recipes.reproduce.runner import PLUGIN, Runner, shell_line, tool
+from recipes.reproduce.runner import PLUGIN, Runner, shell_line, tool, training_done
+from recipes.reproduce.sweep import StopRule
 from recipes.reproduce.table import Table
 from recipes.reproduce.variants import Variant, resolve
 
-#: the mini transformer: 2+2 layers, 256-d, pre-norm (stable at a high learning rate), shared embeddings
-MINI_MODEL = ["--arch", "head_transformer", "--encoder-layers", "2", "--decoder-layers", "2",
+#: the mini transformer: 3+3 layers, 128-d, pre-norm (stable at a high learning rate), shared embeddings
+MINI_MODEL = ["--arch", "head_transformer", "--encoder-layers", "3", "--decoder-layers", "3",
               "--encoder-normalize-before", "--decoder-normalize-before",
-              "--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "512",
-              "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+              "--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
+              "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
               "--share-all-embeddings", "--dropout", "0.1"]
-#: its training schedule: Adam, a short warm-up for few updates, batches of 4096 tokens, label smoothing 0.1
-MINI_TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0", "--lr", "0.003",
-              "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--warmup-init-lr", "1e-07",
-              "--max-tokens", "4096", "--label-smoothing", "0.1"]
-MINI_UPDATES = 360
+#: its training schedule: Adam, inverse square root after a short warm-up, batches of 4096 tokens, label smoothing
+#: 0.1; the peak learning rate is swept per head (:data:`MINI_LR`)
+MINI_TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0", "--lr-scheduler",
+              "inverse_sqrt", "--warmup-updates", "150", "--warmup-init-lr", "1e-07", "--max-tokens", "4096",
+              "--label-smoothing", "0.1"]
+#: the centre of the mini learning-rate grid (x 1/2, 1, 2) and the stopping rule (epochs of Multi30k: ~145 updates)
+MINI_LR = 0.005
+MINI_STOP = StopRule(patience=2, max_epochs=25)
 #: the paper's settings for the heads on MT (section 4.2): K = 4, r = 0.5, noise 0.1 on the gate priors; the
 #: dropout on tanh(U_k g) is the table's (En-De 0.2, En-Fr 0.15); MoS as the paper's baseline, K = 9
 MT_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.5, "gate_noise": 0.1},
@@ -52,9 +56,9 @@ FULL_MIXTAPE_NOTE = (
     "default, is made for Adafactor, and under Adam its projections move about sqrt(d1) (32 / 45) times more slowly "
     "relative to the function. d2 = 64 (the gate embedding size) is the library's default: the paper does not give "
     "it.")
-#: mini heads, and how many seeds each gets by default (issue: 3 for the compared heads, 1 for the others)
-MINI_HEADS = ["softmax", "mixtape", "mos-4", "plif", "sigsoftmax"]
-MINI_SEEDS = {"softmax": 3, "mixtape": 3, "mos-4": 3}
+#: mini heads: the paper's (softmax, MoS, Mixtape) with both forms of Mixtape's projections; MoS with K = 4, the
+#: largest whose cells fit the budget here (the paper's baseline: K = 9)
+MINI_HEADS = ["softmax", "mixtape", "mixtape-unscaled", "mos-4"]
 MINI_HEAD_OPTIONS = {"plif": {"num_knots": 10000}}
 
 
@@ -96,7 +100,11 @@ class TranslationTable(Table):
     gate_dropout: float
     full_data: str
     full_heads: List[str] = field(default_factory=lambda: ["softmax", "mos-9", "mixtape"])
+    #: seeds of each mini head (at its chosen learning rate; the sweep's seed-1 cell is the first)
+    mini_seeds: Dict[str, int] = field(default_factory=lambda: {"softmax": 3, "mixtape": 3, "mos-4": 3})
     metric = "bleu"
+    mini_stop = MINI_STOP
+    mini_lr = MINI_LR
 
     # -- heads -------------------------------------------------------------------------------
     def head_options(self, scale: str) -> Dict[str, Dict[str, Any]]:
@@ -114,18 +122,27 @@ class TranslationTable(Table):
         return resolve(names, self.head_options(args.scale))
 
     def seeds_for(self, variant: Variant, args) -> List[int]:
-        n = args.seeds if args.seeds else (MINI_SEEDS.get(variant.name, 1) if args.scale == "mini" else 1)
+        n = args.seeds if args.seeds else (self.mini_seeds.get(variant.name, 1) if args.scale == "mini" else 1)
         return list(range(1, n + 1))
 
     # -- commands ----------------------------------------------------------------------------
-    def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args) -> List[str]:
+    def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args,
+                      lr: Optional[float] = None) -> List[str]:
+        """Full size: the paper's schedule for ``--max-updates`` (default the paper's) updates. Mini: peak rate
+        ``lr`` (default the grid's centre) under the stopping rule (``--max-updates`` adds a cap on updates)."""
         full = args.scale == "full"
-        updates = args.max_updates or (self.full_updates if full else MINI_UPDATES)
-        model, train = (self.full_model, self.full_train) if full else (MINI_MODEL, MINI_TRAIN)
+        if full:
+            model, train = self.full_model, self.full_train
+            length = ["--max-update", str(args.max_updates or self.full_updates)]
+        else:
+            model, train = MINI_MODEL, [*MINI_TRAIN, "--lr", f"{lr or MINI_LR:g}"]
+            rule = self.stop_rule(args)
+            length = [*(rule.fairseq_args() if rule else []),
+                      *(["--max-update", str(args.max_updates)] if args.max_updates else [])]
         return [tool("fairseq-train"), bin_dir, "--user-dir", PLUGIN, "--task", "translation",
                 "--source-lang", self.src, "--target-lang", self.tgt, *model,
                 "--output-head", variant.head, "--head-options", json.dumps(variant.options, sort_keys=True),
-                "--criterion", "head_cross_entropy", *train, "--max-update", str(updates), "--seed", str(seed),
+                "--criterion", "head_cross_entropy", *train, *length, "--seed", str(seed),
                 "--save-dir", save_dir, "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "10",
                 "--num-workers", "0", *(["--cpu"] if not full else ["--fp16"])]
 
@@ -162,22 +179,34 @@ class TranslationTable(Table):
         return {"bin": bin_dir, "raw": os.path.join(prep, "raw"), "subsets": subsets}
 
     # -- one cell ----------------------------------------------------------------------------
-    def cell_config(self, variant: Variant, seed: int, args) -> Dict[str, Any]:
+    def cell_config(self, variant: Variant, seed: int, args, lr: Optional[float] = None) -> Dict[str, Any]:
         """The settings a finished cell is kept under (a committed cell stands for a new one only if they agree)."""
         full = args.scale == "full"
-        return {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
-                "scale": args.scale, "updates": args.max_updates or (self.full_updates if full else MINI_UPDATES),
-                "bpe_size": None if full else args.bpe_size, "limit": args.limit}
+        config = {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
+                  "scale": args.scale, "updates": args.max_updates or (self.full_updates if full else None),
+                  "bpe_size": None if full else args.bpe_size, "limit": args.limit}
+        if not full:  # cells trained with other mini settings are trained again
+            rule = self.stop_rule(args)
+            config.update(lr=lr or MINI_LR, stop=rule.as_dict() if rule else None, mini=MINI_MODEL + MINI_TRAIN)
+        return config
 
-    def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str):
-        cell_dir = R.cell_dir(table_dir, variant.name, seed)
-        save_dir = os.path.join(cell_dir, "checkpoints")
+    def train_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
+                   lr: Optional[float] = None) -> Dict[str, Any]:
+        cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
         log_path = os.path.join(cell_dir, "train.log")
-        train = self.train_command(prepared["bin"], variant, seed, save_dir, args)
-        updates = int(train[train.index("--max-update") + 1])
-        runner.run(train, log_path, label, comment=f"{label}: train", total_updates=updates)
-        checkpoint = os.path.join(save_dir, "checkpoint_best.pt")
-        bleu, commands = {}, [shell_line(train)]
+        train = self.train_command(prepared["bin"], variant, seed, self.checkpoint_dir(table_dir, variant, seed, lr),
+                                   args, lr)
+        if not training_done(log_path):
+            runner.run(train, log_path, label, comment=f"{label}: train")
+        return self.trained_record(table_dir, variant, seed, args, log_path, [shell_line(train)], lr)
+
+    def score_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
+                   record: Dict[str, Any]):
+        """Translate every test set with the best checkpoint (``TESTSET.hyp``, detokenized) and score it."""
+        lr = record.get("lr") if args.scale == "mini" else None
+        cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
+        checkpoint = os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_best.pt")
+        bleu, commands = {}, []
         for testset, subset in prepared["subsets"].items():
             gen = self.generate_command(prepared["bin"], checkpoint, subset, args)
             out = runner.run(gen, os.path.join(cell_dir, f"generate-{testset}.log"), label,
@@ -194,7 +223,7 @@ class TranslationTable(Table):
             runner.record(score_cmd, comment=f"{label}: score {testset}")
             bleu[testset] = corpus_bleu(hyps, refs)
             commands += [shell_line(gen), shell_line(score_cmd)]
-        return self.finish_cell(table_dir, variant, seed, args, bleu, log_path, commands, remove=[save_dir])
+        return bleu, commands
 
     def prepare(self, runner: Runner, args, table_dir: str) -> Dict[str, Any]:
         if args.scale == "full":
@@ -214,8 +243,9 @@ class TranslationTable(Table):
     @property
     def report_notes(self) -> str:
         return (f"Mini: Multi30k {self.src}->{self.tgt} (train 29k pairs; test_2016_flickr and test_2017_flickr, "
-                f"1,000 sentences each), a 4k joint sentencepiece BPE, a 2+2-layer 256-d pre-norm transformer, "
-                f"{MINI_UPDATES} updates of 4096 tokens, beam 5, sacrebleu (13a) on the detokenized hypotheses. "
+                f"1,000 sentences each), a 4k joint sentencepiece BPE, a 3+3-layer 128-d pre-norm transformer (FFN 256, 4 attention heads), "
+                f"batches of 4096 tokens, {MINI_STOP.describe()}, beam 5, sacrebleu (13a) on the detokenized "
+                f"hypotheses. "
                 f"The paper's numbers are WMT'14 newstest2014 with 0.2B / 0.8B-parameter models: compare the "
                 f"ordering of the heads, not the values. MoS runs with K = 4 here (the paper's baseline: K = 9).")
 

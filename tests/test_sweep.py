@@ -1,0 +1,148 @@
+"""The mini cells' stopping rule and learning-rate sweep (recipes/reproduce/sweep.py): curves from fairseq logs,
+the stopping decision, the choice of a rate on valid loss, the grid growing past an end that is best, and the
+table loop that runs the sweep, the chosen rate's seeds, and resumes."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from recipes.reproduce import results as R
+from recipes.reproduce import sweep as S
+
+
+def _log(points, walls):
+    """A fairseq-train json log: a valid line then the epoch's train line, per epoch."""
+    lines = []
+    for (epoch, updates, loss), wall in zip(points, walls):
+        lines.append(f'2026 | INFO | valid | {{"epoch": {epoch}, "valid_loss": "{loss}", "valid_nll_loss": '
+                     f'"{loss - 1:.3f}", "valid_num_updates": "{updates}"}}')
+        lines.append(f'2026 | INFO | train | {{"epoch": {epoch}, "train_loss": "9", "train_train_wall": "{wall}", '
+                     f'"train_wall": "{wall + 1}"}}')
+    return "\n".join(lines) + "\n"
+
+
+def test_curve_sums_the_training_seconds_and_keeps_the_last_line_of_a_resumed_epoch():
+    text = _log([(1, 10, 5.0), (2, 20, 4.0)], [30, 20]) + _log([(2, 20, 4.5), (3, 30, 3.5)], [25, 10])
+    curve = S.parse_curve(text)
+    assert [p["epoch"] for p in curve] == [1, 2, 3]
+    assert [p["loss"] for p in curve] == [5.0, 4.5, 3.5]  # epoch 2 again after a resume: its last line counts
+    assert [p["seconds"] for p in curve] == [30.0, 55.0, 65.0]
+    assert curve[0]["nll_loss"] == 4.0 and curve[2]["updates"] == 30
+
+
+def test_stopping_rule_patience_and_cap():
+    rule = S.StopRule(patience=2, max_epochs=5)
+    curve = [{"epoch": e, "loss": loss} for e, loss in enumerate([5.0, 4.0, 4.1, 4.0], 1)]
+    assert S.best_point(curve)["epoch"] == 2  # a tie keeps the first best, as fairseq's checkpoint_best
+    assert S.stopped(curve, rule) == "patience"  # epochs 3 and 4 did not improve on 4.0
+    assert S.stopped(curve[:3], rule) is None
+    improving = [{"epoch": e, "loss": 10.0 - e} for e in range(1, 6)]
+    assert S.stopped(improving, rule) == "max_epochs" and S.stopped(improving[:4], rule) is None
+    assert rule.fairseq_args() == ["--max-epoch", "5", "--patience", "2"]
+    with pytest.raises(ValueError, match="patience must be >= 1"):
+        S.StopRule(patience=0, max_epochs=5)
+
+
+def test_the_rate_of_the_lowest_valid_loss_is_chosen_and_the_grid_grows_past_a_best_end():
+    assert S.grid(0.005, 2.0) == [0.0025, 0.005, 0.01]
+    assert S.choose_lr({0.0025: 4.2, 0.005: 4.1, 0.01: 4.3}) == 0.005
+    assert S.choose_lr({0.0025: 4.1, 0.005: 4.1}) == 0.0025  # a tie: the smaller rate
+    rates = [0.0025, 0.005, 0.01]
+    assert S.extend_grid(rates, {0.0025: 4.2, 0.005: 4.1, 0.01: 4.3}, 2.0, 5) is None  # inside: done
+    assert S.extend_grid(rates, {0.0025: 4.2, 0.005: 4.1, 0.01: 4.0}, 2.0, 5) == 0.02
+    assert S.extend_grid(rates, {0.0025: 4.0, 0.005: 4.1, 0.01: 4.3}, 2.0, 5) == 0.00125
+    assert S.extend_grid(rates, {0.0025: 4.0, 0.005: 4.1}, 2.0, 5) is None  # a cell is missing: wait for it
+    assert S.extend_grid(rates + [0.02, 0.04], {r: 5.0 - r for r in rates + [0.02, 0.04]}, 2.0, 5) is None  # cap
+    with pytest.raises(ValueError, match="no finished sweep cell"):
+        S.choose_lr({})
+
+
+def test_loss_within_a_time_budget_and_cpu_hours():
+    curve = [{"epoch": 1, "seconds": 30.0, "loss": 5.0}, {"epoch": 2, "seconds": 60.0, "loss": 4.0},
+             {"epoch": 3, "seconds": 90.0, "loss": 4.2}]
+    assert S.at_seconds(curve, 65.0) == 4.0 and S.at_seconds(curve, 200.0) == 4.0
+    assert S.at_seconds(curve, 10.0) is None
+    assert S.cpu_hours([{"train_wall_s": 1800.0}, {"train_wall_s": 1800.0}, {}], threads=2) == 2.0
+
+
+class FakeTable:
+    """The sweep loop of recipes.reproduce.table.Table with cells that 'train' instantly: the valid loss of a cell
+    is a function of its rate (best at 0.01 for mixtape, 0.005 for softmax) and seed."""
+
+    def __new__(cls, best):
+        from recipes.reproduce.table import Table
+
+        class Fake(Table):
+            name, metric, description = "fake", "bleu", "fake table"
+            mini_stop = S.StopRule(patience=2, max_epochs=4)
+            mini_lr = 0.005
+            cost_columns = False
+            trained, scored = [], []
+
+            def variants(self, args):
+                from recipes.reproduce.variants import Variant
+
+                return [Variant("softmax", "softmax"), Variant("mixtape", "mixtape")]
+
+            def seeds_for(self, variant, args):
+                return [1, 2, 3] if variant.name == "softmax" else [1, 2]
+
+            def prepare(self, runner, args, table_dir):
+                return {}
+
+            def dataset(self, args):
+                return "fake"
+
+            def paper_for(self, variant, split):
+                return None
+
+            def cell_config(self, variant, seed, args, lr=None):
+                return {"table": self.name, "head": variant.name, "options": {}, "seed": seed, "scale": "mini",
+                        "lr": lr, "stop": self.stop_rule(args).as_dict()}
+
+            def train_cell(self, runner, prepared, variant, seed, args, table_dir, label, lr=None):
+                self.trained.append((variant.name, lr, seed))
+                loss = 4.0 + abs(lr - best[variant.name]) * 100 + seed / 100
+                log = R.cell_dir(table_dir, variant.name, seed, lr) + "/train.log"
+                with open(log, "w") as f:
+                    f.write(_log([(1, 10, loss + 1), (2, 20, loss), (3, 30, loss + 0.1), (4, 40, loss + 0.2)],
+                                 [10, 10, 10, 10]))
+                return self.trained_record(table_dir, variant, seed, args, log, ["train"], lr)
+
+            def score_cell(self, runner, prepared, variant, seed, args, table_dir, label, record):
+                self.scored.append((variant.name, record["lr"], seed))
+                return {"test": 30.0 - record["best"]["loss"]}, ["score"]
+
+        return Fake()
+
+
+def _args(tmp_path, **kw):
+    return SimpleNamespace(out=str(tmp_path), scale="mini", dry_run=False, quiet=True, no_costs=True,
+                           keep_checkpoints=False, lrs=None, patience=None, max_epochs=None, seeds=None, **kw)
+
+
+def test_table_sweeps_every_head_then_trains_the_seeds_at_the_chosen_rate_and_resumes(tmp_path):
+    table = FakeTable({"softmax": 0.005, "mixtape": 0.01})
+    logs = []
+    rows = table.run(_args(tmp_path), log=logs.append)
+    # seed 1 at the grid 0.0025 / 0.005 / 0.01; mixtape's best is the top end: the grid grows to 0.02 (worse)
+    sweep = [c for c in table.trained if c[2] == 1]
+    assert sweep == [("softmax", 0.0025, 1), ("softmax", 0.005, 1), ("softmax", 0.01, 1), ("mixtape", 0.0025, 1),
+                     ("mixtape", 0.005, 1), ("mixtape", 0.01, 1), ("mixtape", 0.02, 1)]
+    assert [c for c in table.trained if c[2] > 1] == [("softmax", 0.005, 2), ("mixtape", 0.01, 2),
+                                                      ("softmax", 0.005, 3)]
+    assert table.scored == [("softmax", 0.005, 1), ("mixtape", 0.01, 1), ("softmax", 0.005, 2), ("mixtape", 0.01, 2),
+                            ("softmax", 0.005, 3)]  # only the chosen rate is scored: the test split chooses nothing
+    chosen = json.load(open(tmp_path / "fake" / "sweep.json"))
+    assert chosen == {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
+                      "mixtape": {"rates": [0.0025, 0.005, 0.01, 0.02], "chosen": 0.01}}
+    assert {r["head"]: r["seeds"] for r in rows} == {"softmax": [1, 2, 3], "mixtape": [1, 2]}
+    record = R.load_cell(str(tmp_path / "fake"), "mixtape", 2, 0.01)
+    assert record["best"]["epoch"] == 2 and record["stopped"] == "patience" and record["bleu"] == {"test": 30.0 - 4.02}
+    assert record["curve"][-1]["seconds"] == 40.0
+    # a rerun trains and scores nothing again
+    table.trained.clear(), table.scored.clear()
+    again = table.run(_args(tmp_path), log=logs.append)
+    assert table.trained == [] and table.scored == [] and again == rows
