@@ -183,9 +183,11 @@ def test_report_from_a_fixture(tmp_path):
     text = report.build_report(str(docs))
     assert text == (docs / "reproduction.md").read_text()
     assert "| softmax | 31.00 ± 1.00 | 3 | 29.0 |" in text and "| mixtape | 31.50 ± 1.00 | 3 | 29.3 |" in text
-    assert "mixtape +0.50 (within the seed spread (1.00): no ranking)" in text
-    assert "mos-4 +4.00 (better by more than the seed spread" in text
-    assert "plif -3.00 (one seed" in text
+    # the wording follows the Holm-adjusted paired tests: mos-4 (+5.0, +4.2, +2.8 over 3 seeds) passes, mixtape not
+    assert "mixtape against softmax: no significant difference on test_2016_flickr (mean difference +0.50)" in text
+    assert "mos-4 against softmax: better on test_2016_flickr (+4.00 BLEU, Holm p = 0.0497, 3 seeds)" in text
+    assert "plif against softmax: one seed on test_2016_flickr: not tested" in text
+    assert "| mos-4 - softmax | test_2016_flickr | 3 | +4.00 [+1.23, +6.77] | 0.0249 | 0.0497 | 0.25 |" in text
     assert "2.50x / 2.70x" in text
     assert ("mean over the seeds that logged one; one thread each, two to five cells at a time on the 2 cores): "
             "softmax 2.0, mixtape 2.0 (1 of its 3 seeds logged a time).") in text

@@ -146,3 +146,52 @@ def test_table_sweeps_every_head_then_trains_the_seeds_at_the_chosen_rate_and_re
     table.trained.clear(), table.scored.clear()
     again = table.run(_args(tmp_path), log=logs.append)
     assert table.trained == [] and table.scored == [] and again == rows
+
+
+def _cell(head, seed, lr, losses, wall, threads=1, **extra):
+    curve = [{"epoch": e, "updates": 10 * e, "seconds": wall * e, "loss": loss, "nll_loss": loss - 1}
+             for e, loss in enumerate(losses, 1)]
+    return {"head": head, "seed": seed, "lr": lr, "curve": curve, "best": S.best_point(curve), "stopped": "patience",
+            "train_wall_s": wall * len(losses), "threads": threads, **extra}
+
+
+def test_sweep_table_equal_seconds_and_cpu_hours():
+    from recipes.reproduce import compare as C
+
+    sweep = {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
+             "mixtape": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.01}}
+    cells = [_cell("softmax", 1, 0.0025, [5, 4.5, 4.6, 4.7], 10), _cell("softmax", 1, 0.005, [5, 4.2, 4.3, 4.4], 10),
+             _cell("softmax", 1, 0.01, [5, 4.4, 4.5, 4.6], 10), _cell("mixtape", 1, 0.0025, [5, 4.6, 4.7, 4.8], 20),
+             _cell("mixtape", 1, 0.005, [5, 4.3, 4.4, 4.5], 20), _cell("mixtape", 1, 0.01, [5, 4.1, 4.0, 4.2, 4.3], 20),
+             _cell("softmax", 2, 0.005, [5, 4.25, 4.3, 4.4], 10), _cell("mixtape", 2, 0.01, [5, 4.0, 4.1, 4.2], 20)]
+    table = C.sweep_table(cells, sweep)
+    assert "| mixtape | 4.600 (ep 2, patience) | 4.300 (ep 2, patience) | **4.000 (ep 3, patience)** | 0.01 (an end" in table
+    assert "| softmax | 4.500 (ep 2, patience) | **4.200 (ep 2, patience)** | 4.400 (ep 2, patience) | 0.005 |" in table
+    spent = C.cpu_hours(cells, sweep)
+    assert spent["chosen"] == pytest.approx((40 + 100 + 40 + 80) / 3600) and spent["total"] == pytest.approx(
+        sum(c["train_wall_s"] for c in cells) / 3600)
+    chosen = [c for c in cells if c["lr"] == sweep[c["head"]]["chosen"]]
+    (row,) = C.equal_seconds(chosen)
+    # softmax trains 40 s (seeds 1 and 2); mixtape's best within 40 s: 4.1 (seed 1, epoch 2), 4.0 (seed 2)
+    assert row["head"] == "mixtape" and row["seeds"] == 2 and row["softmax_seconds"] == 40
+    assert row["loss_diff"].mean == pytest.approx(((4.1 - 4.2) + (4.0 - 4.25)) / 2)
+    assert row["head_seconds_to_best"] == pytest.approx((60 + 40) / 2)
+    assert "| mixtape | 2 | 40 | -0.175 [" in C.equal_seconds_table([row])
+
+
+def test_bootstrap_of_every_head_and_seed_against_softmax():
+    from recipes.reproduce import compare as C
+
+    import random
+
+    rng = random.Random(0)
+    refs = [" ".join(rng.choice("a b c d e f g h".split()) for _ in range(8)) for _ in range(150)]
+    good = [r if i % 5 else "x y z" for i, r in enumerate(refs)]
+    bad = [r if i % 2 else "x y z" for i, r in enumerate(refs)]
+    hyps = {"softmax": {1: {"t": bad}, 2: {"t": good}}, "mixtape": {1: {"t": good}, 2: {"t": good}}}
+    scores = {"softmax": {1: {"t": 40.0}, 2: {"t": 70.0}}, "mixtape": {1: {"t": 70.0}, 2: {"t": 70.0}}}
+    out = C.bootstrap(hyps, {"t": refs}, scores, samples=200)
+    assert [(b["head"], b["seed"], b["delta"]) for b in out] == [("mixtape", 1, 30.0), ("mixtape", 2, 0.0)]
+    assert out[0]["p"] < 0.05  # a real difference
+    table = C.family_table([], "bleu", out)
+    assert table == ""  # no paired rows: nothing to print

@@ -18,6 +18,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
+from recipes.reproduce import compare as C
 from recipes.reproduce import results as R
 from recipes.reproduce.costs import GRID
 from recipes.reproduce.runner import relative_paths
@@ -57,9 +58,41 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
             plan["commands"] = [relative_paths(line) for line in plan["commands"]]
         obj = {"table": table, "description": get_table(table).description, "rows": rows,
                "cells": cells, "costs": costs, "plan": plan, **({"sweep": sweep} if sweep else {})}
+        if sweep and rows and rows[0]["metric"] == "bleu":
+            obj["bootstrap"] = commit_hypotheses(table_dir, obj, docs_dir) or before.get("bootstrap")
         R.save_json(out, obj)
         written.append(out)
     return written
+
+
+def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> List[Dict[str, Any]]:
+    """Copy the hypotheses of a translation table's chosen cells to ``docs/reproduction/hyps/TABLE/`` (one file per
+    head, seed and test set: ``HEAD-seedK.TESTSET.hyp``) and run sacrebleu's paired bootstrap on them (the
+    references from the run's data); returns the bootstrap records, or [] when the run's files are not here."""
+    import shutil
+
+    from recipes.reproduce import data as D
+
+    table = get_table(obj["table"])
+    testsets = list(dict.fromkeys(r["split"] for r in _score_rows(obj["rows"])))
+    refs_dir = os.path.join(table_dir, "data", "raw")
+    if not os.path.isdir(refs_dir):
+        return []
+    cells = chosen_cells(obj)
+    files = C.hyp_files(table_dir, cells, testsets)
+    out_dir = os.path.join(docs_dir, "reproduction", "hyps", obj["table"])
+    os.makedirs(out_dir, exist_ok=True)
+    hyps: Dict[str, Dict[int, Dict[str, List[str]]]] = {}
+    for head, by_seed in files.items():
+        for seed, by_set in by_seed.items():
+            for testset, path in by_set.items():
+                shutil.copyfile(path, os.path.join(out_dir, f"{head}-seed{seed}.{testset}.hyp"))
+                hyps.setdefault(head, {}).setdefault(seed, {})[testset] = D.read_lines(path)
+    refs = {t: D.read_lines(os.path.join(refs_dir, f"{t}.{table.tgt}")) for t in testsets}
+    scores = {c["head"]: {} for c in cells}
+    for c in cells:
+        scores[c["head"]][c["seed"]] = c.get("bleu", {})
+    return C.bootstrap(hyps, refs, scores)
 
 
 def _fmt(mean: Optional[float], std: Optional[float], digits: int = 2) -> str:
@@ -121,34 +154,6 @@ def cost_table(rows: List[Dict[str, Any]]) -> str:
             cells.append("-" if r is None else f"{r['mean']:.2f}x / " + ("-" if r["paper"] is None else f"{r['paper']:.2f}x"))
         lines.append(f"| {head} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def findings(rows: List[Dict[str, Any]], higher_is_better: bool = True) -> str:
-    """What the scores show, per split: each head against softmax, within the seed spread or not."""
-    rows = _score_rows(rows)
-    out = []
-    for split in dict.fromkeys(r["split"] for r in rows):
-        by = {r["head"]: r for r in rows if r["split"] == split}
-        base = by.get("softmax")
-        if base is None:
-            continue
-        parts = []
-        for head, r in by.items():
-            if head == "softmax":
-                continue
-            diff = r["mean"] - base["mean"]
-            spread = max(s for s in (r["std"], base["std"], 0.0) if s is not None)
-            better = (diff > 0) == higher_is_better
-            if len(r["values"]) < 2 or len(base["values"]) < 2:
-                verdict = "one seed: no spread to compare against"
-            elif abs(diff) <= spread:
-                verdict = f"within the seed spread ({spread:.2f}): no ranking"
-            else:
-                verdict = ("better" if better else "worse") + f" by more than the seed spread ({spread:.2f})"
-            parts.append(f"{head} {diff:+.2f} ({verdict})")
-        if parts:
-            out.append(f"On {split}, against softmax ({_fmt(base['mean'], base['std'])}): " + "; ".join(parts) + ".")
-    return " ".join(out)
 
 
 def misrecorded(cells: List[Dict[str, Any]], table: str) -> str:
@@ -275,8 +280,12 @@ CPU), not reproductions of their numbers. Every number below comes from a run of
 of the machine that ran them); the paper's numbers are the full-size ones (GPU clusters, WMT'14 / the papers'
 corpora), so they are a reference for the *ordering* of heads and the *cost ratios*, not for the absolute value
 of a mini number. `--scale full --dry-run` prints the full-size commands and parameter counts.
-Mean ± sample std over seeds; "within the seed spread" means the difference of means is no larger than the
-larger of the two standard deviations, and then we do not rank the heads.
+Mean ± sample std over seeds. Heads are compared seed by seed (seed K of two heads shares the data order and the
+initialisation of the shared layers): the mean paired difference with its 95% t interval, the paired t-test and
+the exact sign test, the p-values of a table's comparisons Holm-adjusted together; a difference is called one only
+where its Holm-adjusted p is below 0.05, otherwise the report says there is no significant difference and does not
+rank the heads. For BLEU, sacrebleu's paired bootstrap (1,000 resamplings) also tests every seed on its own, on
+the committed hypotheses (`docs/reproduction/hyps/`).
 """
 
 
@@ -347,7 +356,26 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                       f"{c['threads']} thread"
                       f"{'s' if c['threads'] != 1 else ''}, one timing run per head on a 2-core machine shared "
                       f"with the training runs.{_added_heads(c)} {noise}".rstrip(), ""]
-    text = " ".join(t for t in (findings(rows, higher_is_better=not any(r["metric"] == "ppl" for r in rows)),
+    sweep = obj.get("sweep") or {}
+    if sweep:
+        spent = C.cpu_hours(cells, sweep)
+        lines += ["Learning rate per head: best valid loss of seed 1 at every rate (epoch of the best, why it "
+                  "stopped; bold: the chosen rate, chosen on valid only):", "", C.sweep_table(cells, sweep)]
+        lines += [f"Compute: {spent['total']:.1f} CPU-core-hours of training for this table ({spent['sweep']:.1f} in "
+                  f"the rates not chosen, {spent['chosen']:.1f} in the chosen rates' seeds; scoring excluded).", ""]
+    scores = _score_rows(rows)
+    comparisons = C.family(rows)
+    if comparisons:
+        metric = scores[0]["metric"]
+        lines += ["Paired comparisons (head minus baseline, same seeds; Holm-adjusted over this table):", "",
+                  C.family_table(comparisons, metric, obj.get("bootstrap") if metric == "bleu" else None)]
+    seconds = C.equal_seconds(chosen_cells(obj))
+    if seconds:
+        lines += ["Equal compute: each head's best valid loss within the training seconds softmax took with the same "
+                  "seed (to its stop), against softmax's best (negative: the head reaches a lower loss for the same "
+                  "bill; seconds on one core each, two cells at a time on a shared 2-core machine, so timings carry "
+                  "some noise):", "", C.equal_seconds_table(seconds)]
+    text = " ".join(t for t in (C.reading(comparisons, scores[0]["metric"]) if comparisons else "",
                                 worst_seeds(rows)) if t)
     if text:
         lines += ["**What it shows.** " + text, ""]

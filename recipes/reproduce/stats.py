@@ -40,12 +40,16 @@ class Paired:
         """``+1.23 [0.45, 2.01], p = 0.012 (t-test), 5/5 positive`` (for the report)."""
         if self.low is None:
             return f"{self.mean:+.{digits}f} (one seed: no interval)"
-        return (f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}], p = {_p(self.p)} "
+        return (f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}], p = {format_p(self.p)} "
                 f"(paired t, {self.n} seeds), {self.positive}/{self.n} positive")
 
 
-def _p(p: Optional[float]) -> str:
-    return "-" if p is None else (f"{p:.3f}" if p >= 0.001 else f"{p:.1e}")
+def format_p(p: Optional[float]) -> str:
+    """A p-value as the report writes it: 2 decimals from 0.1, 4 below (so 0.0497 is not shown as 0.050), then
+    scientific below 0.001."""
+    if p is None:
+        return "-"
+    return f"{p:.2f}" if p >= 0.1 else f"{p:.4f}" if p >= 0.001 else f"{p:.1e}"
 
 
 def paired(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> Paired:

@@ -243,9 +243,9 @@ class TranslationTable(Table):
     @property
     def report_notes(self) -> str:
         return (f"Mini: Multi30k {self.src}->{self.tgt} (train 29k pairs; test_2016_flickr and test_2017_flickr, "
-                f"1,000 sentences each), a 4k joint sentencepiece BPE, a 3+3-layer 128-d pre-norm transformer (FFN 256, 4 attention heads), "
-                f"batches of 4096 tokens, {MINI_STOP.describe()}, beam 5, sacrebleu (13a) on the detokenized "
-                f"hypotheses. "
+                f"1,000 sentences each), a 4k joint sentencepiece BPE, a 3+3-layer 128-d pre-norm transformer (FFN "
+                f"256, 4 attention heads), batches of 4096 tokens, {MINI_STOP.describe()}, beam 5, sacrebleu (13a) on "
+                f"the detokenized hypotheses. "
                 f"The paper's numbers are WMT'14 newstest2014 with 0.2B / 0.8B-parameter models: compare the "
                 f"ordering of the heads, not the values. MoS runs with K = 4 here (the paper's baseline: K = 9).")
 

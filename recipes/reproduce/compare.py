@@ -1,0 +1,227 @@
+"""What a table's cells say about its heads, as the report writes it: paired comparisons tested per table, the
+learning-rate sweep, the comparison at equal training seconds, and the compute spent.
+
+* :func:`family`: every head against softmax on every split (and the two forms of Mixtape against each other), each
+  over the seeds both have (seed K of two heads shares the data order and the shared layers' initialisation), by
+  :func:`recipes.reproduce.stats.paired`; the family's p-values are Holm-adjusted together.
+* :func:`reading`: the sentences the report prints, which follow the adjusted tests: a difference is called one only
+  where its Holm-adjusted p is below 0.05; otherwise "no significant difference".
+* :func:`bootstrap`: sacrebleu's paired bootstrap for every BLEU comparison and seed, from the hypotheses.
+* :func:`equal_seconds`: each head's best valid loss within softmax's training seconds (same seed), against
+  softmax's best: what the same training bill buys.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from recipes.reproduce import stats
+from recipes.reproduce import sweep as S
+
+ALPHA = 0.05
+#: the comparisons of a table beside "each head against softmax": (head, baseline)
+EXTRA_PAIRS = (("mixtape-unscaled", "mixtape"),)
+
+
+@dataclass
+class Comparison:
+    """``head`` against ``baseline`` on ``split`` over ``seeds`` (head minus baseline)."""
+
+    head: str
+    baseline: str
+    split: str
+    seeds: List[int]
+    result: stats.Paired
+    holm: Optional[float] = None  # Holm-adjusted p within the table's family
+
+
+def _score_rows(rows):
+    return [r for r in rows if r["metric"] in ("bleu", "ppl")]
+
+
+def family(rows: Sequence[Mapping[str, Any]]) -> List[Comparison]:
+    """Every head against softmax (and :data:`EXTRA_PAIRS`) per split, paired by seed, Holm-adjusted together."""
+    rows = _score_rows(rows)
+    by = {(r["head"], r["split"]): dict(zip(r["seeds"], r["values"])) for r in rows}
+    heads = list(dict.fromkeys(r["head"] for r in rows))
+    splits = list(dict.fromkeys(r["split"] for r in rows))
+    pairs = [(h, "softmax") for h in heads if h != "softmax"] + [p for p in EXTRA_PAIRS if set(p) <= set(heads)]
+    out = []
+    for head, base in pairs:
+        for split in splits:
+            a, b = by.get((head, split)), by.get((base, split))
+            if not a or not b:
+                continue
+            seeds = sorted(set(a) & set(b))
+            if seeds:
+                out.append(Comparison(head, base, split, seeds,
+                                      stats.paired([a[s] for s in seeds], [b[s] for s in seeds])))
+    for c, p in zip(out, stats.holm([c.result.p for c in out])):
+        c.holm = p
+    return out
+
+
+def family_table(comparisons: Sequence[Comparison], metric: str,
+                 boot: Optional[Sequence[Mapping[str, Any]]] = None) -> str:
+    """Markdown: one line per comparison (mean difference, 95% interval, paired t p, Holm p, sign test; for BLEU the
+    seeds where sacrebleu's paired bootstrap finds p < 0.05 for and against the head)."""
+    if not comparisons:
+        return ""
+    unit = "BLEU" if metric == "bleu" else "perplexity"
+    header = (f"| comparison | split | seeds | mean difference ({unit}) [95% CI] | paired t p | Holm p | sign test p |"
+              + (" bootstrap p < 0.05 (seeds: head better / worse) |" if boot is not None else ""))
+    lines = [header, "|---|---|---|---|---|---|---|" + ("---|" if boot is not None else "")]
+    for c in comparisons:
+        r = c.result
+        ci = "-" if r.low is None else f"[{r.low:+.2f}, {r.high:+.2f}]"
+        row = (f"| {c.head} - {c.baseline} | {c.split} | {r.n} | {r.mean:+.2f} {ci} | {stats.format_p(r.p)} | "
+               f"{stats.format_p(c.holm)} | {stats.format_p(r.p_sign)} |")
+        if boot is not None:
+            mine = [b for b in boot if b["head"] == c.head and b["baseline"] == c.baseline and b["split"] == c.split]
+            better = sum(b["p"] < ALPHA and b["delta"] > 0 for b in mine)
+            worse = sum(b["p"] < ALPHA and b["delta"] < 0 for b in mine)
+            row += f" {better} / {worse} of {len(mine)} |" if mine else " - |"
+        lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+def reading(comparisons: Sequence[Comparison], metric: str) -> str:
+    """One sentence per head: where its difference with the baseline is significant after Holm, and where not."""
+    higher = metric != "ppl"
+    unit = "BLEU" if metric == "bleu" else "perplexity"
+    out = []
+    for head, base in dict.fromkeys((c.head, c.baseline) for c in comparisons):
+        mine = [c for c in comparisons if c.head == head and c.baseline == base]
+        significant = [c for c in mine if c.holm is not None and c.holm < ALPHA]
+        untestable = [c for c in mine if c.result.p is None]
+        parts = []
+        for c in significant:
+            better = (c.result.mean > 0) == higher
+            parts.append(f"{'better' if better else 'worse'} on {c.split} ({c.result.mean:+.2f} {unit}, "
+                         f"Holm p = {stats.format_p(c.holm)}, {c.result.n} seeds)")
+        rest = [c.split for c in mine if c not in significant and c not in untestable]
+        if rest:
+            spread = ", ".join(f"{c.result.mean:+.2f}" for c in mine if c.split in rest)
+            plural = "s" if len(rest) > 1 else ""
+            parts.append(f"no significant difference on {', '.join(rest)} (mean difference{plural} {spread})")
+        if untestable:
+            parts.append(f"one seed on {', '.join(c.split for c in untestable)}: not tested")
+        out.append(f"{head} against {base}: " + "; ".join(parts) + ".")
+    return " ".join(out)
+
+
+def bootstrap(heads_hyps: Mapping[str, Mapping[int, Mapping[str, Sequence[str]]]],
+              references: Mapping[str, Sequence[str]], scores: Mapping[str, Mapping[int, Mapping[str, float]]],
+              samples: int = 1000) -> List[Dict[str, Any]]:
+    """sacrebleu's paired bootstrap of every head against softmax (and :data:`EXTRA_PAIRS`), per seed and test
+    set: ``[{"head", "baseline", "seed", "split", "delta" (BLEU difference), "p"}]``. ``heads_hyps[head][seed]
+    [testset]``: the hypotheses; ``scores``: the cells' BLEU, same keys."""
+    pairs = [(h, "softmax") for h in heads_hyps if h != "softmax"] + [p for p in EXTRA_PAIRS
+                                                                       if set(p) <= set(heads_hyps)]
+    out = []
+    for head, base in pairs:
+        if base not in heads_hyps:
+            continue
+        for seed in sorted(set(heads_hyps[head]) & set(heads_hyps[base])):
+            for split, refs in references.items():
+                a, b = heads_hyps[head][seed].get(split), heads_hyps[base][seed].get(split)
+                if a is None or b is None:
+                    continue
+                out.append({"head": head, "baseline": base, "seed": seed, "split": split,
+                            "delta": round(scores[head][seed][split] - scores[base][seed][split], 2),
+                            "p": stats.paired_bootstrap_p(b, a, refs, samples)})
+    return out
+
+
+def equal_seconds(cells: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Per head (seeds it shares with softmax, cells at the chosen rates): softmax's training seconds (mean), the
+    head's best valid loss within softmax's seconds minus softmax's best (paired per seed, None where the head had
+    not validated yet), and the head's own seconds to its best."""
+    by = {(c["head"], c["seed"]): c for c in cells if c.get("curve")}
+    out = []
+    for head in dict.fromkeys(c["head"] for c in cells if c["head"] != "softmax"):
+        seeds = sorted(s for (h, s) in by if h == head and ("softmax", s) in by)
+        if not seeds:
+            continue
+        diffs, budgets, own = [], [], []
+        for s in seeds:
+            base, mine = by[("softmax", s)], by[(head, s)]
+            budget = base["curve"][-1].get("seconds")
+            if budget is None:
+                continue
+            budgets.append(budget)
+            reached = S.at_seconds(mine["curve"], budget)
+            diffs.append(None if reached is None else reached - base["best"]["loss"])
+            own.append(mine["best"].get("seconds"))
+        known = [d for d in diffs if d is not None]
+        out.append({"head": head, "seeds": len(budgets),
+                    "softmax_seconds": sum(budgets) / len(budgets) if budgets else None,
+                    "loss_diff": stats.paired(known, [0.0] * len(known)) if known else None,
+                    "missing": len(diffs) - len(known),
+                    "head_seconds_to_best": (sum(o for o in own if o is not None) / len([o for o in own if o])
+                                             if any(own) else None)})
+    return out
+
+
+def equal_seconds_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return ""
+    lines = ["| head | seeds | softmax's training seconds (mean) | head's best valid loss within them - softmax's best "
+             "(bits) [95% CI] | head's seconds to its own best (mean) |", "|---|---|---|---|---|"]
+    for r in rows:
+        d = r["loss_diff"]
+        diff = "-" if d is None else (f"{d.mean:+.3f}" + (f" [{d.low:+.3f}, {d.high:+.3f}]" if d.low is not None
+                                                           else ""))
+        if r["missing"]:
+            diff += f" ({r['missing']} seed(s) had not validated yet)"
+        own = "-" if r["head_seconds_to_best"] is None else f"{r['head_seconds_to_best']:.0f}"
+        lines.append(f"| {r['head']} | {r['seeds']} | {r['softmax_seconds']:.0f} | {diff} | {own} |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_table(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown: per head, the best valid loss (and its epoch) of seed 1 at every rate tried, the chosen rate, and
+    whether it is an end of the grid (a rate beyond it was not tried: the grid's cap)."""
+    if not sweep:
+        return ""
+    rates = sorted({lr for s in sweep.values() for lr in s["rates"]})
+    by = {(c["head"], c.get("lr")): c for c in cells if c["seed"] == 1 and c.get("best")}
+    lines = ["| head | " + " | ".join(f"lr {S.rate_key(lr)}" for lr in rates) + " | chosen |",
+             "|---|" + "---|" * (len(rates) + 1)]
+    for head, s in sweep.items():
+        cols = []
+        for lr in rates:
+            c = by.get((head, lr))
+            text = "-" if c is None else f"{c['best']['loss']:.3f} (ep {c['best']['epoch']}, {c.get('stopped', '')})"
+            cols.append(f"**{text}**" if lr == s["chosen"] and c is not None else text)
+        edge = " (an end of the grid)" if s["chosen"] in (min(s["rates"]), max(s["rates"])) else ""
+        lines.append(f"| {head} | " + " | ".join(cols) + f" | {S.rate_key(s['chosen'])}{edge} |")
+    return "\n".join(lines) + "\n"
+
+
+def cpu_hours(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
+    """Training CPU-core-hours of a table's cells: ``{"sweep": rates not chosen, "chosen": the chosen rates' cells
+    (seed 1 included), "total"}`` (each cell's training seconds times its threads; scoring excluded)."""
+    chosen = {h: s["chosen"] for h, s in sweep.items()}
+    out = {"sweep": 0.0, "chosen": 0.0}
+    for c in cells:
+        hours = (c.get("train_wall_s") or 0.0) * (c.get("threads") or 1) / 3600.0
+        out["chosen" if chosen.get(c["head"]) == c.get("lr") else "sweep"] += hours
+    out["total"] = out["sweep"] + out["chosen"]
+    return out
+
+
+def hyp_files(table_dir: str, cells: Sequence[Mapping[str, Any]],
+              testsets: Sequence[str]) -> Dict[str, Dict[int, Dict[str, str]]]:
+    """``{head: {seed: {testset: path}}}`` of the hypotheses of finished cells under ``table_dir``."""
+    from recipes.reproduce import results as R
+
+    out: Dict[str, Dict[int, Dict[str, str]]] = {}
+    for c in cells:
+        cell_dir = R.cell_dir(table_dir, c["head"], c["seed"], c.get("lr"))
+        for t in testsets:
+            path = os.path.join(cell_dir, f"{t}.hyp")
+            if os.path.isfile(path):
+                out.setdefault(c["head"], {}).setdefault(c["seed"], {})[t] = path
+    return out
