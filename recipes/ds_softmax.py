@@ -6,8 +6,10 @@ Tasks (``--tasks``, default: all that can run here):
   are sampled (centres ~ N(0, I_d)), C sub classes around each (centre = super + N(0, s_sub^2 I)),
   points around each sub class (+ N(0, s_pt^2 I)); the label is the sub class (V = S x C), the
   super class is hidden. The hidden state fed to the head is the point itself.
-* ``ptb``: a word-level LSTM language model (V = 10,000) trained on PTB ``valid.txt`` (the train
-  split is not shipped here) and scored on ``test.txt``; its last hidden states feed the heads.
+* ``ptb`` / ``wikitext-2``: a word-level LSTM language model (V = 10,000 / 33,278) trained on the corpus's
+  ``valid.txt`` (the train splits are not shipped here) and scored on ``test.txt``; its last hidden states feed
+  the heads. WikiText-2 is the poster's headline row (64 experts); ``--experts 16 32 64`` runs each E on the
+  same trained LM (the curve).
 
 For each task: (1) a full softmax is trained; (2) a DS-Softmax head with ``--experts`` experts,
 every expert started from the trained softmax, is trained on the same hidden states with its group
@@ -17,8 +19,9 @@ respect to the hidden super classes (synthetic), the FLOPs reduction, and the wa
 ``head.topk(hidden, 1)`` at batch 1 and 64 against the full softmax's, measured in the same run
 (interleaved rounds, medians; :mod:`recipes.timing`).
 
-    python -m recipes.ds_softmax                                   # every task, ~13 min on 2 cores
+    python -m recipes.ds_softmax                                   # every task but wikitext-2, ~13 min on 2 cores
     python -m recipes.ds_softmax --tasks synthetic-10x10 --steps 300
+    python -m recipes.ds_softmax --tasks wikitext-2 --experts 16 32 64   # the poster's Wiki-2 row and its curve
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from typing import Dict, List
 import torch
 
 import hf_heads
-from recipes.hidden_tasks import Task, make_ptb_task, train_head
+from recipes.hidden_tasks import Task, make_lm_task, train_head
 from recipes.timing import time_per_call
 
 PAPER = {  # the poster's table: full-softmax top-1, DS-64 top-1, FLOPs reduction, ms full -> DS
@@ -93,7 +96,12 @@ def time_top1(heads: Dict[str, torch.nn.Module], h: torch.Tensor, rounds: int, q
 
 
 # ----------------------------------------------------------------------------- one task
-def run_task(task: Task, args) -> Dict:
+def default_experts(task: Task) -> int:
+    """E when --experts is not given: the number of super classes of a synthetic task, 16 on a language model."""
+    return int(task.super_of.max()) + 1 if task.super_of is not None else 16
+
+
+def run_task(task: Task, args, experts: int) -> Dict:
     d = task.train_h.shape[1]
     V = task.vocab_size
     print(f"\n== {task.name}: V={V}, d={d}, {len(task.train_y)} train / {len(task.test_y)} test")
@@ -104,7 +112,6 @@ def run_task(task: Task, args) -> Dict:
         print(f"softmax trained in {secs:.0f}s")
     else:
         full = task.softmax
-    experts = args.experts or (int(task.super_of.max()) + 1 if task.super_of is not None else 16)
     # the group lasso acts per class row while each row's share of the cross-entropy gradient shrinks
     # like 1/V: coefficients that prune cleanly scale like 1/V (measured: 0.1 at V=100 ... 0.001 at V=10,000)
     options = {"num_experts": experts, "group_lasso": args.lasso_per_class / V, **args.ds_options}
@@ -193,7 +200,10 @@ def plot_experts(counts: torch.Tensor, name: str, path: str) -> None:
 
 
 # ----------------------------------------------------------------------------- CLI
-TASKS = ("synthetic-10x10", "synthetic-100x100", "ptb")
+TASKS = ("synthetic-10x10", "synthetic-100x100", "ptb", "wikitext-2")
+#: the language-model tasks: their text directory option and default hidden size (WikiText-2's 33,278 words x 64
+#: experts x d float32 weights, with Adam's two moments and the gradient: 17 GB at d = 512, 8.7 GB at 256)
+LM_TASKS = {"ptb": ("data_dir", 512), "wikitext-2": ("wt2_dir", 256)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -203,12 +213,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tasks to run (default: all; ptb only when --data-dir has PTB)")
     p.add_argument("--data-dir", default=os.path.join("..", "shared", "data", "ptb"),
                    help="directory with PTB valid.txt and test.txt")
-    p.add_argument("--dim", type=int, default=None, help="hidden size d (default: 32 synthetic, 512 ptb)")
+    p.add_argument("--wt2-dir", default=os.path.join("..", "shared", "data", "wikitext-2"),
+                   help="directory with WikiText-2's valid.txt and test.txt")
+    p.add_argument("--dim", type=int, default=None,
+                   help="hidden size d (default: 32 synthetic, 512 ptb, 256 wikitext-2)")
     p.add_argument("--per-class", type=int, default=20, help="synthetic: training points per class")
     p.add_argument("--lm-epochs", type=int, default=4, help="ptb: LSTM training epochs")
-    p.add_argument("--experts", type=int, default=None,
-                   help="E (default: the number of super classes on synthetic tasks; 16 on ptb, where the "
-                        "paper uses 64: E x V x d parameters train slowly on a CPU)")
+    p.add_argument("--experts", type=int, nargs="+", default=None,
+                   help="E, one or several (each trained on the same task; default: the number of super classes "
+                        "on synthetic tasks, 16 on the language models, where the paper uses 64: E x V x d "
+                        "parameters train slowly on a CPU)")
     p.add_argument("--ds-options", type=json.loads, default={},
                    help="extra ds_softmax options as JSON, e.g. '{\"group_lasso\": 0.005}'")
     p.add_argument("--gate-init", choices=("kmeans", "random"), default="kmeans",
@@ -235,22 +249,31 @@ def main(argv=None) -> List[Dict]:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    has_ptb = all(os.path.isfile(os.path.join(args.data_dir, f)) for f in ("valid.txt", "test.txt"))
-    tasks = args.tasks or [t for t in TASKS if t != "ptb" or has_ptb]
-    if "ptb" in tasks and not has_ptb:
-        raise SystemExit(f"ptb: {args.data_dir} has no valid.txt/test.txt; pass --data-dir pointing to "
-                         f"PTB (the Mikolov text files), or leave out the ptb task")
-    if args.tasks is None and not has_ptb:
+    if args.experts and min(args.experts) < 1:
+        raise SystemExit(f"--experts must be >= 1 (got {' '.join(map(str, args.experts))})")
+    has = {name: all(os.path.isfile(os.path.join(getattr(args, option), f)) for f in ("valid.txt", "test.txt"))
+           for name, (option, _) in LM_TASKS.items()}
+    # by default every task but wikitext-2 (an hour and ~9 GB at 64 experts: ask for it)
+    tasks = args.tasks or [t for t in TASKS if t not in LM_TASKS or (t == "ptb" and has[t])]
+    for name in tasks:
+        if name in LM_TASKS and not has[name]:
+            option = LM_TASKS[name][0]
+            raise SystemExit(f"{name}: {getattr(args, option)} has no valid.txt/test.txt; pass "
+                             f"--{option.replace('_', '-')} pointing to its text files, or leave out the {name} task")
+    if args.tasks is None and not has["ptb"]:
         print(f"(ptb skipped: no PTB text in {args.data_dir})")
     os.makedirs(args.out, exist_ok=True)
     results = []
     for name in tasks:
-        if name == "ptb":
-            task = make_ptb_task(args.data_dir, args.dim or 512, args.lm_epochs, args.seed, not args.no_progress)
+        if name in LM_TASKS:
+            option, dim = LM_TASKS[name]
+            task = make_lm_task(getattr(args, option), name, args.dim or dim, args.lm_epochs, args.seed,
+                                not args.no_progress)
         else:
             s, c = (int(v) for v in name.split("-")[1].split("x"))
             task = make_hierarchy(s, c, args.dim or 32, args.per_class, args.seed)
-        results.append(run_task(task, args))
+        for experts in args.experts or [default_experts(task)]:
+            results.append(run_task(task, args, experts))
     table = format_table(results)
     print("\n" + table)
     with open(os.path.join(args.out, "results.json"), "w") as f:

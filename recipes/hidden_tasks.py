@@ -1,9 +1,9 @@
 """What several recipes train heads on: tasks of (hidden state, label) pairs and the loop that fits a head to them.
 
 * :class:`Task`: hidden states and labels of a train and a test set (plus hidden super classes, if known);
-* :func:`make_ptb_task`: a word-level LSTM language model trained on PTB ``valid.txt`` (the train split is not
-  shipped here), whose last hidden states on valid / ``test.txt`` make the task (DS-Softmax recipe, fast-inference
-  benchmark);
+* :func:`make_lm_task` (:func:`make_ptb_task`): a word-level LSTM language model trained on a corpus's
+  ``valid.txt`` (PTB, WikiText-2: the train splits are not shipped here), whose last hidden states on valid /
+  ``test.txt`` make the task (DS-Softmax recipe, fast-inference benchmark);
 * :func:`train_head`: Adam with cosine decay on such pairs, ``loss + aux_loss``.
 """
 from __future__ import annotations
@@ -52,18 +52,33 @@ class LSTMLM(torch.nn.Module):
         return self.drop(self.lstm(self.drop(self.embed(tokens)))[0])
 
 
-def make_ptb_task(data_dir: str, dim: int, epochs: int, seed: int, progress: bool, layers: int = 1,
-                  bptt: int = 35, batch: int = 20, lr: float = 2e-3) -> Task:
-    """Train an LSTM LM + softmax on PTB valid.txt; hidden states of valid (train) and test.txt."""
+#: the standard word vocabularies: the shipped valid / test text uses most of them (targets outside it never occur)
+VOCAB = {"ptb": 10000, "wikitext-2": 33278}
+
+
+def make_ptb_task(data_dir: str, dim: int, epochs: int, seed: int, progress: bool, **kw) -> Task:
+    """:func:`make_lm_task` on PTB."""
+    return make_lm_task(data_dir, "ptb", dim, epochs, seed, progress, **kw)
+
+
+def make_lm_task(data_dir: str, corpus: str, dim: int, epochs: int, seed: int, progress: bool, layers: int = 1,
+                 bptt: int = 35, batch: int = 20, lr: float = 2e-3) -> Task:
+    """Train an LSTM LM + softmax on ``data_dir/valid.txt`` of ``corpus`` (a key of :data:`VOCAB`: its vocabulary
+    size); hidden states of valid (train) and test.txt."""
     from tqdm.auto import tqdm
 
+    if corpus not in VOCAB:
+        raise ValueError(f"make_lm_task: corpus={corpus!r}; allowed: {', '.join(VOCAB)}")
+    missing = [f for f in ("valid.txt", "test.txt") if not os.path.isfile(os.path.join(data_dir, f))]
+    if missing:
+        raise FileNotFoundError(f"{corpus}: {data_dir} lacks {', '.join(missing)} (the corpus's text files)")
     train_w, test_w = (read_words(os.path.join(data_dir, f)) for f in ("valid.txt", "test.txt"))
     counts: Dict[str, int] = {}
     for w in train_w:
         counts[w] = counts.get(w, 0) + 1
     vocab_words = sorted(set(train_w) | set(test_w), key=lambda w: (-counts.get(w, 0), w))
     ids = {w: i for i, w in enumerate(vocab_words)}
-    vocab = max(len(ids), 10000)  # PTB's vocabulary has 10,000 words; valid+test use most of them
+    vocab = max(len(ids), VOCAB[corpus])
     train = torch.tensor([ids[w] for w in train_w])
     test = torch.tensor([ids[w] for w in test_w])
 
@@ -75,7 +90,7 @@ def make_ptb_task(data_dir: str, dim: int, epochs: int, seed: int, progress: boo
     n = (len(train) - 1) // batch * batch
     x_all, y_all = train[:n].view(batch, -1), train[1:n + 1].view(batch, -1)
     chunks = list(range(0, x_all.shape[1] - 1, bptt))
-    bar = tqdm(total=epochs * len(chunks), desc="ptb LSTM", disable=not progress, leave=False)
+    bar = tqdm(total=epochs * len(chunks), desc=f"{corpus} LSTM", disable=not progress, leave=False)
     for epoch in range(epochs):
         for g in opt.param_groups:
             g["lr"] = lr * 0.5 * (1 + math.cos(math.pi * epoch / epochs))
@@ -102,7 +117,7 @@ def make_ptb_task(data_dir: str, dim: int, epochs: int, seed: int, progress: boo
     test_h, test_y = states(test)
     with torch.no_grad():
         test_ppl = math.exp(head.loss(test_h, test_y).item())
-    return Task("ptb", train_h, train_y, test_h, test_y, vocab, softmax=head,
+    return Task(corpus, train_h, train_y, test_h, test_y, vocab, softmax=head,
                 info={"dim": dim, "layers": layers, "epochs": epochs, "train_tokens": len(train_y),
                       "test_tokens": len(test_y), "softmax_test_ppl": test_ppl})
 

@@ -206,9 +206,28 @@ def test_ds_recipe_language_model_path_on_a_tiny_corpus(tmp_path):
     assert 0.0 <= result["top1_ds"] <= 1.0 and result["info"]["train_tokens"] == 60 * 9 - 1
 
 
+def test_ds_recipe_wikitext2_runs_every_expert_count_on_one_trained_lm(tmp_path):
+    words = [f"w{i}" for i in range(40)]
+    g = torch.Generator().manual_seed(1)
+    for split, n in (("valid.txt", 50), ("test.txt", 20)):
+        lines = [" ".join(words[j] for j in torch.randint(0, 40, (8,), generator=g).tolist()) for _ in range(n)]
+        (tmp_path / split).write_text("\n".join(lines) + "\n")
+    results = dsr.main(["--tasks", "wikitext-2", "--wt2-dir", str(tmp_path), "--dim", "8", "--lm-epochs", "1",
+                        "--experts", "2", "4", "--steps", "10", "--timing-rounds", "1", "--timing-queries", "8",
+                        "--no-progress", "--no-plot", "--out", str(tmp_path / "out")])
+    assert [(r["task"], r["experts"], r["vocab_size"]) for r in results] == [("wikitext-2", 2, 33278),
+                                                                             ("wikitext-2", 4, 33278)]
+    assert results[0]["top1_softmax"] == results[1]["top1_softmax"]  # one trained LM and softmax for both
+    assert results[0]["info"] == results[1]["info"] and results[0]["info"]["train_tokens"] == 50 * 9 - 1
+    with pytest.raises(SystemExit, match="--experts must be >= 1"):
+        dsr.main(["--tasks", "synthetic-10x10", "--experts", "0"])
+
+
 def test_ds_recipe_says_what_is_missing_offline(tmp_path):
     with pytest.raises(SystemExit, match="has no valid.txt/test.txt"):
         dsr.main(["--tasks", "ptb", "--data-dir", str(tmp_path / "nowhere"), "--no-progress"])
+    with pytest.raises(SystemExit, match="pass --wt2-dir pointing to its text files"):
+        dsr.main(["--tasks", "wikitext-2", "--wt2-dir", str(tmp_path / "nowhere"), "--no-progress"])
 
 
 def test_fast_inference_benchmark_tiny_run_writes_one_table(tmp_path, monkeypatch):
