@@ -56,7 +56,8 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         sweep = R.load_json(os.path.join(table_dir, "sweep.json")) or before.get("sweep")
         if plan:
             plan["commands"] = [relative_paths(line) for line in plan["commands"]]
-        obj = {"table": table, "description": get_table(table).description, "rows": rows,
+        obj = {"table": table, "description": get_table(table).description,
+               "notes": getattr(get_table(table), "report_notes", ""), "rows": rows,
                "cells": cells, "costs": costs, "plan": plan, **({"sweep": sweep} if sweep else {})}
         if sweep and rows and rows[0]["metric"] == "bleu":
             obj["bootstrap"] = commit_hypotheses(table_dir, obj, docs_dir) or before.get("bootstrap")
@@ -449,7 +450,11 @@ def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -
                 objs[table] = json.load(f)
     noise = timing_noise(objs)
     for table, obj in objs.items():
-        note = getattr(get_table(table), "report_notes", "")
+        note = obj.get("notes", getattr(get_table(table), "report_notes", ""))
+        if obj.get("cells") and not obj.get("sweep") and getattr(get_table(table), "mini_lr", None):
+            note = (f"**Previous protocol**: these cells ran a fixed number of updates at one learning rate; the "
+                    f"stopping-rule cells with a learning rate per head (docs/reproducing.md) replace them as they "
+                    f"finish. {note}")
         sections.append(table_section(obj, src, (notes or {}).get(table, note), noise))
         protocols_path = os.path.join(src, f"{table}-protocols.json")
         if os.path.isfile(protocols_path):
