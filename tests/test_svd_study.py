@@ -1,0 +1,73 @@
+"""recipes/svd_study.py: spectra of a known matrix, the perplexity of SVD-softmax's distribution against a slow
+per-query reference (and the exact softmax where the approximation is exact), and the command end to end on a tiny
+corpus."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import hf_heads
+from recipes import svd_study as SS
+
+
+def test_spectrum_of_a_known_matrix():
+    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(0)))
+    w = torch.cat([torch.diag(torch.tensor([3.0, 2.0, 1.0])) @ q, torch.zeros(2, 3)])  # V = 5, d = 3
+    assert torch.allclose(SS.spectrum(w), torch.tensor([1.0, 2 / 3, 1 / 3], dtype=torch.float64), atol=1e-6)
+
+
+def slow_log_probs(weight, bias, g, rank, refine, leading):
+    """One query, written out: preview over ``rank`` rotated dimensions, exact logits for the ``refine`` best."""
+    u, s, vt = torch.linalg.svd(weight.double(), full_matrices=False)
+    z = vt @ g.double()
+    dims = torch.arange(rank) if leading else (z.abs() * s).topk(rank).indices
+    preview = (u[:, dims] * s[dims]) @ z[dims] + bias.double()
+    cand = preview.topk(refine).indices
+    mixed = preview.clone()
+    mixed[cand] = weight.double()[cand] @ g.double() + bias.double()[cand]
+    return torch.log_softmax(mixed, 0)
+
+
+@pytest.mark.parametrize("dims", ["leading", "adaptive"])
+def test_perplexity_of_the_approximation_equals_a_slow_reference(dims):
+    g = torch.Generator().manual_seed(1)
+    V, d, n = 60, 16, 40
+    weight, bias = torch.randn(V, d, generator=g), 0.1 * torch.randn(V, generator=g)
+    hidden, target = torch.randn(n, d, generator=g), torch.randint(0, V, (n,), generator=g)
+    head = hf_heads.build_head("svd_softmax", hidden_size=d, vocab_size=V, weight=weight, bias=bias, preview_rank=4,
+                               num_refine=6, preview_dims=dims, preview_half=False).eval()
+    exact_top = (hidden @ weight.T + bias).topk(10, dim=1).indices
+    got = SS.scores(head, hidden, target, exact_top, batch=7)
+    nll = [-float(slow_log_probs(weight, bias, hidden[i], 4, 6, dims == "leading")[target[i]]) for i in range(n)]
+    assert got["ppl"] == pytest.approx(math.exp(sum(nll) / n), rel=1e-5)
+    assert got["cost_gain"] == pytest.approx(V * d / (d * d + 4 * V + 6 * d))
+    # where the approximation is exact (W = d, or every token refined) its perplexity is the softmax's
+    setting = SS.Setting("t", weight, bias, hidden, target)
+    exact_ppl = math.exp(float(torch.nn.functional.cross_entropy(hidden @ weight.T + bias, target)))
+    for w, r in ((d, 6), (4, V)):
+        assert SS.scores(SS.svd_head(setting, w, r, dims), hidden, target, exact_top)["ppl"] == pytest.approx(
+            exact_ppl, rel=1e-4)
+
+
+def test_study_command_on_a_tiny_corpus(tmp_path):
+    words = [f"w{i}" for i in range(30)]
+    g = torch.Generator().manual_seed(2)
+    (tmp_path / "ptb").mkdir()
+    for split, n in (("valid.txt", 60), ("test.txt", 20)):
+        lines = [" ".join(words[j] for j in torch.randint(0, 30, (8,), generator=g).tolist()) for _ in range(n)]
+        (tmp_path / "ptb" / split).write_text("\n".join(lines) + "\n")
+    (result,) = SS.main(["--settings", "ptb", "--data", str(tmp_path), "--dim", "16", "--lm-epochs", "1",
+                         "--queries", "50", "--windows", "0.25", "0.5", "--refine", "0.001", "--hier-steps", "3",
+                         "--timing-queries", "2", "--timing-rounds", "1", "--quiet", "--out", str(tmp_path / "o")])
+    methods = [(r["method"], r.get("preview"), r.get("W")) for r in result["rows"]]
+    assert methods == [("softmax (exact)", None, None), ("svd_softmax", "leading", 4), ("svd_softmax", "leading", 8),
+                       ("svd_softmax", "adaptive", 4), ("svd_softmax", "adaptive", 8), ("class_softmax", None, None)]
+    assert result["V"] == 10000 and result["rows"][0]["top1"] == 1.0 and result["rows"][0]["cost_gain"] == 1.0
+    assert all("ms_per_token" in r for r in result["rows"] if r["method"] != "svd_softmax" or r["N"] == 10)
+    assert result["spectrum"][0] == 1.0
+    for name in ("results.md", "results.json", "svd-spectra.png", "svd-ppl-vs-window.png"):
+        assert (tmp_path / "o" / name).stat().st_size > 100
+    with pytest.raises(SystemExit):
+        SS.parse_args(["--windows", "0"])
