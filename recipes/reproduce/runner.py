@@ -3,7 +3,6 @@ progress from the training log, failures that name the cell and the log.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex

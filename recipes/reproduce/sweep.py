@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -129,7 +128,3 @@ def at_seconds(curve: Sequence[Mapping[str, float]], seconds: float) -> Optional
     its first validation came later (or it logged no times)."""
     seen = [p["loss"] for p in curve if p.get("seconds") is not None and p["seconds"] <= seconds + 1e-9]
     return min(seen) if seen else None
-
-
-def is_finite(x: Optional[float]) -> bool:
-    return x is not None and math.isfinite(x)
