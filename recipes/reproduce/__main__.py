@@ -17,6 +17,7 @@ import sys
 from typing import List, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
+from recipes.reproduce.translation import MINI_BPE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
@@ -49,7 +50,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the commands and parameter counts, run nothing")
     p.add_argument("--models", nargs="+", default=None, help="lm-gpt2 only: the models of each cell (gpt2, "
                                                                     "smollm2; default both)")
-    p.add_argument("--bpe-size", type=int, default=4000, help="joint BPE vocabulary of the mini tables")
+    p.add_argument("--bpe-size", type=int, default=MINI_BPE,
+                   help=f"joint BPE vocabulary of the mini translation tables (default {MINI_BPE})")
     p.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)  # tests: first N lines of every split
     p.add_argument("--no-costs", action="store_true", help="skip the training-cost columns")
     p.add_argument("--cost-batch", type=int, default=None, help="sequences a batch for the same-batch cost "
