@@ -62,8 +62,8 @@ def test_the_rate_of_the_lowest_valid_loss_is_chosen_and_the_grid_grows_past_a_b
 def test_loss_within_a_time_budget_and_cpu_hours():
     curve = [{"epoch": 1, "seconds": 30.0, "loss": 5.0}, {"epoch": 2, "seconds": 60.0, "loss": 4.0},
              {"epoch": 3, "seconds": 90.0, "loss": 4.2}]
-    assert S.at_seconds(curve, 65.0) == 4.0 and S.at_seconds(curve, 200.0) == 4.0
-    assert S.at_seconds(curve, 10.0) is None
+    assert S.within(curve, "seconds", 65.0) == 4.0 and S.within(curve, "seconds", 200.0) == 4.0
+    assert S.within(curve, "seconds", 10.0) is None
     assert S.cpu_hours([{"train_wall_s": 1800.0}, {"train_wall_s": 1800.0}, {}], threads=2) == 2.0
 
 
@@ -155,7 +155,7 @@ def _cell(head, seed, lr, losses, wall, threads=1, **extra):
             "train_wall_s": wall * len(losses), "threads": threads, **extra}
 
 
-def test_sweep_table_equal_seconds_and_cpu_hours():
+def test_sweep_table_equal_compute_and_cpu_hours():
     from recipes.reproduce import compare as C
 
     sweep = {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
@@ -171,12 +171,15 @@ def test_sweep_table_equal_seconds_and_cpu_hours():
     assert spent["chosen"] == pytest.approx((40 + 100 + 40 + 80) / 3600) and spent["total"] == pytest.approx(
         sum(c["train_wall_s"] for c in cells) / 3600)
     chosen = [c for c in cells if c["lr"] == sweep[c["head"]]["chosen"]]
-    (row,) = C.equal_seconds(chosen)
-    # softmax trains 40 s (seeds 1 and 2); mixtape's best within 40 s: 4.1 (seed 1, epoch 2), 4.0 (seed 2)
-    assert row["head"] == "mixtape" and row["seeds"] == 2 and row["softmax_seconds"] == 40
-    assert row["loss_diff"].mean == pytest.approx(((4.1 - 4.2) + (4.0 - 4.25)) / 2)
+    (row,) = C.equal_compute(chosen)
+    # softmax trains 4 epochs: 40 updates, 40 s (seeds 1 and 2); mixtape (20 s an epoch) within 40 s: 4.1 (seed 1,
+    # epoch 2), 4.0 (seed 2); within 40 updates: 4.0 and 4.0
+    assert row["head"] == "mixtape" and row["seeds"] == 2 and row["seconds"]["softmax"] == 40
+    assert row["seconds"]["diff"].mean == pytest.approx(((4.1 - 4.2) + (4.0 - 4.25)) / 2)
+    assert row["updates"]["diff"].mean == pytest.approx(((4.0 - 4.2) + (4.0 - 4.25)) / 2)
     assert row["head_seconds_to_best"] == pytest.approx((60 + 40) / 2)
-    assert "| mixtape | 2 | 40 | -0.175 [" in C.equal_seconds_table([row])
+    assert "| mixtape | 2 | 40 | -0.225 [" in C.equal_compute_table([row])
+    assert "| 40 | -0.175 [" in C.equal_compute_table([row])
 
 
 def test_bootstrap_of_every_head_and_seed_against_softmax():
@@ -195,3 +198,29 @@ def test_bootstrap_of_every_head_and_seed_against_softmax():
     assert out[0]["p"] < 0.05  # a real difference
     table = C.family_table([], "bleu", out)
     assert table == ""  # no paired rows: nothing to print
+
+
+def test_report_section_of_a_swept_table(tmp_path):
+    """The report shows the sweep, the CPU-hours, the Holm family with the bootstrap column and the equal-compute
+    table for a table whose json has a sweep (lm-ptb's numbers, made up)."""
+    from recipes.reproduce import report
+
+    sweep = {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
+             "mixtape": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.01}}
+    cells = [_cell("softmax", 1, lr, [5, 4.2 + lr, 4.3, 4.4], 10) for lr in (0.0025, 0.01)]
+    cells += [_cell("mixtape", 1, lr, [5, 4.3 + lr, 4.4, 4.5], 20) for lr in (0.0025, 0.005)]
+    for s in (1, 2, 3):
+        cells.append(_cell("softmax", s, 0.005, [5, 4.2 + s / 100, 4.3, 4.4], 10, ppl={"test": 100.0 + s}))
+        cells.append(_cell("mixtape", s, 0.01, [5, 4.0 + s / 100, 4.1, 4.2], 20, ppl={"test": 90.0 + s}))
+    rows = [R.make_row(table="lm-ptb", dataset="ptb", split="test", head=h, options={}, metric="ppl",
+                       values=[b + s for s in (1, 2, 3)], seeds=[1, 2, 3], paper=None, scale="mini",
+                       command=f"fairseq-train x --output-head {h}") for h, b in (("softmax", 100.0), ("mixtape", 90.0))]
+    R.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"),
+                {"table": "lm-ptb", "description": "PTB", "notes": "Mini.", "rows": rows, "cells": cells,
+                 "costs": None, "sweep": sweep})
+    text = report.build_report(str(tmp_path))
+    assert "| mixtape | 4.303 (ep 2, patience) | 4.305 (ep 2, patience) | **4.010 (ep 2, patience)** | 0.01 (an end" in text
+    assert "Compute: 0.2 CPU-core-hours of training for this table (0.1 in the rates not chosen" in text
+    assert "| mixtape - softmax | test | 3 | -10.00 [" in text  # every seed 10 lower: no spread, p = 0
+    assert "mixtape against softmax: better on test (-10.00 perplexity" in text
+    assert "| mixtape | 3 | 40 |" in text and "Previous protocol" not in text

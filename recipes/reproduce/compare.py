@@ -7,8 +7,8 @@ learning-rate sweep, the comparison at equal training seconds, and the compute s
 * :func:`reading`: the sentences the report prints, which follow the adjusted tests: a difference is called one only
   where its Holm-adjusted p is below 0.05; otherwise "no significant difference".
 * :func:`bootstrap`: sacrebleu's paired bootstrap for every BLEU comparison and seed, from the hypotheses.
-* :func:`equal_seconds`: each head's best valid loss within softmax's training seconds (same seed), against
-  softmax's best: what the same training bill buys.
+* :func:`equal_compute`: each head's best valid loss within the updates and within the training seconds softmax
+  took (same seed), against softmax's best: what the same number of steps, and the same bill, buy.
 """
 from __future__ import annotations
 
@@ -134,49 +134,57 @@ def bootstrap(heads_hyps: Mapping[str, Mapping[int, Mapping[str, Sequence[str]]]
     return out
 
 
-def equal_seconds(cells: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """Per head (seeds it shares with softmax, cells at the chosen rates): softmax's training seconds (mean), the
-    head's best valid loss within softmax's seconds minus softmax's best (paired per seed, None where the head had
-    not validated yet), and the head's own seconds to its best."""
+def equal_compute(cells: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Per head (the seeds it shares with softmax; cells at the chosen rates): the head's best valid loss within
+    the updates, and within the training seconds, that softmax's cell of the same seed took to its stop, minus
+    softmax's best (paired per seed; seeds where the head had not validated yet are counted apart), and the
+    head's own seconds to its best."""
     by = {(c["head"], c["seed"]): c for c in cells if c.get("curve")}
     out = []
     for head in dict.fromkeys(c["head"] for c in cells if c["head"] != "softmax"):
         seeds = sorted(s for (h, s) in by if h == head and ("softmax", s) in by)
         if not seeds:
             continue
-        diffs, budgets, own = [], [], []
-        for s in seeds:
-            base, mine = by[("softmax", s)], by[(head, s)]
-            budget = base["curve"][-1].get("seconds")
-            if budget is None:
-                continue
-            budgets.append(budget)
-            reached = S.at_seconds(mine["curve"], budget)
-            diffs.append(None if reached is None else reached - base["best"]["loss"])
-            own.append(mine["best"].get("seconds"))
-        known = [d for d in diffs if d is not None]
-        out.append({"head": head, "seeds": len(budgets),
-                    "softmax_seconds": sum(budgets) / len(budgets) if budgets else None,
-                    "loss_diff": stats.paired(known, [0.0] * len(known)) if known else None,
-                    "missing": len(diffs) - len(known),
-                    "head_seconds_to_best": (sum(o for o in own if o is not None) / len([o for o in own if o])
-                                             if any(own) else None)})
+        row: Dict[str, Any] = {"head": head, "seeds": len(seeds)}
+        for key in ("updates", "seconds"):
+            budgets, diffs = [], []
+            for s in seeds:
+                base = by[("softmax", s)]
+                budget = base["curve"][-1].get(key)
+                if budget is None:
+                    continue
+                budgets.append(budget)
+                reached = S.within(by[(head, s)]["curve"], key, budget)
+                diffs.append(None if reached is None else reached - base["best"]["loss"])
+            known = [d for d in diffs if d is not None]
+            row[key] = {"softmax": sum(budgets) / len(budgets) if budgets else None,
+                        "diff": stats.paired(known, [0.0] * len(known)) if known else None,
+                        "missing": len(diffs) - len(known)}
+        own = [by[(head, s)]["best"].get("seconds") for s in seeds]
+        own = [o for o in own if o is not None]
+        row["head_seconds_to_best"] = sum(own) / len(own) if own else None
+        out.append(row)
     return out
 
 
-def equal_seconds_table(rows: Sequence[Mapping[str, Any]]) -> str:
+def equal_compute_table(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return ""
-    lines = ["| head | seeds | softmax's training seconds (mean) | head's best valid loss within them - softmax's best "
-             "(bits) [95% CI] | head's seconds to its own best (mean) |", "|---|---|---|---|---|"]
-    for r in rows:
-        d = r["loss_diff"]
-        diff = "-" if d is None else (f"{d.mean:+.3f}" + (f" [{d.low:+.3f}, {d.high:+.3f}]" if d.low is not None
+
+    def cell(part):
+        d = part["diff"]
+        text = "-" if d is None else (f"{d.mean:+.3f}" + (f" [{d.low:+.3f}, {d.high:+.3f}]" if d.low is not None
                                                            else ""))
-        if r["missing"]:
-            diff += f" ({r['missing']} seed(s) had not validated yet)"
+        return text + (f" ({part['missing']} seed(s) not validated yet)" if part["missing"] else "")
+
+    lines = ["| head | seeds | within softmax's updates (mean) | head's best - softmax's best (bits) [95% CI] | "
+             "within softmax's training seconds (mean) | head's best - softmax's best (bits) [95% CI] | "
+             "head's seconds to its own best |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        u, s = r["updates"], r["seconds"]
         own = "-" if r["head_seconds_to_best"] is None else f"{r['head_seconds_to_best']:.0f}"
-        lines.append(f"| {r['head']} | {r['seeds']} | {r['softmax_seconds']:.0f} | {diff} | {own} |")
+        lines.append(f"| {r['head']} | {r['seeds']} | {u['softmax'] or 0:.0f} | {cell(u)} | "
+                     f"{s['softmax'] or 0:.0f} | {cell(s)} | {own} |")
     return "\n".join(lines) + "\n"
 
 

@@ -123,8 +123,8 @@ def cpu_hours(records: Sequence[Mapping[str, Any]], threads: int) -> float:
     return sum((r.get("train_wall_s") or 0.0) for r in records) * threads / 3600.0
 
 
-def at_seconds(curve: Sequence[Mapping[str, float]], seconds: float) -> Optional[float]:
-    """The lowest valid loss a cell had reached within ``seconds`` of training (its curve up to then), or None when
-    its first validation came later (or it logged no times)."""
-    seen = [p["loss"] for p in curve if p.get("seconds") is not None and p["seconds"] <= seconds + 1e-9]
+def within(curve: Sequence[Mapping[str, float]], key: str, budget: float) -> Optional[float]:
+    """The lowest valid loss a cell had reached within ``budget`` of ``key`` (``"seconds"`` of training or
+    ``"updates"``), or None when its first validation came later (or it logged no times)."""
+    seen = [p["loss"] for p in curve if p.get(key) is not None and p[key] <= budget + 1e-9]
     return min(seen) if seen else None
