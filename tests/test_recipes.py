@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import hf_heads
+from corpora import tiny_corpus
 from recipes import ds_softmax as dsr
 from recipes import synthetic_bottleneck as sb
 
@@ -194,11 +195,7 @@ def test_ds_recipe_recovers_the_10x10_hierarchy_and_writes_table_and_plot(tmp_pa
 
 
 def test_ds_recipe_language_model_path_on_a_tiny_corpus(tmp_path):
-    words = [f"w{i}" for i in range(30)]
-    g = torch.Generator().manual_seed(0)
-    for split, n in (("valid.txt", 60), ("test.txt", 20)):
-        lines = [" ".join(words[j] for j in torch.randint(0, 30, (8,), generator=g).tolist()) for _ in range(n)]
-        (tmp_path / split).write_text("\n".join(lines) + "\n")
+    tiny_corpus(tmp_path, num_words=30, valid_lines=60, seed=0)
     (result,) = dsr.main(["--tasks", "ptb", "--data-dir", str(tmp_path), "--dim", "16", "--lm-epochs", "1",
                           "--experts", "4", "--steps", "20", "--timing-rounds", "1", "--timing-queries", "64",
                           "--no-progress", "--no-plot", "--out", str(tmp_path / "out")])
@@ -207,11 +204,7 @@ def test_ds_recipe_language_model_path_on_a_tiny_corpus(tmp_path):
 
 
 def test_ds_recipe_wikitext2_runs_every_expert_count_on_one_trained_lm(tmp_path):
-    words = [f"w{i}" for i in range(40)]
-    g = torch.Generator().manual_seed(1)
-    for split, n in (("valid.txt", 50), ("test.txt", 20)):
-        lines = [" ".join(words[j] for j in torch.randint(0, 40, (8,), generator=g).tolist()) for _ in range(n)]
-        (tmp_path / split).write_text("\n".join(lines) + "\n")
+    tiny_corpus(tmp_path, num_words=40, valid_lines=50, seed=1)
     results = dsr.main(["--tasks", "wikitext-2", "--wt2-dir", str(tmp_path), "--dim", "8", "--lm-epochs", "1",
                         "--experts", "2", "4", "--steps", "10", "--timing-rounds", "1", "--timing-queries", "8",
                         "--no-progress", "--no-plot", "--out", str(tmp_path / "out")])

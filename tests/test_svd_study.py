@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import hf_heads
+from corpora import tiny_corpus
 from recipes import svd_study as SS
 
 
@@ -52,12 +53,7 @@ def test_perplexity_of_the_approximation_equals_a_slow_reference(dims):
 
 
 def test_study_command_on_a_tiny_corpus(tmp_path):
-    words = [f"w{i}" for i in range(30)]
-    g = torch.Generator().manual_seed(2)
-    (tmp_path / "ptb").mkdir()
-    for split, n in (("valid.txt", 60), ("test.txt", 20)):
-        lines = [" ".join(words[j] for j in torch.randint(0, 30, (8,), generator=g).tolist()) for _ in range(n)]
-        (tmp_path / "ptb" / split).write_text("\n".join(lines) + "\n")
+    tiny_corpus(tmp_path / "ptb", num_words=30, valid_lines=60, seed=2)
     (result,) = SS.main(["--settings", "ptb", "--data", str(tmp_path), "--dim", "16", "--lm-epochs", "1",
                          "--queries", "50", "--windows", "0.25", "0.5", "--refine", "0.001", "--hier-steps", "3",
                          "--timing-queries", "2", "--timing-rounds", "1", "--quiet", "--out", str(tmp_path / "o")])

@@ -173,8 +173,7 @@ class LanguageModelTable(Table):
         config = {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
                   "scale": args.scale, "updates": self.epochs(args), "limit": self.lines(args)}
         if args.scale == "mini":  # cells trained with other mini settings are trained again
-            rule = self.stop_rule(args)
-            config.update(lr=lr or MINI_LR, stop=rule.as_dict() if rule else None, mini=MINI_MODEL + MINI_TRAIN)
+            config.update(self.mini_config(args, lr), mini=MINI_MODEL + MINI_TRAIN)
         return config
 
     # -- commands ----------------------------------------------------------------------------
@@ -190,8 +189,8 @@ class LanguageModelTable(Table):
         arch, batch, full_lr, chunks, delta = self.full_model(variant if full else None)
         schedule = (["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(full_lr)]
                     if full else [*MINI_TRAIN, "--lr", f"{lr or MINI_LR:g}"])
-        length = (["--max-epoch", str(self.epochs(args))] if full or self.stop_rule(args) is None else
-                  [*self.stop_rule(args).fairseq_args()[2:], "--max-epoch", str(self.epochs(args))])
+        rule = None if full else self.stop_rule(args)  # --max-updates (epochs here) may cap it lower
+        length = [*(["--patience", str(rule.patience)] if rule else []), "--max-epoch", str(self.epochs(args))]
         untie = ["--untie-weights"] if variant.head in ("ds_softmax", "d_softmax") else []
         data = (["--task", "awd_language_modeling", "--bptt", "70", "--max-seq-len-delta", str(delta),
                  "--batch-size", str(batch // chunks), "--update-freq", str(chunks)] if streams else

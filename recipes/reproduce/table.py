@@ -80,8 +80,8 @@ class Table:
     def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str,
                  label: str, lr: Optional[float] = None) -> Dict[str, Any]:
         """Train (unless trained) and score one cell; returns its finished record."""
-        record = R.load_cell(table_dir, variant.name, seed, lr)
-        if not (record and "curve" in record and R.same_config(record, self.cell_config(variant, seed, args, lr))):
+        record = self.kept(table_dir, variant, seed, args, lr, "curve")
+        if record is None:
             record = self.train_cell(runner, prepared, variant, seed, args, table_dir, label, lr)
         scores, commands = self.score_cell(runner, prepared, variant, seed, args, table_dir, label, record)
         record = {**record, self.metric: scores, "commands": record["commands"] + commands}
@@ -132,6 +132,12 @@ class Table:
         return S.StopRule(getattr(args, "patience", None) or self.mini_stop.patience,
                           getattr(args, "max_epochs", None) or self.mini_stop.max_epochs)
 
+    def mini_config(self, args, lr: Optional[float]) -> Dict[str, Any]:
+        """The settings a mini cell of this table adds to its config: its rate (default the grid's centre) and
+        its stopping rule."""
+        rule = self.stop_rule(args)
+        return {"lr": lr or self.mini_lr, "stop": rule.as_dict() if rule else None}
+
     def sweeps(self, args) -> bool:
         """Whether this run sweeps each head's learning rate (the mini scale of a table with a rate grid)."""
         return args.scale == "mini" and self.mini_lr is not None
@@ -176,8 +182,8 @@ class Table:
     def ensure_trained(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str,
                        lr: float, log=print) -> Dict[str, Any]:
         """A trained cell's record: the kept one, or a new (or resumed) training run."""
-        record = R.load_cell(table_dir, variant.name, seed, lr)
-        if record and "curve" in record and R.same_config(record, self.cell_config(variant, seed, args, lr)):
+        record = self.kept(table_dir, variant, seed, args, lr, "curve")
+        if record is not None:
             return record
         label = f"{self.name} sweep {variant.name} lr {S.rate_key(lr)} seed {seed}"
         self.start_cell(table_dir, variant, seed, args, log, lr)
@@ -192,8 +198,8 @@ class Table:
         """``{rate: best valid loss}`` of the trained seed-1 cells of ``variant``."""
         out = {}
         for lr in rates:
-            record = R.load_cell(table_dir, variant.name, 1, lr)
-            if record and record.get("best") and R.same_config(record, self.cell_config(variant, 1, args, lr)):
+            record = self.kept(table_dir, variant, 1, args, lr, "curve")
+            if record is not None and record.get("best"):
                 out[lr] = record["best"]["loss"]
         return out
 
@@ -213,10 +219,17 @@ class Table:
             shutil.rmtree(cell_dir)
         R.save_json(marker, config)
 
-    def finished(self, table_dir: str, variant: Variant, seed: int, args, lr: Optional[float] = None) -> bool:
+    def kept(self, table_dir: str, variant: Variant, seed: int, args, lr: Optional[float],
+             key: str) -> Optional[Dict[str, Any]]:
+        """The kept record of a cell made with this run's settings that holds ``key`` (``"curve"``: trained,
+        :attr:`metric`: scored), or None."""
         record = R.load_cell(table_dir, variant.name, seed, lr)
-        return (record is not None and self.metric in record
-                and R.same_config(record, self.cell_config(variant, seed, args, lr)))
+        if record is None or key not in record or not R.same_config(record, self.cell_config(variant, seed, args, lr)):
+            return None
+        return record
+
+    def finished(self, table_dir: str, variant: Variant, seed: int, args, lr: Optional[float] = None) -> bool:
+        return self.kept(table_dir, variant, seed, args, lr, self.metric) is not None
 
     def run_or_skip(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
                     lr: Optional[float], log=print) -> None:

@@ -190,8 +190,7 @@ class TranslationTable(Table):
                   "scale": args.scale, "updates": args.max_updates or (self.full_updates if full else None),
                   "bpe_size": None if full else args.bpe_size, "limit": args.limit}
         if not full:  # cells trained with other mini settings are trained again
-            rule = self.stop_rule(args)
-            config.update(lr=lr or MINI_LR, stop=rule.as_dict() if rule else None, mini=MINI_MODEL + MINI_TRAIN)
+            config.update(self.mini_config(args, lr), mini=MINI_MODEL + MINI_TRAIN)
         return config
 
     def train_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
