@@ -224,3 +224,15 @@ def test_report_section_of_a_swept_table(tmp_path):
     assert "| mixtape - softmax | test | 3 | -10.00 [" in text  # every seed 10 lower: no spread, p = 0
     assert "mixtape against softmax: better on test (-10.00 perplexity" in text
     assert "| mixtape | 3 | 40 |" in text and "Previous protocol" not in text
+
+
+def test_patience_zero_trains_the_table_cap_without_early_stopping():
+    from recipes.reproduce import get_table
+    from recipes.reproduce.__main__ import parse_args
+    from recipes.reproduce.variants import resolve
+
+    table, variant = get_table("lm-ptb"), resolve(["softmax"], {})[0]
+    for argv, epochs, patience in ((["lm-ptb"], "40", True), (["lm-ptb", "--patience", "0"], "40", False),
+                                   (["lm-ptb", "--patience", "0", "--max-epochs", "7"], "7", False)):
+        cmd = table.train_command("bin", variant, 1, "save", parse_args(argv), 0.005)
+        assert cmd[cmd.index("--max-epoch") + 1] == epochs and ("--patience" in cmd) == patience

@@ -162,8 +162,11 @@ class LanguageModelTable(Table):
         return self.paper.get(split, {}).get(variant.name)
 
     def epochs(self, args) -> int:
-        """Epochs of a full-size cell, or the cap of a mini cell's stopping rule."""
-        return args.max_updates or (self.full_epochs if args.scale == "full" else self.stop_rule(args).max_epochs)
+        """Epochs of a full-size cell, or the cap of a mini cell's stopping rule (with ``--patience 0``, the epochs
+        it trains)."""
+        if args.max_updates or args.scale == "full":
+            return args.max_updates or self.full_epochs
+        return getattr(args, "max_epochs", None) or self.mini_stop.max_epochs
 
     def lines(self, args) -> int:
         """Lines of valid.txt / test.txt the mini corpus reads (``--limit`` of the tests, else :attr:`mini_lines`)."""
