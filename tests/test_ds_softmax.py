@@ -69,6 +69,17 @@ def test_topk_fast_path_agrees_with_full_log_probs(shape, k):
     assert torch.isfinite(lp).all()
 
 
+def test_topk_batch_one_casts_to_the_hidden_dtype():
+    head = _pruned_head().eval()  # float32 tables, float64 query: the batch-1 path casts the chosen expert
+    hidden = torch.randn(1, D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        lp, idx = head.topk(hidden, 2)
+        full = head.double()(hidden)
+    assert lp.dtype == torch.float64
+    torch.testing.assert_close(lp, full.topk(2, dim=-1).values)
+    assert torch.equal(idx, full.topk(2, dim=-1).indices)
+
+
 def test_topk_asks_for_more_classes_than_an_expert_keeps():
     head = _pruned_head().eval()
     k = int(head.mask.sum(1).min()) + 2

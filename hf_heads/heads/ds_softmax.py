@@ -243,21 +243,8 @@ class DSSoftmaxHead(OutputHead):
         """The inference fast path (no grad, evaluation mode): route, then score only the chosen
         expert's surviving classes. ``None`` where a chosen expert keeps fewer than ``k`` classes."""
         tables, gate_weight, dead = self._inference_tables()
-        if h.shape[0] == 1:  # batch 1: _route inlined, no grouping: a handful of small ops
-            x = h[0]
-            gate_logits = torch.mv(gate_weight.to(x.dtype), x)
-            if dead is not None:
-                gate_logits = gate_logits.masked_fill(dead, float("-inf"))
-            gate, e = torch.softmax(gate_logits, 0).max(0)
-            e = int(e)
-            idx, w, b = tables[e]
-            if idx.numel() < k:
-                return None  # forward() routes (and counts) this query
-            self._routed_one[e] += 1  # a Python counter: cheaper than a tensor op at batch 1
-            w, b = w.to(x.dtype), None if b is None else b.to(x.dtype)
-            lp = torch.log_softmax((torch.mv(w, x) if b is None else torch.addmv(b, w, x)) * gate, 0)
-            top, pos = lp.topk(k)
-            return top[None], idx[pos][None]
+        if h.shape[0] == 1:
+            return self._sparse_topk_one(h[0], k, tables, gate_weight, dead)
         with torch.no_grad(), ops.fp32_math(h):
             expert, gate = self._route(h)
             order, groups = ops.group_rows(expert)
@@ -273,6 +260,30 @@ class DSSoftmaxHead(OutputHead):
                 lp_out[rows], pos = lp.topk(k, dim=-1)
                 idx_out[rows] = idx[pos]
         return lp_out, idx_out
+
+    def _sparse_topk_one(self, x: torch.Tensor, k: int, tables, gate_weight: torch.Tensor,
+                         dead: Optional[torch.Tensor]) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """Batch 1 (``x`` ``[d]``): :meth:`_route` inlined and every per-call op that a single query can skip
+        left out (no grouping, no dtype casts where the dtypes already agree, the gate folded into the
+        expert's matrix-vector product as a Python number): at batch 1 the cost of a call is its op count as
+        much as the expert's size."""
+        if gate_weight.dtype != x.dtype:
+            gate_weight = gate_weight.to(x.dtype)
+        gate_logits = torch.mv(gate_weight, x)
+        if dead is not None:
+            gate_logits = gate_logits.masked_fill(dead, float("-inf"))
+        gate, e = torch.softmax(gate_logits, 0).max(0)
+        e = int(e)
+        idx, w, b = tables[e]
+        if idx.numel() < k:
+            return None  # forward() routes (and counts) this query
+        self._routed_one[e] += 1  # a Python counter: cheaper than a tensor op at batch 1
+        if w.dtype != x.dtype:
+            w, b = w.to(x.dtype), None if b is None else b.to(x.dtype)
+        g = float(gate)
+        z = torch.mv(w, x).mul_(g) if b is None else torch.addmv(b, w, x, beta=g, alpha=g)  # g (W_e x + b_e)
+        top, pos = torch.log_softmax(z, 0).topk(k)
+        return top, idx[pos]
 
     # -- the head interface -------------------------------------------------------------
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -303,7 +314,7 @@ class DSSoftmaxHead(OutputHead):
             out = self._sparse_topk(self._flat_hidden(hidden), k)
             if out is not None:
                 shape = (*hidden.shape[:-1], k)
-                return out[0].view(shape), out[1].view(shape)
+                return out[0].view(shape), out[1].view(shape)  # batch 1: [k] -> [..., k]
         return super().topk(hidden, k)
 
     # -- regularisers -------------------------------------------------------------------
