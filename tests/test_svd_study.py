@@ -67,3 +67,34 @@ def test_study_command_on_a_tiny_corpus(tmp_path):
         assert (tmp_path / "o" / name).stat().st_size > 100
     with pytest.raises(SystemExit):
         SS.parse_args(["--windows", "0"])
+
+
+def test_fast_study_page_from_both_commands(tmp_path):
+    """The docs page is written from the two commands' outputs only: the DS-Softmax rows with the poster's,
+    the perplexity-against-W tables, both plots, and the SVD-vs-hierarchical table."""
+    from recipes import ds_softmax as dsr
+    from recipes import fast_report as FR
+
+    tiny_corpus(tmp_path / "ptb", num_words=30, valid_lines=60, seed=2)
+    SS.main(["--settings", "ptb", "--data", str(tmp_path), "--dim", "16", "--lm-epochs", "1", "--queries", "50",
+             "--windows", "0.25", "0.5", "--refine", "0.001", "--hier-steps", "3", "--timing-queries", "2",
+             "--timing-rounds", "1", "--quiet", "--out", str(tmp_path / "svd")])
+    dsr.main(["--tasks", "ptb", "--data-dir", str(tmp_path / "ptb"), "--dim", "8", "--lm-epochs", "1",
+              "--experts", "2", "--steps", "4", "--timing-rounds", "1", "--timing-queries", "4", "--no-progress",
+              "--no-plot", "--out", str(tmp_path / "ds")])
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    FR.main(["--svd", str(tmp_path / "svd"), "--ds", str(tmp_path / "ds"), "--docs", str(docs),
+             "--note", "timed beside two busy processes"])
+    text = (docs / "fast_softmax_study.md").read_text()
+    assert "| ptb | 10000 | 8 | 2 (" in text  # the DS row, from the json
+    assert "Poster (Wiki-2, DS-64, a GPU): top-1 0.257 -> 0.259, 23.86x" in text
+    assert "_timed beside two busy processes_" in text
+    assert "| 4 | 10 | " in text and "| 8 | 10 | " in text  # W = 4, 8 at N = 10, both previews
+    assert "| class_softmax (100 classes) |" in text and "| softmax (exact) |" in text
+    for plot in FR.PLOTS:
+        assert (docs / "fast_study" / plot).stat().st_size > 100
+    # the page again from the committed json alone: the same text
+    assert FR.main(["--no-collect", "--docs", str(docs)]) == text
+    with pytest.raises(SystemExit):
+        FR.main(["--docs", str(docs)])  # nothing to collect
