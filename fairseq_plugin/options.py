@@ -3,13 +3,14 @@ and checks (a bad flag is a usage error, one line and exit 2), and building a de
 # no `from __future__ import annotations`: fairseq reads the dataclass annotations as real types
 
 import dataclasses
+import difflib
 import json
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Tuple
 
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 
 import hf_heads
@@ -37,8 +38,11 @@ def _head_options_help() -> str:
 class HeadArgs(FairseqDataclass):
     """The two options every ``head_ARCH`` model adds to its architecture."""
 
-    output_head: ChoiceEnum(hf_heads.available_heads()) = field(
-        default="softmax", metadata={"help": "output head replacing the decoder's output projection + softmax"})
+    # a str checked when the model is built (parse_head_options), not a ChoiceEnum: argparse's "invalid choice"
+    # cannot say "did you mean"
+    output_head: str = field(
+        default="softmax", metadata={"help": "output head replacing the decoder's output projection + softmax; one "
+                                             f"of: {', '.join(hf_heads.available_heads())}"})
     head_options: str = field(default="{}", metadata={"help": _head_options_help()})
 
 
@@ -47,8 +51,9 @@ def parse_head_options(output_head: Any, head_options: Any) -> Tuple[str, Dict[s
     bad JSON or an unknown option."""
     name = str(output_head)
     if name not in hf_heads.available_heads():
-        raise HeadFlagError(f"--output-head {name!r} is not a head; choose one of: "
-                            f"{', '.join(hf_heads.available_heads())}")
+        close = difflib.get_close_matches(name, hf_heads.available_heads(), 1)
+        raise HeadFlagError(f"--output-head {name!r} is not a head{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                            f"choose one of: {', '.join(hf_heads.available_heads())}")
     if isinstance(head_options, dict):
         options = dict(head_options)
     else:

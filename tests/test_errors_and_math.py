@@ -74,7 +74,7 @@ def test_identity_init_needs_square_contexts():
 
 
 def test_unknown_head_lists_available_heads():
-    with pytest.raises(ValueError, match=r"unknown output head 'mixtap'.*available heads: .*mixtape"):
+    with pytest.raises(ValueError, match=r"unknown output head 'mixtap' \(did you mean 'mixtape'\?\); available heads: "):
         hf_heads.build_head("mixtap", hidden_size=8, vocab_size=20)
 
 

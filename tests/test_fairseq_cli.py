@@ -221,7 +221,7 @@ def test_ds_softmax_pruning_state_survives_checkpoint_resume(data, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--output-head", "mixtap"], "invalid choice: 'mixtap'"),
+    (["--output-head", "mixtap"], "--output-head 'mixtap' is not a head (did you mean 'mixtape'?); choose one of: "),
     (["--output-head", "mixtape", "--head-options", '{"num_gates": 3}'],
      "--output-head mixtape --head-options: mixtape: option num_gates=3 is out of range; allowed: a power of two"),
     (["--output-head", "mos", "--head-options", "{num_components: 2}"], "--head-options '{num_components: 2}' is not valid JSON"),

@@ -64,6 +64,13 @@ def test_head_config_errors_say_what_to_do():
         hf_heads.head_config(transformers.GPT2Config(**GPT2_SIZES), "mixtape", num_gates=3)
     with pytest.raises(ValueError, match="expected a transformers config"):
         hf_heads.head_config({"n_layer": 2}, "mos")
+    # AutoConfig.for_model checks the head when the config is made too, not at from_config
+    for spec, message in (({"name": "mixtap"}, r"unknown output head 'mixtap' \(did you mean 'mixtape'\?\)"),
+                          ({"name": "mixtape", "options": {"num_gates": 3}}, "num_gates=3 is out of range"),
+                          ({"name": "mos", "option": {}}, "output_head has keys"),
+                          ("mixtape", "output_head must be a dict")):
+        with pytest.raises(ValueError, match=message):
+            transformers.AutoConfig.for_model("softmax-heads", base_model_type="gpt2", output_head=spec, **GPT2_SIZES)
 
 
 # ----------------------------------------------------------------------------- resize_token_embeddings

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -55,7 +56,9 @@ def head_specific_options(name: str) -> list:
 def get_head_class(name: str) -> type:
     """The head class registered under ``name``; ``ValueError`` listing the names otherwise."""
     if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"unknown output head {name!r}; available heads: {', '.join(available_heads())}")
+        close = difflib.get_close_matches(name, _REGISTRY, 1) if isinstance(name, str) else []
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown output head {name!r}{hint}; available heads: {', '.join(available_heads())}")
     return _REGISTRY[name]
 
 

@@ -39,6 +39,7 @@ class SoftmaxHeadsConfig(PretrainedConfig):
         if cls is not SoftmaxHeadsConfig:
             return super().__new__(cls)
         config = head_config_class(_base_config_class(_required_base_type(kwargs)))(*args, **kwargs)
+        check_output_head(config, "AutoConfig.for_model")
         _register_model_classes(config)
         return config
 
@@ -76,13 +77,28 @@ def head_config(base_config, name: str, use_bias: bool = False, **options) -> Pr
         raise ValueError(f"head_config: the config already names a head ({base_config.output_head['name']}); "
                          f"start from the base model's config")
     spec = {"name": name, "options": dict(options), "use_bias": bool(use_bias)}
-    vocab, hidden = base_config.vocab_size, base_config.get_text_config().hidden_size
-    with torch.device("meta"):
-        build_head(name, hidden_size=hidden, vocab_size=vocab, use_bias=spec["use_bias"], **options)
     config = head_config_class(type(base_config)).from_dict(
         {**base_config.to_dict(), "base_model_type": base_config.model_type, "output_head": spec})
+    check_output_head(config, "head_config")
     _register_model_classes(config)
     return config
+
+
+def check_output_head(config, caller: str) -> None:
+    """``ValueError`` (one line, naming the head option, its value and the allowed range, or the nearest head name)
+    where ``config.output_head`` does not build, so a bad head fails when its config is made, not at
+    ``from_config``: the head is built once on the meta device (no memory, no time)."""
+    spec = getattr(config, "output_head", None)
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"{caller}: output_head must be a dict {{'name': HEAD, 'options': {{...}}}}, got {spec!r}")
+    extra = sorted(set(spec) - {"name", "options", "use_bias"})
+    if extra or not isinstance(spec.get("options", {}), dict):
+        raise ValueError(f"{caller}: output_head has keys {sorted(spec)}; expected 'name', 'options' (a dict) and "
+                         f"optionally 'use_bias'")
+    text = config.get_text_config()
+    with torch.device("meta"):
+        build_head(spec["name"], hidden_size=text.hidden_size, vocab_size=text.vocab_size,
+                   use_bias=bool(spec.get("use_bias", False)), **spec.get("options", {}))
 
 
 def _register_model_classes(config) -> None:
