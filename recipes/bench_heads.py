@@ -231,4 +231,6 @@ def main(argv=None, log=print) -> Dict[str, Dict[str, Dict[str, float]]]:
 
 
 if __name__ == "__main__":
-    main()
+    from recipes.cli import run
+
+    run(main)

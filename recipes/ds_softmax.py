@@ -285,4 +285,6 @@ def main(argv=None) -> List[Dict]:
 
 
 if __name__ == "__main__":
-    main()
+    from recipes.cli import run
+
+    run(main)

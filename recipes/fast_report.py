@@ -173,4 +173,6 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from recipes.cli import run
+
+    run(main)

@@ -289,4 +289,6 @@ def main(argv=None) -> Dict:
 
 
 if __name__ == "__main__":
-    main()
+    from recipes.cli import run
+
+    run(main)

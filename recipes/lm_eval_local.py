@@ -161,4 +161,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from recipes.cli import run
+
+    run(main)

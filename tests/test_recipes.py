@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -258,3 +260,17 @@ def test_training_cost_benchmark_tiny_run(tmp_path):
     assert rows[bench_heads.BASELINE]["time_ratio"] == 1.0 and rows[bench_heads.BASELINE]["memory_ratio"] == 1.0
     assert all(r["ms"] > 0 and r["peak_mib"] >= 0 for r in rows.values())
     assert "| mos K=3 |" in (tmp_path / "table.md").read_text()
+
+
+def test_a_recipe_prints_the_librarys_error_as_one_line(tmp_path):
+    """A bad head option: one line naming the recipe, the option, the value and the range; exit 2, no traceback
+    (``SOFTMAX_HEADS_TRACEBACK=1`` gives it back)."""
+    cmd = [sys.executable, "-m", "recipes.ds_softmax", "--tasks", "synthetic-10x10", "--softmax-steps", "1",
+           "--no-progress", "--ds-options", '{"group_lasso": -1}', "--out", str(tmp_path)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "recipes.ds_softmax: error: ds_softmax: option group_lasso=-1 is out of range; allowed: a number in [0.0, inf]"]
+    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env={**os.environ, "SOFTMAX_HEADS_TRACEBACK": "1"})
+    assert out.returncode == 1 and "Traceback" in out.stderr

@@ -100,4 +100,6 @@ def main(argv: Optional[List[str]] = None, log=_stderr):
 
 
 if __name__ == "__main__":
-    main()
+    from recipes.cli import run
+
+    run(main)

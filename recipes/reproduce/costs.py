@@ -256,4 +256,6 @@ def merge_costs(measured: Dict[str, Any], added: Dict[str, Any], heads: Sequence
 
 
 if __name__ == "__main__":
-    main()
+    from recipes.cli import run
+
+    run(main)

@@ -213,4 +213,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from recipes.cli import run
+
+    run(main)

@@ -78,4 +78,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from recipes.cli import run
+
+    run(main)

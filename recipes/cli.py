@@ -1,0 +1,31 @@
+"""How every recipe's command ends: ``python -m recipes.X`` with a bad head, option or value prints the library's
+``ValueError`` as one line (``recipes.X: error: ...``) and exits 2, as argparse does for its own checks, instead of a
+traceback; ``SOFTMAX_HEADS_TRACEBACK=1`` shows the traceback."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, Optional, Sequence
+
+TRACEBACK_ENV = "SOFTMAX_HEADS_TRACEBACK"
+
+
+def program() -> str:
+    """The running command's module name (``recipes.finetune_hf``), else the script's name."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        return spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name
+    return os.path.basename(sys.argv[0]) if sys.argv else "recipes"
+
+
+def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
+    """Run ``main(argv)`` and exit: with its return value where it is an exit code (an int), else 0; with 2 and one
+    line on stderr for a ``ValueError``."""
+    try:
+        code = main(argv)
+    except ValueError as e:
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        print(f"{program()}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
