@@ -173,9 +173,29 @@ def test_ntasgd_on_the_command_line_then_the_averaged_checkpoint_is_scored(data,
     avg = subprocess.run([sys.executable, "-m", "fairseq_plugin.average", str(tmp_path / "checkpoint_last.pt"),
                           str(tmp_path / "avg.pt")], capture_output=True, text=True)
     assert avg.returncode == 0 and "parameters averaged" in avg.stderr, avg.stderr[-2000:]
+    bad = subprocess.run([sys.executable, "-m", "fairseq_plugin.average", str(tmp_path / "checkpoint_last.pt"),
+                          str(tmp_path / "x.pt"), "--data", str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--data" in bad.stderr.splitlines()[-1]
     ppl = {}
     for name in ("checkpoint_last.pt", "avg.pt"):
         ev = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / name,
                  "--tokens-per-sample", "16", "--cpu", "--num-workers", "0", "--gen-subset", "valid")
         ppl[name] = float(re.search(r"Perplexity: ([\d.]+)", ev).group(1))
     assert ppl["avg.pt"] != ppl["checkpoint_last.pt"]  # other weights: the averages
+
+
+def test_average_finds_the_data_directory_from_any_directory(tmp_path):
+    """fairseq keeps the data directory as training was given it (often relative): the averaging command looks for it
+    beside the checkpoint and in the folders above, else says to pass --data."""
+    from fairseq_plugin.lm.ntasgd import checkpoint_data_dir
+
+    (tmp_path / "exp" / "e_bin").mkdir(parents=True)
+    (tmp_path / "exp" / "checkpoints").mkdir()
+    ckpt = str(tmp_path / "exp" / "checkpoints" / "checkpoint_last.pt")
+    found = str(tmp_path / "exp" / "e_bin")
+    assert checkpoint_data_dir(ckpt, {"cfg": {"task": {"data": "e_bin"}}}) == found
+    assert checkpoint_data_dir(ckpt, {"cfg": None, "args": argparse_namespace(data="e_bin")}) == found
+    assert checkpoint_data_dir(ckpt, {"cfg": {"task": {"data": found}}}) == found  # absolute, as stored
+    with pytest.raises(ValueError, match=r"data directory 'f_bin' .* pass --data DIR"):
+        checkpoint_data_dir(ckpt, {"cfg": {"task": {"data": "f_bin"}}})
+    assert checkpoint_data_dir(ckpt, {"cfg": {"task": {"data": "f_bin"}}}, data=found) == found

@@ -15,8 +15,9 @@ validation (and the choice of ``checkpoint_best.pt``) sees the SGD iterate, not 
 checkpoint comes from the command above.
 """
 import logging
+import os
 from dataclasses import dataclass, field
-from typing import List
+from typing import Dict, List, Optional
 
 import torch
 from fairseq.dataclass import FairseqDataclass
@@ -143,13 +144,40 @@ class NTASGDSchedule(FairseqLRScheduler):
         return self.optimizer.get_lr()
 
 
-def average_checkpoint(path: str, out: str) -> int:
+def checkpoint_data_dir(path: str, state: Dict, data: Optional[str] = None) -> str:
+    """The data directory the checkpoint's task reads its dictionary from: ``data`` when given, else the one stored
+    in the checkpoint, which fairseq keeps as training was given it (often relative to the directory training ran
+    in): as stored where it exists, else relative to the checkpoint's folder or one of its parents. ``ValueError``
+    naming it (and ``--data``) when none exists."""
+    if data is not None:
+        if not os.path.isdir(data):
+            raise ValueError(f"--data {data}: not a directory")
+        return data
+    cfg = state.get("cfg")
+    stored = cfg["task"]["data"] if cfg is not None else getattr(state.get("args"), "data", None)
+    if stored and os.path.isdir(stored):
+        return stored
+    if stored and not os.path.isabs(stored):
+        folder = os.path.dirname(os.path.abspath(path))
+        while True:
+            if os.path.isdir(os.path.join(folder, stored)):
+                return os.path.join(folder, stored)
+            if os.path.dirname(folder) == folder:
+                break
+            folder = os.path.dirname(folder)
+    raise ValueError(f"{path} was trained on the data directory {stored!r} (its dictionary gives the model's size), "
+                     f"which is not here nor beside the checkpoint; pass --data DIR (the binarized data directory)")
+
+
+def average_checkpoint(path: str, out: str, data: Optional[str] = None) -> int:
     """Write ``out``: the checkpoint ``path`` with every parameter replaced by its NT-ASGD average; returns how
-    many were replaced (0, with a warning, before the switch)."""
+    many were replaced (0, with a warning, before the switch). ``data``: the binarized data directory, where the
+    one stored in the checkpoint is not found (:func:`checkpoint_data_dir`)."""
     from fairseq import checkpoint_utils
 
     state = checkpoint_utils.load_checkpoint_to_cpu(path)
-    models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([path])
+    data = checkpoint_data_dir(path, state, data)
+    models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
     names = [n for n, p in models[0].named_parameters() if p.requires_grad]
     opt_state = state["last_optimizer_state"]
     ids = [i for group in opt_state["param_groups"] for i in group["params"]]
