@@ -119,11 +119,17 @@ def test_costs_of_heads_added_later_merge_beside_the_measured_ones():
     assert report._added_heads(measured) == ""
 
 
-def test_full_size_dry_runs_count_the_papers_parameters(tmp_path):
+def test_full_size_dry_runs_count_the_papers_parameters(tmp_path, capsys):
     for table, billions in (("mt-en-de", 0.2), ("mt-en-fr", 0.8)):
         cli.main([table, "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "mixtape",
                   "--quiet"])
         plan = json.load(open(tmp_path / table / "plan.json"))
+        # stdout: the commands, then the parameter counts as a table of shell comments; no third-party warnings
+        out, err = capsys.readouterr()
+        assert out.splitlines()[:len(plan["commands"])] == plan["commands"]
+        assert f"# | mixtape | {plan['parameters']['mixtape'] / 1e6:.1f}M |" in out
+        assert all(line.startswith("#") for line in out.splitlines()[len(plan["commands"]) + 1:])
+        assert "Warning" not in out + err and "INFO" not in out + err and "DEBUG" not in out + err
         assert set(plan["parameters"]) == {"softmax", "mixtape"}
         assert abs(plan["parameters"]["mixtape"] / 1e9 - billions) <= 0.1 * billions, plan["parameters"]
         assert plan["parameters"]["mixtape"] > plan["parameters"]["softmax"]

@@ -294,9 +294,6 @@ class LanguageModelTable(Table):
         result = {"commands": commands, "parameters": parameters, "note": note,
                   "paper": {h: by_split for h, by_split in paper.items() if by_split}}
         R.save_json(os.path.join(table_dir, "plan.json"), result)
-        for line in commands:
-            print(line)
-        print(result["note"])
         return result
 
     # -- one cell ----------------------------------------------------------------------------

@@ -151,8 +151,6 @@ class HFLanguageModelTable(Table):
                           "its head's extra parameters to 135M. accelerate launch uses every GPU of the machine "
                           "(accelerate config sets more machines); --batch-size is per GPU."}
         R.save_json(os.path.join(table_dir, "plan.json"), result)
-        for line in commands:
-            print(line)
         return result
 
     # -- one cell ------------------------------------------------------------------------------

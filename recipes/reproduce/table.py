@@ -7,8 +7,12 @@ a record with ``record[metric] = {split: value}``), its full-size plan (:meth:`T
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
+import textwrap
+import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 from recipes.reproduce import results as R
@@ -247,7 +251,10 @@ class Table:
         table_dir = os.path.join(args.out, self.name)
         variants = self.variants(args)
         if args.dry_run:
-            return self.plan(variants, args, table_dir, log)
+            with quiet_third_party():
+                plan = self.plan(variants, args, table_dir, log)
+            print(format_plan(plan))
+            return plan
         runner = Runner(table_dir, log=log, progress=not args.quiet)
         prepared = self.prepare(runner, args, table_dir)
         if args.out == DEFAULT_OUT:  # continue from the committed cells of another machine
@@ -296,3 +303,33 @@ class Table:
                                        options=variant.options, metric=metric, values=[cost["ours"]], seeds=[],
                                        paper=cost["paper"], scale=args.scale, command=cost["command"]))
         return rows
+
+
+@contextlib.contextmanager
+def quiet_third_party():
+    """No warnings and no log records below ERROR while a plan builds its models on the meta device (hydra's
+    deprecation notices, fairseq's INFO lines): the plan's own output is what a --dry-run shows."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            yield
+        finally:
+            logging.disable(logging.NOTSET)
+
+
+def format_plan(plan: Dict[str, Any]) -> str:
+    """A full-size plan as ``--dry-run`` prints it on stdout, a shell script: its commands, then as comments the
+    parameter count of every head beside the paper's numbers, and the plan's note."""
+    lines = list(plan["commands"])
+    paper = plan.get("paper", {})
+    splits = sorted({s for by_split in paper.values() for s in by_split}, key=lambda s: (s != "valid", s))
+    lines += ["", "# | head | parameters |" + "".join(f" paper {s} |" for s in splits),
+              "# |---|---|" + "---|" * len(splits)]
+    for head, count in plan["parameters"].items():
+        numbers = "".join(f" {paper.get(head, {}).get(s, '-')} |" for s in splits)
+        lines.append(f"# | {head} | {count / 1e6:.1f}M |{numbers}")
+    if plan.get("note"):
+        lines += ["#"] + ["# " + line for line in textwrap.wrap(plan["note"], 110)]
+    return "\n".join(lines)
+

@@ -144,8 +144,6 @@ def plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
                       "gives no k); its GPU count comes from fairseq (all visible GPUs); the paper's batch of 4096 "
                       "tokens is per GPU (--max-tokens 4096). " + FULL_MIXTAPE_NOTE}
     save_json(os.path.join(table_dir, "plan.json"), result)
-    for line in commands:
-        print(line)
     return result
 
 
