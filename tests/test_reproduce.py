@@ -336,7 +336,7 @@ def test_hf_table_full_plan_counts_gpt2_small(tmp_path):
     plan = json.load(open(tmp_path / "lm-gpt2" / "plan.json"))
     assert 124e6 < plan["parameters"]["softmax"] < 125e6  # GPT-2 small, tied head
     assert plan["parameters"]["mos-3"] > plan["parameters"]["softmax"]
-    assert all(c.startswith("accelerate launch -m recipes.finetune_hf") for c in plan["commands"])
+    assert all(c.startswith("torchrun --nproc_per_node gpu -m recipes.finetune_hf") for c in plan["commands"])
     assert sum("--model smollm2" in c for c in plan["commands"]) == 2
     assert all("wikitext-103-raw-v1" in c for c in plan["commands"])
 

@@ -13,7 +13,7 @@ Each (head, seed) cell trains two models and scores each on valid and test:
 ``--scale mini``: the text of ``lm-wt2``'s mini (the train split is not here: the first 90% of the first 1,500
 lines of the shipped valid.txt trains, the rest validates, the first 1,500 lines of test.txt test),
 :data:`MINI_MODELS` below. ``--scale full``
-(``--dry-run`` prints it): ``accelerate launch`` of GPT-2 small from a config on WikiText-103 (fetched by
+(``--dry-run`` prints it): ``torchrun --nproc_per_node gpu`` of GPT-2 small from a config on WikiText-103 (fetched by
 ``datasets``; needs internet) and of SmolLM2-135M fine-tuned on it, on every GPU of the machine.
 """
 from __future__ import annotations
@@ -112,8 +112,8 @@ class HFLanguageModelTable(Table):
 
     def command(self, model: str, variant: Variant, seed: int, data: Dict[str, str], out_dir: str,
                 args) -> List[str]:
-        """One recipe run (``accelerate launch`` at full size, on every GPU of the machine)."""
-        launch = ["accelerate", "launch", "-m", "recipes.finetune_hf"] if args.scale == "full" else RECIPE
+        """One recipe run (``torchrun`` at full size: one process per GPU of the machine)."""
+        launch = ["torchrun", "--nproc_per_node", "gpu", "-m", "recipes.finetune_hf"] if args.scale == "full" else RECIPE
         files = ([] if args.scale == "full" else
                  ["--train-file", data["train"], "--valid-file", data["valid"], "--test-file", data["test"]])
         mini = [] if args.scale == "full" else ["--no-save", "--no-progress"]  # full size keeps its models
@@ -148,8 +148,8 @@ class HFLanguageModelTable(Table):
             log(f"{self.name} {v.name}: GPT-2 small {parameters[v.name] / 1e6:.1f}M parameters")
         result = {"commands": commands, "parameters": parameters,
                   "note": "parameters: GPT-2 small from its config with each head (V = 50257); SmolLM2-135M adds "
-                          "its head's extra parameters to 135M. accelerate launch uses every GPU of the machine "
-                          "(accelerate config sets more machines); --batch-size is per GPU."}
+                          "its head's extra parameters to 135M. torchrun --nproc_per_node gpu starts one process per GPU of the "
+                          "machine (--nnodes for more machines); --batch-size is per process."}
         R.save_json(os.path.join(table_dir, "plan.json"), result)
         return result
 
