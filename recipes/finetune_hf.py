@@ -149,12 +149,33 @@ def blocks(tokenizer, texts: List[str], block_size: int, max_tokens: Optional[in
     return torch.tensor(ids[: n * block_size]).view(n, block_size)
 
 
+#: validation perplexity (before and after training) on the first this many tokens unless --max-valid-tokens says
+#: otherwise: a progress number, not the result (the test file is scored whole)
+VALID_TOKENS = 50_000
+
+
+def token_limit(value: str) -> Optional[int]:
+    """An argparse type: a positive number of tokens, or ``all`` (None: no limit)."""
+    if value == "all":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer >= 1 or 'all'") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is out of range; allowed: an integer >= 1, or 'all'")
+    return n
+
+
 @torch.no_grad()
-def perplexity(model, loader, accelerator) -> float:
-    """exp(mean token NLL) over the loader, gathered across processes."""
+def perplexity(model, loader, accelerator, desc: str = "perplexity", progress: bool = True) -> float:
+    """exp(mean token NLL) over the loader, gathered across processes; a progress bar (``desc``) on the main
+    process."""
+    from tqdm.auto import tqdm
+
     model.eval()
     total, count = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
-    for (batch,) in loader:
+    for (batch,) in tqdm(loader, desc=desc, leave=False, disable=not progress or not accelerator.is_local_main_process):
         out = model(input_ids=batch, labels=batch)
         n = batch.numel() - batch.shape[0]  # the model shifts: one target fewer per row
         total += accelerator.gather_for_metrics(out.loss.detach().double().reshape(1) * n).sum().cpu()
@@ -190,8 +211,9 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=int, default=100)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--max-train-tokens", type=int, default=None, help="use only this many training tokens")
-    p.add_argument("--max-valid-tokens", type=int, default=None, help="use only this many validation tokens")
-    p.add_argument("--max-test-tokens", type=int, default=None, help="use only this many test tokens")
+    p.add_argument("--max-valid-tokens", type=token_limit, default=VALID_TOKENS,
+                   help="score validation perplexity (before and after training) on this many tokens, or 'all'")
+    p.add_argument("--max-test-tokens", type=token_limit, default=None, help="use only this many test tokens ('all')")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="results/finetune_hf")
     p.add_argument("--no-save", action="store_true", help="write only OUTPUT_DIR/results.json, not the model")
@@ -200,8 +222,7 @@ def parse_args(argv=None):
     if not args.train_file and not args.dataset:
         p.error("give --train-file (and --valid-file) or --dataset")
     for flag, value in (("--block-size", args.block_size), ("--batch-size", args.batch_size), ("--max-steps", args.max_steps),
-                        ("--max-train-tokens", args.max_train_tokens), ("--max-valid-tokens", args.max_valid_tokens),
-                        ("--max-test-tokens", args.max_test_tokens)):
+                        ("--max-train-tokens", args.max_train_tokens)):
         if value is not None and value < 1:
             p.error(f"{flag}={value} is out of range; allowed: an integer >= 1")
     if not isinstance(args.head_options, dict):
@@ -249,7 +270,10 @@ def main(argv=None) -> Dict:
     log(f"{type(accelerator.unwrap_model(model)).__name__} with head {args.head} {args.head_options}: "
         f"{sum(p.numel() for p in model.parameters()):,} parameters; {train.shape[0]} train / {valid.shape[0]} valid "
         f"blocks of {args.block_size} tokens; {accelerator.num_processes} process(es), world size {accelerator.num_processes}")
-    ppl_before = perplexity(model, valid_loader, accelerator)
+    if args.max_valid_tokens is not None and valid.numel() >= args.max_valid_tokens - args.block_size:
+        log(f"validation perplexity on the first {valid.numel():,} tokens (--max-valid-tokens all: the whole file)")
+    progress = not args.no_progress
+    ppl_before = perplexity(model, valid_loader, accelerator, "valid perplexity before", progress)
     log(f"valid perplexity before: {ppl_before:.2f}")
     start, step, losses = time.perf_counter(), 0, []
     bar = tqdm(total=args.max_steps, desc="fine-tune", disable=args.no_progress or not accelerator.is_local_main_process)
@@ -269,9 +293,9 @@ def main(argv=None) -> Dict:
                 break
     bar.close()
     seconds = time.perf_counter() - start
-    ppl_after = perplexity(model, valid_loader, accelerator)
+    ppl_after = perplexity(model, valid_loader, accelerator, "valid perplexity after", progress)
     log(f"valid perplexity after {step} steps: {ppl_after:.2f} ({seconds:.1f}s)")
-    test_ppl = perplexity(model, test_loader, accelerator) if test_loader is not None else None
+    test_ppl = perplexity(model, test_loader, accelerator, "test perplexity", progress) if test_loader is not None else None
     if test_ppl is not None:
         log(f"test perplexity: {test_ppl:.2f} ({test.numel()} tokens)")
     result = {"head": args.head, "head_options": args.head_options,

