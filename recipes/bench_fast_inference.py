@@ -29,7 +29,7 @@ import torch
 
 import hf_heads
 from recipes.real_heads import TrainedHead, random_head, smollm2_head, smollm2_missing
-from recipes.timing import time_per_call
+from recipes.timing import busy_neighbour, time_per_call
 
 SETTINGS = ("smollm2", "lm", "random")
 
@@ -116,6 +116,13 @@ def run_setting(name: str, head: TrainedHead, extra: Dict[str, torch.nn.Module],
     for r in rows:
         tm = t[r["method"]]
         r.update(ms_b1=1e3 * tm[1], ms_b64=1e3 * tm[64], speedup_b1=base[1] / tm[1], speedup_b64=base[64] / tm[64])
+    if args.busy:  # the same timings beside a busy neighbour process
+        with busy_neighbour():
+            tb = timings(methods, test, args)
+        for r in rows:
+            tm, bb = tb[r["method"]], tb["softmax (exact)"]
+            r.update(ms_b1_busy=1e3 * tm[1], speedup_b1_busy=bb[1] / tm[1],
+                     relative_slowdown_b1=(tm[1] / t[r["method"]][1]) / (bb[1] / base[1]))
     return rows
 
 
@@ -155,6 +162,19 @@ def format_table(rows: List[Dict]) -> str:
             f"| {r['setting']} | {r['V']} | {r['d']} | {r['method']} | {r['ms_b1']:.3f} | {r['speedup_b1']:.2f}x | "
             f"{r['ms_b64']:.3f} | {r['speedup_b64']:.2f}x | {top1} | {recall} | "
             f"{r['cost_gain']:.2f}x | {success} |")
+    return "\n".join(lines)
+
+
+def format_busy(rows: List[Dict]) -> str:
+    """The --busy table: batch-1 ms and speed-up quiet and beside a busy neighbour, and each method's slowdown over
+    the exact softmax's (1 = it suffers no more than the softmax; the aim: at most 1.5)."""
+    from hf_heads.threads import describe
+
+    lines = [f"Beside a busy neighbour process (`--busy`; {describe()}):", "",
+             "| setting | method | ms b=1 quiet | speed-up quiet | ms b=1 busy | speed-up busy | slowdown / softmax's |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['setting']} | {r['method']} | {r['ms_b1']:.3f} | {r['speedup_b1']:.2f}x | {r['ms_b1_busy']:.3f} | "
+              f"{r['speedup_b1_busy']:.2f}x | {r['relative_slowdown_b1']:.2f} |" for r in rows if "ms_b1_busy" in r]
     return "\n".join(lines)
 
 
@@ -208,6 +228,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timing-rounds", type=int, default=3, help="interleaved timing rounds (median)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--busy", action="store_true",
+                   help="time again beside a busy neighbour process (matmuls on one core): each method's batch-1 "
+                        "speed-up quiet and busy, and its slowdown against the exact softmax's own")
     p.add_argument("--out", default="results/fast_inference")
     p.add_argument("--no-plot", dest="plot", action="store_false")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -245,7 +268,7 @@ def main(argv=None) -> List[Dict]:
                          "d_softmax (untrained: cost only)": hf_heads.build_head(
                              "d_softmax", hidden_size=args.dim, vocab_size=V).eval()}
                 rows += run_setting(head.name, head, extra, args)
-    table = format_table(rows)
+    table = format_table(rows) + ("\n\n" + format_busy(rows) if args.busy else "")
     print(table)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(table + "\n" + "".join(f"\n{n}\n" for n in notes))

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import hf_heads
-from recipes.timing import MALLOC_ENV, peak_memory, time_per_call
+from recipes.timing import MALLOC_ENV, busy_neighbour, busy_report, peak_memory, time_per_call
 
 
 #: (label, head name, options): the settings of the issue's target table
@@ -170,6 +170,25 @@ def format_table(results: Dict[str, Dict[str, Dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
+def format_busy(busy: Dict[str, Dict[str, Dict[str, float]]]) -> str:
+    """The --busy table: per setting and head, the time ratio to softmax quiet and beside a busy neighbour, the
+    head's own slowdown and that slowdown over softmax's (the aim: at most 1.5)."""
+    lines = ["Beside a busy neighbour process (`--busy`; " + threads_line() + "):", "",
+             "| setting | head | ratio quiet | ratio busy | slowdown busy/quiet | slowdown / softmax's |",
+             "|---|---|---|---|---|---|"]
+    for s, rows in busy.items():
+        for n, r in rows.items():
+            lines.append(f"| {s} | {n} | {r['quiet_ratio']:.2f}x | {r['busy_ratio']:.2f}x | {r['slowdown']:.2f}x | "
+                         f"{r['relative_slowdown']:.2f} |")
+    return "\n".join(lines)
+
+
+def threads_line() -> str:
+    from hf_heads.threads import describe
+
+    return describe()
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -185,6 +204,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--memory-repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--busy", action="store_true",
+                   help="time every step quiet and again beside a busy neighbour process (matmuls on one core): "
+                        "each head's ratio to softmax both ways and its slowdown against softmax's own")
     p.add_argument("--out", default="results/bench_heads")
     p.add_argument("--memory-to", default=None, help=argparse.SUPPRESS)  # internal: the memory child's output
     return p.parse_args(argv)
@@ -221,12 +243,21 @@ def main(argv=None, log=print) -> Dict[str, Dict[str, Dict[str, float]]]:
                           "memory_ratio": mem[s][n] / base_m} for n in secs}
         log(f"{s}: " + ", ".join(f"{n} {r['time_ratio']:.2f}x / {r['memory_ratio']:.2f}x" for n, r in results[s].items()))
     table = format_table(results)
+    busy = {}
+    if args.busy:
+        for s, make in settings(args).items():
+            steps = make()
+            quiet = measure_time(steps, args)
+            with busy_neighbour():
+                loaded = measure_time(steps, args)
+            busy[s] = busy_report(quiet, loaded, BASELINE)
+        table += "\n\n" + format_busy(busy)
     log(table)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"results": results, "args": vars(args)}, f, indent=1)
+        json.dump({"results": results, "busy": busy, "args": vars(args)}, f, indent=1)
     return results
 
 

@@ -10,12 +10,15 @@ a later call's peak hides in memory kept for reuse).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, Iterator, Sequence
 
 import torch
 
@@ -69,3 +72,35 @@ def peak_memory(step: Callable[[], None], repeats: int = 3) -> float:
             watcher.join()
         peaks.append(max(top[0], _rss()) - base)
     return statistics.median(peaks)
+
+
+#: the busy neighbour: another process multiplying 512 x 512 matrices on one thread, as a second job on a shared
+#: machine would (its own environment: OpenMP's default wait policy, whatever this process uses)
+NEIGHBOUR = ("import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\n"
+             "while True:\n    a = torch.tanh(a @ a)\n")
+
+
+@contextlib.contextmanager
+def busy_neighbour(processes: int = 1) -> Iterator[list]:
+    """While the block runs, ``processes`` other processes keep one core each busy with matmuls (started, and
+    given a second to start computing, before the block; killed after it); yields their ``Popen`` objects."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    procs = [subprocess.Popen([sys.executable, "-c", NEIGHBOUR], env={**env, "OMP_NUM_THREADS": "1"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(processes)]
+    try:
+        time.sleep(1.0)
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def busy_report(quiet: Dict[str, float], busy: Dict[str, float], baseline: str) -> Dict[str, Dict[str, float]]:
+    """Per function: seconds quiet and busy, its ratio to ``baseline`` in each, and its slowdown (busy / quiet)
+    against the baseline's own (``relative_slowdown``: 1 = it suffers no more than the baseline)."""
+    base = busy[baseline] / quiet[baseline]
+    return {n: {"quiet_s": quiet[n], "busy_s": busy[n], "quiet_ratio": quiet[n] / quiet[baseline],
+                "busy_ratio": busy[n] / busy[baseline], "slowdown": busy[n] / quiet[n],
+                "relative_slowdown": busy[n] / quiet[n] / base} for n in quiet}
+

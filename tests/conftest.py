@@ -4,6 +4,10 @@ import sys
 
 import pytest
 
+# before anything loads torch (and inherited by the fairseq / recipe subprocesses the tests start): idle OpenMP
+# threads sleep instead of spinning, so the suite keeps its speed beside a busy process (hf_heads/threads.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 

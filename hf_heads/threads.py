@@ -1,0 +1,38 @@
+"""How torch's CPU threads wait between operations: softmax-heads' default for a shared machine.
+
+torch's CPU build runs its intra-op threads on GNU OpenMP, whose idle threads by default *spin* for a while at the
+end of every parallel operation before they sleep. On a machine where another process is busy (a laptop, a shared
+server, a second training run), a spinning thread takes the core the descheduled thread it waits for needs, and a
+step of many operations slows 3-10x (measured here with 2 threads beside busy processes: a Mixtape training step
+6.7 s instead of 1.0 s, SVD-softmax's batch-1 top-k 96 ms instead of 9 ms), while one big matmul hardly slows.
+``OMP_WAIT_POLICY=PASSIVE`` makes idle threads sleep at once and removes that loss.
+
+OpenMP reads the setting once, when torch loads, so :func:`default_wait_policy` can only set it before ``import
+torch``: ``import hf_heads`` (and every ``python -m recipes...`` command) does, when torch is not loaded yet and
+``OMP_WAIT_POLICY`` is not set. Set ``OMP_WAIT_POLICY=ACTIVE`` in the environment to keep OpenMP's spinning, or
+``OMP_WAIT_POLICY=PASSIVE`` yourself where torch is imported before hf_heads.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+WAIT_POLICY = "OMP_WAIT_POLICY"
+DEFAULT = "PASSIVE"
+
+
+def default_wait_policy() -> bool:
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` if torch is not loaded yet and the variable is unset; True if it set it."""
+    if "torch" in sys.modules or WAIT_POLICY in os.environ:
+        return False
+    os.environ[WAIT_POLICY] = DEFAULT
+    return True
+
+
+def describe() -> str:
+    """One line for a recipe's log: torch's thread count, the cores, and how idle threads wait."""
+    import torch
+
+    policy = os.environ.get(WAIT_POLICY)
+    how = (f"{WAIT_POLICY}={policy}" if policy else f"{WAIT_POLICY} unset (OpenMP spins: slow beside busy processes)")
+    return f"torch: {torch.get_num_threads()} thread(s) on {os.cpu_count()} core(s), {how}"
