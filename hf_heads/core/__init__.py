@@ -1,6 +1,7 @@
 """The engine every head is built on, torch only: the registry, options, the head interface, the memory-lean loss,
 shared math, saving and loading. Neither adapter (transformers, fairseq) is imported here."""
-from .config import HeadConfig, check_bool, check_float, check_int, check_option, check_type, option
+from .config import (SPEC_VERSION, HeadConfig, check_bool, check_float, check_int, check_option, check_spec_version,
+                     check_type, option, versioned_options)
 from .convert import convert_head
 from .frequency import count_tokens, frequency_order
 from .interface import LinearScoresHead, OutputHead, SingleSoftmaxHead

@@ -103,3 +103,33 @@ class HeadConfig:
             raise ValueError(
                 f"{cls.head_name}: unknown option(s) {', '.join(named)}; allowed options: {', '.join(sorted(known))}")
 
+
+
+# ----------------------------------------------------------------------------- stored head specs
+#: The version of a stored head spec: a transformers config's ``output_head`` (its ``"version"``) and a fairseq
+#: checkpoint's head flags (``--head-version``). A spec stores only the options its user gave, so when a head's
+#: default changes, SPEC_VERSION goes up and :data:`LEGACY_DEFAULTS` records the old value: a spec written before
+#: gets it back, and a model saved then loads and computes as it was trained. (``save_head`` stores every option:
+#: it needs no version.)
+SPEC_VERSION = 1
+#: ``{version: {head name: {option: the default it had in that version}}}``, for the defaults changed after it
+LEGACY_DEFAULTS: Dict[int, Dict[str, Dict[str, Any]]] = {}
+
+
+def check_spec_version(where: str, version: Any) -> int:
+    """``version`` if it is a spec version this library reads, else ``ValueError`` naming ``where``."""
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SPEC_VERSION:
+        raise ValueError(f"{where}: head spec version {version!r} is not one this version of softmax-heads reads "
+                         f"(1 to {SPEC_VERSION}); a newer softmax-heads wrote it")
+    return version
+
+
+def versioned_options(name: str, options: Dict[str, Any], version: int) -> Dict[str, Any]:
+    """The options a spec of ``version`` means for head ``name``: ``options``, plus every default changed since
+    ``version`` at the value it had then (where ``options`` does not set it)."""
+    out = dict(options)
+    for v in sorted(LEGACY_DEFAULTS):
+        if v >= version:
+            for key, value in LEGACY_DEFAULTS[v].get(name, {}).items():
+                out.setdefault(key, value)
+    return out

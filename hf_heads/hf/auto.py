@@ -8,8 +8,8 @@ from typing import Any, Dict
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from ..core import build_head
-from .config import MODEL_TYPE, head_config_class
+from ..core import SPEC_VERSION, build_head
+from .config import MODEL_TYPE, head_config_class, head_spec, spec_options
 from .modeling import head_model_class
 
 
@@ -39,12 +39,17 @@ class SoftmaxHeadsConfig(PretrainedConfig):
         if cls is not SoftmaxHeadsConfig:
             return super().__new__(cls)
         config = head_config_class(_base_config_class(_required_base_type(kwargs)))(*args, **kwargs)
+        if isinstance(getattr(config, "output_head", None), dict):  # a new config: read at today's defaults
+            config.output_head.setdefault("version", SPEC_VERSION)
         check_output_head(config, "AutoConfig.for_model")
         _register_model_classes(config)
         return config
 
     @classmethod
     def from_dict(cls, config_dict: Dict[str, Any], **kwargs):
+        spec = config_dict.get("output_head")
+        if isinstance(spec, dict) and "version" not in spec:  # saved before specs had versions: version 1
+            config_dict = {**config_dict, "output_head": {**spec, "version": 1}}
         result = head_config_class(_base_config_class(_required_base_type(config_dict))).from_dict(config_dict, **kwargs)
         _register_model_classes(result[0] if isinstance(result, tuple) else result)
         return result
@@ -76,7 +81,7 @@ def head_config(base_config, name: str, use_bias: bool = False, **options) -> Pr
     if base_config.model_type == MODEL_TYPE:
         raise ValueError(f"head_config: the config already names a head ({base_config.output_head['name']}); "
                          f"start from the base model's config")
-    spec = {"name": name, "options": dict(options), "use_bias": bool(use_bias)}
+    spec = head_spec(name, options, use_bias)
     config = head_config_class(type(base_config)).from_dict(
         {**base_config.to_dict(), "base_model_type": base_config.model_type, "output_head": spec})
     check_output_head(config, "head_config")
@@ -91,14 +96,14 @@ def check_output_head(config, caller: str) -> None:
     spec = getattr(config, "output_head", None)
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise ValueError(f"{caller}: output_head must be a dict {{'name': HEAD, 'options': {{...}}}}, got {spec!r}")
-    extra = sorted(set(spec) - {"name", "options", "use_bias"})
+    extra = sorted(set(spec) - {"name", "options", "use_bias", "version"})
     if extra or not isinstance(spec.get("options", {}), dict):
         raise ValueError(f"{caller}: output_head has keys {sorted(spec)}; expected 'name', 'options' (a dict) and "
-                         f"optionally 'use_bias'")
+                         f"optionally 'use_bias' and 'version'")
     text = config.get_text_config()
     with torch.device("meta"):
         build_head(spec["name"], hidden_size=text.hidden_size, vocab_size=text.vocab_size,
-                   use_bias=bool(spec.get("use_bias", False)), **spec.get("options", {}))
+                   use_bias=bool(spec.get("use_bias", False)), **spec_options(spec, caller))
 
 
 def _register_model_classes(config) -> None:

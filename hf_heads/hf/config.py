@@ -2,7 +2,9 @@
 (``SoftmaxHeadsGPT2Config``, ...), made when first needed."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict
+
+from ..core.config import SPEC_VERSION, check_spec_version, versioned_options
 
 MODEL_TYPE = "softmax-heads"  # the pip package name: what transformers prints when it is missing
 _CONFIG_CLASSES: Dict[type, type] = {}
@@ -18,3 +20,16 @@ def head_config_class(base_config_class: type) -> type:
             {"model_type": MODEL_TYPE, "__module__": __name__,
              "__doc__": f"{base_config_class.__name__} of a model whose output layer is a softmax-heads head."})
     return _CONFIG_CLASSES[base_config_class]
+
+
+def head_spec(name: str, options: Dict[str, Any], use_bias: bool) -> Dict[str, Any]:
+    """A config's ``output_head``: the head, the options given, and the spec version they are read at."""
+    return {"name": name, "options": dict(options), "use_bias": bool(use_bias), "version": SPEC_VERSION}
+
+
+def spec_options(spec: Dict[str, Any], where: str = "output_head") -> Dict[str, Any]:
+    """The options ``spec`` means: its own, plus the defaults of its version where they changed since (a spec
+    without a version is read as the current one: :meth:`SoftmaxHeadsConfig.from_dict` marks saved ones)."""
+    version = check_spec_version(where, spec.get("version", SPEC_VERSION))
+    return versioned_options(spec["name"], spec.get("options", {}), version)
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from ..core.convert import from_projection, register_converter
+from .config import head_spec
 from .modeling import HeadModelMixin, swap_head
 
 
@@ -26,6 +27,6 @@ def convert_transformers_model(source, name: str, options: dict):
     source.set_output_embeddings(head)
     if tied and head.can_tie:
         head.tie_weight(inputs)
-    source.config.output_head = {"name": name, "options": dict(options), "use_bias": head.bias is not None}
+    source.config.output_head = head_spec(name, options, head.bias is not None)
     source._forget_head_ties()
     return source

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..core import OutputHead, build_head
-from .config import head_config_class
+from .config import head_config_class, head_spec, spec_options
 from . import liger, remote_code, trl
 from .lean_forward import lean_forward
 from .peft import running_head
@@ -30,7 +30,7 @@ class HeadModelMixin:
             raise ValueError(f"{type(self).__name__} needs config.output_head = {{'name': ..., 'options': {{...}}}}")
         old = self.get_output_embeddings()
         head = build_head(spec["name"], hidden_size=old.weight.shape[1], vocab_size=old.weight.shape[0],
-                          use_bias=bool(spec.get("use_bias", False)), **spec.get("options", {}))
+                          use_bias=bool(spec.get("use_bias", False)), **spec_options(spec))
         self.set_output_embeddings(head)
         self._forget_head_ties()
         if getattr(config, "tie_word_embeddings", False):
@@ -244,7 +244,7 @@ def swap_head(model, name: str, *, frequency_order=None, token_counts=None, **op
     model.__class__ = head_model_class(type(model))
     model.config.__class__ = head_config_class(type(model.config))
     model.config.base_model_type = base_type
-    model.config.output_head = {"name": name, "options": dict(options), "use_bias": use_bias}
+    model.config.output_head = head_spec(name, options, use_bias)
     model.set_output_embeddings(head)
     if tied and head.can_tie:
         head.tie_weight(inputs)
