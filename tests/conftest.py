@@ -7,6 +7,10 @@ import pytest
 # before anything loads torch (and inherited by the fairseq / recipe subprocesses the tests start): idle OpenMP
 # threads sleep instead of spinning, so the suite keeps its speed beside a busy process (hf_heads/threads.py)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# under pytest-xdist (`make test`), each worker's torch takes its share of the cores, not all of them
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 sys.path.insert(0, os.path.dirname(__file__))
 
