@@ -34,6 +34,11 @@ HEAD_OPTIONS = {
     "class_softmax": {"num_classes": 8},
     "d_softmax": {"band_fractions": [0.25, 0.75], "band_dims": [24, 8]},
 }
+#: every head trains and decodes through fairseq's commands; by default those whose plugin paths differ (a single
+#: softmax, a mixture tied and untied, an auxiliary loss with pruning state, frequency classes), the others in the
+#: slow tier (`make test-slow`): the same paths as these, each head's math tested in-process by test_heads.py
+CLI_DEFAULT_HEADS = ("softmax", "mixtape", "mos", "ds_softmax", "class_softmax")
+CLI_HEADS = [h if h in CLI_DEFAULT_HEADS else pytest.param(h, marks=pytest.mark.slow) for h in HEAD_OPTIONS]
 SMALL_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
             "--decoder-attention-heads", "2", "--tokens-per-sample", "32"]
 SMALL_MT = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
@@ -105,7 +110,7 @@ def _last_train_stats(out):
     return lines[-1]
 
 
-@pytest.mark.parametrize("head", list(HEAD_OPTIONS))
+@pytest.mark.parametrize("head", CLI_HEADS)
 def test_lm_train_then_eval_lm(data, tmp_path, head):
     tie = ["--share-decoder-input-output-embed"] if head in ("softmax", "mixtape", "mos") else []
     out = train_lm(data, tmp_path, head, *tie)
@@ -118,7 +123,7 @@ def test_lm_train_then_eval_lm(data, tmp_path, head):
     assert 1.0 < ppl < 200.0  # vocabulary of ~64: a finite, sensible perplexity
 
 
-@pytest.mark.parametrize("head", list(HEAD_OPTIONS))
+@pytest.mark.parametrize("head", CLI_HEADS)
 def test_mt_train_then_generate_with_beam_and_sampling(data, tmp_path, head):
     share = ["--share-all-embeddings"] if hf_heads.get_head_class(head).can_tie else []  # DS-Softmax cannot
     out = train_mt(data, tmp_path, head, *share, "--label-smoothing", "0.1")
