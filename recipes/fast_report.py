@@ -79,7 +79,15 @@ def ds_section(obj: Dict) -> List[str]:
         s1, s64 = r["speedup"][1], r["speedup"][64]
         lines.append(f"| {r['experts']} | {r['flops_reduction']:.1f}x | {s1:.1f}x | {s1 / r['flops_reduction']:.2f} | "
                      f"{s64:.1f}x | {100 * (r['top1_ds'] - r['top1_softmax']):+.2f} points |")
-    lines += ["", f"The poster's wall-clock / FLOPs: {p['ms'][0] / p['ms'][1] / p['flops']:.2f} (GPU).", ""]
+    big = max(rows, key=lambda r: r["experts"])
+    lines += ["", f"The poster's wall-clock / FLOPs: {p['ms'][0] / p['ms'][1] / p['flops']:.2f} (GPU).", "",
+              f"Reading: with {big['experts']} experts DS-Softmax computes {big['flops_reduction']:.1f}x fewer "
+              f"multiplications than the full softmax (the poster: {p['flops']}x with 64) at a top-1 accuracy "
+              f"{100 * (big['top1_ds'] - big['top1_softmax']):+.2f} points from the softmax's "
+              f"({100 * big['top1_softmax']:.2f}%; the poster: {100 * (p['ds'] - p['full']):+.1f}), and answers a "
+              f"batch-1 query {big['speedup'][1]:.1f}x faster on this CPU "
+              f"({big['speedup'][1] / big['flops_reduction']:.0%} of the FLOPs reduction; the poster "
+              f"{p['ms'][0] / p['ms'][1] / p['flops']:.0%} on a GPU).", ""]
     return lines
 
 
@@ -126,12 +134,45 @@ def svd_section(obj: Dict) -> List[str]:
             sp = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
             lines.append(f"| {name} | {r['ppl']:.2f} | {r['top1']:.3f} | {r['top10']:.3f} | {r['cost_gain']:.1f}x | "
                          f"{ms} | {sp} |")
-        lines.append("")
+        lines += ["", svd_reading(result), ""]
     lines += ["The sources: the slides (Vlasova et al.) plot the loss against W, the spectra and the time per token "
               "without printing numbers; the DS-Softmax poster's SVD-10 column gives " + "; ".join(
                   f"{k} top-1 {p['full']} -> {p['svd']} at {p['flops']:.2f}x fewer FLOPs, {p['ms'][0]} -> "
                   f"{p['ms'][1]} ms (GPU)" for k, p in POSTER_SVD.items()) + ".", ""]
     return lines
+
+
+def _smallest_window(svd: List[Dict], preview: str, n: int, exact: float, within: float) -> Optional[Dict]:
+    """The row of the smallest W whose perplexity is within ``within`` (relative) of the exact softmax's."""
+    rows = sorted((r for r in svd if r["preview"] == preview and r["N"] == n), key=lambda r: r["W"])
+    return next((r for r in rows if r["ppl"] <= exact * (1 + within)), None)
+
+
+def svd_reading(result: Dict) -> str:
+    """What one setting's rows say, in words generated from them: the smallest preview window that keeps the
+    perplexity within 1% of the exact softmax for each preview choice (largest N), and the hierarchical softmax's
+    perplexity and speed against SVD-softmax's."""
+    exact = result["rows"][0]
+    svd = _svd_rows(result, "svd_softmax")
+    n = max(r["N"] for r in svd)
+    parts = []
+    for preview in ("adaptive", "leading"):
+        r = _smallest_window(svd, preview, n, exact["ppl"], 0.01)
+        largest = max(x["W"] for x in svd)
+        parts.append(f"{preview}: W = {r['W']} ({r['ppl']:.2f}, {r['cost_gain']:.1f}x fewer multiplications"
+                     + (f", {r['speedup']:.2f}x the exact softmax's speed at batch 1" if "speedup" in r else "") + ")"
+                     if r else f"{preview}: no W up to {largest}")
+    text = (f"Reading ({result['setting']}): the smallest preview window that keeps the perplexity within 1% of the "
+            f"exact {exact['ppl']:.2f} at N = {n}: " + "; ".join(parts) + ".")
+    hier = _svd_rows(result, "class_softmax")
+    if hier:
+        h = hier[0]
+        text += (f" The hierarchical softmax trained on the same states: perplexity {h['ppl']:.2f} "
+                 f"({100 * (h['ppl'] / exact['ppl'] - 1):+.1f}% against the exact softmax's: a different model, not an "
+                 f"approximation of it), top-1 agreement {h['top1']:.3f}"
+                 + (f", {h['speedup']:.2f}x the exact softmax's speed for the whole distribution" if "speedup" in h
+                    else "") + ".")
+    return text
 
 
 def write_page(out_dir: str, page: str) -> str:

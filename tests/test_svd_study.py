@@ -92,6 +92,7 @@ def test_fast_study_page_from_both_commands(tmp_path):
     assert "_timed beside two busy processes_" in text
     assert "| 4 | 10 | " in text and "| 8 | 10 | " in text  # W = 4, 8 at N = 10, both previews
     assert "| class_softmax (100 classes) |" in text and "| softmax (exact) |" in text
+    assert "Reading (ptb): the smallest preview window" in text and "Reading: with 2 experts" in text
     for plot in FR.PLOTS:
         assert (docs / "fast_study" / plot).stat().st_size > 100
     # the page again from the committed json alone: the same text
