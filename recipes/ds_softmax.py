@@ -199,6 +199,18 @@ def plot_experts(counts: torch.Tensor, name: str, path: str) -> None:
     plt.close(fig)
 
 
+def from_json(row: Dict) -> Dict:
+    """A row read back from json: the batch sizes of ``ms_per_query`` / ``speedup`` as ints again (json keeps them
+    as strings)."""
+    return {**row, **{k: {int(b): v for b, v in row[k].items()} for k in ("speedup", "ms_per_query")}}
+
+
+def load_rows(path: str) -> List[Dict]:
+    """The rows of a ``results.json`` this recipe wrote."""
+    with open(path) as f:
+        return [from_json(r) for r in json.load(f)]
+
+
 # ----------------------------------------------------------------------------- CLI
 TASKS = ("synthetic-10x10", "synthetic-100x100", "ptb", "wikitext-2")
 #: the language-model tasks: their text directory option and default hidden size (WikiText-2's 33,278 words x 64
@@ -242,6 +254,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="results/ds_softmax", help="output directory")
     p.add_argument("--no-plot", dest="plot", action="store_false", help="no expert heat maps")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows already in OUT/results.json (same task and E) and run only the others (the "
+                        "language model is trained again: the same seed gives the same model)")
     return p.parse_args(argv)
 
 
@@ -263,8 +278,15 @@ def main(argv=None) -> List[Dict]:
     if args.tasks is None and not has["ptb"]:
         print(f"(ptb skipped: no PTB text in {args.data_dir})")
     os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "results.json")
+    done = load_rows(path) if args.resume and os.path.isfile(path) else []  # an earlier run's rows, kept
     results = []
     for name in tasks:
+        todo = [e for e in (args.experts or [None]) if not any(r["task"] == name and r["experts"] == e for r in done)]
+        results += [r for r in done if r["task"] == name]
+        if not todo:
+            print(f"{name}: every expert count done ({path}), skipped")
+            continue
         if name in LM_TASKS:
             option, dim = LM_TASKS[name]
             task = make_lm_task(getattr(args, option), name, args.dim or dim, args.lm_epochs, args.seed,
@@ -272,12 +294,12 @@ def main(argv=None) -> List[Dict]:
         else:
             s, c = (int(v) for v in name.split("-")[1].split("x"))
             task = make_hierarchy(s, c, args.dim or 32, args.per_class, args.seed)
-        for experts in args.experts or [default_experts(task)]:
-            results.append(run_task(task, args, experts))
+        for experts in todo:
+            results.append(run_task(task, args, experts if experts is not None else default_experts(task)))
+            with open(path, "w") as f:  # after every expert count: a run cut short keeps what it finished
+                json.dump(results, f, indent=2)
     table = format_table(results)
     print("\n" + table)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(table + "\n")
     print(f"\nwrote {args.out}/results.md, results.json" + (" and expert heat maps" if args.plot else ""))

@@ -19,6 +19,7 @@ import shutil
 from typing import Dict, List, Optional
 
 from recipes.ds_softmax import PAPER as POSTER
+from recipes.ds_softmax import from_json
 from recipes.ds_softmax import format_row as ds_row
 from recipes.ds_softmax import HEADER as DS_HEADER
 
@@ -62,8 +63,7 @@ def _notes(obj: Dict) -> List[str]:
 
 def ds_section(obj: Dict) -> List[str]:
     """DS-Softmax on WikiText-2: every expert count beside the poster's row, wall-clock against FLOPs."""
-    rows = [{**r, **{k: {int(b): v for b, v in r[k].items()} for k in ("speedup", "ms_per_query")}}
-            for r in obj["results"]]  # json keeps the batch sizes as strings
+    rows = [from_json(r) for r in obj["results"]]
     lines = ["## DS-Softmax on WikiText-2 (the poster's headline row)", "",
              "`python -m recipes.ds_softmax --tasks wikitext-2 --experts 16 32 64`: the LSTM LM of the mini "
              "language-model tables trained on WikiText-2's shipped text, its softmax turned into DS-Softmax with "

@@ -215,6 +215,12 @@ def test_ds_recipe_wikitext2_runs_every_expert_count_on_one_trained_lm(tmp_path)
                                                                              ("wikitext-2", 4, 33278)]
     assert results[0]["top1_softmax"] == results[1]["top1_softmax"]  # one trained LM and softmax for both
     assert results[0]["info"] == results[1]["info"] and results[0]["info"]["train_tokens"] == 50 * 9 - 1
+    # --resume keeps the finished expert counts (results.json is written after each) and runs only the new one
+    again = dsr.main(["--tasks", "wikitext-2", "--wt2-dir", str(tmp_path), "--dim", "8", "--lm-epochs", "1",
+                      "--experts", "2", "4", "3", "--steps", "10", "--timing-rounds", "1", "--timing-queries", "8",
+                      "--no-progress", "--no-plot", "--out", str(tmp_path / "out"), "--resume"])
+    assert [r["experts"] for r in again] == [2, 4, 3] and again[:2] == results
+    assert again[2]["top1_softmax"] == results[0]["top1_softmax"]  # the same seed: the same language model
     with pytest.raises(SystemExit, match="--experts must be >= 1"):
         dsr.main(["--tasks", "synthetic-10x10", "--experts", "0"])
 
