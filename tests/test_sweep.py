@@ -180,6 +180,12 @@ def test_sweep_table_equal_compute_and_cpu_hours():
     assert row["head_seconds_to_best"] == pytest.approx((60 + 40) / 2)
     assert "| mixtape | 2 | 40 | -0.225 [" in C.equal_compute_table([row])
     assert "| 40 | -0.175 [" in C.equal_compute_table([row])
+    # the same bill by the measured cost per update: mixtape at 2x a softmax update gets 20 updates (epoch 2)
+    (costed,) = C.equal_compute(chosen, {"mixtape": 2.0})
+    assert costed["cost"]["diff"].mean == pytest.approx(((4.1 - 4.2) + (4.0 - 4.25)) / 2)
+    assert costed["cost"]["ratio"] == 2.0 and costed["updates"] == row["updates"]
+    assert "| 20 (2.00x a softmax update) | -0.175 [" in C.equal_compute_table([costed])
+    assert "cost" not in row and "a softmax update" not in C.equal_compute_table([row])
 
 
 def test_bootstrap_of_every_head_and_seed_against_softmax():

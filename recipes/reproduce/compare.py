@@ -134,11 +134,14 @@ def bootstrap(heads_hyps: Mapping[str, Mapping[int, Mapping[str, Sequence[str]]]
     return out
 
 
-def equal_compute(cells: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+def equal_compute(cells: Sequence[Mapping[str, Any]],
+                  cost_ratio: Optional[Mapping[str, float]] = None) -> List[Dict[str, Any]]:
     """Per head (the seeds it shares with softmax; cells at the chosen rates): the head's best valid loss within
     the updates, and within the training seconds, that softmax's cell of the same seed took to its stop, minus
     softmax's best (paired per seed; seeds where the head had not validated yet are counted apart), and the
-    head's own seconds to its best."""
+    head's own seconds to its best. With ``cost_ratio`` (``{head: seconds of one update / softmax's}``, measured
+    in one quiet benchmark process), also ``"cost"``: within softmax's updates divided by the head's ratio, the
+    same bill without the noise of seconds logged on a shared machine."""
     by = {(c["head"], c["seed"]): c for c in cells if c.get("curve")}
     out = []
     for head in dict.fromkeys(c["head"] for c in cells if c["head"] != "softmax"):
@@ -146,20 +149,23 @@ def equal_compute(cells: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
         if not seeds:
             continue
         row: Dict[str, Any] = {"head": head, "seeds": len(seeds)}
-        for key in ("updates", "seconds"):
+        ratio = (cost_ratio or {}).get(head)
+        for key in ("updates", "seconds") + (("cost",) if ratio else ()):
             budgets, diffs = [], []
             for s in seeds:
                 base = by[("softmax", s)]
-                budget = base["curve"][-1].get(key)
+                budget = base["curve"][-1].get("updates" if key == "cost" else key)
                 if budget is None:
                     continue
                 budgets.append(budget)
-                reached = S.within(by[(head, s)]["curve"], key, budget)
+                if key == "cost":
+                    budget /= ratio  # the updates the head affords for softmax's bill
+                reached = S.within(by[(head, s)]["curve"], "updates" if key == "cost" else key, budget)
                 diffs.append(None if reached is None else reached - base["best"]["loss"])
             known = [d for d in diffs if d is not None]
             row[key] = {"softmax": sum(budgets) / len(budgets) if budgets else None,
                         "diff": stats.paired(known, [0.0] * len(known)) if known else None,
-                        "missing": len(diffs) - len(known)}
+                        "missing": len(diffs) - len(known), **({"ratio": ratio} if key == "cost" else {})}
         own = [by[(head, s)]["best"].get("seconds") for s in seeds]
         own = [o for o in own if o is not None]
         row["head_seconds_to_best"] = sum(own) / len(own) if own else None
@@ -177,14 +183,20 @@ def equal_compute_table(rows: Sequence[Mapping[str, Any]]) -> str:
                                                            else ""))
         return text + (f" ({part['missing']} seed(s) not validated yet)" if part["missing"] else "")
 
+    costed = any("cost" in r for r in rows)
     lines = ["| head | seeds | within softmax's updates (mean) | head's best - softmax's best (bits) [95% CI] | "
              "within softmax's training seconds (mean) | head's best - softmax's best (bits) [95% CI] | "
-             "head's seconds to its own best |", "|---|---|---|---|---|---|---|"]
+             + ("within softmax's updates / the head's cost per update | head's best - softmax's best [95% CI] | "
+                if costed else "") + "head's seconds to its own best |",
+             "|---|---|---|---|---|---|" + ("---|---|" if costed else "") + "---|"]
     for r in rows:
         u, s = r["updates"], r["seconds"]
         own = "-" if r["head_seconds_to_best"] is None else f"{r['head_seconds_to_best']:.0f}"
+        c = r.get("cost")
+        cost = ((f"{(c['softmax'] or 0) / c['ratio']:.0f} ({c['ratio']:.2f}x a softmax update) | {cell(c)} | "
+                 if c else "- | - | ") if costed else "")
         lines.append(f"| {r['head']} | {r['seeds']} | {u['softmax'] or 0:.0f} | {cell(u)} | "
-                     f"{s['softmax'] or 0:.0f} | {cell(s)} | {own} |")
+                     f"{s['softmax'] or 0:.0f} | {cell(s)} | {cost}{own} |")
     return "\n".join(lines) + "\n"
 
 

@@ -372,12 +372,16 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
         metric = scores[0]["metric"]
         lines += ["Paired comparisons (head minus baseline, same seeds; Holm-adjusted over this table):", "",
                   C.family_table(comparisons, metric, obj.get("bootstrap") if metric == "bleu" else None)]
-    compute = C.equal_compute(chosen_cells(obj))
+    ratios = {h: r["time_all_layers_same_bsz"] for h, r in ((obj.get("costs") or {}).get("ratios") or {}).items()}
+    compute = C.equal_compute(chosen_cells(obj), ratios)
     if compute:
         lines += ["Equal compute: each head's best valid loss within the updates, and within the training seconds, "
                   "that softmax's cell of the same seed took to its stop, against softmax's best (negative: the head "
-                  "gets lower for the same number of steps / the same bill; seconds on one core each, two cells at a "
-                  "time on a shared 2-core machine, so they carry some noise):", "", C.equal_compute_table(compute)]
+                  "gets lower for the same number of steps / the same bill; seconds on one core each, beside other "
+                  "jobs on a shared 2-core machine, so they carry noise"
+                  + ("; the cost column divides softmax's updates by the head's time per update measured in one "
+                     "benchmark process (the cost table above), the same bill without that noise" if ratios else "")
+                  + "):", "", C.equal_compute_table(compute)]
     text = " ".join(t for t in (C.reading(comparisons, scores[0]["metric"]) if comparisons else "",
                                 worst_seeds(rows)) if t)
     if text:
