@@ -3,7 +3,6 @@ and checks (a bad flag is a usage error, one line and exit 2), and building a de
 # no `from __future__ import annotations`: fairseq reads the dataclass annotations as real types
 
 import dataclasses
-import difflib
 import json
 import os
 import sys
@@ -14,6 +13,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 
 import hf_heads
+from hf_heads.core.config import did_you_mean
 from hf_heads.heads import OutputHead, get_head_class, head_specific_options
 
 #: head options that come from the model's dimensions, not from --head-options
@@ -51,8 +51,7 @@ def parse_head_options(output_head: Any, head_options: Any) -> Tuple[str, Dict[s
     bad JSON or an unknown option."""
     name = str(output_head)
     if name not in hf_heads.available_heads():
-        close = difflib.get_close_matches(name, hf_heads.available_heads(), 1)
-        raise HeadFlagError(f"--output-head {name!r} is not a head{f' (did you mean {close[0]!r}?)' if close else ''}; "
+        raise HeadFlagError(f"--output-head {name!r} is not a head{did_you_mean(name, hf_heads.available_heads())}; "
                             f"choose one of: {', '.join(hf_heads.available_heads())}")
     if isinstance(head_options, dict):
         options = dict(head_options)

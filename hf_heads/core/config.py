@@ -15,6 +15,12 @@ def option(default: Any, help: str, **kwargs) -> Any:
     return field(default=default, metadata={"help": help}, **kwargs)
 
 
+def did_you_mean(name: Any, choices, quote: bool = True) -> str:
+    """`` (did you mean X?)`` for the choice nearest ``name``, or ``""`` when none is near (or ``name`` is no str)."""
+    close = difflib.get_close_matches(name, list(choices), 1) if isinstance(name, str) else []
+    return f" (did you mean {close[0]!r}?)" if close and quote else f" (did you mean {close[0]}?)" if close else ""
+
+
 def check_option(head: str, name: str, value: Any, ok: bool, allowed: str) -> None:
     """Raise ``ValueError`` naming the head, the option, the value and what is allowed."""
     if not ok:
@@ -98,8 +104,7 @@ class HeadConfig:
         known = {f.name for f in dataclasses.fields(cls)} if settable is None else set(settable)
         unknown = sorted(set(options) - known)
         if unknown:
-            named = [u + "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(u, known, 1))
-                     for u in unknown]
+            named = [u + did_you_mean(u, known, quote=False) for u in unknown]
             raise ValueError(
                 f"{cls.head_name}: unknown option(s) {', '.join(named)}; allowed options: {', '.join(sorted(known))}")
 

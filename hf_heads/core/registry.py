@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch import nn
 
-from .config import HeadConfig
+from .config import HeadConfig, did_you_mean
 from .frequency import frequency_order as order_by_counts
 
 #: name -> head class (an :class:`~hf_heads.core.interface.OutputHead` subclass; the registry imports none)
@@ -56,9 +55,8 @@ def head_specific_options(name: str) -> list:
 def get_head_class(name: str) -> type:
     """The head class registered under ``name``; ``ValueError`` listing the names otherwise."""
     if not isinstance(name, str) or name not in _REGISTRY:
-        close = difflib.get_close_matches(name, _REGISTRY, 1) if isinstance(name, str) else []
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown output head {name!r}{hint}; available heads: {', '.join(available_heads())}")
+        raise ValueError(f"unknown output head {name!r}{did_you_mean(name, _REGISTRY)}; available heads: "
+                         f"{', '.join(available_heads())}")
     return _REGISTRY[name]
 
 
