@@ -29,7 +29,7 @@ import torch
 
 import hf_heads
 from recipes.real_heads import TrainedHead, random_head, smollm2_head, smollm2_missing
-from recipes.timing import busy_neighbour, time_per_call
+from recipes.timing import busy_neighbour, busy_report, time_per_call
 
 SETTINGS = ("smollm2", "lm", "random")
 
@@ -119,10 +119,11 @@ def run_setting(name: str, head: TrainedHead, extra: Dict[str, torch.nn.Module],
     if args.busy:  # the same timings beside a busy neighbour process
         with busy_neighbour():
             tb = timings(methods, test, args)
+        report = busy_report({n: v[1] for n, v in t.items()}, {n: v[1] for n, v in tb.items()}, "softmax (exact)")
         for r in rows:
-            tm, bb = tb[r["method"]], tb["softmax (exact)"]
-            r.update(ms_b1_busy=1e3 * tm[1], speedup_b1_busy=bb[1] / tm[1],
-                     relative_slowdown_b1=(tm[1] / t[r["method"]][1]) / (bb[1] / base[1]))
+            b = report[r["method"]]
+            r.update(ms_b1_busy=1e3 * b["busy_s"], speedup_b1_busy=1 / b["busy_ratio"],
+                     relative_slowdown_b1=b["relative_slowdown"])
     return rows
 
 

@@ -173,7 +173,9 @@ def format_table(results: Dict[str, Dict[str, Dict[str, float]]]) -> str:
 def format_busy(busy: Dict[str, Dict[str, Dict[str, float]]]) -> str:
     """The --busy table: per setting and head, the time ratio to softmax quiet and beside a busy neighbour, the
     head's own slowdown and that slowdown over softmax's (the aim: at most 1.5)."""
-    lines = ["Beside a busy neighbour process (`--busy`; " + threads_line() + "):", "",
+    from hf_heads.threads import describe
+
+    lines = [f"Beside a busy neighbour process (`--busy`; {describe()}):", "",
              "| setting | head | ratio quiet | ratio busy | slowdown busy/quiet | slowdown / softmax's |",
              "|---|---|---|---|---|---|"]
     for s, rows in busy.items():
@@ -181,12 +183,6 @@ def format_busy(busy: Dict[str, Dict[str, Dict[str, float]]]) -> str:
             lines.append(f"| {s} | {n} | {r['quiet_ratio']:.2f}x | {r['busy_ratio']:.2f}x | {r['slowdown']:.2f}x | "
                          f"{r['relative_slowdown']:.2f} |")
     return "\n".join(lines)
-
-
-def threads_line() -> str:
-    from hf_heads.threads import describe
-
-    return describe()
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -236,22 +232,18 @@ def main(argv=None, log=print) -> Dict[str, Dict[str, Dict[str, float]]]:
         print(f"{PEER} skipped: pip install x-transformers", file=sys.stderr)
     mem = run_memory_child(argv)
     results: Dict[str, Dict[str, Dict[str, float]]] = {}
+    busy: Dict[str, Dict[str, Dict[str, float]]] = {}
     for s, make in settings(args).items():
-        secs = measure_time(make(), args)
+        steps = make()
+        secs = measure_time(steps, args)
+        if args.busy:  # the same steps again beside a busy neighbour, against the quiet times just taken
+            with busy_neighbour():
+                busy[s] = busy_report(secs, measure_time(steps, args), BASELINE)
         base_t, base_m = secs[BASELINE], mem[s][BASELINE]
         results[s] = {n: {"ms": 1e3 * secs[n], "peak_mib": mem[s][n] / 2**20, "time_ratio": secs[n] / base_t,
                           "memory_ratio": mem[s][n] / base_m} for n in secs}
         log(f"{s}: " + ", ".join(f"{n} {r['time_ratio']:.2f}x / {r['memory_ratio']:.2f}x" for n, r in results[s].items()))
-    table = format_table(results)
-    busy = {}
-    if args.busy:
-        for s, make in settings(args).items():
-            steps = make()
-            quiet = measure_time(steps, args)
-            with busy_neighbour():
-                loaded = measure_time(steps, args)
-            busy[s] = busy_report(quiet, loaded, BASELINE)
-        table += "\n\n" + format_busy(busy)
+    table = format_table(results) + ("\n\n" + format_busy(busy) if busy else "")
     log(table)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.md"), "w") as f:

@@ -18,7 +18,9 @@ def option(default: Any, help: str, **kwargs) -> Any:
 def did_you_mean(name: Any, choices, quote: bool = True) -> str:
     """`` (did you mean X?)`` for the choice nearest ``name``, or ``""`` when none is near (or ``name`` is no str)."""
     close = difflib.get_close_matches(name, list(choices), 1) if isinstance(name, str) else []
-    return f" (did you mean {close[0]!r}?)" if close and quote else f" (did you mean {close[0]}?)" if close else ""
+    if not close:
+        return ""
+    return f" (did you mean {close[0]!r}?)" if quote else f" (did you mean {close[0]}?)"
 
 
 def check_option(head: str, name: str, value: Any, ok: bool, allowed: str) -> None:
@@ -109,13 +111,13 @@ class HeadConfig:
                 f"{cls.head_name}: unknown option(s) {', '.join(named)}; allowed options: {', '.join(sorted(known))}")
 
 
-
 # ----------------------------------------------------------------------------- stored head specs
-#: The version of a stored head spec: a transformers config's ``output_head`` (its ``"version"``) and a fairseq
-#: checkpoint's head flags (``--head-version``). A spec stores only the options its user gave, so when a head's
-#: default changes, SPEC_VERSION goes up and :data:`LEGACY_DEFAULTS` records the old value: a spec written before
-#: gets it back, and a model saved then loads and computes as it was trained. (``save_head`` stores every option:
-#: it needs no version.)
+#: The version of a stored head spec, a transformers config's ``output_head`` (its ``"version"``). A spec stores
+#: only the options its user gave, so when a head's default changes, SPEC_VERSION goes up and
+#: :data:`LEGACY_DEFAULTS` records the old value: a spec written before gets it back, and a model saved then loads
+#: and computes as it was trained. (``save_head`` stores every option: it needs no version. fairseq checkpoints
+#: keep their ``--head-options`` as given, and fairseq fills a newer field's default into an old checkpoint's
+#: config, so they cannot carry this version: a changed default must be read from their weights.)
 SPEC_VERSION = 1
 #: ``{version: {head name: {option: the default it had in that version}}}``, for the defaults changed after it
 LEGACY_DEFAULTS: Dict[int, Dict[str, Dict[str, Any]]] = {}
