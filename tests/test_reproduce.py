@@ -77,6 +77,11 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     # a new machine: the committed table file (report.collect) brings the finished cells back
     docs = tmp_path / "docs"
     report.collect(str(tmp_path), str(docs))
+    committed = json.load(open(docs / "reproduction" / "mt-en-de.json"))
+    for line in [c for cell in committed["cells"] for c in cell["commands"]] + [r["command"] for r in committed["rows"]]:
+        assert str(tmp_path) not in line  # read as a run from the project root, into the default output directory
+    assert "--save-dir results/reproduce/mt-en-de/mixtape/lr0.003/seed1/checkpoints" in committed["cells"][0][
+        "commands"][0] + committed["cells"][1]["commands"][0]
     shutil.rmtree(table / "cells")
     assert R.restore_cells(str(table), str(docs / "reproduction" / "mt-en-de.json"), log=lambda m: None) == 2
     # resume: finished cells are skipped, nothing is retrained
@@ -86,7 +91,7 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     again = cli.main(["mt-en-de", "--data", str(fake_data), "--out", str(tmp_path), "--heads", "softmax", "mixtape",
                       "--seeds", "1", "--max-updates", "2", "--bpe-size", "120", "--quiet", "--no-costs",
                       "--lrs", "0.003"], log=logs.append)
-    assert os.path.getmtime(cell) == before and again == rows
+    assert os.path.getmtime(cell) == before and again == rows  # (restored commands point at this run's directory)
     assert sum("skipped" in line for line in logs) == 2
     # the cost columns on the table's own models (in this process; the recipe measures memory in a child)
     costs = {}

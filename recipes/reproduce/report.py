@@ -21,7 +21,7 @@ from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce import compare as C
 from recipes.reproduce import results as R
 from recipes.reproduce.costs import GRID
-from recipes.reproduce.runner import relative_paths
+from recipes.reproduce.runner import canonical_paths
 from recipes.reproduce.stats import paired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,7 +34,8 @@ MAX_PLAN_LINES = 12  # full-size commands shown in the report (all of them are i
 
 
 def collect(results_dir: str, docs_dir: str) -> List[str]:
-    """Copy every table's results under ``results_dir`` into ``docs_dir/reproduction/TABLE.json``."""
+    """Copy every table's results under ``results_dir`` into ``docs_dir/reproduction/TABLE.json`` (commands with
+    :func:`canonical_paths`)."""
     written = []
     for table in TABLE_MODULES:
         table_dir = os.path.join(results_dir, table)
@@ -51,13 +52,13 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         costs = json.load(open(costs_path)) if os.path.isfile(costs_path) else kept
         cells = list(R.cells(table_dir)) or before.get("cells", [])  # whole records: a new machine resumes from them
         for c in cells:
-            c["commands"] = [relative_paths(line) for line in c["commands"]]
+            c["commands"] = [canonical_paths(line, table) for line in c["commands"]]
         rows = R.load_rows(path) if os.path.isfile(path) else before.get("rows", [])
         for r in rows:
-            r["command"] = relative_paths(r["command"])
+            r["command"] = canonical_paths(r["command"], table)
         plan = json.load(open(plan_path)) if os.path.isfile(plan_path) else before.get("plan")
         if plan:
-            plan["commands"] = [relative_paths(line) for line in plan["commands"]]
+            plan["commands"] = [canonical_paths(line, table) for line in plan["commands"]]
         obj = {"table": table, "description": get_table(table).description,
                "notes": getattr(get_table(table), "report_notes", ""), "rows": rows,
                "cells": cells, "costs": costs, "plan": plan, **({"sweep": sweep} if sweep else {})}

@@ -18,6 +18,8 @@ import os
 import statistics
 from typing import Any, Dict, Iterable, List, Optional
 
+from recipes.reproduce.runner import located_paths
+
 ROW_KEYS = ("table", "dataset", "split", "head", "options", "metric", "values", "seeds", "mean", "std", "paper",
             "scale", "command")
 
@@ -125,6 +127,7 @@ def restore_cells(table_dir: str, committed: str, log=print) -> int:
         lr = record.get("lr")
         if "commands" not in record or load_cell(table_dir, record["head"], record["seed"], lr) is not None:
             continue
+        record["commands"] = [located_paths(line, record["table"], table_dir) for line in record["commands"]]
         save_json(cell_path(table_dir, record["head"], record["seed"], lr), record)
         restored += 1
     if restored:

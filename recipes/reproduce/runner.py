@@ -35,6 +35,22 @@ def relative_paths(line: str) -> str:
     return line.replace(ROOT + os.sep, "").replace(parent + os.sep, ".." + os.sep).replace(sys.executable, "python")
 
 
+#: where a committed table file's commands say their table ran: the default output directory, from the project root
+CANONICAL_OUT = "results/reproduce"
+
+
+def canonical_paths(line: str, table: str) -> str:
+    """``line`` (a recorded command) with the directory its table ran in written as the default output directory,
+    ``results/reproduce/TABLE/``, and the rest by :func:`relative_paths`: a run made elsewhere (a git worktree beside
+    the project, another ``--out``) reads as the same run from the project root."""
+    return re.sub(rf"(?<!\S)\S*?/{re.escape(table)}/", f"{CANONICAL_OUT}/{table}/", relative_paths(line))
+
+
+def located_paths(line: str, table: str, table_dir: str) -> str:
+    """The inverse of :func:`canonical_paths` for a run in ``table_dir``: a committed command pointed at it."""
+    return line.replace(f"{CANONICAL_OUT}/{table}/", relative_paths(os.path.abspath(table_dir)) + "/")
+
+
 class Runner:
     """Runs a table's commands, recording each in ``TABLE_DIR/commands.sh`` (once; reruns add only new lines)."""
 
