@@ -152,15 +152,16 @@ def equal_compute(cells: Sequence[Mapping[str, Any]],
         ratio = (cost_ratio or {}).get(head)
         for key in ("updates", "seconds") + (("cost",) if ratio else ()):
             budgets, diffs = [], []
+            measure = "updates" if key == "cost" else key  # the curve's axis the budget is counted on
             for s in seeds:
                 base = by[("softmax", s)]
-                budget = base["curve"][-1].get("updates" if key == "cost" else key)
+                budget = base["curve"][-1].get(measure)
                 if budget is None:
                     continue
                 budgets.append(budget)
                 if key == "cost":
                     budget /= ratio  # the updates the head affords for softmax's bill
-                reached = S.within(by[(head, s)]["curve"], "updates" if key == "cost" else key, budget)
+                reached = S.within(by[(head, s)]["curve"], measure, budget)
                 diffs.append(None if reached is None else reached - base["best"]["loss"])
             known = [d for d in diffs if d is not None]
             row[key] = {"softmax": sum(budgets) / len(budgets) if budgets else None,
