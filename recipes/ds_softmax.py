@@ -96,9 +96,10 @@ def time_top1(heads: Dict[str, torch.nn.Module], h: torch.Tensor, rounds: int, q
 
 
 # ----------------------------------------------------------------------------- one task
-def default_experts(task: Task) -> int:
-    """E when --experts is not given: the number of super classes of a synthetic task, 16 on a language model."""
-    return int(task.super_of.max()) + 1 if task.super_of is not None else 16
+def default_experts(name: str) -> int:
+    """E when --experts is not given: the number of super classes of a synthetic task (``synthetic-SxC``: S), 16 on
+    a language model. Known from the task's name, so ``--resume`` finds a finished default row before any work."""
+    return int(name.split("-")[1].split("x")[0]) if name.startswith("synthetic-") else 16
 
 
 def run_task(task: Task, args, experts: int) -> Dict:
@@ -282,7 +283,8 @@ def main(argv=None) -> List[Dict]:
     done = load_rows(path) if args.resume and os.path.isfile(path) else []  # an earlier run's rows, kept
     results = []
     for name in tasks:
-        todo = [e for e in (args.experts or [None]) if not any(r["task"] == name and r["experts"] == e for r in done)]
+        todo = [e for e in (args.experts or [default_experts(name)])
+                if not any(r["task"] == name and r["experts"] == e for r in done)]
         results += [r for r in done if r["task"] == name]
         if not todo:
             print(f"{name}: every expert count done ({path}), skipped")
@@ -295,7 +297,7 @@ def main(argv=None) -> List[Dict]:
             s, c = (int(v) for v in name.split("-")[1].split("x"))
             task = make_hierarchy(s, c, args.dim or 32, args.per_class, args.seed)
         for experts in todo:
-            results.append(run_task(task, args, experts if experts is not None else default_experts(task)))
+            results.append(run_task(task, args, experts))
             with open(path, "w") as f:  # after every expert count: a run cut short keeps what it finished
                 json.dump(results, f, indent=2)
     table = format_table(results)

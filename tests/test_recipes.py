@@ -225,6 +225,19 @@ def test_ds_recipe_wikitext2_runs_every_expert_count_on_one_trained_lm(tmp_path)
         dsr.main(["--tasks", "synthetic-10x10", "--experts", "0"])
 
 
+def test_ds_recipe_resume_without_experts_keeps_the_finished_default_row(tmp_path, capsys):
+    """With no --experts a task runs its default E (16 on a language model); --resume finds that row done and runs
+    nothing, where it used to look for a row with E = None, which no run writes, and append a second one."""
+    tiny_corpus(tmp_path, num_words=20, valid_lines=20, seed=2)
+    argv = ["--tasks", "ptb", "--data-dir", str(tmp_path), "--dim", "4", "--lm-epochs", "1", "--steps", "2",
+            "--timing-rounds", "1", "--timing-queries", "4", "--no-progress", "--no-plot", "--out", str(tmp_path / "o")]
+    (first,) = dsr.main(argv)
+    assert first["experts"] == dsr.default_experts("ptb") == 16
+    assert dsr.main(argv + ["--resume"]) == [first]
+    assert "every expert count done" in capsys.readouterr().out
+    assert dsr.default_experts("synthetic-100x100") == 100 and dsr.default_experts("wikitext-2") == 16
+
+
 def test_ds_recipe_says_what_is_missing_offline(tmp_path):
     with pytest.raises(SystemExit, match="has no valid.txt/test.txt"):
         dsr.main(["--tasks", "ptb", "--data-dir", str(tmp_path / "nowhere"), "--no-progress"])

@@ -76,8 +76,12 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
         assert needle in commands
     # a new machine: the committed table file (report.collect) brings the finished cells back
     docs = tmp_path / "docs"
+    recorded = R.load_cell(str(table), "mixtape", 1, 0.003)["train_wall_s"]
+    with open(table / "mixtape" / "lr0.003" / "seed1" / "train.log", "a") as f:  # a resumed process's clock restarts
+        f.write('| train | {"epoch": 9, "train_wall": "0.5"}\n')
     report.collect(str(tmp_path), str(docs))
     committed = json.load(open(docs / "reproduction" / "mt-en-de.json"))
+    assert [c["train_wall_s"] for c in committed["cells"] if c["head"] == "mixtape"] == [recorded + 0.5]
     for line in [c for cell in committed["cells"] for c in cell["commands"]] + [r["command"] for r in committed["rows"]]:
         assert str(tmp_path) not in line  # read as a run from the project root, into the default output directory
     assert "--save-dir results/reproduce/mt-en-de/mixtape/lr0.003/seed1/checkpoints" in committed["cells"][0][
@@ -411,6 +415,9 @@ def test_training_time_from_fairseq_and_from_the_finetuning_recipe():
     fairseq_log = ('| train | {"epoch": 1, "train_wall": "81"}\n| train_inner | {"train_wall": "17"}\n'
                    '| train | {"epoch": 2, "train_wall": "157"}\n')
     assert parse_train_wall(fairseq_log) == 157.0  # the epoch lines count from the start
+    # a resumed run: the second process's clock starts again (its epoch 3 at 70 s); both processes count
+    resumed = fairseq_log + '| train_inner | {"train_wall": "9"}\n| train | {"epoch": 3, "train_wall": "70"}\n'
+    assert parse_train_wall(resumed) == 157.0 + 70.0
     recipe_log = "valid perplexity after 150 steps: 303.74 (295.5s)\nvalid perplexity after 20 steps: 43.15 (145.9s)\n"
     assert parse_train_wall(recipe_log) == pytest.approx(441.4)  # one line per model of the cell
     assert parse_train_wall("nothing timed") is None

@@ -59,12 +59,11 @@ def test_the_rate_of_the_lowest_valid_loss_is_chosen_and_the_grid_grows_past_a_b
         S.choose_lr({})
 
 
-def test_loss_within_a_time_budget_and_cpu_hours():
+def test_loss_within_a_time_budget():
     curve = [{"epoch": 1, "seconds": 30.0, "loss": 5.0}, {"epoch": 2, "seconds": 60.0, "loss": 4.0},
              {"epoch": 3, "seconds": 90.0, "loss": 4.2}]
     assert S.within(curve, "seconds", 65.0) == 4.0 and S.within(curve, "seconds", 200.0) == 4.0
     assert S.within(curve, "seconds", 10.0) is None
-    assert S.cpu_hours([{"train_wall_s": 1800.0}, {"train_wall_s": 1800.0}, {}], threads=2) == 2.0
 
 
 class FakeTable:
@@ -120,7 +119,8 @@ class FakeTable:
 
 def _args(tmp_path, **kw):
     return SimpleNamespace(out=str(tmp_path), scale="mini", dry_run=False, quiet=True, no_costs=True,
-                           keep_checkpoints=False, lrs=None, patience=None, max_epochs=None, seeds=None, **kw)
+                           keep_checkpoints=False, lrs=None, patience=None, max_epochs=None, seeds=None,
+                           **{"lr_from": None, **kw})
 
 
 def test_table_sweeps_every_head_then_trains_the_seeds_at_the_chosen_rate_and_resumes(tmp_path):
@@ -146,6 +146,41 @@ def test_table_sweeps_every_head_then_trains_the_seeds_at_the_chosen_rate_and_re
     table.trained.clear(), table.scored.clear()
     again = table.run(_args(tmp_path), log=logs.append)
     assert table.trained == [] and table.scored == [] and again == rows
+
+
+def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(tmp_path, capsys):
+    """--lr-from TABLE: one rate per head, the one TABLE's sweep chose (no grid, no growth), marked in sweep.json and
+    in the report's sweep table; a head TABLE never swept, or a table named twice, is an error naming the fix; a run
+    of some heads keeps the other heads' sweep entries."""
+    from recipes.reproduce import compare as C
+    from recipes.reproduce.__main__ import parse_args
+
+    R.save_json(str(tmp_path / "mt-en-de" / "sweep.json"), {"softmax": {"rates": [0.005, 0.01], "chosen": 0.01},
+                                                            "mixtape": {"rates": [0.005, 0.01], "chosen": 0.005}})
+    table = FakeTable({"softmax": 0.005, "mixtape": 0.01})
+    table.trained.clear(), table.scored.clear()
+    table.run(_args(tmp_path, lr_from="mt-en-de"), log=lambda m: None)
+    assert sorted(table.trained) == [("mixtape", 0.005, 1), ("mixtape", 0.005, 2), ("softmax", 0.01, 1),
+                                     ("softmax", 0.01, 2), ("softmax", 0.01, 3)]  # not the fake's own best rates
+    sweep = json.load(open(tmp_path / "fake" / "sweep.json"))
+    assert sweep["softmax"] == {"rates": [0.01], "chosen": 0.01, "from": "mt-en-de"}
+    assert "| 0.01 (mt-en-de's choice, not swept here) |" in C.sweep_table(
+        [R.load_cell(str(tmp_path / "fake"), "softmax", 1, 0.01)], {"softmax": sweep["softmax"]})
+    # a head the source table has not chosen a rate for
+    R.save_json(str(tmp_path / "mt-en-de" / "sweep.json"), {"softmax": {"rates": [0.01], "chosen": 0.01}})
+    with pytest.raises(SystemExit, match=r"has no rate chosen for mixtape; run `python -m recipes.reproduce "
+                                         r"mt-en-de --heads mixtape"):
+        table.run(_args(tmp_path, lr_from="mt-en-de"), log=lambda m: None)
+    # earlier heads' entries stay when a run names fewer heads
+    R.save_json(str(tmp_path / "fake" / "sweep.json"), {**sweep, "mos-4": {"rates": [0.005], "chosen": 0.005}})
+    table.run(_args(tmp_path), log=lambda m: None)
+    assert set(json.load(open(tmp_path / "fake" / "sweep.json"))) == {"softmax", "mixtape", "mos-4"}
+    for argv, message in ((["mt-en-fr", "--lr-from", "mt-en-fr"], "names the table itself"),
+                          (["mt-en-fr", "--lr-from", "mt-en-xx"], "no table 'mt-en-xx'"),
+                          (["mt-en-fr", "--lr-from", "mt-en-de", "--lrs", "0.01"], "both set the rates")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert message in capsys.readouterr().err
 
 
 def _cell(head, seed, lr, losses, wall, threads=1, **extra):

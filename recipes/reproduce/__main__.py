@@ -40,6 +40,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--lrs", type=float, nargs="+", default=None,
                    help="mini: the learning rates every head is swept over (default: the table's grid, grown by a "
                         "factor 2 beyond an end that is best, up to 5 rates)")
+    p.add_argument("--lr-from", default=None, metavar="TABLE",
+                   help="mini: no sweep; each head trains at the rate TABLE's sweep chose for it (OUT/TABLE/"
+                        "sweep.json, chosen on TABLE's valid split), e.g. mt-en-fr at mt-en-de's rates")
     p.add_argument("--patience", type=int, default=None,
                    help="mini: epochs without a better valid loss before a cell stops (default: the table's; 0: no "
                         "early stopping)")
@@ -71,6 +74,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error(f"--patience must be >= 0 (got {args.patience}; 0 switches early stopping off)")
     if args.lrs and (min(args.lrs) <= 0 or len(set(args.lrs)) != len(args.lrs)):
         p.error(f"--lrs must be distinct positive rates (got {' '.join(map(str, args.lrs))})")
+    if args.lr_from and args.lrs:
+        p.error("--lr-from and --lrs both set the rates: give one")
+    if args.lr_from and args.lr_from == args.table:
+        p.error(f"--lr-from names the table itself ({args.table}): name the table whose sweep chose the rates")
+    if args.lr_from and args.lr_from not in TABLE_MODULES:
+        p.error(f"--lr-from: no table {args.lr_from!r} (tables: {', '.join(TABLE_MODULES)})")
     if args.bpe_size < 100:
         p.error(f"--bpe-size must be >= 100 (got {args.bpe_size})")
     return args

@@ -21,7 +21,7 @@ from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce import compare as C
 from recipes.reproduce import results as R
 from recipes.reproduce.costs import GRID
-from recipes.reproduce.runner import canonical_paths
+from recipes.reproduce.runner import canonical_paths, parse_train_wall
 from recipes.reproduce.stats import paired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,7 +35,7 @@ MAX_PLAN_LINES = 12  # full-size commands shown in the report (all of them are i
 
 def collect(results_dir: str, docs_dir: str) -> List[str]:
     """Copy every table's results under ``results_dir`` into ``docs_dir/reproduction/TABLE.json`` (commands with
-    :func:`canonical_paths`)."""
+    :func:`canonical_paths`; each cell's training time read again from its train.log when it is there)."""
     written = []
     for table in TABLE_MODULES:
         table_dir = os.path.join(results_dir, table)
@@ -53,6 +53,10 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         cells = list(R.cells(table_dir)) or before.get("cells", [])  # whole records: a new machine resumes from them
         for c in cells:
             c["commands"] = [canonical_paths(line, table) for line in c["commands"]]
+            log = os.path.join(R.cell_dir(table_dir, c["head"], c["seed"], c.get("lr")), "train.log")
+            if os.path.isfile(log):  # read again: a record written before a resumed run's every process counted
+                with open(log) as f:
+                    c["train_wall_s"] = parse_train_wall(f.read())
         rows = R.load_rows(path) if os.path.isfile(path) else before.get("rows", [])
         for r in rows:
             r["command"] = canonical_paths(r["command"], table)
@@ -365,6 +369,11 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
         spent = C.cpu_hours(cells, sweep)
         lines += ["Learning rate per head: best valid loss of seed 1 at every rate (epoch of the best, why it "
                   "stopped; bold: the chosen rate, chosen on valid only):", "", C.sweep_table(cells, sweep)]
+        borrowed = sorted({s["from"] for s in sweep.values() if s.get("from")})
+        if borrowed:
+            lines += [f"Not swept here: the heads marked with {' / '.join(borrowed)}'s choice train at the rate that "
+                      f"table's sweep chose on its own valid split (`--lr-from`), a cut to fit the compute budget; "
+                      f"their rate may not be this table's best.", ""]
         lines += [f"Compute: {spent['total']:.1f} CPU-core-hours of training for this table ({spent['sweep']:.1f} in "
                   f"the rates not chosen, {spent['chosen']:.1f} in the chosen rates' seeds; scoring excluded).", ""]
     scores = _score_rows(rows)

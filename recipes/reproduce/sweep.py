@@ -118,11 +118,6 @@ def grid(center: float, factor: float, size: int = 3) -> List[float]:
     return [float(f"{center * factor ** (i - half):.6g}") for i in range(size)]
 
 
-def cpu_hours(records: Sequence[Mapping[str, Any]], threads: int) -> float:
-    """Training CPU-core-hours of finished cells (their ``train_wall_s`` times ``threads``; scoring excluded)."""
-    return sum((r.get("train_wall_s") or 0.0) for r in records) * threads / 3600.0
-
-
 def within(curve: Sequence[Mapping[str, float]], key: str, budget: float) -> Optional[float]:
     """The lowest valid loss a cell had reached within ``budget`` of ``key`` (``"seconds"`` of training or
     ``"updates"``), or None when its first validation came later (or it logged no times)."""

@@ -149,13 +149,32 @@ class Table:
     def lr_grid(self, args) -> List[float]:
         return list(getattr(args, "lrs", None) or S.grid(self.mini_lr, self.lr_factor))
 
+    def borrowed_rates(self, variants: Sequence[Variant], args) -> Dict[str, float]:
+        """``--lr-from TABLE``: ``{head: the rate TABLE's sweep chose}`` from ``OUT/TABLE/sweep.json``; a head TABLE
+        has not chosen a rate for is an error naming the command that would."""
+        source = args.lr_from
+        chosen = {h: s["chosen"] for h, s in (R.load_json(os.path.join(args.out, source, "sweep.json")) or {}).items()
+                  if "from" not in s}  # a rate the source borrowed itself was not chosen on its valid split
+        missing = [v.name for v in variants if v.name not in chosen]
+        if missing:
+            raise SystemExit(f"--lr-from {source}: {os.path.join(args.out, source, 'sweep.json')} has no rate chosen "
+                             f"for {', '.join(missing)}; run `python -m recipes.reproduce {source} --heads "
+                             f"{' '.join(missing)} --scale mini --out {args.out}` first")
+        return {v.name: chosen[v.name] for v in variants}
+
     def run_sweep(self, runner: Runner, prepared, variants: Sequence[Variant], args, table_dir: str,
                   log=print) -> Dict[str, float]:
         """Seed 1 of every head at every rate of the grid (growing it where the best is at an end, unless ``--lrs``
         gave it), the rate of the lowest best valid loss chosen per head; then every seed at the chosen rate, seed
-        by seed, each scored. Returns ``{head: chosen rate}``."""
-        rates = {v.name: self.lr_grid(args) for v in variants}
-        max_rates = len(args.lrs) if getattr(args, "lrs", None) else self.max_rates
+        by seed, each scored. With ``--lr-from TABLE`` the grid is the one rate TABLE chose for the head. Returns
+        ``{head: chosen rate}``; ``sweep.json`` keeps the heads of earlier runs that this one did not name."""
+        source = getattr(args, "lr_from", None)
+        if source:
+            rates = {h: [lr] for h, lr in self.borrowed_rates(variants, args).items()}
+            max_rates = 1
+        else:
+            rates = {v.name: self.lr_grid(args) for v in variants}
+            max_rates = len(args.lrs) if getattr(args, "lrs", None) else self.max_rates
         chosen: Dict[str, float] = {}
         while len(chosen) < len(variants):
             for v in variants:
@@ -170,8 +189,10 @@ class Table:
                         + ", ".join(f"{S.rate_key(lr)}: {loss:.3f}" for lr, loss in sorted(losses.items())) + ")")
                 else:
                     rates[v.name].append(more)
-        R.save_json(os.path.join(table_dir, "sweep.json"),
-                    {v.name: {"rates": sorted(rates[v.name]), "chosen": chosen[v.name]} for v in variants})
+        sweep_path = os.path.join(table_dir, "sweep.json")
+        R.save_json(sweep_path, {**(R.load_json(sweep_path) or {}),
+                                 **{v.name: {"rates": sorted(rates[v.name]), "chosen": chosen[v.name],
+                                             **({"from": source} if source else {})} for v in variants}})
         for v in variants:  # the checkpoints of the rates not chosen are not scored
             for lr in rates[v.name]:
                 if lr != chosen[v.name] and not args.keep_checkpoints:
