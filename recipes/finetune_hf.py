@@ -210,7 +210,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=8, help="per process")
     p.add_argument("--max-steps", type=int, default=100)
     p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--max-train-tokens", type=int, default=None, help="use only this many training tokens")
+    p.add_argument("--max-train-tokens", type=token_limit, default=None,
+                   help="use only this many training tokens (default, or 'all': the whole file)")
     p.add_argument("--max-valid-tokens", type=token_limit, default=VALID_TOKENS,
                    help="score validation perplexity (before and after training) on this many tokens, or 'all'")
     p.add_argument("--max-test-tokens", type=token_limit, default=None, help="use only this many test tokens ('all')")
@@ -221,8 +222,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not args.train_file and not args.dataset:
         p.error("give --train-file (and --valid-file) or --dataset")
-    for flag, value in (("--block-size", args.block_size), ("--batch-size", args.batch_size), ("--max-steps", args.max_steps),
-                        ("--max-train-tokens", args.max_train_tokens)):
+    for flag, value in (("--block-size", args.block_size), ("--batch-size", args.batch_size), ("--max-steps", args.max_steps)):
         if value is not None and value < 1:
             p.error(f"{flag}={value} is out of range; allowed: an integer >= 1")
     if not isinstance(args.head_options, dict):

@@ -326,9 +326,12 @@ def test_finetune_recipe_scores_a_bounded_validation_sample_with_progress(tmp_pa
         finetune_hf.VALID_TOKENS
     assert finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", "--max-valid-tokens",
                                    "all"]).max_valid_tokens is None
-    with pytest.raises(SystemExit):
-        finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", "--max-valid-tokens", "0"])
-    assert "an integer >= 1, or 'all'" in capsys.readouterr().err
+    for flag in ("--max-valid-tokens", "--max-train-tokens"):  # every token limit reads the same way
+        with pytest.raises(SystemExit):
+            finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", flag, "0"])
+        assert "0 is out of range; allowed: an integer >= 1, or 'all'" in capsys.readouterr().err
+        assert getattr(finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", flag, "all"]),
+                       flag[2:].replace("-", "_")) is None
     args = [a for a in _finetune_args(tmp_path, "--head", "softmax", "--max-steps", "1") if a != "--no-progress"]
     i = args.index("--max-valid-tokens")
     args[i + 1] = "640"
