@@ -171,10 +171,14 @@ def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(
     with pytest.raises(SystemExit, match=r"has no rate chosen for mixtape; run `python -m recipes.reproduce "
                                          r"mt-en-de --heads mixtape"):
         table.run(_args(tmp_path, lr_from="mt-en-de"), log=lambda m: None)
-    # earlier heads' entries stay when a run names fewer heads
+    # earlier heads' entries stay when a run names fewer heads: in sweep.json and in results.json
     R.save_json(str(tmp_path / "fake" / "sweep.json"), {**sweep, "mos-4": {"rates": [0.005], "chosen": 0.005}})
-    table.run(_args(tmp_path), log=lambda m: None)
+    rows = R.load_rows(str(tmp_path / "fake" / "results.json"))
+    R.save_json(str(tmp_path / "fake" / "results.json"), [{**rows[0], "head": "mos-4"}] + rows)
+    again = table.run(_args(tmp_path), log=lambda m: None)
     assert set(json.load(open(tmp_path / "fake" / "sweep.json"))) == {"softmax", "mixtape", "mos-4"}
+    assert R.load_rows(str(tmp_path / "fake" / "results.json")) == [{**rows[0], "head": "mos-4"}] + again
+    assert {r["head"] for r in again} == {"softmax", "mixtape"}  # this run's rows replace theirs
     for argv, message in ((["mt-en-fr", "--lr-from", "mt-en-fr"], "names the table itself"),
                           (["mt-en-fr", "--lr-from", "mt-en-xx"], "no table 'mt-en-xx'"),
                           (["mt-en-fr", "--lr-from", "mt-en-de", "--lrs", "0.01"], "both set the rates")):

@@ -201,7 +201,7 @@ class Table:
         for i, (v, seed) in enumerate(todo, 1):
             label = f"{self.name} cell {i}/{len(todo)} {v.name} lr {S.rate_key(chosen[v.name])} seed {seed}"
             self.run_or_skip(runner, prepared, v, seed, args, table_dir, label, chosen[v.name], log)
-            R.save_json(os.path.join(table_dir, "results.json"), self.rows(table_dir, variants, args, rates=chosen))
+            self.save_rows(table_dir, variants, self.rows(table_dir, variants, args, rates=chosen))
         return chosen
 
     def ensure_trained(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str,
@@ -288,15 +288,24 @@ class Table:
             for i, (variant, seed) in enumerate(todo, 1):
                 label = f"{self.name} cell {i}/{len(todo)} {variant.name} seed {seed}"
                 self.run_or_skip(runner, prepared, variant, seed, args, table_dir, label, None, log)
-                R.save_json(os.path.join(table_dir, "results.json"), self.rows(table_dir, variants, args))  # so far
+                self.save_rows(table_dir, variants, self.rows(table_dir, variants, args))  # so far
         costs = None
         if self.cost_columns and not args.no_costs and args.scale == "mini":
             from recipes.reproduce import costs as C
 
             costs = C.table_costs(runner, self, prepared, variants, args, table_dir, log)
         rows = self.rows(table_dir, variants, args, costs, rates)
-        R.save_json(os.path.join(table_dir, "results.json"), rows)
+        self.save_rows(table_dir, variants, rows)
         return rows
+
+    @staticmethod
+    def save_rows(table_dir: str, variants: Sequence[Variant], rows: List[Dict[str, Any]]) -> None:
+        """Write ``results.json``: this run's rows after the rows of the heads an earlier run named and this one did
+        not (a table run head by head, ``--heads A`` then ``--heads B``, keeps both)."""
+        path = os.path.join(table_dir, "results.json")
+        names = {v.name for v in variants}
+        kept = [r for r in (R.load_rows(path) if os.path.isfile(path) else []) if r["head"] not in names]
+        R.save_json(path, kept + rows)
 
     def command_for(self, split: str, record: Dict[str, Any]) -> str:
         """The command of a finished cell ``record`` that made the scores of ``split`` (default: its first, the
