@@ -252,7 +252,7 @@ def test_report_section_of_a_swept_table(tmp_path):
 
     sweep = {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
              "mixtape": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.01}}
-    cells = [_cell("softmax", 1, lr, [5, 4.2 + lr, 4.3, 4.4], 10) for lr in (0.0025, 0.01)]
+    cells = [_cell("softmax", 1, lr, [5, 4.2 + lr, 4.3, 4.4], 30) for lr in (0.0025, 0.01)]
     cells += [_cell("mixtape", 1, lr, [5, 4.3 + lr, 4.4, 4.5], 20) for lr in (0.0025, 0.005)]
     for s in (1, 2, 3):
         cells.append(_cell("softmax", s, 0.005, [5, 4.2 + s / 100, 4.3, 4.4], 10, ppl={"test": 100.0 + s}))
@@ -269,6 +269,8 @@ def test_report_section_of_a_swept_table(tmp_path):
     assert "| mixtape - softmax | test | 3 | -10.00 [" in text  # every seed 10 lower: no spread, p = 0
     assert "mixtape against softmax: better on test (-10.00 perplexity" in text
     assert "| mixtape | 3 | 40 |" in text and "Previous protocol" not in text
+    # a cell's training time: the chosen rate's seeds (40 s), not the sweep's other rates (120 s)
+    assert "minutes, mean over the seeds that logged one; " in text and ": softmax 0.7, mixtape 1.3." in text
 
 
 def test_patience_zero_trains_the_table_cap_without_early_stopping():

@@ -338,12 +338,12 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     sources = getattr(table, "paper_source", None)
     lines = [f"## {obj['table']}: {obj['description']}", "", f"Scale: **{scale}**. {notes}{done}".rstrip(), "",
              *([] if full_only else [score_table(rows, sources, getattr(table, "paper", None))])]
-    walls = {}
-    for c in cells:
+    walls, scored = {}, chosen_cells(obj)  # the cells of the rows: the sweep's other rates stop elsewhere
+    for c in scored:
         if c.get("train_wall_s"):
             walls.setdefault(c["head"], []).append(c["train_wall_s"] / 60)
     if walls and rows:
-        seeds = {h: sum(c["head"] == h for c in cells) for h in walls}
+        seeds = {h: sum(c["head"] == h for c in scored) for h in walls}
         times = ", ".join(f"{h} {sum(v) / len(v):.1f}" + (f" ({len(v)} of its {seeds[h]} seeds logged a time)"
                                                           if len(v) < seeds[h] else "") for h, v in walls.items())
         lines += ["Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over the seeds that "
