@@ -269,6 +269,8 @@ def test_report_section_of_a_swept_table(tmp_path):
     assert "| mixtape - softmax | test | 3 | -10.00 [" in text  # every seed 10 lower: no spread, p = 0
     assert "mixtape against softmax: better on test (-10.00 perplexity" in text
     assert "| mixtape | 3 | 40 |" in text and "Previous protocol" not in text
+    assert "| lm-ptb | 4 | 6 | 0.1 / 0.1 / 0.2 |" in text  # the compute section: 400 s + 360 s
+    assert "In all 0.2 of the 40 CPU-core-hours planned (1%)." in text
     # a cell's training time: the chosen rate's seeds (40 s), not the sweep's other rates (120 s)
     assert "minutes, mean over the seeds that logged one; " in text and ": softmax 0.7, mixtape 1.3." in text
 

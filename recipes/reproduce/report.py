@@ -453,6 +453,35 @@ def protocols_section(obj: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: the training compute the mini comparison (stopping rule, a learning rate per head, paired seeds) was planned at
+MINI_BUDGET_HOURS = 40.0
+
+
+def budget_section(objs: Dict[str, Dict[str, Any]]) -> str:
+    """Markdown: the training compute of the tables run with the stopping rule and a rate per head, per table (cells
+    of the sweep's other rates, cells at the chosen rates, CPU-core-hours) and in all, against
+    :data:`MINI_BUDGET_HOURS`; "" when no table has a sweep."""
+    swept = {t: o for t, o in objs.items() if o.get("sweep")}
+    if not swept:
+        return ""
+    lines = ["## Compute", "", "Training CPU-core-hours of the tables run with the stopping rule and a learning rate per "
+             "head (each cell's training seconds times its threads; scoring and timing excluded):", "",
+             "| table | cells at other rates (sweep) | cells at the chosen rates | CPU-core-hours: sweep / chosen / total |",
+             "|---|---|---|---|"]
+    total = 0.0
+    for table, obj in swept.items():
+        spent, chosen = C.cpu_hours(obj["cells"], obj["sweep"]), chosen_cells(obj)
+        total += spent["total"]
+        lines.append(f"| {table} | {len(obj['cells']) - len(chosen)} | {len(chosen)} | {spent['sweep']:.1f} / "
+                     f"{spent['chosen']:.1f} / {spent['total']:.1f} |")
+    over = total - MINI_BUDGET_HOURS
+    lines += ["", f"In all {total:.1f} of the {MINI_BUDGET_HOURS:.0f} CPU-core-hours planned"
+              + (f": over the plan by {over:.1f}." if over > 0 else f" ({100 * total / MINI_BUDGET_HOURS:.0f}%).")
+              + " Cells ran one thread each, two to four at a time on the 2 cores, so an hour here is a shared core's.",
+              ""]
+    return "\n".join(lines)
+
+
 def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -> str:
     """Write ``docs_dir/reproduction.md`` (and its plots) from ``docs_dir/reproduction/*.json``; return it."""
     src = os.path.join(docs_dir, "reproduction")
@@ -465,6 +494,9 @@ def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -
             with open(path) as f:
                 objs[table] = json.load(f)
     noise = timing_noise(objs)
+    budget = budget_section(objs)
+    if budget:
+        sections.append(budget)
     for table, obj in objs.items():
         note = obj.get("notes", getattr(get_table(table), "report_notes", ""))
         if obj.get("cells") and not obj.get("sweep") and getattr(get_table(table), "mini_lr", None):
