@@ -263,8 +263,9 @@ class TranslationTable(Table):
                 f"The paper's numbers are WMT'14 newstest2014 with 0.2B / 0.8B-parameter models: compare the "
                 f"ordering of the heads, not the values. What a converged small model reaches on Multi30k, published "
                 f"text-only systems trained on the same pairs: {PUBLISHED_MULTI30K[self.tgt]}; their BLEU is on "
-                f"lowercased, tokenized text, several points above the cased, detokenized sacrebleu here. MoS runs "
-                f"with K = 4 here (the paper's baseline: K = 9).")
+                f"lowercased, tokenized text, which reads little above the cased sacrebleu here (mt-en-de's softmax at "
+                f"lr 5e-3, seed 1: test_2016 33.7 cased, 34.1 lowercased). MoS runs with K = 4 here (the paper's "
+                f"baseline: K = 9).")
 
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
         return self.paper_bleu.get(variant.name)
