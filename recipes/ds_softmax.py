@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -96,10 +96,16 @@ def time_top1(heads: Dict[str, torch.nn.Module], h: torch.Tensor, rounds: int, q
 
 
 # ----------------------------------------------------------------------------- one task
+def hierarchy_shape(name: str) -> Tuple[int, int]:
+    """``(super classes, sub classes per super class)`` of a synthetic task's name (``synthetic-SxC``)."""
+    s, c = (int(v) for v in name.split("-")[1].split("x"))
+    return s, c
+
+
 def default_experts(name: str) -> int:
     """E when --experts is not given: the number of super classes of a synthetic task (``synthetic-SxC``: S), 16 on
     a language model. Known from the task's name, so ``--resume`` finds a finished default row before any work."""
-    return int(name.split("-")[1].split("x")[0]) if name.startswith("synthetic-") else 16
+    return hierarchy_shape(name)[0] if name.startswith("synthetic-") else 16
 
 
 def run_task(task: Task, args, experts: int) -> Dict:
@@ -294,7 +300,7 @@ def main(argv=None) -> List[Dict]:
             task = make_lm_task(getattr(args, option), name, args.dim or dim, args.lm_epochs, args.seed,
                                 not args.no_progress)
         else:
-            s, c = (int(v) for v in name.split("-")[1].split("x"))
+            s, c = hierarchy_shape(name)
             task = make_hierarchy(s, c, args.dim or 32, args.per_class, args.seed)
         for experts in todo:
             results.append(run_task(task, args, experts))
