@@ -209,6 +209,11 @@ def test_sweep_table_equal_compute_and_cpu_hours():
     spent = C.cpu_hours(cells, sweep)
     assert spent["chosen"] == pytest.approx((40 + 100 + 40 + 80) / 3600) and spent["total"] == pytest.approx(
         sum(c["train_wall_s"] for c in cells) / 3600)
+    # a cell whose CPU time was recorded counts it, not its (shared-core) wall-clock times threads
+    measured = [{**c, "cpu_s": 3.6} if c["head"] == "mixtape" else c for c in cells]
+    spent = C.cpu_hours(measured, sweep)
+    assert spent["total"] == pytest.approx((4 * 3.6 + 40 + 40 + 40 + 40) / 3600)
+    assert spent["wall"] == pytest.approx(160 / 3600) and C.cell_cpu_hours(measured[-1]) == pytest.approx(0.001)
     chosen = [c for c in cells if c["lr"] == sweep[c["head"]]["chosen"]]
     (row,) = C.equal_compute(chosen)
     # softmax trains 4 epochs: 40 updates, 40 s (seeds 1 and 2); mixtape (20 s an epoch) within 40 s: 4.1 (seed 1,
@@ -269,8 +274,8 @@ def test_report_section_of_a_swept_table(tmp_path):
     assert "| mixtape - softmax | test | 3 | -10.00 [" in text  # every seed 10 lower: no spread, p = 0
     assert "mixtape against softmax: better on test (-10.00 perplexity" in text
     assert "| mixtape | 3 | 40 |" in text and "Previous protocol" not in text
-    assert "| lm-ptb | 4 | 6 | 0.1 / 0.1 / 0.2 |" in text  # the compute section: 400 s + 360 s
-    assert "In all 0.2 of the 40 CPU-core-hours planned (1%)." in text
+    assert "| lm-ptb | 4 | 6 | 0.1 / 0.1 / 0.2 | 0.2 |" in text  # the compute section: 400 s + 360 s, all wall-clock
+    assert "In all 0.2 of the 40 CPU-core-hours planned (1%). 0.2 of them are wall-clock bounds" in text
     # a cell's training time: the chosen rate's seeds (40 s), not the sweep's other rates (120 s)
     assert "minutes, mean over the seeds that logged one; " in text and ": softmax 0.7, mixtape 1.3." in text
 

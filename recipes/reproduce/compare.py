@@ -223,14 +223,27 @@ def sweep_table(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[
     return "\n".join(lines) + "\n"
 
 
+def cell_cpu_hours(cell: Mapping[str, Any]) -> float:
+    """A cell's training CPU-core-hours: the CPU time its training processes used (``cpu_s``, user + system, as the
+    runner records it) where recorded, else its training seconds times its threads (``train_wall_s``: cells trained
+    before the CPU time was recorded; on a core shared with other jobs this counts the waiting too, an upper
+    bound)."""
+    if cell.get("cpu_s") is not None:
+        return cell["cpu_s"] / 3600.0
+    return (cell.get("train_wall_s") or 0.0) * (cell.get("threads") or 1) / 3600.0
+
+
 def cpu_hours(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
-    """Training CPU-core-hours of a table's cells: ``{"sweep": rates not chosen, "chosen": the chosen rates' cells
-    (seed 1 included), "total"}`` (each cell's training seconds times its threads; scoring excluded)."""
+    """Training CPU-core-hours of a table's cells (:func:`cell_cpu_hours`): ``{"sweep": rates not chosen, "chosen":
+    the chosen rates' cells (seed 1 included), "total", "wall": the part counted from training seconds, not measured
+    CPU time}``; scoring excluded."""
     chosen = {h: s["chosen"] for h, s in sweep.items()}
-    out = {"sweep": 0.0, "chosen": 0.0}
+    out = {"sweep": 0.0, "chosen": 0.0, "wall": 0.0}
     for c in cells:
-        hours = (c.get("train_wall_s") or 0.0) * (c.get("threads") or 1) / 3600.0
+        hours = cell_cpu_hours(c)
         out["chosen" if chosen.get(c["head"]) == c.get("lr") else "sweep"] += hours
+        if c.get("cpu_s") is None:
+            out["wall"] += hours
     out["total"] = out["sweep"] + out["chosen"]
     return out
 

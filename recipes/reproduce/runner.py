@@ -3,11 +3,14 @@ progress from the training log, failures that name the cell and the log.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import resource
 import shlex
 import subprocess
 import sys
+import time
 from typing import Dict, List, Optional, Sequence
 
 BIN = os.path.dirname(sys.executable)
@@ -90,8 +93,11 @@ class Runner:
         with open(log_path, "a") as log:
             log.write(f"$ {shell_line(cmd)}\n")
             log.flush()
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, env=full_env, cwd=ROOT)
+            started, sampled = time.strftime("%Y-%m-%dT%H:%M:%S"), time.monotonic()
+            record_cpu(log_path, proc.pid, started, 0.0)  # every process of the log has an entry from its start
             for line in proc.stdout:
                 log.write(line)
                 log.flush()  # the log shows progress as it happens (tail -f)
@@ -101,13 +107,73 @@ class Runner:
                     if m:
                         bar.n = min(total_updates, int(m.group(1) or m.group(2)))
                         bar.refresh()
+                if time.monotonic() - sampled > CPU_SAMPLE_S:  # an interrupted process keeps what it spent
+                    sampled = time.monotonic()
+                    seconds = process_cpu_seconds(proc.pid)
+                    if seconds is not None:
+                        record_cpu(log_path, proc.pid, started, seconds)
             rc = proc.wait()
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            record_cpu(log_path, proc.pid, started, (after.ru_utime - before.ru_utime)
+                       + (after.ru_stime - before.ru_stime), finished=True)
         if bar is not None:
             bar.close()
         if rc != 0:
             tail = "".join(out[-15:])
             raise SystemExit(f"cell {cell} failed ({os.path.basename(str(cmd[0]))} exit {rc}); log: {log_path}\n{tail}")
         return "".join(out)
+
+
+#: how often (seconds) a running command's CPU time is written beside its log
+CPU_SAMPLE_S = 30.0
+
+
+def process_cpu_seconds(pid: int) -> Optional[float]:
+    """User + system CPU seconds the process ``pid`` has used so far, its threads included (from ``/proc``; None
+    where there is no ``/proc``, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15 of stat
+
+
+def cpu_path(log_path: str) -> str:
+    """The file beside ``log_path`` that holds the CPU time of the processes the log records."""
+    return log_path + ".cpu.json"
+
+
+def record_cpu(log_path: str, pid: int, started: str, seconds: float, finished: bool = False) -> None:
+    """Write the CPU ``seconds`` of process ``pid`` (started at ``started``) into :func:`cpu_path`: one entry per
+    process (a resumed run adds one), updated while it runs, ``finished`` once it has exited (then the kernel's
+    exact count of it and of its children)."""
+    path = cpu_path(log_path)
+    entries = json.load(open(path)) if os.path.isfile(path) else []
+    entry = {"pid": pid, "started": started, "cpu_s": round(float(seconds), 2), "finished": finished}
+    same = [i for i, e in enumerate(entries) if e["pid"] == pid and e["started"] == started]
+    if same:
+        entries[same[0]] = entry
+    else:
+        entries.append(entry)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(entries, f, indent=1)
+    os.replace(tmp, path)
+
+
+def cpu_seconds(log_path: str) -> Optional[float]:
+    """CPU seconds (user + system) of every process that wrote ``log_path``, from :func:`cpu_path`; an interrupted
+    process counts what was last sampled (at most :data:`CPU_SAMPLE_S` short). None when it was not recorded for
+    every process the log shows (a run begun before the recipes recorded it): the caller falls back to wall-clock."""
+    path = cpu_path(log_path)
+    if not os.path.isfile(path) or not os.path.isfile(log_path):
+        return None
+    with open(path) as f:
+        entries = json.load(f)
+    with open(log_path) as f:
+        processes = sum(line.startswith("$ ") for line in f)
+    return sum(e["cpu_s"] for e in entries) if len(entries) >= processes else None
 
 
 def training_done(log_path: str) -> bool:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from recipes.reproduce import results as R
 from recipes.reproduce import sweep as S
-from recipes.reproduce.runner import ROOT, Runner, parse_train_wall
+from recipes.reproduce.runner import ROOT, Runner, cpu_seconds, parse_train_wall
 from recipes.reproduce.variants import Variant
 
 DOCS = os.path.join(ROOT, "docs")
@@ -104,12 +104,14 @@ class Table:
     def trained_record(self, table_dir: str, variant: Variant, seed: int, args, log_path: str,
                        commands: List[str], lr: Optional[float] = None) -> Dict[str, Any]:
         """Keep a trained cell: its settings, its curve (:func:`sweep.parse_curve`), its best epoch, why it stopped,
-        the training time, its commands; ``checkpoint_last.pt`` goes (``checkpoint_best.pt`` stays until scored)."""
+        the training time (wall-clock and CPU), its commands; ``checkpoint_last.pt`` goes (``checkpoint_best.pt``
+        stays until scored)."""
         with open(log_path) as f:
             log_text = f.read()
         curve = S.parse_curve(log_text)
         record = {**self.cell_config(variant, seed, args, lr), "registry_head": variant.head, "curve": curve,
                   "best": S.best_point(curve), "train_wall_s": parse_train_wall(log_text),
+                  "cpu_s": cpu_seconds(log_path),
                   "threads": int(os.environ.get("OMP_NUM_THREADS") or torch_threads()), "commands": commands}
         rule = self.stop_rule(args)
         if rule is not None:
