@@ -262,8 +262,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-plot", dest="plot", action="store_false", help="no expert heat maps")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--resume", action="store_true",
-                   help="keep the rows already in OUT/results.json (same task and E) and run only the others (the "
-                        "language model is trained again: the same seed gives the same model)")
+                   help="keep the rows already in OUT/results.json (same task and E) and run only the others (a "
+                        "language model task loads the LM its first run kept in OUT, lm-*.pt, instead of training "
+                        "it again; kept whether or not --resume is given)")
     return p.parse_args(argv)
 
 
@@ -295,10 +296,10 @@ def main(argv=None) -> List[Dict]:
         if not todo:
             print(f"{name}: every expert count done ({path}), skipped")
             continue
-        if name in LM_TASKS:
+        if name in LM_TASKS:  # the trained LM is kept in --out: a resumed run does not train it again
             option, dim = LM_TASKS[name]
             task = make_lm_task(getattr(args, option), name, args.dim or dim, args.lm_epochs, args.seed,
-                                not args.no_progress)
+                                not args.no_progress, cache_dir=args.out)
         else:
             s, c = hierarchy_shape(name)
             task = make_hierarchy(s, c, args.dim or 32, args.per_class, args.seed)

@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -62,11 +63,12 @@ def make_ptb_task(data_dir: str, dim: int, epochs: int, seed: int, progress: boo
 
 
 def make_lm_task(data_dir: str, corpus: str, dim: int, epochs: int, seed: int, progress: bool, layers: int = 1,
-                 bptt: int = 35, batch: int = 20, lr: float = 2e-3) -> Task:
+                 bptt: int = 35, batch: int = 20, lr: float = 2e-3, cache_dir: Optional[str] = None) -> Task:
     """Train an LSTM LM + softmax on ``data_dir/valid.txt`` of ``corpus`` (a key of :data:`VOCAB`: its vocabulary
-    size); hidden states of valid (train) and test.txt."""
-    from tqdm.auto import tqdm
-
+    size); hidden states of valid (train) and test.txt. With ``cache_dir``, the trained weights are kept there
+    (``lm-CORPUS-....pt``, named by every setting and the text's checksum, with torch's random state after
+    training) and a later call with the same settings and text loads them instead of training again (WikiText-2's
+    LM is ~25 minutes on one thread): the same task, and the same random draws after it."""
     if corpus not in VOCAB:
         raise ValueError(f"make_lm_task: corpus={corpus!r}; allowed: {', '.join(VOCAB)}")
     missing = [f for f in ("valid.txt", "test.txt") if not os.path.isfile(os.path.join(data_dir, f))]
@@ -85,6 +87,62 @@ def make_lm_task(data_dir: str, corpus: str, dim: int, epochs: int, seed: int, p
     torch.manual_seed(seed)
     body = LSTMLM(vocab, dim, layers, dropout=0.5)
     head = hf_heads.build_head("softmax", hidden_size=dim, vocab_size=vocab)
+    settings = {"corpus": corpus, "dim": dim, "layers": layers, "epochs": epochs, "seed": seed, "bptt": bptt,
+                "batch": batch, "lr": lr, "text": text_checksum(data_dir)}
+    cached = lm_cache_path(cache_dir, settings) if cache_dir else None
+    if cached and os.path.isfile(cached):
+        saved = torch.load(cached, weights_only=True)
+        body.load_state_dict(saved["body"])
+        head.load_state_dict(saved["head"])
+        torch.set_rng_state(saved["rng"])  # where training left it: what the caller draws next is the same
+        print(f"{corpus} LSTM: the trained weights from {cached}")
+    else:
+        train_lm(body, head, train, epochs, bptt, batch, lr, progress, corpus)
+        if cached:
+            os.makedirs(cache_dir, exist_ok=True)
+            torch.save({"settings": settings, "body": body.state_dict(), "head": head.state_dict(),
+                        "rng": torch.get_rng_state()}, cached + ".tmp")
+            os.replace(cached + ".tmp", cached)
+    body.eval()
+    head.eval()
+
+    @torch.no_grad()
+    def states(tokens):
+        h = body(tokens[:-1][None])[0]
+        return h, tokens[1:]
+
+    train_h, train_y = states(train)
+    test_h, test_y = states(test)
+    with torch.no_grad():  # in chunks: WikiText-2's test split at once is 245k x 33k logits (32 GB)
+        nll = sum(float(head.loss(test_h[i:i + 4096], test_y[i:i + 4096], reduction="sum"))
+                  for i in range(0, len(test_y), 4096))
+    test_ppl = math.exp(nll / len(test_y))
+    return Task(corpus, train_h, train_y, test_h, test_y, vocab, softmax=head,
+                info={"dim": dim, "layers": layers, "epochs": epochs, "train_tokens": len(train_y),
+                      "test_tokens": len(test_y), "softmax_test_ppl": test_ppl})
+
+
+def text_checksum(data_dir: str) -> str:
+    """sha1 of a corpus's valid.txt and test.txt (what :func:`make_lm_task` reads), the first 12 hex digits."""
+    digest = hashlib.sha1()
+    for name in ("valid.txt", "test.txt"):
+        with open(os.path.join(data_dir, name), "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:12]
+
+
+def lm_cache_path(cache_dir: str, settings: Dict) -> str:
+    """Where :func:`make_lm_task` keeps the LM trained with ``settings`` (every one in the name)."""
+    s = settings
+    return os.path.join(cache_dir, f"lm-{s['corpus']}-d{s['dim']}-l{s['layers']}-e{s['epochs']}-s{s['seed']}-"
+                                   f"bptt{s['bptt']}-b{s['batch']}-lr{s['lr']:g}-{s['text']}.pt")
+
+
+def train_lm(body: LSTMLM, head, train: torch.Tensor, epochs: int, bptt: int, batch: int, lr: float,
+             progress: bool, corpus: str) -> None:
+    """Adam with cosine decay over ``epochs`` of ``train`` in ``batch`` streams cut every ``bptt`` tokens."""
+    from tqdm.auto import tqdm
+
     params = list(body.parameters()) + list(head.parameters())
     opt = torch.optim.Adam(params, lr=lr)
     n = (len(train) - 1) // batch * batch
@@ -105,23 +163,6 @@ def make_lm_task(data_dir: str, corpus: str, dim: int, epochs: int, seed: int, p
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.2f}")
     bar.close()
-    body.eval()
-    head.eval()
-
-    @torch.no_grad()
-    def states(tokens):
-        h = body(tokens[:-1][None])[0]
-        return h, tokens[1:]
-
-    train_h, train_y = states(train)
-    test_h, test_y = states(test)
-    with torch.no_grad():  # in chunks: WikiText-2's test split at once is 245k x 33k logits (32 GB)
-        nll = sum(float(head.loss(test_h[i:i + 4096], test_y[i:i + 4096], reduction="sum"))
-                  for i in range(0, len(test_y), 4096))
-    test_ppl = math.exp(nll / len(test_y))
-    return Task(corpus, train_h, train_y, test_h, test_y, vocab, softmax=head,
-                info={"dim": dim, "layers": layers, "epochs": epochs, "train_tokens": len(train_y),
-                      "test_tokens": len(test_y), "softmax_test_ppl": test_ppl})
 
 
 def train_head(head, h: torch.Tensor, y: torch.Tensor, steps: int, batch: int, lr: float, seed: int,

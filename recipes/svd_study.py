@@ -143,7 +143,7 @@ def lm_setting(corpus: str, args) -> Setting:
     from recipes.hidden_tasks import make_lm_task
 
     data_dir = os.path.join(args.data, corpus)
-    task = make_lm_task(data_dir, corpus, args.dim, args.lm_epochs, args.seed, not args.quiet)
+    task = make_lm_task(data_dir, corpus, args.dim, args.lm_epochs, args.seed, not args.quiet, cache_dir=args.out)
     soft = task.softmax
     test = torch.linspace(0, len(task.test_y) - 1, min(args.queries, len(task.test_y))).long()  # spread over text
     return Setting(corpus, soft.weight.detach().clone(), soft.bias.detach().clone(), task.test_h[test].contiguous(),

@@ -221,8 +221,42 @@ def test_ds_recipe_wikitext2_runs_every_expert_count_on_one_trained_lm(tmp_path)
                       "--no-progress", "--no-plot", "--out", str(tmp_path / "out"), "--resume"])
     assert [r["experts"] for r in again] == [2, 4, 3] and again[:2] == results
     assert again[2]["top1_softmax"] == results[0]["top1_softmax"]  # the same seed: the same language model
+    # an expert count's row does not depend on the counts run before it (its draws are seeded): E = 4 alone (a new
+    # --out, the LM trained again) gives the row it gave after E = 2, as a resumed run needs
+    (alone,) = dsr.main(["--tasks", "wikitext-2", "--wt2-dir", str(tmp_path), "--dim", "8", "--lm-epochs", "1",
+                         "--experts", "4", "--steps", "10", "--timing-rounds", "1", "--timing-queries", "8",
+                         "--no-progress", "--no-plot", "--out", str(tmp_path / "alone")])
+    assert (alone["top1_ds"], alone["flops_reduction"]) == (results[1]["top1_ds"], results[1]["flops_reduction"])
     with pytest.raises(SystemExit, match="--experts must be >= 1"):
         dsr.main(["--tasks", "synthetic-10x10", "--experts", "0"])
+
+
+def test_lm_task_is_kept_and_loaded_instead_of_trained_again(tmp_path, monkeypatch):
+    """make_lm_task(cache_dir=...) keeps the trained LM (named by its settings and the text's checksum) and a later
+    call loads it: the same hidden states, perplexity and random draws after it, no training; another seed or text
+    trains anew."""
+    from recipes import hidden_tasks as ht
+
+    tiny_corpus(tmp_path / "text", num_words=30, valid_lines=30, seed=3)
+    kw = dict(data_dir=str(tmp_path / "text"), corpus="ptb", dim=8, epochs=1, progress=False, cache_dir=str(tmp_path))
+    first = ht.make_lm_task(seed=1, **kw)
+    after_first = torch.rand(3)
+    (kept,) = [p for p in os.listdir(tmp_path) if p.endswith(".pt")]
+    assert kept.startswith("lm-ptb-d8-l1-e1-s1-") and ht.text_checksum(str(tmp_path / "text")) in kept
+
+    def no_training(*a, **k):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(ht, "train_lm", no_training)
+    again = ht.make_lm_task(seed=1, **kw)
+    assert torch.equal(again.train_h, first.train_h) and torch.equal(again.test_h, first.test_h)
+    assert again.info == first.info and torch.equal(torch.rand(3), after_first)
+    with pytest.raises(AssertionError, match="trained again"):
+        ht.make_lm_task(seed=2, **kw)
+    with open(tmp_path / "text" / "test.txt", "a") as f:
+        f.write("w1 w2\n")
+    with pytest.raises(AssertionError, match="trained again"):  # the text changed: its checksum names another file
+        ht.make_lm_task(seed=1, **kw)
 
 
 def test_ds_recipe_resume_without_experts_keeps_the_finished_default_row(tmp_path, capsys):
