@@ -68,17 +68,25 @@ def kl_to_truth(log_p: torch.Tensor, p_true: torch.Tensor) -> float:
     return (p_true * (log_true - log_p)).sum(1).mean().item()
 
 
+#: the optimizers :func:`train_head` runs (full batch, cosine decay): Adam, and plain SGD (no momentum, as NT-ASGD)
+OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+
+
 def train_head(name: str, p_true: torch.Tensor, dim: int, steps: int, lr: float, seed: int,
-               options: Optional[Dict] = None, eval_every: int = 50, progress: bool = True) -> Dict:
-    """Fit free context embeddings + one head to ``p_true``; return the metrics and a KL curve."""
+               options: Optional[Dict] = None, eval_every: int = 50, progress: bool = True,
+               optimizer: str = "adam") -> Dict:
+    """Fit free context embeddings + one head to ``p_true`` with ``optimizer`` (a key of :data:`OPTIMIZERS`);
+    return the metrics and a KL curve."""
     from tqdm.auto import tqdm
 
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
     torch.manual_seed(seed)
     n, m = p_true.shape
     head = hf_heads.build_head(name, hidden_size=dim, vocab_size=m, **(options or {}))
     contexts = torch.nn.Parameter(torch.randn(n, dim))
     params = [contexts, *head.parameters()]
-    opt = torch.optim.Adam(params, lr=lr)
+    opt = OPTIMIZERS[optimizer](params, lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
     curve = []
 

@@ -374,3 +374,33 @@ def test_finetune_recipe_scores_a_bounded_validation_sample_with_progress(tmp_pa
     assert "validation perplexity on the first 640 tokens (--max-valid-tokens all: the whole file)" in out
     for bar in ("valid perplexity before", "fine-tune", "valid perplexity after"):
         assert bar in err, bar
+
+
+def test_mixtape_forms_chooses_each_rate_on_the_tuning_seed_and_pairs_the_seeds(tmp_path, monkeypatch):
+    """recipes.mixtape_forms: the rate of each (optimizer, form) is the tuning seed's lowest KL; seeds 1..S run at
+    it; the paired difference is nn.Linear minus scaled per seed; a rerun trains nothing again."""
+    from recipes import mixtape_forms as mf
+
+    argv = ["--num-contexts", "16", "--num-outcomes", "32", "--dim", "4", "--steps", "6", "--seeds", "2",
+            "--adam-lrs", "0.01", "0.1", "--sgd-lrs", "3", "30", "--out", str(tmp_path), "--no-progress"]
+    runs = mf.main(argv)
+    assert len(runs) == 2 * 2 * (2 + 2)  # optimizers x forms x (grid on seed 0 + evaluation seeds)
+    for opt, grid in (("adam", [0.01, 0.1]), ("sgd", [3.0, 30.0])):
+        chosen = {}
+        for form in mf.FORMS:
+            kls = {lr: runs[mf.run_key(opt, form, lr, 0)]["kl"] for lr in grid}
+            chosen[form] = min(kls, key=kls.get)
+            assert mf.choose(runs, opt, form, grid) == chosen[form]
+        paired, lower = mf.compare(runs, opt, chosen, [1, 2])
+        diffs = [runs[mf.run_key(opt, "nn.Linear", chosen["nn.Linear"], s)]["kl"]
+                 - runs[mf.run_key(opt, "scaled", chosen["scaled"], s)]["kl"] for s in (1, 2)]
+        assert paired.mean == pytest.approx(sum(diffs) / 2) and lower == sum(d < 0 for d in diffs)
+    text = (tmp_path / "results.md").read_text()
+    assert "| optimizer | seeds | mean difference [95% CI] |" in text and "**What it shows.** Under adam" in text
+    # a diverged rate (KL not finite) is never chosen; a grid not fully run has no choice yet
+    fake = {mf.run_key("sgd", "scaled", lr, 0): {"kl": kl} for lr, kl in ((1.0, float("nan")), (2.0, 0.5))}
+    assert mf.choose(fake, "sgd", "scaled", [1.0, 2.0]) == 2.0 and mf.choose(fake, "sgd", "scaled", [1.0, 3.0]) is None
+    with pytest.raises(ValueError, match="optimizer='lbfgs'; allowed: adam, sgd"):
+        sb.train_head("softmax", torch.rand(2, 4).softmax(1), 2, 1, 0.1, 0, optimizer="lbfgs")
+    monkeypatch.setattr(sb, "train_head", lambda *a, **k: pytest.fail("trained again"))
+    assert mf.main(argv) == runs  # every run kept in results.json

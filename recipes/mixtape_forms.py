@@ -1,0 +1,185 @@
+"""Mixtape's two forms of its projections, each at its own best learning rate, under Adam and under SGD.
+
+Mixtape's ``scaled_input=True`` (Mesh TensorFlow's form, made for Adafactor) multiplies ``g`` by ``d^-1/2`` before
+the projections ``H_k``, ``U_k``, ``u_k`` and draws them with unit variance; ``scaled_input=False`` (torch's
+``nn.Linear`` form) draws them ``d^-1/2`` times smaller. Both compute the same function at initialisation; an
+optimizer then moves the scaled form's projections about ``sqrt(d)`` (Adam) or ``d`` (SGD) times more slowly
+relative to the function than the rest of the model. A learning rate tuned per form can make up for part of it
+only, since it moves the rest of the model too.
+
+This recipe measures it where nothing but the output layer matters: the synthetic softmax-bottleneck task of
+:mod:`recipes.synthetic_bottleneck` (free context embeddings, one head fitted to Dirichlet distributions; mean
+KL(P* || P) in nats after a fixed number of full-batch steps, lower is better). For each optimizer and form the
+learning rate is chosen on a tuning seed (seed 0: its own task and initialisation) from a grid; the chosen rates
+then train ``--seeds`` other seeds (1..S), each seed one task and one initialisation shared by both forms, so the
+forms are compared seed by seed: the mean paired difference of KL (nn.Linear minus scaled), its 95% interval, the
+paired t-test and the sign test (:mod:`recipes.reproduce.stats`), Holm-adjusted over the optimizers. Every run is
+kept in ``OUT/results.json`` as it finishes (a rerun continues); ``OUT/results.md`` has the tables.
+
+    python -m recipes.mixtape_forms --out results/mixtape_forms       # 2 optimizers x 2 forms, 4 rates, 5 seeds
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from recipes import synthetic_bottleneck as sb
+from recipes.reproduce import stats
+
+#: the two forms, by the name the tables give them: ``scaled_input`` of each
+FORMS = {"scaled": True, "nn.Linear": False}
+#: learning-rate grids (cosine decay from the rate): the loss is a mean over contexts, so plain SGD needs large rates
+#: for the per-context embeddings to move at all
+DEFAULT_LRS = {"adam": [0.003, 0.01, 0.03, 0.1], "sgd": [30.0, 100.0, 300.0, 1000.0]}
+
+
+def run_key(optimizer: str, form: str, lr: float, seed: int) -> str:
+    return f"{optimizer}/{form}/lr{lr:g}/seed{seed}"
+
+
+def choose(runs: Dict[str, Dict], optimizer: str, form: str, lrs: Sequence[float]) -> Optional[float]:
+    """The rate of the lowest final KL on the tuning seed (0) among ``lrs``; None until all of them ran. A run that
+    diverged (KL not finite) is never chosen."""
+    kls = [runs.get(run_key(optimizer, form, lr, 0), {}).get("kl") for lr in lrs]
+    if any(k is None for k in kls):
+        return None
+    finite = [(k, lr) for k, lr in zip(kls, lrs) if k == k and k != float("inf")]
+    return min(finite)[1] if finite else None
+
+
+def compare(runs: Dict[str, Dict], optimizer: str, chosen: Dict[str, float], seeds: Sequence[int]):
+    """nn.Linear minus scaled, final KL per seed, each form at its chosen rate: ``(stats.Paired, seeds where the
+    nn.Linear form's KL is lower)``."""
+    kl = {f: [runs[run_key(optimizer, f, chosen[f], s)]["kl"] for s in seeds] for f in FORMS}
+    return stats.paired(kl["nn.Linear"], kl["scaled"]), sum(a < b for a, b in zip(kl["nn.Linear"], kl["scaled"]))
+
+
+def format_tables(runs: Dict[str, Dict], setup: Dict) -> str:
+    """Markdown: per optimizer, the tuning seed's KL at every rate (bold: chosen) and the evaluation seeds' KL and
+    mode matching at the chosen rates, then the paired comparisons (Holm over the optimizers) and what they show."""
+    seeds = list(range(1, setup["seeds"] + 1))
+    lines = [f"Synthetic task: N={setup['num_contexts']} contexts, M={setup['num_outcomes']} outcomes, "
+             f"d={setup['dim']}, Dirichlet alpha={setup['alpha']}, {setup['steps']} full-batch steps (cosine decay), "
+             f"Mixtape with {json.dumps(setup['head_options'])}; final KL(P*||P) in nats (lower is better).", ""]
+    results = []
+    for opt, lrs in setup["lrs"].items():
+        chosen = {f: choose(runs, opt, f, lrs) for f in FORMS}
+        lines += [f"**{opt}**: KL on the tuning seed (0) at every rate (bold: chosen)", "",
+                  "| form | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]
+        for f in FORMS:
+            cells = []
+            for lr in lrs:
+                r = runs.get(run_key(opt, f, lr, 0))
+                text = "-" if r is None else f"{r['kl']:.4f}"
+                cells.append(f"**{text}**" if lr == chosen[f] else text)
+            lines.append(f"| {f} | " + " | ".join(cells) + " |")
+        lines.append("")
+        if any(c is None for c in chosen.values()):
+            continue
+        done = [s for s in seeds if all(run_key(opt, f, chosen[f], s) in runs for f in FORMS)]
+        if len(done) < 2:
+            continue
+        lines += [f"Seeds {done[0]}-{done[-1]} at the chosen rates:", "",
+                  "| form | lr | KL mean ± std | mode matching % (mean) |", "|---|---|---|---|"]
+        for f in FORMS:
+            kl = torch.tensor([runs[run_key(opt, f, chosen[f], s)]["kl"] for s in done], dtype=torch.float64)
+            mm = sum(runs[run_key(opt, f, chosen[f], s)]["mode_matching"] for s in done) / len(done)
+            lines.append(f"| {f} | {chosen[f]:g} | {kl.mean():.4f} ± {kl.std():.4f} | {mm:.1f} |")
+        lines.append("")
+        results.append((opt, compare(runs, opt, chosen, done)))
+    if results:
+        adjusted = stats.holm([r.p for _, (r, _) in results])
+        lines += ["Paired: nn.Linear minus scaled, final KL per seed (negative: the nn.Linear form fits better):", "",
+                  "| optimizer | seeds | mean difference [95% CI] | paired t p | Holm p | sign test p | seeds nn.Linear "
+                  "lower |", "|---|---|---|---|---|---|---|"]
+        words = []
+        for (opt, (r, lower)), p_adj in zip(results, adjusted):
+            lines.append(f"| {opt} | {r.n} | {r.mean:+.4f} [{r.low:+.4f}, {r.high:+.4f}] | {stats.format_p(r.p)} | "
+                         f"{stats.format_p(p_adj)} | {stats.format_p(r.p_sign)} | {lower}/{r.n} |")
+            if p_adj is not None and p_adj <= 0.05:
+                words.append(f"Under {opt} the {'nn.Linear' if r.mean < 0 else 'scaled'} form fits better "
+                             f"({r.mean:+.4f} nats, Holm p = {stats.format_p(p_adj)})")
+            else:
+                words.append(f"Under {opt} the forms do not differ significantly ({r.mean:+.4f} nats, Holm p = "
+                             f"{stats.format_p(p_adj)})")
+        lines += ["", "**What it shows.** " + "; ".join(words) + ".", ""]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--num-contexts", type=int, default=512, help="N, number of contexts")
+    p.add_argument("--num-outcomes", type=int, default=512, help="M, number of outcomes")
+    p.add_argument("--dim", type=int, default=64, help="d, the hidden size the projections read (d < M)")
+    p.add_argument("--alpha", type=float, default=0.01, help="Dirichlet concentration of the true distributions")
+    p.add_argument("--steps", type=int, default=300, help="full-batch steps per run")
+    p.add_argument("--seeds", type=int, default=5, help="evaluation seeds (1..S) after the tuning seed 0")
+    p.add_argument("--adam-lrs", type=float, nargs="+", default=DEFAULT_LRS["adam"], help="Adam's grid")
+    p.add_argument("--sgd-lrs", type=float, nargs="+", default=DEFAULT_LRS["sgd"], help="SGD's grid")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--out", default="results/mixtape_forms", help="output directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    for flag, value, lo in (("--num-contexts", args.num_contexts, 1), ("--num-outcomes", args.num_outcomes, 2),
+                            ("--dim", args.dim, 1), ("--steps", args.steps, 1), ("--seeds", args.seeds, 2)):
+        if value < lo:
+            p.error(f"{flag}={value} is out of range; allowed: an integer >= {lo}")
+    for flag, grid in (("--adam-lrs", args.adam_lrs), ("--sgd-lrs", args.sgd_lrs)):
+        if any(not lr > 0 for lr in grid):
+            p.error(f"{flag}={' '.join(map(str, grid))}: every rate must be > 0")
+    return args
+
+
+def main(argv=None) -> Dict[str, Dict]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = {**sb.DEFAULT_HEAD_OPTIONS["mixtape"]}
+    setup = {"num_contexts": args.num_contexts, "num_outcomes": args.num_outcomes, "dim": args.dim,
+             "alpha": args.alpha, "steps": args.steps, "seeds": args.seeds, "head_options": options,
+             "lrs": {"adam": args.adam_lrs, "sgd": args.sgd_lrs}}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "results.json")
+    saved = json.load(open(path)) if os.path.isfile(path) else {}
+    runs: Dict[str, Dict] = saved.get("runs", {}) if saved.get("setup") == setup else {}  # other settings: anew
+    tasks: Dict[int, torch.Tensor] = {}
+
+    def run(opt: str, form: str, lr: float, seed: int) -> None:
+        key = run_key(opt, form, lr, seed)
+        if key in runs:
+            return
+        if seed not in tasks:
+            tasks[seed] = sb.make_task(args.num_contexts, args.num_outcomes, args.alpha, seed)
+        r = sb.train_head("mixtape", tasks[seed], args.dim, args.steps, lr, seed,
+                          {**options, "scaled_input": FORMS[form]}, progress=not args.no_progress, optimizer=opt)
+        runs[key] = {"kl": r["kl"], "mode_matching": r["mode_matching"], "seconds": r["train_seconds"]}
+        print(f"{key}: KL {r['kl']:.4f}, mode matching {r['mode_matching']:.1f}%", flush=True)
+        with open(path, "w") as f:  # after every run: a rerun continues
+            json.dump({"setup": setup, "runs": runs}, f, indent=1)
+
+    for opt, lrs in setup["lrs"].items():
+        for form in FORMS:
+            for lr in lrs:
+                run(opt, form, lr, 0)
+            chosen = choose(runs, opt, form, lrs)
+            if chosen is None:
+                raise SystemExit(f"{opt} / {form}: every rate of the grid diverged on the tuning seed; give lower "
+                                 f"rates (--{opt}-lrs)")
+            for seed in range(1, args.seeds + 1):
+                run(opt, form, chosen, seed)
+    text = format_tables(runs, setup)
+    print("\n" + text)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text + "\n")
+    return runs
+
+
+if __name__ == "__main__":
+    from recipes.cli import run
+
+    run(main)
