@@ -268,7 +268,14 @@ def test_report_section_of_a_swept_table(tmp_path):
     R.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"),
                 {"table": "lm-ptb", "description": "PTB", "notes": "Mini.", "rows": rows, "cells": cells,
                  "costs": None, "sweep": sweep})
+    (tmp_path / "reproduction" / "lm-ptb-reading.md").write_text("<!-- cells: 10 -->\nMixtape is ahead\nof softmax.\n")
     text = report.build_report(str(tmp_path))
+    assert "**Reading.** Mixtape is ahead of softmax.\n" in text  # written for the 10 cells there are
+    (tmp_path / "reproduction" / "lm-ptb-reading.md").write_text("<!-- cells: 8 -->\nMixtape is ahead.")
+    assert "Mixtape is ahead. *(Written when 8 cells had finished; 10 have now" in report.build_report(str(tmp_path))
+    (tmp_path / "reproduction" / "lm-ptb-reading.md").unlink()
+    text = report.build_report(str(tmp_path))
+    assert "**Reading.**" not in text
     assert "| mixtape | 4.303 (ep 2, patience) | 4.305 (ep 2, patience) | **4.010 (ep 2, patience)** | 0.01 (an end" in text
     assert "Compute: 0.2 CPU-core-hours of training for this table (0.1 in the rates not chosen" in text
     assert "| mixtape - softmax | test | 3 | -10.00 [" in text  # every seed 10 lower: no spread, p = 0

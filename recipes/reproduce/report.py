@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from typing import Any, Dict, List, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
@@ -397,6 +398,9 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                                 worst_seeds(rows)) if t)
     if text:
         lines += ["**What it shows.** " + text, ""]
+    reading = written_reading(out_dir, obj["table"], len(cells))
+    if reading:
+        lines += ["**Reading.** " + reading, ""]
     for name in plots(obj, out_dir):
         lines += [f"![{name}](reproduction/{name})", ""]
     plan = obj.get("plan")
@@ -424,6 +428,28 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                 lines.append(r["command"])
         lines += ["```", ""]
     return "\n".join(lines)
+
+
+#: the first line of a table's reading (``docs/reproduction/TABLE-reading.md``): how many cells it was written for
+READING_CELLS = re.compile(r"<!--\s*cells:\s*(\d+)\s*-->")
+
+
+def written_reading(src: str, table: str, cells: int) -> str:
+    """The paragraph a person wrote on what ``table``'s numbers mean (``src/TABLE-reading.md``; "" without one): the
+    report's "What it shows" follows the tests, this one says what they mean for the papers' claims. Its first line
+    ``<!-- cells: N -->`` says how many cells had finished when it was written; with more or fewer now, the report
+    says so, since the numbers it discusses may have moved."""
+    path = os.path.join(src, f"{table}-reading.md")
+    if not os.path.isfile(path):
+        return ""
+    with open(path) as f:
+        text = f.read().strip()
+    m = READING_CELLS.match(text)
+    body = " ".join(text[m.end():].split()) if m else " ".join(text.split())
+    if m and int(m.group(1)) != cells:
+        body += (f" *(Written when {m.group(1)} cells had finished; {cells} have now: the numbers above may have "
+                 f"moved since.)*")
+    return body
 
 
 def protocols_section(obj: Dict[str, Any]) -> str:
