@@ -10,7 +10,8 @@ only, since it moves the rest of the model too.
 This recipe measures it where nothing but the output layer matters: the synthetic softmax-bottleneck task of
 :mod:`recipes.synthetic_bottleneck` (free context embeddings, one head fitted to Dirichlet distributions; mean
 KL(P* || P) in nats after a fixed number of full-batch steps, lower is better). For each optimizer and form the
-learning rate is chosen on a tuning seed (seed 0: its own task and initialisation) from a grid; the chosen rates
+learning rate is chosen on a tuning seed (seed 0: its own task and initialisation) from a grid (grown by a step
+past an end that was best, up to 3 times); the chosen rates
 then train ``--seeds`` other seeds (1..S), each seed one task and one initialisation shared by both forms, so the
 forms are compared seed by seed: the mean paired difference of KL (nn.Linear minus scaled), its 95% interval, the
 paired t-test and the sign test (:mod:`recipes.reproduce.stats`), Holm-adjusted over the optimizers. Every run is
@@ -51,6 +52,29 @@ def choose(runs: Dict[str, Dict], optimizer: str, form: str, lrs: Sequence[float
     return min(finite)[1] if finite else None
 
 
+#: how many rates a grid grows by, at most, past an end that was best (each a grid step further)
+MAX_GROWTH = 3
+
+
+def grown_grid(runs: Dict[str, Dict], optimizer: str, form: str, grid: Sequence[float],
+               run_rate) -> List[float]:
+    """``grid`` run on the tuning seed (``run_rate(lr)``), grown while its best rate is an end of it: one rate a
+    grid step beyond that end (the ratio of the two rates there), at most :data:`MAX_GROWTH` times. Returns the
+    rates run."""
+    rates = sorted(grid)
+    for _ in range(MAX_GROWTH + 1):
+        for lr in rates:
+            run_rate(lr)
+        chosen = choose(runs, optimizer, form, rates)
+        if len(rates) < 2 or chosen not in (rates[0], rates[-1]) or len(rates) >= len(grid) + MAX_GROWTH:
+            break
+        if chosen == rates[-1]:
+            rates.append(float(f"{rates[-1] * rates[-1] / rates[-2]:.3g}"))
+        else:
+            rates.insert(0, float(f"{rates[0] * rates[0] / rates[1]:.3g}"))
+    return rates
+
+
 def compare(runs: Dict[str, Dict], optimizer: str, chosen: Dict[str, float], seeds: Sequence[int]):
     """nn.Linear minus scaled, final KL per seed, each form at its chosen rate: ``(stats.Paired, seeds where the
     nn.Linear form's KL is lower)``."""
@@ -58,16 +82,18 @@ def compare(runs: Dict[str, Dict], optimizer: str, chosen: Dict[str, float], see
     return stats.paired(kl["nn.Linear"], kl["scaled"]), sum(a < b for a, b in zip(kl["nn.Linear"], kl["scaled"]))
 
 
-def format_tables(runs: Dict[str, Dict], setup: Dict) -> str:
-    """Markdown: per optimizer, the tuning seed's KL at every rate (bold: chosen) and the evaluation seeds' KL and
-    mode matching at the chosen rates, then the paired comparisons (Holm over the optimizers) and what they show."""
+def format_tables(runs: Dict[str, Dict], setup: Dict, grids: Dict[str, Dict[str, List[float]]]) -> str:
+    """Markdown: per optimizer, the tuning seed's KL at every rate of ``grids`` (``{optimizer: {form: rates}}``, as
+    :func:`grown_grid` ran them; bold: chosen) and the evaluation seeds' KL and mode matching at the chosen rates,
+    then the paired comparisons (Holm over the optimizers) and what they show."""
     seeds = list(range(1, setup["seeds"] + 1))
     lines = [f"Synthetic task: N={setup['num_contexts']} contexts, M={setup['num_outcomes']} outcomes, "
              f"d={setup['dim']}, Dirichlet alpha={setup['alpha']}, {setup['steps']} full-batch steps (cosine decay), "
              f"Mixtape with {json.dumps(setup['head_options'])}; final KL(P*||P) in nats (lower is better).", ""]
     results = []
-    for opt, lrs in setup["lrs"].items():
-        chosen = {f: choose(runs, opt, f, lrs) for f in FORMS}
+    for opt, by_form in grids.items():
+        lrs = sorted(set().union(*by_form.values()))
+        chosen = {f: choose(runs, opt, f, by_form[f]) for f in FORMS}
         lines += [f"**{opt}**: KL on the tuning seed (0) at every rate (bold: chosen)", "",
                   "| form | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]
         for f in FORMS:
@@ -162,17 +188,20 @@ def main(argv=None) -> Dict[str, Dict]:
         with open(path, "w") as f:  # after every run: a rerun continues
             json.dump({"setup": setup, "runs": runs}, f, indent=1)
 
+    grids: Dict[str, Dict[str, List[float]]] = {}
     for opt, lrs in setup["lrs"].items():
         for form in FORMS:
-            for lr in lrs:
-                run(opt, form, lr, 0)
-            chosen = choose(runs, opt, form, lrs)
+            rates = grown_grid(runs, opt, form, lrs, lambda lr: run(opt, form, lr, 0))
+            grids.setdefault(opt, {})[form] = rates
+            chosen = choose(runs, opt, form, rates)
             if chosen is None:
                 raise SystemExit(f"{opt} / {form}: every rate of the grid diverged on the tuning seed; give lower "
                                  f"rates (--{opt}-lrs)")
             for seed in range(1, args.seeds + 1):
                 run(opt, form, chosen, seed)
-    text = format_tables(runs, setup)
+    with open(path, "w") as f:
+        json.dump({"setup": setup, "runs": runs, "grids": grids}, f, indent=1)
+    text = format_tables(runs, setup, grids)
     print("\n" + text)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text + "\n")
