@@ -406,7 +406,7 @@ def test_mixtape_forms_chooses_each_rate_on_the_tuning_seed_and_pairs_the_seeds(
     for kl_of, grid, expected in ((lambda lr: abs(math.log(lr)), [0.01, 0.1], [0.01, 0.1, 1.0, 10.0]),
                                   (lambda lr: -lr, [0.01, 0.1], [0.01, 0.1, 1.0, 10.0, 100.0]),
                                   (lambda lr: lr, [1.0, 3.0], [0.037, 0.111, 0.333, 1.0, 3.0]),
-                                  (lambda lr: abs(lr - 2.0), [1.0, 3.0, 9.0], [1.0, 3.0, 9.0])):
+                                  (lambda lr: abs(lr - 2.5), [1.0, 3.0, 9.0], [1.0, 3.0, 9.0])):
         fake_runs = {}
 
         def fake_run(lr):
