@@ -132,7 +132,7 @@ def format_tables(runs: Dict[str, Dict], setup: Dict, grids: Dict[str, Dict[str,
             else:
                 words.append(f"Under {opt} the forms do not differ significantly ({r.mean:+.4f} nats, Holm p = "
                              f"{stats.format_p(p_adj)})")
-        lines += ["", "**What it shows.** " + "; ".join(words) + ".", ""]
+        lines += ["", "**What it shows.** " + ". ".join(words) + ".", ""]
     return "\n".join(lines)
 
 
