@@ -139,11 +139,7 @@ def format_tables(runs: Dict[str, Dict], setup: Dict, grids: Dict[str, Dict[str,
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--num-contexts", type=int, default=512, help="N, number of contexts")
-    p.add_argument("--num-outcomes", type=int, default=512, help="M, number of outcomes")
-    p.add_argument("--dim", type=int, default=64, help="d, the hidden size the projections read (d < M)")
-    p.add_argument("--alpha", type=float, default=0.01, help="Dirichlet concentration of the true distributions")
-    p.add_argument("--steps", type=int, default=300, help="full-batch steps per run")
+    sb.add_task_args(p, dim=64, steps=300)  # d: the hidden size the projections read
     p.add_argument("--seeds", type=int, default=5, help="evaluation seeds (1..S) after the tuning seed 0")
     p.add_argument("--adam-lrs", type=float, nargs="+", default=DEFAULT_LRS["adam"], help="Adam's grid")
     p.add_argument("--sgd-lrs", type=float, nargs="+", default=DEFAULT_LRS["sgd"], help="SGD's grid")
@@ -151,10 +147,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="results/mixtape_forms", help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    for flag, value, lo in (("--num-contexts", args.num_contexts, 1), ("--num-outcomes", args.num_outcomes, 2),
-                            ("--dim", args.dim, 1), ("--steps", args.steps, 1), ("--seeds", args.seeds, 2)):
-        if value < lo:
-            p.error(f"{flag}={value} is out of range; allowed: an integer >= {lo}")
+    sb.check_task_args(p, args)
+    if args.seeds < 2:
+        p.error(f"--seeds={args.seeds} is out of range; allowed: an integer >= 2 (a paired test needs two)")
     for flag, grid in (("--adam-lrs", args.adam_lrs), ("--sgd-lrs", args.sgd_lrs)):
         if any(not lr > 0 for lr in grid):
             p.error(f"{flag}={' '.join(map(str, grid))}: every rate must be > 0")

@@ -175,14 +175,29 @@ def plot(results: List[Dict], path: str, setup: Dict) -> None:
     plt.close(fig)
 
 
+def add_task_args(p: argparse.ArgumentParser, dim: int, steps: int) -> None:
+    """The task's options (N, M, d, alpha, steps), for this recipe and the ones that reuse the task."""
+    p.add_argument("--num-contexts", type=int, default=512, help="N, number of contexts")
+    p.add_argument("--num-outcomes", type=int, default=512, help="M, number of outcomes (vocabulary)")
+    p.add_argument("--dim", type=int, default=dim, help="d, context/embedding size (d < M: the bottleneck)")
+    p.add_argument("--alpha", type=float, default=0.01, help="Dirichlet concentration of the true distributions")
+    p.add_argument("--steps", type=int, default=steps, help="full-batch training steps per run")
+
+
+def check_task_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Stop with argparse's error for a task option out of its range, naming the option, the value and the range."""
+    for flag, value, lo in (("--num-contexts", args.num_contexts, 1), ("--num-outcomes", args.num_outcomes, 2),
+                            ("--dim", args.dim, 1), ("--steps", args.steps, 1)):
+        if value < lo:
+            p.error(f"{flag}={value} is out of range; allowed: an integer >= {lo}")
+    if not (args.alpha > 0):
+        p.error(f"--alpha={args.alpha} is out of range; allowed: a number > 0")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--num-contexts", type=int, default=512, help="N, number of contexts")
-    p.add_argument("--num-outcomes", type=int, default=512, help="M, number of outcomes (vocabulary)")
-    p.add_argument("--dim", type=int, default=8, help="d, context/embedding size (d < M: the bottleneck)")
-    p.add_argument("--alpha", type=float, default=0.01, help="Dirichlet concentration of the true distributions")
-    p.add_argument("--steps", type=int, default=1000, help="full-batch training steps per head")
+    add_task_args(p, dim=8, steps=1000)
     p.add_argument("--lr", type=float, default=0.02, help="Adam learning rate (cosine decay)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heads", nargs="+", default=None,
@@ -193,13 +208,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="results/synthetic_bottleneck", help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    checks = [("--num-contexts", args.num_contexts, 1), ("--num-outcomes", args.num_outcomes, 2),
-              ("--dim", args.dim, 1), ("--steps", args.steps, 1)]
-    for flag, value, lo in checks:
-        if value < lo:
-            p.error(f"{flag}={value} is out of range; allowed: an integer >= {lo}")
-    if not (args.alpha > 0):
-        p.error(f"--alpha={args.alpha} is out of range; allowed: a number > 0")
+    check_task_args(p, args)
     if not (args.lr > 0):
         p.error(f"--lr={args.lr} is out of range; allowed: a number > 0")
     heads = args.heads or default_heads()
