@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from typing import Dict, List, Optional, Sequence
 
@@ -48,7 +49,7 @@ def choose(runs: Dict[str, Dict], optimizer: str, form: str, lrs: Sequence[float
     kls = [runs.get(run_key(optimizer, form, lr, 0), {}).get("kl") for lr in lrs]
     if any(k is None for k in kls):
         return None
-    finite = [(k, lr) for k, lr in zip(kls, lrs) if k == k and k != float("inf")]
+    finite = [(k, lr) for k, lr in zip(kls, lrs) if math.isfinite(k)]
     return min(finite)[1] if finite else None
 
 

@@ -460,7 +460,7 @@ def test_runner_records_the_cpu_time_of_each_process(tmp_path, monkeypatch):
     busy = [sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
             "print('done', flush=True)"]
     log = str(tmp_path / "cell" / "train.log")
-    assert RN.cpu_seconds(log) is None  # not recorded: a run made before the recipes recorded it
+    assert RN.cpu_seconds(log, "") is None  # not recorded: a run made before the recipes recorded it
     r = RN.Runner(str(tmp_path), log=lambda *a: None, progress=False)
     r.run(busy, log, "cell")
     (first,) = json.load(open(RN.cpu_path(log)))
@@ -469,14 +469,14 @@ def test_runner_records_the_cpu_time_of_each_process(tmp_path, monkeypatch):
     r.run(busy, log, "cell")
     entries = json.load(open(RN.cpu_path(log)))
     assert len(entries) == 2 and entries[0] == first and entries[1]["finished"] and entries[1]["cpu_s"] >= 0.4
-    assert RN.cpu_seconds(log) == pytest.approx(first["cpu_s"] + entries[1]["cpu_s"])
+    assert RN.cpu_seconds(log, open(log).read()) == pytest.approx(first["cpu_s"] + entries[1]["cpu_s"])
     # a sample of a running process: this one's CPU so far, which only grows
     now = RN.process_cpu_seconds(os.getpid())
     assert now is not None and 0 < now <= RN.process_cpu_seconds(os.getpid())
     RN.record_cpu(log, 12345, "2026-01-01T00:00:00", 7.0)
     RN.record_cpu(log, 12345, "2026-01-01T00:00:00", 9.0)  # the same process sampled again: replaced, not added
-    assert RN.cpu_seconds(log) == pytest.approx(first["cpu_s"] + entries[1]["cpu_s"] + 9.0)
+    assert RN.cpu_seconds(log, open(log).read()) == pytest.approx(first["cpu_s"] + entries[1]["cpu_s"] + 9.0)
     # a process the log shows without an entry (run by code that did not record it): not measured, None
     with open(log, "a") as f:
         f.write("$ fairseq-train ...\n$ fairseq-train ...\n")
-    assert RN.cpu_seconds(log) is None
+    assert RN.cpu_seconds(log, open(log).read()) is None

@@ -57,8 +57,8 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
             log = os.path.join(R.cell_dir(table_dir, c["head"], c["seed"], c.get("lr")), "train.log")
             if os.path.isfile(log):  # read again: a record written before a resumed run's every process counted
                 with open(log) as f:
-                    c["train_wall_s"] = parse_train_wall(f.read())
-                c["cpu_s"] = cpu_seconds(log)
+                    text = f.read()
+                c["train_wall_s"], c["cpu_s"] = parse_train_wall(text), cpu_seconds(log, text)
         rows = R.load_rows(path) if os.path.isfile(path) else before.get("rows", [])
         for r in rows:
             r["command"] = canonical_paths(r["command"], table)

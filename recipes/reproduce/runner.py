@@ -162,17 +162,17 @@ def record_cpu(log_path: str, pid: int, started: str, seconds: float, finished: 
     os.replace(tmp, path)
 
 
-def cpu_seconds(log_path: str) -> Optional[float]:
-    """CPU seconds (user + system) of every process that wrote ``log_path``, from :func:`cpu_path`; an interrupted
-    process counts what was last sampled (at most :data:`CPU_SAMPLE_S` short). None when it was not recorded for
-    every process the log shows (a run begun before the recipes recorded it): the caller falls back to wall-clock."""
+def cpu_seconds(log_path: str, log_text: str) -> Optional[float]:
+    """CPU seconds (user + system) of every process that wrote ``log_path`` (whose text, ``log_text``, the caller has
+    read), from :func:`cpu_path`; an interrupted process counts what was last sampled (at most :data:`CPU_SAMPLE_S`
+    short). None when it was not recorded for every process the log shows (a run begun before the recipes recorded
+    it): the caller falls back to wall-clock."""
     path = cpu_path(log_path)
-    if not os.path.isfile(path) or not os.path.isfile(log_path):
+    if not os.path.isfile(path):
         return None
     with open(path) as f:
         entries = json.load(f)
-    with open(log_path) as f:
-        processes = sum(line.startswith("$ ") for line in f)
+    processes = sum(line.startswith("$ ") for line in log_text.splitlines())
     return sum(e["cpu_s"] for e in entries) if len(entries) >= processes else None
 
 

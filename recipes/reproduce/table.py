@@ -111,7 +111,7 @@ class Table:
         curve = S.parse_curve(log_text)
         record = {**self.cell_config(variant, seed, args, lr), "registry_head": variant.head, "curve": curve,
                   "best": S.best_point(curve), "train_wall_s": parse_train_wall(log_text),
-                  "cpu_s": cpu_seconds(log_path),
+                  "cpu_s": cpu_seconds(log_path, log_text),
                   "threads": int(os.environ.get("OMP_NUM_THREADS") or torch_threads()), "commands": commands}
         rule = self.stop_rule(args)
         if rule is not None:
