@@ -287,6 +287,38 @@ def test_report_section_of_a_swept_table(tmp_path):
     assert "minutes, mean over the seeds that logged one; " in text and ": softmax 0.7, mixtape 1.3." in text
 
 
+
+def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
+    """Cells moved aside when a table's mini settings changed: their CPU time where recorded, else their training
+    seconds (a resumed run's every process) times their threads, in their own row and in the total."""
+    from recipes.reproduce import report
+    from recipes.reproduce import runner as RN
+
+    aside = tmp_path / "mt-en-de-4096"
+    measured = R.cell_dir(str(aside), "softmax", 1, 0.02)
+    logged = R.cell_dir(str(aside), "softmax", 1, 0.01)
+    for d in (measured, logged):
+        (tmp_path / d).mkdir(parents=True)
+    epoch = '| INFO | train | {"epoch": %d, "train_wall": "%d"}\n'
+    with open(f"{measured}/train.log", "w") as f:
+        f.write("$ fairseq-train a\n" + epoch % (1, 100))
+    R.save_json(RN.cpu_path(f"{measured}/train.log"), [{"pid": 1, "cpu_s": 720.0, "finished": False}])
+    with open(f"{logged}/train.log", "w") as f:  # two processes: 1800 s + 900 s, two threads by its record
+        f.write("$ fairseq-train a\n" + epoch % (1, 900) + epoch % (2, 1800) + "$ fairseq-train a\n" + epoch % (3, 900))
+    R.save_json(str(aside / "cells" / "softmax-lr0.01-seed1.json"),
+                {"head": "softmax", "seed": 1, "lr": 0.01, "threads": 2})
+    entry = report.set_aside(str(aside), "mt-en-de", "4096-token batches", str(tmp_path))
+    assert entry["cells"] == 2 and entry["total"] == pytest.approx(0.2 + 1.5) and entry["wall"] == pytest.approx(1.5)
+    sweep = {"softmax": {"rates": [0.005], "chosen": 0.005}}
+    R.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"),
+                {"table": "lm-ptb", "description": "PTB", "notes": "Mini.", "rows": [], "costs": None, "sweep": sweep,
+                 "cells": [_cell("softmax", 1, 0.005, [5, 4.2], 1800)]})
+    text = report.build_report(str(tmp_path))
+    assert "| mt-en-de, set aside: 4096-token batches | 2 | - | - / - / 1.7 | 1.5 |" in text
+    assert "In all 2.7 of the 40 CPU-core-hours planned (7%). 2.5 of them are wall-clock bounds" in text
+    with pytest.raises(SystemExit, match="no cell's train.log"):
+        report.set_aside(str(tmp_path / "empty"), "mt-en-de", "x", str(tmp_path))
+
 def test_patience_zero_trains_the_table_cap_without_early_stopping():
     from recipes.reproduce import get_table
     from recipes.reproduce.__main__ import parse_args

@@ -13,6 +13,7 @@ spread.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -484,10 +485,43 @@ def protocols_section(obj: Dict[str, Any]) -> str:
 MINI_BUDGET_HOURS = 40.0
 
 
-def budget_section(objs: Dict[str, Dict[str, Any]]) -> str:
+#: the training compute of cells set aside when a table's mini settings changed, in ``docs/reproduction/``:
+#: ``{name: {"table", "reason", "cells", "total", "wall"}}`` (:func:`set_aside`); the Compute section counts it
+SET_ASIDE = "compute-set-aside.json"
+
+
+def set_aside(cells_dir: str, table: str, reason: str, docs_dir: str = DOCS) -> Dict[str, Any]:
+    """Count the training CPU-core-hours of every cell under ``cells_dir`` (a table's results moved aside when its
+    mini settings changed: the new settings train them again) as :func:`recipes.reproduce.compare.cpu_hours` counts
+    a cell (measured CPU time, else training seconds times threads: one where no record says), and keep the count in
+    ``docs_dir/reproduction/`` (:data:`SET_ASIDE`) under the directory's name, so the Compute section keeps counting
+    what they cost; returns the entry."""
+    threads = {os.path.join(R.cell_dir(cells_dir, c["head"], c["seed"], c.get("lr")), "train.log"): c.get("threads")
+               for c in R.cells(cells_dir)}
+    entry = {"table": table, "reason": reason, "cells": 0, "total": 0.0, "wall": 0.0}
+    for log in sorted(glob.glob(os.path.join(cells_dir, "**", "train.log"), recursive=True)):
+        with open(log) as f:
+            text = f.read()
+        cell = {"cpu_s": cpu_seconds(log, text), "train_wall_s": parse_train_wall(text), "threads": threads.get(log)}
+        hours = C.cell_cpu_hours(cell)
+        entry["cells"] += 1
+        entry["total"] += hours
+        entry["wall"] += hours if cell["cpu_s"] is None else 0.0
+    if not entry["cells"]:
+        raise SystemExit(f"--set-aside {cells_dir}: no cell's train.log under it")
+    path = os.path.join(docs_dir, "reproduction", SET_ASIDE)
+    kept = R.load_json(path) or {}
+    kept[os.path.basename(os.path.normpath(cells_dir))] = entry
+    R.save_json(path, kept)
+    return entry
+
+
+def budget_section(objs: Dict[str, Dict[str, Any]],
+                   aside: Optional[Dict[str, Dict[str, Any]]] = None) -> str:
     """Markdown: the training compute of the tables run with the stopping rule and a rate per head, per table (cells
     of the sweep's other rates, cells at the chosen rates, CPU-core-hours) and in all, against
-    :data:`MINI_BUDGET_HOURS`; "" when no table has a sweep."""
+    :data:`MINI_BUDGET_HOURS`, cells set aside (``aside``: :func:`set_aside`) counted in their own rows; "" when no
+    table has a sweep."""
     swept = {t: o for t, o in objs.items() if o.get("sweep")}
     if not swept:
         return ""
@@ -504,6 +538,10 @@ def budget_section(objs: Dict[str, Dict[str, Any]]) -> str:
         total, wall = total + spent["total"], wall + spent["wall"]
         lines.append(f"| {table} | {len(obj['cells']) - len(chosen)} | {len(chosen)} | {spent['sweep']:.1f} / "
                      f"{spent['chosen']:.1f} / {spent['total']:.1f} | {spent['wall']:.1f} |")
+    for entry in (aside or {}).values():
+        total, wall = total + entry["total"], wall + entry["wall"]
+        lines.append(f"| {entry['table']}, set aside: {entry['reason']} | {entry['cells']} | - | - / - / "
+                     f"{entry['total']:.1f} | {entry['wall']:.1f} |")
     over = total - MINI_BUDGET_HOURS
     lines += ["", f"In all {total:.1f} of the {MINI_BUDGET_HOURS:.0f} CPU-core-hours planned"
               + (f": over the plan by {over:.1f}." if over > 0 else f" ({100 * total / MINI_BUDGET_HOURS:.0f}%).")
@@ -524,7 +562,7 @@ def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -
             with open(path) as f:
                 objs[table] = json.load(f)
     noise = timing_noise(objs)
-    budget = budget_section(objs)
+    budget = budget_section(objs, R.load_json(os.path.join(src, SET_ASIDE)))
     if budget:
         sections.append(budget)
     for table, obj in objs.items():
@@ -549,7 +587,17 @@ def main(argv=None) -> None:
     p.add_argument("--results", default=os.path.join("results", "reproduce"), help="where the tables ran")
     p.add_argument("--docs", default=DOCS)
     p.add_argument("--no-collect", action="store_true", help="only rebuild the report from the committed json")
+    p.add_argument("--set-aside", metavar="DIR", help="count the training compute of the cells under DIR, a table's "
+                   "results moved aside when its mini settings changed (with --table and --reason), in the Compute "
+                   "section")
+    p.add_argument("--table", choices=sorted(TABLE_MODULES), help="the table whose cells --set-aside counts")
+    p.add_argument("--reason", help="why --set-aside's cells were set aside (printed in their row)")
     args = p.parse_args(argv)
+    if args.set_aside:
+        if not (args.table and args.reason):
+            p.error("--set-aside needs --table and --reason")
+        entry = set_aside(args.set_aside, args.table, args.reason, args.docs)
+        print(f"set aside {entry['cells']} cells of {args.table}: {entry['total']:.1f} CPU-core-hours")
     if not args.no_collect:
         for path in collect(args.results, args.docs):
             print(f"collected {path}")
