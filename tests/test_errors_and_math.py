@@ -208,12 +208,14 @@ def test_mixtape_gate_noise_only_in_training():
     assert torch.equal(head_quiet(h), head_quiet(h))
 
 
-def test_mixtape_weight_norm_keeps_gate_rows_at_constant_norm():
-    head = _mixtape(gate_weight_norm=True)
+@pytest.mark.parametrize("scaled", [True, False])
+def test_mixtape_weight_norm_keeps_gate_rows_at_constant_norm(scaled):
+    head = _mixtape(gate_weight_norm=True, scaled_input=scaled)
     with torch.no_grad():
         head.gate_proj.weight.mul_(torch.rand(head.gate_proj.weight.shape[0], 1) * 10)
     norms = head._gate_weight().norm(dim=1)
-    torch.testing.assert_close(norms, torch.full_like(norms, math.sqrt(8)))
+    # the norm the rows have at initialisation: sqrt(d1) for unit-variance draws, 1 for nn.Linear's d1^-1/2
+    torch.testing.assert_close(norms, torch.full_like(norms, math.sqrt(8) if scaled else 1.0))
 
 
 def test_mixtape_unscaled_input_is_the_same_function_with_weights_sqrt_d_smaller():
@@ -240,6 +242,37 @@ def test_mixtape_unscaled_input_is_the_same_function_with_weights_sqrt_d_smaller
             head.context_proj.weight.sub_(0.1 * head.context_proj.weight.grad)
             moved[scaled] = (head.scores_2d(h) - before).abs().sum()
     assert moved[False] > 4 * moved[True]
+
+
+def test_mixtape_form_is_kept_with_the_weights_and_old_weights_load_scaled():
+    """Since spec version 2 a new Mixtape head is in the nn.Linear form; the form is saved with its weights
+    (``scaled_form``), and a state dict saved before (no entry; the default was scaled then) loads scaled unless
+    scaled_input is given."""
+    h = torch.randn(5, 8)
+    assert _mixtape().config.scaled_input is False and float(_mixtape().scaled_form) == 0.0
+    torch.manual_seed(0)
+    scaled = _mixtape(scaled_input=True).eval()
+    state = scaled.state_dict()
+    assert float(state["scaled_form"]) == 1.0
+    old = {k: v for k, v in state.items() if k != "scaled_form"}  # as saved by 0.1.0
+    for saved in (state, old):
+        head = _mixtape().eval()
+        head.load_state_dict(saved)
+        assert head.config.scaled_input is True and head.context_input_scale == 8 ** -0.5
+        torch.testing.assert_close(head(h), scaled(h))
+        assert float(head.state_dict()["scaled_form"]) == 1.0  # saved again: the form goes with the weights
+    given = _mixtape(scaled_input=False).eval()
+    given.load_state_dict(old)  # an old state dict whose form its user states: taken as given
+    assert given.config.scaled_input is False
+    with pytest.raises(ValueError, match=r"scaled_input=False was given, but these weights were trained with "
+                                         r"scaled_input=True"):
+        _mixtape(scaled_input=False).load_state_dict(state)
+    torch.manual_seed(0)
+    plain = _mixtape().eval()
+    head = _mixtape(scaled_input=None).eval()
+    head.load_state_dict(plain.state_dict())
+    assert head.config.scaled_input is False
+    torch.testing.assert_close(head(h), plain(h))
 
 
 def test_mixtape_frequent_count_and_shared_gate_for_the_rest():

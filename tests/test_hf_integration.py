@@ -217,7 +217,7 @@ def test_a_causal_head_model_of_a_seq2seq_family_does_not_take_over_auto_seq2seq
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "causal")).__name__ == "SoftmaxHeadsBartForCausalLM"
 
 
-def test_output_head_specs_carry_a_version_and_old_ones_get_the_old_defaults(tmp_path, monkeypatch):
+def test_output_head_specs_carry_a_version_and_old_ones_get_the_old_defaults(tmp_path):
     """A config's output_head stores only the options its user gave: new configs carry the spec version, a config
     saved before versions is read as version 1, and a default changed since comes back at its old value."""
     from hf_heads.core import config as C
@@ -227,22 +227,26 @@ def test_output_head_specs_carry_a_version_and_old_ones_get_the_old_defaults(tmp
     same = transformers.AutoConfig.for_model("softmax-heads", base_model_type="gpt2",
                                              output_head={"name": "mixtape", "options": {"num_gates": 2}}, **GPT2_SIZES)
     assert same.output_head["version"] == C.SPEC_VERSION
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     model.save_pretrained(tmp_path)
+    ids = torch.arange(8)[None]
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert reloaded.get_output_embeddings().config.scaled_input is False
+    torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["output_head"]["version"] == C.SPEC_VERSION
     del saved["output_head"]["version"]  # as a model saved before specs had versions
     (tmp_path / "config.json").write_text(json.dumps(saved))
     assert transformers.AutoConfig.from_pretrained(tmp_path).output_head["version"] == 1
-    # a default changed after version 1: the old model gets the old value back, a new config today's
-    monkeypatch.setattr(C, "SPEC_VERSION", 2)
-    monkeypatch.setattr(C, "LEGACY_DEFAULTS", {1: {"mixtape": {"scaled_input": False}}})
+    # Mixtape's default changed after version 1 (scaled_input True -> the nn.Linear form): a version-1 spec that
+    # does not give it means True, today's spec the new default
     from hf_heads.hf import config as HC
-    monkeypatch.setattr(HC, "SPEC_VERSION", 2)
-    old = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
-    assert old.get_output_embeddings().config.scaled_input is False  # the recorded old default
-    new = transformers.AutoModelForCausalLM.from_config(
-        hf_heads.head_config(transformers.GPT2Config(**GPT2_SIZES), "mixtape", num_gates=2))
-    assert new.get_output_embeddings().config.scaled_input is True  # today's default, as given nowhere
+
+    assert HC.spec_options({"name": "mixtape", "options": {"num_gates": 2}, "version": 1}) == {
+        "num_gates": 2, "scaled_input": True}
+    assert HC.spec_options({"name": "mixtape", "options": {"scaled_input": False}, "version": 1}) == {
+        "scaled_input": False}
+    assert HC.spec_options(cfg.output_head) == {"num_gates": 2}
+    assert model.get_output_embeddings().config.scaled_input is False
     with pytest.raises(ValueError, match="head spec version 3 is not one this version of softmax-heads reads"):
         HC.spec_options({"name": "mixtape", "options": {}, "version": 3})

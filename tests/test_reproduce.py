@@ -362,6 +362,16 @@ def test_report_shows_the_full_size_plan(tmp_path):
     assert "fairseq-train bin --output-head h11" in text and "h12" not in text and "every command in the json" in text
     assert "full only" in text
     assert "| softmax | 19.6M | 42.77 |" in text and "| mixtape | 21.7M | 36.52 |" in text
+    # a new plan alone (no results.json) rewrites the plan, not the notes of the rows committed beside it
+    row = R.make_row(table="lm-ptb", dataset="ptb", split="test", head="softmax", options={}, metric="ppl",
+                     values=[100.0], seeds=[1], paper=None, scale="mini", command="fairseq-train x")
+    R.save_json(str(docs / "reproduction" / "lm-ptb.json"),
+                {"table": "lm-ptb", "description": "PTB", "notes": "How these rows ran.", "rows": [row], "cells": [],
+                 "costs": None, "plan": None})
+    R.save_json(str(tmp_path / "results" / "lm-ptb" / "plan.json"), plan)
+    report.collect(str(tmp_path / "results"), str(docs))
+    kept = R.load_json(str(docs / "reproduction" / "lm-ptb.json"))
+    assert kept["notes"] == "How these rows ran." and kept["rows"] == [row] and kept["plan"]["note"] == "a note."
 
 
 def test_full_size_data_scripts_stop_offline_naming_what_they_need(tmp_path, monkeypatch):

@@ -29,6 +29,9 @@ def test_hf_models_saved_by_0_1_0_load_and_compute_as_saved(saved, key, auto):
     expected = torch.load(os.path.join(DATA, "hf_expected.pt"), weights_only=True)
     model = getattr(transformers, auto).from_pretrained(os.path.join(DATA, saved)).eval()
     assert isinstance(model, hf_heads.hf.HeadModelMixin)
+    head = hf_heads.output_head(model)
+    if head.head_name == "mixtape":  # saved before the form was kept: the default of then, also when saved again
+        assert head.config.scaled_input is True and float(head.scaled_form) == 1.0
     ids = expected["ids"]
     with torch.no_grad():
         out = model(ids) if "gpt2" in saved else model(input_ids=ids, decoder_input_ids=ids)
@@ -49,6 +52,7 @@ def test_fairseq_checkpoint_saved_by_0_1_0_loads_under_weights_only_and_scores_a
                                                   user_dir=os.path.dirname(fairseq_plugin.__file__)).eval()
     net = lm.models[0]
     assert isinstance(net.decoder.head, hf_heads.OutputHead) and net.decoder.head.head_name == "mixtape"
+    assert net.decoder.head.config.scaled_input is True  # saved before the form was kept: the default of then
     with torch.no_grad():
         lp = net.get_normalized_probs(net(lm.encode(expected["sentence"])[None]), log_probs=True)
     torch.testing.assert_close(lp, expected["log_probs"], rtol=1e-5, atol=1e-5)

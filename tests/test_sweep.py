@@ -329,3 +329,20 @@ def test_patience_zero_trains_the_table_cap_without_early_stopping():
                                    (["lm-ptb", "--patience", "0", "--max-epochs", "7"], "7", False)):
         cmd = table.train_command("bin", variant, 1, "save", parse_args(argv), 0.005)
         assert cmd[cmd.index("--max-epoch") + 1] == epochs and ("--patience" in cmd) == patience
+
+
+def test_a_cell_made_before_a_default_changed_counts_with_the_old_default():
+    """A record without a spec version was made under version 1, when Mixtape's projections were scaled unless
+    stated: it stands for a cell that asks for scaled_input=True explicitly, not for one that asks for False, and a
+    record made today compares as written."""
+    from hf_heads.core.config import SPEC_VERSION
+
+    base = {"table": "lm-ptb", "head": "mixtape", "seed": 1, "lr": 0.01, "stop": {"patience": 3}}
+    old = {**base, "registry_head": "mixtape", "options": {"num_gates": 4}}  # no "spec_version": version 1
+    assert R.same_config(old, {**base, "options": {"num_gates": 4, "scaled_input": True}})
+    assert not R.same_config(old, {**base, "options": {"num_gates": 4, "scaled_input": False}})
+    assert not R.same_config(old, {**base, "options": {"num_gates": 4}})  # today's default is the other form
+    new = {**old, "spec_version": SPEC_VERSION}
+    assert R.same_config(new, {**base, "options": {"num_gates": 4}})
+    assert not R.same_config(new, {**base, "options": {"num_gates": 4, "scaled_input": True}})
+    assert not R.same_config({**old, "lr": 0.02}, {**base, "options": {"num_gates": 4, "scaled_input": True}})

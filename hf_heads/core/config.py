@@ -8,11 +8,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-def option(default: Any, help: str, **kwargs) -> Any:
-    """A dataclass field carrying its help text (read by the fairseq / HF adapters and docs)."""
+def option(default: Any, help: str, shown: Optional[str] = None, **kwargs) -> Any:
+    """A dataclass field carrying its help text (read by the fairseq / HF adapters and docs) and, where the default
+    is resolved later (None standing for a value that depends on what is loaded), ``shown``: the default as the
+    README's heads table prints it."""
+    metadata = {"help": help, **({"shown": shown} if shown is not None else {})}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
-    return field(default=default, metadata={"help": help}, **kwargs)
+        return field(default_factory=lambda: type(default)(default), metadata=metadata, **kwargs)
+    return field(default=default, metadata=metadata, **kwargs)
 
 
 def did_you_mean(name: Any, choices, quote: bool = True) -> str:
@@ -117,10 +120,12 @@ class HeadConfig:
 #: :data:`LEGACY_DEFAULTS` records the old value: a spec written before gets it back, and a model saved then loads
 #: and computes as it was trained. (``save_head`` stores every option: it needs no version. fairseq checkpoints
 #: keep their ``--head-options`` as given, and fairseq fills a newer field's default into an old checkpoint's
-#: config, so they cannot carry this version: a changed default must be read from their weights.)
-SPEC_VERSION = 1
+#: config, so they cannot carry this version: a changed default must be read from their weights, as Mixtape's
+#: ``scaled_form`` entry is.)
+SPEC_VERSION = 2
 #: ``{version: {head name: {option: the default it had in that version}}}``, for the defaults changed after it
-LEGACY_DEFAULTS: Dict[int, Dict[str, Dict[str, Any]]] = {}
+#: (version 2: Mixtape's projections in torch's nn.Linear form by default, docs/heads.md)
+LEGACY_DEFAULTS: Dict[int, Dict[str, Dict[str, Any]]] = {1: {"mixtape": {"scaled_input": True}}}
 
 
 def check_spec_version(where: str, version: Any) -> int:

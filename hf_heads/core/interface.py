@@ -73,6 +73,9 @@ class OutputHead(VocabularyMixin, nn.Module):
     #: ``multiplications`` done against the ``budget`` of a full ``V d`` product, and head-specific counts (see each
     #: head's ``topk``); None until such a call, and for heads that do not count
     last_stats: Optional[Dict[str, float]] = None
+    #: state-dict entries that weights saved by an earlier version lack: the head's load hook fills them, and loaders
+    #: that bypass ``load_state_dict`` (transformers' ``from_pretrained``) call :meth:`init_optional_state` instead
+    optional_state_keys: Tuple[str, ...] = ()
 
     def __init__(self, config: HeadConfig):
         super().__init__()
@@ -201,6 +204,10 @@ class OutputHead(VocabularyMixin, nn.Module):
     def aux_loss(self) -> torch.Tensor:
         """Scalar regulariser to add to the training loss; 0 for heads without one."""
         return self.weight.new_zeros((), dtype=torch.float32)
+
+    def init_optional_state(self) -> None:
+        """Set the :attr:`optional_state_keys` entries from the config, as a state dict without them would (for
+        loaders that bypass the head's load hook and leave missing entries uninitialised)."""
 
     def topk(self, hidden: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most probable tokens: ``(log_probs, indices)``, each ``[..., k]``, best first."""

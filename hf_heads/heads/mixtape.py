@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
@@ -29,13 +30,15 @@ class MixtapeConfig(ContextConfig):
     gate_dropout: float = option(0.0, "dropout on tanh(U_k g) (paper: 0.15-0.2 for MT)")
     gate_weight_norm: bool = option(
         False, "weight-normalise the rows of U_k with a constant scale (paper: on for LM)")
-    scaled_input: bool = option(
-        True, "multiply g by d1^-1/2 before H_k, U_k, u_k and draw those with unit variance, as Mesh TensorFlow's "
+    scaled_input: Optional[bool] = option(
+        None, "None (the default): False for a new head; a head whose weights were saved before this option had a "
+        "version (no scaled_form entry in its state dict) loads as True, the default then. True: multiply g by d1^-1/2 before H_k, U_k, u_k and draw those with unit variance, as Mesh TensorFlow's "
         "Mixtape (made for Adafactor, whose steps follow each weight's scale). False: g as is, those weights "
         "drawn the same and multiplied by d1^-1/2 (as a torch nn.Linear): the same function at initialisation, "
         "but Adam and SGD then move them at the pace of the model's other layers (about sqrt(d1) times faster "
         "under Adam, d1 times under SGD): in effect a larger learning rate for the head's projections "
-        "(docs/reproduction.md: mixtape vs mixtape-unscaled)")
+        "(docs/reproduction.md: mixtape vs mixtape-unscaled)",
+        shown="False; True for weights saved before head spec version 2")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -49,12 +52,19 @@ class MixtapeConfig(ContextConfig):
         check_float(n, "gate_noise", self.gate_noise, 0.0, math.inf, hi_open=True)
         check_float(n, "gate_dropout", self.gate_dropout, 0.0, 1.0, hi_open=True)
         check_bool(n, "gate_weight_norm", self.gate_weight_norm)
-        check_bool(n, "scaled_input", self.scaled_input)
+        if self.scaled_input is not None:
+            check_bool(n, "scaled_input", self.scaled_input)
 
     @property
     def num_frequent(self) -> int:
         """S = round(r V), at least 1: how many token ids get their own gate priors."""
         return max(1, min(self.vocab_size, round(self.frequent_fraction * self.vocab_size)))
+
+
+#: the form of a new Mixtape head's projections when ``scaled_input`` is not given (SPEC_VERSION 2), and the one of
+#: weights saved before the form was kept with them (the default until then)
+SCALED_DEFAULT = False
+LEGACY_SCALED = True
 
 
 @register_head("mixtape")
@@ -81,12 +91,19 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
     config_class = MixtapeConfig
     paper = "Yang et al. 2019, Mixtape: breaking the softmax bottleneck efficiently"
     uses_frequency_order = True  # the S most frequent ids (frequency_order[:S]) have their own gates
+    optional_state_keys = ("scaled_form",)  # the form of the projections, kept with the weights since spec version 2
 
     def __init__(self, config: MixtapeConfig):
         super().__init__(config)
         c = config
         k, d1, d2, s = c.num_gates, c.hidden_size, c.gate_embedding_size, c.num_frequent
+        self._form_given = c.scaled_input is not None  # else the form follows the weights loaded (_load_form)
+        if c.scaled_input is None:
+            c.scaled_input = SCALED_DEFAULT
         self.context_input_scale = d1 ** -0.5 if c.scaled_input else 1.0
+        # the form these weights were trained in, kept with them: 1.0 scaled, 0.0 not (see _load_form)
+        self.register_buffer("scaled_form", torch.tensor(float(c.scaled_input)))
+        self._register_load_state_dict_pre_hook(self._load_form)
         self._build_contexts(k)                                                   # H_k, c_k
         self.gate_proj = nn.Linear(d1, (k - 1) * d2)                              # U_k, a_k
         self.shared_gate = nn.Linear(d1, k - 1, bias=False)                       # u_k
@@ -101,6 +118,31 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         nn.init.normal_(self.gate_embedding, std=d2 ** -0.5)
         if c.identity_init:
             self.init_contexts_as_identity()
+
+    def init_optional_state(self) -> None:
+        self.scaled_form.fill_(float(self.config.scaled_input))
+
+    def _set_form(self, scaled: bool) -> None:
+        self.config.scaled_input = scaled
+        self.context_input_scale = self.config.hidden_size ** -0.5 if scaled else 1.0
+        self.init_optional_state()
+
+    def _load_form(self, state_dict, prefix, *args) -> None:
+        """Before weights load: take the form they were trained in. A state dict without ``scaled_form`` was saved
+        before the form was kept, when ``scaled_input`` defaulted to True: it loads in the form its option gives,
+        scaled where none was given. A given option that disagrees with a kept form is an error."""
+        key = prefix + "scaled_form"
+        if key in state_dict:
+            stored = bool(state_dict[key])
+        else:
+            stored = self.config.scaled_input if self._form_given else LEGACY_SCALED
+        if stored != self.config.scaled_input:
+            if self._form_given:
+                raise ValueError(f"{self.head_name}: scaled_input={self.config.scaled_input} was given, but these "
+                                 f"weights were trained with scaled_input={stored}; leave the option out (the "
+                                 f"weights' form is used) or give scaled_input={stored}")
+            self._set_form(stored)
+        state_dict[key] = self.scaled_form.detach().clone()
 
     def check_resize_vocab(self, new_size: int) -> None:
         super().check_resize_vocab(new_size)

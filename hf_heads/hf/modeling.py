@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import warnings
 from typing import Dict, Optional, Tuple
 
@@ -33,6 +34,9 @@ class HeadModelMixin:
                           use_bias=bool(spec.get("use_bias", False)), **spec_options(spec))
         self.set_output_embeddings(head)
         self._forget_head_ties()
+        if head.optional_state_keys:  # older weights lack them; _init_weights sets them from the config
+            self._keys_to_ignore_on_load_missing = set(self._keys_to_ignore_on_load_missing or ()) | {
+                rf"(^|\.){re.escape(k)}$" for k in head.optional_state_keys}
         if getattr(config, "tie_word_embeddings", False):
             self.tie_weights()
 
@@ -73,6 +77,14 @@ class HeadModelMixin:
                 f"another tokenizer and do_sample=True prunes the assistant's lm_head); use do_sample=False, or an "
                 f"assistant with the target's tokenizer")
         super().set_output_embeddings(new_embeddings)
+
+    def _init_weights(self, module):
+        """transformers' initialisation of what ``from_pretrained`` did not load, plus the head's optional state
+        (:attr:`OutputHead.optional_state_keys`): transformers loads without the head's load hook, so the head sets
+        them from its config (whose spec version gives an older model its default of then)."""
+        if isinstance(module, OutputHead):
+            module.init_optional_state()
+        super()._init_weights(module)
 
     def _get_name(self) -> str:
         # the name transformers' Trainer looks up to know a causal LM (it shifts the labels for label smoothing); it

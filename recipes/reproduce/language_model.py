@@ -26,7 +26,7 @@ from recipes.reproduce.lm_data import CORPORA as LM_CORPORA, full_dir
 from recipes.reproduce.runner import PLUGIN, Runner, shell_line, tool, training_done
 from recipes.reproduce.sweep import StopRule
 from recipes.reproduce.table import Table
-from recipes.reproduce.variants import Variant, resolve
+from recipes.reproduce.variants import MIXTAPE_FORMS, Variant, full_mixtape_form, resolve
 
 #: the mini AWD-LSTM: smaller layers, half the MoS settings' dropouts (a few epochs on 60k tokens underfit)
 MINI_MODEL = ["--emsize", "200", "--nhid", "400", "--nhidlast", "300", "--dropout", "0.2", "--dropouth", "0.1",
@@ -37,9 +37,11 @@ MINI_MODEL = ["--emsize", "200", "--nhid", "400", "--nhidlast", "300", "--dropou
 MINI_TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--lr-scheduler", "fixed"]
 MINI_LR = 0.005
 MINI_STOP = StopRule(patience=3, max_epochs=40)
-#: the papers' options of the heads on language modelling: Mixtape r = 0.1 with weight-normalised gates,
-#: PLIF 1e5 knots (the PLIF paper), MoS-with-PLIF as the PLIF paper's last row
-LM_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.1, "gate_weight_norm": True, "gate_noise": 0.1},
+#: the papers' options of the heads on language modelling: Mixtape r = 0.1 with weight-normalised gates (in Mesh
+#: TensorFlow's form, the mini tables' `mixtape` rows: MIXTAPE_FORMS), PLIF 1e5 knots (the PLIF paper), MoS-with-PLIF
+#: as the PLIF paper's last row
+LM_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.1, "gate_weight_norm": True, "gate_noise": 0.1,
+                               "scaled_input": True},
                    "plif": {"num_knots": 100000}, "mos_plif": {"num_components": 15, "num_knots": 100000}}
 #: (no mixtape-unscaled: at full size every Mixtape row runs that form, :data:`FULL_MIXTAPE_FORM`)
 FULL_HEADS = ["softmax", "mos-3", "mos-5", "mos-10", "mos-15", "mixtape", "mixtape-noshare", "plif",
@@ -50,15 +52,8 @@ MINI_HEADS = ["softmax", "MOS", "mixtape", "mixtape-unscaled", "plif", "sigsoftm
 #: the heads whose papers' numbers come from AWD-LSTM's own sizes (the PLIF paper's softmax -> PLIF rows, the MoS
 #: paper's AWD-LSTM baseline that Mixtape's Table 3 softmax reproduces); MoS, Mixtape and MoS + PLIF run the MoS model
 AWD_HEADS = ("softmax", "plif", "sigsoftmax")
-#: the two forms of Mixtape's projections in the tables (report notes of every LM table)
-MIXTAPE_FORMS = ("`mixtape` is the library's default, Mesh TensorFlow's form of Mixtape's projections (g scaled by "
-                 "d1^-1/2, unit-variance weights, made for Adafactor); `mixtape-unscaled` the same head with "
-                 "`scaled_input=False` (torch's `nn.Linear` form: the same function at initialisation, but Adam "
-                 "moves its projections about sqrt(d1) times faster, SGD d1 times).")
 #: why the full-size plans run Mixtape with scaled_input=False (in the note of every plan with a Mixtape row)
-FULL_MIXTAPE_FORM = ("Mixtape runs with its projections in torch's nn.Linear form (scaled_input=false): under the "
-                     "plans' NT-ASGD (SGD) Mesh TensorFlow's form, the library's default, made for Adafactor, moves "
-                     "its projections about d1 (the last layer's units) times more slowly relative to the function.")
+FULL_MIXTAPE_FORM = full_mixtape_form("the plans' NT-ASGD (SGD)", "d1 (the last layer's units)")
 PPL = re.compile(r"Perplexity: ([\d.]+)")
 #: how every full-size language-model plan trains and differs from the papers' code
 FULL_NOTE = ("Trained and scored as the papers' code (--task awd_language_modeling: contiguous streams, the LSTM state "

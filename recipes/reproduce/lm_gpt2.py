@@ -23,12 +23,13 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
+from hf_heads.core.config import SPEC_VERSION
 from recipes.reproduce import results as R
-from recipes.reproduce.language_model import LM_HEAD_OPTIONS, MIXTAPE_FORMS, prepare_mini_corpus
+from recipes.reproduce.language_model import LM_HEAD_OPTIONS, prepare_mini_corpus
 from recipes.reproduce.lm_wt2 import TABLE as WT2
 from recipes.reproduce.runner import Runner, parse_train_wall, shell_line
 from recipes.reproduce.table import Table
-from recipes.reproduce.variants import Variant, resolve
+from recipes.reproduce.variants import MIXTAPE_FORMS, Variant, resolve
 
 RECIPE = [sys.executable, "-m", "recipes.finetune_hf"]
 #: the models of a cell and their recipe arguments at mini scale (2-core CPU; each model a few minutes; gpt2's mini
@@ -177,7 +178,8 @@ class HFLanguageModelTable(Table):
             commands.append(shell_line(cmd))
         with open(log_path) as f:
             wall = parse_train_wall(f.read())
-        record = {**self.cell_config(variant, seed, args), "registry_head": variant.head, self.metric: scores,
+        record = {**self.cell_config(variant, seed, args), "registry_head": variant.head,
+                  "spec_version": SPEC_VERSION, self.metric: scores,
                   "train_wall_s": wall, "commands": commands}
         R.save_json(R.cell_path(table_dir, variant.name, seed), record)
         return record

@@ -66,8 +66,11 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         plan = json.load(open(plan_path)) if os.path.isfile(plan_path) else before.get("plan")
         if plan:
             plan["commands"] = [canonical_paths(line, table) for line in plan["commands"]]
+        # rows kept from the committed json keep the notes that describe how they ran (a full-size plan alone
+        # rewrites only the plan)
+        notes = getattr(get_table(table), "report_notes", "") if os.path.isfile(path) else before.get("notes")
         obj = {"table": table, "description": get_table(table).description,
-               "notes": getattr(get_table(table), "report_notes", ""), "rows": rows,
+               **({"notes": notes} if notes is not None else {}), "rows": rows,
                "cells": cells, "costs": costs, "plan": plan, **({"sweep": sweep} if sweep else {})}
         if sweep and rows and rows[0]["metric"] == "bleu":
             obj["bootstrap"] = commit_hypotheses(table_dir, obj, docs_dir) or before.get("bootstrap")

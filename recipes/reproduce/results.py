@@ -18,6 +18,7 @@ import os
 import statistics
 from typing import Any, Dict, Iterable, List, Optional
 
+from hf_heads.core.config import versioned_options
 from recipes.reproduce.runner import located_paths
 
 ROW_KEYS = ("table", "dataset", "split", "head", "options", "metric", "values", "seeds", "mean", "std", "paper",
@@ -138,7 +139,13 @@ def restore_cells(table_dir: str, committed: str, log=print) -> int:
 
 def same_config(record: Dict[str, Any], expected: Dict[str, Any]) -> bool:
     """Whether a cell record was made with ``expected``'s settings: the keys of :data:`CELL_CONFIG` that both
-    give agree (a record from before a key was kept is judged on the others, except for :data:`REQUIRED_CONFIG`)."""
+    give agree (a record from before a key was kept is judged on the others, except for :data:`REQUIRED_CONFIG`).
+    Head options compare as the head reads them: a record's options under the spec version it was made with (1
+    before records kept it), so a default changed since counts at its value then."""
     if any(k in expected and k not in record for k in REQUIRED_CONFIG):
         return False
-    return all(record[k] == v for k, v in expected.items() if k in CELL_CONFIG and k in record)
+    if "options" in expected and "options" in record:
+        head = record.get("registry_head", record["head"])
+        if versioned_options(head, record["options"], record.get("spec_version", 1)) != expected["options"]:
+            return False
+    return all(record[k] == v for k, v in expected.items() if k in CELL_CONFIG and k in record and k != "options")

@@ -15,6 +15,7 @@ import textwrap
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
+from hf_heads.core.config import SPEC_VERSION
 from recipes.reproduce import results as R
 from recipes.reproduce import sweep as S
 from recipes.reproduce.runner import ROOT, Runner, cpu_seconds, parse_train_wall
@@ -109,7 +110,8 @@ class Table:
         with open(log_path) as f:
             log_text = f.read()
         curve = S.parse_curve(log_text)
-        record = {**self.cell_config(variant, seed, args, lr), "registry_head": variant.head, "curve": curve,
+        record = {**self.cell_config(variant, seed, args, lr), "registry_head": variant.head,
+                  "spec_version": SPEC_VERSION, "curve": curve,
                   "best": S.best_point(curve), "train_wall_s": parse_train_wall(log_text),
                   "cpu_s": cpu_seconds(log_path, log_text),
                   "threads": int(os.environ.get("OMP_NUM_THREADS") or torch_threads()), "commands": commands}

@@ -27,7 +27,7 @@ from recipes.reproduce import results as R
 from recipes.reproduce.runner import PLUGIN, Runner, shell_line, tool, training_done
 from recipes.reproduce.sweep import StopRule
 from recipes.reproduce.table import Table
-from recipes.reproduce.variants import Variant, resolve
+from recipes.reproduce.variants import Variant, full_mixtape_form, resolve
 
 #: the mini transformer: 3+3 layers, 128-d, pre-norm (stable at a high learning rate), shared embeddings
 MINI_MODEL = ["--arch", "head_transformer", "--encoder-layers", "3", "--decoder-layers", "3",
@@ -61,18 +61,17 @@ PUBLISHED_MULTI30K = {
     "fr": "test_2016 59.0 / test_2017 51.9 for an attentive GRU (embeddings 128, GRU 256, one run; Caglayan et al. "
           "2017, lium-lst/wmt17-mmt)"}
 #: the paper's settings for the heads on MT (section 4.2): K = 4, r = 0.5, noise 0.1 on the gate priors; the
-#: dropout on tanh(U_k g) is the table's (En-De 0.2, En-Fr 0.15); MoS as the paper's baseline, K = 9
-MT_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.5, "gate_noise": 0.1},
+#: dropout on tanh(U_k g) is the table's (En-De 0.2, En-Fr 0.15); MoS as the paper's baseline, K = 9. The mini
+#: tables' `mixtape` rows run Mesh TensorFlow's form (variants.MIXTAPE_FORMS), the full plans torch's
+MT_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.5, "gate_noise": 0.1, "scaled_input": True},
                    "mos": {"num_components": 9}}
 #: what the full-size plans choose where the paper is silent (in every MT plan's note)
 FULL_MIXTAPE_NOTE = (
     "The paper names no optimizer: its 'learning rate 2.5 (2.0), 16K warmup' is tensor2tensor's transformer schedule "
     "(constant * linear_warmup * rsqrt_decay * rsqrt_hidden_size), which t2t's transformer recipes run with Adam "
-    "(beta2 0.98); the plan runs it as fairseq's Adam + inverse_sqrt with the same peak. Under Adam, Mixtape runs "
-    "with its projections in torch's nn.Linear form (scaled_input=false): Mesh TensorFlow's form, the library's "
-    "default, is made for Adafactor, and under Adam its projections move about sqrt(d1) (32 / 45) times more slowly "
-    "relative to the function. d2 = 64 (the gate embedding size) is the library's default: the paper does not give "
-    "it.")
+    "(beta2 0.98); the plan runs it as fairseq's Adam + inverse_sqrt with the same peak. "
+    + full_mixtape_form("Adam", "sqrt(d1) (32 / 45)")
+    + " d2 = 64 (the gate embedding size) is the library's default: the paper does not give it.")
 #: mini heads: the paper's (softmax, MoS, Mixtape) with both forms of Mixtape's projections; MoS with K = 4, the
 #: largest whose cells fit the budget here (the paper's baseline: K = 9)
 MINI_HEADS = ["softmax", "mixtape", "mixtape-unscaled", "mos-4"]

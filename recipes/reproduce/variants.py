@@ -3,8 +3,9 @@
 A table names its heads as the papers do: the registry's names (``softmax``, ``mixtape``, ``plif``, ...) plus
 variants such as ``mos-9`` (MoS with K = 9 components), ``mixtape-noshare`` (Mixtape without gate sharing:
 every token has its own gate priors, r = 1) and ``mixtape-unscaled`` (Mixtape with ``scaled_input=False``: its
-projections in torch's ``nn.Linear`` form instead of Mesh TensorFlow's; see ``MixtapeConfig``). The table's own
-options for a head (its dropouts, the paper's r) come first; a variant's options are applied on top.
+projections in torch's ``nn.Linear`` form, the library's default since head spec version 2; the mini tables'
+``mixtape`` rows state Mesh TensorFlow's form, ``scaled_input=True``, in their head options; see ``MixtapeConfig``).
+The table's own options for a head (its dropouts, the paper's r) come first; a variant's options are applied on top.
 """
 from __future__ import annotations
 
@@ -13,6 +14,22 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Sequence
 
 import hf_heads
+
+
+#: the two forms of Mixtape's projections as the mini tables name them (in their report notes)
+MIXTAPE_FORMS = ("`mixtape` is Mesh TensorFlow's form of Mixtape's projections (`scaled_input=True`: g scaled by "
+                 "d1^-1/2, unit-variance weights, made for Adafactor; the library's default before head spec "
+                 "version 2); `mixtape-unscaled` torch's `nn.Linear` form, the library's default since (the same "
+                 "function at initialisation, but Adam moves its projections about sqrt(d1) times faster, SGD d1 "
+                 "times).")
+
+
+def full_mixtape_form(optimizer: str, slower: str) -> str:
+    """Why a full-size plan runs Mixtape in torch's nn.Linear form (in the note of every plan with a Mixtape row):
+    under ``optimizer`` Mesh TensorFlow's form moves its projections about ``slower`` times more slowly."""
+    return (f"Mixtape runs with its projections in torch's nn.Linear form (scaled_input=false, the library's "
+            f"default): under {optimizer} Mesh TensorFlow's form, made for Adafactor, moves its projections about "
+            f"{slower} times more slowly relative to the function.")
 
 
 @dataclass(frozen=True)
