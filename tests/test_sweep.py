@@ -118,9 +118,9 @@ class FakeTable:
 
 
 def _args(tmp_path, **kw):
-    return SimpleNamespace(out=str(tmp_path), scale="mini", dry_run=False, quiet=True, no_costs=True,
-                           keep_checkpoints=False, lrs=None, patience=None, max_epochs=None, seeds=None,
-                           **{"lr_from": None, **kw})
+    return SimpleNamespace(**{"out": str(tmp_path), "scale": "mini", "dry_run": False, "quiet": True, "no_costs": True,
+                              "keep_checkpoints": False, "lrs": None, "patience": None, "max_epochs": None,
+                              "seeds": None, "lr_from": None, "max_rates": None, **kw})
 
 
 def test_table_sweeps_every_head_then_trains_the_seeds_at_the_chosen_rate_and_resumes(tmp_path):
@@ -146,6 +146,31 @@ def test_table_sweeps_every_head_then_trains_the_seeds_at_the_chosen_rate_and_re
     table.trained.clear(), table.scored.clear()
     again = table.run(_args(tmp_path), log=logs.append)
     assert table.trained == [] and table.scored == [] and again == rows
+
+
+
+def test_a_given_grid_grows_past_a_best_end_only_up_to_max_rates(tmp_path, capsys):
+    """--lrs alone is the grid (a best at its end stays there); with --max-rates it grows as the table's grid does."""
+    from recipes.reproduce.__main__ import parse_args
+
+    table = FakeTable({"softmax": 0.005, "mixtape": 0.04})
+    table.run(_args(tmp_path / "fixed", lrs=[0.005, 0.01], seeds=1), log=lambda m: None)
+    assert json.load(open(tmp_path / "fixed" / "fake" / "sweep.json"))["mixtape"] == {"rates": [0.005, 0.01],
+                                                                                       "chosen": 0.01}
+    table.trained.clear()
+    table.run(_args(tmp_path / "grown", lrs=[0.005, 0.01], max_rates=3, seeds=1), log=lambda m: None)
+    sweep = json.load(open(tmp_path / "grown" / "fake" / "sweep.json"))
+    # mixtape's best is beyond the top end: one more rate, then the cap; softmax's best is the lower end: 0.0025 is
+    # tried and is worse
+    assert sweep == {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
+                     "mixtape": {"rates": [0.005, 0.01, 0.02], "chosen": 0.02}}
+    assert ("mixtape", 0.02, 1) in table.trained and ("softmax", 0.0025, 1) in table.trained
+    for argv, message in ((["mt-en-de", "--lrs", "0.01", "0.02", "--max-rates", "1"], "below the 2 rates"),
+                          (["mt-en-fr", "--lr-from", "mt-en-de", "--max-rates", "3"], "--lr-from trains at one"),
+                          (["mt-en-de", "--max-rates", "0"], "--max-rates must be >= 1")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert message in capsys.readouterr().err
 
 
 def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(tmp_path, capsys):

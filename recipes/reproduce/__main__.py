@@ -40,6 +40,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--lrs", type=float, nargs="+", default=None,
                    help="mini: the learning rates every head is swept over (default: the table's grid, grown by a "
                         "factor 2 beyond an end that is best, up to 5 rates)")
+    p.add_argument("--max-rates", type=int, default=None,
+                   help="mini: how many rates a head's sweep may grow to when its best is at an end of the grid "
+                        "(default: 5 for the table's grid; the rates --lrs gives, that is no growth, for --lrs)")
     p.add_argument("--lr-from", default=None, metavar="TABLE",
                    help="mini: no sweep; each head trains at the rate TABLE's sweep chose for it (OUT/TABLE/"
                         "sweep.json, chosen on TABLE's valid split), e.g. mt-en-fr at mt-en-de's rates")
@@ -66,7 +69,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.list and not args.table:
         p.error("name a table (or --list)")
-    for name in ("seeds", "max_updates", "cost_batch", "max_epochs"):
+    for name in ("seeds", "max_updates", "cost_batch", "max_epochs", "max_rates"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
@@ -76,6 +79,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error(f"--lrs must be distinct positive rates (got {' '.join(map(str, args.lrs))})")
     if args.lr_from and args.lrs:
         p.error("--lr-from and --lrs both set the rates: give one")
+    if args.lr_from and args.max_rates:
+        p.error("--max-rates grows a sweep; --lr-from trains at one borrowed rate without one")
+    if args.lrs and args.max_rates and args.max_rates < len(args.lrs):
+        p.error(f"--max-rates {args.max_rates} is below the {len(args.lrs)} rates --lrs gives")
     if args.lr_from and args.lr_from == args.table:
         p.error(f"--lr-from names the table itself ({args.table}): name the table whose sweep chose the rates")
     if args.lr_from and args.lr_from not in TABLE_MODULES:
