@@ -10,7 +10,8 @@ def heads_table() -> str:
     """Markdown table: head name, paper, its own options with defaults (shared options omitted)."""
     rows = ["| head | paper | options (default) |", "|---|---|---|"]
     for name in available_heads():
-        opts = ", ".join(f"`{f.name}` ({f.metadata.get('shown', f.default)})" for f in head_specific_options(name)) or "-"
+        opts = ", ".join(f"`{f.name}` ({f.metadata.get('shown', f.default)})"
+                         for f in head_specific_options(name)) or "-"
         rows.append(f"| `{name}` | {get_head_class(name).paper} | {opts} |")
     shared = ", ".join(f"`{f.name}`" for f in dataclasses.fields(HeadConfig))
     rows.append("")
