@@ -82,6 +82,17 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     report.collect(str(tmp_path), str(docs))
     committed = json.load(open(docs / "reproduction" / "mt-en-de.json"))
     assert [c["train_wall_s"] for c in committed["cells"] if c["head"] == "mixtape"] == [recorded + 0.5]
+    # the hypotheses are committed and scored case-insensitively too (as published Multi30k numbers are)
+    from recipes.reproduce.translation import corpus_bleu
+
+    hyp = (docs / "reproduction" / "hyps" / "mt-en-de" / "softmax-seed1.test_2016_flickr.hyp").read_text()
+    ref = (table / "data" / "raw" / "test_2016_flickr.de").read_text()
+    hyps, refs = hyp.split("\n")[:-1], ref.split("\n")[:-1]
+    assert committed["lowercased"]["softmax"]["test_2016_flickr"] == {
+        "seeds": [1], "values": [corpus_bleu([h.upper() for h in hyps], [r.lower() for r in refs], lowercase=True)]}
+    assert "BLEU lowercased (sacrebleu -lc" in report.build_report(str(docs))
+    same = ["The cat sat on the mat today ."]
+    assert corpus_bleu(same, [same[0].lower()], lowercase=True) == 100.0 > corpus_bleu(same, [same[0].lower()])
     for line in [c for cell in committed["cells"] for c in cell["commands"]] + [r["command"] for r in committed["rows"]]:
         assert str(tmp_path) not in line  # read as a run from the project root, into the default output directory
     assert "--save-dir results/reproduce/mt-en-de/mixtape/lr0.003/seed1/checkpoints" in committed["cells"][0][

@@ -73,25 +73,29 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
                **({"notes": notes} if notes is not None else {}), "rows": rows,
                "cells": cells, "costs": costs, "plan": plan, **({"sweep": sweep} if sweep else {})}
         if sweep and rows and rows[0]["metric"] == "bleu":
-            obj["bootstrap"] = commit_hypotheses(table_dir, obj, docs_dir) or before.get("bootstrap")
+            committed = commit_hypotheses(table_dir, obj, docs_dir)
+            for key in ("bootstrap", "lowercased"):
+                obj[key] = committed.get(key) or before.get(key)
         R.save_json(out, obj)
         written.append(out)
     return written
 
 
-def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> List[Dict[str, Any]]:
+def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> Dict[str, Any]:
     """Copy the hypotheses of a translation table's chosen cells to ``docs/reproduction/hyps/TABLE/`` (one file per
-    head, seed and test set: ``HEAD-seedK.TESTSET.hyp``) and run sacrebleu's paired bootstrap on them (the
-    references from the run's data); returns the bootstrap records, or [] when the run's files are not here."""
+    head, seed and test set: ``HEAD-seedK.TESTSET.hyp``) and score them against the run's references:
+    ``{"bootstrap": sacrebleu's paired bootstrap records, "lowercased": {head: {testset: {"seeds", "values"}}}}``
+    (case-insensitive BLEU, as published Multi30k systems are scored); {} when the run's files are not here."""
     import shutil
 
     from recipes.reproduce import data as D
+    from recipes.reproduce.translation import corpus_bleu
 
     table = get_table(obj["table"])
     testsets = list(dict.fromkeys(r["split"] for r in _score_rows(obj["rows"])))
     refs_dir = os.path.join(table_dir, "data", "raw")
     if not os.path.isdir(refs_dir):
-        return []
+        return {}
     cells = chosen_cells(obj)
     files = C.hyp_files(table_dir, cells, testsets)
     out_dir = os.path.join(docs_dir, "reproduction", "hyps", obj["table"])
@@ -106,7 +110,33 @@ def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> Lis
     scores = {c["head"]: {} for c in cells}
     for c in cells:
         scores[c["head"]][c["seed"]] = c.get("bleu", {})
-    return C.bootstrap(hyps, refs, scores)
+    lowercased: Dict[str, Dict[str, Dict[str, list]]] = {}
+    for head, by_seed in hyps.items():
+        for seed in sorted(by_seed):
+            for testset, lines in by_seed[seed].items():
+                entry = lowercased.setdefault(head, {}).setdefault(testset, {"seeds": [], "values": []})
+                entry["seeds"].append(seed)
+                entry["values"].append(corpus_bleu(lines, refs[testset], lowercase=True))
+    return {"bootstrap": C.bootstrap(hyps, refs, scores), "lowercased": lowercased}
+
+
+def lowercased_line(lowercased: Dict[str, Dict[str, Dict[str, list]]]) -> str:
+    """The sentence under a translation table: each head's case-insensitive BLEU per test set (mean ± sample std
+    over its seeds), the scoring of the published Multi30k numbers in the table's note; "" without any."""
+    import statistics
+
+    parts = []
+    for head, by_set in lowercased.items():
+        scores = []
+        for testset, entry in by_set.items():
+            values = entry["values"]
+            std = statistics.stdev(values) if len(values) > 1 else None
+            scores.append(f"{testset} {_fmt(statistics.fmean(values), std)}")
+        parts.append(f"{head} {', '.join(scores)} ({len(next(iter(by_set.values()))['values'])} seeds)")
+    if not parts:
+        return ""
+    return ("BLEU lowercased (sacrebleu -lc on the committed hypotheses; published Multi30k systems are scored "
+            "case-insensitively): " + "; ".join(parts) + ".")
 
 
 def _fmt(mean: Optional[float], std: Optional[float], digits: int = 2) -> str:
@@ -344,6 +374,9 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     sources = getattr(table, "paper_source", None)
     lines = [f"## {obj['table']}: {obj['description']}", "", f"Scale: **{scale}**. {notes}{done}".rstrip(), "",
              *([] if full_only else [score_table(rows, sources, getattr(table, "paper", None))])]
+    lowercased = lowercased_line(obj.get("lowercased") or {})
+    if lowercased:
+        lines += [lowercased, ""]
     walls, scored = {}, chosen_cells(obj)  # the cells of the rows: the sweep's other rates stop elsewhere
     for c in scored:
         if c.get("train_wall_s"):
