@@ -310,6 +310,14 @@ def test_report_section_of_a_swept_table(tmp_path):
     assert "In all 0.2 of the 40 CPU-core-hours planned (1%). 0.2 of them are wall-clock bounds" in text
     # a cell's training time: the chosen rate's seeds (40 s), not the sweep's other rates (120 s)
     assert "minutes, mean over the seeds that logged one; " in text and ": softmax 0.7, mixtape 1.3." in text
+    assert "CPU time of a cell's training" not in text  # none recorded
+    obj = R.load_json(str(tmp_path / "reproduction" / "lm-ptb.json"))
+    for c in obj["cells"]:
+        if c["lr"] == {"softmax": 0.005, "mixtape": 0.01}[c["head"]] and c["seed"] < 3:
+            c["cpu_s"] = 60.0 * c["seed"]
+    R.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"), obj)
+    text = report.build_report(str(tmp_path))
+    assert "not inflated by the jobs beside it): softmax 1.5 (2 of 3 seeds), mixtape 1.5 (2 of 3 seeds)." in text
 
 
 

@@ -387,6 +387,15 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                                                           if len(v) < seeds[h] else "") for h, v in walls.items())
         lines += ["Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over the seeds that "
                   f"logged one; one thread each, two to five cells at a time on the 2 cores): {times}.", ""]
+        cpu = {}
+        for c in scored:
+            if c.get("cpu_s") is not None:
+                cpu.setdefault(c["head"], []).append(c["cpu_s"] / 60)
+        if cpu:  # what the cells cost, whatever else ran beside them
+            lines += ["CPU time of a cell's training (user + system, minutes, mean over the seeds that recorded it; "
+                      "unlike the wall-clock above, not inflated by the jobs beside it): "
+                      + ", ".join(f"{h} {sum(v) / len(v):.1f} ({len(v)} of {seeds[h]} seeds)"
+                                  for h, v in cpu.items()) + ".", ""]
     costs = cost_table(rows)
     if costs:
         lines += ["Training time as a ratio to softmax (the paper's cost columns; ours on the mini model, CPU):", "",
