@@ -11,6 +11,7 @@ from torch import nn
 
 from ..core import functional as ops
 from ..core import lean
+from ..core.config import LEGACY_DEFAULTS
 from ..core import (SingleSoftmaxHead, check_bool, check_float, check_int, check_option, check_type, option,
                    register_head)
 from .contexts import ContextConfig, ContextHead
@@ -32,7 +33,8 @@ class MixtapeConfig(ContextConfig):
         False, "weight-normalise the rows of U_k with a constant scale (paper: on for LM)")
     scaled_input: Optional[bool] = option(
         None, "None (the default): False for a new head; a head whose weights were saved before this option had a "
-        "version (no scaled_form entry in its state dict) loads as True, the default then. True: multiply g by d1^-1/2 before H_k, U_k, u_k and draw those with unit variance, as Mesh TensorFlow's "
+        "version (no scaled_form entry in its state dict) loads as True, the default then. True: multiply g by "
+        "d1^-1/2 before H_k, U_k, u_k and draw those with unit variance, as Mesh TensorFlow's "
         "Mixtape (made for Adafactor, whose steps follow each weight's scale). False: g as is, those weights "
         "drawn the same and multiplied by d1^-1/2 (as a torch nn.Linear): the same function at initialisation, "
         "but Adam and SGD then move them at the pace of the model's other layers (about sqrt(d1) times faster "
@@ -62,9 +64,9 @@ class MixtapeConfig(ContextConfig):
 
 
 #: the form of a new Mixtape head's projections when ``scaled_input`` is not given (SPEC_VERSION 2), and the one of
-#: weights saved before the form was kept with them (the default until then)
+#: weights saved before the form was kept with them (the default until then, as LEGACY_DEFAULTS records it)
 SCALED_DEFAULT = False
-LEGACY_SCALED = True
+LEGACY_SCALED = LEGACY_DEFAULTS[1]["mixtape"]["scaled_input"]
 
 
 @register_head("mixtape")
@@ -98,11 +100,9 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         c = config
         k, d1, d2, s = c.num_gates, c.hidden_size, c.gate_embedding_size, c.num_frequent
         self._form_given = c.scaled_input is not None  # else the form follows the weights loaded (_load_form)
-        if c.scaled_input is None:
-            c.scaled_input = SCALED_DEFAULT
-        self.context_input_scale = d1 ** -0.5 if c.scaled_input else 1.0
         # the form these weights were trained in, kept with them: 1.0 scaled, 0.0 not (see _load_form)
-        self.register_buffer("scaled_form", torch.tensor(float(c.scaled_input)))
+        self.register_buffer("scaled_form", torch.tensor(0.0))
+        self._set_form(c.scaled_input if self._form_given else SCALED_DEFAULT)
         self._register_load_state_dict_pre_hook(self._load_form)
         self._build_contexts(k)                                                   # H_k, c_k
         self.gate_proj = nn.Linear(d1, (k - 1) * d2)                              # U_k, a_k

@@ -360,6 +360,15 @@ def _added_heads(costs: Dict[str, Any]) -> str:
             f"{'its' if len(added) == 1 else 'their'} own (ratios to that run's softmax; the budget is that run's).")
 
 
+def _minutes_by_head(cells: List[Dict[str, Any]], key: str) -> Dict[str, List[float]]:
+    """``{head: [minutes]}``: each cell's ``key`` (seconds) in minutes, for the cells that recorded one."""
+    out: Dict[str, List[float]] = {}
+    for c in cells:
+        if c.get(key):
+            out.setdefault(c["head"], []).append(c[key] / 60)
+    return out
+
+
 def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str = "") -> str:
     rows = obj["rows"]
     full_only = not rows and obj["table"] in TABLE_MODULES and "mini" not in get_table(obj["table"]).scales
@@ -377,20 +386,15 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     lowercased = lowercased_line(obj.get("lowercased") or {})
     if lowercased:
         lines += [lowercased, ""]
-    walls, scored = {}, chosen_cells(obj)  # the cells of the rows: the sweep's other rates stop elsewhere
-    for c in scored:
-        if c.get("train_wall_s"):
-            walls.setdefault(c["head"], []).append(c["train_wall_s"] / 60)
+    scored = chosen_cells(obj)  # the cells of the rows: the sweep's other rates stop elsewhere
+    walls = _minutes_by_head(scored, "train_wall_s")
     if walls and rows:
         seeds = {h: sum(c["head"] == h for c in scored) for h in walls}
         times = ", ".join(f"{h} {sum(v) / len(v):.1f}" + (f" ({len(v)} of its {seeds[h]} seeds logged a time)"
                                                           if len(v) < seeds[h] else "") for h, v in walls.items())
         lines += ["Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over the seeds that "
                   f"logged one; one thread each, two to five cells at a time on the 2 cores): {times}.", ""]
-        cpu = {}
-        for c in scored:
-            if c.get("cpu_s") is not None:
-                cpu.setdefault(c["head"], []).append(c["cpu_s"] / 60)
+        cpu = _minutes_by_head(scored, "cpu_s")
         if cpu:  # what the cells cost, whatever else ran beside them
             lines += ["CPU time of a cell's training (user + system, minutes, mean over the seeds that recorded it; "
                       "unlike the wall-clock above, not inflated by the jobs beside it): "

@@ -170,8 +170,9 @@ class Table:
                   log=print) -> Dict[str, float]:
         """Seed 1 of every head at every rate of the grid (growing it where the best is at an end, up to
         ``--max-rates``; a grid ``--lrs`` gave grows only with ``--max-rates``), the rate of the lowest best valid
-        loss chosen per head; then every seed at the chosen rate, seed by seed, each scored. With ``--lr-from TABLE`` the grid is the one rate TABLE chose for the head. Returns
-        ``{head: chosen rate}``; ``sweep.json`` keeps the heads of earlier runs that this one did not name."""
+        loss chosen per head; then every seed at the chosen rate, seed by seed, each scored. With ``--lr-from
+        TABLE`` the grid is the one rate TABLE chose for the head. Returns ``{head: chosen rate}``; ``sweep.json``
+        keeps the heads of earlier runs that this one did not name."""
         source = getattr(args, "lr_from", None)
         if source:
             rates = {h: [lr] for h, lr in self.borrowed_rates(variants, args).items()}

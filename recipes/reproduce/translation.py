@@ -265,8 +265,8 @@ class TranslationTable(Table):
                 f"The paper's numbers are WMT'14 newstest2014 with 0.2B / 0.8B-parameter models: compare the "
                 f"ordering of the heads, not the values. What a converged small model reaches on Multi30k, published "
                 f"text-only systems trained on the same pairs: {PUBLISHED_MULTI30K[self.tgt]}; their BLEU is on "
-                f"lowercased, tokenized text (the lowercased BLEU of every head is below the table). MoS runs with K = 4 here (the paper's "
-                f"baseline: K = 9).")
+                f"lowercased, tokenized text (the lowercased BLEU of every head is below the table). MoS runs with "
+                f"K = 4 here (the paper's baseline: K = 9).")
 
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
         return self.paper_bleu.get(variant.name)
