@@ -97,8 +97,11 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
         assert str(tmp_path) not in line  # read as a run from the project root, into the default output directory
     assert "--save-dir results/reproduce/mt-en-de/mixtape/lr0.003/seed1/checkpoints" in committed["cells"][0][
         "commands"][0] + committed["cells"][1]["commands"][0]
-    shutil.rmtree(table / "cells")
+    shutil.rmtree(table / "cells")  # a new machine: the records and hypotheses come back from the committed files
+    softmax_hyp = os.path.join(R.cell_dir(str(table), "softmax", 1, 0.003), "test_2016_flickr.hyp")
+    os.remove(softmax_hyp)
     assert R.restore_cells(str(table), str(docs / "reproduction" / "mt-en-de.json"), log=lambda m: None) == 2
+    assert open(softmax_hyp).read() == hyp
     # resume: finished cells are skipped, nothing is retrained
     cell = R.cell_path(str(table), "mixtape", 1, 0.003)
     before = os.path.getmtime(cell)

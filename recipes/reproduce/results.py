@@ -122,19 +122,38 @@ def restore_cells(table_dir: str, committed: str, log=print) -> int:
     if not os.path.isfile(committed):
         return 0
     with open(committed) as f:
-        records = json.load(f).get("cells", [])
+        obj = json.load(f)
+    chosen = {head: entry["chosen"] for head, entry in (obj.get("sweep") or {}).items()}
     restored = 0
-    for record in records:
+    for record in obj.get("cells", []):
         lr = record.get("lr")
         if "commands" not in record or load_cell(table_dir, record["head"], record["seed"], lr) is not None:
             continue
         record["commands"] = [located_paths(line, record["table"], table_dir) for line in record["commands"]]
         save_json(cell_path(table_dir, record["head"], record["seed"], lr), record)
+        if lr is None or chosen.get(record["head"]) == lr:
+            restore_hypotheses(os.path.dirname(committed), record, cell_dir(table_dir, record["head"],
+                                                                             record["seed"], lr))
         restored += 1
     if restored:
-        log(f"restored {restored} finished cell(s) from {committed} (their hypotheses stay on the machine that "
-            f"ran them)")
+        log(f"restored {restored} finished cell(s) from {committed}, with the hypotheses committed beside it")
     return restored
+
+
+def restore_hypotheses(reproduction_dir: str, record: Dict[str, Any], directory: str) -> int:
+    """Copy a cell's committed hypotheses (``reproduction_dir/hyps/TABLE/HEAD-seedK.TESTSET.hyp``, see
+    ``report.commit_hypotheses``) back into its directory as ``TESTSET.hyp``, where the report's paired bootstrap
+    reads them. Returns how many it copied."""
+    import glob
+    import shutil
+
+    prefix = f"{record['head']}-seed{record['seed']}."
+    copied = 0
+    for path in glob.glob(os.path.join(reproduction_dir, "hyps", record["table"], glob.escape(prefix) + "*.hyp")):
+        os.makedirs(directory, exist_ok=True)
+        shutil.copyfile(path, os.path.join(directory, os.path.basename(path)[len(prefix):]))
+        copied += 1
+    return copied
 
 
 def same_config(record: Dict[str, Any], expected: Dict[str, Any]) -> bool:

@@ -199,7 +199,7 @@ class Table:
         R.save_json(sweep_path, {**(R.load_json(sweep_path) or {}),
                                  **{v.name: {"rates": sorted(rates[v.name]), "chosen": chosen[v.name],
                                              **({"from": source} if source else {})} for v in variants}})
-        for v in variants:  # the checkpoints of the rates not chosen are not scored
+        for v in variants:  # checkpoints an older run kept for the choice (its sweep cells were not yet scored)
             for lr in rates[v.name]:
                 if lr != chosen[v.name] and not args.keep_checkpoints:
                     self.remove_checkpoints(table_dir, v, 1, lr)
@@ -212,14 +212,16 @@ class Table:
 
     def ensure_trained(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str,
                        lr: float, log=print) -> Dict[str, Any]:
-        """A trained cell's record: the kept one, or a new (or resumed) training run."""
+        """A trained cell's record: the kept one, or a new (or resumed) training run, scored as soon as it is
+        trained (the rate is chosen on valid only; scoring at once keeps no checkpoint waiting for the choice, so a
+        cell committed from one machine and restored on another, without its checkpoints, is already complete)."""
         record = self.kept(table_dir, variant, seed, args, lr, "curve")
         if record is not None:
             return record
         label = f"{self.name} sweep {variant.name} lr {S.rate_key(lr)} seed {seed}"
         self.start_cell(table_dir, variant, seed, args, log, lr)
         log(f"{label}: training ({os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), 'train.log')})")
-        record = self.train_cell(runner, prepared, variant, seed, args, table_dir, label, lr)
+        record = self.run_cell(runner, prepared, variant, seed, args, table_dir, label, lr)
         best = record["best"] or {}
         log(f"{label}: best valid loss {best.get('loss', float('nan')):.3f} at epoch {best.get('epoch')} "
             f"(stopped: {record.get('stopped')})")
