@@ -380,3 +380,24 @@ def test_a_cell_made_before_a_default_changed_counts_with_the_old_default():
     assert R.same_config(new, {**base, "options": {"num_gates": 4}})
     assert not R.same_config(new, {**base, "options": {"num_gates": 4, "scaled_input": True}})
     assert not R.same_config({**old, "lr": 0.02}, {**base, "options": {"num_gates": 4, "scaled_input": True}})
+
+
+def test_a_new_machine_restores_only_the_cells_of_the_protocol_the_table_runs_now(tmp_path):
+    """The committed lm-ptb json may hold cells of a replaced protocol (no rate, no stopping rule): they do not come
+    back beside the new cells; a current cell of any head comes back, also one the run does not name."""
+    from recipes.reproduce import get_table
+    from recipes.reproduce.__main__ import parse_args
+
+    table = get_table("lm-ptb")
+    args = parse_args(["lm-ptb", "--heads", "softmax"])
+    current = [{**table.cell_config(table.variants(parse_args(["lm-ptb", "--heads", head]))[0], 1, args, 0.005),
+                "commands": ["train"], "curve": []} for head in ("softmax", "mixtape-unscaled")]
+    replaced = {k: v for k, v in current[0].items() if k not in ("lr", "stop")}
+    assert [table.current(r, args) for r in current + [replaced]] == [True, True, False]
+    assert not table.current({**current[0], "head": "no-such-head"}, args)
+    committed = tmp_path / "lm-ptb.json"
+    committed.write_text(json.dumps({"cells": current + [{**replaced, "seed": 2}]}))
+    assert R.restore_cells(str(tmp_path / "run"), str(committed), lambda m: None,
+                           wanted=lambda r: table.current(r, args)) == 2
+    assert sorted(f.name for f in (tmp_path / "run" / "cells").iterdir()) == [
+        "mixtape-unscaled-lr0.005-seed1.json", "softmax-lr0.005-seed1.json"]

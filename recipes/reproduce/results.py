@@ -115,10 +115,12 @@ CELL_CONFIG = ("table", "head", "options", "seed", "scale", "updates", "bpe_size
 REQUIRED_CONFIG = ("lr", "stop")
 
 
-def restore_cells(table_dir: str, committed: str, log=print) -> int:
+def restore_cells(table_dir: str, committed: str, log=print, wanted=None) -> int:
     """Copy the finished cells of a committed table file (``docs/reproduction/TABLE.json``) that ``table_dir``
-    lacks into ``table_dir/cells``: a new machine continues where the last one stopped (a cell counts as done
-    only when its settings agree with the run's, :func:`same_config`). Returns how many it restored."""
+    lacks into ``table_dir/cells``: a new machine continues where the last one stopped. ``wanted(record)``, when
+    given, says which records to bring back (the table's: those made with the settings it runs now, so that the
+    cells of a protocol it replaced do not come back to be collected beside the new ones). Returns how many it
+    restored."""
     if not os.path.isfile(committed):
         return 0
     with open(committed) as f:
@@ -127,7 +129,8 @@ def restore_cells(table_dir: str, committed: str, log=print) -> int:
     restored = 0
     for record in obj.get("cells", []):
         lr = record.get("lr")
-        if "commands" not in record or load_cell(table_dir, record["head"], record["seed"], lr) is not None:
+        if ("commands" not in record or load_cell(table_dir, record["head"], record["seed"], lr) is not None
+                or (wanted is not None and not wanted(record))):
             continue
         record["commands"] = [located_paths(line, record["table"], table_dir) for line in record["commands"]]
         save_json(cell_path(table_dir, record["head"], record["seed"], lr), record)

@@ -7,6 +7,7 @@ a record with ``record[metric] = {split: value}``), its full-size plan (:meth:`T
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -261,6 +262,15 @@ class Table:
             return None
         return record
 
+    def current(self, record: Dict[str, Any], args) -> bool:
+        """Whether a cell record was made with the settings this table gives its head now (any head of the table,
+        not only those ``args`` names: a table run head by head on several machines keeps every head's cells)."""
+        try:
+            variant = self.variants(argparse.Namespace(**{**vars(args), "heads": [record["head"]]}))[0]
+        except (KeyError, ValueError, SystemExit):  # a head no longer known
+            return False
+        return R.same_config(record, self.cell_config(variant, record["seed"], args, record.get("lr")))
+
     def finished(self, table_dir: str, variant: Variant, seed: int, args, lr: Optional[float] = None) -> bool:
         return self.kept(table_dir, variant, seed, args, lr, self.metric) is not None
 
@@ -287,7 +297,8 @@ class Table:
         runner = Runner(table_dir, log=log, progress=not args.quiet)
         prepared = self.prepare(runner, args, table_dir)
         if args.out == DEFAULT_OUT:  # continue from the committed cells of another machine
-            R.restore_cells(table_dir, os.path.join(DOCS, "reproduction", f"{self.name}.json"), log)
+            R.restore_cells(table_dir, os.path.join(DOCS, "reproduction", f"{self.name}.json"), log,
+                            wanted=lambda record: self.current(record, args))
         rates = None
         if self.sweeps(args):
             rates = self.run_sweep(runner, prepared, variants, args, table_dir, log)
