@@ -116,8 +116,9 @@ class TranslationTable(Table):
     gate_dropout: float
     full_data: str
     full_heads: List[str] = field(default_factory=lambda: ["softmax", "mos-9", "mixtape"])
-    #: seeds of each mini head (at its chosen learning rate; the sweep's seed-1 cell is the first)
-    mini_seeds: Dict[str, int] = field(default_factory=lambda: {"softmax": 3, "mixtape": 3, "mos-4": 3})
+    #: seeds of each mini head (at its chosen learning rate; the sweep's seed-1 cell is the first): Mixtape's are
+    #: the library's default form's (mixtape-unscaled), Mesh TensorFlow's form (the `mixtape` row) has its sweep's
+    mini_seeds: Dict[str, int] = field(default_factory=lambda: {"softmax": 3, "mixtape-unscaled": 3, "mos-4": 3})
     metric = "bleu"
     mini_stop = MINI_STOP
     mini_lr = MINI_LR
