@@ -78,7 +78,7 @@ class FakeTable:
             mini_stop = S.StopRule(patience=2, max_epochs=4)
             mini_lr = 0.005
             cost_columns = False
-            trained, scored = [], []
+            trained, scored, sweep_seen = [], [], []
 
             def variants(self, args):
                 from recipes.reproduce.variants import Variant
@@ -103,6 +103,7 @@ class FakeTable:
 
             def train_cell(self, runner, prepared, variant, seed, args, table_dir, label, lr=None):
                 self.trained.append((variant.name, lr, seed))
+                self.sweep_seen.append(R.load_json(table_dir + "/sweep.json"))
                 loss = 4.0 + abs(lr - best[variant.name]) * 100 + seed / 100
                 log = R.cell_dir(table_dir, variant.name, seed, lr) + "/train.log"
                 with open(log, "w") as f:
@@ -136,6 +137,9 @@ def test_table_sweeps_every_head_then_trains_the_seeds_at_the_chosen_rate_and_re
     # every cell is scored when it finishes (a cell restored on another machine needs no checkpoint), the sweep's
     # too; the rate is chosen on the valid loss (below), the test scores of the other rates are never read
     assert table.scored == sweep + [("softmax", 0.005, 2), ("mixtape", 0.01, 2), ("softmax", 0.005, 3)]
+    # sweep.json after every cell: a run cut short is committed as far as it went (heads not chosen yet: None)
+    assert table.sweep_seen[:2] == [None, {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": None},
+                                           "mixtape": {"rates": [0.0025, 0.005, 0.01], "chosen": None}}]
     chosen = json.load(open(tmp_path / "fake" / "sweep.json"))
     assert chosen == {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
                       "mixtape": {"rates": [0.0025, 0.005, 0.01, 0.02], "chosen": 0.01}}
@@ -401,3 +405,29 @@ def test_a_new_machine_restores_only_the_cells_of_the_protocol_the_table_runs_no
                            wanted=lambda r: table.current(r, args)) == 2
     assert sorted(f.name for f in (tmp_path / "run" / "cells").iterdir()) == [
         "mixtape-unscaled-lr0.005-seed1.json", "softmax-lr0.005-seed1.json"]
+
+
+def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path):
+    """A machine may end mid-sweep: its finished cells are committed (report.collect from sweep.json, before any
+    results.json) and reported as a running sweep; the rows of a replaced protocol are not kept beside it."""
+    from recipes.reproduce import report
+
+    docs = tmp_path / "docs"
+    R.save_json(str(docs / "reproduction" / "lm-ptb.json"),
+                {"table": "lm-ptb", "description": "PTB", "notes": "Old.", "cells": [], "costs": None,
+                 "rows": [R.make_row(table="lm-ptb", dataset="ptb", split="test", head="softmax", options={},
+                                     metric="ppl", values=[300.0], seeds=[1], scale="mini")]})
+    table_dir = tmp_path / "results" / "lm-ptb"
+    R.save_json(str(table_dir / "sweep.json"), {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": None}})
+    R.save_json(R.cell_path(str(table_dir), "softmax", 1, 0.0025),
+                {"table": "lm-ptb", **_cell("softmax", 1, 0.0025, [5, 4.5, 4.6, 4.7], 10), "cpu_s": 30.0,
+                 "commands": ["fairseq-train x"]})
+    report.collect(str(tmp_path / "results"), str(docs))
+    obj = R.load_json(str(docs / "reproduction" / "lm-ptb.json"))
+    assert obj["rows"] == [] and [c["lr"] for c in obj["cells"]] == [0.0025] and obj["notes"] != "Old."
+    text = report.build_report(str(docs))
+    assert "Scale: **mini, learning-rate sweep running (no head has its rate and seeds yet)**" in text
+    assert "| softmax | 4.500 (ep 2, patience) | - | - | not yet (sweep running) |" in text
+    assert "| lm-ptb | 1 | 0 | 0.0 / 0.0 / 0.0 | 0.0 |" in text  # counted as the sweep's
+    # and a new machine restores it: the cell of the running sweep comes back
+    assert R.restore_cells(str(tmp_path / "again"), str(docs / "reproduction" / "lm-ptb.json"), lambda m: None) == 1

@@ -204,7 +204,7 @@ def equal_compute_table(rows: Sequence[Mapping[str, Any]]) -> str:
 def sweep_table(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[str, Any]]) -> str:
     """Markdown: per head, the best valid loss (and its epoch) of seed 1 at every rate tried, the chosen rate, and
     whether it is an end of the grid (a rate beyond it was not tried: the grid's cap) or another table's choice
-    (``--lr-from``: no sweep here)."""
+    (``--lr-from``: no sweep here); a head whose sweep is still running (chosen None) says so."""
     if not sweep:
         return ""
     rates = sorted({lr for s in sweep.values() for lr in s["rates"]})
@@ -217,6 +217,9 @@ def sweep_table(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[
             c = by.get((head, lr))
             text = "-" if c is None else f"{c['best']['loss']:.3f} (ep {c['best']['epoch']}, {c.get('stopped', '')})"
             cols.append(f"**{text}**" if lr == s["chosen"] and c is not None else text)
+        if s["chosen"] is None:
+            lines.append(f"| {head} | " + " | ".join(cols) + " | not yet (sweep running) |")
+            continue
         edge = (f" ({s['from']}'s choice, not swept here)" if s.get("from") else
                 " (an end of the grid)" if s["chosen"] in (min(s["rates"]), max(s["rates"])) else "")
         lines.append(f"| {head} | " + " | ".join(cols) + f" | {S.rate_key(s['chosen'])}{edge} |")

@@ -44,11 +44,12 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         path = os.path.join(table_dir, "results.json")
         plan_path = os.path.join(table_dir, "plan.json")
         out = os.path.join(docs_dir, "reproduction", f"{table}.json")
-        if not os.path.isfile(path) and not os.path.isfile(plan_path):
+        sweep_here = R.load_json(os.path.join(table_dir, "sweep.json"))  # written after every cell of a sweep
+        if not os.path.isfile(path) and not os.path.isfile(plan_path) and not sweep_here:
             continue
         before = json.load(open(out)) if os.path.isfile(out) else {}
         costs_path = os.path.join(table_dir, "costs.json")
-        sweep = R.load_json(os.path.join(table_dir, "sweep.json")) or before.get("sweep")
+        sweep = sweep_here or before.get("sweep")
         # the committed cost columns stand only for the model they timed: not across a change of mini protocol
         kept = before.get("costs") if bool(before.get("sweep")) == bool(sweep) else None
         costs = json.load(open(costs_path)) if os.path.isfile(costs_path) else kept
@@ -60,7 +61,8 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
                 with open(log) as f:
                     text = f.read()
                 c["train_wall_s"], c["cpu_s"] = parse_train_wall(text), cpu_seconds(log, text)
-        rows = R.load_rows(path) if os.path.isfile(path) else before.get("rows", [])
+        # a sweep still running has no rows yet: the committed rows of an earlier protocol do not stand beside it
+        rows = R.load_rows(path) if os.path.isfile(path) else ([] if sweep_here else before.get("rows", []))
         for r in rows:
             r["command"] = canonical_paths(r["command"], table)
         plan = json.load(open(plan_path)) if os.path.isfile(plan_path) else before.get("plan")
@@ -68,7 +70,8 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
             plan["commands"] = [canonical_paths(line, table) for line in plan["commands"]]
         # rows kept from the committed json keep the notes that describe how they ran (a full-size plan alone
         # rewrites only the plan)
-        notes = getattr(get_table(table), "report_notes", "") if os.path.isfile(path) else before.get("notes")
+        notes = (getattr(get_table(table), "report_notes", "") if os.path.isfile(path) or sweep_here
+                 else before.get("notes"))
         obj = {"table": table, "description": get_table(table).description,
                **({"notes": notes} if notes is not None else {}), "rows": rows,
                "cells": cells, "costs": costs, "plan": plan, **({"sweep": sweep} if sweep else {})}
@@ -375,7 +378,9 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     if rows:
         scale = rows[0]["scale"]
     else:
-        scale = "full only (the plan below; nothing run here)" if full_only else "mini, no cell finished yet"
+        scale = ("full only (the plan below; nothing run here)" if full_only else
+                 "mini, learning-rate sweep running (no head has its rate and seeds yet)" if obj.get("sweep") else
+                 "mini, no cell finished yet")
     cells = obj.get("cells") or []
     done = f" Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else ""
     done += misrecorded(cells, obj["table"])

@@ -158,8 +158,9 @@ class Table:
         """``--lr-from TABLE``: ``{head: the rate TABLE's sweep chose}`` from ``OUT/TABLE/sweep.json``; a head TABLE
         has not chosen a rate for is an error naming the command that would."""
         source = args.lr_from
+        # a rate the source borrowed itself was not chosen on its valid split; None: its sweep is still running
         chosen = {h: s["chosen"] for h, s in (R.load_json(os.path.join(args.out, source, "sweep.json")) or {}).items()
-                  if "from" not in s}  # a rate the source borrowed itself was not chosen on its valid split
+                  if "from" not in s and s["chosen"] is not None}
         missing = [v.name for v in variants if v.name not in chosen]
         if missing:
             raise SystemExit(f"--lr-from {source}: {os.path.join(args.out, source, 'sweep.json')} has no rate chosen "
@@ -183,10 +184,18 @@ class Table:
             max_rates = (getattr(args, "max_rates", None)
                          or (len(args.lrs) if getattr(args, "lrs", None) else self.max_rates))
         chosen: Dict[str, float] = {}
+        sweep_path = os.path.join(table_dir, "sweep.json")
+
+        def save_sweep():  # after every cell: a sweep cut short is committed (and reported) as far as it went
+            R.save_json(sweep_path, {**(R.load_json(sweep_path) or {}),
+                                     **{v.name: {"rates": sorted(rates[v.name]), "chosen": chosen.get(v.name),
+                                                 **({"from": source} if source else {})} for v in variants}})
+
         while len(chosen) < len(variants):
             for v in variants:
                 for lr in ([] if v.name in chosen else rates[v.name]):
                     self.ensure_trained(runner, prepared, v, 1, args, table_dir, lr, log)
+                    save_sweep()
             for v in [v for v in variants if v.name not in chosen]:
                 losses = self.sweep_losses(table_dir, v, rates[v.name], args)
                 more = S.extend_grid(rates[v.name], losses, self.lr_factor, max_rates)
@@ -196,10 +205,7 @@ class Table:
                         + ", ".join(f"{S.rate_key(lr)}: {loss:.3f}" for lr, loss in sorted(losses.items())) + ")")
                 else:
                     rates[v.name].append(more)
-        sweep_path = os.path.join(table_dir, "sweep.json")
-        R.save_json(sweep_path, {**(R.load_json(sweep_path) or {}),
-                                 **{v.name: {"rates": sorted(rates[v.name]), "chosen": chosen[v.name],
-                                             **({"from": source} if source else {})} for v in variants}})
+        save_sweep()
         for v in variants:  # checkpoints an older run kept for the choice (its sweep cells were not yet scored)
             for lr in rates[v.name]:
                 if lr != chosen[v.name] and not args.keep_checkpoints:
