@@ -428,6 +428,7 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
     text = report.build_report(str(docs))
     assert "Scale: **mini, learning-rate sweep running (no head has its rate and seeds yet)**" in text
     assert "| softmax | 4.500 (ep 2, patience) | - | - | not yet (sweep running) |" in text
+    assert "no finished cells yet" not in text
     assert "| lm-ptb | 1 | 0 | 0.0 / 0.0 / 0.0 | 0.0 |" in text  # counted as the sweep's
     # and a new machine restores it: the cell of the running sweep comes back
     assert R.restore_cells(str(tmp_path / "again"), str(docs / "reproduction" / "lm-ptb.json"), lambda m: None) == 1

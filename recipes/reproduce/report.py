@@ -387,7 +387,8 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     table = get_table(obj["table"]) if obj["table"] in TABLE_MODULES else None
     sources = getattr(table, "paper_source", None)
     lines = [f"## {obj['table']}: {obj['description']}", "", f"Scale: **{scale}**. {notes}{done}".rstrip(), "",
-             *([] if full_only else [score_table(rows, sources, getattr(table, "paper", None))])]
+             *([] if full_only or (obj.get("sweep") and not rows)  # a running sweep: its table below
+               else [score_table(rows, sources, getattr(table, "paper", None))])]
     lowercased = lowercased_line(obj.get("lowercased") or {})
     if lowercased:
         lines += [lowercased, ""]
