@@ -432,3 +432,39 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
     assert "| lm-ptb | 1 | 0 | 0.0 / 0.0 / 0.0 | 0.0 |" in text  # counted as the sweep's
     # and a new machine restores it: the cell of the running sweep comes back
     assert R.restore_cells(str(tmp_path / "again"), str(docs / "reproduction" / "lm-ptb.json"), lambda m: None) == 1
+
+
+def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
+    """mt-en-de's sweep spans machines: seed 1's hypotheses are committed under the cell's name while its head's
+    rate is open, come back with the cell on the next machine, and become HEAD-seed1 once the rate is chosen there."""
+    from recipes.reproduce import report
+
+    docs = tmp_path / "docs"
+    hyps = {"test_2016_flickr": "ein brauner Hund rennt über die Wiese .\n",
+            "test_2017_flickr": "eine Katze schläft auf dem roten Sofa .\n"}
+
+    def machine(name, chosen):
+        table_dir = tmp_path / name / "mt-en-de"
+        for testset, text in hyps.items():
+            (table_dir / "data" / "raw").mkdir(parents=True, exist_ok=True)
+            (table_dir / "data" / "raw" / f"{testset}.de").write_text(text)
+        R.save_json(str(table_dir / "sweep.json"), {"softmax": {"rates": [0.005, 0.01], "chosen": chosen}})
+        return table_dir
+
+    first = machine("first", None)
+    R.save_json(R.cell_path(str(first), "softmax", 1, 0.005),
+                {"table": "mt-en-de", **_cell("softmax", 1, 0.005, [5, 4.5, 4.6], 10), "commands": ["train"],
+                 "bleu": {t: 100.0 for t in hyps}})
+    (first / "softmax" / "lr0.005" / "seed1").mkdir(parents=True)
+    for testset, text in hyps.items():
+        (first / "softmax" / "lr0.005" / "seed1" / f"{testset}.hyp").write_text(text)
+    report.collect(str(tmp_path / "first"), str(docs))
+    committed = docs / "reproduction" / "hyps" / "mt-en-de"
+    assert sorted(p.name for p in committed.iterdir()) == [f"softmax-lr0.005-seed1.{t}.hyp" for t in sorted(hyps)]
+    second = machine("second", 0.005)  # the next machine chose 0.005 after training 0.01
+    assert R.restore_cells(str(second), str(docs / "reproduction" / "mt-en-de.json"), lambda m: None) == 1
+    assert (second / "softmax" / "lr0.005" / "seed1" / "test_2017_flickr.hyp").read_text() == hyps["test_2017_flickr"]
+    report.collect(str(tmp_path / "second"), str(docs))
+    assert sorted(p.name for p in committed.iterdir()) == [f"softmax-seed1.{t}.hyp" for t in sorted(hyps)]
+    assert R.load_json(str(docs / "reproduction" / "mt-en-de.json"))["lowercased"]["softmax"]["test_2016_flickr"][
+        "values"] == [100.0]

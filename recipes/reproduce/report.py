@@ -75,7 +75,7 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         obj = {"table": table, "description": get_table(table).description,
                **({"notes": notes} if notes is not None else {}), "rows": rows,
                "cells": cells, "costs": costs, "plan": plan, **({"sweep": sweep} if sweep else {})}
-        if sweep and rows and rows[0]["metric"] == "bleu":
+        if sweep and get_table(table).metric == "bleu":
             committed = commit_hypotheses(table_dir, obj, docs_dir)
             for key in ("bootstrap", "lowercased"):
                 obj[key] = committed.get(key) or before.get(key)
@@ -88,21 +88,33 @@ def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> Dic
     """Copy the hypotheses of a translation table's chosen cells to ``docs/reproduction/hyps/TABLE/`` (one file per
     head, seed and test set: ``HEAD-seedK.TESTSET.hyp``) and score them against the run's references:
     ``{"bootstrap": sacrebleu's paired bootstrap records, "lowercased": {head: {testset: {"seeds", "values"}}}}``
-    (case-insensitive BLEU, as published Multi30k systems are scored); {} when the run's files are not here."""
+    (case-insensitive BLEU, as published Multi30k systems are scored); {} when the run's files are not here. The
+    seed-1 cells of a head whose sweep is still running are kept too, under their cell's name
+    (``HEAD-lrRATE-seed1.TESTSET.hyp``, :func:`results.cell_name`), until the rate is chosen: the chosen one then
+    becomes ``HEAD-seed1`` even when its machine is gone (:func:`results.restore_hypotheses` brings them back)."""
     import shutil
 
     from recipes.reproduce import data as D
     from recipes.reproduce.translation import corpus_bleu
 
     table = get_table(obj["table"])
-    testsets = list(dict.fromkeys(r["split"] for r in _score_rows(obj["rows"])))
+    testsets = list(D.MULTI30K_TESTS)
     refs_dir = os.path.join(table_dir, "data", "raw")
     if not os.path.isdir(refs_dir):
         return {}
-    cells = chosen_cells(obj)
-    files = C.hyp_files(table_dir, cells, testsets)
+    sweep = obj.get("sweep") or {}
+    running = [c for c in obj.get("cells", []) if c["head"] in sweep and sweep[c["head"]]["chosen"] is None]
     out_dir = os.path.join(docs_dir, "reproduction", "hyps", obj["table"])
     os.makedirs(out_dir, exist_ok=True)
+    for c in running:
+        for testset, path in C.hyp_files(table_dir, [c], testsets).get(c["head"], {}).get(c["seed"], {}).items():
+            shutil.copyfile(path, os.path.join(out_dir, f"{R.cell_name(c['head'], c['seed'], c['lr'])}.{testset}.hyp"))
+    for head, entry in sweep.items():  # a chosen head's sweep files are no longer needed
+        if entry["chosen"] is not None:
+            for path in glob.glob(os.path.join(out_dir, glob.escape(f"{head}-lr") + "*")):
+                os.remove(path)
+    cells = chosen_cells(obj)
+    files = C.hyp_files(table_dir, cells, testsets)
     hyps: Dict[str, Dict[int, Dict[str, List[str]]]] = {}
     for head, by_seed in files.items():
         for seed, by_set in by_seed.items():

@@ -134,28 +134,31 @@ def restore_cells(table_dir: str, committed: str, log=print, wanted=None) -> int
             continue
         record["commands"] = [located_paths(line, record["table"], table_dir) for line in record["commands"]]
         save_json(cell_path(table_dir, record["head"], record["seed"], lr), record)
+        names = [cell_name(record["head"], record["seed"], lr)]  # a running sweep's, then a chosen cell's
         if lr is None or chosen.get(record["head"]) == lr:
-            restore_hypotheses(os.path.dirname(committed), record, cell_dir(table_dir, record["head"],
-                                                                             record["seed"], lr))
+            names.append(cell_name(record["head"], record["seed"]))
+        restore_hypotheses(os.path.dirname(committed), record, names,
+                           cell_dir(table_dir, record["head"], record["seed"], lr))
         restored += 1
     if restored:
         log(f"restored {restored} finished cell(s) from {committed}, with the hypotheses committed beside it")
     return restored
 
 
-def restore_hypotheses(reproduction_dir: str, record: Dict[str, Any], directory: str) -> int:
-    """Copy a cell's committed hypotheses (``reproduction_dir/hyps/TABLE/HEAD-seedK.TESTSET.hyp``, see
-    ``report.commit_hypotheses``) back into its directory as ``TESTSET.hyp``, where the report's paired bootstrap
-    reads them. Returns how many it copied."""
+def restore_hypotheses(reproduction_dir: str, record: Dict[str, Any], names: List[str], directory: str) -> int:
+    """Copy a cell's committed hypotheses (``reproduction_dir/hyps/TABLE/NAME.TESTSET.hyp`` for each of ``names``,
+    see ``report.commit_hypotheses``) back into its directory as ``TESTSET.hyp``, where the report's paired
+    bootstrap reads them. Returns how many it copied."""
     import glob
     import shutil
 
-    prefix = f"{record['head']}-seed{record['seed']}."
     copied = 0
-    for path in glob.glob(os.path.join(reproduction_dir, "hyps", record["table"], glob.escape(prefix) + "*.hyp")):
-        os.makedirs(directory, exist_ok=True)
-        shutil.copyfile(path, os.path.join(directory, os.path.basename(path)[len(prefix):]))
-        copied += 1
+    for name in names:
+        prefix = name + "."
+        for path in glob.glob(os.path.join(reproduction_dir, "hyps", record["table"], glob.escape(prefix) + "*.hyp")):
+            os.makedirs(directory, exist_ok=True)
+            shutil.copyfile(path, os.path.join(directory, os.path.basename(path)[len(prefix):]))
+            copied += 1
     return copied
 
 
