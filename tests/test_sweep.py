@@ -260,6 +260,17 @@ def test_sweep_table_equal_compute_and_cpu_hours():
     assert costed["cost"]["ratio"] == 2.0 and costed["updates"] == row["updates"]
     assert "| 20 (2.00x a softmax update) | -0.175 [" in C.equal_compute_table([costed])
     assert "cost" not in row and "a softmax update" not in C.equal_compute_table([row])
+    assert row["clock"] == "wall" and "training seconds (mean)" in C.equal_compute_table([row])
+    # with every cell's CPU time recorded the bill is CPU seconds: softmax had its core to itself (40 CPU-s in its
+    # 40 logged s), mixtape shared one (100 / 80 logged s, 40 CPU-s): in softmax's 40 CPU-s it ran every epoch and
+    # reached its best, 4.0, in both seeds (epoch 3 at 24 CPU-s, epoch 2 at 20)
+    timed = [{**c, "cpu_s": 40.0} for c in chosen]
+    (cpu_row,) = C.equal_compute(timed)
+    assert cpu_row["clock"] == "cpu" and cpu_row["seconds"]["softmax"] == pytest.approx(40.0)
+    assert cpu_row["seconds"]["diff"].mean == pytest.approx(((4.0 - 4.2) + (4.0 - 4.25)) / 2)
+    assert cpu_row["updates"] == row["updates"] and cpu_row["head_seconds_to_best"] == pytest.approx((24 + 20) / 2)
+    assert "within softmax's training CPU seconds (mean)" in C.equal_compute_table([cpu_row])
+    assert C.equal_compute(timed[:-1] + [{**chosen[-1]}])[0]["clock"] == "wall"  # one cell without: wall-clock
 
 
 def test_bootstrap_of_every_head_and_seed_against_softmax():

@@ -141,14 +141,20 @@ def equal_compute(cells: Sequence[Mapping[str, Any]],
     softmax's best (paired per seed; seeds where the head had not validated yet are counted apart), and the
     head's own seconds to its best. With ``cost_ratio`` (``{head: seconds of one update / softmax's}``, measured
     in one quiet benchmark process), also ``"cost"``: within softmax's updates divided by the head's ratio, the
-    same bill without the noise of seconds logged on a shared machine."""
+    same bill without the noise of seconds logged on a shared machine. The seconds are CPU seconds
+    (:func:`cpu_curve`; ``"clock": "cpu"``) when every cell recorded its CPU time, else the logged wall-clock
+    (``"wall"``)."""
     by = {(c["head"], c["seed"]): c for c in cells if c.get("curve")}
+    cpu = {k: cpu_curve(c) for k, c in by.items()}
+    clock = "cpu" if by and all(v is not None for v in cpu.values()) else "wall"
+    if clock == "cpu":
+        by = {k: {**c, "curve": cpu[k], "best": S.best_point(cpu[k])} for k, c in by.items()}
     out = []
     for head in dict.fromkeys(c["head"] for c in cells if c["head"] != "softmax"):
         seeds = sorted(s for (h, s) in by if h == head and ("softmax", s) in by)
         if not seeds:
             continue
-        row: Dict[str, Any] = {"head": head, "seeds": len(seeds)}
+        row: Dict[str, Any] = {"head": head, "seeds": len(seeds), "clock": clock}
         ratio = (cost_ratio or {}).get(head)
         for key in ("updates", "seconds") + (("cost",) if ratio else ()):
             budgets, diffs = [], []
@@ -174,6 +180,18 @@ def equal_compute(cells: Sequence[Mapping[str, Any]],
     return out
 
 
+def cpu_curve(cell: Mapping[str, Any]) -> Optional[List[Dict[str, Any]]]:
+    """A cell's valid-loss curve with its logged training seconds turned into CPU seconds: scaled by the cell's
+    CPU time over its last logged second (one factor per cell: the share of a core it had, beside the jobs that ran
+    with it, and its validations), or None when its CPU time was not recorded."""
+    curve = cell["curve"]
+    last = curve[-1].get("seconds") if curve else None
+    if cell.get("cpu_s") is None or not last:
+        return None
+    factor = cell["cpu_s"] / last
+    return [{**p, "seconds": p["seconds"] * factor} if p.get("seconds") is not None else dict(p) for p in curve]
+
+
 def equal_compute_table(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return ""
@@ -185,10 +203,11 @@ def equal_compute_table(rows: Sequence[Mapping[str, Any]]) -> str:
         return text + (f" ({part['missing']} seed(s) not validated yet)" if part["missing"] else "")
 
     costed = any("cost" in r for r in rows)
+    seconds = "CPU seconds" if rows[0].get("clock") == "cpu" else "seconds"
     lines = ["| head | seeds | within softmax's updates (mean) | head's best - softmax's best (bits) [95% CI] | "
-             "within softmax's training seconds (mean) | head's best - softmax's best (bits) [95% CI] | "
+             f"within softmax's training {seconds} (mean) | head's best - softmax's best (bits) [95% CI] | "
              + ("within softmax's updates / the head's cost per update | head's best - softmax's best [95% CI] | "
-                if costed else "") + "head's seconds to its own best |",
+                if costed else "") + f"head's {seconds} to its own best |",
              "|---|---|---|---|---|---|" + ("---|---|" if costed else "") + "---|"]
     for r in rows:
         u, s = r["updates"], r["seconds"]

@@ -455,10 +455,14 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     ratios = {h: r["time_all_layers_same_bsz"] for h, r in ((obj.get("costs") or {}).get("ratios") or {}).items()}
     compute = C.equal_compute(chosen_cells(obj), ratios)
     if compute:
-        lines += ["Equal compute: each head's best valid loss within the updates, and within the training seconds, "
-                  "that softmax's cell of the same seed took to its stop, against softmax's best (negative: the head "
-                  "gets lower for the same number of steps / the same bill; seconds on one core each, beside other "
-                  "jobs on a shared 2-core machine, so they carry noise"
+        seconds = ("CPU seconds (each cell's logged seconds scaled by its recorded CPU time over them, which takes "
+                   "out the waiting for a core shared with other jobs; a cell's validations included)"
+                   if compute[0]["clock"] == "cpu" else
+                   "seconds (wall-clock on one core each, beside other jobs on a shared 2-core machine, so they "
+                   "carry noise)")
+        lines += ["Equal compute: each head's best valid loss within the updates, and within the training "
+                  f"{seconds}, that softmax's cell of the same seed took to its stop, against softmax's best "
+                  "(negative: the head gets lower for the same number of steps / the same bill"
                   + ("; the cost column divides softmax's updates by the head's time per update measured in one "
                      "benchmark process (the cost table above), the same bill without that noise" if ratios else "")
                   + "):", "", C.equal_compute_table(compute)]
