@@ -407,7 +407,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     scored = chosen_cells(obj)  # the cells of the rows: the sweep's other rates stop elsewhere
     walls = _minutes_by_head(scored, "train_wall_s")
     if walls and rows:
-        seeds = {h: sum(c["head"] == h for c in scored) for h in walls}
+        seeds = {h: sum(c["head"] == h for c in scored) for h in {c["head"] for c in scored}}
         times = ", ".join(f"{h} {sum(v) / len(v):.1f}" + (f" ({len(v)} of its {seeds[h]} seeds logged a time)"
                                                           if len(v) < seeds[h] else "") for h, v in walls.items())
         lines += ["Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over the seeds that "
