@@ -25,5 +25,5 @@ TABLE = LanguageModelTable(
     full_arch="head_awd_lstm_lm_ptb", full_batch=12, full_lr=20.0,
     full_awd={"arch": "head_awd_lstm_lm_awd_ptb", "batch": 20, "lr": 30.0},
     # the most-tested mini table: 5 seeds for softmax, Mixtape in the library's default form (mixtape-unscaled) and
-    # MoS; 3 for Mesh TensorFlow's form (the `mixtape` row) and PLIF
-    mini_seeds={"softmax": 5, "mixtape-unscaled": 5, "MOS": 5, "mixtape": 3, "plif": 3})
+    # MoS; 3 for Mesh TensorFlow's form (the `mixtape` row), PLIF and Sigsoftmax (every row gets a paired test)
+    mini_seeds={"softmax": 5, "mixtape-unscaled": 5, "MOS": 5, "mixtape": 3, "plif": 3, "sigsoftmax": 3})

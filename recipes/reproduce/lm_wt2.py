@@ -12,4 +12,6 @@ TABLE = LanguageModelTable(
     full_arch="head_awd_lstm_lm_wt2", full_batch=15, full_lr=15.0, full_chunks=3, full_max_seq_len_delta=20,
     full_awd={"arch": "head_awd_lstm_lm_awd_wt2", "batch": 80, "lr": 30.0},
     mini_lines=1500,
+    # PLIF's own table: 3 seeds for every head (the default gives 3 to softmax, MoS and both Mixtape forms only)
+    mini_seeds={"softmax": 3, "MOS": 3, "mixtape": 3, "mixtape-unscaled": 3, "plif": 3, "sigsoftmax": 3},
     mini_mos="mos-3")  # MoS-5 trains about 310 s a cell on WikiText-2's larger vocabulary here: over the budget
