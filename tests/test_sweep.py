@@ -485,3 +485,21 @@ def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
     assert sorted(p.name for p in committed.iterdir()) == [f"softmax-seed1.{t}.hyp" for t in sorted(hyps)]
     assert R.load_json(str(docs / "reproduction" / "mt-en-de.json"))["lowercased"]["softmax"]["test_2016_flickr"][
         "values"] == [100.0]
+
+
+def test_valid_loss_plot_uses_the_clock_of_the_equal_compute_table():
+    """The plot's seconds are CPU seconds (logged seconds scaled by the cell's CPU time) when every cell recorded
+    its CPU time, as the equal-compute table's; wall-clock otherwise, and said so on the axis."""
+    from recipes.reproduce import report
+
+    a = _cell("softmax", 1, 0.005, [5, 4.2, 4.3], 10, cpu_s=15.0)  # 30 logged seconds, half a core: 15 CPU-s
+    b = _cell("mixtape", 1, 0.01, [5, 4.0, 4.1], 20, cpu_s=60.0)  # 60 logged seconds, all CPU
+    points, label = report.curves_to_plot([a, b])
+    assert [p["seconds"] for p in points[0]] == [5.0, 10.0, 15.0] and [p["seconds"] for p in points[1]] == [
+        20.0, 40.0, 60.0]
+    assert label.startswith("training CPU seconds") and [p["loss"] for p in points[0]] == [5, 4.2, 4.3]
+    del b["cpu_s"]  # one cell without its CPU time: every cell on the logged wall-clock
+    points, label = report.curves_to_plot([a, b])
+    assert [p["seconds"] for p in points[0]] == [10, 20, 30] and "wall-clock" in label
+    old = {"head": "softmax", "seed": 1, "lr": None, "valid_curve": [[10, 5.0], [20, 4.5]]}  # no logged curve
+    assert report.curves_to_plot([old])[0] == [[{"updates": 10, "loss": 5.0}, {"updates": 20, "loss": 4.5}]]

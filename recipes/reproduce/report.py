@@ -290,13 +290,13 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
     curves = [c for c in chosen_cells(obj) if c.get("curve") or c.get("valid_curve")]
     if curves:
         timed = any(p.get("seconds") is not None for c in curves for p in c.get("curve", []))
+        plotted, seconds_label = curves_to_plot(curves)
         fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 5.5, 3.5), squeeze=False)
         heads = list(dict.fromkeys(c["head"] for c in curves))
         for ax, x_key, x_label in [(axes[0][0], "updates", "updates"),
-                                   *([(axes[0][1], "seconds", "training seconds (one core each)")] if timed else [])]:
+                                   *([(axes[0][1], "seconds", seconds_label)] if timed else [])]:
             for i, head in enumerate(heads):
-                for j, c in enumerate(x for x in curves if x["head"] == head):
-                    points = c.get("curve") or [{"updates": u, "loss": loss} for u, loss in c["valid_curve"]]
+                for j, points in enumerate(p for c, p in zip(curves, plotted) if c["head"] == head):
                     points = [p for p in points if p.get(x_key) is not None]
                     if points:
                         ax.plot([p[x_key] for p in points], [p["loss"] for p in points], color=f"C{i}", alpha=0.8,
@@ -382,6 +382,19 @@ def _minutes_by_head(cells: List[Dict[str, Any]], key: str) -> Dict[str, List[fl
         if c.get(key):
             out.setdefault(c["head"], []).append(c[key] / 60)
     return out
+
+
+def curves_to_plot(cells: List[Dict[str, Any]]) -> tuple:
+    """``(points of each cell, the seconds axis' label)`` for the valid-loss plot: the seconds are the clock of the
+    equal-compute table, CPU seconds (:func:`compare.cpu_curve`) where every cell recorded its CPU time, else the
+    logged wall-clock seconds; a cell with no logged curve gives its ``valid_curve`` by updates."""
+    cpu = [C.cpu_curve(c) if c.get("curve") else None for c in cells]
+    by_cpu = bool(cells) and all(cpu)
+    points = [(p if by_cpu else c.get("curve")) or [{"updates": u, "loss": loss} for u, loss in c["valid_curve"]]
+              for c, p in zip(cells, cpu)]
+    label = ("training CPU seconds (logged seconds scaled by the cell's CPU time)" if by_cpu else
+             "training seconds (one core each, wall-clock)")
+    return points, label
 
 
 def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str = "") -> str:
