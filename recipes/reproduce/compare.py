@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from recipes.reproduce import stats
 from recipes.reproduce import sweep as S
@@ -144,11 +144,10 @@ def equal_compute(cells: Sequence[Mapping[str, Any]],
     same bill without the noise of seconds logged on a shared machine. The seconds are CPU seconds
     (:func:`cpu_curve`; ``"clock": "cpu"``) when every cell recorded its CPU time, else the logged wall-clock
     (``"wall"``)."""
-    by = {(c["head"], c["seed"]): c for c in cells if c.get("curve")}
-    cpu = {k: cpu_curve(c) for k, c in by.items()}
-    clock = "cpu" if by and all(v is not None for v in cpu.values()) else "wall"
-    if clock == "cpu":
-        by = {k: {**c, "curve": cpu[k], "best": S.best_point(cpu[k])} for k, c in by.items()}
+    logged = [c for c in cells if c.get("curve")]
+    curves, clock = on_one_clock(logged)
+    by = {(c["head"], c["seed"]): {**c, "curve": p, "best": S.best_point(p)} if clock == "cpu" else c
+          for c, p in zip(logged, curves)}
     out = []
     for head in dict.fromkeys(c["head"] for c in cells if c["head"] != "softmax"):
         seeds = sorted(s for (h, s) in by if h == head and ("softmax", s) in by)
@@ -190,6 +189,16 @@ def cpu_curve(cell: Mapping[str, Any]) -> Optional[List[Dict[str, Any]]]:
         return None
     factor = cell["cpu_s"] / last
     return [{**p, "seconds": p["seconds"] * factor} if p.get("seconds") is not None else dict(p) for p in curve]
+
+
+def on_one_clock(cells: Sequence[Mapping[str, Any]]) -> Tuple[List[Optional[List[Dict[str, Any]]]], str]:
+    """``(each cell's logged curve, clock)``: the curves in CPU seconds (:func:`cpu_curve`, clock ``"cpu"``) when
+    every cell with a logged curve recorded its CPU time, else as logged, wall-clock (``"wall"``); None for a cell
+    without a logged curve. The clock of the equal-compute table and of the report's valid-loss plot."""
+    cpu = [cpu_curve(c) if c.get("curve") else None for c in cells]
+    logged = [p for c, p in zip(cells, cpu) if c.get("curve")]
+    clock = "cpu" if logged and all(p is not None for p in logged) else "wall"
+    return [p if clock == "cpu" else c.get("curve") for c, p in zip(cells, cpu)], clock
 
 
 def equal_compute_table(rows: Sequence[Mapping[str, Any]]) -> str:

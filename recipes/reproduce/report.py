@@ -17,6 +17,7 @@ import glob
 import json
 import os
 import re
+from collections import Counter
 from typing import Any, Dict, List, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
@@ -386,13 +387,11 @@ def _minutes_by_head(cells: List[Dict[str, Any]], key: str) -> Dict[str, List[fl
 
 def curves_to_plot(cells: List[Dict[str, Any]]) -> tuple:
     """``(points of each cell, the seconds axis' label)`` for the valid-loss plot: the seconds are the clock of the
-    equal-compute table, CPU seconds (:func:`compare.cpu_curve`) where every cell recorded its CPU time, else the
+    equal-compute table (:func:`compare.on_one_clock`): CPU seconds where every cell recorded its CPU time, else the
     logged wall-clock seconds; a cell with no logged curve gives its ``valid_curve`` by updates."""
-    cpu = [C.cpu_curve(c) if c.get("curve") else None for c in cells]
-    by_cpu = bool(cells) and all(cpu)
-    points = [(p if by_cpu else c.get("curve")) or [{"updates": u, "loss": loss} for u, loss in c["valid_curve"]]
-              for c, p in zip(cells, cpu)]
-    label = ("training CPU seconds (logged seconds scaled by the cell's CPU time)" if by_cpu else
+    curves, clock = C.on_one_clock(cells)
+    points = [p or [{"updates": u, "loss": loss} for u, loss in c["valid_curve"]] for c, p in zip(cells, curves)]
+    label = ("training CPU seconds (logged seconds scaled by the cell's CPU time)" if clock == "cpu" else
              "training seconds (one core each, wall-clock)")
     return points, label
 
@@ -420,7 +419,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     scored = chosen_cells(obj)  # the cells of the rows: the sweep's other rates stop elsewhere
     walls = _minutes_by_head(scored, "train_wall_s")
     if walls and rows:
-        seeds = {h: sum(c["head"] == h for c in scored) for h in {c["head"] for c in scored}}
+        seeds = Counter(c["head"] for c in scored)
         times = ", ".join(f"{h} {sum(v) / len(v):.1f}" + (f" ({len(v)} of its {seeds[h]} seeds logged a time)"
                                                           if len(v) < seeds[h] else "") for h, v in walls.items())
         lines += ["Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over the seeds that "
