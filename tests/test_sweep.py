@@ -218,7 +218,7 @@ def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(
 
 
 def _cell(head, seed, lr, losses, wall, threads=1, **extra):
-    curve = [{"epoch": e, "updates": 10 * e, "seconds": wall * e, "loss": loss, "nll_loss": loss - 1}
+    curve = [{"epoch": e, "updates": 10 * e, "seconds": wall * e, "loss": loss, "nll_loss": loss}
              for e, loss in enumerate(losses, 1)]
     return {"head": head, "seed": seed, "lr": lr, "curve": curve, "best": S.best_point(curve), "stopped": "patience",
             "train_wall_s": wall * len(losses), "threads": threads, **extra}
@@ -503,3 +503,31 @@ def test_valid_loss_plot_uses_the_clock_of_the_equal_compute_table():
     assert [p["seconds"] for p in points[0]] == [10, 20, 30] and "wall-clock" in label
     old = {"head": "softmax", "seed": 1, "lr": None, "valid_curve": [[10, 5.0], [20, 4.5]]}  # no logged curve
     assert report.curves_to_plot([old])[0] == [[{"updates": 10, "loss": 5.0}, {"updates": 20, "loss": 4.5}]]
+
+
+def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss():
+    """A mixture's label-smoothed valid loss can be below softmax's while its NLL is above (the smoothing also
+    rewards the probability a head leaves on every word, more of it in a mixture's tail): the equal-compute table
+    pairs the NLL, the sweep table shows both, and a table without label smoothing shows the loss alone."""
+    from recipes.reproduce import compare as C
+    from recipes.reproduce import report
+
+    def cell(head, losses, nlls):
+        curve = [{"epoch": e, "updates": 10 * e, "seconds": 10.0 * e, "loss": loss, "nll_loss": nll}
+                 for e, (loss, nll) in enumerate(zip(losses, nlls), 1)]
+        return {"head": head, "seed": 1, "lr": 0.005, "curve": curve, "best": S.best_point(curve),
+                "stopped": "patience"}
+
+    softmax = cell("softmax", [4.0, 3.6, 3.7], [2.6, 2.2, 2.25])
+    mos = cell("mos-4", [3.9, 3.5, 3.55], [2.7, 2.35, 2.3])  # 0.1 lower loss, 0.1 higher lowest NLL (epoch 3)
+    (row,) = C.equal_compute([softmax, mos])
+    assert row["updates"]["diff"].mean == pytest.approx(0.1) and row["seconds"]["diff"].mean == pytest.approx(0.1)
+    assert row["head_seconds_to_best"] == 20.0  # the scored checkpoint: the lowest loss, epoch 2
+    sweep = {h: {"rates": [0.005], "chosen": 0.005} for h in ("softmax", "mos-4")}
+    table = C.sweep_table([softmax, mos], sweep)
+    assert "**3.600, NLL 2.200 (ep 2, patience)**" in table and "**3.500, NLL 2.350 (ep 2, patience)**" in table
+    assert S.label_smoothed([softmax, mos])
+    plain = [{**c, "curve": [{**p, "nll_loss": p["loss"]} for p in c["curve"]]} for c in (softmax, mos)]
+    plain = [{**c, "best": S.best_point(c["curve"])} for c in plain]
+    assert "**3.600 (ep 2, patience)**" in C.sweep_table(plain, sweep) and not S.label_smoothed(plain)
+    assert C.equal_compute(plain)[0]["updates"]["diff"].mean == pytest.approx(-0.1)  # no smoothing: the loss

@@ -136,12 +136,15 @@ def bootstrap(heads_hyps: Mapping[str, Mapping[int, Mapping[str, Sequence[str]]]
 
 def equal_compute(cells: Sequence[Mapping[str, Any]],
                   cost_ratio: Optional[Mapping[str, float]] = None) -> List[Dict[str, Any]]:
-    """Per head (the seeds it shares with softmax; cells at the chosen rates): the head's best valid loss within
+    """Per head (the seeds it shares with softmax; cells at the chosen rates): the head's lowest valid NLL within
     the updates, and within the training seconds, that softmax's cell of the same seed took to its stop, minus
-    softmax's best (paired per seed; seeds where the head had not validated yet are counted apart), and the
-    head's own seconds to its best. With ``cost_ratio`` (``{head: seconds of one update / softmax's}``, measured
-    in one quiet benchmark process), also ``"cost"``: within softmax's updates divided by the head's ratio, the
-    same bill without the noise of seconds logged on a shared machine. The seconds are CPU seconds
+    softmax's lowest (paired per seed; seeds where the head had not validated yet are counted apart), and the
+    head's own seconds to its best (the scored checkpoint). The NLL, not the training loss: a label-smoothed loss
+    also rewards the probability a head leaves on every word, and a mixture's tail (a sum of softmaxes) holds more
+    of it than one softmax's; without label smoothing (the LM tables) the two are one. With ``cost_ratio``
+    (``{head: seconds of one update / softmax's}``, measured in one quiet benchmark process), also ``"cost"``:
+    within softmax's updates divided by the head's ratio, the same bill without the noise of seconds logged on a
+    shared machine. The seconds are CPU seconds
     (:func:`cpu_curve`; ``"clock": "cpu"``) when every cell recorded its CPU time, else the logged wall-clock
     (``"wall"``)."""
     logged = [c for c in cells if c.get("curve")]
@@ -166,8 +169,9 @@ def equal_compute(cells: Sequence[Mapping[str, Any]],
                 budgets.append(budget)
                 if key == "cost":
                     budget /= ratio  # the updates the head affords for softmax's bill
-                reached = S.within(by[(head, s)]["curve"], measure, budget)
-                diffs.append(None if reached is None else reached - base["best"]["loss"])
+                reached = S.within(by[(head, s)]["curve"], measure, budget, "nll_loss")
+                lowest = min(p["nll_loss"] for p in base["curve"])
+                diffs.append(None if reached is None else reached - lowest)
             known = [d for d in diffs if d is not None]
             row[key] = {"softmax": sum(budgets) / len(budgets) if budgets else None,
                         "diff": stats.paired(known, [0.0] * len(known)) if known else None,
@@ -213,9 +217,9 @@ def equal_compute_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
     costed = any("cost" in r for r in rows)
     seconds = "CPU seconds" if rows[0].get("clock") == "cpu" else "seconds"
-    lines = ["| head | seeds | within softmax's updates (mean) | head's best - softmax's best (bits) [95% CI] | "
-             f"within softmax's training {seconds} (mean) | head's best - softmax's best (bits) [95% CI] | "
-             + ("within softmax's updates / the head's cost per update | head's best - softmax's best [95% CI] | "
+    lines = ["| head | seeds | within softmax's updates (mean) | head's lowest NLL - softmax's (bits) [95% CI] | "
+             f"within softmax's training {seconds} (mean) | head's lowest NLL - softmax's (bits) [95% CI] | "
+             + ("within softmax's updates / the head's cost per update | head's lowest NLL - softmax's [95% CI] | "
                 if costed else "") + f"head's {seconds} to its own best |",
              "|---|---|---|---|---|---|" + ("---|---|" if costed else "") + "---|"]
     for r in rows:
@@ -229,8 +233,15 @@ def equal_compute_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _loss_and_nll(point: Mapping[str, float]) -> str:
+    """``3.521`` or, where the loss is label-smoothed (it differs from the NLL), ``3.521, NLL 2.339``."""
+    nll = S.nll(point)
+    return f"{point['loss']:.3f}" + (f", NLL {nll:.3f}" if nll != point["loss"] else "")
+
+
 def sweep_table(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[str, Any]]) -> str:
-    """Markdown: per head, the best valid loss (and its epoch) of seed 1 at every rate tried, the chosen rate, and
+    """Markdown: per head, the best valid loss (and its epoch; and that checkpoint's NLL where the loss is
+    label-smoothed) of seed 1 at every rate tried, the chosen rate, and
     whether it is an end of the grid (a rate beyond it was not tried: the grid's cap) or another table's choice
     (``--lr-from``: no sweep here); a head whose sweep is still running (chosen None) says so."""
     if not sweep:
@@ -243,7 +254,8 @@ def sweep_table(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[
         cols = []
         for lr in rates:
             c = by.get((head, lr))
-            text = "-" if c is None else f"{c['best']['loss']:.3f} (ep {c['best']['epoch']}, {c.get('stopped', '')})"
+            text = ("-" if c is None else
+                    f"{_loss_and_nll(c['best'])} (ep {c['best']['epoch']}, {c.get('stopped', '')})")
             cols.append(f"**{text}**" if lr == s["chosen"] and c is not None else text)
         if s["chosen"] is None:
             lines.append(f"| {head} | " + " | ".join(cols) + " | not yet (sweep running) |")

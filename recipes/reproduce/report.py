@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce import compare as C
 from recipes.reproduce import results as R
+from recipes.reproduce import sweep as S
 from recipes.reproduce.costs import GRID
 from recipes.reproduce.runner import canonical_paths, cpu_seconds, parse_train_wall
 from recipes.reproduce.stats import paired
@@ -300,16 +301,15 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
                 for j, points in enumerate(p for c, p in zip(curves, plotted) if c["head"] == head):
                     points = [p for p in points if p.get(x_key) is not None]
                     if points:
-                        ax.plot([p[x_key] for p in points], [p["loss"] for p in points], color=f"C{i}", alpha=0.8,
+                        ax.plot([p[x_key] for p in points], [S.nll(p) for p in points], color=f"C{i}", alpha=0.8,
                                 label=head if j == 0 else None)
-                        best = min(points, key=lambda p: p["loss"])
-                        ax.plot([best[x_key]], [best["loss"]], "o", color=f"C{i}", ms=3)
+                        best = min(points, key=lambda p: p["loss"])  # the scored checkpoint
+                        ax.plot([best[x_key]], [S.nll(best)], "o", color=f"C{i}", ms=3)
             ax.set_xlabel(x_label)
-            ax.set_ylabel("valid loss (base 2, label-smoothed)" if obj["table"].startswith("mt-") else
-                          "valid loss (base 2)")
+            ax.set_ylabel("valid NLL (bits per token)")
             ax.legend(fontsize=8)
-        fig.suptitle(f"{obj['table']}: validation loss, every seed at the head's chosen rate (dots: best)",
-                     fontsize=10)
+        fig.suptitle(f"{obj['table']}: validation NLL, every seed at the head's chosen rate (dots: the checkpoint "
+                     + ("the label-smoothed loss picks)" if S.label_smoothed(curves) else "scored)"), fontsize=10)
         save(fig, f"{obj['table']}-valid-loss.png")
     cost_rows = [r for r in obj["rows"] if r["metric"].startswith("time_")]
     if cost_rows:
@@ -449,8 +449,11 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     sweep = obj.get("sweep") or {}
     if sweep:
         spent = C.cpu_hours(cells, sweep)
-        lines += ["Learning rate per head: best valid loss of seed 1 at every rate (epoch of the best, why it "
-                  "stopped; bold: the chosen rate, chosen on valid only):", "", C.sweep_table(cells, sweep)]
+        lines += ["Learning rate per head: best valid loss of seed 1 at every rate ("
+                  + ("the label-smoothed loss the cells train and stop on, then the NLL of that checkpoint; "
+                     if S.label_smoothed(cells) else "")
+                  + "epoch of the best, why it stopped; bold: the chosen rate, chosen on valid only):", "",
+                  C.sweep_table(cells, sweep)]
         borrowed = sorted({s["from"] for s in sweep.values() if s.get("from")})
         if borrowed:
             lines += [f"Not swept here: the heads marked with {' / '.join(borrowed)}'s choice train at the rate that "
@@ -472,8 +475,11 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                    if compute[0]["clock"] == "cpu" else
                    "seconds (wall-clock on one core each, beside other jobs on a shared 2-core machine, so they "
                    "carry noise)")
-        lines += ["Equal compute: each head's best valid loss within the updates, and within the training "
-                  f"{seconds}, that softmax's cell of the same seed took to its stop, against softmax's best "
+        lines += ["Equal compute: each head's lowest valid NLL (bits per token"
+                  + ("; not the label-smoothed loss the cells train and stop on, which also rewards the probability "
+                     "a head leaves on every word of the vocabulary, more of it in a mixture's tail than in one "
+                     "softmax's" if S.label_smoothed(cells) else "") + ") within the updates, and within the training "
+                  f"{seconds}, that softmax's cell of the same seed took to its stop, against softmax's lowest "
                   "(negative: the head gets lower for the same number of steps / the same bill"
                   + ("; the cost column divides softmax's updates by the head's time per update measured in one "
                      "benchmark process (the cost table above), the same bill without that noise" if ratios else "")

@@ -66,6 +66,16 @@ def parse_curve(log_text: str) -> List[Dict[str, float]]:
     return curve
 
 
+def nll(point: Mapping[str, float]) -> float:
+    """A curve point's valid NLL (a point of a cell without a logged curve has its loss only: the same there)."""
+    return point.get("nll_loss", point["loss"])
+
+
+def label_smoothed(cells: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the cells' valid loss is label-smoothed: it differs from their valid NLL (the translation tables)."""
+    return any(p["loss"] != nll(p) for c in cells for p in c.get("curve") or [])
+
+
 def best_point(curve: Sequence[Mapping[str, float]]) -> Optional[Dict[str, float]]:
     """The epoch of the lowest valid loss (the first, on a tie: fairseq keeps the first best), or None."""
     if not curve:
@@ -118,8 +128,9 @@ def grid(center: float, factor: float, size: int = 3) -> List[float]:
     return [float(f"{center * factor ** (i - half):.6g}") for i in range(size)]
 
 
-def within(curve: Sequence[Mapping[str, float]], key: str, budget: float) -> Optional[float]:
-    """The lowest valid loss a cell had reached within ``budget`` of ``key`` (``"seconds"`` of training or
-    ``"updates"``), or None when its first validation came later (or it logged no times)."""
-    seen = [p["loss"] for p in curve if p.get(key) is not None and p[key] <= budget + 1e-9]
+def within(curve: Sequence[Mapping[str, float]], key: str, budget: float, metric: str = "loss") -> Optional[float]:
+    """The lowest valid ``metric`` (``"loss"``, the training loss; ``"nll_loss"``, without label smoothing) a cell
+    had reached within ``budget`` of ``key`` (``"seconds"`` of training or ``"updates"``), or None when its first
+    validation came later (or it logged no times)."""
+    seen = [p[metric] for p in curve if p.get(key) is not None and p[key] <= budget + 1e-9]
     return min(seen) if seen else None
