@@ -527,6 +527,13 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss():
     table = C.sweep_table([softmax, mos], sweep)
     assert "**3.600, NLL 2.200 (ep 2, patience)**" in table and "**3.500, NLL 2.350 (ep 2, patience)**" in table
     assert S.label_smoothed([softmax, mos])
+    assert C.rates_by_nll([softmax, mos], sweep) == {}
+    # MoS-4 at 0.01: the lower best loss (3.45 against 0.005's 3.5), chosen; its checkpoint's NLL lower too, or not
+    wide = {**sweep, "mos-4": {"rates": [0.005, 0.01], "chosen": 0.01}}
+    agrees = {**cell("mos-4", [3.8, 3.45, 3.5], [2.5, 2.30, 2.31]), "lr": 0.01}
+    assert C.rates_by_nll([softmax, mos, agrees], wide) == {}
+    disagrees = {**cell("mos-4", [3.8, 3.45, 3.5], [2.5, 2.40, 2.45]), "lr": 0.01}
+    assert C.rates_by_nll([softmax, mos, disagrees], wide) == {"mos-4": 0.005}
     plain = [{**c, "curve": [{**p, "nll_loss": p["loss"]} for p in c["curve"]]} for c in (softmax, mos)]
     plain = [{**c, "best": S.best_point(c["curve"])} for c in plain]
     assert "**3.600 (ep 2, patience)**" in C.sweep_table(plain, sweep) and not S.label_smoothed(plain)

@@ -266,6 +266,21 @@ def sweep_table(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[
     return "\n".join(lines) + "\n"
 
 
+def rates_by_nll(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
+    """``{head: rate}`` of the heads whose chosen rate (lowest best valid loss, seed 1) is not the one the NLL of
+    the same checkpoints would choose: the choice checked against the metric heads are compared on, for a table
+    whose loss is label-smoothed. Heads still sweeping, or trained at another table's rate, are left out."""
+    out = {}
+    for head, s in sweep.items():
+        if s["chosen"] is None or s.get("from"):
+            continue
+        best = {c["lr"]: S.nll(c["best"]) for c in cells
+                if c["head"] == head and c["seed"] == 1 and c.get("best") and c.get("lr") in s["rates"]}
+        if best and S.choose_lr(best) != s["chosen"]:
+            out[head] = S.choose_lr(best)
+    return out
+
+
 def cell_cpu_hours(cell: Mapping[str, Any]) -> float:
     """A cell's training CPU-core-hours: the CPU time its training processes used (``cpu_s``, user + system, as the
     runner records it) where recorded, else its training seconds times its threads (``train_wall_s``: cells trained

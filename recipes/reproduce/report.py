@@ -454,6 +454,12 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                      if S.label_smoothed(cells) else "")
                   + "epoch of the best, why it stopped; bold: the chosen rate, chosen on valid only):", "",
                   C.sweep_table(cells, sweep)]
+        if S.label_smoothed(cells):
+            moved = C.rates_by_nll(cells, sweep)
+            lines += [("The NLL of the same checkpoints would choose another rate for "
+                       + ", ".join(f"{h} ({S.rate_key(lr)})" for h, lr in moved.items()) if moved else
+                       "The NLL of the same checkpoints chooses the same rate for every head whose sweep is done")
+                      + ".", ""]
         borrowed = sorted({s["from"] for s in sweep.values() if s.get("from")})
         if borrowed:
             lines += [f"Not swept here: the heads marked with {' / '.join(borrowed)}'s choice train at the rate that "
