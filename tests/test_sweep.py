@@ -510,7 +510,6 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss():
     rewards the probability a head leaves on every word, more of it in a mixture's tail): the equal-compute table
     pairs the NLL, the sweep table shows both, and a table without label smoothing shows the loss alone."""
     from recipes.reproduce import compare as C
-    from recipes.reproduce import report
 
     def cell(head, losses, nlls):
         curve = [{"epoch": e, "updates": 10 * e, "seconds": 10.0 * e, "loss": loss, "nll_loss": nll}

@@ -276,8 +276,11 @@ def rates_by_nll(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping
             continue
         best = {c["lr"]: S.nll(c["best"]) for c in cells
                 if c["head"] == head and c["seed"] == 1 and c.get("best") and c.get("lr") in s["rates"]}
-        if best and S.choose_lr(best) != s["chosen"]:
-            out[head] = S.choose_lr(best)
+        if not best:
+            continue
+        by_nll = S.choose_lr(best)
+        if by_nll != s["chosen"]:
+            out[head] = by_nll
     return out
 
 

@@ -447,14 +447,15 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                       f"{'s' if c['threads'] != 1 else ''}, one timing run per head on a 2-core machine shared "
                       f"with the training runs.{_added_heads(c)} {noise}".rstrip(), ""]
     sweep = obj.get("sweep") or {}
+    smoothed = S.label_smoothed(cells)
     if sweep:
         spent = C.cpu_hours(cells, sweep)
         lines += ["Learning rate per head: best valid loss of seed 1 at every rate ("
                   + ("the label-smoothed loss the cells train and stop on, then the NLL of that checkpoint; "
-                     if S.label_smoothed(cells) else "")
+                     if smoothed else "")
                   + "epoch of the best, why it stopped; bold: the chosen rate, chosen on valid only):", "",
                   C.sweep_table(cells, sweep)]
-        if S.label_smoothed(cells):
+        if smoothed:
             moved = C.rates_by_nll(cells, sweep)
             lines += [("The NLL of the same checkpoints would choose another rate for "
                        + ", ".join(f"{h} ({S.rate_key(lr)})" for h, lr in moved.items()) if moved else
@@ -484,7 +485,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
         lines += ["Equal compute: each head's lowest valid NLL (bits per token"
                   + ("; not the label-smoothed loss the cells train and stop on, which also rewards the probability "
                      "a head leaves on every word of the vocabulary, more of it in a mixture's tail than in one "
-                     "softmax's" if S.label_smoothed(cells) else "") + ") within the updates, and within the training "
+                     "softmax's" if smoothed else "") + ") within the updates, and within the training "
                   f"{seconds}, that softmax's cell of the same seed took to its stop, against softmax's lowest "
                   "(negative: the head gets lower for the same number of steps / the same bill"
                   + ("; the cost column divides softmax's updates by the head's time per update measured in one "
