@@ -194,6 +194,8 @@ def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(
                                      ("softmax", 0.01, 2), ("softmax", 0.01, 3)]  # not the fake's own best rates
     sweep = json.load(open(tmp_path / "fake" / "sweep.json"))
     assert sweep["softmax"] == {"rates": [0.01], "chosen": 0.01, "from": "mt-en-de"}
+    # the borrowed rate is chosen before the first cell trains: a report of the run so far shows it, not "running"
+    assert table.sweep_seen[0] == sweep
     assert "| 0.01 (mt-en-de's choice, not swept here) |" in C.sweep_table(
         [R.load_cell(str(tmp_path / "fake"), "softmax", 1, 0.01)], {"softmax": sweep["softmax"]})
     # a head the source table has not chosen a rate for

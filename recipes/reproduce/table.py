@@ -173,17 +173,14 @@ class Table:
         """Seed 1 of every head at every rate of the grid (growing it where the best is at an end, up to
         ``--max-rates``; a grid ``--lrs`` gave grows only with ``--max-rates``), the rate of the lowest best valid
         loss chosen per head; then every seed at the chosen rate, seed by seed, each scored. With ``--lr-from
-        TABLE`` the grid is the one rate TABLE chose for the head. Returns ``{head: chosen rate}``; ``sweep.json``
+        TABLE`` there is no sweep: every seed, seed 1 included, trains at the rate TABLE chose for the head. Returns ``{head: chosen rate}``; ``sweep.json``
         keeps the heads of earlier runs that this one did not name."""
         source = getattr(args, "lr_from", None)
-        if source:
-            rates = {h: [lr] for h, lr in self.borrowed_rates(variants, args).items()}
-            max_rates = 1
-        else:
-            rates = {v.name: self.lr_grid(args) for v in variants}
-            max_rates = (getattr(args, "max_rates", None)
-                         or (len(args.lrs) if getattr(args, "lrs", None) else self.max_rates))
-        chosen: Dict[str, float] = {}
+        # a borrowed rate is chosen before any cell trains: its seed 1 is a seed like the others, not a sweep cell
+        chosen: Dict[str, float] = self.borrowed_rates(variants, args) if source else {}
+        rates = {v.name: [chosen[v.name]] if source else self.lr_grid(args) for v in variants}
+        max_rates = 1 if source else (getattr(args, "max_rates", None)
+                                      or (len(args.lrs) if getattr(args, "lrs", None) else self.max_rates))
         sweep_path = os.path.join(table_dir, "sweep.json")
 
         def save_sweep():  # after every cell: a sweep cut short is committed (and reported) as far as it went
