@@ -507,11 +507,11 @@ def test_valid_loss_plot_uses_the_clock_of_the_equal_compute_table():
     assert report.curves_to_plot([old])[0] == [[{"updates": 10, "loss": 5.0}, {"updates": 20, "loss": 4.5}]]
 
 
-def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss():
+def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     """A mixture's label-smoothed valid loss can be below softmax's while its NLL is above (the smoothing also
     rewards the probability a head leaves on every word, more of it in a mixture's tail): the equal-compute table
     pairs the NLL, the sweep table shows both, and a table without label smoothing shows the loss alone."""
-    from recipes.reproduce import compare as C
+    from recipes.reproduce import compare as C, report
 
     def cell(head, losses, nlls):
         curve = [{"epoch": e, "updates": 10 * e, "seconds": 10.0 * e, "loss": loss, "nll_loss": nll}
@@ -535,6 +535,12 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss():
     assert C.rates_by_nll([softmax, mos, agrees], wide) == {}
     disagrees = {**cell("mos-4", [3.8, 3.45, 3.5], [2.5, 2.40, 2.45]), "lr": 0.01}
     assert C.rates_by_nll([softmax, mos, disagrees], wide) == {"mos-4": 0.005}
+    # the report says the NLL check's outcome where a rate was chosen here, and says nothing where all were borrowed
+    obj = {"table": "mt-en-fr", "description": "d", "rows": [], "cells": [softmax, mos, disagrees], "sweep": wide}
+    assert "would choose another rate for mos-4 (0.005)" in report.table_section(obj, str(tmp_path))
+    borrowed = {h: {**s, "from": "mt-en-de"} for h, s in sweep.items()}
+    text = report.table_section({**obj, "cells": [softmax, mos], "sweep": borrowed}, str(tmp_path))
+    assert "Not swept here" in text and "The NLL of the same checkpoints" not in text
     plain = [{**c, "curve": [{**p, "nll_loss": p["loss"]} for p in c["curve"]]} for c in (softmax, mos)]
     plain = [{**c, "best": S.best_point(c["curve"])} for c in plain]
     assert "**3.600 (ep 2, patience)**" in C.sweep_table(plain, sweep) and not S.label_smoothed(plain)

@@ -455,7 +455,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                      if smoothed else "")
                   + "epoch of the best, why it stopped; bold: the chosen rate, chosen on valid only):", "",
                   C.sweep_table(cells, sweep)]
-        if smoothed:
+        if smoothed and any(not s.get("from") for s in sweep.values()):  # a borrowed rate was checked where swept
             moved = C.rates_by_nll(cells, sweep)
             lines += [("The NLL of the same checkpoints would choose another rate for "
                        + ", ".join(f"{h} ({S.rate_key(lr)})" for h, lr in moved.items()) if moved else
