@@ -158,6 +158,7 @@ def equal_compute(cells: Sequence[Mapping[str, Any]],
             continue
         row: Dict[str, Any] = {"head": head, "seeds": len(seeds), "clock": clock}
         ratio = (cost_ratio or {}).get(head)
+        lowest = {s: min(S.nll(p) for p in by[("softmax", s)]["curve"]) for s in seeds}  # softmax's, per seed
         for key in ("updates", "seconds") + (("cost",) if ratio else ()):
             budgets, diffs = [], []
             measure = "updates" if key == "cost" else key  # the curve's axis the budget is counted on
@@ -170,8 +171,7 @@ def equal_compute(cells: Sequence[Mapping[str, Any]],
                 if key == "cost":
                     budget /= ratio  # the updates the head affords for softmax's bill
                 reached = S.within(by[(head, s)]["curve"], measure, budget, "nll_loss")
-                lowest = min(p["nll_loss"] for p in base["curve"])
-                diffs.append(None if reached is None else reached - lowest)
+                diffs.append(None if reached is None else reached - lowest[s])
             known = [d for d in diffs if d is not None]
             row[key] = {"softmax": sum(budgets) / len(budgets) if budgets else None,
                         "diff": stats.paired(known, [0.0] * len(known)) if known else None,

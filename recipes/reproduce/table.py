@@ -173,8 +173,8 @@ class Table:
         """Seed 1 of every head at every rate of the grid (growing it where the best is at an end, up to
         ``--max-rates``; a grid ``--lrs`` gave grows only with ``--max-rates``), the rate of the lowest best valid
         loss chosen per head; then every seed at the chosen rate, seed by seed, each scored. With ``--lr-from
-        TABLE`` there is no sweep: every seed, seed 1 included, trains at the rate TABLE chose for the head. Returns ``{head: chosen rate}``; ``sweep.json``
-        keeps the heads of earlier runs that this one did not name."""
+        TABLE`` there is no sweep: every seed, seed 1 included, trains at the rate TABLE chose for the head.
+        Returns ``{head: chosen rate}``; ``sweep.json`` keeps the heads of earlier runs that this one did not name."""
         source = getattr(args, "lr_from", None)
         # a borrowed rate is chosen before any cell trains: its seed 1 is a seed like the others, not a sweep cell
         chosen: Dict[str, float] = self.borrowed_rates(variants, args) if source else {}
