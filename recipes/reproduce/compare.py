@@ -170,7 +170,7 @@ def equal_compute(cells: Sequence[Mapping[str, Any]],
                 budgets.append(budget)
                 if key == "cost":
                     budget /= ratio  # the updates the head affords for softmax's bill
-                reached = S.within(by[(head, s)]["curve"], measure, budget, "nll_loss")
+                reached = S.within(by[(head, s)]["curve"], measure, budget, S.nll)  # read as `lowest` is
                 diffs.append(None if reached is None else reached - lowest[s])
             known = [d for d in diffs if d is not None]
             row[key] = {"softmax": sum(budgets) / len(budgets) if budgets else None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -128,9 +128,10 @@ def grid(center: float, factor: float, size: int = 3) -> List[float]:
     return [float(f"{center * factor ** (i - half):.6g}") for i in range(size)]
 
 
-def within(curve: Sequence[Mapping[str, float]], key: str, budget: float, metric: str = "loss") -> Optional[float]:
-    """The lowest valid ``metric`` (``"loss"``, the training loss; ``"nll_loss"``, without label smoothing) a cell
-    had reached within ``budget`` of ``key`` (``"seconds"`` of training or ``"updates"``), or None when its first
-    validation came later (or it logged no times)."""
-    seen = [p[metric] for p in curve if p.get(key) is not None and p[key] <= budget + 1e-9]
+def within(curve: Sequence[Mapping[str, float]], key: str, budget: float,
+           metric: Callable[[Mapping[str, float]], float] = lambda p: p["loss"]) -> Optional[float]:
+    """The lowest valid ``metric`` of a point (by default the loss the cell trains on; :func:`nll`, without label
+    smoothing) a cell had reached within ``budget`` of ``key`` (``"seconds"`` of training or ``"updates"``), or None
+    when its first validation came later (or it logged no times)."""
+    seen = [metric(p) for p in curve if p.get(key) is not None and p[key] <= budget + 1e-9]
     return min(seen) if seen else None
