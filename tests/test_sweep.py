@@ -372,7 +372,8 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
                  "cells": [_cell("softmax", 1, 0.005, [5, 4.2], 1800)]})
     text = report.build_report(str(tmp_path))
     assert "| mt-en-de, set aside: 4096-token batches | 2 | - | - / - / 1.7 | 1.5 |" in text
-    assert "In all 2.7 of the 40 CPU-core-hours planned (7%). 2.5 of them are wall-clock bounds" in text
+    assert ("In all 2.7 of the 40 CPU-core-hours planned (7%); the tables' own cells took 1.0 (2% of the plan), the "
+            "cells set aside 1.7. 2.5 of them are wall-clock bounds") in text
     with pytest.raises(SystemExit, match="no cell's train.log"):
         report.set_aside(str(tmp_path / "empty"), "mt-en-de", "x", str(tmp_path))
 

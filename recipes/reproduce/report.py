@@ -634,13 +634,16 @@ def budget_section(objs: Dict[str, Dict[str, Any]],
         total, wall = total + spent["total"], wall + spent["wall"]
         lines.append(f"| {table} | {len(obj['cells']) - len(chosen)} | {len(chosen)} | {spent['sweep']:.1f} / "
                      f"{spent['chosen']:.1f} / {spent['total']:.1f} | {spent['wall']:.1f} |")
+    kept = total
     for entry in (aside or {}).values():
         total, wall = total + entry["total"], wall + entry["wall"]
         lines.append(f"| {entry['table']}, set aside: {entry['reason']} | {entry['cells']} | - | - / - / "
                      f"{entry['total']:.1f} | {entry['wall']:.1f} |")
     over = total - MINI_BUDGET_HOURS
     lines += ["", f"In all {total:.1f} of the {MINI_BUDGET_HOURS:.0f} CPU-core-hours planned"
-              + (f": over the plan by {over:.1f}." if over > 0 else f" ({100 * total / MINI_BUDGET_HOURS:.0f}%).")
+              + (f": over the plan by {over:.1f}" if over > 0 else f" ({100 * total / MINI_BUDGET_HOURS:.0f}%)")
+              + (f"; the tables' own cells took {kept:.1f} ({100 * kept / MINI_BUDGET_HOURS:.0f}% of the plan), the "
+                 f"cells set aside {total - kept:.1f}." if aside else ".")
               + (f" {wall:.1f} of them are wall-clock bounds of cells that ran one thread each, two to four at a time "
                  f"on the 2 cores: their CPU time was less." if wall else ""), ""]
     return "\n".join(lines)
