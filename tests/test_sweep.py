@@ -408,7 +408,8 @@ def test_a_cell_made_before_a_default_changed_counts_with_the_old_default():
 
 def test_a_new_machine_restores_only_the_cells_of_the_protocol_the_table_runs_now(tmp_path):
     """The committed lm-ptb json may hold cells of a replaced protocol (no rate, no stopping rule): they do not come
-    back beside the new cells; a current cell of any head comes back, also one the run does not name."""
+    back beside the new cells; a current cell of any head comes back, also one the run does not name, and with them
+    the rows and sweep entries of the heads whose every cell came back, so a run naming one head keeps the others'."""
     from recipes.reproduce import get_table
     from recipes.reproduce.__main__ import parse_args
 
@@ -419,12 +420,31 @@ def test_a_new_machine_restores_only_the_cells_of_the_protocol_the_table_runs_no
     replaced = {k: v for k, v in current[0].items() if k not in ("lr", "stop")}
     assert [table.current(r, args) for r in current + [replaced]] == [True, True, False]
     assert not table.current({**current[0], "head": "no-such-head"}, args)
+    old_mixtape = {**replaced, "head": "mixtape", "seed": 1}  # a head whose only cell is of the replaced protocol
     committed = tmp_path / "lm-ptb.json"
-    committed.write_text(json.dumps({"cells": current + [{**replaced, "seed": 2}]}))
-    assert R.restore_cells(str(tmp_path / "run"), str(committed), lambda m: None,
-                           wanted=lambda r: table.current(r, args)) == 2
-    assert sorted(f.name for f in (tmp_path / "run" / "cells").iterdir()) == [
+
+    def row(head, ppl):
+        return R.make_row(table="lm-ptb", dataset="ptb", split="test", head=head, options={}, metric="ppl",
+                          values=[ppl], seeds=[1], scale="mini")
+
+    sweep = {h: {"rates": [0.005], "chosen": 0.005} for h in ("softmax", "mixtape-unscaled", "mixtape")}
+    committed.write_text(json.dumps({"cells": current + [{**replaced, "seed": 2}, old_mixtape], "sweep": sweep,
+                                     "rows": [row("softmax", 300.0), row("mixtape-unscaled", 310.0),
+                                              row("mixtape", 320.0)]}))
+    run = tmp_path / "run"
+    R.save_json(str(run / "results.json"), [row("mixtape-unscaled", 305.0)])  # this machine's own row stays
+    assert R.restore_cells(str(run), str(committed), lambda m: None, wanted=lambda r: table.current(r, args)) == 2
+    assert sorted(f.name for f in (run / "cells").iterdir()) == [
         "mixtape-unscaled-lr0.005-seed1.json", "softmax-lr0.005-seed1.json"]
+    # the rows and sweep entries of the heads that came back whole (softmax's has a replaced seed-2 cell: not whole)
+    assert [(r["head"], r["values"]) for r in R.load_rows(str(run / "results.json"))] == [
+        ("mixtape-unscaled", [305.0])]
+    assert R.load_json(str(run / "sweep.json")) == {"mixtape-unscaled": sweep["mixtape-unscaled"]}
+    (run / "results.json").unlink()
+    committed.write_text(json.dumps({**json.loads(committed.read_text()), "cells": current + [old_mixtape]}))
+    R.restore_cells(str(run), str(committed), lambda m: None, wanted=lambda r: table.current(r, args))
+    assert [r["head"] for r in R.load_rows(str(run / "results.json"))] == ["softmax", "mixtape-unscaled"]
+    assert sorted(R.load_json(str(run / "sweep.json"))) == ["mixtape-unscaled", "softmax"]
 
 
 def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path):

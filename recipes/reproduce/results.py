@@ -119,15 +119,20 @@ def restore_cells(table_dir: str, committed: str, log=print, wanted=None) -> int
     """Copy the finished cells of a committed table file (``docs/reproduction/TABLE.json``) that ``table_dir``
     lacks into ``table_dir/cells``: a new machine continues where the last one stopped. ``wanted(record)``, when
     given, says which records to bring back (the table's: those made with the settings it runs now, so that the
-    cells of a protocol it replaced do not come back to be collected beside the new ones). Returns how many it
-    restored."""
+    cells of a protocol it replaced do not come back to be collected beside the new ones). The results rows and
+    sweep entries of the heads whose every committed cell comes back are restored too (``results.json``,
+    ``sweep.json``; a head these files already have keeps its own): a run that names some heads then keeps the
+    others' in the table it writes. Returns how many cells it restored."""
     if not os.path.isfile(committed):
         return 0
     with open(committed) as f:
         obj = json.load(f)
+    records = obj.get("cells", [])
+    heads = {r["head"] for r in records} - {r["head"] for r in records if wanted is not None and not wanted(r)}
     chosen = {head: entry["chosen"] for head, entry in (obj.get("sweep") or {}).items()}
+    entries = restore_head_entries(table_dir, heads, obj.get("rows") or [], obj.get("sweep") or {})
     restored = 0
-    for record in obj.get("cells", []):
+    for record in records:
         lr = record.get("lr")
         if ("commands" not in record or load_cell(table_dir, record["head"], record["seed"], lr) is not None
                 or (wanted is not None and not wanted(record))):
@@ -142,7 +147,26 @@ def restore_cells(table_dir: str, committed: str, log=print, wanted=None) -> int
         restored += 1
     if restored:
         log(f"restored {restored} finished cell(s) from {committed}, with the hypotheses committed beside it")
+    if entries:
+        log(f"restored the results rows and sweep entries of {', '.join(entries)} from {committed}")
     return restored
+
+
+def restore_head_entries(table_dir: str, heads: Iterable[str], rows: List[Dict[str, Any]],
+                         sweep: Dict[str, Any]) -> List[str]:
+    """Add the committed ``rows`` and ``sweep`` entries of ``heads`` to ``table_dir``'s ``results.json`` and
+    ``sweep.json`` where those files have none for the head (see :func:`restore_cells`); returns the heads added."""
+    rows_path, sweep_path = os.path.join(table_dir, "results.json"), os.path.join(table_dir, "sweep.json")
+    local_rows = load_rows(rows_path) if os.path.isfile(rows_path) else []
+    local_sweep = load_json(sweep_path) or {}
+    have = {r["head"] for r in local_rows}
+    new_rows = [r for r in rows if r["head"] in heads and r["head"] not in have]
+    new_sweep = {h: e for h, e in sweep.items() if h in heads and h not in local_sweep}
+    if new_rows:
+        save_json(rows_path, local_rows + new_rows)
+    if new_sweep:
+        save_json(sweep_path, {**local_sweep, **new_sweep})
+    return sorted({r["head"] for r in new_rows} | set(new_sweep))
 
 
 def restore_hypotheses(reproduction_dir: str, record: Dict[str, Any], names: List[str], directory: str) -> int:
