@@ -128,14 +128,14 @@ def restore_cells(table_dir: str, committed: str, log=print, wanted=None) -> int
     with open(committed) as f:
         obj = json.load(f)
     records = obj.get("cells", [])
-    heads = {r["head"] for r in records} - {r["head"] for r in records if wanted is not None and not wanted(r)}
+    current = [r for r in records if wanted is None or wanted(r)]  # asked once per record: it parses the head
+    heads = {r["head"] for r in current} - {r["head"] for r in records if r not in current}
     chosen = {head: entry["chosen"] for head, entry in (obj.get("sweep") or {}).items()}
     entries = restore_head_entries(table_dir, heads, obj.get("rows") or [], obj.get("sweep") or {})
     restored = 0
-    for record in records:
+    for record in current:
         lr = record.get("lr")
-        if ("commands" not in record or load_cell(table_dir, record["head"], record["seed"], lr) is not None
-                or (wanted is not None and not wanted(record))):
+        if "commands" not in record or load_cell(table_dir, record["head"], record["seed"], lr) is not None:
             continue
         record["commands"] = [located_paths(line, record["table"], table_dir) for line in record["commands"]]
         save_json(cell_path(table_dir, record["head"], record["seed"], lr), record)
