@@ -159,7 +159,7 @@ def argparse_namespace(**kw):
     return argparse.Namespace(momentum=0.0, weight_decay=0.0, **kw)
 
 
-def test_ntasgd_on_the_command_line_then_the_averaged_checkpoint_is_scored(data, tmp_path):
+def test_ntasgd_on_the_command_line_validates_the_averages_then_the_averaged_checkpoint_is_scored(data, tmp_path):
     import subprocess
     import sys
 
@@ -168,8 +168,10 @@ def test_ntasgd_on_the_command_line_then_the_averaged_checkpoint_is_scored(data,
               "--criterion", "head_cross_entropy", "--optimizer", "ntasgd", "--weight-decay", "1.2e-6",
               "--lr-scheduler", "ntasgd", "--asgd-from-epoch", "1", "--lr", "20", "--clip-norm", "0.25",
               "--batch-size", "12", "--required-batch-size-multiple", "1", "--max-epoch", "2", "--cpu",
-              "--save-dir", tmp_path, "--no-epoch-checkpoints", "--num-workers", "0")
+              "--save-dir", tmp_path, "--no-epoch-checkpoints", "--num-workers", "0", "--log-format", "json")
     assert "NT-ASGD: averaging from the end of epoch 1" in out
+    assert out.count("NT-ASGD: validating the averages") == 1  # epoch 2's validation, not epoch 1's
+    valid = [json.loads(line[line.index("{"):]) for line in out.splitlines() if "| valid |" in line]
     avg = subprocess.run([sys.executable, "-m", "fairseq_plugin.average", str(tmp_path / "checkpoint_last.pt"),
                           str(tmp_path / "avg.pt")], capture_output=True, text=True)
     assert avg.returncode == 0 and "parameters averaged" in avg.stderr, avg.stderr[-2000:]
@@ -182,6 +184,42 @@ def test_ntasgd_on_the_command_line_then_the_averaged_checkpoint_is_scored(data,
                  "--tokens-per-sample", "16", "--cpu", "--num-workers", "0", "--gen-subset", "valid")
         ppl[name] = float(re.search(r"Perplexity: ([\d.]+)", ev).group(1))
     assert ppl["avg.pt"] != ppl["checkpoint_last.pt"]  # other weights: the averages
+    # epoch 2 validated the averages (AWD-LSTM's evaluation), not the SGD iterate the checkpoint holds as its model:
+    # the logged loss is the loss of the averages in the checkpoint's optimizer state
+    iterate, averages = validation_losses(tmp_path / "checkpoint_last.pt", max_sentences=12)
+    assert float(valid[-1]["valid_loss"]) == pytest.approx(averages, abs=1e-3)
+    assert abs(float(valid[-1]["valid_loss"]) - iterate) > 0.01
+
+
+def validation_losses(checkpoint, max_sentences: int):
+    """The validation loss (bits a token, as fairseq logs it) of the checkpoint's model and of its NT-ASGD averages,
+    computed in this process as fairseq-train's validation computes it."""
+    import math
+
+    from fairseq import checkpoint_utils
+
+    from fairseq_plugin.lm.ntasgd import AveragedSGD, averaged_weights
+
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
+    model, criterion = models[0].eval(), task.build_criterion(cfg.criterion)
+    task.load_dataset("valid")
+
+    def loss():
+        batches = task.get_batch_iterator(dataset=task.dataset("valid"), max_sentences=max_sentences)
+        total, n = 0.0, 0
+        with torch.no_grad():
+            for sample in batches.next_epoch_itr(shuffle=False):
+                value, size, _ = criterion(model, sample)
+                total, n = total + value.item(), n + size
+        return total / n / math.log(2)
+
+    sgd = AveragedSGD(list(model.parameters()), lr=1.0)
+    sgd.load_state_dict(state["last_optimizer_state"])
+    with averaged_weights(sgd) as swapped:
+        assert swapped == len(list(model.parameters()))
+        averaged = loss()
+    return loss(), averaged
 
 
 def test_average_finds_the_data_directory_from_any_directory(tmp_path):

@@ -10,11 +10,15 @@
 * ``python -m fairseq_plugin.average CHECKPOINT OUT``: a checkpoint whose model weights are the averages, what
   AWD-LSTM evaluates and keeps; score it with ``fairseq-eval-lm --path OUT``.
 
-Difference from AWD-LSTM: fairseq validates with the current weights, so after the switch the per-epoch
-validation (and the choice of ``checkpoint_best.pt``) sees the SGD iterate, not the average; the averaged
-checkpoint comes from the command above.
+Validation sees the averages once the switch is made, as AWD-LSTM's loop swaps them in to evaluate: the plugin
+wraps fairseq-train's ``validate`` (:func:`validate_on_averages`), so the logged valid loss, ``--patience``, the
+trigger and the choice of ``checkpoint_best.pt`` all read the averaged model. Checkpoints keep the SGD iterate as
+their model and the averages in the optimizer state (a resumed run goes on as it was);
+``python -m fairseq_plugin.average checkpoint_best.pt OUT`` writes the averaged model that validated best.
 """
+import contextlib
 import logging
+import sys
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -94,14 +98,66 @@ class NTASGDScheduleConfig(FairseqDataclass):
     lr: List[float] = II("optimization.lr")
 
 
-def averaged_sgd(optimizer) -> AveragedSGD:
-    """The :class:`AveragedSGD` inside fairseq's optimizer wrappers, or a clear error."""
+def find_averaged_sgd(optimizer) -> Optional[AveragedSGD]:
+    """The :class:`AveragedSGD` inside fairseq's optimizer wrappers, or None (another optimizer)."""
     inner = optimizer
     for _ in range(4):
         if isinstance(inner, AveragedSGD):
             return inner
         inner = getattr(inner, "optimizer", getattr(inner, "fp32_optimizer", None))
-    raise ValueError("--lr-scheduler ntasgd needs --optimizer ntasgd (the averages are the optimizer's)")
+    return None
+
+
+def averaged_sgd(optimizer) -> AveragedSGD:
+    """The :class:`AveragedSGD` inside fairseq's optimizer wrappers, or a clear error."""
+    sgd = find_averaged_sgd(optimizer)
+    if sgd is None:
+        raise ValueError("--lr-scheduler ntasgd needs --optimizer ntasgd (the averages are the optimizer's)")
+    return sgd
+
+
+@contextlib.contextmanager
+def averaged_weights(optimizer):
+    """Inside the block every parameter that has an NT-ASGD average holds it; the SGD iterate is put back after
+    (also on an error). Does nothing for another optimizer or before the switch."""
+    sgd = find_averaged_sgd(optimizer)
+    swapped = []
+    if sgd is not None and sgd.averaging:
+        with torch.no_grad():
+            for group in sgd.param_groups:
+                for p in group["params"]:
+                    ax = sgd.state[p].get("ax")
+                    if ax is not None:
+                        swapped.append((p, p.detach().clone()))
+                        p.copy_(ax)
+    try:
+        yield len(swapped)
+    finally:
+        with torch.no_grad():
+            for p, iterate in swapped:
+                p.copy_(iterate)
+
+
+def validate_on_averages() -> None:
+    """Make fairseq-train's ``validate`` run on the NT-ASGD averages once averaging has started (AWD-LSTM's
+    evaluation), and on the weights as they are otherwise. Idempotent; nothing outside fairseq-train."""
+    for name in ("fairseq_cli.train", "__main__"):
+        module = sys.modules.get(name)
+        validate = getattr(module, "validate", None)
+        if not callable(validate) or not hasattr(module, "validate_and_save"):
+            continue
+        if getattr(validate, "_softmax_heads_averages", False):
+            return
+
+        def on_averages(cfg, trainer, task, epoch_itr, subsets, _validate=validate):
+            with averaged_weights(trainer.optimizer) as n:
+                if n:
+                    logger.info(f"NT-ASGD: validating the averages of {n} parameters")
+                return _validate(cfg, trainer, task, epoch_itr, subsets)
+
+        on_averages._softmax_heads_averages = True
+        on_averages.__doc__ = validate.__doc__
+        module.validate = on_averages
 
 
 @register_lr_scheduler("ntasgd", dataclass=NTASGDScheduleConfig)
@@ -114,6 +170,7 @@ class NTASGDSchedule(FairseqLRScheduler):
             raise ValueError(f"--nonmono {cfg.nonmono} / --asgd-from-epoch {cfg.asgd_from_epoch}: allowed >= 0")
         averaged_sgd(optimizer)
         self.lr = cfg.lr[0]
+        validate_on_averages()  # fairseq-train has loaded its module by now (the plugin loads from its main)
         self.val_losses: List[float] = []
         self.optimizer.set_lr(self.lr)
 

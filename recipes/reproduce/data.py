@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import socket
 import sys
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 #: Multi30k splits: our name -> the file stem in DATA/multi30k
 MULTI30K_SPLITS = {"train": "train", "valid": "val", "test_2016_flickr": "test_2016_flickr",
@@ -116,30 +117,38 @@ def prepare_multi30k(data: str, src: str, tgt: str, bpe_size: int, out: str, lim
 LM_CORPORA = {"ptb": "ptb", "wikitext-2": "wikitext-2"}
 
 
-def prepare_lm(data: str, corpus: str, out: str, valid_fraction: float = 0.1, limit: int = 0) -> Dict[str, str]:
-    """A mini language-modelling corpus from the shipped splits (the train split is not here): the first lines
-    of ``valid.txt`` train, its last ``valid_fraction`` validates (checkpoint choice, the NT-ASGD trigger),
-    ``test.txt`` tests. Writes ``out/raw/{train,valid,test}.txt`` and ``out/dict.txt``: every word of the three
-    files (as AWD-LSTM's vocabulary), ordered by its count in the training part (frequency order for Mixtape)."""
+def prepare_lm(data: str, corpus: str, out: str, limit: int = 0) -> Dict[str, Any]:
+    """A language-modelling corpus from the standard splits under ``DATA/CORPUS``: ``train.txt`` trains (its first
+    ``limit`` lines when ``limit`` > 0: a stated prefix), ``valid.txt`` validates (the checkpoint choice, the
+    stopping rule, the NT-ASGD trigger), ``test.txt`` tests. Every line is kept as the papers' code reads it (an
+    empty line is one ``<eos>``). Writes ``out/raw/{train,valid,test}.txt``, ``out/tokens.json`` (tokens of each
+    split with one ``<eos>`` a line, as the papers count, and of the whole train split) and ``out/dict.txt``: the words of the
+    *whole* train split (the papers' vocabulary, also when a prefix trains, plus any valid / test word not in it),
+    most frequent first (frequency order for Mixtape's gate sharing). Returns the paths written."""
     directory = os.path.join(data, LM_CORPORA[corpus])
-    expected = ["valid.txt", "test.txt"]
+    expected = ["train.txt", "valid.txt", "test.txt"]
     if not all(os.path.isfile(os.path.join(directory, f)) for f in expected):
         raise missing_files_error(directory, expected, corpus)
-    lines = [line for line in read_lines(os.path.join(directory, "valid.txt"), limit) if line]
-    test = [line for line in read_lines(os.path.join(directory, "test.txt"), limit) if line]
-    cut = len(lines) - max(1, int(round(valid_fraction * len(lines))))
-    splits = {"train": lines[:cut], "valid": lines[cut:], "test": test}
+    whole = read_lines(os.path.join(directory, "train.txt"))
+    splits = {"train": whole[:limit] if limit > 0 else whole,
+              "valid": read_lines(os.path.join(directory, "valid.txt")),
+              "test": read_lines(os.path.join(directory, "test.txt"))}
     raw = os.path.join(out, "raw")
     for split, text in splits.items():
         write_lines(os.path.join(raw, f"{split}.txt"), text)
     counts: Dict[str, int] = {}
-    for line in splits["train"]:
+    for line in whole:
         for w in line.split():
             counts[w] = counts.get(w, 0) + 1
-    words = {w for text in splits.values() for line in text for w in line.split()}
+    words = set(counts) | {w for text in splits.values() for line in text for w in line.split()}
     ordered = sorted(words, key=lambda w: (-counts.get(w, 0), w))
     write_lines(os.path.join(out, "dict.txt"), [f"{w} {counts.get(w, 0)}" for w in ordered if w != "<unk>"])
-    return {"raw": raw, "dict": os.path.join(out, "dict.txt")}
+    tokens = {split: sum(len(line.split()) + 1 for line in text) for split, text in splits.items()}
+    counts_path = os.path.join(out, "tokens.json")
+    with open(counts_path, "w") as f:
+        json.dump({**tokens, "train_lines": len(splits["train"]), "train_lines_of": len(whole),
+                   "train_tokens_of": sum(len(line.split()) + 1 for line in whole)}, f, indent=1)
+    return {"raw": raw, "dict": os.path.join(out, "dict.txt"), "tokens": counts_path}
 
 
 def download(url: str, dst_dir: str) -> str:
@@ -197,16 +206,15 @@ def main(argv=None) -> None:
     m.add_argument("--bpe-size", type=int, default=4000)
     m.add_argument("--limit", type=int, default=0, help="first N lines of every split (0: all)")
     m.add_argument("--out", required=True)
-    lm = sub.add_parser("lm", help="a mini LM corpus from the shipped valid/test splits (see prepare_lm)")
+    lm = sub.add_parser("lm", help="an LM corpus from the standard train/valid/test splits (see prepare_lm)")
     lm.add_argument("--data", default=os.path.join("..", "shared", "data"))
     lm.add_argument("--corpus", required=True, choices=sorted(LM_CORPORA))
-    lm.add_argument("--valid-fraction", type=float, default=0.1)
-    lm.add_argument("--limit", type=int, default=0, help="first N lines of every file (0: all)")
+    lm.add_argument("--limit", type=int, default=0, help="first N lines of train.txt (0: all); valid and test whole")
     lm.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if args.what == "lm":
-        prepare_lm(args.data, args.corpus, args.out, args.valid_fraction, args.limit)
-        print(f"wrote {args.out}/raw, {args.out}/dict.txt", file=sys.stderr)
+        prepare_lm(args.data, args.corpus, args.out, args.limit)
+        print(f"wrote {args.out}/raw, {args.out}/dict.txt, {args.out}/tokens.json", file=sys.stderr)
     elif args.what == "multi30k":
         prepare_multi30k(args.data, args.src, args.tgt, args.bpe_size, args.out, args.limit)
         print(f"wrote {args.out}/bpe, {args.out}/raw, {args.out}/spm.model", file=sys.stderr)

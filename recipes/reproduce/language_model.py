@@ -1,9 +1,12 @@
 """The perplexity tables (Mixtape paper Table 3, PLIF paper): the papers' AWD-LSTM (``--arch head_awd_lstm_lm``)
 with each head, trained with NT-ASGD and scored by ``fairseq-eval-lm`` on the averaged weights (full size).
 
-* ``--scale mini`` (a 2-core CPU): the shipped splits only (the train splits are not here): the first 90% of
-  ``valid.txt`` trains, its last 10% validates (the checkpoint choice), ``test.txt`` tests; a scaled-down AWD-LSTM
-  (:data:`MINI_MODEL`) trained for a few epochs with Adam (:data:`MINI_TRAIN`), scored on its best checkpoint.
+* ``--scale mini`` (a 2-core CPU): the standard splits (``train.txt`` trains, or a stated prefix of it;
+  ``valid.txt`` validates: the rate, the checkpoint, the stopping rule; ``test.txt`` tests) with the papers'
+  protocol (``--task awd_language_modeling``: streams, the state carried, BPTT lengths drawn; scored with the state
+  carried, 10 streams valid / 1 test); a scaled-down AWD-LSTM (:data:`MINI_MODEL`) with the optimiser the pilot
+  chose (:mod:`recipes.reproduce.lm_pilot`, :data:`MINI_OPTIMIZERS`), under the stopping rule; scored on its best
+  checkpoint (NT-ASGD: the averaged weights that validated best).
 * ``--scale full``: the MoS settings (``head_awd_lstm_lm_ptb`` / ``_wt2``, 1000 epochs, NT-ASGD) on the standard
   splits; ``--dry-run`` prints the commands and each model's parameter count.
 
@@ -18,7 +21,7 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from recipes.reproduce import data as D
 from recipes.reproduce import results as R
@@ -31,12 +34,16 @@ from recipes.reproduce.variants import MIXTAPE_FORMS, Variant, full_mixtape_form
 #: the mini AWD-LSTM: smaller layers, half the MoS settings' dropouts (a few epochs on 60k tokens underfit)
 MINI_MODEL = ["--emsize", "200", "--nhid", "400", "--nhidlast", "300", "--dropout", "0.2", "--dropouth", "0.1",
               "--dropouti", "0.2", "--dropoute", "0.05", "--wdrop", "0.25", "--dropoutl", "0.15"]
-#: the mini schedule: Adam at a fixed rate (swept per head around :data:`MINI_LR`) under :data:`MINI_STOP`. NT-ASGD
-#: from lr 20 needs hundreds of epochs; in 6 epochs it left softmax at valid ppl 472 and MoS-3 at 968 with an
-#: oscillating valid loss (the MoS dropouts), where 5 epochs of Adam reached 372 and 406 (seed 1)
-MINI_TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--lr-scheduler", "fixed"]
-MINI_LR = 0.005
-MINI_STOP = StopRule(patience=3, max_epochs=40)
+#: the mini optimisers the pilot compares (:mod:`recipes.reproduce.lm_pilot`): Adam at a fixed rate, or the papers'
+#: NT-ASGD (SGD at a constant rate, averaging from the non-monotone trigger; validated and scored on the averages)
+MINI_OPTIMIZERS = {"adam": ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--lr-scheduler", "fixed"],
+                   "ntasgd": ["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5"]}
+#: the centre of each optimiser's learning-rate grid (NT-ASGD: the MoS code's PTB rate)
+MINI_LRS = {"adam": 0.005, "ntasgd": 20.0}
+#: NT-ASGD's patience must outlast its trigger (--nonmono 5) by a few epochs of averaging, or every cell stops first
+MINI_STOPS = {"adam": StopRule(patience=3, max_epochs=40), "ntasgd": StopRule(patience=8, max_epochs=40)}
+#: streams a training batch (AWD-LSTM's PTB batch; MoS's is 12)
+MINI_BATCH = 20
 #: the papers' options of the heads on language modelling: Mixtape r = 0.1 with weight-normalised gates (in Mesh
 #: TensorFlow's form, the mini tables' `mixtape` rows: MIXTAPE_FORMS), PLIF 1e5 knots (the PLIF paper), MoS-with-PLIF
 #: as the PLIF paper's last row
@@ -46,9 +53,10 @@ LM_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.1, "gate_w
 #: (no mixtape-unscaled: at full size every Mixtape row runs that form, :data:`FULL_MIXTAPE_FORM`)
 FULL_HEADS = ["softmax", "mos-3", "mos-5", "mos-10", "mos-15", "mixtape", "mixtape-noshare", "plif",
               "sigsoftmax", "mos_plif"]
-#: mini: softmax, the table's MoS (:attr:`LanguageModelTable.mini_mos`), both forms of Mixtape, PLIF, Sigsoftmax
-#: (MoS-3, Mixtape without sharing and MoS + PLIF are in the full plans; their cells did not fit the budget here)
-MINI_HEADS = ["softmax", "MOS", "mixtape", "mixtape-unscaled", "plif", "sigsoftmax"]
+#: mini: softmax, softmax on a larger LSTM sized to MoS's count (``softmax-matched``), MoS-4, Mixtape in the
+#: library's default form sized to MoS's count, PLIF, Sigsoftmax (PLIF and Sigsoftmax on softmax's model, as their
+#: papers compare); the other rows are in the full plans
+MINI_HEADS = ["softmax", "softmax-matched", "mos-4", "mixtape-unscaled", "plif", "sigsoftmax"]
 #: the heads whose papers' numbers come from AWD-LSTM's own sizes (the PLIF paper's softmax -> PLIF rows, the MoS
 #: paper's AWD-LSTM baseline that Mixtape's Table 3 softmax reproduces); MoS, Mixtape and MoS + PLIF run the MoS model
 AWD_HEADS = ("softmax", "plif", "sigsoftmax")
@@ -59,26 +67,40 @@ PPL = re.compile(r"Perplexity: ([\d.]+)")
 FULL_NOTE = ("Trained and scored as the papers' code (--task awd_language_modeling: contiguous streams, the LSTM state "
              "carried from window to window, BPTT lengths drawn as the papers draw them with the learning rate "
              "scaled by them; evaluation over the whole split, batch 10 valid / 1 test); no finetune stage, no "
-             "dynamic evaluation; checkpoint_best is chosen on the SGD iterate, the average scored at the end.")
+             "dynamic evaluation; once NT-ASGD averages, validation reads the averages (as AWD-LSTM swaps them in), and the "
+             "averaged weights that validated best are scored.")
 
 
 def prepare_mini_corpus(runner: Runner, args, table_dir: str, corpus: str, limit: int = 0) -> str:
-    """The mini corpus of ``corpus`` (:func:`recipes.reproduce.data.prepare_lm`: the first ``limit`` lines, or all,
-    of the shipped valid.txt split into train / valid, of test.txt as test) under ``table_dir/data``, made again
-    when ``limit`` changes; returns its ``raw`` directory."""
+    """The corpus of ``corpus`` (:func:`recipes.reproduce.data.prepare_lm`: the first ``limit`` lines of train.txt,
+    or all of it; valid.txt and test.txt whole; the whole train split's vocabulary) under ``table_dir/data``, made
+    again when ``limit`` changes; returns its ``raw`` directory."""
     prep = os.path.join(table_dir, "data")
     raw = os.path.join(prep, "raw")
     marker = os.path.join(prep, "corpus.json")
-    wanted = {"corpus": corpus, "limit": limit}
+    wanted = {"corpus": corpus, "limit": limit, "train": "train.txt"}
     if R.load_json(marker) != wanted:
         if os.path.isdir(prep):
             shutil.rmtree(prep)
         lines = ["--limit", str(limit)] if limit else []
         runner.run([sys.executable, "-m", "recipes.reproduce.data", "lm", "--data", args.data, "--corpus", corpus,
                     *lines, "--out", prep], os.path.join(prep, "prepare.log"), "data",
-                   comment=f"data: {corpus} valid.txt -> train / valid, test.txt -> test")
+                   comment=f"data: {corpus} train.txt" + (f" (first {limit} lines)" if limit else "")
+                   + ", valid.txt, test.txt")
         R.save_json(marker, wanted)
     return raw
+
+
+def with_options(base: Sequence[str], extra: Sequence[str]) -> List[str]:
+    """The option list ``base`` with each ``--name value`` of ``extra`` replacing ``base``'s value of that option
+    in place (appended when ``base`` has none)."""
+    out = list(base)
+    for name, value in zip(extra[::2], extra[1::2]):
+        if name in out:
+            out[out.index(name) + 1] = value
+        else:
+            out += [name, value]
+    return out
 
 
 @dataclass
@@ -104,13 +126,16 @@ class LanguageModelTable(Table):
     full_model_options: Dict[str, List[str]] = field(default_factory=dict)
     #: which paper each head's numbers come from, by head name ("*": the others), when the table cites several
     paper_source: Dict[str, str] = field(default_factory=dict)
-    #: lines of valid.txt and of test.txt the mini corpus reads (0: all); WikiText-2 reads PTB's amount of text
+    #: lines of train.txt the mini cells train on (0: all of it; valid.txt and test.txt are read whole)
     mini_lines: int = 0
-    #: the MoS of the mini scale: the largest K whose cells keep the budget here
-    mini_mos: str = "mos-5"
-    #: seeds of each mini head at its chosen learning rate ("MOS": :attr:`mini_mos`; others 1)
-    mini_seeds: Dict[str, int] = field(default_factory=lambda: {"softmax": 3, "MOS": 3, "mixtape": 3,
-                                                                "mixtape-unscaled": 3})
+    #: the heads of ``--scale mini`` (variant names)
+    mini_heads: List[str] = field(default_factory=lambda: list(MINI_HEADS))
+    #: seeds of each mini head at its chosen learning rate, fixed before the runs (others 1)
+    mini_seeds: Dict[str, int] = field(default_factory=lambda: {"softmax": 3})
+    #: the mini optimiser (a key of :data:`MINI_OPTIMIZERS`), chosen by the pilot
+    mini_optimizer: str = "adam"
+    #: model options of some mini rows, by variant name, over :data:`MINI_MODEL` (the size-matched rows)
+    mini_model_options: Dict[str, List[str]] = field(default_factory=dict)
     paper_costs: Dict[str, Dict[str, float]] = field(default_factory=dict)
     full_epochs: int = 1000
     #: the heads of ``--scale full`` (default :data:`FULL_HEADS`)
@@ -119,8 +144,6 @@ class LanguageModelTable(Table):
     full_note: str = ""
     scales: tuple = ("mini", "full")
     metric = "ppl"
-    mini_stop = MINI_STOP
-    mini_lr = MINI_LR
     cost_batch = 48  # Table 3's same-batch columns: 48 sequences
     cost_unit = "blocks of 70 tokens"
 
@@ -128,13 +151,24 @@ class LanguageModelTable(Table):
         options = LM_HEAD_OPTIONS
         if args.scale == "full":  # the form that trains under the plans' NT-ASGD (FULL_MIXTAPE_FORM)
             options = {**options, "mixtape": {**options["mixtape"], "scaled_input": False}}
-        mini = [self.mini_mos if h == "MOS" else h for h in MINI_HEADS]
-        return resolve(args.heads or (mini if args.scale == "mini" else self.full_heads), options)
+        return resolve(args.heads or (self.mini_heads if args.scale == "mini" else self.full_heads), options)
 
     def seeds_for(self, variant: Variant, args) -> List[int]:
-        name = "MOS" if variant.name == self.mini_mos else variant.name
-        n = args.seeds if args.seeds else (self.mini_seeds.get(name, 1) if args.scale == "mini" else 1)
+        n = args.seeds if args.seeds else (self.mini_seeds.get(variant.name, 1) if args.scale == "mini" else 1)
         return list(range(1, n + 1))
+
+    @property
+    def mini_stop(self) -> StopRule:
+        return MINI_STOPS[self.mini_optimizer]
+
+    @property
+    def mini_lr(self) -> float:
+        return MINI_LRS[self.mini_optimizer]
+
+    def mini_model(self, variant: Variant) -> List[str]:
+        """The mini model options of ``variant``'s row: :data:`MINI_MODEL` with its own sizes
+        (:attr:`mini_model_options`) in place."""
+        return with_options(MINI_MODEL, self.mini_model_options.get(variant.name, []))
 
     def dataset(self, args) -> str:
         return self.corpus
@@ -143,15 +177,14 @@ class LanguageModelTable(Table):
     def report_notes(self) -> str:
         if "mini" not in self.scales:
             return ""
-        lines = f"the first {self.mini_lines} lines of " if self.mini_lines else ""
-        return (f"Mini: the train split of {self.corpus} is not here: the first 90% of {lines}its valid.txt trains, "
-                f"the last 10% validates (\"valid\" below), {lines}test.txt tests; an AWD-LSTM of "
-                f"{' '.join(MINI_MODEL)}, {' '.join(MINI_TRAIN)} (batch "
-                f"{self.full_batch}, fairseq's language_modeling blocks of 70 tokens, each from a zero state; the "
-                f"full plans train on the papers' streams), {MINI_STOP.describe()}. Adam, not NT-ASGD: in 6 epochs "
-                f"NT-ASGD at lr 20 left softmax at valid perplexity 472 and MoS-3 at 968 with an oscillating valid "
-                f"loss (PTB, the MoS dropouts). Far less data than the papers: compare the ordering of "
-                f"the heads, not the values. {MIXTAPE_FORMS}")
+        train = f"the first {self.mini_lines} lines of train.txt" if self.mini_lines else "train.txt"
+        sized = "; ".join(f"{name}: {' '.join(options)}" for name, options in self.mini_model_options.items())
+        return (f"Mini: {train} trains, valid.txt validates (the rate, the checkpoint, the stopping rule), test.txt "
+                f"tests, the vocabulary of the whole train split; the papers' protocol (--task "
+                f"awd_language_modeling: {MINI_BATCH} streams, the state carried, BPTT lengths drawn; scored with the "
+                f"state carried over the split, 10 streams valid / 1 test); an AWD-LSTM of {' '.join(MINI_MODEL)}"
+                + (f" ({sized})" if sized else "") + f", {' '.join(MINI_OPTIMIZERS[self.mini_optimizer])} "
+                f"(the pilot's choice), {self.mini_stop.describe()}. {MIXTAPE_FORMS}")
 
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
         return self.paper.get(split, {}).get(variant.name)
@@ -164,29 +197,35 @@ class LanguageModelTable(Table):
         return getattr(args, "max_epochs", None) or self.mini_stop.max_epochs
 
     def lines(self, args) -> int:
-        """Lines of valid.txt / test.txt the mini corpus reads (``--limit`` of the tests, else :attr:`mini_lines`)."""
+        """Lines of train.txt the mini corpus reads (``--limit`` of the tests, else :attr:`mini_lines`; 0: all)."""
         return args.limit or self.mini_lines
 
     def cell_config(self, variant: Variant, seed: int, args, lr: Optional[float] = None) -> Dict[str, Any]:
         config = {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
                   "scale": args.scale, "updates": self.epochs(args), "limit": self.lines(args)}
         if args.scale == "mini":  # cells trained with other mini settings are trained again
-            config.update(self.mini_config(args, lr), mini=MINI_MODEL + MINI_TRAIN)
+            config.update(self.mini_config(args, lr), data="train.txt", protocol="streams", batch=MINI_BATCH,
+                          mini=self.mini_model(variant) + MINI_OPTIMIZERS[self.mini_optimizer])
         return config
 
     # -- commands ----------------------------------------------------------------------------
     def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args,
-                      lr: Optional[float] = None, streams: Optional[bool] = None) -> List[str]:
+                      lr: Optional[float] = None, streams: bool = True, optimizer: Optional[str] = None
+                      ) -> List[str]:
         """``--max-updates`` counts epochs here (the papers train LMs for a number of epochs; mini: the cap of the
         stopping rule). ``lr``: a mini cell's rate (default the grid's centre). ``streams``: the papers' protocol
-        (``--task awd_language_modeling``) or fairseq's blocks (default: streams at full size only, as the mini
-        cells run)."""
+        (``--task awd_language_modeling``, every table's) or fairseq's blocks (the protocol study's other arm).
+        ``optimizer``: a mini cell's (a key of :data:`MINI_OPTIMIZERS`; default the table's; the pilot runs
+        both)."""
         full = args.scale == "full"
-        streams = full if streams is None else streams
-        model = self.full_model_options.get(variant.head, []) if full else MINI_MODEL
+        optimizer = optimizer or self.mini_optimizer
+        model = (self.full_model_options.get(variant.name, self.full_model_options.get(variant.head, [])) if full
+                 else self.mini_model(variant))
         arch, batch, full_lr, chunks, delta = self.full_model(variant if full else None)
+        if not full:
+            batch, chunks = MINI_BATCH, 1
         schedule = (["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(full_lr)]
-                    if full else [*MINI_TRAIN, "--lr", f"{lr or MINI_LR:g}"])
+                    if full else [*MINI_OPTIMIZERS[optimizer], "--lr", f"{lr or MINI_LRS[optimizer]:g}"])
         rule = None if full else self.stop_rule(args)  # --max-updates (epochs here) may cap it lower
         length = [*(["--patience", str(rule.patience)] if rule else []), "--max-epoch", str(self.epochs(args))]
         untie = ["--untie-weights"] if variant.head in ("ds_softmax", "d_softmax") else []
@@ -217,11 +256,10 @@ class LanguageModelTable(Table):
 
     def eval_command(self, bin_dir: str, checkpoint: str, split: str, args, scoring: Optional[str] = None
                      ) -> List[str]:
-        """``fairseq-eval-lm`` of ``checkpoint`` on ``split``; ``scoring``: ``"stateful"`` (the papers': the state
-        carried over the whole split, 10 streams for valid / 1 for test), ``"stateless"`` (the same windows from a
-        zero state each) or ``"blocks"`` (fairseq's language_modeling: blocks of 70, batch 10); default: stateful at
-        full size, blocks at mini (as the mini cells ran)."""
-        scoring = scoring or ("stateful" if args.scale == "full" else "blocks")
+        """``fairseq-eval-lm`` of ``checkpoint`` on ``split``; ``scoring``: ``"stateful"`` (the papers', the default:
+        the state carried over the whole split, 10 streams for valid / 1 for test), ``"stateless"`` (the same windows
+        from a zero state each) or ``"blocks"`` (fairseq's language_modeling: blocks of 70, batch 10)."""
+        scoring = scoring or "stateful"
         cpu = ["--cpu"] if args.scale == "mini" else []
         if scoring == "blocks":
             return [tool("fairseq-eval-lm"), bin_dir, "--user-dir", PLUGIN, "--path", checkpoint, "--gen-subset",
@@ -259,9 +297,7 @@ class LanguageModelTable(Table):
         for v in variants:
             cell = os.path.join(table_dir, v.name, "seed1")
             commands += [shell_line(self.train_command(bin_dir, v, 1, os.path.join(cell, "checkpoints"), args)),
-                         shell_line([sys.executable, "-m", "fairseq_plugin.average",
-                                     os.path.join(cell, "checkpoints", "checkpoint_last.pt"),
-                                     os.path.join(cell, "averaged.pt")])]
+                         shell_line(self.average_command(os.path.join(cell, "checkpoints"), cell))]
             commands += [shell_line(self.eval_command(bin_dir, os.path.join(cell, "averaged.pt"), s, args))
                          for s in ("valid", "test")]
             with tempfile.TemporaryDirectory() as tmp:
@@ -301,19 +337,29 @@ class LanguageModelTable(Table):
         commands = [shell_line(train)]
         if not training_done(log_path):
             runner.run(train, log_path, label, comment=f"{label}: train")
-        if args.scale == "full":  # NT-ASGD: score the averages, as AWD-LSTM does
-            average = [sys.executable, "-m", "fairseq_plugin.average", os.path.join(save_dir, "checkpoint_last.pt"),
-                       os.path.join(cell_dir, "averaged.pt")]
+        if self.averages(args):  # NT-ASGD: score the averages that validated best, as AWD-LSTM does
+            average = self.average_command(save_dir, cell_dir)
             runner.run(average, log_path, label, comment=f"{label}: the NT-ASGD averages")
             commands.append(shell_line(average))
         return self.trained_record(table_dir, variant, seed, args, log_path, commands, lr)
 
+    def averages(self, args) -> bool:
+        """Whether this run's cells train with NT-ASGD, so their averaged weights are scored."""
+        return args.scale == "full" or self.mini_optimizer == "ntasgd"
+
+    @staticmethod
+    def average_command(save_dir: str, cell_dir: str) -> List[str]:
+        """``checkpoint_best.pt`` with its NT-ASGD averages as the weights (the weights it validated with), written
+        to ``CELL/averaged.pt``."""
+        return [sys.executable, "-m", "fairseq_plugin.average", os.path.join(save_dir, "checkpoint_best.pt"),
+                os.path.join(cell_dir, "averaged.pt")]
+
     def score_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
                    record: Dict[str, Any]):
-        """Perplexity of the averaged weights (full size) or the best checkpoint (mini: Adam) on valid and test."""
+        """Perplexity of the averaged weights (NT-ASGD) or the best checkpoint (Adam) on valid and test."""
         lr = record.get("lr") if args.scale == "mini" else None
         cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
-        scored = (os.path.join(cell_dir, "averaged.pt") if args.scale == "full" else
+        scored = (os.path.join(cell_dir, "averaged.pt") if self.averages(args) else
                   os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_best.pt"))
         ppl, commands = {}, []
         for split in ("valid", "test"):

@@ -4,7 +4,9 @@ A table names its heads as the papers do: the registry's names (``softmax``, ``m
 variants such as ``mos-9`` (MoS with K = 9 components), ``mixtape-noshare`` (Mixtape without gate sharing:
 every token has its own gate priors, r = 1) and ``mixtape-unscaled`` (Mixtape with ``scaled_input=False``: its
 projections in torch's ``nn.Linear`` form, the library's default since head spec version 2; the mini tables'
-``mixtape`` rows state Mesh TensorFlow's form, ``scaled_input=True``, in their head options; see ``MixtapeConfig``).
+``mixtape`` rows state Mesh TensorFlow's form, ``scaled_input=True``, in their head options; see ``MixtapeConfig``),
+and ``softmax-matched`` (softmax on a larger model: the table gives the row its sizes, matched to another row's
+parameter count).
 The table's own options for a head (its dropouts, the paper's r) come first; a variant's options are applied on top.
 """
 from __future__ import annotations
@@ -50,6 +52,8 @@ def _parse(name: str):
         return "mixtape", {"frequent_fraction": 1.0}
     if name == "mixtape-unscaled":
         return "mixtape", {"scaled_input": False}
+    if name == "softmax-matched":
+        return "softmax", {}
     if name in hf_heads.available_heads():
         return name, {}
     return None
@@ -65,7 +69,7 @@ def resolve(names: Sequence[str], table_options: Mapping[str, Dict[str, Any]], o
         if parsed is None:
             raise SystemExit(f"{option}: {name!r} is not a head; choose from the registry "
                              f"({', '.join(hf_heads.available_heads())}) or a variant: mos-K, mos_plif-K "
-                             f"(K components, e.g. mos-9), mixtape-noshare, mixtape-unscaled")
+                             f"(K components, e.g. mos-9), mixtape-noshare, mixtape-unscaled, softmax-matched")
         head, extra = parsed
         options = {**table_options.get(head, {}), **extra}
         hf_heads.heads.get_head_class(head).config_class(hidden_size=8, vocab_size=16, **options)  # checks options

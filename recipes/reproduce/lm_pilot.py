@@ -1,0 +1,170 @@
+"""The pilot of the ``lm-ptb`` table on PTB's train split: which optimiser, and what each head's epoch costs.
+
+    python -m recipes.reproduce.lm_pilot [--arms softmax-adam mos-4-ntasgd ...] [--out results/reproduce/lm-ptb-pilot]
+    python -m recipes.reproduce.lm_pilot --collect [--commit]
+
+Four arms train the table's mini AWD-LSTM (``recipes.reproduce.language_model``'s ``MINI_MODEL``, the papers'
+protocol, ``train.txt`` / ``valid.txt`` / ``test.txt``) for a fixed number of epochs, seed 1, no early stopping:
+
+* ``softmax-adam``, ``mos-4-adam``: Adam at the mini grid's centre (5e-3);
+* ``softmax-ntasgd``, ``mos-4-ntasgd``: the papers' NT-ASGD at their rates (AWD-LSTM's 30 for softmax, MoS's 20 for
+  MoS), validated and scored on the averages once averaging starts. The non-monotone trigger (``--nonmono 5``)
+  cannot fire within a pilot's few epochs (it needs more than 5 validations), so averaging is forced from the end
+  of epoch :func:`switch_epoch` (``--asgd-from-epoch``, as MoS's finetune stage starts it): the arm shows what
+  SGD plus averaging reaches at this budget, the best case for NT-ASGD here.
+
+softmax trains :data:`EPOCHS` ``["softmax"]`` epochs, MoS-4 fewer (its epoch costs about 3 of softmax's): each arm is
+about half an hour of one thread. ``probes`` times every head of the table (its sized rows included): a short
+training run each, tokens per second from fairseq's ``wps`` after the first updates, the epoch's cost from it.
+Each arm is kept in ``OUT/ARM/record.json`` (a rerun skips it); ``--collect`` writes ``OUT/pilot.json`` and, with
+``--commit``, ``docs/reproduction/lm-ptb-pilot.json``, which the report shows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+from types import SimpleNamespace
+from typing import Any, Dict, List
+
+from recipes.reproduce import results as R
+from recipes.reproduce import sweep as S
+from recipes.reproduce.language_model import MINI_OPTIMIZERS, PPL
+from recipes.reproduce.lm_ptb import TABLE
+from recipes.reproduce.runner import Runner, cpu_seconds, parse_train_wall, shell_line
+from recipes.reproduce.table import DOCS
+from recipes.reproduce.variants import resolve
+from recipes.reproduce.language_model import LM_HEAD_OPTIONS
+
+#: epochs of each head's arms (the same for both optimisers)
+EPOCHS = {"softmax": 5, "mos-4": 2}
+#: the papers' NT-ASGD rates: AWD-LSTM's (softmax) and MoS's (MoS); Adam at the mini grid's centre
+RATES = {("softmax", "ntasgd"): 30.0, ("mos-4", "ntasgd"): 20.0, ("softmax", "adam"): 0.005, ("mos-4", "adam"): 0.005}
+ARMS = [f"{head}-{opt}" for head in EPOCHS for opt in MINI_OPTIMIZERS]
+#: updates of a cost probe, and the first ones its rate leaves out (warm-up)
+PROBE_UPDATES, PROBE_SKIP = 60, 20
+WPS = re.compile(r'"wps": "([\d.]+)"')
+COMMITTED = os.path.join(DOCS, "reproduction", "lm-ptb-pilot.json")
+
+
+def switch_epoch(epochs: int) -> int:
+    """The epoch at whose end an NT-ASGD arm of ``epochs`` epochs starts averaging: two epochs of averages where
+    there are more than two epochs, else one."""
+    return max(1, epochs - 2)
+
+
+def table_args(epochs: int, data: str) -> SimpleNamespace:
+    return SimpleNamespace(scale="mini", max_updates=epochs, max_epochs=None, patience=0, limit=0, data=data,
+                           keep_checkpoints=False)
+
+
+def run_arm(runner: Runner, bin_dir: str, arm: str, args) -> Dict[str, Any]:
+    """Train one arm (resumable), score its best checkpoint (NT-ASGD: the averages) on valid and test."""
+    head, optimizer = arm.rsplit("-", 1)
+    variant = resolve([head], LM_HEAD_OPTIONS)[0]
+    epochs, lr = EPOCHS[head], RATES[(head, optimizer)]
+    cell = os.path.join(args.out, arm)
+    done = os.path.join(cell, "record.json")
+    if os.path.isfile(done):
+        return R.load_json(done)
+    save_dir = os.path.join(cell, "checkpoints")
+    train = TABLE.train_command(bin_dir, variant, 1, save_dir, table_args(epochs, args.data), lr=lr,
+                                optimizer=optimizer)
+    if optimizer == "ntasgd":
+        train += ["--asgd-from-epoch", str(switch_epoch(epochs))]
+    log_path = os.path.join(cell, "train.log")
+    runner.run(train, log_path, f"pilot {arm}", comment=f"pilot {arm}: train {epochs} epochs")
+    commands = [shell_line(train)]
+    scored = os.path.join(save_dir, "checkpoint_best.pt")
+    if optimizer == "ntasgd":
+        average = TABLE.average_command(save_dir, cell)
+        runner.run(average, log_path, f"pilot {arm}", comment=f"pilot {arm}: the averages")
+        commands.append(shell_line(average))
+        scored = os.path.join(cell, "averaged.pt")
+    ppl = {}
+    for split in ("valid", "test"):
+        cmd = TABLE.eval_command(bin_dir, scored, split, table_args(epochs, args.data))
+        out = runner.run(cmd, os.path.join(cell, f"eval-{split}.log"), f"pilot {arm}", comment=f"pilot {arm}: {split}")
+        ppl[split] = float(PPL.findall(out)[-1])
+        commands.append(shell_line(cmd))
+    text = open(log_path).read()
+    averaging = re.search(r"NT-ASGD: averaging from the end of epoch (\d+)", text)
+    record = {"arm": arm, "head": head, "optimizer": optimizer, "lr": lr, "epochs": epochs, "seed": 1,
+              "averaging_from_epoch": int(averaging.group(1)) if averaging else None,
+              "curve": S.parse_curve(text), "train_wall_s": parse_train_wall(text),
+              "cpu_s": cpu_seconds(log_path, text), "ppl": ppl, "commands": commands}
+    R.save_json(done, record)
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+        if os.path.exists(os.path.join(save_dir, name)):
+            os.remove(os.path.join(save_dir, name))
+    if os.path.exists(os.path.join(cell, "averaged.pt")):
+        os.remove(os.path.join(cell, "averaged.pt"))
+    return record
+
+
+def run_probes(runner: Runner, bin_dir: str, args, train_tokens: int) -> Dict[str, Any]:
+    """Tokens per second of every head of the table (one thread, Adam; its sizes as the table gives them) and the
+    epoch's cost from it."""
+    done = os.path.join(args.out, "probes", "probes.json")
+    if os.path.isfile(done):
+        return R.load_json(done)
+    out: Dict[str, Any] = {}
+    for variant in TABLE.variants(SimpleNamespace(scale="mini", heads=None)):
+        cell = os.path.join(args.out, "probes", variant.name)
+        cmd = TABLE.train_command(bin_dir, variant, 1, os.path.join(cell, "checkpoints"), table_args(1, args.data))
+        cmd = cmd[:cmd.index("--max-epoch")] + ["--max-update", str(PROBE_UPDATES)] + cmd[cmd.index("--max-epoch") + 2:]
+        cmd += ["--disable-validation", "--no-save"]
+        text = runner.run(cmd, os.path.join(cell, "train.log"), f"probe {variant.name}")
+        rates = [float(w) for w in WPS.findall(text.split('"num_updates": "%d"' % PROBE_SKIP)[-1])]
+        wps = statistics.median(rates) if rates else None
+        out[variant.name] = {"tokens_per_s": wps, "epoch_s": round(train_tokens / wps, 1) if wps else None,
+                             "command": shell_line(cmd)}
+    R.save_json(done, out)
+    return out
+
+
+def collect(args) -> Dict[str, Any]:
+    arms = {arm: R.load_json(os.path.join(args.out, arm, "record.json")) for arm in ARMS}
+    result = {"arms": {a: r for a, r in arms.items() if r}, "epochs": EPOCHS, "rates": {f"{h}-{o}": lr for (h, o), lr
+                                                                                       in RATES.items()},
+              "probes": R.load_json(os.path.join(args.out, "probes", "probes.json")),
+              "data": R.load_json(os.path.join(args.out, "data", "tokens.json"))}
+    R.save_json(os.path.join(args.out, "pilot.json"), result)
+    if args.commit:
+        R.save_json(COMMITTED, result)
+    return result
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.lm_pilot", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--arms", nargs="+", default=ARMS + ["probes"], choices=ARMS + ["probes"])
+    p.add_argument("--data", default=os.path.join(os.path.dirname(DOCS), "..", "shared", "data"))
+    p.add_argument("--out", default=os.path.join(os.path.dirname(DOCS), "results", "reproduce", "lm-ptb-pilot"))
+    p.add_argument("--collect", action="store_true", help="write OUT/pilot.json from the finished arms")
+    p.add_argument("--commit", action="store_true", help="with --collect: also docs/reproduction/lm-ptb-pilot.json")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    args.out, args.data = os.path.abspath(args.out), os.path.abspath(args.data)
+    if args.collect:
+        print(json.dumps({a: r["ppl"] for a, r in collect(args)["arms"].items()}, indent=1))
+        return
+    runner = Runner(args.out, progress=not args.quiet)
+    prepared = TABLE.prepare(runner, table_args(1, args.data), args.out)
+    tokens = R.load_json(os.path.join(args.out, "data", "tokens.json"))
+    for arm in args.arms:
+        if arm == "probes":
+            print(json.dumps(run_probes(runner, prepared["bin"], args, tokens["train"])), file=sys.stderr)
+        else:
+            record = run_arm(runner, prepared["bin"], arm, args)
+            print(f"pilot {arm}: valid {record['ppl']['valid']:.2f} test {record['ppl']['test']:.2f}",
+                  file=sys.stderr)
+
+
+if __name__ == "__main__":
+    from recipes.cli import run
+
+    run(main)
