@@ -40,12 +40,12 @@ from recipes.reproduce.variants import resolve
 from recipes.reproduce.language_model import LM_HEAD_OPTIONS
 
 #: epochs of each head's arms (the same for both optimisers)
-EPOCHS = {"softmax": 5, "mos-4": 2}
+EPOCHS = {"softmax": 4, "mos-4": 2}
 #: the papers' NT-ASGD rates: AWD-LSTM's (softmax) and MoS's (MoS); Adam at the mini grid's centre
 RATES = {("softmax", "ntasgd"): 30.0, ("mos-4", "ntasgd"): 20.0, ("softmax", "adam"): 0.005, ("mos-4", "adam"): 0.005}
 ARMS = [f"{head}-{opt}" for head in EPOCHS for opt in MINI_OPTIMIZERS]
 #: updates of a cost probe, and the first ones its rate leaves out (warm-up)
-PROBE_UPDATES, PROBE_SKIP = 60, 20
+PROBE_UPDATES, PROBE_SKIP = 40, 20
 WPS = re.compile(r'"wps": "([\d.]+)"')
 COMMITTED = os.path.join(DOCS, "reproduction", "lm-ptb-pilot.json")
 
