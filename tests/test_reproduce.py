@@ -227,16 +227,21 @@ def test_report_from_a_fixture(tmp_path):
 
 @pytest.fixture(scope="module")
 def fake_lm_data(tmp_path_factory):
-    """PTB-shaped valid.txt / test.txt of made-up words (with <unk>, as PTB)."""
+    """PTB-shaped train.txt / valid.txt / test.txt of made-up words (with <unk>, as PTB; a few words only in valid or
+    test, and an empty line in train, as WikiText-2 has)."""
     root = tmp_path_factory.mktemp("lmdata")
     rng = random.Random(1)
     words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, 5))) for _ in range(60)] + ["<unk>"]
     for corpus in ("ptb", "wikitext-2"):
         d = root / corpus
         d.mkdir()
-        for name, n in (("valid.txt", 90), ("test.txt", 30)):
+        for name, n in (("train.txt", 90), ("valid.txt", 30), ("test.txt", 30)):
             (d / name).write_text("".join(" " + " ".join(rng.choice(words) for _ in range(rng.randint(4, 14)))
                                           + " \n" for _ in range(n)))
+        with open(d / "train.txt", "a") as f:
+            f.write(" \n")
+        with open(d / "test.txt", "a") as f:
+            f.write(" zzzz \n")
     return root
 
 
@@ -248,6 +253,8 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     for r in rows:
         assert r["metric"] == "ppl" and r["dataset"] == "ptb" and 1.0 < r["mean"] < 1e4
         assert "--arch head_awd_lstm_lm_ptb" in r["command"] and "--optimizer adam" in r["command"]
+        # the papers' protocol: streams, the state carried (batch 20 streams), scored with it carried
+        assert "--task awd_language_modeling --arch" in r["command"] and "--batch-size 20 --update-freq 1" in r["command"]
     # each row's paper number from the paper whose model it trains: softmax the PLIF paper's AWD-LSTM (valid / test)
     assert next(r for r in rows if r["head"] == "softmax" and r["split"] == "test")["paper"] == 58.37
     assert next(r for r in rows if r["head"] == "softmax" and r["split"] == "valid")["paper"] == 60.83
@@ -263,10 +270,24 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     assert next(r for r in rows if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.1  # the LM setting
     commands = (tmp_path / "lm-ptb" / "commands.sh").read_text()
     for needle in ("recipes.reproduce.data lm", "fairseq-preprocess --only-source", "checkpoint_best.pt",
-                   "fairseq-eval-lm"):
+                   "fairseq-eval-lm", "--task awd_language_modeling --bptt 70 --path"):
         assert needle in commands
-    raw = tmp_path / "lm-ptb" / "data" / "raw"
-    assert len((raw / "train.txt").read_text().splitlines()) == 81 and len((raw / "valid.txt").read_text().splitlines()) == 9
+    # the train split trains (every line, the empty one an <eos> as the papers count), valid and test whole; the
+    # vocabulary is the train split's, most frequent first, with the test-only word added
+    data = tmp_path / "lm-ptb" / "data"
+    source = fake_lm_data / "ptb"
+    for split in ("train", "valid", "test"):
+        assert (data / "raw" / f"{split}.txt").read_text().splitlines() == [
+            line.strip() for line in (source / f"{split}.txt").read_text().splitlines()]
+    tokens = json.load(open(data / "tokens.json"))
+    assert tokens["train"] == sum(len(line.split()) + 1 for line in (source / "train.txt").read_text().splitlines())
+    counts = [int(line.split()[1]) for line in (data / "dict.txt").read_text().splitlines()]
+    assert counts == sorted(counts, reverse=True) and "zzzz 0" in (data / "dict.txt").read_text()
+    # the rows' sizes are recorded, and seed 1 of softmax (the bottleneck map's trunk) keeps its checkpoint by md5
+    softmax = json.load(open(tmp_path / "lm-ptb" / "cells" / "softmax-lr0.005-seed1.json"))
+    assert softmax["parameters"] > 0 and len(softmax["checkpoint"]["md5"]) == 32
+    assert (tmp_path / "lm-ptb" / "softmax" / "lr0.005" / "seed1" / "checkpoints" / "checkpoint_best.pt").is_file()
+    assert not (tmp_path / "lm-ptb" / "mixtape" / "lr0.005" / "seed1" / "checkpoints").exists()
 
 
 def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
@@ -274,7 +295,8 @@ def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
               "--quiet"], log=lambda m: None)
     plan = json.load(open(tmp_path / "lm-ptb" / "plan.json"))
     assert 20e6 < plan["parameters"]["mos-15"] < 24e6  # the MoS paper: 22M on PTB
-    assert plan["parameters"]["mixtape"] < plan["parameters"]["mos-15"]
+    # Mixtape sized to MoS-15's count within 2%, as the Mixtape paper tunes it (through its last layer)
+    assert abs(plan["parameters"]["mixtape"] / plan["parameters"]["mos-15"] - 1) < 0.02
     assert any("--max-epoch 1000" in c and "--lr-scheduler ntasgd" in c for c in plan["commands"])
     assert "Mixtape has" in plan["note"] and "of mos-15's parameters" in plan["note"]
     # Mixtape in the form that trains under the plan's NT-ASGD, and the plan says why
@@ -287,8 +309,9 @@ def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
                          "--update-freq 1" in c for c in train)
     assert evals and all("--task awd_language_modeling" in c and "--tokens-per-sample" not in c for c in evals)
     cli.main(["lm-wt2", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "mos-15", "softmax",
-              "--quiet"], log=lambda m: None)
+              "mixtape", "--quiet"], log=lambda m: None)
     plan = json.load(open(tmp_path / "lm-wt2" / "plan.json"))  # MoS's WT2: batch 15 in small batches of 5, cap 20
+    assert abs(plan["parameters"]["mixtape"] / plan["parameters"]["mos-15"] - 1) < 0.02
     assert any("--max-seq-len-delta 20 --batch-size 5 --update-freq 3" in c for c in plan["commands"])
     # each row trains the model its paper number came from: softmax, PLIF and sigsoftmax AWD-LSTM's own (PTB 24M,
     # WT2 33M: 3 layers of 400 / 1150 / 400, batch 20 / 80, lr 30, uncapped windows), MoS the MoS model
@@ -300,6 +323,32 @@ def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
     plan = json.load(open(tmp_path / "lm-ptb" / "plan.json"))
     assert all(23.5e6 < n < 25e6 for n in plan["parameters"].values()), plan["parameters"]
     assert "train AWD-LSTM's own model" in plan["note"]
+
+
+def test_mini_perplexity_table_sizes_its_rows_to_mos(tmp_path):
+    """lm-ptb's mini rows as the issue of the train-split table fixes them: Mixtape (default form) within 2% of MoS-4's
+    parameters (its last layer), the size-matched softmax within 10% (its LSTMs, not its tied embedding, whose width
+    is the rank under test), PLIF and Sigsoftmax on softmax's model."""
+    from recipes.reproduce.costs import count_parameters
+
+    table = cli.get_table("lm-ptb")
+    args = cli.parse_args(["lm-ptb", "--out", str(tmp_path)])
+    (tmp_path / "dict.txt").write_text("".join(f"w{i} {10000 - i}\n" for i in range(9998)))  # PTB: 10,000 words
+    variants = {v.name: v for v in table.variants(args)}
+    assert list(variants) == ["softmax", "softmax-matched", "mos-4", "mixtape-unscaled", "plif", "sigsoftmax"]
+    assert variants["mixtape-unscaled"].options["scaled_input"] is False  # the library's default form
+    counts = {name: count_parameters(table.train_command(str(tmp_path), v, 1, str(tmp_path), args)[1:])
+              for name, v in variants.items()}
+    assert abs(counts["mixtape-unscaled"] / counts["mos-4"] - 1) < 0.02
+    assert abs(counts["softmax-matched"] / counts["mos-4"] - 1) < 0.10 and counts["softmax"] < 0.9 * counts["mos-4"]
+    matched = table.train_command(str(tmp_path), variants["softmax-matched"], 1, str(tmp_path), args)
+    assert matched[matched.index("--emsize") + 1] == "200" and matched[matched.index("--nhid") + 1] == "450"
+    assert abs(counts["plif"] / counts["softmax"] - 1) < 0.03 and counts["sigsoftmax"] == counts["softmax"]
+    # seeds fixed before the runs: 5 for softmax, MoS and PLIF, 3 for the others
+    assert {n: len(table.seeds_for(v, args)) for n, v in variants.items()} == {
+        "softmax": 5, "mos-4": 5, "plif": 5, "softmax-matched": 3, "mixtape-unscaled": 3, "sigsoftmax": 3}
+    wt2 = cli.get_table("lm-wt2")
+    assert [v.name for v in wt2.variants(cli.parse_args(["lm-wt2"]))] == ["softmax", "plif"]
 
 
 def test_one_billion_word_table_is_a_full_size_plan(tmp_path):

@@ -49,3 +49,79 @@ def test_holm_by_hand():
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert holm([0.5, None, 0.01]) == [pytest.approx(0.5), None, pytest.approx(0.02)]
     assert holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
+
+
+def test_detectable_difference_has_the_stated_power_by_simulation():
+    """The smallest difference a paired t-test detects with 80% power: a Monte Carlo of paired t-tests at that true
+    difference rejects about 80% of the time, at half of it far less; 5 seeds need more than 1.5 sd, 30 about 0.53."""
+    import math
+
+    import torch
+    from scipy import stats as sps
+
+    from recipes.reproduce.stats import detectable
+
+    assert detectable(None, 5, 0.05) is None and detectable(1.0, 1, 0.05) is None
+    with pytest.raises(ValueError, match="alpha"):
+        detectable(1.0, 5, 1.5)
+    assert 1.5 < detectable(1.0, 5, 0.05) < 1.9 and 0.5 < detectable(1.0, 30, 0.05) < 0.56
+    assert detectable(2.0, 5, 0.05) == pytest.approx(2 * detectable(1.0, 5, 0.05))  # in units of the spread
+    assert detectable(1.0, 3, 0.01) > detectable(1.0, 3, 0.05) > detectable(1.0, 5, 0.05)  # fewer seeds, lower alpha
+    g = torch.Generator().manual_seed(0)
+    n, alpha = 5, 0.05 / 3  # Holm's first level in a family of 3
+    delta = detectable(1.0, n, alpha)
+    q = sps.t.ppf(1 - alpha / 2, n - 1)
+
+    def rejected(true_mean):
+        d = torch.randn(20000, n, generator=g, dtype=torch.float64) + true_mean
+        t = d.mean(1) / (d.std(1) / math.sqrt(n))
+        return float((t.abs() > q).double().mean())
+
+    assert rejected(delta) == pytest.approx(0.8, abs=0.015)
+    assert rejected(delta / 2) < 0.4 and rejected(0.0) == pytest.approx(alpha, abs=0.005)
+
+
+def _row(head, split, values):
+    return {"head": head, "split": split, "metric": "ppl", "seeds": list(range(1, len(values) + 1)),
+            "values": values, "mean": sum(values) / len(values)}
+
+
+def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_against_the_matched_softmax():
+    from recipes.reproduce import compare as C
+    from recipes.reproduce import report
+    from recipes.reproduce.lm_ptb import TABLE
+
+    rows = [_row("softmax", s, [100.0, 102.0, 98.0, 101.0, 99.0]) for s in ("valid", "test")]
+    rows += [_row("softmax-matched", s, [99.0, 101.5, 97.0, 100.5, 98.0]) for s in ("valid", "test")]
+    rows += [_row("mos-4", s, [96.0, 99.5, 94.0, 97.0, 96.5]) for s in ("valid", "test")]
+    rows += [_row("plif", s, [99.9, 101.5, 98.2, 100.4, 98.9]) for s in ("valid", "test")]
+    family = C.family(rows)
+    pairs = {(c.head, c.baseline, c.split) for c in family}
+    assert ("mos-4", "softmax-matched", "test") in pairs and ("plif", "softmax-matched", "test") not in pairs
+    tests = [c for c in family if c.split == "test"]
+    assert [c.holm for c in tests] == pytest.approx(holm([c.result.p for c in tests]))  # a family of 4, not 8
+    assert all(c.holm is None and c.detectable is None for c in family if c.split == "valid")
+    assert all(c.detectable > 0 for c in tests)
+    text = C.family_table(family, "ppl")
+    assert "(valid: described)" in text and "detectable (80% power)" in text
+    assert "described, not tested" in C.reading(family, "ppl")
+    # the papers' claims on our scale, and which of them the seeds cannot test
+    claims = report.claims_for(TABLE, family, rows)
+    plif = next(c for c in tests if c.head == "plif" and c.baseline == "softmax")
+    assert claims[("plif", "softmax", "test")] == pytest.approx((57.25 / 58.37 - 1) * 100.0)
+    assert ("mos-4", "softmax-matched", "test") in claims and ("softmax-matched", "softmax", "test") not in claims
+    sentence = report.untestable_claims(family, claims, TABLE)
+    assert (abs(claims[("plif", "softmax", "test")]) < plif.detectable) == ("plif - softmax on test" in sentence)
+
+
+def test_cap_sentence_says_at_the_cap_with_the_last_epochs_slope():
+    from recipes.reproduce import report
+
+    def cell(stopped, losses):
+        return {"stopped": stopped, "curve": [{"epoch": i + 1, "loss": x, "nll_loss": x} for i, x in enumerate(losses)]}
+
+    capped = [cell("max_epochs", [6.0, 5.5, 5.3, 5.2]), cell("max_epochs", [6.0, 5.6, 5.4, 5.36])]
+    text = report.cap_sentence(capped + [cell("patience", [6.0, 5.0, 5.1, 5.2])])
+    assert text.startswith("2 of the 3 cells of the rows stopped at the cap (4 epochs)") and "not converged" in text
+    assert "-0.120 bits an epoch over the last two epochs (median; from -0.150 to -0.120)" in text
+    assert report.cap_sentence(capped[:1] + [cell("patience", [6, 5, 5.1, 5.2])] * 2) == ""  # most by patience

@@ -1,9 +1,13 @@
 """What a table's cells say about its heads, as the report writes it: paired comparisons tested per table, the
 learning-rate sweep, the comparison at equal training seconds, and the compute spent.
 
-* :func:`family`: every head against softmax on every split (and the two forms of Mixtape against each other), each
-  over the seeds both have (seed K of two heads shares the data order and the shared layers' initialisation), by
-  :func:`recipes.reproduce.stats.paired`; the family's p-values are Holm-adjusted together.
+* :func:`family`: every head against softmax on every split (and the two forms of Mixtape against each other, and the
+  mixtures against a size-matched softmax), each over the seeds both have (seed K of two heads shares the data
+  order and the shared layers' initialisation), by :func:`recipes.reproduce.stats.paired`. The test splits'
+  p-values are Holm-adjusted together; the valid split chose every rate and checkpoint, so its differences are
+  biased and are described, not tested (in the family they would only cost power). Each test comparison also gets
+  the difference it could detect (:func:`recipes.reproduce.stats.detectable`, 80% power at ``0.05 / m``, Holm's
+  first step over the ``m`` test comparisons).
 * :func:`reading`: the sentences the report prints, which follow the adjusted tests: a difference is called one only
   where its Holm-adjusted p is below 0.05; otherwise "no significant difference".
 * :func:`bootstrap`: sacrebleu's paired bootstrap for every BLEU comparison and seed, from the hypotheses.
@@ -22,6 +26,14 @@ from recipes.reproduce import sweep as S
 ALPHA = 0.05
 #: the comparisons of a table beside "each head against softmax": (head, baseline)
 EXTRA_PAIRS = (("mixtape-unscaled", "mixtape"),)
+#: the size-matched softmax row: every head with a context projection (MoS, Mixtape) is also read against it
+MATCHED = "softmax-matched"
+POWER = 0.8
+
+
+def is_test(split: str) -> bool:
+    """Whether a split is a test split (scored once, chose nothing), as opposed to the valid split."""
+    return "valid" not in split
 
 
 @dataclass
@@ -33,7 +45,8 @@ class Comparison:
     split: str
     seeds: List[int]
     result: stats.Paired
-    holm: Optional[float] = None  # Holm-adjusted p within the table's family
+    holm: Optional[float] = None  # Holm-adjusted p within the table's test family (None: valid, or untestable)
+    detectable: Optional[float] = None  # smallest difference the test detects with 80% power at 0.05 / m
 
 
 def _score_rows(rows):
@@ -41,12 +54,15 @@ def _score_rows(rows):
 
 
 def family(rows: Sequence[Mapping[str, Any]]) -> List[Comparison]:
-    """Every head against softmax (and :data:`EXTRA_PAIRS`) per split, paired by seed, Holm-adjusted together."""
+    """Every head against softmax (and :data:`EXTRA_PAIRS`, and the mixtures against :data:`MATCHED`) per split, paired
+    by seed; the test splits' comparisons Holm-adjusted together, the valid split's described only."""
     rows = _score_rows(rows)
     by = {(r["head"], r["split"]): dict(zip(r["seeds"], r["values"])) for r in rows}
     heads = list(dict.fromkeys(r["head"] for r in rows))
     splits = list(dict.fromkeys(r["split"] for r in rows))
     pairs = [(h, "softmax") for h in heads if h != "softmax"] + [p for p in EXTRA_PAIRS if set(p) <= set(heads)]
+    if MATCHED in heads:
+        pairs += [(h, MATCHED) for h in heads if h.startswith(("mos", "mixtape"))]
     out = []
     for head, base in pairs:
         for split in splits:
@@ -57,26 +73,40 @@ def family(rows: Sequence[Mapping[str, Any]]) -> List[Comparison]:
             if seeds:
                 out.append(Comparison(head, base, split, seeds,
                                       stats.paired([a[s] for s in seeds], [b[s] for s in seeds])))
-    for c, p in zip(out, stats.holm([c.result.p for c in out])):
+    tested = [c for c in out if is_test(c.split)]
+    size = sum(c.result.p is not None for c in tested)
+    for c, p in zip(tested, stats.holm([c.result.p for c in tested])):
         c.holm = p
+        c.detectable = stats.detectable(c.result.std, c.result.n, ALPHA / size, POWER) if size else None
     return out
 
 
 def family_table(comparisons: Sequence[Comparison], metric: str,
-                 boot: Optional[Sequence[Mapping[str, Any]]] = None) -> str:
-    """Markdown: one line per comparison (mean difference, 95% interval, paired t p, Holm p, sign test; for BLEU the
-    seeds where sacrebleu's paired bootstrap finds p < 0.05 for and against the head)."""
+                 boot: Optional[Sequence[Mapping[str, Any]]] = None,
+                 claims: Optional[Mapping[Tuple[str, str, str], float]] = None) -> str:
+    """Markdown: one line per comparison (mean difference, 95% interval, paired t p, Holm p over the test
+    comparisons, sign test; the difference detectable with 80% power; ``claims``: the paper's difference for
+    ``(head, baseline, split)`` where it claims one; for BLEU the seeds where sacrebleu's paired bootstrap finds
+    p < 0.05 for and against the head). Valid rows are descriptive: no Holm p."""
     if not comparisons:
         return ""
     unit = "BLEU" if metric == "bleu" else "perplexity"
-    header = (f"| comparison | split | seeds | mean difference ({unit}) [95% CI] | paired t p | Holm p | sign test p |"
+    claimed = claims is not None
+    header = (f"| comparison | split | seeds | mean difference ({unit}) [95% CI] | paired t p | Holm p (test) | "
+              f"sign test p | detectable (80% power) |" + (" paper's difference |" if claimed else "")
               + (" bootstrap p < 0.05 (seeds: head better / worse) |" if boot is not None else ""))
-    lines = [header, "|---|---|---|---|---|---|---|" + ("---|" if boot is not None else "")]
+    lines = [header, "|---|---|---|---|---|---|---|---|" + ("---|" if claimed else "")
+             + ("---|" if boot is not None else "")]
     for c in comparisons:
         r = c.result
         ci = "-" if r.low is None else f"[{r.low:+.2f}, {r.high:+.2f}]"
+        holm = stats.format_p(c.holm) if is_test(c.split) else "(valid: described)"
         row = (f"| {c.head} - {c.baseline} | {c.split} | {r.n} | {r.mean:+.2f} {ci} | {stats.format_p(r.p)} | "
-               f"{stats.format_p(c.holm)} | {stats.format_p(r.p_sign)} |")
+               f"{holm} | {stats.format_p(r.p_sign)} | "
+               + (f"±{c.detectable:.2f} |" if c.detectable is not None else "- |"))
+        if claimed:
+            claim = claims.get((c.head, c.baseline, c.split))
+            row += f" {claim:+.2f} |" if claim is not None else " - |"
         if boot is not None:
             mine = [b for b in boot if b["head"] == c.head and b["baseline"] == c.baseline and b["split"] == c.split]
             better = sum(b["p"] < ALPHA and b["delta"] > 0 for b in mine)
@@ -93,6 +123,8 @@ def reading(comparisons: Sequence[Comparison], metric: str) -> str:
     out = []
     for head, base in dict.fromkeys((c.head, c.baseline) for c in comparisons):
         mine = [c for c in comparisons if c.head == head and c.baseline == base]
+        described = [c for c in mine if not is_test(c.split)]
+        mine = [c for c in mine if is_test(c.split)]
         significant = [c for c in mine if c.holm is not None and c.holm < ALPHA]
         untestable = [c for c in mine if c.result.p is None]
         parts = []
@@ -107,6 +139,9 @@ def reading(comparisons: Sequence[Comparison], metric: str) -> str:
             parts.append(f"no significant difference on {', '.join(rest)} (mean difference{plural} {spread})")
         if untestable:
             parts.append(f"one seed on {', '.join(c.split for c in untestable)}: not tested")
+        if described:
+            parts.append(", ".join(f"{c.result.mean:+.2f} on {c.split}" for c in described)
+                         + " (described, not tested: the split chose the rates and checkpoints)")
         out.append(f"{head} against {base}: " + "; ".join(parts) + ".")
     return " ".join(out)
 

@@ -117,13 +117,13 @@ def prepare_multi30k(data: str, src: str, tgt: str, bpe_size: int, out: str, lim
 LM_CORPORA = {"ptb": "ptb", "wikitext-2": "wikitext-2"}
 
 
-def prepare_lm(data: str, corpus: str, out: str, limit: int = 0) -> Dict[str, Any]:
+def prepare_lm(data: str, corpus: str, out: str, limit: int = 0, eval_limit: int = 0) -> Dict[str, Any]:
     """A language-modelling corpus from the standard splits under ``DATA/CORPUS``: ``train.txt`` trains (its first
     ``limit`` lines when ``limit`` > 0: a stated prefix), ``valid.txt`` validates (the checkpoint choice, the
-    stopping rule, the NT-ASGD trigger), ``test.txt`` tests. Every line is kept as the papers' code reads it (an
+    stopping rule, the NT-ASGD trigger), ``test.txt`` tests (their first ``eval_limit`` lines when > 0: tests). Every line is kept as the papers' code reads it (an
     empty line is one ``<eos>``). Writes ``out/raw/{train,valid,test}.txt``, ``out/tokens.json`` (tokens of each
-    split with one ``<eos>`` a line, as the papers count, and of the whole train split) and ``out/dict.txt``: the words of the
-    *whole* train split (the papers' vocabulary, also when a prefix trains, plus any valid / test word not in it),
+    split with one ``<eos>`` a line, as the papers count, and of the whole train split) and ``out/dict.txt``: the
+    words of the *whole* train split (the papers' vocabulary, also when a prefix trains, plus any valid / test word not in it),
     most frequent first (frequency order for Mixtape's gate sharing). Returns the paths written."""
     directory = os.path.join(data, LM_CORPORA[corpus])
     expected = ["train.txt", "valid.txt", "test.txt"]
@@ -131,8 +131,8 @@ def prepare_lm(data: str, corpus: str, out: str, limit: int = 0) -> Dict[str, An
         raise missing_files_error(directory, expected, corpus)
     whole = read_lines(os.path.join(directory, "train.txt"))
     splits = {"train": whole[:limit] if limit > 0 else whole,
-              "valid": read_lines(os.path.join(directory, "valid.txt")),
-              "test": read_lines(os.path.join(directory, "test.txt"))}
+              "valid": read_lines(os.path.join(directory, "valid.txt"), eval_limit),
+              "test": read_lines(os.path.join(directory, "test.txt"), eval_limit)}
     raw = os.path.join(out, "raw")
     for split, text in splits.items():
         write_lines(os.path.join(raw, f"{split}.txt"), text)
@@ -209,11 +209,12 @@ def main(argv=None) -> None:
     lm = sub.add_parser("lm", help="an LM corpus from the standard train/valid/test splits (see prepare_lm)")
     lm.add_argument("--data", default=os.path.join("..", "shared", "data"))
     lm.add_argument("--corpus", required=True, choices=sorted(LM_CORPORA))
-    lm.add_argument("--limit", type=int, default=0, help="first N lines of train.txt (0: all); valid and test whole")
+    lm.add_argument("--limit", type=int, default=0, help="first N lines of train.txt (0: all)")
+    lm.add_argument("--eval-limit", type=int, default=0, help="first N lines of valid.txt and test.txt (0: all)")
     lm.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if args.what == "lm":
-        prepare_lm(args.data, args.corpus, args.out, args.limit)
+        prepare_lm(args.data, args.corpus, args.out, args.limit, args.eval_limit)
         print(f"wrote {args.out}/raw, {args.out}/dict.txt, {args.out}/tokens.json", file=sys.stderr)
     elif args.what == "multi30k":
         prepare_multi30k(args.data, args.src, args.tgt, args.bpe_size, args.out, args.limit)

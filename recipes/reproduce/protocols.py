@@ -2,8 +2,9 @@
 
     python -m recipes.reproduce.protocols [--seeds 3] [--epochs 5] [--out results/protocols]
 
-For each seed, the mini ``lm-ptb`` softmax cell (``recipes.reproduce.language_model``'s ``MINI_MODEL`` and
-``MINI_TRAIN``: the first 90% of the shipped valid.txt trains, its last 10% validates, test.txt tests) is trained
+For each seed, the mini ``lm-ptb`` softmax cell (``recipes.reproduce.language_model``'s ``MINI_MODEL``, Adam, the
+table's data: train.txt trains, valid.txt validates, test.txt tests; the committed study ran before PTB's train split
+was here, when the first 90% of valid.txt trained and its last 10% validated) is trained
 twice, the same seed: with fairseq's ``language_modeling`` blocks of 70 tokens (what the mini tables run) and with
 the papers' streams (``--task awd_language_modeling``: the state carried, BPTT lengths drawn, the learning rate scaled
 by them). Each best checkpoint is then scored three ways on valid and test: fairseq's blocks (batch 10), the papers'

@@ -248,6 +248,90 @@ def worst_seeds(rows: List[Dict[str, Any]]) -> str:
     return " ".join(out)
 
 
+def claims_for(table, comparisons: List["C.Comparison"], rows: List[Dict[str, Any]]) -> Dict[tuple, float]:
+    """The paper's difference for each test comparison of a head with a claim (``table.paper_claims``: its relative
+    difference from softmax in its paper) against softmax or the size-matched softmax: the same relative difference at
+    our baseline's mean, so it reads on our scale."""
+    claims = getattr(table, "paper_claims", None) or {}
+    means = {(r["head"], r["split"]): r["mean"] for r in _score_rows(rows)}
+    out = {}
+    for c in comparisons:
+        claim = claims.get(c.head)
+        base = means.get((c.baseline, c.split))
+        if claim and base is not None and C.is_test(c.split) and c.baseline in ("softmax", C.MATCHED):
+            out[(c.head, c.baseline, c.split)] = claim["relative"] * base
+    return out
+
+
+def untestable_claims(comparisons: List["C.Comparison"], claims: Dict[tuple, float], table) -> str:
+    """The sentence on the papers' claims smaller than what the table detects (80% power), or ""."""
+    small = [c for c in comparisons if (c.head, c.baseline, c.split) in claims and c.detectable is not None
+             and abs(claims[(c.head, c.baseline, c.split)]) < c.detectable]
+    if not small:
+        return ""
+    sources = getattr(table, "paper_claims", {})
+    return ("The table cannot test these papers' claims (the claimed difference, at our baseline's perplexity, is "
+            "below what its seeds detect with 80% power at Holm's first level): "
+            + "; ".join(f"{c.head} - {c.baseline} on {c.split}: claimed {claims[(c.head, c.baseline, c.split)]:+.2f} "
+                        f"({sources[c.head]['source']}), detectable ±{c.detectable:.2f}" for c in small) + ".")
+
+
+def cap_sentence(cells: List[Dict[str, Any]]) -> str:
+    """Where the epoch cap, not patience, ended most of the rows' cells: how many, and the valid loss's slope over
+    their last two epochs (bits per epoch, the median; negative: still falling), or ""."""
+    capped = [c for c in cells if c.get("stopped") in ("max_epochs", "max_updates") and len(c.get("curve") or []) >= 3]
+    if not cells or 2 * len(capped) <= len(cells):
+        return ""
+    slopes = sorted((S.nll(c["curve"][-1]) - S.nll(c["curve"][-3])) / 2 for c in capped)
+    cap = max(c["curve"][-1]["epoch"] for c in capped)
+    median = slopes[len(slopes) // 2]
+    return (f"{len(capped)} of the {len(cells)} cells of the rows stopped at the cap ({cap} epochs), not by patience: "
+            f"the numbers are at the cap, not converged; their valid loss still moved {median:+.3f} bits an epoch over "
+            f"the last two epochs (median; from {slopes[0]:+.3f} to {slopes[-1]:+.3f}).")
+
+
+def parameters_line(cells: List[Dict[str, Any]]) -> str:
+    """Each row's parameter count (from its cells' checkpoints), or ""."""
+    counts = {c["head"]: c["parameters"] for c in cells if c.get("parameters")}
+    if not counts:
+        return ""
+    return "Parameters per row: " + ", ".join(f"{h} {n / 1e6:.2f}M" for h, n in counts.items()) + "."
+
+
+def pilot_section(docs_dir: str) -> str:
+    """The lm-ptb pilot (``docs/reproduction/lm-ptb-pilot.json``, :mod:`recipes.reproduce.lm_pilot`): each arm's
+    valid / test perplexity, its valid perplexity per epoch, its CPU time; the probes' epoch costs; or ""."""
+    pilot = R.load_json(os.path.join(docs_dir, "reproduction", "lm-ptb-pilot.json"))
+    if not pilot or not pilot.get("arms"):
+        return ""
+    lines = ["### lm-ptb pilot: the optimiser and the cost of an epoch", "",
+             "Seed 1 of softmax and MoS-4 on PTB's train split, the table's mini model, a fixed number of epochs, no "
+             "early stopping (`python -m recipes.reproduce.lm_pilot`). NT-ASGD is validated and scored on its "
+             "averages once averaging starts; its non-monotone trigger needs more than 5 validations, so within a "
+             "pilot it is forced (`--asgd-from-epoch`, as MoS's finetune stage starts it): the best case for "
+             "NT-ASGD at this budget.", "",
+             "| arm | lr | epochs | averaging from epoch | valid ppl per epoch | valid ppl | test ppl | CPU h |",
+             "|---|---|---|---|---|---|---|---|"]
+    total = 0.0
+    for arm, r in pilot["arms"].items():
+        curve = ", ".join(f"{2 ** p['loss']:.1f}" for p in r["curve"])
+        hours = (r.get("cpu_s") or 0.0) / 3600
+        total += hours
+        lines.append(f"| {arm} | {r['lr']:g} | {r['epochs']} | {r.get('averaging_from_epoch') or '-'} | {curve} | "
+                     f"{r['ppl']['valid']:.2f} | {r['ppl']['test']:.2f} | {hours:.2f} |")
+    probes = pilot.get("probes") or {}
+    lines += ["", f"Training CPU time of the arms: {total:.2f} core-hours."]
+    if probes:
+        lines += ["", "Cost of an epoch of PTB train per head (one thread, tokens per second over a short run after "
+                  "its first updates, the table's sizes): "
+                  + ", ".join(f"{h} {p['epoch_s'] / 60:.1f} min" for h, p in probes.items() if p.get("epoch_s"))
+                  + "."]
+    decision = pilot.get("decision")
+    if decision:
+        lines += ["", f"**Decision.** {decision}"]
+    return "\n".join(lines) + "\n"
+
+
 def chosen_cells(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The cells a table's rows come from: at each head's chosen learning rate (``obj["sweep"]``), or every cell of
     a table without a sweep."""
@@ -407,6 +491,8 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                  "mini, no cell finished yet")
     cells = obj.get("cells") or []
     done = f" Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else ""
+    done += " " + " ".join(t for t in (parameters_line(chosen_cells(obj)), cap_sentence(chosen_cells(obj))) if t)
+    done = done.rstrip()
     done += misrecorded(cells, obj["table"])
     table = get_table(obj["table"]) if obj["table"] in TABLE_MODULES else None
     sources = getattr(table, "paper_source", None)
@@ -472,8 +558,18 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     comparisons = C.family(rows)
     if comparisons:
         metric = scores[0]["metric"]
-        lines += ["Paired comparisons (head minus baseline, same seeds; Holm-adjusted over this table):", "",
-                  C.family_table(comparisons, metric, obj.get("bootstrap") if metric == "bleu" else None)]
+        claims = claims_for(table, comparisons, rows) if table is not None else {}
+        lines += ["Paired comparisons (head minus baseline, same seeds; Holm-adjusted over this table's test "
+                  "comparisons; the valid split chose every rate and checkpoint, so its rows are described, not "
+                  "tested; detectable: the smallest true difference each test comparison finds with 80% power at "
+                  "0.05 / m, from its seeds' paired spread"
+                  + ("; paper's difference: the paper's relative difference at our baseline's mean" if claims else "")
+                  + "):", "",
+                  C.family_table(comparisons, metric, obj.get("bootstrap") if metric == "bleu" else None,
+                                 claims if claims else None)]
+        untestable = untestable_claims(comparisons, claims, table)
+        if untestable:
+            lines += [untestable, ""]
     ratios = {h: r["time_all_layers_same_bsz"] for h, r in ((obj.get("costs") or {}).get("ratios") or {}).items()}
     compute = C.equal_compute(chosen_cells(obj), ratios)
     if compute:
@@ -671,6 +767,8 @@ def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -
                     f"stopping-rule cells with a learning rate per head (docs/reproducing.md) replace them as they "
                     f"finish. {note}")
         sections.append(table_section(obj, src, (notes or {}).get(table, note), noise))
+        if table == "lm-ptb" and pilot_section(docs_dir):
+            sections.append(pilot_section(docs_dir))
         protocols_path = os.path.join(src, f"{table}-protocols.json")
         if os.path.isfile(protocols_path):
             with open(protocols_path) as f:

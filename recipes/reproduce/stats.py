@@ -8,7 +8,10 @@ against softmax, per split):
   ``n - 1`` degrees of freedom), the paired t statistic and its two-sided p-value, and the exact sign test's p-value
   (how often the difference has one sign, under "either sign is as likely");
 * :func:`holm` adjusts the p-values of a family (Holm 1979, step-down): a comparison is significant at ``alpha`` when
-  its adjusted p-value is at most ``alpha``, with the family-wise error rate at most ``alpha``.
+  its adjusted p-value is at most ``alpha``, with the family-wise error rate at most ``alpha``;
+* :func:`detectable` gives what a comparison could have found: the smallest true mean difference that a two-sided
+  paired t-test at a given level detects with a given power (80%), from the seeds' paired standard deviation
+  (the noncentral t distribution), to set beside the difference a paper claims.
 
 With 3 seeds a paired t-test has 2 degrees of freedom (t = 4.30 for a 95% interval): only large, consistent
 differences pass; the wording of the report follows these tests, not a rule of thumb on standard deviations.
@@ -87,6 +90,29 @@ def holm(pvalues: Sequence[Optional[float]]) -> List[Optional[float]]:
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+def detectable(std: Optional[float], n: int, alpha: float, power: float = 0.8) -> Optional[float]:
+    """The smallest true mean paired difference that a two-sided paired t-test of ``n`` seeds at level ``alpha``
+    detects with probability ``power``, when the differences spread with standard deviation ``std`` (the observed
+    one: an estimate). None below 2 seeds or without a spread."""
+    if std is None or n < 2 or std <= 0.0:
+        return None
+    if not 0.0 < alpha < 1.0 or not 0.0 < power < 1.0:
+        raise ValueError(f"detectable: alpha and power must be in (0, 1), got {alpha} and {power}")
+    df, q = n - 1, _stats.t.ppf(1 - alpha / 2, n - 1)
+
+    def power_at(delta: float) -> float:
+        nc = delta * math.sqrt(n) / std
+        return float(_stats.nct.sf(q, df, nc) + _stats.nct.cdf(-q, df, nc))
+
+    low, high = 0.0, std
+    while power_at(high) < power:
+        high *= 2
+    for _ in range(100):  # bisection: power grows with the difference
+        mid = (low + high) / 2
+        low, high = (mid, high) if power_at(mid) < power else (low, mid)
+    return high
 
 
 def paired_bootstrap_p(baseline: Sequence[str], system: Sequence[str], references: Sequence[str],

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from hf_heads.core.config import SPEC_VERSION
 from recipes.reproduce import results as R
 from recipes.reproduce import sweep as S
-from recipes.reproduce.runner import ROOT, Runner, cpu_seconds, parse_train_wall
+from recipes.reproduce.runner import ROOT, Runner, canonical_paths, cpu_seconds, parse_train_wall
 from recipes.reproduce.variants import Variant
 
 DOCS = os.path.join(ROOT, "docs")
@@ -91,10 +91,32 @@ class Table:
             record = self.train_cell(runner, prepared, variant, seed, args, table_dir, label, lr)
         scores, commands = self.score_cell(runner, prepared, variant, seed, args, table_dir, label, record)
         record = {**record, self.metric: scores, "commands": record["commands"] + commands}
+        kept = self.kept_checkpoint(table_dir, variant, seed, lr)
+        if kept:
+            record["checkpoint"] = kept
         R.save_json(R.cell_path(table_dir, variant.name, seed, lr), record)
-        if not args.keep_checkpoints:
+        if not args.keep_checkpoints and not kept:
             self.remove_checkpoints(table_dir, variant, seed, lr)
         return record
+
+    #: ``(head, seed)`` of the cell whose best checkpoint another study reads (lm-ptb: the bottleneck map's trunk):
+    #: kept after scoring at every rate until the sweep has chosen (the others' then go), named by path and md5
+    keep_cell: Optional[tuple] = None
+
+    def kept_checkpoint(self, table_dir: str, variant: Variant, seed: int, lr: Optional[float]) -> Optional[Dict]:
+        """``{"path", "md5"}`` of the best checkpoint of the cell :attr:`keep_cell` names, or None."""
+        if self.keep_cell != (variant.name, seed):
+            return None
+        path = os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_best.pt")
+        if not os.path.isfile(path):
+            return None
+        import hashlib
+
+        digest = hashlib.md5()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return {"path": canonical_paths(path, self.name), "md5": digest.hexdigest()}
 
     def remove_checkpoints(self, table_dir: str, variant: Variant, seed: int, lr: Optional[float] = None) -> None:
         """Remove what a scored cell no longer needs (its checkpoints)."""
