@@ -383,7 +383,7 @@ def test_patience_zero_trains_the_table_cap_without_early_stopping():
     from recipes.reproduce.variants import resolve
 
     table, variant = get_table("lm-ptb"), resolve(["softmax"], {})[0]
-    for argv, epochs, patience in ((["lm-ptb"], "40", True), (["lm-ptb", "--patience", "0"], "40", False),
+    for argv, epochs, patience in ((["lm-ptb"], "5", True), (["lm-ptb", "--patience", "0"], "5", False),
                                    (["lm-ptb", "--patience", "0", "--max-epochs", "7"], "7", False)):
         cmd = table.train_command("bin", variant, 1, "save", parse_args(argv), 0.005)
         assert cmd[cmd.index("--max-epoch") + 1] == epochs and ("--patience" in cmd) == patience
