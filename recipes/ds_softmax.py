@@ -8,8 +8,8 @@ Tasks (``--tasks``, default: all that can run here):
   super class is hidden. The hidden state fed to the head is the point itself.
 * ``ptb`` / ``wikitext-2``: a word-level LSTM language model (V = 10,000 / 33,278) trained on the corpus's
   ``valid.txt`` (a small text, so the LM trains in minutes; the train splits are not read) and scored on
-  ``test.txt``; its last hidden states feed the heads. WikiText-2 is the poster's headline row (64 experts); ``--experts 16 32 64`` runs each E on the
-  same trained LM (the curve).
+  ``test.txt``; its last hidden states feed the heads. WikiText-2 is the poster's headline row (64 experts);
+  ``--experts 16 32 64`` runs each E on the same trained LM (the curve).
 
 For each task: (1) a full softmax is trained; (2) a DS-Softmax head with ``--experts`` experts,
 every expert started from the trained softmax, is trained on the same hidden states with its group

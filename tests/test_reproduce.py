@@ -254,7 +254,8 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
         assert r["metric"] == "ppl" and r["dataset"] == "ptb" and 1.0 < r["mean"] < 1e4
         assert "--arch head_awd_lstm_lm_ptb" in r["command"] and "--optimizer adam" in r["command"]
         # the papers' protocol: streams, the state carried (batch 20 streams), scored with it carried
-        assert "--task awd_language_modeling --arch" in r["command"] and "--batch-size 20 --update-freq 1" in r["command"]
+        assert "--task awd_language_modeling --arch" in r["command"]
+        assert "--batch-size 20 --update-freq 1" in r["command"]
     # each row's paper number from the paper whose model it trains: softmax the PLIF paper's AWD-LSTM (valid / test)
     assert next(r for r in rows if r["head"] == "softmax" and r["split"] == "test")["paper"] == 58.37
     assert next(r for r in rows if r["head"] == "softmax" and r["split"] == "valid")["paper"] == 60.83
@@ -553,3 +554,28 @@ def test_runner_records_the_cpu_time_of_each_process(tmp_path, monkeypatch):
     with open(log, "a") as f:
         f.write("$ fairseq-train ...\n$ fairseq-train ...\n")
     assert RN.cpu_seconds(log, open(log).read()) is None
+
+
+def test_pilot_collects_its_arms_and_the_report_shows_them(tmp_path):
+    """``python -m recipes.reproduce.lm_pilot --collect``: the finished arms, their CPU time and the decision, into
+    the json the report's pilot section reads (no training here: the arms' records are made up)."""
+    from recipes.reproduce import lm_pilot
+
+    out = tmp_path / "pilot"
+    for arm, ppl in (("softmax-adam", 140.0), ("softmax-ntasgd", 150.0)):
+        R.save_json(str(out / arm / "record.json"), {
+            "arm": arm, "head": "softmax", "optimizer": arm.split("-")[1], "lr": 0.005, "epochs": 2, "seed": 1,
+            "averaging_from_epoch": 1 if "ntasgd" in arm else None, "cpu_s": 1800.0, "ppl": {"valid": ppl, "test": ppl},
+            "curve": [{"epoch": 1, "loss": 7.5}, {"epoch": 2, "loss": 7.2}], "commands": []})
+    R.save_json(str(out / "probes" / "probes.json"), {"mos-4": {"tokens_per_s": 1000.0, "epoch_s": 930.0}})
+    from types import SimpleNamespace
+
+    result = lm_pilot.collect(SimpleNamespace(out=str(out), commit=False))
+    assert set(result["arms"]) == {"softmax-adam", "softmax-ntasgd"} and result["cpu_s"]["training"] == 3600.0
+    assert lm_pilot.switch_epoch(4) == 2 and lm_pilot.switch_epoch(2) == 1
+    docs = tmp_path / "docs"
+    R.save_json(str(docs / "reproduction" / "lm-ptb-pilot.json"), result)
+    text = report.pilot_section(str(docs))
+    assert "| softmax-ntasgd | 0.005 | 2 | 1 | 181.0, 147.0 | 150.00 | 150.00 | 0.50 |" in text
+    assert "mos-4 15.5 min" in text and "1.00 core-hours of training" in text and "**Decision.**" in text
+    assert report.pilot_section(str(tmp_path / "nowhere")) == ""

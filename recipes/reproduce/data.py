@@ -120,11 +120,12 @@ LM_CORPORA = {"ptb": "ptb", "wikitext-2": "wikitext-2"}
 def prepare_lm(data: str, corpus: str, out: str, limit: int = 0, eval_limit: int = 0) -> Dict[str, Any]:
     """A language-modelling corpus from the standard splits under ``DATA/CORPUS``: ``train.txt`` trains (its first
     ``limit`` lines when ``limit`` > 0: a stated prefix), ``valid.txt`` validates (the checkpoint choice, the
-    stopping rule, the NT-ASGD trigger), ``test.txt`` tests (their first ``eval_limit`` lines when > 0: tests). Every line is kept as the papers' code reads it (an
-    empty line is one ``<eos>``). Writes ``out/raw/{train,valid,test}.txt``, ``out/tokens.json`` (tokens of each
-    split with one ``<eos>`` a line, as the papers count, and of the whole train split) and ``out/dict.txt``: the
-    words of the *whole* train split (the papers' vocabulary, also when a prefix trains, plus any valid / test word not in it),
-    most frequent first (frequency order for Mixtape's gate sharing). Returns the paths written."""
+    stopping rule, the NT-ASGD trigger), ``test.txt`` tests (their first ``eval_limit`` lines when > 0: tests).
+    Every line is kept as the papers' code reads it (an empty line is one ``<eos>``). Writes
+    ``out/raw/{train,valid,test}.txt``, ``out/tokens.json`` (tokens of each split with one ``<eos>`` a line, as the
+    papers count, and of the whole train split) and ``out/dict.txt``: the words of the *whole* train split (the
+    papers' vocabulary, also when a prefix trains, plus any valid / test word not in it), most frequent first
+    (frequency order for Mixtape's gate sharing). Returns the paths written."""
     directory = os.path.join(data, LM_CORPORA[corpus])
     expected = ["train.txt", "valid.txt", "test.txt"]
     if not all(os.path.isfile(os.path.join(directory, f)) for f in expected):

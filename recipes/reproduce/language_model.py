@@ -31,7 +31,7 @@ from recipes.reproduce.sweep import StopRule
 from recipes.reproduce.table import Table
 from recipes.reproduce.variants import MIXTAPE_FORMS, Variant, full_mixtape_form, resolve
 
-#: the mini AWD-LSTM: smaller layers, half the MoS settings' dropouts (a few epochs on 60k tokens underfit)
+#: the mini AWD-LSTM: smaller layers, half the MoS settings' dropouts (set for the earlier valid-split tables, kept)
 MINI_MODEL = ["--emsize", "200", "--nhid", "400", "--nhidlast", "300", "--dropout", "0.2", "--dropouth", "0.1",
               "--dropouti", "0.2", "--dropoute", "0.05", "--wdrop", "0.25", "--dropoutl", "0.15"]
 #: the mini optimisers the pilot compares (:mod:`recipes.reproduce.lm_pilot`): Adam at a fixed rate, or the papers'
@@ -42,7 +42,8 @@ MINI_OPTIMIZERS = {"adam": ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)
 MINI_LRS = {"adam": 0.005, "ntasgd": 20.0}
 #: NT-ASGD's patience must outlast its trigger (--nonmono 5) by a few epochs of averaging, or every cell stops first.
 #: Adam's cap is the budget's: an epoch of PTB train costs softmax about 7 CPU-minutes and MoS-4 about 18 here (the
-#: pilot), so the table's 36 cells and its sweep fit 40 CPU-hours at 5 epochs; cells at the cap are reported so
+#: pilot), so lm-ptb's 36 cells (24 at the chosen rates, 12 more in the sweep) fit 40 CPU-hours at 5 epochs beside
+#: lm-wt2 and the pilot; cells at the cap are reported so
 MINI_STOPS = {"adam": StopRule(patience=3, max_epochs=5), "ntasgd": StopRule(patience=8, max_epochs=40)}
 #: streams a training batch (AWD-LSTM's PTB batch; MoS's is 12)
 MINI_BATCH = 20
@@ -69,8 +70,8 @@ PPL = re.compile(r"Perplexity: ([\d.]+)")
 FULL_NOTE = ("Trained and scored as the papers' code (--task awd_language_modeling: contiguous streams, the LSTM state "
              "carried from window to window, BPTT lengths drawn as the papers draw them with the learning rate "
              "scaled by them; evaluation over the whole split, batch 10 valid / 1 test); no finetune stage, no "
-             "dynamic evaluation; once NT-ASGD averages, validation reads the averages (as AWD-LSTM swaps them in), and the "
-             "averaged weights that validated best are scored.")
+             "dynamic evaluation; once NT-ASGD averages, validation reads the averages (as AWD-LSTM swaps them in), "
+             "and the averaged weights that validated best are scored.")
 
 
 def prepare_mini_corpus(runner: Runner, args, table_dir: str, corpus: str, limit: int = 0) -> str:

@@ -22,6 +22,7 @@ Each arm is kept in ``OUT/ARM/record.json`` (a rerun skips it); ``--collect`` wr
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -32,12 +33,11 @@ from typing import Any, Dict, List
 
 from recipes.reproduce import results as R
 from recipes.reproduce import sweep as S
-from recipes.reproduce.language_model import MINI_OPTIMIZERS, PPL
+from recipes.reproduce.language_model import LM_HEAD_OPTIONS, MINI_OPTIMIZERS, PPL
 from recipes.reproduce.lm_ptb import TABLE
 from recipes.reproduce.runner import Runner, cpu_seconds, parse_train_wall, shell_line
 from recipes.reproduce.table import DOCS
 from recipes.reproduce.variants import resolve
-from recipes.reproduce.language_model import LM_HEAD_OPTIONS
 
 #: epochs of each head's arms (the same for both optimisers)
 EPOCHS = {"softmax": 4, "mos-4": 2}
@@ -48,6 +48,8 @@ ARMS = [f"{head}-{opt}" for head in EPOCHS for opt in MINI_OPTIMIZERS]
 PROBE_UPDATES, PROBE_SKIP = 40, 20
 WPS = re.compile(r'"wps": "([\d.]+)"')
 COMMITTED = os.path.join(DOCS, "reproduction", "lm-ptb-pilot.json")
+#: what the pilot decided, and from which of its numbers (written into its json, shown in the report)
+DECISION = "DECISION-PENDING"
 
 
 def switch_epoch(epochs: int) -> int:
@@ -126,12 +128,27 @@ def run_probes(runner: Runner, bin_dir: str, args, train_tokens: int) -> Dict[st
     return out
 
 
+def logged_cpu_s(pattern: str) -> float:
+    """CPU seconds of every process whose log matches ``pattern`` (:func:`recipes.reproduce.runner.cpu_seconds`)."""
+    total = 0.0
+    for log in sorted(glob.glob(pattern)):
+        with open(log) as f:
+            total += cpu_seconds(log, f.read()) or 0.0
+    return total
+
+
 def collect(args) -> Dict[str, Any]:
+    """``OUT/pilot.json`` (and, with ``--commit``, the committed copy): every finished arm, the probes, the data's
+    token counts, the CPU time of the arms' training, of their scoring and of the probes, and :data:`DECISION`."""
     arms = {arm: R.load_json(os.path.join(args.out, arm, "record.json")) for arm in ARMS}
     result = {"arms": {a: r for a, r in arms.items() if r}, "epochs": EPOCHS, "rates": {f"{h}-{o}": lr for (h, o), lr
                                                                                        in RATES.items()},
               "probes": R.load_json(os.path.join(args.out, "probes", "probes.json")),
-              "data": R.load_json(os.path.join(args.out, "data", "tokens.json"))}
+              "data": R.load_json(os.path.join(args.out, "data", "tokens.json")),
+              "cpu_s": {"training": sum(r.get("cpu_s") or 0.0 for r in arms.values() if r),
+                        "scoring": logged_cpu_s(os.path.join(args.out, "*", "eval-*.log")),
+                        "probes": logged_cpu_s(os.path.join(args.out, "probes", "*", "train.log"))},
+              "decision": DECISION}
     R.save_json(os.path.join(args.out, "pilot.json"), result)
     if args.commit:
         R.save_json(COMMITTED, result)

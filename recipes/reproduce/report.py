@@ -320,7 +320,11 @@ def pilot_section(docs_dir: str) -> str:
         lines.append(f"| {arm} | {r['lr']:g} | {r['epochs']} | {r.get('averaging_from_epoch') or '-'} | {curve} | "
                      f"{r['ppl']['valid']:.2f} | {r['ppl']['test']:.2f} | {hours:.2f} |")
     probes = pilot.get("probes") or {}
-    lines += ["", f"Training CPU time of the arms: {total:.2f} core-hours."]
+    spent = pilot.get("cpu_s") or {}
+    hours = {k: v / 3600 for k, v in spent.items()}
+    lines += ["", f"CPU time of the pilot: {total:.2f} core-hours of training"
+              + (f", {hours['scoring']:.2f} of scoring, {hours['probes']:.2f} of the probes: "
+                 f"{sum(hours.values()):.2f} in all" if spent else "") + "."]
     if probes:
         lines += ["", "Cost of an epoch of PTB train per head (one thread, tokens per second over a short run after "
                   "its first updates, the table's sizes): "
@@ -714,7 +718,10 @@ def budget_section(objs: Dict[str, Dict[str, Any]],
     of the sweep's other rates, cells at the chosen rates, CPU-core-hours) and in all, against
     :data:`MINI_BUDGET_HOURS`, cells set aside (``aside``: :func:`set_aside`) counted in their own rows; "" when no
     table has a sweep."""
-    swept = {t: o for t, o in objs.items() if o.get("sweep")}
+    # the train-split tables' cells are another plan's (train_split_budget)
+    swept = {t: {**o, "cells": [c for c in o.get("cells", []) if not train_split(c)]} for t, o in objs.items()
+             if o.get("sweep")}
+    swept = {t: o for t, o in swept.items() if o["cells"]}
     if not swept:
         return ""
     lines = ["## Compute", "", "Training CPU-core-hours of the tables run with the stopping rule and a learning rate "
@@ -745,6 +752,41 @@ def budget_section(objs: Dict[str, Dict[str, Any]],
     return "\n".join(lines)
 
 
+#: the training compute planned for the perplexity tables on the train splits (the pilot, lm-ptb, lm-wt2, lm-gpt2's
+#: rerun with the seeded batch order)
+TRAIN_SPLIT_BUDGET_HOURS = 40.0
+
+
+def train_split(cell: Dict[str, Any]) -> bool:
+    """Whether a cell trained on a corpus's train split (the language-model tables since PTB's and WikiText-2's
+    train splits are here), as opposed to the earlier mini protocol's valid-split text."""
+    return cell.get("data") == "train.txt"
+
+
+def train_split_budget(objs: Dict[str, Dict[str, Any]], pilot: Optional[Dict[str, Any]]) -> str:
+    """Markdown: the training CPU-core-hours of the train-split plan, the pilot and each table's cells, against
+    :data:`TRAIN_SPLIT_BUDGET_HOURS`; "" before any of it ran."""
+    parts = []
+    if pilot and pilot.get("arms"):
+        arms = pilot["arms"].values()
+        parts.append(("lm-ptb pilot", len(arms), sum((a.get("cpu_s") or 0.0) for a in arms) / 3600))
+    for table, obj in objs.items():
+        cells = [c for c in obj.get("cells", []) if train_split(c)]
+        if cells:  # lm-gpt2's cells record no CPU time: their training seconds (one thread each) stand in
+            parts.append((table, len(cells), sum(C.cell_cpu_hours(c) for c in cells)))
+    if not parts:
+        return ""
+    total = sum(hours for _, _, hours in parts)
+    lines = ["### The perplexity tables on the train splits", "",
+             f"Training CPU-core-hours of the plan that retrains the language-model tables on PTB's and WikiText-2's "
+             f"train splits ({TRAIN_SPLIT_BUDGET_HOURS:.0f} planned; scoring excluded):", "",
+             "| part | cells | CPU-core-hours |", "|---|---|---|"]
+    lines += [f"| {name} | {n} | {hours:.1f} |" for name, n, hours in parts]
+    share = 100 * total / TRAIN_SPLIT_BUDGET_HOURS
+    lines += ["", f"In all {total:.1f} of {TRAIN_SPLIT_BUDGET_HOURS:.0f} ({share:.0f}%).", ""]
+    return "\n".join(lines)
+
+
 def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -> str:
     """Write ``docs_dir/reproduction.md`` (and its plots) from ``docs_dir/reproduction/*.json``; return it."""
     src = os.path.join(docs_dir, "reproduction")
@@ -760,6 +802,9 @@ def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -
     budget = budget_section(objs, R.load_json(os.path.join(src, SET_ASIDE)))
     if budget:
         sections.append(budget)
+    retrained = train_split_budget(objs, R.load_json(os.path.join(src, "lm-ptb-pilot.json")))
+    if retrained:
+        sections.append(retrained if budget else "## Compute\n\n" + retrained)
     for table, obj in objs.items():
         note = obj.get("notes", getattr(get_table(table), "report_notes", ""))
         if obj.get("cells") and not obj.get("sweep") and getattr(get_table(table), "mini_lr", None):
