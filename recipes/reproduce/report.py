@@ -327,7 +327,8 @@ def pilot_section(docs_dir: str) -> str:
                  f"{sum(hours.values()):.2f} in all" if spent else "") + "."]
     if probes:
         lines += ["", "Cost of an epoch of PTB train per head (one thread, tokens per second over a short run after "
-                  "its first updates, the table's sizes): "
+                  "its first updates, the table's sizes; the probes ran beside other jobs, so their ratios to softmax, "
+                  "not their minutes, are what they measure): "
                   + ", ".join(f"{h} {p['epoch_s'] / 60:.1f} min" for h, p in probes.items() if p.get("epoch_s"))
                   + "."]
     decision = pilot.get("decision")
