@@ -286,7 +286,7 @@ def cap_sentence(cells: List[Dict[str, Any]]) -> str:
     cap = max(c["curve"][-1]["epoch"] for c in capped)
     median = slopes[len(slopes) // 2]
     return (f"{len(capped)} of the {len(cells)} cells of the rows stopped at the cap ({cap} epochs), not by patience: "
-            f"the numbers are at the cap, not converged; their valid loss still moved {median:+.3f} bits an epoch over "
+            f"the numbers are at the cap, not converged; their valid NLL still moved {median:+.3f} bits an epoch over "
             f"the last two epochs (median; from {slopes[0]:+.3f} to {slopes[-1]:+.3f}).")
 
 
@@ -431,9 +431,10 @@ corpora), so they are a reference for the *ordering* of heads and the *cost rati
 of a mini number. `--scale full --dry-run` prints the full-size commands and parameter counts.
 Mean ± sample std over seeds. Heads are compared seed by seed (seed K of two heads shares the data order and the
 initialisation of the shared layers): the mean paired difference with its 95% t interval, the paired t-test and
-the exact sign test, the p-values of a table's comparisons Holm-adjusted together; a difference is called one only
-where its Holm-adjusted p is below 0.05, otherwise the report says there is no significant difference and does not
-rank the heads. For BLEU, sacrebleu's paired bootstrap (1,000 resamplings) also tests every seed on its own, on
+the exact sign test, the p-values of a table's test comparisons Holm-adjusted together (the valid split chose the
+rates and checkpoints, so its differences are described, not tested); a difference is called one only where its
+Holm-adjusted p is below 0.05, otherwise the report says there is no significant difference and does not rank the
+heads. Beside each test comparison, the smallest true difference its seeds detect with 80% power. For BLEU, sacrebleu's paired bootstrap (1,000 resamplings) also tests every seed on its own, on
 the committed hypotheses (`docs/reproduction/hyps/`).
 """
 
