@@ -189,6 +189,9 @@ def test_ntasgd_on_the_command_line_validates_the_averages_then_the_averaged_che
     iterate, averages = validation_losses(tmp_path / "checkpoint_last.pt", max_sentences=12)
     assert float(valid[-1]["valid_loss"]) == pytest.approx(averages, abs=1e-3)
     assert abs(float(valid[-1]["valid_loss"]) - iterate) > 0.01
+    # the averaged checkpoint holds those averages, the tied embedding / softmax weight included (under both keys)
+    scored, _ = validation_losses(tmp_path / "avg.pt", max_sentences=12)
+    assert scored == pytest.approx(averages, abs=1e-6)
 
 
 def validation_losses(checkpoint, max_sentences: int):

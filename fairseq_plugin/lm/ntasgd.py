@@ -240,12 +240,17 @@ def average_checkpoint(path: str, out: str, data: Optional[str] = None) -> int:
     ids = [i for group in opt_state["param_groups"] for i in group["params"]]
     if len(ids) != len(names):
         raise ValueError(f"{path}: {len(ids)} optimizer parameters for {len(names)} model parameters")
-    replaced = 0
+    replaced, averages = 0, {}
     for name, i in zip(names, ids):
         ax = opt_state["state"].get(i, {}).get("ax")
         if ax is not None:
-            state["model"][name] = ax.to(state["model"][name].dtype)
+            averages[state["model"][name].data_ptr()] = ax.to(state["model"][name].dtype)
             replaced += 1
+    # a tied weight is one parameter under several keys (AWD-LSTM's embedding is its softmax's weight): every key
+    # that holds it gets the average, else loading the checkpoint would copy the SGD iterate back into it last
+    for key, tensor in state["model"].items():
+        if torch.is_tensor(tensor) and tensor.data_ptr() in averages:
+            state["model"][key] = averages[tensor.data_ptr()]
     if not replaced:
         logger.warning(f"{path}: no averages (NT-ASGD had not switched): the weights are copied as they are")
     checkpoint_utils.torch_persistent_save(state, out)
