@@ -286,7 +286,8 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     assert counts == sorted(counts, reverse=True) and "zzzz 0" in (data / "dict.txt").read_text()
     # the rows' sizes are recorded, and seed 1 of softmax (the bottleneck map's trunk) keeps its checkpoint by md5
     softmax = json.load(open(tmp_path / "lm-ptb" / "cells" / "softmax-lr0.005-seed1.json"))
-    assert softmax["parameters"] > 0 and len(softmax["checkpoint"]["md5"]) == 32
+    assert len(softmax["checkpoint"]["md5"]) == 32  # the tied embedding / softmax weight counted once:
+    assert softmax["parameters"] == C.count_parameters(shlex.split(softmax["commands"][0])[1:])
     assert (tmp_path / "lm-ptb" / "softmax" / "lr0.005" / "seed1" / "checkpoints" / "checkpoint_best.pt").is_file()
     assert not (tmp_path / "lm-ptb" / "mixtape" / "lr0.005" / "seed1" / "checkpoints").exists()
 

@@ -96,11 +96,13 @@ def prepare_mini_corpus(runner: Runner, args, table_dir: str, corpus: str, limit
 
 
 def checkpoint_parameters(path: str) -> int:
-    """Parameters of the model a fairseq checkpoint holds (its ``model`` tensors)."""
+    """Parameters of the model a fairseq checkpoint holds: its ``model`` tensors, a tied weight (one storage under
+    several keys: AWD-LSTM's embedding is its softmax's weight) counted once."""
     import torch
 
     state = torch.load(path, map_location="cpu", weights_only=False)
-    return int(sum(t.numel() for t in state["model"].values()))
+    unique = {t.data_ptr(): t.numel() for t in state["model"].values() if torch.is_tensor(t)}
+    return int(sum(unique.values()))
 
 
 def with_options(base: Sequence[str], extra: Sequence[str]) -> List[str]:
