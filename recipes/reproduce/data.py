@@ -144,11 +144,13 @@ def prepare_lm(data: str, corpus: str, out: str, limit: int = 0, eval_limit: int
     words = set(counts) | {w for text in splits.values() for line in text for w in line.split()}
     ordered = sorted(words, key=lambda w: (-counts.get(w, 0), w))
     write_lines(os.path.join(out, "dict.txt"), [f"{w} {counts.get(w, 0)}" for w in ordered if w != "<unk>"])
-    tokens = {split: sum(len(line.split()) + 1 for line in text) for split, text in splits.items()}
+    def tokens(text):  # with one <eos> a line, as the papers count
+        return sum(len(line.split()) + 1 for line in text)
+
     counts_path = os.path.join(out, "tokens.json")
     with open(counts_path, "w") as f:
-        json.dump({**tokens, "train_lines": len(splits["train"]), "train_lines_of": len(whole),
-                   "train_tokens_of": sum(len(line.split()) + 1 for line in whole)}, f, indent=1)
+        json.dump({**{split: tokens(text) for split, text in splits.items()}, "train_lines": len(splits["train"]),
+                   "train_lines_of": len(whole), "train_tokens_of": tokens(whole)}, f, indent=1)
     return {"raw": raw, "dict": os.path.join(out, "dict.txt"), "tokens": counts_path}
 
 

@@ -26,6 +26,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 from types import SimpleNamespace
@@ -52,20 +53,20 @@ COMMITTED = os.path.join(DOCS, "reproduction", "lm-ptb-pilot.json")
 DECISION = (
     "Adam, at the mini grid's rates (2.5e-3, 5e-3, 1e-2). At equal epochs Adam's valid perplexity is below NT-ASGD's "
     "at every epoch for both heads, NT-ASGD's forced averaging included: softmax 216.9 / 160.3 / 137.6 / 124.9 "
-    "against 307.4 / 203.2 / 166.9 / 153.6 (averaged from the end of epoch 2), scored valid / test 124.92 / 119.85 "
-    "against 148.13 / 144.71; MoS-4 213.8 / 154.9 against 678.9 / 327.0 (averaged from epoch 1), scored 154.92 / "
-    "150.04 against 306.07 / 294.38. (The NT-ASGD arms' scored checkpoints held the SGD iterate, not the average, "
-    "in their tied embedding / softmax weight, a bug of `python -m fairseq_plugin.average` found after the pilot "
-    "and fixed; their per-epoch validations after the switch, 153.6 and 327.0 at the last epoch, are the true "
-    "averages': the choice is the same either way.) NT-ASGD's own trigger (--nonmono 5) cannot fire within the epochs the table "
-    "can afford. The model stays the earlier mini AWD-LSTM (emsize 200, nhid 400, nhidlast 300, batch 20): an "
-    "epoch of PTB train took softmax 415-422 and MoS-4 1,052-1,114 CPU-seconds in these arms, and the probes put the other "
-    "rows at 1.10 (Sigsoftmax) to 1.38 (Mixtape) times softmax's (their absolute times ran beside other jobs; "
-    "the ratios are what they give), so lm-ptb's 36 cells (24 seeds, 12 more in the 3-rate sweep) cost about 30 "
-    "CPU-hours at a cap of 5 epochs, which with lm-wt2 (about 4), lm-gpt2's rerun (about 1.3) and this pilot "
-    "(2.3 CPU-hours with its scoring and probes, over the 2 planned for it by 0.3) keeps the 40 planned. Softmax's valid perplexity after 4 epochs, 124.9, is about twice the "
-    "papers' AWD-LSTM (60.83 valid, 58.37 test) and still falling 13 an epoch: the table's cells stop at the cap, "
-    "not converged.")
+    'against 307.4 / 203.2 / 166.9 / 153.6 (averaged from the end of epoch 2), scored valid / test 124.92 / 119.85 '
+    'against 148.13 / 144.71; MoS-4 213.8 / 154.9 against 678.9 / 327.0 (averaged from epoch 1), scored 154.92 / '
+    "150.04 against 306.07 / 294.38. (The NT-ASGD arms' scored checkpoints held the SGD iterate, not the average, in "
+    'their tied embedding / softmax weight, a bug of `python -m fairseq_plugin.average` found after the pilot and '
+    "fixed; their per-epoch validations after the switch, 153.6 and 327.0 at the last epoch, are the true averages': "
+    "the choice is the same either way.) NT-ASGD's own trigger (--nonmono 5) cannot fire within the epochs the table "
+    'can afford. The model stays the earlier mini AWD-LSTM (emsize 200, nhid 400, nhidlast 300, batch 20): an epoch '
+    'of PTB train took softmax 415-422 and MoS-4 1,052-1,114 CPU-seconds in these arms, and the probes put the other '
+    "rows at 1.10 (Sigsoftmax) to 1.38 (Mixtape) times softmax's (their absolute times ran beside other jobs; the "
+    "ratios are what they give), so lm-ptb's 36 cells (24 seeds, 12 more in the 3-rate sweep) cost about 30 CPU-hours"
+    " at a cap of 5 epochs, which with lm-wt2 (about 4), lm-gpt2's rerun (about 1.3) and this pilot (2.3 CPU-hours "
+    "with its scoring and probes, over the 2 planned for it by 0.3) keeps the 40 planned. Softmax's valid perplexity "
+    "after 4 epochs, 124.9, is about twice the papers' AWD-LSTM (60.83 valid, 58.37 test) and still falling 13 an "
+    "epoch: the table's cells stop at the cap, not converged.")
 
 
 def switch_epoch(epochs: int) -> int:
@@ -115,9 +116,7 @@ def run_arm(runner: Runner, bin_dir: str, arm: str, args) -> Dict[str, Any]:
               "curve": S.parse_curve(text), "train_wall_s": parse_train_wall(text),
               "cpu_s": cpu_seconds(log_path, text), "ppl": ppl, "commands": commands}
     R.save_json(done, record)
-    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
-        if os.path.exists(os.path.join(save_dir, name)):
-            os.remove(os.path.join(save_dir, name))
+    shutil.rmtree(save_dir, ignore_errors=True)
     if os.path.exists(os.path.join(cell, "averaged.pt")):
         os.remove(os.path.join(cell, "averaged.pt"))
     return record

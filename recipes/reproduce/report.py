@@ -496,9 +496,10 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                  "mini, learning-rate sweep running (no head has its rate and seeds yet)" if obj.get("sweep") else
                  "mini, no cell finished yet")
     cells = obj.get("cells") or []
-    done = f" Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else ""
-    done += " " + " ".join(t for t in (parameters_line(chosen_cells(obj)), cap_sentence(chosen_cells(obj))) if t)
-    done = done.rstrip()
+    scored = chosen_cells(obj)  # the cells of the rows: the sweep's other rates stop elsewhere
+    done = "".join(f" {t}" for t in (
+        f"Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else "",
+        parameters_line(scored), cap_sentence(scored)) if t)
     done += misrecorded(cells, obj["table"])
     table = get_table(obj["table"]) if obj["table"] in TABLE_MODULES else None
     sources = getattr(table, "paper_source", None)
@@ -508,7 +509,6 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     lowercased = lowercased_line(obj.get("lowercased") or {})
     if lowercased:
         lines += [lowercased, ""]
-    scored = chosen_cells(obj)  # the cells of the rows: the sweep's other rates stop elsewhere
     walls = _minutes_by_head(scored, "train_wall_s")
     if walls and rows:
         seeds = Counter(c["head"] for c in scored)
@@ -577,7 +577,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
         if untestable:
             lines += [untestable, ""]
     ratios = {h: r["time_all_layers_same_bsz"] for h, r in ((obj.get("costs") or {}).get("ratios") or {}).items()}
-    compute = C.equal_compute(chosen_cells(obj), ratios)
+    compute = C.equal_compute(scored, ratios)
     if compute:
         seconds = ("CPU seconds (each cell's logged seconds scaled by its recorded CPU time over them, which takes "
                    "out the waiting for a core shared with other jobs; a cell's validations included)"
