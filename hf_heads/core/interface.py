@@ -146,6 +146,8 @@ class OutputHead(VocabularyMixin, nn.Module):
                 same = loss is nll
                 nll = nll.masked_fill(~valid, 0.0)
                 loss = nll if same else loss.masked_fill(~valid, 0.0)
+            elif not ops.values_known(valid):  # the meta device: shapes only, every row scored
+                loss, nll = self._loss_and_nll_2d(h, t, label_smoothing)
             elif bool(valid.any()):
                 loss_part, nll_part = self._loss_and_nll_2d(h[valid], t[valid], label_smoothing)
                 nll = nll.masked_scatter(valid, nll_part)

@@ -21,14 +21,20 @@ from . import functional
 #: chunk, loses speed: 1.2x the plain softmax's time at V = 50257 with 83-token chunks, 1.0x with 256-512)
 LEAN_CHUNK_ELEMENTS = 2 ** 23
 LEAN_MIN_CHUNK = 256
+#: the same on a GPU, where nothing runs from cache and every chunk costs kernel launches: 2^26 values (256 MiB in
+#: float32) and at least 1024 rows (on an H100, 256-token chunks left MoS-3 at 4x and Mixtape at 9x our softmax's
+#: time in float32: docs/training_cost.md)
+LEAN_CHUNK_ELEMENTS_GPU = 2 ** 26
+LEAN_MIN_CHUNK_GPU = 1024
 
 
 def chunk_tokens(head) -> int:
     """Tokens per chunk of ``head``'s lean loss: about ``LEAN_CHUNK_ELEMENTS`` values in all the V-wide tensors of a
     chunk (``head.lean_width`` per token), at least ``LEAN_MIN_CHUNK`` matrix-product rows (``head.lean_rows`` per
-    token)."""
-    return max(-(-LEAN_MIN_CHUNK // head.lean_rows),
-               LEAN_CHUNK_ELEMENTS // (head.config.vocab_size * head.lean_width))
+    token); ``LEAN_CHUNK_ELEMENTS_GPU`` and ``LEAN_MIN_CHUNK_GPU`` when the head is on a CUDA device."""
+    gpu = next(head.parameters()).device.type == "cuda"
+    elements, rows = (LEAN_CHUNK_ELEMENTS_GPU, LEAN_MIN_CHUNK_GPU) if gpu else (LEAN_CHUNK_ELEMENTS, LEAN_MIN_CHUNK)
+    return max(-(-rows // head.lean_rows), elements // (head.config.vocab_size * head.lean_width))
 
 
 def autograd_chunk(head, hidden: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
@@ -87,7 +93,7 @@ def loss_and_nll(head, h: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, la
     torch.compile the graph breaks around this call, since the chunks run autograd inside a custom
     autograd.Function's forward, which dynamo cannot trace."""
     with functional.fp32_math(h):
-        everything = bool(valid.all())
+        everything = not functional.values_known(valid) or bool(valid.all())
         return ChunkedNLL.apply(head, h if everything else h[valid], t if everything else t[valid],
                                  head.lean_chunk_tokens(), label_smoothing, *params)
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .config import check_int
+from .functional import values_known
 from .registry import heads_where
 
 
@@ -37,7 +38,7 @@ class VocabularyMixin:
         (the order is ``arange(V)``), so heads keep their contiguous fast paths."""
         def build():
             order = self.frequency_order
-            if bool((order == torch.arange(len(order), device=order.device)).all()):
+            if not values_known(order) or bool((order == torch.arange(len(order), device=order.device)).all()):
                 return None
             return torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=order.device))
         return self._cached("ranks", [self.frequency_order], build)

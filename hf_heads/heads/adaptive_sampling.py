@@ -154,7 +154,8 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
             return top - torch.logsumexp(logits, 0), idx, {"multiplications": float(mults), "rounds": 0.0,
                                                           "exact_arms": float(vocab), "pulls_per_arm": 0.0}
         log_q = torch.log(q / q.sum())
-        u = torch.rand(d, generator=self._generator, dtype=torch.float64).to(g.dtype).clamp_(1e-12, 1 - 1e-12)
+        # drawn on the CPU (the head's generator: the same draws on every device), then moved to g's device
+        u = torch.rand(d, generator=self._generator, dtype=torch.float64).to(g.device, g.dtype).clamp_(1e-12, 1 - 1e-12)
         keys, order = (log_q - torch.log(-torch.log(u))).sort(descending=True)
         order, keys, log_q = order[:usable], keys[:usable], log_q[order[:usable]]
 

@@ -168,7 +168,7 @@ class DSSoftmaxHead(OutputHead):
         """Bool ``[E]``: experts left with no class (never chosen); ``None`` when every expert lives."""
         def build():
             dead = ~self.mask.any(dim=1)
-            return dead if bool(dead.any()) else None
+            return dead if ops.values_known(dead) and bool(dead.any()) else None
         return self._cached("dead", (self.mask,), build)
 
     def _route(self, hidden: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -185,10 +185,12 @@ class DSSoftmaxHead(OutputHead):
         if dead is not None:
             logits = logits.masked_fill(dead, float("-inf"))
         gate, expert = torch.softmax(logits, dim=-1).max(dim=-1)
+        # one-hot sums, not index_add / bincount: the same bits on every run on a GPU (no atomic float adds), and
+        # they run on the meta device
+        chosen = expert[:, None] == torch.arange(self.config.num_experts, device=expert.device)
         if training:
-            self._importance = torch.zeros(self.config.num_experts, dtype=gate.dtype,
-                                           device=gate.device).index_add(0, expert, gate)
-        counts = torch.bincount(expert.detach(), minlength=self.config.num_experts)
+            self._importance = (chosen.to(gate.dtype) * gate[:, None]).sum(0)
+        counts = chosen.detach().sum(0)
         self._routed = counts if self._routed is None or self._routed.device != counts.device else self._routed + counts
         return expert, gate
 

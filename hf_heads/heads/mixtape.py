@@ -167,7 +167,9 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         frequency, as in fairseq dictionaries), where the frequent logits are a prefix of the output."""
         def build():
             ids = self.frequency_order[: self.config.num_frequent]
-            return None if bool((ids == torch.arange(len(ids), device=ids.device)).all()) else ids.clone()
+            if not ops.values_known(ids) or bool((ids == torch.arange(len(ids), device=ids.device)).all()):
+                return None
+            return ids.clone()
         return self._cached("frequent_ids", [self.frequency_order], build)
 
     def _frequent_rows(self, t, dtype):
