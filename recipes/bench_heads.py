@@ -27,6 +27,7 @@ so a run cut off keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import json
 import os
@@ -37,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 import hf_heads
+from hf_heads.core import functional
 from recipes.timing import MALLOC_ENV, busy_neighbour, busy_report, peak_memory, time_per_call
 
 
@@ -176,6 +178,15 @@ CCE = "Cut Cross-Entropy"
 SAME_LOSS = ("softmax (ours)", TORCH_LCE, LIGER, CCE)
 
 
+#: heads whose lean loss goes through :func:`hf_heads.core.lean.softmax_rows`, where ``lean_product_dtype`` acts
+LOW_PRODUCT_HEADS = ("softmax", "sigsoftmax", "plif", "mixtape", "mos")
+
+
+def products_label(label: str, dtype) -> str:
+    """The label of ``label``'s entry with ``lean_product_dtype = dtype``."""
+    return f"{label} [{str(dtype).replace('torch.', '')} products]"
+
+
 def fused_peers() -> Dict[str, object]:
     """``{name: loss(hidden, weight, target)}`` (no bias) of the fused linear cross-entropies that import here, or
     ``{name: why it is missing}``."""
@@ -222,6 +233,12 @@ def device_steps(vocab: int, dim: int, dtype: torch.dtype, args):
                 options["weight"] = linear.weight.detach().clone()
             head = hf_heads.build_head(name, hidden_size=dim, vocab_size=vocab, **options).to(device, dtype).train()
             entries[label] = (lambda head=head: head.loss(hidden, target), list(head.parameters()))
+            if args.low_products and dtype != torch.float32 and name in LOW_PRODUCT_HEADS:
+                # the same head, its V-wide products in the parameters' dtype (float32 results)
+                low = copy.deepcopy(head)
+                low.lean_product_dtype = dtype
+                entries[products_label(label, dtype)] = (lambda low=low: low.loss(hidden, target),
+                                                         list(low.parameters()))
     missing = {}
     if args.peer:
         for name, loss in fused_peers().items():
@@ -315,14 +332,16 @@ def device_main(args, log=print) -> Dict[str, Dict]:
                     "peak_mib": None if mem[n] is None else mem[n] / 2**20,
                     "memory_ratio": None if mem[n] is None else mem[n] / base_m,
                     "loss": float(losses[n])} for n in steps}
-        for n in SAME_LOSS:
-            if n in rows:
+        for n in rows:
+            if n in SAME_LOSS or n.startswith("softmax (ours) ["):
                 rows[n]["loss_minus_baseline"] = rows[n]["loss"] - rows[BASELINE]["loss"]
         out["settings"][label] = {"vocab": vocab, "dim": dim, "dtype": dtype, "tokens": args.tokens, "rows": rows,
                                   "errors": errors}
         log(f"{label}: " + ", ".join(f"{n} {r['time_ratio']:.2f}x" + (
             "" if r["memory_ratio"] is None else f" / {r['memory_ratio']:.2f}x") for n, r in rows.items()))
         out["targets"] = targets(out["settings"])
+        # whether the low-precision products accumulated in float32 (torch.mm's out_dtype) or were rounded first
+        out["mm_out_dtype"] = dict(functional._MM_OUT_DTYPE)
         write_device_results(out, args.out)
     return out
 
@@ -359,22 +378,30 @@ def targets(settings: Dict[str, Dict]) -> list:
         def add(what, measured, goal):
             rows.append({"setting": label, "target": what, "measured": measured, "goal": goal,
                          "met": measured <= goal, "over_by": measured / goal})
-        for entry, against, goal in TIME_TARGETS:
-            if entry in r and against in r:
-                add(f"time {entry} / {against}", r[entry]["ms"] / r[against]["ms"], goal)
-        for entry, v in r.items():
-            if entry in dict((h[0], 0) for h in HEADS) and v["memory_ratio"] is not None:
-                add(f"memory {entry} / {BASELINE}", v["memory_ratio"], MEMORY_TARGET)
-        if "softmax (ours)" in r and LIGER in r and r[LIGER]["peak_mib"]:
-            add(f"memory softmax (ours) / {LIGER}", r["softmax (ours)"]["peak_mib"] / r[LIGER]["peak_mib"], 1.0)
+        heads = [h[0] for h in HEADS]
+        for rename in (lambda n: n, lambda n: products_label(n, torch.bfloat16)):  # float32 products, then bf16's
+            for entry, against, goal in TIME_TARGETS:
+                entry, against = rename(entry), (against if against == LIGER else rename(against))
+                if entry in r and against in r:
+                    add(f"time {entry} / {against}", r[entry]["ms"] / r[against]["ms"], goal)
+            for entry in map(rename, heads):
+                if entry in r and r[entry]["memory_ratio"] is not None:
+                    add(f"memory {entry} / {BASELINE}", r[entry]["memory_ratio"], MEMORY_TARGET)
+            ours = rename("softmax (ours)")
+            if ours in r and LIGER in r and r[LIGER]["peak_mib"]:
+                add(f"memory {ours} / {LIGER}", r[ours]["peak_mib"] / r[LIGER]["peak_mib"], 1.0)
     return rows
 
 
 def format_device_table(out: Dict) -> str:
     """Markdown: one table per setting (time and memory against the baseline, errors), then the targets."""
+    a = out["args"]
+    options = [f"--device {a['device']}"] + [
+        f"--{key} " + " ".join(map(str, a[key] if isinstance(a[key], list) else [a[key]]))
+        for key, default in [*DEVICE_DEFAULTS.items(), ("dtype", ["bfloat16", "float32"])] if a.get(key) != default]
     lines = [f"Output layer forward + backward on {out['device']} (torch {out['torch']}), "
-             f"N = {out['args']['tokens']} tokens; ratios against `{BASELINE}` (nn.Linear + F.cross_entropy) in "
-             f"the same process. `python -m recipes.bench_heads --device {out['args']['device']}`", ""]
+             f"N = {a['tokens']} tokens; ratios against `{BASELINE}` (nn.Linear + F.cross_entropy) in "
+             f"the same process. `python -m recipes.bench_heads {' '.join(options)}`", ""]
     for label, s in out["settings"].items():
         lines += [f"**{label}**", "", "| entry | time | memory | loss - baseline's |", "|---|---|---|---|"]
         for n, r in s["rows"].items():
@@ -456,6 +483,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "torch.cuda peak memory, the fused peers; without it, the CPU benchmark above")
     p.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=sorted(DTYPES),
                    help="with --device: the dtypes of the parameters and hidden states")
+    p.add_argument("--no-low-products", dest="low_products", action="store_false",
+                   help="with --device and a bf16 / fp16 dtype: skip the entries whose V-wide products run in that "
+                        "dtype (head.lean_product_dtype)")
     p.add_argument("--warmup", type=int, default=1, help="with --device: untimed steps of each entry first (Triton "
                                                           "compiles in the first)")
     p.add_argument("--repeats", type=int, default=1, help="with --device: steps per timed round")

@@ -7,11 +7,13 @@
 #   OUT/test-gpu.log   the CUDA tier's pytest output       OUT/bench.log     the benchmark's progress
 #   OUT/bench/results.json, OUT/bench/table.md             the benchmark (rewritten after every setting)
 # Exits non-zero when anything failed or did not run: never a silent skip.
-#   bash scripts/gpu_check.sh OUT [TEST_SECONDS BENCH_SECONDS]     (defaults 120 and 150: within 5 minutes)
+#   bash scripts/gpu_check.sh OUT [TEST_SECONDS BENCH_SECONDS [BENCH_OPTION...]]
+# (defaults 120 and 150 s: within 5 minutes; options after them go to the benchmark, e.g. --dtype bfloat16)
 set -uo pipefail
 OUT=${1:?usage: bash scripts/gpu_check.sh OUT [TEST_SECONDS BENCH_SECONDS]}
 TEST_SECONDS=${2:-120}
 BENCH_SECONDS=${3:-150}
+BENCH_OPTIONS=("${@:4}")
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
@@ -68,7 +70,8 @@ done
 
 step test-gpu "$OUT/test-gpu.log" timeout "$TEST_SECONDS" $PY -m pytest tests/test_device.py --device cuda -p no:xdist \
     -q -ra --durations=10
-step bench "$OUT/bench.log" timeout "$BENCH_SECONDS" $PY -m recipes.bench_heads --device cuda --out "$OUT/bench"
+step bench "$OUT/bench.log" timeout "$BENCH_SECONDS" $PY -m recipes.bench_heads --device cuda --out "$OUT/bench" \
+    "${BENCH_OPTIONS[@]}"
 
 if [ ${#failed[@]} -gt 0 ]; then
     log "FAILED: ${failed[*]}"

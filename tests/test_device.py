@@ -142,6 +142,55 @@ def test_memory_lean_loss_on_the_device_equals_the_plain_path(case, device):
         torch.testing.assert_close(grads[name], ref_p[name], **FP32_GRAD, msg=lambda m: f"{name}: {m}")
 
 
+def test_low_precision_product_keeps_float32_results(device):
+    """``functional.product(a, b, bf16)``: float32 results; on CUDA accumulated in float32 (torch.mm's out_dtype: the
+    error against float64 products of the same bf16 operands is float32's), elsewhere rounded to bf16 first."""
+    from hf_heads.core import functional
+
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(64, 256, generator=g).to(device), torch.randn(256, 48, generator=g).to(device)
+    got = functional.product(a, b, torch.bfloat16)
+    exact = (a.bfloat16().double() @ b.bfloat16().double()).float()
+    assert got.dtype == torch.float32 and got.device == a.device
+    if device.type == "cuda":
+        assert functional._MM_OUT_DTYPE["cuda"] is True, "torch.mm has no out_dtype on CUDA here"
+        torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-4)
+    else:
+        torch.testing.assert_close(got, (a.bfloat16() @ b.bfloat16()).float(), rtol=0, atol=0)
+        assert 0 < relative_error(got, exact) < 2 ** -8
+
+
+#: heads whose lean loss has a V-wide product (Mixtape with every id frequent has none: its gated logits are its own)
+LOW_PRODUCTS = [c for c in LEAN if c.name in ("softmax", "sigsoftmax", "plif", "mos", "mixtape")
+                and c.options.get("frequent_fraction", 0) < 1]
+#: bf16 operands (8 bits of mantissa), float32 results: the error of a tensor against float32 products, relative
+#: to its norm (an elementwise bound would trip on PLIF, where a rounded logit can cross a knot)
+BF16_PRODUCTS = 2e-2
+#: PLIF's gradients take a slope per bin of the logit, and a logit rounded through bf16 can land in the next bin
+#: (here 16 knots whose randomised slopes range from 0.5 to 1.75): its gradients move by up to 13% of their norm
+BF16_PRODUCTS_PLIF = 0.2
+
+
+def relative_error(got, expected):
+    return float((got - expected).norm() / expected.norm().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("case", LOW_PRODUCTS, ids=[c.id for c in LOW_PRODUCTS])
+def test_lean_products_in_bf16_stay_near_float32(case, device):
+    """``head.lean_product_dtype = torch.bfloat16`` (the V-wide products' operands in bf16, float32 results): the
+    loss and every gradient within BF16_PRODUCTS of the float32 products', and not equal to them (the setting acts)."""
+    head = quiet(case).to(device).train()
+    head.lean_chunk_tokens = lambda: 4
+    hidden, target = inputs(device, shape=(5, 3))
+    ref = loss_and_grads(head, hidden, target)
+    head.lean_product_dtype = torch.bfloat16
+    low = loss_and_grads(head, hidden, target)
+    errors = {"loss": relative_error(low[0], ref[0]), "hidden": relative_error(low[1], ref[1]),
+              **{name: relative_error(low[2][name], ref[2][name]) for name in ref[2]}}
+    assert max(errors.values()) < (BF16_PRODUCTS_PLIF if case.name == "plif" else BF16_PRODUCTS), errors
+    assert errors["loss"] > 0
+
+
 @CASES
 @pytest.mark.parametrize("shape", [(1, 1), (2, 3)], ids=["batch1", "batch6"])
 def test_topk_on_the_device_agrees_with_the_full_log_probs(case, shape, device):

@@ -42,7 +42,13 @@ def test_device_benchmark_runs_on_the_cpu(tmp_path):
     for setting in out["settings"].values():
         for peer in (bench_heads.TORCH_LCE, bench_heads.LIGER, bench_heads.CCE):
             assert peer in setting["rows"] or setting["errors"][peer]
+    # bf16: each head again with its V-wide products in bf16 (float32 results), near the float32 products' loss
+    low = out["settings"]["d=16 V=40 bfloat16"]["rows"]
+    assert {"softmax (ours) [bfloat16 products]", "mos K=3 [bfloat16 products]"} <= set(low)
+    assert "softmax (ours) [bfloat16 products]" not in rows  # not for float32
+    assert abs(low["softmax (ours) [bfloat16 products]"]["loss"] - low["softmax (ours)"]["loss"]) < 0.05
     goals = {t["target"]: t for t in out["targets"]}
+    assert "time mos K=3 [bfloat16 products] / softmax (ours) [bfloat16 products]" in goals
     assert goals["time mos K=3 / softmax (ours)"]["goal"] == 3.0 and goals["time mos K=3 / softmax (ours)"]["setting"] \
         == "d=16 V=40 bfloat16"
     saved = json.loads((tmp_path / "results.json").read_text())

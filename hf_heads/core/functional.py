@@ -23,6 +23,27 @@ def fp32_math(t: torch.Tensor):
     return torch.autocast(device_type=t.device.type, enabled=False)
 
 
+_MM_OUT_DTYPE: dict = {}  # device type -> whether torch.mm takes out_dtype there
+
+
+def product(a: torch.Tensor, b: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``a @ b`` (2-D) in float32. With ``dtype`` (bf16 / fp16), both operands are cast to it: on CUDA the product
+    accumulates in float32 (``torch.mm(..., out_dtype=torch.float32)``, the tensor cores' mode); where torch has no
+    such kernel (the CPU) the product is rounded to ``dtype`` first, then widened."""
+    if dtype is None:
+        return a.float() @ b.float()
+    a, b = a.to(dtype), b.to(dtype)
+    kind = a.device.type
+    if _MM_OUT_DTYPE.get(kind, True):
+        try:
+            out = torch.mm(a, b, out_dtype=torch.float32)
+            _MM_OUT_DTYPE[kind] = True
+            return out
+        except (TypeError, RuntimeError, NotImplementedError):
+            _MM_OUT_DTYPE[kind] = False
+    return torch.mm(a, b).float()
+
+
 def values_known(t: torch.Tensor) -> bool:
     """False on the ``meta`` device (shapes without values): checks and shortcuts that read values are skipped there,
     so every head can be run on meta to find tensors made on the wrong device (tests/test_device.py)."""

@@ -51,6 +51,11 @@ class OutputHead(VocabularyMixin, nn.Module):
     #: for plain autograd over the whole batch (the reference path). Heads whose training forward has
     #: side effects beyond its output (DS-Softmax: routing statistics for its aux loss) opt out.
     lean_loss = True
+    #: dtype of the lean loss's V-wide matrix products (logits, and the gradients of the hidden states and of W):
+    #: None computes them in float32 as everything else; ``torch.bfloat16`` / ``torch.float16`` casts both operands
+    #: to it and keeps a float32 result (float32 accumulation on CUDA), for tensor-core speed on a GPU; the softmax
+    #: and every elementwise step stay in float32 (docs/training_cost.md#on-a-gpu)
+    lean_product_dtype: Optional[torch.dtype] = None
     #: V-wide float tensors per token alive in one chunk of the lean loss (logits and their log-softmax for
     #: one softmax); sets the chunk size, see :meth:`lean_chunk_tokens`
     lean_width = 2

@@ -140,17 +140,28 @@ def softmax_rows(head, x: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Par
     None)`` and adds the gradients of W and b to ``grads``. ``transform(logits)`` returns ``(scores, back)`` with
     ``back(grad_scores) -> grad_logits`` (None for the identity). The gradient of the logits is
     ``r_ik (softmax - onehot)`` (r: the components' posterior responsibilities), made in place in the
-    log-softmax; the weight gradient accumulates straight into ``grads`` with ``addmm_``.
+    log-softmax; the weight gradient accumulates straight into ``grads`` with ``addmm_``. With
+    ``head.lean_product_dtype`` set, the three V-wide products (logits, ``grad_x``, W's gradient) take their operands
+    in that dtype and keep float32 results (:func:`hf_heads.core.functional.product`).
     """
     n, k, d = x.shape
     lo = 0 if prefix is None or prefix_ids is not None else prefix.shape[1]
-    w = head.weight[lo:].to(x.dtype)
+    low = head.lean_product_dtype if head.lean_product_dtype not in (None, x.dtype) else None
+    w = head.weight[lo:].to(low or x.dtype)
     b = None if head.bias is None else head.bias[lo:].to(x.dtype)
     rows = x.reshape(n * k, d)
-    logits = x.new_empty(n * k, head.config.vocab_size)
+    logits = None if low and not lo else x.new_empty(n * k, head.config.vocab_size)
     if lo:
         logits[:, :lo] = prefix
-    if b is None:
+    if low:
+        z = functional.product(rows, w.t(), low)
+        if b is not None:
+            z += b
+        if lo:
+            logits[:, lo:] = z
+        else:
+            logits = z
+    elif b is None:
         torch.mm(rows, w.t(), out=logits[:, lo:])
     else:
         torch.addmm(b, rows, w.t(), out=logits[:, lo:])
@@ -189,9 +200,12 @@ def softmax_rows(head, x: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Par
     else:
         grad_prefix = None if prefix is None else grad[:, :lo]
         grad_lin = grad if prefix is None else grad[:, lo:]
-    grad_x = (grad_lin @ w).view(n, k, d)
+    grad_x = (functional.product(grad_lin, w, low) if low else grad_lin @ w).view(n, k, d)
     if head.weight in grads:
-        grads[head.weight][lo:].addmm_(grad_lin.t(), rows)
+        if low:
+            grads[head.weight][lo:] += functional.product(grad_lin.t(), rows, low)
+        else:
+            grads[head.weight][lo:].addmm_(grad_lin.t(), rows)
     if head.bias is not None and head.bias in grads:
         grads[head.bias][lo:] += grad_lin.sum(0)
     return loss, nll, grad_x, grad_prior, grad_prefix
