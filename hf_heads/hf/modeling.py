@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..core import OutputHead, build_head
-from .config import head_config_class, head_spec, spec_options
+from .config import head_config_class, head_spec, spec_options, without_model_sizes
 from . import liger, remote_code, trl
 from .lean_forward import lean_forward
 from .peft import running_head
@@ -248,6 +248,7 @@ def swap_head(model, name: str, *, frequency_order=None, token_counts=None, **op
     inputs = model.get_input_embeddings()
     tied = inputs is not None and getattr(inputs, "weight", None) is weight
     bias, use_bias = _output_bias(model, old)
+    options = without_model_sizes("swap_head", options, hidden_size=weight.shape[1], vocab_size=weight.shape[0])
     head = build_head(name, hidden_size=weight.shape[1], vocab_size=weight.shape[0], weight=weight.detach(),
                       bias=bias.to(weight.dtype) if use_bias else None, use_bias=use_bias,
                       frequency_order=frequency_order, token_counts=token_counts, **options)
