@@ -8,11 +8,12 @@
 #   OUT/bench/results.json, OUT/bench/table.md             the benchmark (rewritten after every setting)
 # Exits non-zero when anything failed or did not run: never a silent skip.
 #   bash scripts/gpu_check.sh OUT [TEST_SECONDS BENCH_SECONDS [BENCH_OPTION...]]
-# (defaults 120 and 150 s: within 5 minutes; options after them go to the benchmark, e.g. --dtype bfloat16)
+# (defaults 60 and 210 s, within 5 minutes with the install: on an H100 the tier took 26 s and the whole benchmark
+# 160 s before its bf16-products rows were added; options after them go to the benchmark, e.g. --dtype bfloat16)
 set -uo pipefail
 OUT=${1:?usage: bash scripts/gpu_check.sh OUT [TEST_SECONDS BENCH_SECONDS]}
-TEST_SECONDS=${2:-120}
-BENCH_SECONDS=${3:-150}
+TEST_SECONDS=${2:-60}
+BENCH_SECONDS=${3:-210}
 BENCH_OPTIONS=("${@:4}")
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"

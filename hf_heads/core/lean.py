@@ -22,8 +22,8 @@ from . import functional
 LEAN_CHUNK_ELEMENTS = 2 ** 23
 LEAN_MIN_CHUNK = 256
 #: the same on a GPU, where nothing runs from cache and every chunk costs kernel launches: 2^26 values (256 MiB in
-#: float32) and at least 1024 rows (on an H100, 256-token chunks left MoS-3 at 4x and Mixtape at 9x our softmax's
-#: time in float32: docs/training_cost.md)
+#: float32) and at least 1024 rows (on an H100 the CPU sizes, 86-token chunks for MoS-3 and 64 for Mixtape at V = 50k,
+#: left them at 4x and 9x our softmax's float32 time: docs/training_cost.md#on-a-gpu)
 LEAN_CHUNK_ELEMENTS_GPU = 2 ** 26
 LEAN_MIN_CHUNK_GPU = 1024
 
