@@ -339,15 +339,20 @@ def main(argv=None) -> Dict:
               "train_batches_sha1": seen.hexdigest()}
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        os.makedirs(args.output_dir, exist_ok=True)
-        if not args.no_save:
-            accelerator.unwrap_model(model).save_pretrained(args.output_dir)
-            tokenizer.save_pretrained(args.output_dir)
-            log(f"saved to {args.output_dir} (reload: import hf_heads; AutoModelForCausalLM.from_pretrained(...); "
-                f"without softmax-heads, pass trust_remote_code=True to it and to AutoTokenizer.from_pretrained)")
-        with open(os.path.join(args.output_dir, "results.json"), "w") as f:
-            json.dump(result, f, indent=2)
+        save_outputs(accelerator.unwrap_model(model), tokenizer, result, args, log)
     return result
+
+
+def save_outputs(model, tokenizer, result: Dict, args, log) -> None:
+    """``OUTPUT_DIR/results.json``, and the model and its tokenizer there unless ``--no-save``."""
+    os.makedirs(args.output_dir, exist_ok=True)
+    if not args.no_save:
+        model.save_pretrained(args.output_dir)
+        tokenizer.save_pretrained(args.output_dir)
+        log(f"saved to {args.output_dir} (reload: import hf_heads; AutoModelForCausalLM.from_pretrained(...); "
+            f"without softmax-heads, pass trust_remote_code=True to it and to AutoTokenizer.from_pretrained)")
+    with open(os.path.join(args.output_dir, "results.json"), "w") as f:
+        json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,181 @@
+"""A new head for a trained causal LM, trained on the model's cached final hidden states with the model frozen.
+
+The LM's body runs once over the text (:func:`cache_states`: the states its ``lm_head`` reads, in shards on disk,
+resumable); a head started at the pretrained ``lm_head`` (:func:`hf_heads.swap_head`; MoS / Mixtape with identity
+contexts, PLIF at its identity, so step 0 is the pretrained model) then trains on them alone
+(:func:`train_head_on_states`: Adam, validated after every epoch, the best epoch kept, stopped by patience), and
+:func:`nll_per_block` scores it. Only the head changes, so the upgraded model is the pretrained body with the new
+head: ``save_pretrained`` saves it (with the head's code, so it also loads with ``trust_remote_code=True`` where
+softmax-heads is not installed). ``python -m recipes.upgrade_head`` is the command.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List
+
+import torch
+from torch import nn
+
+from ..core.interface import OutputHead
+
+
+@dataclass
+class States:
+    """Cached final hidden states ``[N, d]`` (stored in ``states.dtype``) and the next-token ids ``[N]`` they predict,
+    block after block (``block_tokens`` tokens each: per-block scores)."""
+    states: torch.Tensor
+    targets: torch.Tensor
+    block_tokens: int
+
+    def __len__(self) -> int:
+        return self.targets.numel()
+
+
+def body(model) -> nn.Module:
+    """The part of a causal LM that makes the hidden states its ``lm_head`` reads (``model.base_model``: GPT-2's
+    ``transformer``, Llama's ``model``; their ``last_hidden_state`` has the final norm applied)."""
+    return model.base_model
+
+
+def fingerprint(model, blocks: torch.Tensor) -> str:
+    """Digest of the token blocks and the body's weights: a cache folder holds the states of one pair only."""
+    digest = hashlib.sha1(blocks.numpy().tobytes())
+    for name, tensor in sorted(body(model).state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().sum().double().numpy().tobytes())
+        digest.update(str(tuple(tensor.shape)).encode())
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def cache_states(model, blocks: torch.Tensor, folder: str, batch_size: int = 8, dtype: torch.dtype = torch.float16,
+                 shard_blocks: int = 256, progress: bool = True, desc: str = "cache states") -> States:
+    """The final hidden states of ``blocks`` ``[B, L]`` (token ids) under ``model`` (a causal LM), with the ids that
+    follow them (``L - 1`` per block), in ``dtype``. Written to ``folder`` in shards of ``shard_blocks`` blocks as they
+    are made; a rerun reads the shards already there (the folder's ``meta.json`` must name the same blocks and
+    weights, else ``ValueError``)."""
+    from tqdm.auto import tqdm
+
+    os.makedirs(folder, exist_ok=True)
+    meta_path = os.path.join(folder, "meta.json")
+    meta = {"fingerprint": fingerprint(model, blocks), "blocks": list(blocks.shape), "dtype": str(dtype),
+            "shard_blocks": shard_blocks}
+    if os.path.exists(meta_path):
+        with open(meta_path) as f:
+            old = json.load(f)
+        if old != meta:
+            raise ValueError(f"cache_states: {folder} holds the states of other blocks or weights ({old}); use "
+                             f"another folder or empty it")
+    else:
+        with open(meta_path, "w") as f:
+            json.dump(meta, f)
+    was = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    parts_h, parts_t = [], []
+    starts = range(0, blocks.shape[0], shard_blocks)
+    for start in tqdm(starts, desc=desc, disable=not progress, unit="shard"):
+        path = os.path.join(folder, f"shard-{start // shard_blocks:05d}.pt")
+        if not os.path.exists(path):
+            part = blocks[start:start + shard_blocks]
+            hs = []
+            for i in range(0, part.shape[0], batch_size):
+                out = body(model)(input_ids=part[i:i + batch_size].to(device)).last_hidden_state
+                hs.append(out[:, :-1].reshape(-1, out.shape[-1]).to("cpu", dtype))
+            torch.save({"states": torch.cat(hs), "targets": part[:, 1:].reshape(-1).clone()}, path + ".tmp")
+            os.replace(path + ".tmp", path)  # a shard is there whole or not at all
+        shard = torch.load(path)
+        parts_h.append(shard["states"])
+        parts_t.append(shard["targets"])
+    model.train(was)
+    return States(torch.cat(parts_h), torch.cat(parts_t), blocks.shape[1] - 1)
+
+
+@torch.no_grad()
+def nll_per_block(head: OutputHead, data: States, batch_tokens: int = 8192) -> torch.Tensor:
+    """The head's mean NLL (nats) of every block of ``data`` (evaluation mode), float64 ``[blocks]``."""
+    was = head.training
+    head.eval()
+    device = next(head.parameters()).device
+    nll = torch.cat([head.loss(data.states[i:i + batch_tokens].to(device, torch.float32),
+                               data.targets[i:i + batch_tokens].to(device), reduction="none").double().cpu()
+                     for i in range(0, len(data), batch_tokens)])
+    head.train(was)
+    return nll.view(-1, data.block_tokens).mean(1)
+
+
+def perplexity_interval(block_nll: torch.Tensor, level: float = 0.95) -> Dict[str, float]:
+    """Perplexity ``exp(mean NLL)`` with a ``level`` interval from the spread of the per-block NLLs (a t interval on
+    their mean, blocks as the units), ``{"ppl", "lo", "hi", "blocks"}``."""
+    from scipy import stats
+
+    n = block_nll.numel()
+    mean = float(block_nll.mean())
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * block_nll.std() / math.sqrt(n)) if n > 1 else float("nan")
+    return {"ppl": math.exp(mean), "lo": math.exp(mean - half), "hi": math.exp(mean + half), "blocks": n}
+
+
+def train_head_on_states(head: OutputHead, train: States, valid: States, lr: float = 1e-3, max_epochs: int = 10,
+                         patience: int = 2, batch_tokens: int = 4096, seed: int = 0, progress: bool = True,
+                         log: Callable[[str], None] = print) -> List[Dict[str, float]]:
+    """Adam on the head's parameters over ``train``'s states (shuffled by a generator of ``seed``, ``batch_tokens`` a
+    step; the loss is the head's :meth:`~OutputHead.loss`, plus its ``aux_loss()``), validated on ``valid`` after every
+    epoch; stops when the valid NLL has not improved for ``patience`` epochs or after ``max_epochs``, and loads the
+    best epoch's weights (epoch 0, the start, included). Returns the curve: ``{"epoch", "train_nll", "valid_nll",
+    "seconds"}`` per epoch."""
+    import time
+
+    from tqdm.auto import tqdm
+
+    for name, value, low in (("max_epochs", max_epochs, 1), ("patience", patience, 1),
+                             ("batch_tokens", batch_tokens, 1)):
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"train_head_on_states: {name}={value!r}; allowed: an integer >= {low}")
+    device = next(head.parameters()).device
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=lr)
+    order = torch.Generator().manual_seed(seed)
+    best = float(nll_per_block(head, valid).mean())
+    best_epoch, best_state = 0, {k: v.detach().clone() for k, v in head.state_dict().items()}
+    curve = [{"epoch": 0, "train_nll": float("nan"), "valid_nll": best, "seconds": 0.0}]
+    log(f"epoch 0 (the start): valid NLL {best:.4f} (perplexity {math.exp(best):.2f})")
+    start = time.perf_counter()
+    for epoch in range(1, max_epochs + 1):
+        head.train()
+        total, count = 0.0, 0
+        batches = torch.randperm(len(train), generator=order).split(batch_tokens)
+        for index in tqdm(batches, desc=f"epoch {epoch}", disable=not progress, leave=False):
+            loss = head.loss(train.states[index].to(device, torch.float32), train.targets[index].to(device))
+            total += float(loss.detach()) * index.numel()
+            count += index.numel()
+            (loss + head.aux_loss()).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        valid_nll = float(nll_per_block(head, valid).mean())
+        curve.append({"epoch": epoch, "train_nll": total / count, "valid_nll": valid_nll,
+                      "seconds": time.perf_counter() - start})
+        log(f"epoch {epoch}: train NLL {total / count:.4f}, valid NLL {valid_nll:.4f} (perplexity "
+            f"{math.exp(valid_nll):.2f})")
+        if valid_nll < best:
+            best, best_epoch = valid_nll, epoch
+            best_state = {k: v.detach().clone() for k, v in head.state_dict().items()}
+        elif epoch - best_epoch >= patience:
+            break
+    head.load_state_dict(best_state)
+    head.eval()
+    curve[best_epoch]["best"] = True
+    return curve
+
+
+def untie_output_embedding(model) -> None:
+    """Give ``lm_head`` its own copy of the weight it shares with the input embedding (SmolLM2 and GPT-2 tie them), so
+    training the head leaves the body, and the states cached from it, as they were; the config records the untying."""
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if inp is not None and out.weight is inp.weight:
+        out.weight = nn.Parameter(out.weight.detach().clone())
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        config.tie_word_embeddings = False

