@@ -1,0 +1,250 @@
+"""Where breaking the softmax bottleneck pays: heads trained on a frozen trunk's features, projected to d dimensions.
+
+The trunk is a trained language model (by default lm-ptb's seed-1 softmax cell: the mini AWD-LSTM trained on PTB's
+train split, its checkpoint kept by ``python -m recipes.reproduce lm-ptb``). Its last layer's features of every
+token of train / valid / test are computed once, as the papers score (the LSTM state carried along 20 / 10 / 1
+streams), and cached. Every cell then trains a learned projection of the features to ``d`` dimensions (the same
+form for every head: ``nn.Linear(width, d)``) and a head on it, on a stated prefix of the train features, to the
+stopping rule on valid, and scores test at the best epoch; a second run of the same cell to a fixed number of
+epochs measures the lowest train NLL the head reaches (what it can express, apart from generalisation), and the
+singular values of its log-probability matrix on valid contexts give its numerical rank.
+
+    python -m recipes.bottleneck_map --trunk CKPT --data BIN --out results/bottleneck_map      # resumable
+    python -m recipes.bottleneck_map --plan ...                                                 # cells, cost
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import time
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+import hf_heads
+from hf_heads.hf.upgrade import States, nll_per_block, train_head_on_states
+
+#: the heads of the map, as the issue names them (library defaults otherwise; Mixtape in its default form)
+HEADS = {"softmax": ("softmax", {}), "mos-4": ("mos", {"num_components": 4}), "mixtape": ("mixtape", {}),
+         "plif": ("plif", {}), "sigsoftmax": ("sigsoftmax", {})}
+DIMS = [4, 8, 16, 32, 64, 128]
+#: streams each split is read with: the training layout for train, the papers' valid / test batches
+STREAMS = {"train": 20, "valid": 10, "test": 1}
+BPTT = 70
+
+
+def md5(path: str) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def trunk_features(checkpoint: str, data: str, split: str, streams: int, bptt: int = BPTT) -> States:
+    """The last layer's features (evaluation mode) of every token of ``split`` and the ids that follow them, the LSTM
+    state carried along ``streams`` contiguous streams in windows of ``bptt`` (the papers' scoring)."""
+    import fairseq_plugin  # noqa: F401  (registers the task and model)
+    from fairseq import checkpoint_utils
+    from fairseq_plugin.lm.streams import eval_windows
+
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data})
+    decoder = models[0].decoder.eval()
+    task.load_dataset(split)
+    layout = task.datasets[split].layout(streams)  # [rows, streams]
+    feats, targets, hidden = [], [], None
+    for start, length, _ in eval_windows(layout.shape[0], bptt):
+        source = layout[start:start + length].t()
+        out, extra = decoder.extract_features(source, hidden=hidden)
+        hidden = extra["hidden"]
+        feats.append(out.reshape(-1, out.shape[-1]).half())
+        targets.append(layout[start + 1:start + 1 + length].t().reshape(-1))
+    return States(torch.cat(feats), torch.cat(targets), 1)
+
+
+def cached_features(args, split: str) -> States:
+    path = os.path.join(args.out, "features", f"{split}.pt")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        states = trunk_features(args.trunk, args.data, split, STREAMS[split])
+        torch.save({"states": states.states, "targets": states.targets, "trunk_md5": md5(args.trunk)}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    saved = torch.load(path)
+    return States(saved["states"], saved["targets"], 1)
+
+
+class ProjectedHead(nn.Module):
+    """``head(W_p f + b_p)``: a learned projection of the trunk's features ``f`` to ``d``, then the head."""
+
+    def __init__(self, width: int, d: int, vocab: int, name: str, options: Dict):
+        super().__init__()
+        self.projection = nn.Linear(width, d)
+        self.head = hf_heads.build_head(name, hidden_size=d, vocab_size=vocab, **options)
+
+    def loss(self, features, target, reduction: str = "mean"):
+        return self.head.loss(self.projection(features), target, reduction=reduction)
+
+    def aux_loss(self):
+        return self.head.aux_loss()
+
+    def log_probs(self, features):
+        return self.head(self.projection(features))
+
+
+@torch.no_grad()
+def spectrum(module: ProjectedHead, features: torch.Tensor) -> Dict:
+    """Singular values of the log-probability matrix ``[contexts, V]`` (float64) and its numerical rank (singular
+    values above ``max(shape) * eps(float32) * s_max``, numpy's default tolerance at the precision computed)."""
+    module.eval()
+    lp = module.log_probs(features.float()).double()
+    s = torch.linalg.svdvals(lp)
+    tol = max(lp.shape) * torch.finfo(torch.float32).eps * float(s[0])
+    return {"rank": int((s > tol).sum()), "contexts": lp.shape[0], "top": [float(v) for v in s[:300]]}
+
+
+def train_nll(module: ProjectedHead, data: States) -> float:
+    return float(nll_per_block(module, data).mean())
+
+
+def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, States], log=print) -> Dict:
+    """One cell: trained to the stopping rule (test at the best epoch), then a second run to the fixed budget for the
+    train-NLL floor, and the spectrum at the stopping rule's weights."""
+    head, options = HEADS[name]
+    width, vocab = data["train"].states.shape[1], args.vocab
+    out = {"head": name, "d": d, "seed": seed, "lr": lr, "train_tokens": len(data["train"])}
+    torch.manual_seed(seed)
+    module = ProjectedHead(width, d, vocab, head, options)
+    out["parameters"] = sum(p.numel() for p in module.parameters())
+    start = time.process_time()
+    out["curve"] = train_head_on_states(module, data["train"], data["valid"], lr=lr, max_epochs=args.max_epochs,
+                                        patience=args.patience, batch_tokens=args.batch_tokens, seed=seed,
+                                        progress=not args.quiet, log=lambda *_: None)
+    out["cpu_s"] = time.process_time() - start
+    out["valid_nll"] = train_nll(module, data["valid"])
+    out["test_nll"] = train_nll(module, data["test"])
+    out["stopped"] = "patience" if len(out["curve"]) - 1 < args.max_epochs else "max_epochs"
+    out["spectrum"] = spectrum(module, data["valid"].states[:args.spectrum_contexts])
+    # the floor: the same cell from the same start, trained on train to a fixed budget; train NLL after every epoch
+    torch.manual_seed(seed)
+    floor = ProjectedHead(width, d, vocab, head, options)
+    optimizer = torch.optim.Adam(floor.parameters(), lr=lr)
+    order = torch.Generator().manual_seed(seed)
+    sample = States(data["train"].states[:args.floor_sample], data["train"].targets[:args.floor_sample], 1)
+    floors = []
+    start = time.process_time()
+    for _ in range(args.floor_epochs):
+        floor.train()
+        for index in torch.randperm(len(data["train"]), generator=order).split(args.batch_tokens):
+            loss = floor.loss(data["train"].states[index].float(), data["train"].targets[index])
+            (loss + floor.aux_loss()).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        floors.append(train_nll(floor, sample))
+    out["floor_curve"] = floors
+    out["train_nll_floor"] = min(floors)
+    out["floor_cpu_s"] = time.process_time() - start
+    log(f"{name} d={d} seed {seed}: test NLL {out['test_nll']:.4f} (ppl {math.exp(out['test_nll']):.1f}), train NLL "
+        f"floor {out['train_nll_floor']:.4f}, rank {out['spectrum']['rank']}, {out['cpu_s'] + out['floor_cpu_s']:.0f} "
+        f"CPU s")
+    return out
+
+
+def choose_rate(args, name: str, data, log=print) -> float:
+    """The head's learning rate: the grid's best valid NLL at ``--rate-d``, seed 1 (cells under ``rates/``)."""
+    losses = {}
+    for lr in args.rates:
+        path = os.path.join(args.out, "rates", f"{name}-d{args.rate_d}-lr{lr:g}.json")
+        if not os.path.exists(path):
+            cell = run_cell(args, name, args.rate_d, 1, lr, data, log)
+            write_json(path, cell)
+        losses[lr] = load_json(path)["valid_nll"]
+    best = min(losses, key=losses.get)
+    log(f"{name}: learning rate {best:g} (valid NLL at d={args.rate_d}: "
+        + ", ".join(f"{lr:g}: {v:.4f}" for lr, v in sorted(losses.items())) + ")")
+    return best
+
+
+def write_json(path: str, obj) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def load_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--trunk", required=True, help="the trunk's fairseq checkpoint (lm-ptb's kept softmax seed-1 cell)")
+    p.add_argument("--data", required=True, help="the binarised data folder the trunk trained on")
+    p.add_argument("--out", default="results/bottleneck_map")
+    p.add_argument("--heads", nargs="+", default=list(HEADS), choices=list(HEADS))
+    p.add_argument("--dims", type=int, nargs="+", default=DIMS, help="d values (at most the features' width)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 1..N of every (head, d)")
+    p.add_argument("--rates", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2], help="Adam rates tried per head")
+    p.add_argument("--rate-d", type=int, default=32, help="the d at which each head's rate is chosen (seed 1)")
+    p.add_argument("--train-tokens", type=int, default=200_000, help="train on this prefix of the train features")
+    p.add_argument("--max-epochs", type=int, default=20)
+    p.add_argument("--patience", type=int, default=2)
+    p.add_argument("--floor-epochs", type=int, default=10, help="the fixed budget of the train-NLL floor run")
+    p.add_argument("--floor-sample", type=int, default=50_000, help="train tokens the floor's NLL is measured on")
+    p.add_argument("--batch-tokens", type=int, default=2048)
+    p.add_argument("--spectrum-contexts", type=int, default=2000, help="valid contexts of the log-prob matrix")
+    p.add_argument("--plan", action="store_true", help="print the cells and stop")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    for key in ("seeds", "train_tokens", "max_epochs", "patience", "floor_epochs", "floor_sample", "batch_tokens",
+                "spectrum_contexts", "rate_d"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key.replace('_', '-')}={getattr(args, key)} is out of range; allowed: an integer >= 1")
+    for d in args.dims:
+        if d < 1:
+            p.error(f"--dims {d} is out of range; allowed: integers >= 1")
+    return args
+
+
+def main(argv=None, log=print) -> Dict:
+    args = parse_args(argv)
+    cells = [(h, d, s) for s in range(1, args.seeds + 1) for d in args.dims for h in args.heads]
+    if args.plan:
+        log(f"{len(cells)} cells ({len(args.heads)} heads x {len(args.dims)} d x {args.seeds} seeds) and "
+            f"{len(args.heads) * len(args.rates)} rate cells at d={args.rate_d}")
+        return {"cells": cells}
+    data = {split: cached_features(args, split) for split in STREAMS}
+    width = data["train"].states.shape[1]
+    too_wide = [d for d in args.dims if d > width]
+    if too_wide:
+        raise SystemExit(f"--dims {too_wide}: above the trunk's feature width {width} (a softmax's rank cannot exceed "
+                         f"it + 1)")
+    data["train"] = States(data["train"].states[:args.train_tokens], data["train"].targets[:args.train_tokens], 1)
+    from fairseq.data import Dictionary
+
+    args.vocab = len(Dictionary.load(os.path.join(args.data, "dict.txt")))
+    meta = {"trunk": args.trunk, "trunk_md5": md5(args.trunk), "tokens": {s: len(d) for s, d in data.items()},
+            "width": width, "vocab": args.vocab, "args": {k: v for k, v in vars(args).items() if k != "vocab"}}
+    write_json(os.path.join(args.out, "meta.json"), meta)
+    rates = {h: choose_rate(args, h, data, log) for h in args.heads}
+    write_json(os.path.join(args.out, "rates.json"), rates)
+    results = []
+    for i, (h, d, s) in enumerate(cells, 1):
+        path = os.path.join(args.out, "cells", f"{h}-d{d}-s{s}.json")
+        if not os.path.exists(path):
+            log(f"cell {i}/{len(cells)}: {h} d={d} seed {s}")
+            write_json(path, run_cell(args, h, d, s, rates[h], data, log))
+        results.append(load_json(path))
+    return {"meta": meta, "rates": rates, "cells": results}
+
+
+if __name__ == "__main__":
+    from recipes.cli import run
+
+    run(main)
