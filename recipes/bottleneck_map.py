@@ -67,6 +67,15 @@ def trunk_features(checkpoint: str, data: str, split: str, streams: int, bptt: i
     return States(torch.cat(feats), torch.cat(targets), 1)
 
 
+def trunk_nll(checkpoint: str, data: Dict[str, States]) -> Dict[str, float]:
+    """The trunk's own head on the cached valid / test features: mean NLL (nats), the trunk's perplexity."""
+    from fairseq import checkpoint_utils
+
+    models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
+    head = models[0].decoder.head.eval()
+    return {split: float(nll_per_block(head, data[split]).mean()) for split in ("valid", "test")}
+
+
 def cached_features(args, split: str) -> States:
     path = os.path.join(args.out, "features", f"{split}.pt")
     if not os.path.exists(path):
@@ -230,7 +239,8 @@ def main(argv=None, log=print) -> Dict:
 
     args.vocab = len(Dictionary.load(os.path.join(args.data, "dict.txt")))
     meta = {"trunk": args.trunk, "trunk_md5": md5(args.trunk), "tokens": {s: len(d) for s, d in data.items()},
-            "width": width, "vocab": args.vocab, "args": {k: v for k, v in vars(args).items() if k != "vocab"}}
+            "width": width, "vocab": args.vocab, "trunk_nll": trunk_nll(args.trunk, data),
+            "args": {k: v for k, v in vars(args).items() if k != "vocab"}}
     write_json(os.path.join(args.out, "meta.json"), meta)
     rates = {h: choose_rate(args, h, data, log) for h in args.heads}
     write_json(os.path.join(args.out, "rates.json"), rates)

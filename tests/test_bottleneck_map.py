@@ -2,6 +2,7 @@
 trunk, and the map's cells train, choose their rates on valid and resume, on a tiny AWD-LSTM in seconds."""
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -45,18 +46,32 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     checkpoint, bin_dir = trunk
     monkeypatch.setattr(bottleneck_map, "BPTT", 12)
     argv = ["--trunk", str(checkpoint), "--data", str(bin_dir), "--out", str(tmp_path), "--heads", "softmax", "mos-4",
-            "--dims", "2", "8", "--seeds", "1", "--rates", "1e-2", "3e-2", "--rate-d", "2", "--max-epochs", "3",
+            "--dims", "2", "8", "--seeds", "2", "--rates", "1e-2", "3e-2", "--rate-d", "2", "--max-epochs", "3",
             "--floor-epochs", "2", "--floor-sample", "200", "--batch-tokens", "256", "--spectrum-contexts", "50",
             "--quiet"]
     result = bottleneck_map.main(argv, log=lambda *_: None)
     assert set(result["rates"]) == {"softmax", "mos-4"} and set(result["rates"].values()) <= {1e-2, 3e-2}
     cells = {(c["head"], c["d"]): c for c in result["cells"]}
-    assert set(cells) == {("softmax", 2), ("softmax", 8), ("mos-4", 2), ("mos-4", 8)}
+    assert len(result["cells"]) == 8 and set(cells) == {("softmax", 2), ("softmax", 8), ("mos-4", 2), ("mos-4", 8)}
+    assert result["meta"]["trunk_nll"]["valid"] > 0
     for c in cells.values():
         assert c["curve"][0]["epoch"] == 0 and math.isfinite(c["test_nll"]) and len(c["floor_curve"]) == 2
         assert c["train_nll_floor"] == min(c["floor_curve"])
     # a softmax over d = 2 projected features: log p = W h + b - log Z(h), a matrix of rank at most d + 2
-    assert cells[("softmax", 2)]["spectrum"]["rank"] <= 4 < cells[("mos-4", 2)]["spectrum"]["rank"]
+    for c in result["cells"]:
+        if c["head"] == "softmax":
+            assert c["spectrum"]["rank"] <= c["d"] + 2
+    assert max(c["spectrum"]["rank"] for c in result["cells"]) > 4  # the measure is not stuck at the d = 2 bound
+    # the page: the primary test's slope (4 paired points for MoS-4; Mixtape did not run), the tables, the plot
+    from recipes import bottleneck_report
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    text = bottleneck_report.main(["--results", str(tmp_path), "--docs", str(docs)], log=lambda *_: None)
+    slopes = {s["head"]: s for s in bottleneck_report.slope_test(json.loads((docs / "bottleneck_map.json").read_text()))}
+    assert slopes["mos-4"]["points"] == 4 and slopes["mos-4"]["low"] < slopes["mos-4"]["slope"] < slopes["mos-4"]["high"]
+    assert slopes["mixtape"]["slope"] is None and "| mixtape | 0 | too few points |" in text
+    assert "## The primary test" in text and "| mos-4 | 2 | 2 |" in text and (docs / "bottleneck_map.png").exists()
     # resumable: a rerun reads every cell and rate it finds
     monkeypatch.setattr(bottleneck_map, "run_cell", lambda *a, **k: pytest.fail("a finished cell ran again"))
     again = bottleneck_map.main(argv, log=lambda *_: None)

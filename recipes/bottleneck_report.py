@@ -1,0 +1,225 @@
+"""The bottleneck map's page: docs/bottleneck_map.md (and its json and plot) from the cells of
+``python -m recipes.bottleneck_map``.
+
+    python -m recipes.bottleneck_report --results results/bottleneck_map    # collect the cells, write the page
+    python -m recipes.bottleneck_report --no-collect                        # the page from the committed json
+
+The primary test, fixed before the runs: for MoS-4 and Mixtape, the seed-paired difference of test NLL (head minus
+softmax, at the same d and seed) regressed on log2 d by least squares; the slope, its 95% interval and its two-sided
+p-value, Holm-adjusted over the two heads. Per (head, d), the paired differences are described with their intervals
+and Holm-adjusted paired t-tests over every test comparison of the page.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+from typing import Dict, List
+
+from recipes.reproduce import stats as S
+
+PRIMARY = ("mos-4", "mixtape")
+BASELINE = "softmax"
+
+
+def collect(results: str) -> Dict:
+    """The committed form of a map run: its meta, rates, rate cells and cells (spectra cut to their 50 largest
+    singular values)."""
+    def load(path):
+        with open(path) as f:
+            return json.load(f)
+
+    def small(cell):
+        cell = dict(cell)
+        cell["spectrum"] = {**cell["spectrum"], "top": cell["spectrum"]["top"][:50]}
+        return cell
+    cells = [small(load(p)) for p in sorted(glob.glob(os.path.join(results, "cells", "*.json")))]
+    rate_cells = [small(load(p)) for p in sorted(glob.glob(os.path.join(results, "rates", "*.json")))]
+    if not cells:
+        raise SystemExit(f"{results}: no cells (run python -m recipes.bottleneck_map first)")
+    return {"meta": load(os.path.join(results, "meta.json")), "rates": load(os.path.join(results, "rates.json")),
+            "rate_cells": rate_cells, "cells": cells}
+
+
+def by_key(cells: List[Dict]) -> Dict:
+    return {(c["head"], c["d"], c["seed"]): c for c in cells}
+
+
+def paired_rows(obj: Dict) -> List[Dict]:
+    """Every (head, d) against softmax at the same d, seed by seed, on test NLL; Holm over all of them."""
+    cells = by_key(obj["cells"])
+    heads = sorted({c["head"] for c in obj["cells"]} - {BASELINE})
+    dims = sorted({c["d"] for c in obj["cells"]})
+    rows = []
+    for head in heads:
+        for d in dims:
+            seeds = sorted(s for (h, dd, s) in cells if h == head and dd == d and (BASELINE, d, s) in cells)
+            if seeds:
+                p = S.paired([cells[(head, d, s)]["test_nll"] for s in seeds],
+                             [cells[(BASELINE, d, s)]["test_nll"] for s in seeds])
+                rows.append({"head": head, "d": d, "seeds": len(seeds), "paired": p})
+    for row, adjusted in zip(rows, S.holm([r["paired"].p for r in rows])):
+        row["holm"] = adjusted
+    return rows
+
+
+def slope_test(obj: Dict) -> List[Dict]:
+    """The primary test: per head of ``PRIMARY``, the least-squares slope of (head - softmax test NLL, same d and
+    seed) on log2 d, its 95% interval and two-sided p; Holm over the heads."""
+    from scipy import stats
+
+    cells = by_key(obj["cells"])
+    out = []
+    for head in PRIMARY:
+        x, y = [], []
+        for (h, d, s), c in sorted(cells.items()):
+            if h == head and (BASELINE, d, s) in cells:
+                x.append(math.log2(d))
+                y.append(c["test_nll"] - cells[(BASELINE, d, s)]["test_nll"])
+        if len(set(x)) < 2 or len(x) < 3:
+            out.append({"head": head, "points": len(x), "slope": None, "p": None})
+            continue
+        fit = stats.linregress(x, y)
+        q = stats.t.ppf(0.975, len(x) - 2)
+        out.append({"head": head, "points": len(x), "dims": sorted({2 ** v for v in x}), "slope": fit.slope,
+                    "low": fit.slope - q * fit.stderr, "high": fit.slope + q * fit.stderr, "p": fit.pvalue,
+                    "intercept": fit.intercept})
+    for row, adjusted in zip(out, S.holm([r["p"] for r in out])):
+        row["holm"] = adjusted
+    return out
+
+
+def mean_sd(values: List[float]) -> str:
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return f"{m:.2f}"
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+    return f"{m:.2f} ± {sd:.2f}"
+
+
+def table(obj: Dict, value, digits_note: str) -> List[str]:
+    """A heads x d table of ``value(cell)`` (mean ± sd over seeds, n seeds)."""
+    heads = list(dict.fromkeys(c["head"] for c in obj["cells"]))
+    dims = sorted({c["d"] for c in obj["cells"]})
+    lines = [f"| head | " + " | ".join(f"d = {d}" for d in dims) + " |", "|---|" + "---|" * len(dims)]
+    for h in heads:
+        row = []
+        for d in dims:
+            vals = [value(c) for c in obj["cells"] if c["head"] == h and c["d"] == d]
+            row.append(f"{mean_sd(vals)} ({len(vals)})" if vals else "-")
+        lines.append(f"| {h} | " + " | ".join(row) + " |")
+    return lines + ["", digits_note, ""]
+
+
+def plot(obj: Dict, rows: List[Dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for head in sorted({r["head"] for r in rows}):
+        mine = [r for r in rows if r["head"] == head]
+        xs = [r["d"] for r in mine]
+        ys = [r["paired"].mean for r in mine]
+        err = [[r["paired"].mean - r["paired"].low if r["paired"].low is not None else 0 for r in mine],
+               [r["paired"].high - r["paired"].mean if r["paired"].high is not None else 0 for r in mine]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=head)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("d (the projection's width)")
+    ax.set_ylabel("test NLL, head - softmax (nats; < 0: head better)")
+    ax.set_title("Where a head pays: paired differences, 95% intervals")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def page(obj: Dict, png: str) -> str:
+    meta, rates = obj["meta"], obj["rates"]
+    a = meta["args"]
+    rows, slopes = paired_rows(obj), slope_test(obj)
+    seeds = sorted({c["seed"] for c in obj["cells"]})
+    lines = ["# Where breaking the softmax bottleneck pays: a map over the head's input width", "",
+             f"Generated by `python -m recipes.bottleneck_report` from [bottleneck_map.json](bottleneck_map.json) (the "
+             f"cells of `python -m recipes.bottleneck_map`).", "",
+             "## How", "",
+             f"The trunk: `{meta['trunk']}` (md5 `{meta['trunk_md5']}`), frozen; its last layer's {meta['width']} "
+             f"features of every token, read as the papers score (the LSTM state carried along 20 / 10 / 1 streams "
+             f"for train / valid / test, windows of 70)" + (f"; the trunk's own head scores valid {math.exp(meta['trunk_nll']['valid']):.2f}, test {math.exp(meta['trunk_nll']['test']):.2f} perplexity" if meta.get("trunk_nll") else "") + ". "
+             f"Each cell trains `nn.Linear({meta['width']}, d)` and a head over the {meta['vocab']:,}-word vocabulary "
+             f"on the first {meta['tokens']['train']:,} train tokens (Adam, {a['batch_tokens']} tokens a step), "
+             f"validates after every epoch, stops after {a['patience']} epochs without improvement (at most "
+             f"{a['max_epochs']}) and scores test ({meta['tokens']['test']:,} tokens) at the best epoch. Seeds "
+             f"{', '.join(map(str, seeds))}, fixed before the runs. The train-NLL floor: the same cell trained from the "
+             f"same start for {a['floor_epochs']} epochs, its lowest NLL on the first {a['floor_sample']:,} train "
+             f"tokens. The spectrum: singular values of the log-probability matrix of the stopping rule's weights on "
+             f"the first {a['spectrum_contexts']:,} valid contexts; numerical rank above max(shape) x eps(float32) x "
+             f"the largest.", "",
+             "Learning rates, chosen per head on valid at d = " + str(a["rate_d"]) + " (seed 1): "
+             + ", ".join(f"{h} {lr:g}" for h, lr in rates.items()) + ".", ""]
+    lines += ["## Test perplexity", ""]
+    lines += table(obj, lambda c: math.exp(c["test_nll"]), "Mean ± sd over seeds (seeds).")
+    lines += ["## The primary test: does the gain grow as d shrinks?", "",
+              "Slope of (head - softmax) test NLL on log2 d, per doubling of d (nats; > 0: the head's advantage "
+              "shrinks as d grows); Holm over the two heads:", "",
+              "| head | points | slope [95% CI] | p | Holm p |", "|---|---|---|---|---|"]
+    for s in slopes:
+        if s["slope"] is None:
+            lines.append(f"| {s['head']} | {s['points']} | too few points | - | - |")
+        else:
+            lines.append(f"| {s['head']} | {s['points']} | {s['slope']:+.4f} [{s['low']:+.4f}, {s['high']:+.4f}] | "
+                         f"{S.format_p(s['p'])} | {S.format_p(s['holm'])} |")
+    lines += ["", "## Paired differences per d", "",
+              "Test NLL, head minus softmax at the same d and seed (nats; Holm over every row):", "",
+              "| head | d | seeds | mean [95% CI] | paired t p | Holm p |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r["paired"]
+        ci = f"[{p.low:+.4f}, {p.high:+.4f}]" if p.low is not None else "(one seed)"
+        lines.append(f"| {r['head']} | {r['d']} | {r['seeds']} | {p.mean:+.4f} {ci} | {S.format_p(p.p)} | "
+                     f"{S.format_p(r['holm'])} |")
+    lines += ["", f"![{os.path.basename(png)}]({os.path.basename(png)})", "",
+              "## What each head can express: the train-NLL floor", ""]
+    lines += table(obj, lambda c: c["train_nll_floor"], "Lowest train NLL (nats) in the fixed budget, mean ± sd "
+                                                         "(seeds).")
+    lines += ["## Numerical rank of the log-probability matrix", ""]
+    lines += table(obj, lambda c: c["spectrum"]["rank"], "Mean ± sd (seeds); a softmax over d inputs has rank at "
+                                                         "most d + 2 (W h, the bias, the normaliser).")
+    lines += ["## Cost", ""]
+    lines += table(obj, lambda c: (c["cpu_s"] + c["floor_cpu_s"]) / 60, "CPU minutes per cell (stopping-rule run "
+                                                                          "and floor run), mean ± sd (seeds).")
+    total = sum(c["cpu_s"] + c["floor_cpu_s"] for c in obj["cells"] + obj["rate_cells"]) / 3600
+    lines += [f"In all {total:.1f} CPU-core-hours of cells ({len(obj['cells'])} cells, {len(obj['rate_cells'])} "
+              f"rate cells).", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None, log=print) -> str:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default="results/bottleneck_map", help="where python -m recipes.bottleneck_map ran")
+    p.add_argument("--docs", default="docs", help="the folder of bottleneck_map.md / .json / .png")
+    p.add_argument("--no-collect", action="store_true", help="only rebuild the page from the committed json")
+    args = p.parse_args(argv)
+    path = os.path.join(args.docs, "bottleneck_map.json")
+    if not args.no_collect:
+        with open(path, "w") as f:
+            json.dump(collect(args.results), f, indent=1)
+        log(f"collected {path}")
+    with open(path) as f:
+        obj = json.load(f)
+    png = os.path.join(args.docs, "bottleneck_map.png")
+    plot(obj, paired_rows(obj), png)
+    text = page(obj, png)
+    with open(os.path.join(args.docs, "bottleneck_map.md"), "w") as f:
+        f.write(text + "\n")
+    log(f"wrote {os.path.join(args.docs, 'bottleneck_map.md')}")
+    return text
+
+
+if __name__ == "__main__":
+    from recipes.cli import run
+
+    run(main)
