@@ -34,6 +34,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--head", default="mos", choices=hf_heads.available_heads(), help="the new head")
     p.add_argument("--head-options", type=finetune_hf.json_object, default={},
                    help="JSON options of the head (MoS gets num_components=3 unless given)")
+    p.add_argument("--residual-mlp", default=None,
+                   help="the 'more parameters' control: a residual MLP of this many units before the head (its "
+                        "output layer starts at 0), or 'mos-K' for as many parameters as MoS-K adds to a softmax; a "
+                        "control to score, not a model to save (needs --no-save)")
     p.add_argument("--train-file", required=True, help="text file, one paragraph per line")
     p.add_argument("--valid-file", required=True, help="text file: the stopping rule and the best epoch")
     p.add_argument("--test-file", default=None, help="text file scored before and after (optional)")
@@ -59,6 +63,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     f"{2 if flag == 'block_size' else 1}")
     if not args.lr > 0:
         p.error(f"--lr={args.lr} is out of range; allowed: a number > 0")
+    if args.residual_mlp is not None:
+        text = args.residual_mlp
+        if not (text.isdigit() and int(text) > 0) and not (text.startswith("mos-") and text[4:].isdigit()
+                                                              and int(text[4:]) > 1):
+            p.error(f"--residual-mlp {text!r}: allowed: a number of units >= 1, or mos-K (K >= 2)")
+        if not args.no_save:
+            p.error("--residual-mlp makes a control whose model cannot be saved as a head: add --no-save")
     # what finetune_hf's loaders read
     args.model_config = args.dataset = None
     return args
@@ -103,6 +114,14 @@ def main(argv=None, log=print) -> Dict:
     model = hf_heads.swap_head(model, args.head, **order, **options)
     head = hf_heads.output_head(model)
     head.requires_grad_(True)
+    if args.residual_mlp is not None:
+        d = head.config.hidden_size
+        size = (upgrade.mlp_size_matching(d, int(args.residual_mlp[4:]) * (d * d + 2 * d))
+                if args.residual_mlp.startswith("mos-") else int(args.residual_mlp))
+        head = upgrade.ResidualMLP(head, size)
+        log(f"the control: a residual MLP of {size} units before the {args.head} head "
+            f"({sum(p.numel() for p in head.parameters()) - sum(p.numel() for p in head.head.parameters()):,} "
+            f"parameters added)")
     before = {s: upgrade.perplexity_interval(upgrade.nll_per_block(head, d)) for s, d in data.items() if s != "train"}
     for s, r in before.items():
         log(f"{s} perplexity before (the pretrained model, {args.head} head at its start): {_fmt(r)}; the plain "
@@ -117,6 +136,7 @@ def main(argv=None, log=print) -> Dict:
     for s, r in after.items():
         log(f"{s} perplexity after: {_fmt(r)} (before {before[s]['ppl']:.2f})")
     result = {"model": args.model, "head": args.head, "head_options": options, "seed": args.seed,
+              "residual_mlp": getattr(head, "up", None) and head.up.out_features,
               "tokens": {s: len(d) for s, d in data.items()}, "block_size": args.block_size,
               "pretrained_ppl": {s: math.exp(v) for s, v in pretrained.items()}, "before": before, "after": after,
               "curve": curve, "cache_seconds": cache_seconds, "train_seconds": train_seconds,

@@ -116,3 +116,24 @@ def test_train_head_on_states_names_a_bad_option():
     data = upgrade.States(torch.zeros(6, 4), torch.zeros(6, dtype=torch.long), 3)
     with pytest.raises(ValueError, match=r"^train_head_on_states: patience=0; allowed: an integer >= 1$"):
         upgrade.train_head_on_states(head, data, data, patience=0, log=lambda *_: None)
+
+
+def test_the_more_parameters_control_starts_at_the_softmax_and_adds_what_mos_adds(pretrained):
+    """--residual-mlp mos-3: a residual MLP before the pretrained softmax, as many parameters as MoS-3 adds over a
+    softmax (3 d^2 + 6 d), starting at the pretrained model; it trains, and it cannot be saved as a head."""
+    tmp_path, files = pretrained
+    result = run(tmp_path, files, "softmax", "--no-save", "--residual-mlp", "mos-3")
+    d = 16
+    added = result["head_parameters"] - (44 * d)  # the softmax's W (no bias: GPT-2's lm_head has none)
+    assert result["residual_mlp"] == upgrade.mlp_size_matching(d, 3 * d * d + 6 * d) == 26
+    assert abs(added - (3 * d * d + 6 * d)) <= 2 * d + 1
+    assert result["before"]["valid"]["ppl"] == pytest.approx(result["pretrained_ppl"]["valid"], rel=1e-5)
+    assert result["after"]["valid"]["ppl"] < result["before"]["valid"]["ppl"]
+    from recipes import upgrade_head
+
+    with pytest.raises(SystemExit):
+        upgrade_head.parse_args(["--model", "m", "--train-file", "t", "--valid-file", "v", "--residual-mlp", "mos-3"])
+    with pytest.raises(SystemExit):
+        upgrade_head.parse_args(["--model", "m", "--train-file", "t", "--valid-file", "v", "--residual-mlp", "0",
+                                 "--no-save"])
+

@@ -171,6 +171,40 @@ def train_head_on_states(head: OutputHead, train: States, valid: States, lr: flo
     return curve
 
 
+class ResidualMLP(nn.Module):
+    """``head(g + U2 tanh(U1 g + c1) + c2)``: a residual MLP of ``size`` units on the hidden state before ``head``,
+    ``U2`` and ``c2`` starting at 0 (so the start is ``head`` itself). The control for "more parameters" against
+    "higher rank": over a softmax it adds parameters, not rank (its log-probabilities still span at most d + 2
+    dimensions). Trains with :func:`train_head_on_states` like a head; not a head a model can save."""
+
+    def __init__(self, head: OutputHead, size: int):
+        super().__init__()
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"ResidualMLP: size={size!r}; allowed: an integer >= 1")
+        d = head.config.hidden_size
+        self.head, self.up, self.down = head, nn.Linear(d, size), nn.Linear(size, d)
+        nn.init.zeros_(self.down.weight)
+        nn.init.zeros_(self.down.bias)
+
+    def forward(self, hidden):
+        return self.head(self.adapt(hidden))
+
+    def adapt(self, hidden):
+        return hidden + self.down(torch.tanh(self.up(hidden)))
+
+    def loss(self, hidden, target, reduction: str = "mean"):
+        return self.head.loss(self.adapt(hidden), target, reduction=reduction)
+
+    def aux_loss(self):
+        return self.head.aux_loss()
+
+
+def mlp_size_matching(hidden_size: int, added: int) -> int:
+    """Units of a :class:`ResidualMLP` on ``hidden_size`` whose parameters (``2 d m + m + d``) come nearest ``added``
+    (e.g. what MoS-K adds over a softmax: ``K d^2 + 2 K d``)."""
+    return max(1, round((added - hidden_size) / (2 * hidden_size + 1)))
+
+
 def untie_output_embedding(model) -> None:
     """Give ``lm_head`` its own copy of the weight it shares with the input embedding (SmolLM2 and GPT-2 tie them), so
     training the head leaves the body, and the states cached from it, as they were; the config records the untying."""
