@@ -159,6 +159,10 @@ def page(obj: Dict, png: str) -> str:
              f"tokens. The spectrum: singular values of the log-probability matrix of the stopping rule's weights on "
              f"the first {a['spectrum_contexts']:,} valid contexts; numerical rank above max(shape) x eps(float32) x "
              f"the largest.", "",
+             f"Cells finished: {len(obj['cells'])} of the {len(a['heads']) * len(a['dims']) * a['seeds']} planned "
+             f"({len(a['heads'])} heads x {len(a['dims'])} d x {a['seeds']} seeds)"
+             + ("." if len(obj["cells"]) >= len(a["heads"]) * len(a["dims"]) * a["seeds"] else
+                ": the map is still running, and every table below holds the cells so far.") + "", "",
              "Learning rates, chosen per head on valid at d = " + str(a["rate_d"]) + " (seed 1): "
              + ", ".join(f"{h} {lr:g}" for h, lr in rates.items()) + ".", ""]
     lines += ["## Test perplexity", ""]

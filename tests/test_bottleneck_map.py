@@ -71,6 +71,7 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     slopes = {s["head"]: s for s in bottleneck_report.slope_test(json.loads((docs / "bottleneck_map.json").read_text()))}
     assert slopes["mos-4"]["points"] == 4 and slopes["mos-4"]["low"] < slopes["mos-4"]["slope"] < slopes["mos-4"]["high"]
     assert slopes["mixtape"]["slope"] is None and "| mixtape | 0 | too few points |" in text
+    assert "Cells finished: 8 of the 8 planned (2 heads x 2 d x 2 seeds)." in text
     assert "## The primary test" in text and "| mos-4 | 2 | 2 |" in text and (docs / "bottleneck_map.png").exists()
     # resumable: a rerun reads every cell and rate it finds
     monkeypatch.setattr(bottleneck_map, "run_cell", lambda *a, **k: pytest.fail("a finished cell ran again"))
