@@ -15,18 +15,17 @@ singular values of its log-probability matrix on valid contexts give its numeric
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import math
 import os
 import time
-from typing import Dict, List, Optional
+from typing import Dict
 
 import torch
 from torch import nn
 
 import hf_heads
-from hf_heads.hf.upgrade import States, nll_per_block, train_head_on_states
+from hf_heads.hf.upgrade import States, nll_per_block, train_epoch, train_head_on_states
+from recipes.reproduce import results as R
 
 #: the heads of the map, as the issue names them (library defaults otherwise; Mixtape in its default form)
 HEADS = {"softmax": ("softmax", {}), "mos-4": ("mos", {"num_components": 4}), "mixtape": ("mixtape", {}),
@@ -35,14 +34,6 @@ DIMS = [4, 8, 16, 32, 64, 128]
 #: streams each split is read with: the training layout for train, the papers' valid / test batches
 STREAMS = {"train": 20, "valid": 10, "test": 1}
 BPTT = 70
-
-
-def md5(path: str) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @torch.no_grad()
@@ -81,7 +72,7 @@ def cached_features(args, split: str) -> States:
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         states = trunk_features(args.trunk, args.data, split, STREAMS[split])
-        torch.save({"states": states.states, "targets": states.targets, "trunk_md5": md5(args.trunk)}, path + ".tmp")
+        torch.save({"states": states.states, "targets": states.targets, "trunk_md5": R.file_md5(args.trunk)}, path + ".tmp")
         os.replace(path + ".tmp", path)
     saved = torch.load(path)
     return States(saved["states"], saved["targets"], 1)
@@ -147,12 +138,7 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
     floors = []
     start = time.process_time()
     for _ in range(args.floor_epochs):
-        floor.train()
-        for index in torch.randperm(len(data["train"]), generator=order).split(args.batch_tokens):
-            loss = floor.loss(data["train"].states[index].float(), data["train"].targets[index])
-            (loss + floor.aux_loss()).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        train_epoch(floor, data["train"], optimizer, order, args.batch_tokens)
         floors.append(train_nll(floor, sample))
     out["floor_curve"] = floors
     out["train_nll_floor"] = min(floors)
@@ -170,24 +156,12 @@ def choose_rate(args, name: str, data, log=print) -> float:
         path = os.path.join(args.out, "rates", f"{name}-d{args.rate_d}-lr{lr:g}.json")
         if not os.path.exists(path):
             cell = run_cell(args, name, args.rate_d, 1, lr, data, log)
-            write_json(path, cell)
-        losses[lr] = load_json(path)["valid_nll"]
+            R.save_json(path, cell)
+        losses[lr] = R.load_json(path)["valid_nll"]
     best = min(losses, key=losses.get)
     log(f"{name}: learning rate {best:g} (valid NLL at d={args.rate_d}: "
         + ", ".join(f"{lr:g}: {v:.4f}" for lr, v in sorted(losses.items())) + ")")
     return best
-
-
-def write_json(path: str, obj) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)
-
-
-def load_json(path: str):
-    with open(path) as f:
-        return json.load(f)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -238,19 +212,19 @@ def main(argv=None, log=print) -> Dict:
     from fairseq.data import Dictionary
 
     args.vocab = len(Dictionary.load(os.path.join(args.data, "dict.txt")))
-    meta = {"trunk": args.trunk, "trunk_md5": md5(args.trunk), "tokens": {s: len(d) for s, d in data.items()},
+    meta = {"trunk": args.trunk, "trunk_md5": R.file_md5(args.trunk), "tokens": {s: len(d) for s, d in data.items()},
             "width": width, "vocab": args.vocab, "trunk_nll": trunk_nll(args.trunk, data),
             "args": {k: v for k, v in vars(args).items() if k != "vocab"}}
-    write_json(os.path.join(args.out, "meta.json"), meta)
+    R.save_json(os.path.join(args.out, "meta.json"), meta)
     rates = {h: choose_rate(args, h, data, log) for h in args.heads}
-    write_json(os.path.join(args.out, "rates.json"), rates)
+    R.save_json(os.path.join(args.out, "rates.json"), rates)
     results = []
     for i, (h, d, s) in enumerate(cells, 1):
         path = os.path.join(args.out, "cells", f"{h}-d{d}-s{s}.json")
         if not os.path.exists(path):
             log(f"cell {i}/{len(cells)}: {h} d={d} seed {s}")
-            write_json(path, run_cell(args, h, d, s, rates[h], data, log))
-        results.append(load_json(path))
+            R.save_json(path, run_cell(args, h, d, s, rates[h], data, log))
+        results.append(R.load_json(path))
     return {"meta": meta, "rates": rates, "cells": results}
 
 

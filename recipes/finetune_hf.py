@@ -189,6 +189,24 @@ def perplexity(model, loader, accelerator, desc: str = "perplexity", progress: b
 PRETRAINED_MOS_COMPONENTS = 3
 
 
+def pretrained_head_options(head: str, given: Dict, identity_start: bool = True, log=print) -> Dict:
+    """The options of ``head`` on a pretrained model: ``given``, then MoS's K = 3 (said through ``log``), then, with
+    ``identity_start``, the identity start where the head has one (MoS / Mixtape start exactly as the pretrained
+    softmax, every context h_k = g, not from random H_k)."""
+    options = dict(given)
+    if head in ("mos", "mos_plif") and "num_components" not in options:
+        # the K the docs measured on SmolLM2 (docs/reproduction.md); the library's default, the papers' K = 15, makes
+        # 15 softmaxes over V = 49k per token
+        options["num_components"] = PRETRAINED_MOS_COMPONENTS
+        log(f"--head {head} on a pretrained model: num_components={PRETRAINED_MOS_COMPONENTS}, as the docs' SmolLM2 "
+            f"rows (the library's default, 15, computes 15 softmaxes over the vocabulary per token: --head-options "
+            f"'{{\"num_components\": 15}}')")
+    if identity_start and "identity_init" in {f.name for f in head_specific_options(head)}:
+        options.setdefault("context_activation", "identity")
+        options.setdefault("identity_init", True)
+    return options
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
@@ -259,19 +277,8 @@ def main(argv=None) -> Dict:
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     set_seed(args.seed)
     model, tokenizer = load_model_and_tokenizer(args)
-    options = dict(args.head_options)
-    own = {f.name for f in head_specific_options(args.head)}
-    if args.model and args.head in ("mos", "mos_plif") and "num_components" not in options:
-        # the K the docs measured on SmolLM2 (docs/reproduction.md); the library's default, the papers' K = 15, makes
-        # 15 softmaxes over V = 49k per token
-        options["num_components"] = PRETRAINED_MOS_COMPONENTS
-        accelerator.print(f"--head {args.head} on a pretrained model: num_components={PRETRAINED_MOS_COMPONENTS}, as the "
-                          f"docs' SmolLM2 rows (the library's default, 15, computes 15 softmaxes over the vocabulary "
-                          f"per token: --head-options '{{\"num_components\": 15}}')")
-    if args.model and args.start == "pretrained" and "identity_init" in own:
-        # MoS / Mixtape start exactly as the pretrained softmax (every context h_k = g), not from random H_k
-        options.setdefault("context_activation", "identity")
-        options.setdefault("identity_init", True)
+    options = (pretrained_head_options(args.head, args.head_options, args.start == "pretrained", accelerator.print)
+               if args.model else dict(args.head_options))
     args.head_options = options
     texts = read_texts(args)
     train = blocks(tokenizer, texts["train"], args.block_size, args.max_train_tokens)

@@ -75,18 +75,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def head_options(args) -> Dict:
-    """The options the head is built with: the user's, MoS's K = 3, and the identity start where the head has one."""
-    options = dict(args.head_options)
-    if args.head in ("mos", "mos_plif"):
-        options.setdefault("num_components", finetune_hf.PRETRAINED_MOS_COMPONENTS)
-    own = {f.name for f in hf_heads.core.head_specific_options(args.head)}
-    if "identity_init" in own:  # every context h_k = g: step 0 is the pretrained softmax
-        options.setdefault("context_activation", "identity")
-        options.setdefault("identity_init", True)
-    return options
-
-
 def main(argv=None, log=print) -> Dict:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
@@ -107,7 +95,7 @@ def main(argv=None, log=print) -> Dict:
     # the pretrained model's own scores, from its lm_head on the same states: what step 0 must equal
     pretrained = {s: float(upgrade.nll_per_block(_plain_head(model), d).mean()) for s, d in data.items() if s != "train"}
     upgrade.untie_output_embedding(model)
-    options = head_options(args)
+    options = finetune_hf.pretrained_head_options(args.head, args.head_options, log=log)
     order = {}
     if hf_heads.get_head_class(args.head).uses_frequency_order:
         order["token_counts"] = hf_heads.count_tokens([blocks["train"]], model.get_output_embeddings().weight.shape[0])

@@ -119,6 +119,26 @@ def perplexity_interval(block_nll: torch.Tensor, level: float = 0.95) -> Dict[st
     return {"ppl": math.exp(mean), "lo": math.exp(mean - half), "hi": math.exp(mean + half), "blocks": n}
 
 
+def train_epoch(head, train: States, optimizer, order: torch.Generator, batch_tokens: int, progress: bool = False,
+                desc: str = "epoch") -> float:
+    """One epoch of ``optimizer`` on ``head`` (its loss plus ``aux_loss()``) over ``train``'s states, shuffled by
+    ``order``, ``batch_tokens`` a step; returns the epoch's mean training loss."""
+    from tqdm.auto import tqdm
+
+    device = next(head.parameters()).device
+    head.train()
+    total, count = 0.0, 0
+    for index in tqdm(torch.randperm(len(train), generator=order).split(batch_tokens), desc=desc,
+                      disable=not progress, leave=False):
+        loss = head.loss(train.states[index].to(device, torch.float32), train.targets[index].to(device))
+        total += float(loss.detach()) * index.numel()
+        count += index.numel()
+        (loss + head.aux_loss()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return total / count
+
+
 def train_head_on_states(head: OutputHead, train: States, valid: States, lr: float = 1e-3, max_epochs: int = 10,
                          patience: int = 2, batch_tokens: int = 4096, seed: int = 0, progress: bool = True,
                          log: Callable[[str], None] = print) -> List[Dict[str, float]]:
@@ -129,13 +149,10 @@ def train_head_on_states(head: OutputHead, train: States, valid: States, lr: flo
     "seconds"}`` per epoch."""
     import time
 
-    from tqdm.auto import tqdm
-
     for name, value, low in (("max_epochs", max_epochs, 1), ("patience", patience, 1),
                              ("batch_tokens", batch_tokens, 1)):
         if not isinstance(value, int) or value < low:
             raise ValueError(f"train_head_on_states: {name}={value!r}; allowed: an integer >= {low}")
-    device = next(head.parameters()).device
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=lr)
     order = torch.Generator().manual_seed(seed)
@@ -145,20 +162,11 @@ def train_head_on_states(head: OutputHead, train: States, valid: States, lr: flo
     log(f"epoch 0 (the start): valid NLL {best:.4f} (perplexity {math.exp(best):.2f})")
     start = time.perf_counter()
     for epoch in range(1, max_epochs + 1):
-        head.train()
-        total, count = 0.0, 0
-        batches = torch.randperm(len(train), generator=order).split(batch_tokens)
-        for index in tqdm(batches, desc=f"epoch {epoch}", disable=not progress, leave=False):
-            loss = head.loss(train.states[index].to(device, torch.float32), train.targets[index].to(device))
-            total += float(loss.detach()) * index.numel()
-            count += index.numel()
-            (loss + head.aux_loss()).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        train_nll = train_epoch(head, train, optimizer, order, batch_tokens, progress, f"epoch {epoch}")
         valid_nll = float(nll_per_block(head, valid).mean())
-        curve.append({"epoch": epoch, "train_nll": total / count, "valid_nll": valid_nll,
+        curve.append({"epoch": epoch, "train_nll": train_nll, "valid_nll": valid_nll,
                       "seconds": time.perf_counter() - start})
-        log(f"epoch {epoch}: train NLL {total / count:.4f}, valid NLL {valid_nll:.4f} (perplexity "
+        log(f"epoch {epoch}: train NLL {train_nll:.4f}, valid NLL {valid_nll:.4f} (perplexity "
             f"{math.exp(valid_nll):.2f})")
         if valid_nll < best:
             best, best_epoch = valid_nll, epoch

@@ -71,6 +71,17 @@ def load_cell(table_dir: str, head: str, seed: int, lr: Optional[float] = None) 
     return load_json(cell_path(table_dir, head, seed, lr))
 
 
+def file_md5(path: str) -> str:
+    """The md5 of the file at ``path`` (a kept checkpoint's identity)."""
+    import hashlib
+
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def save_json(path: str, obj: Any) -> None:
     """Write ``obj`` as indented JSON, atomically (a killed run never leaves half a file)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

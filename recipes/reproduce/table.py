@@ -110,13 +110,7 @@ class Table:
         path = os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_best.pt")
         if not os.path.isfile(path):
             return None
-        import hashlib
-
-        digest = hashlib.md5()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return {"path": canonical_paths(path, self.name), "md5": digest.hexdigest()}
+        return {"path": canonical_paths(path, self.name), "md5": R.file_md5(path)}
 
     def remove_checkpoints(self, table_dir: str, variant: Variant, seed: int, lr: Optional[float] = None) -> None:
         """Remove what a scored cell no longer needs (its checkpoints)."""
