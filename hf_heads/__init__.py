@@ -13,14 +13,6 @@ HuggingFace (when transformers is installed)::
 
     model = hf_heads.swap_head(AutoModelForCausalLM.from_config(cfg), "mixtape", num_gates=4)
 """
-from .threads import default_wait_policy as _default_wait_policy
-
-_default_wait_policy()  # before anything loads torch: idle OpenMP threads sleep instead of spinning (threads.py)
-
-from .compat import block_broken_torchaudio as _block_broken_torchaudio
-
-_block_broken_torchaudio()  # a torchaudio that cannot load would break transformers (see compat.py)
-
 import importlib.util as _importlib_util
 
 from .core import (HeadConfig, OutputHead, available_heads, build_head, convert_head, count_tokens, frequency_order,

@@ -9,8 +9,8 @@ Two remedies, both here:
 
 * ``make install`` (which calls :func:`main` with ``--fix``) uninstalls a torchaudio that cannot
   be imported; fairseq only needs it for its speech tasks.
-* :func:`block_broken_torchaudio` (run by ``import hf_heads``) marks such a torchaudio as absent in
-  the running process, so transformers skips it and fairseq raises its own "install torchaudio"
+* :func:`block_broken_torchaudio` (run by every recipe, ``recipes/__init__.py``; ``import hf_heads`` hides
+  nothing) marks such a torchaudio as absent in the running process, so transformers skips it and fairseq raises its own "install torchaudio"
   message only if a speech task is used. It costs one attempted import, and nothing when
   torchaudio is not installed or was already imported.
 """

@@ -2,6 +2,7 @@
 shared math (sigmoid tree, PLIF) checked on its own."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -318,9 +319,9 @@ def test_has_aux_loss_marks_exactly_the_heads_with_a_regulariser():
         assert head.has_aux_loss == bool(head.aux_loss() != 0), name
 
 
-def test_import_sets_the_shared_machine_openmp_default_only_before_torch():
-    """hf_heads sets OMP_WAIT_POLICY=PASSIVE when it loads before torch and the variable is unset; never over a
-    user's value, never once torch is loaded (OpenMP read it already)."""
+def test_recipes_set_the_shared_machine_openmp_default_only_before_torch():
+    """The recipes (``python -m recipes.NAME``) set OMP_WAIT_POLICY=PASSIVE when they load before torch and the
+    variable is unset; never over a user's value, never once torch is loaded (OpenMP read it already)."""
     import subprocess
     import sys
 
@@ -328,6 +329,25 @@ def test_import_sets_the_shared_machine_openmp_default_only_before_torch():
     code = "import {0}, os; print(os.environ.get('OMP_WAIT_POLICY'))"
     run = lambda mods, **extra: subprocess.run([sys.executable, "-c", code.format(mods)], capture_output=True,
                                                text=True, env={**env, **extra}).stdout.strip()
-    assert run("hf_heads") == "PASSIVE"
-    assert run("hf_heads", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
-    assert run("torch, hf_heads") == "None"
+    assert run("recipes") == "PASSIVE"
+    assert run("recipes", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+    assert run("torch, recipes") == "None"
+
+
+@pytest.mark.parametrize("package", ["hf_heads", "hf_heads.hf", "fairseq_plugin"])
+def test_importing_the_library_changes_nothing_in_the_process(package):
+    """``import hf_heads`` (and its adapters) defines and registers, nothing else: the environment is as it was
+    (no OMP_WAIT_POLICY, nothing torch's dynamo sets when it loads) and no installed module is hidden (an entry
+    ``sys.modules[name] = None``, which makes ``import name`` fail)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip(package.split(".")[0] if package != "fairseq_plugin" else "fairseq",
+                        reason="the adapter's library is not installed: run `make install`")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = ("import json, os, sys; before = dict(os.environ); import {0}; "
+            "print(json.dumps([sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)),"
+            " sorted(k for k, m in sys.modules.items() if m is None)]))").format(package)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    changed, hidden = json.loads(out.stdout.strip().splitlines()[-1])
+    assert changed == [] and hidden == []

@@ -86,12 +86,9 @@ class ChunkedNLL(torch.autograd.Function):
         return (None, grad_h, None, None, None, *[(g * grad_out).to(dt) for g, dt in zip(saved, ctx.dtypes)])
 
 
-@torch.compiler.disable
-def loss_and_nll(head, h: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, label_smoothing: float,
-                 params) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Summed ``(loss, nll)`` of ``head`` on the valid tokens by :class:`ChunkedNLL`. Always eager: under
-    torch.compile the graph breaks around this call, since the chunks run autograd inside a custom
-    autograd.Function's forward, which dynamo cannot trace."""
+def _loss_and_nll(head, h: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, label_smoothing: float,
+                  params) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Summed ``(loss, nll)`` of ``head`` on the valid tokens by :class:`ChunkedNLL`, as ``loss_and_nll``."""
     with functional.fp32_math(h):
         everything = not functional.values_known(valid) or bool(valid.all())
         return ChunkedNLL.apply(head, h if everything else h[valid], t if everything else t[valid],
@@ -236,3 +233,15 @@ def token_log_probs(head, hidden: torch.Tensor, target: torch.Tensor, temperatur
                         temperature, use_reentrant=False)
              for start in range(0, hidden.shape[0], chunk)]
     return torch.cat(parts) if parts else hidden.new_zeros(0)
+
+
+def __getattr__(name: str):
+    """``loss_and_nll(head, h, t, valid, label_smoothing, params)``: the summed ``(loss, nll)`` of ``head`` on the
+    valid tokens by :class:`ChunkedNLL`. Always eager: under torch.compile the graph breaks around this call, since
+    the chunks run autograd inside a custom autograd.Function's forward, which dynamo cannot trace. Built on first
+    use, because ``torch.compiler.disable`` imports dynamo, which sets ``TORCHINDUCTOR_CACHE_DIR`` in the process
+    environment: ``import hf_heads`` leaves the environment as it was."""
+    if name == "loss_and_nll":
+        globals()[name] = torch.compiler.disable(_loss_and_nll)
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

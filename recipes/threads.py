@@ -8,9 +8,10 @@ step of many operations slows 3-10x (measured here with 2 threads beside busy pr
 ``OMP_WAIT_POLICY=PASSIVE`` makes idle threads sleep at once and removes that loss.
 
 OpenMP reads the setting once, when torch loads, so :func:`default_wait_policy` can only set it before ``import
-torch``: ``import hf_heads`` (and every ``python -m recipes...`` command) does, when torch is not loaded yet and
-``OMP_WAIT_POLICY`` is not set. Set ``OMP_WAIT_POLICY=ACTIVE`` in the environment to keep OpenMP's spinning, or
-``OMP_WAIT_POLICY=PASSIVE`` yourself where torch is imported before hf_heads.
+torch``: every ``python -m recipes...`` command does (``recipes/__init__.py``), when the variable is not set. ``import
+hf_heads`` leaves the environment alone: in your own scripts (and with fairseq's CLI, which imports torch before it
+loads ``--user-dir``), ``export OMP_WAIT_POLICY=PASSIVE``. Set ``OMP_WAIT_POLICY=ACTIVE`` to keep OpenMP's spinning.
+This module imports nothing outside the standard library at load time, so the recipes can run it before torch.
 """
 from __future__ import annotations
 
