@@ -9,5 +9,6 @@ Registers ``head_ARCH`` for every architecture of fairseq's ``transformer`` and
 The heads themselves are :mod:`hf_heads.heads`, shared with the
 HuggingFace adapter.
 """
+
 from . import checkpoint  # noqa: F401  (before anything loads a checkpoint)
 from . import convert, criterions, lm, models, patience  # noqa: F401

@@ -15,6 +15,7 @@ object first and torch's own error names what to do (its class is called
 (``weights_only=False``), unpickling the marker imports the plugin, which registers its models before fairseq
 builds one: such a checkpoint then loads with no ``user_dir`` at all, as long as ``fairseq_plugin`` is importable.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,20 +71,46 @@ def mark_head_checkpoints() -> None:
 
 
 def _allow_list():
-    classes = [SoftmaxHeadsCheckpoint, argparse.Namespace, collections.OrderedDict, collections.defaultdict, typing.Any,
-               dict, list, int, float, bool, str]  # builtins appear as types inside omegaconf metadata
+    classes = [
+        SoftmaxHeadsCheckpoint,
+        argparse.Namespace,
+        collections.OrderedDict,
+        collections.defaultdict,
+        typing.Any,
+        dict,
+        list,
+        int,
+        float,
+        bool,
+        str,
+    ]  # builtins appear as types inside omegaconf metadata
     try:
         from omegaconf import DictConfig, ListConfig
         from omegaconf.base import ContainerMetadata, Metadata
         from omegaconf.nodes import AnyNode, BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
-        classes += [DictConfig, ListConfig, ContainerMetadata, Metadata, AnyNode, BooleanNode, EnumNode,
-                    FloatNode, IntegerNode, StringNode]
+
+        classes += [
+            DictConfig,
+            ListConfig,
+            ContainerMetadata,
+            Metadata,
+            AnyNode,
+            BooleanNode,
+            EnumNode,
+            FloatNode,
+            IntegerNode,
+            StringNode,
+        ]
     except ImportError:  # pragma: no cover - omegaconf comes with fairseq
         pass
     try:
         from fairseq.dataclass import constants
-        classes += [v for v in vars(constants).values()
-                    if isinstance(v, type) and issubclass(v, constants.StrEnum) and v is not constants.StrEnum]
+
+        classes += [
+            v
+            for v in vars(constants).values()
+            if isinstance(v, type) and issubclass(v, constants.StrEnum) and v is not constants.StrEnum
+        ]
         classes.append(constants.StrEnum)
     except ImportError:  # pragma: no cover
         pass

@@ -1,5 +1,6 @@
 """``hf_heads.convert_head`` on fairseq models: the decoder's head rebuilt as another head, in place (registered
 with the core when the plugin is imported)."""
+
 import json
 
 from hf_heads.core.convert import from_projection, register_converter
@@ -25,6 +26,8 @@ def convert_fairseq_model(source, name: str, options: dict):
             spec.output_head, spec.head_options = name, json.dumps(options)
         return source
     if hasattr(decoder, "output_projection"):
-        raise ValueError("convert_head: this fairseq model has a stock output projection; train it with the "
-                         "plugin's head_<ARCH> architecture (--user-dir fairseq_plugin --output-head softmax)")
+        raise ValueError(
+            "convert_head: this fairseq model has a stock output projection; train it with the "
+            "plugin's head_<ARCH> architecture (--user-dir fairseq_plugin --output-head softmax)"
+        )
     return None

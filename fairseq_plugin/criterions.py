@@ -17,7 +17,8 @@ from hf_heads.heads import OutputHead
 @dataclass
 class HeadCrossEntropyConfig(FairseqDataclass):
     label_smoothing: float = field(
-        default=0.0, metadata={"help": "epsilon for label smoothing, 0 means none (as label_smoothed_cross_entropy)"})
+        default=0.0, metadata={"help": "epsilon for label smoothing, 0 means none (as label_smoothed_cross_entropy)"}
+    )
     sentence_avg: bool = II("optimization.sentence_avg")
 
 
@@ -25,8 +26,10 @@ def find_head(model) -> OutputHead:
     """The softmax-heads head of a fairseq model (``model.decoder.head``), or a clear error."""
     head = getattr(getattr(model, "decoder", None), "head", None)
     if not isinstance(head, OutputHead):
-        raise ValueError("--criterion head_cross_entropy needs a model with an output head: use "
-                         "--arch head_ARCH (e.g. head_transformer_iwslt_de_en) with --user-dir fairseq_plugin")
+        raise ValueError(
+            "--criterion head_cross_entropy needs a model with an output head: use "
+            "--arch head_ARCH (e.g. head_transformer_iwslt_de_en) with --user-dir fairseq_plugin"
+        )
     return head
 
 
@@ -54,9 +57,13 @@ class HeadCrossEntropyCriterion(FairseqCriterion):
         # fairseq's smoothing, (1 - eps - eps_i) nll + eps_i smooth with eps_i = eps / (V - 1), is the head's
         # (F.cross_entropy's) (1 - e) nll + (e / V) smooth with e = eps V / (V - 1); memory-lean in training
         vocab = head.config.vocab_size
-        loss, nll = head.loss_and_nll(hidden, target, ignore_index=self.padding_idx,
-                                      reduction="sum" if reduce else "none",
-                                      label_smoothing=self.eps * vocab / (vocab - 1) if vocab > 1 else 0.0)
+        loss, nll = head.loss_and_nll(
+            hidden,
+            target,
+            ignore_index=self.padding_idx,
+            reduction="sum" if reduce else "none",
+            label_smoothing=self.eps * vocab / (vocab - 1) if vocab > 1 else 0.0,
+        )
         if not reduce:
             loss, nll = loss.view(-1), nll.view(-1)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 import torch
-from fairseq.models import (ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, register_model,
-                            register_model_architecture)
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerDecoder, TransformerModel
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
@@ -46,13 +45,17 @@ class HeadDecoderMixin:
         label_smoothed_cross_entropy) do; head_cross_entropy uses the head's loss instead. Refuse it for a head
         whose aux loss it would drop (DS-Softmax), warn once for the others (full [tokens, V] log-probs)."""
         if self.head.has_aux_loss:
-            usage_error(f"--output-head {self.head.head_name} has an auxiliary loss that this --criterion drops; "
-                        f"use --criterion head_cross_entropy (with --label-smoothing for label smoothing)")
+            usage_error(
+                f"--output-head {self.head.head_name} has an auxiliary loss that this --criterion drops; "
+                f"use --criterion head_cross_entropy (with --label-smoothing for label smoothing)"
+            )
         if not getattr(self, "_warned_stock_criterion", False):
             self._warned_stock_criterion = True
-            logger.warning(f"--output-head {self.head.head_name} trained through its full log-probs by a stock "
-                           f"--criterion; --criterion head_cross_entropy trains with the head's memory-lean loss "
-                           f"(same values, no [tokens, V] tensor)")
+            logger.warning(
+                f"--output-head {self.head.head_name} trained through its full log-probs by a stock "
+                f"--criterion; --criterion head_cross_entropy trains with the head's memory-lean loss "
+                f"(same values, no [tokens, V] tensor)"
+            )
 
     def get_normalized_probs_scriptable(self, net_output, log_probs: bool, sample: Optional[Dict] = None):
         return self.get_normalized_probs(net_output, log_probs, sample)
@@ -70,14 +73,20 @@ class HeadTransformerDecoder(HeadDecoderMixin, TransformerDecoder):
     def build_output_projection(self, args, dictionary, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
         if cfg.adaptive_softmax_cutoff is not None:
-            raise HeadFlagError("--output-head replaces the output layer; it cannot be combined with "
-                                "--adaptive-softmax-cutoff")
+            raise HeadFlagError(
+                "--output-head replaces the output layer; it cannot be combined with --adaptive-softmax-cutoff"
+            )
         if cfg.base_layers:
             raise HeadFlagError(f"--base-layers={cfg.base_layers} is not supported with --output-head")
         name, options = self._head_spec
         self.output_projection = None
-        self.head = build_decoder_head(name, options, self.output_embed_dim, len(dictionary),
-                                       embed_tokens if self.share_input_output_embed else None)
+        self.head = build_decoder_head(
+            name,
+            options,
+            self.output_embed_dim,
+            len(dictionary),
+            embed_tokens if self.share_input_output_embed else None,
+        )
 
     def upgrade_state_dict_named(self, state_dict, name):
         state_dict = super().upgrade_state_dict_named(state_dict, name)
@@ -86,30 +95,36 @@ class HeadTransformerDecoder(HeadDecoderMixin, TransformerDecoder):
         return state_dict
 
 
-
-
 def _build_with_head(build_stock_model, args, task, no_encoder_attn: bool):
     """Build the stock model, then replace its decoder by a :class:`HeadTransformerDecoder` that shares
     its input embedding. Bad head flags fail before anything is built, as a usage error."""
     relative = getattr(args, "relative_positions", 0) or 0
     try:
         if relative < 0:
-            raise HeadFlagError(f"--relative-positions must be >= 0 (0: off; else the clipping distance k, e.g. 20), "
-                                f"got {relative}")
+            raise HeadFlagError(
+                f"--relative-positions must be >= 0 (0: off; else the clipping distance k, e.g. 20), got {relative}"
+            )
         spec = parse_head_options(args.output_head, args.head_options)
         model = build_stock_model(args, task)
-        model.decoder = HeadTransformerDecoder(args, task.target_dictionary, model.decoder.embed_tokens, spec,
-                                               no_encoder_attn=no_encoder_attn)
+        model.decoder = HeadTransformerDecoder(
+            args, task.target_dictionary, model.decoder.embed_tokens, spec, no_encoder_attn=no_encoder_attn
+        )
     except HeadFlagError as e:
         usage_error(str(e))
     if relative:
-        use_relative_positions(model, relative, getattr(args, "quant_noise_pq", 0.0) or 0.0,
-                               getattr(args, "quant_noise_pq_block_size", 8) or 8)
+        use_relative_positions(
+            model,
+            relative,
+            getattr(args, "quant_noise_pq", 0.0) or 0.0,
+            getattr(args, "quant_noise_pq_block_size", 8) or 8,
+        )
     return model
 
 
-RELATIVE_HELP = ("self-attention with relative position representations (Shaw et al. 2018), clipped at this distance "
-                 "k (tensor2tensor's transformer_relative: 20, with --no-token-positional-embeddings); 0: off")
+RELATIVE_HELP = (
+    "self-attention with relative position representations (Shaw et al. 2018), clipped at this distance "
+    "k (tensor2tensor's transformer_relative: 20, with --no-token-positional-embeddings); 0: off"
+)
 
 
 @register_model("head_transformer")

@@ -26,12 +26,16 @@ class HeadFlagError(ValueError):
 
 
 def _head_options_help() -> str:
-    parts = [f"{name}: {', '.join(f.name for f in head_specific_options(name)) or '-'}"
-             for name in hf_heads.available_heads()]
+    parts = [
+        f"{name}: {', '.join(f.name for f in head_specific_options(name)) or '-'}"
+        for name in hf_heads.available_heads()
+    ]
     shared = [f.name for f in dataclasses.fields(hf_heads.HeadConfig) if f.name not in MODEL_SUPPLIED]
-    return ("JSON object of options for --output-head, e.g. '{\"num_gates\": 4, \"frequent_fraction\": 0.5}'. "
-            "Options per head: " + "; ".join(parts) + f". Every head also takes {' and '.join(shared)}. "
-            f"{', '.join(MODEL_SUPPLIED)} come from the model.")
+    return (
+        'JSON object of options for --output-head, e.g. \'{"num_gates": 4, "frequent_fraction": 0.5}\'. '
+        "Options per head: " + "; ".join(parts) + f". Every head also takes {' and '.join(shared)}. "
+        f"{', '.join(MODEL_SUPPLIED)} come from the model."
+    )
 
 
 @dataclass
@@ -41,8 +45,12 @@ class HeadArgs(FairseqDataclass):
     # a str checked when the model is built (parse_head_options), not a ChoiceEnum: argparse's "invalid choice"
     # cannot say "did you mean"
     output_head: str = field(
-        default="softmax", metadata={"help": "output head replacing the decoder's output projection + softmax; one "
-                                             f"of: {', '.join(hf_heads.available_heads())}"})
+        default="softmax",
+        metadata={
+            "help": "output head replacing the decoder's output projection + softmax; one "
+            f"of: {', '.join(hf_heads.available_heads())}"
+        },
+    )
     head_options: str = field(default="{}", metadata={"help": _head_options_help()})
 
 
@@ -51,16 +59,20 @@ def parse_head_options(output_head: Any, head_options: Any) -> Tuple[str, Dict[s
     bad JSON or an unknown option."""
     name = str(output_head)
     if name not in hf_heads.available_heads():
-        raise HeadFlagError(f"--output-head {name!r} is not a head{did_you_mean(name, hf_heads.available_heads())}; "
-                            f"choose one of: {', '.join(hf_heads.available_heads())}")
+        raise HeadFlagError(
+            f"--output-head {name!r} is not a head{did_you_mean(name, hf_heads.available_heads())}; "
+            f"choose one of: {', '.join(hf_heads.available_heads())}"
+        )
     if isinstance(head_options, dict):
         options = dict(head_options)
     else:
         try:
             options = json.loads(head_options or "{}")
         except json.JSONDecodeError as e:
-            raise HeadFlagError(f"--head-options {head_options!r} is not valid JSON ({e}); expected an object such "
-                             f"as '{{\"num_gates\": 4}}'") from None
+            raise HeadFlagError(
+                f"--head-options {head_options!r} is not valid JSON ({e}); expected an object such "
+                f"as '{{\"num_gates\": 4}}'"
+            ) from None
     if not isinstance(options, dict):
         raise HeadFlagError(f"--head-options {head_options!r} must be a JSON object (a dict of option: value)")
     for reserved in MODEL_SUPPLIED:
@@ -89,16 +101,18 @@ def usage_error(message: str):
     raise ValueError(message)
 
 
-def build_decoder_head(name: str, options: Dict[str, Any], hidden_size: int, vocab_size: int,
-                       embed_tokens=None) -> OutputHead:
+def build_decoder_head(
+    name: str, options: Dict[str, Any], hidden_size: int, vocab_size: int, embed_tokens=None
+) -> OutputHead:
     """Build the head for a decoder; tie its output embedding to ``embed_tokens`` when given.
 
     Errors (:class:`HeadFlagError`) name the flag: fairseq stops before any training step.
     """
     embedding_size = embed_tokens.weight.shape[1] if embed_tokens is not None else hidden_size
     try:
-        head = hf_heads.build_head(name, hidden_size=hidden_size, vocab_size=vocab_size,
-                                   embedding_size=embedding_size, **options)
+        head = hf_heads.build_head(
+            name, hidden_size=hidden_size, vocab_size=vocab_size, embedding_size=embedding_size, **options
+        )
     except ValueError as e:
         raise HeadFlagError(f"--output-head {name} --head-options: {e}") from None
     if embed_tokens is not None:
@@ -113,4 +127,3 @@ def add_head_args(parser) -> None:
     """Add ``--output-head`` and ``--head-options`` to a model's argparse parser (models that take
     ``add_args``; dataclass-configured models inherit :class:`HeadArgs` instead)."""
     gen_parser_from_dataclass(parser, HeadArgs())
-

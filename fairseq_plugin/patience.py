@@ -8,6 +8,7 @@ where it stops depends on when it was interrupted). The plugin saves the count i
 (``extra_state["patience"]``) and restores it when fairseq-train resumes (not when ``--reset-meters`` or
 ``--reset-optimizer`` start a new run from a checkpoint), so the stopping point is a function of the run alone.
 """
+
 from __future__ import annotations
 
 import sys
@@ -61,8 +62,9 @@ def keep_patience_in_checkpoints() -> None:
         current = state()
         return save(self, filename, {**extra_state, STATE_KEY: current} if current else extra_state)
 
-    def load_checkpoint(self, filename, reset_optimizer=False, reset_lr_scheduler=False, optimizer_overrides=None,
-                        reset_meters=False):
+    def load_checkpoint(
+        self, filename, reset_optimizer=False, reset_lr_scheduler=False, optimizer_overrides=None, reset_meters=False
+    ):
         extra_state = load(self, filename, reset_optimizer, reset_lr_scheduler, optimizer_overrides, reset_meters)
         if extra_state and not reset_optimizer and not reset_meters:
             restore(extra_state.get(STATE_KEY))

@@ -30,12 +30,29 @@ from torch import Tensor, nn
 class RelativeMultiheadAttention(MultiheadAttention):
     """fairseq's self-attention plus relative position keys and values, clipped at ``max_relative_position``."""
 
-    def __init__(self, embed_dim: int, num_heads: int, max_relative_position: int, dropout: float = 0.0,
-                 bias: bool = True, q_noise: float = 0.0, qn_block_size: int = 8):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        max_relative_position: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        q_noise: float = 0.0,
+        qn_block_size: int = 8,
+    ):
         if max_relative_position < 1:
-            raise ValueError(f"--relative-positions must be >= 1 (the clipping distance k), got {max_relative_position}")
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, self_attention=True, q_noise=q_noise,
-                         qn_block_size=qn_block_size)
+            raise ValueError(
+                f"--relative-positions must be >= 1 (the clipping distance k), got {max_relative_position}"
+            )
+        super().__init__(
+            embed_dim,
+            num_heads,
+            dropout=dropout,
+            bias=bias,
+            self_attention=True,
+            q_noise=q_noise,
+            qn_block_size=qn_block_size,
+        )
         self.max_relative_position = max_relative_position
         self.relative_keys = nn.Parameter(torch.empty(2 * max_relative_position + 1, self.head_dim))
         self.relative_values = nn.Parameter(torch.empty(2 * max_relative_position + 1, self.head_dim))
@@ -50,11 +67,19 @@ class RelativeMultiheadAttention(MultiheadAttention):
         keys = torch.arange(src_len, device=device)
         return (keys[None, :] - queries[:, None]).clamp(-k, k) + k
 
-    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
-                key_padding_mask: Optional[Tensor] = None,
-                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-                need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
-                before_softmax: bool = False, need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
         """Self-attention over ``query`` (``T x B x C``, fairseq's layout; ``key`` and ``value`` are the same
         tensor), with fairseq's masks: ``key_padding_mask`` ``[B, S]`` True at pads, ``attn_mask`` ``[T, S]``
         added to the scores (the decoder's future mask)."""
@@ -73,8 +98,12 @@ class RelativeMultiheadAttention(MultiheadAttention):
                 k = torch.cat([saved["prev_key"].view(bsz * heads, -1, head_dim), k], dim=1)
                 v = torch.cat([saved["prev_value"].view(bsz * heads, -1, head_dim), v], dim=1)
             key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask=key_padding_mask, prev_key_padding_mask=saved.get("prev_key_padding_mask"),
-                batch_size=bsz, src_len=k.size(1), static_kv=False)
+                key_padding_mask=key_padding_mask,
+                prev_key_padding_mask=saved.get("prev_key_padding_mask"),
+                batch_size=bsz,
+                src_len=k.size(1),
+                static_kv=False,
+            )
             saved["prev_key"] = k.view(bsz, heads, -1, head_dim)
             saved["prev_value"] = v.view(bsz, heads, -1, head_dim)
             saved["prev_key_padding_mask"] = key_padding_mask
@@ -87,13 +116,18 @@ class RelativeMultiheadAttention(MultiheadAttention):
         if attn_mask is not None:
             scores = scores + attn_mask.unsqueeze(0)
         if key_padding_mask is not None and key_padding_mask.dim() > 0:
-            scores = scores.view(bsz, heads, tgt_len, src_len).masked_fill(
-                key_padding_mask[:, None, None, :].to(torch.bool), float("-inf")).view(bsz * heads, tgt_len, src_len)
+            scores = (
+                scores.view(bsz, heads, tgt_len, src_len)
+                .masked_fill(key_padding_mask[:, None, None, :].to(torch.bool), float("-inf"))
+                .view(bsz * heads, tgt_len, src_len)
+            )
         if before_softmax:
             return scores, v
         weights_float = utils.softmax(scores, dim=-1, onnx_trace=self.onnx_trace)
         probs = self.dropout_module(weights_float.type_as(scores))
-        per_bucket = probs.new_zeros(bsz * heads, tgt_len, self.relative_values.shape[0]).scatter_add_(2, buckets, probs)
+        per_bucket = probs.new_zeros(bsz * heads, tgt_len, self.relative_values.shape[0]).scatter_add_(
+            2, buckets, probs
+        )
         attn = torch.bmm(probs, v) + torch.matmul(per_bucket, self.relative_values)  # + sum_j p_ij a^V_ij
         attn = self.out_proj(attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim))
         weights: Optional[Tensor] = None
@@ -104,8 +138,9 @@ class RelativeMultiheadAttention(MultiheadAttention):
         return attn, weights
 
 
-def use_relative_positions(model: nn.Module, max_relative_position: int, q_noise: float = 0.0,
-                           qn_block_size: int = 8) -> int:
+def use_relative_positions(
+    model: nn.Module, max_relative_position: int, q_noise: float = 0.0, qn_block_size: int = 8
+) -> int:
     """Replace every self-attention of ``model`` (fairseq ``MultiheadAttention`` with ``self_attention=True``) by a
     :class:`RelativeMultiheadAttention` of the same size and dropout, freshly initialised (``q_noise`` /
     ``qn_block_size``: fairseq's ``--quant-noise-pq`` options of the model); returns how many."""
@@ -114,10 +149,22 @@ def use_relative_positions(model: nn.Module, max_relative_position: int, q_noise
         for name, child in list(parent.named_children()):
             if type(child) is MultiheadAttention and child.self_attention:
                 if child.kdim != child.embed_dim or child.vdim != child.embed_dim or child.bias_k is not None:
-                    raise ValueError("--relative-positions: a self-attention with other key / value sizes or "
-                                     "add_bias_kv is not supported")
-                setattr(parent, name, RelativeMultiheadAttention(
-                    child.embed_dim, child.num_heads, max_relative_position, dropout=child.dropout_module.p,
-                    bias=child.q_proj.bias is not None, q_noise=q_noise, qn_block_size=qn_block_size))
+                    raise ValueError(
+                        "--relative-positions: a self-attention with other key / value sizes or "
+                        "add_bias_kv is not supported"
+                    )
+                setattr(
+                    parent,
+                    name,
+                    RelativeMultiheadAttention(
+                        child.embed_dim,
+                        child.num_heads,
+                        max_relative_position,
+                        dropout=child.dropout_module.p,
+                        bias=child.q_proj.bias is not None,
+                        q_noise=q_noise,
+                        qn_block_size=qn_block_size,
+                    ),
+                )
                 replaced += 1
     return replaced

@@ -13,17 +13,43 @@ HuggingFace (when transformers is installed)::
 
     model = hf_heads.swap_head(AutoModelForCausalLM.from_config(cfg), "mixtape", num_gates=4)
 """
+
 import importlib.util as _importlib_util
 
-from .core import (HeadConfig, OutputHead, available_heads, build_head, convert_head, count_tokens, frequency_order,
-                   get_head_class, load_head, register_head, save_head)
+from .core import (
+    HeadConfig,
+    OutputHead,
+    available_heads,
+    build_head,
+    convert_head,
+    count_tokens,
+    frequency_order,
+    get_head_class,
+    load_head,
+    register_head,
+    save_head,
+)
 from . import heads as _heads  # noqa: F401  (registers every head)
 
 __version__ = "0.1.0"
 
-__all__ = ["HeadConfig", "OutputHead", "available_heads", "build_head", "convert_head", "count_tokens",
-           "frequency_order", "get_head_class", "load_head",
-           "register_head", "save_head", "swap_head", "output_head", "head_config", "__version__"]
+__all__ = [
+    "HeadConfig",
+    "OutputHead",
+    "available_heads",
+    "build_head",
+    "convert_head",
+    "count_tokens",
+    "frequency_order",
+    "get_head_class",
+    "load_head",
+    "register_head",
+    "save_head",
+    "swap_head",
+    "output_head",
+    "head_config",
+    "__version__",
+]
 
 if _importlib_util.find_spec("transformers") is not None:
     # the HF adapter: AutoConfig learns model_type "softmax-heads" (cheap: no model code is imported)
@@ -31,9 +57,12 @@ if _importlib_util.find_spec("transformers") is not None:
 
     _register_auto_classes()
 else:
+
     def swap_head(*args, **options):
         """Needs transformers: ``pip install softmax-heads[hf]``."""
-        raise ImportError("hf_heads.swap_head, head_config and output_head need HuggingFace transformers: "
-                          "pip install 'softmax-heads[hf]'")
+        raise ImportError(
+            "hf_heads.swap_head, head_config and output_head need HuggingFace transformers: "
+            "pip install 'softmax-heads[hf]'"
+        )
 
     output_head = head_config = swap_head

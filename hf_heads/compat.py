@@ -14,6 +14,7 @@ Two remedies, both here:
   message only if a speech task is used. It costs one attempted import, and nothing when
   torchaudio is not installed or was already imported.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,9 +49,11 @@ def block_broken_torchaudio() -> Optional[str]:
 def torchaudio_import_error(python: str = sys.executable) -> Optional[str]:
     """Try ``import torchaudio`` in a fresh interpreter; the error's last line, or ``None`` if it
     imports or is not installed."""
-    code = ("import importlib.util, sys\n"
-            "if importlib.util.find_spec('torchaudio') is None: sys.exit(0)\n"
-            "import torchaudio\n")
+    code = (
+        "import importlib.util, sys\n"
+        "if importlib.util.find_spec('torchaudio') is None: sys.exit(0)\n"
+        "import torchaudio\n"
+    )
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
     if proc.returncode == 0:
         return None

@@ -5,6 +5,7 @@ process-wide defaults that ``import hf_heads`` leaves to its users: idle OpenMP 
 (``OMP_WAIT_POLICY=PASSIVE`` unless set; :mod:`recipes.threads`), and a torchaudio that is installed but cannot load
 is hidden from this process so transformers' model imports work (:mod:`hf_heads.compat`).
 """
+
 from recipes.threads import default_wait_policy as _default_wait_policy
 
 _default_wait_policy()

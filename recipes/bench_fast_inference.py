@@ -17,6 +17,7 @@ variance scale of the bound (1.0) and fitted on separate queries (``calibrate``,
     python -m recipes.bench_fast_inference --out results/fast_inference     # all three settings
     python -m recipes.bench_fast_inference --settings random --vocab 10000  # a quick look
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,9 @@ SETTINGS = ("smollm2", "lm", "random")
 def build_from(head: TrainedHead, name: str, **options):
     """A head ``name`` started from the trained projection, in evaluation mode."""
     V, d = head.weight.shape
-    return hf_heads.build_head(name, hidden_size=d, vocab_size=V, weight=head.weight, bias=head.bias,
-                               use_bias=head.bias is not None, **options).eval()
+    return hf_heads.build_head(
+        name, hidden_size=d, vocab_size=V, weight=head.weight, bias=head.bias, use_bias=head.bias is not None, **options
+    ).eval()
 
 
 def methods_for(head: TrainedHead, args) -> Dict[str, torch.nn.Module]:
@@ -51,10 +53,12 @@ def methods_for(head: TrainedHead, args) -> Dict[str, torch.nn.Module]:
     return {
         "softmax (exact)": build_from(head, "softmax"),
         f"svd_softmax adaptive W={c.preview_rank} N={c.num_refine}": svd,
-        f"svd_softmax leading (paper) W={c.preview_rank} N={c.num_refine}":
-            build_from(head, "svd_softmax", **{**args.svd_options, "preview_dims": "leading"}),
-        f"svd_softmax leading (paper, 2W 4N) W={wide['preview_rank']} N={wide['num_refine']}":
-            build_from(head, "svd_softmax", **{**args.svd_options, **wide, "preview_dims": "leading"}),
+        f"svd_softmax leading (paper) W={c.preview_rank} N={c.num_refine}": build_from(
+            head, "svd_softmax", **{**args.svd_options, "preview_dims": "leading"}
+        ),
+        f"svd_softmax leading (paper, 2W 4N) W={wide['preview_rank']} N={wide['num_refine']}": build_from(
+            head, "svd_softmax", **{**args.svd_options, **wide, "preview_dims": "leading"}
+        ),
         "adaptive_sampling (bound)": build_from(head, "adaptive_sampling", delta=args.delta),
         "adaptive_sampling (calibrated)": build_from(head, "adaptive_sampling", delta=args.delta),
     }
@@ -66,8 +70,8 @@ def quality(method, exact_top: torch.Tensor, hidden: torch.Tensor, batch: int = 
     agree = recall = 0.0
     mults = budget = 0.0
     for i in range(0, len(hidden), batch):
-        _, idx = method.topk(hidden[i:i + batch], 10)
-        ref = exact_top[i:i + batch]
+        _, idx = method.topk(hidden[i : i + batch], 10)
+        ref = exact_top[i : i + batch]
         agree += float((idx[:, 0] == ref[:, 0]).sum())
         recall += float((idx[:, :, None] == ref[:, None, :]).any(-1).sum()) / 10
         stats = getattr(method, "last_stats", None) or {"multiplications": 1.0, "budget": 1.0}  # exact: every logit
@@ -81,23 +85,25 @@ def timings(methods: Dict[str, torch.nn.Module], hidden: torch.Tensor, args) -> 
     """Seconds per query of ``topk(q, 10)`` at batch 1 and 64, interleaved rounds, medians."""
     out: Dict[str, Dict[int, float]] = {n: {} for n in methods}
     for batch, count in ((1, args.timing_queries), (64, 1)):
-        qs = [hidden[(i * batch) % (len(hidden) - batch + 1):][:batch] for i in range(count)]
-        t = time_per_call({n: (lambda q, m=m: m.topk(q, 10)) for n, m in methods.items()}, qs,
-                          rounds=args.timing_rounds)
+        qs = [hidden[(i * batch) % (len(hidden) - batch + 1) :][:batch] for i in range(count)]
+        t = time_per_call(
+            {n: (lambda q, m=m: m.topk(q, 10)) for n, m in methods.items()}, qs, rounds=args.timing_rounds
+        )
         for n, v in t.items():
             out[n][batch] = v / batch
     return out
 
 
-def run_setting(name: str, head: TrainedHead, extra: Dict[str, torch.nn.Module], args,
-                log=print) -> List[Dict]:
+def run_setting(name: str, head: TrainedHead, extra: Dict[str, torch.nn.Module], args, log=print) -> List[Dict]:
     """Every method on one trained head: calibration, quality, timing; one row per method."""
     V, d = head.weight.shape
-    cal, test = head.hidden[:args.calibration_queries], head.hidden[args.calibration_queries:]
+    cal, test = head.hidden[: args.calibration_queries], head.hidden[args.calibration_queries :]
     methods = {**methods_for(head, args), **extra}
     fitted = methods["adaptive_sampling (calibrated)"].calibrate(cal, steps=args.calibration_steps)
-    log(f"[{name}] adaptive_sampling calibrated on {len(cal)} queries: variance_scale "
-        f"{fitted['variance_scale']:.3g} (success {fitted['success']:.1%}, {fitted['gain']:.1f}x fewer mults)")
+    log(
+        f"[{name}] adaptive_sampling calibrated on {len(cal)} queries: variance_scale "
+        f"{fitted['variance_scale']:.3g} (success {fitted['success']:.1%}, {fitted['gain']:.1f}x fewer mults)"
+    )
     with torch.no_grad():
         exact_top = (test @ head.weight.T + (0 if head.bias is None else head.bias)).topk(10, dim=1).indices
     rows = []
@@ -109,8 +115,10 @@ def run_setting(name: str, head: TrainedHead, extra: Dict[str, torch.nn.Module],
             rate = m.success_rate(test)  # the paper's criterion, at k = 1
             q.update(success=rate["success"], success_gain=rate["gain"], variance_scale=m.config.variance_scale)
         rows.append({"setting": name, "V": V, "d": d, "method": n, "queries": len(test), **q})
-        log(f"[{name}] {n}: top-1 {q['top1']}, top-10 recall {q['recall10']}, "
-            f"{q['cost_gain']:.2f}x fewer multiplications")
+        log(
+            f"[{name}] {n}: top-1 {q['top1']}, top-10 recall {q['recall10']}, "
+            f"{q['cost_gain']:.2f}x fewer multiplications"
+        )
     t = timings(methods, test, args)
     base = t["softmax (exact)"]
     for r in rows:
@@ -122,8 +130,11 @@ def run_setting(name: str, head: TrainedHead, extra: Dict[str, torch.nn.Module],
         report = busy_report({n: v[1] for n, v in t.items()}, {n: v[1] for n, v in tb.items()}, "softmax (exact)")
         for r in rows:
             b = report[r["method"]]
-            r.update(ms_b1_busy=1e3 * b["busy_s"], speedup_b1_busy=1 / b["busy_ratio"],
-                     relative_slowdown_b1=b["relative_slowdown"])
+            r.update(
+                ms_b1_busy=1e3 * b["busy_s"],
+                speedup_b1_busy=1 / b["busy_ratio"],
+                relative_slowdown_b1=b["relative_slowdown"],
+            )
     return rows
 
 
@@ -134,16 +145,29 @@ def lm_setting(args, log=print):
     task = make_ptb_task(args.ptb_dir, dim=512, epochs=args.lm_epochs, seed=args.seed, progress=args.progress)
     V, d = task.vocab_size, task.train_h.shape[1]
     soft = task.softmax
-    head = TrainedHead("ptb-lstm", soft.weight.detach().clone(),
-                       None if soft.bias is None else soft.bias.detach().clone(),
-                       task.test_h[torch.linspace(0, len(task.test_h) - 1, args.calibration_queries + args.queries)
-                                   .long()].contiguous(),  # spread over the test text
-                       {"test_ppl": task.info["softmax_test_ppl"]})
+    head = TrainedHead(
+        "ptb-lstm",
+        soft.weight.detach().clone(),
+        None if soft.bias is None else soft.bias.detach().clone(),
+        task.test_h[
+            torch.linspace(0, len(task.test_h) - 1, args.calibration_queries + args.queries).long()
+        ].contiguous(),  # spread over the test text
+        {"test_ppl": task.info["softmax_test_ppl"]},
+    )
     extra = {}
     for name in ("class_softmax", "d_softmax"):
         m = hf_heads.build_head(name, hidden_size=d, vocab_size=V)
-        secs = train_head(m, task.train_h, task.train_y, steps=args.hier_steps, batch=1024, lr=5e-3,
-                          seed=args.seed, desc=f"train {name}", progress=args.progress)
+        secs = train_head(
+            m,
+            task.train_h,
+            task.train_y,
+            steps=args.hier_steps,
+            batch=1024,
+            lr=5e-3,
+            seed=args.seed,
+            desc=f"train {name}",
+            progress=args.progress,
+        )
         log(f"[lm] trained {name} on {len(task.train_y)} hidden states in {secs:.0f}s")
         if name == "class_softmax":  # exact top-k would score every class and token: search the 4 best classes
             m.config.search_classes = 4
@@ -153,16 +177,19 @@ def lm_setting(args, log=print):
 
 
 def format_table(rows: List[Dict]) -> str:
-    lines = ["| setting | V | d | method | ms/query b=1 | speed-up b=1 | ms/query b=64 | speed-up b=64 | "
-             "top-1 agreement | top-10 recall | V*d / mults (top-10) | success, V*d / mults (top-1) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| setting | V | d | method | ms/query b=1 | speed-up b=1 | ms/query b=64 | speed-up b=64 | "
+        "top-1 agreement | top-10 recall | V*d / mults (top-10) | success, V*d / mults (top-1) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         success = f"{r['success']:.1%} at {r['success_gain']:.1f}x" if "success" in r else "-"
         top1, recall = (f"{r[k]:.1%}" if r[k] is not None else "-" for k in ("top1", "recall10"))
         lines.append(
             f"| {r['setting']} | {r['V']} | {r['d']} | {r['method']} | {r['ms_b1']:.3f} | {r['speedup_b1']:.2f}x | "
             f"{r['ms_b64']:.3f} | {r['speedup_b64']:.2f}x | {top1} | {recall} | "
-            f"{r['cost_gain']:.2f}x | {success} |")
+            f"{r['cost_gain']:.2f}x | {success} |"
+        )
     return "\n".join(lines)
 
 
@@ -171,17 +198,25 @@ def format_busy(rows: List[Dict]) -> str:
     the exact softmax's (1 = it suffers no more than the softmax; the aim: at most 1.5)."""
     from recipes.threads import describe
 
-    lines = [f"Beside a busy neighbour process (`--busy`; {describe()}):", "",
-             "| setting | method | ms b=1 quiet | speed-up quiet | ms b=1 busy | speed-up busy | slowdown / softmax's |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['setting']} | {r['method']} | {r['ms_b1']:.3f} | {r['speedup_b1']:.2f}x | {r['ms_b1_busy']:.3f} | "
-              f"{r['speedup_b1_busy']:.2f}x | {r['relative_slowdown_b1']:.2f} |" for r in rows if "ms_b1_busy" in r]
+    lines = [
+        f"Beside a busy neighbour process (`--busy`; {describe()}):",
+        "",
+        "| setting | method | ms b=1 quiet | speed-up quiet | ms b=1 busy | speed-up busy | slowdown / softmax's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['setting']} | {r['method']} | {r['ms_b1']:.3f} | {r['speedup_b1']:.2f}x | {r['ms_b1_busy']:.3f} | "
+        f"{r['speedup_b1_busy']:.2f}x | {r['relative_slowdown_b1']:.2f} |"
+        for r in rows
+        if "ms_b1_busy" in r
+    ]
     return "\n".join(lines)
 
 
 def plot(rows: List[Dict], path: str) -> None:
     """Speed-up at batch 1 and multiplication gain against V on the random heads, one line per method."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -207,31 +242,46 @@ def plot(rows: List[Dict], path: str) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     data = os.path.join("..", "shared", "data")
     p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
-    p.add_argument("--wikitext", default=os.path.join(data, "wikitext-2", "test.txt"),
-                   help="text for SmolLM2's hidden states (svd_softmax's defaults were chosen on valid.txt)")
+    p.add_argument(
+        "--wikitext",
+        default=os.path.join(data, "wikitext-2", "test.txt"),
+        help="text for SmolLM2's hidden states (svd_softmax's defaults were chosen on valid.txt)",
+    )
     p.add_argument("--ptb-dir", default=os.path.join(data, "ptb"), help="PTB valid.txt/test.txt for the LM setting")
     p.add_argument("--vocab", type=int, nargs="+", default=[10000, 33000, 100000], help="random heads' V")
     p.add_argument("--dim", type=int, default=512, help="random heads' d")
     p.add_argument("--queries", type=int, default=200, help="evaluation queries per setting")
-    p.add_argument("--calibration-queries", type=int, default=60,
-                   help="separate queries to fit adaptive sampling's variance scale on")
+    p.add_argument(
+        "--calibration-queries",
+        type=int,
+        default=60,
+        help="separate queries to fit adaptive sampling's variance scale on",
+    )
     p.add_argument("--calibration-steps", type=int, default=6, help="bisection steps of calibrate()")
     p.add_argument("--delta", type=float, default=0.1, help="adaptive sampling delta (epsilon stays 0.3)")
-    p.add_argument("--svd-options", type=json.loads, default={},
-                   help="svd_softmax options as JSON, e.g. '{\"preview_rank\": 64, \"num_refine\": 512}'")
+    p.add_argument(
+        "--svd-options",
+        type=json.loads,
+        default={},
+        help='svd_softmax options as JSON, e.g. \'{"preview_rank": 64, "num_refine": 512}\'',
+    )
     p.add_argument("--lm-epochs", type=int, default=4, help="LSTM LM epochs (setting lm)")
     p.add_argument("--hier-steps", type=int, default=300, help="training steps of class_softmax / d_softmax")
     p.add_argument("--timing-queries", type=int, default=16, help="batch-1 queries per timing round")
     p.add_argument("--timing-rounds", type=int, default=3, help="interleaved timing rounds (median)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--busy", action="store_true",
-                   help="time again beside a busy neighbour process (matmuls on one core): each method's batch-1 "
-                        "speed-up quiet and busy, and its slowdown against the exact softmax's own")
+    p.add_argument(
+        "--busy",
+        action="store_true",
+        help="time again beside a busy neighbour process (matmuls on one core): each method's batch-1 "
+        "speed-up quiet and busy, and its slowdown against the exact softmax's own",
+    )
     p.add_argument("--out", default="results/fast_inference")
     p.add_argument("--no-plot", dest="plot", action="store_false")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -264,10 +314,14 @@ def main(argv=None) -> List[Dict]:
         else:
             for V in args.vocab:
                 head = random_head(V, args.dim, total, seed=args.seed)
-                extra = {"class_softmax (4 best classes, untrained: cost only)": hf_heads.build_head(
-                             "class_softmax", hidden_size=args.dim, vocab_size=V, search_classes=4).eval(),
-                         "d_softmax (untrained: cost only)": hf_heads.build_head(
-                             "d_softmax", hidden_size=args.dim, vocab_size=V).eval()}
+                extra = {
+                    "class_softmax (4 best classes, untrained: cost only)": hf_heads.build_head(
+                        "class_softmax", hidden_size=args.dim, vocab_size=V, search_classes=4
+                    ).eval(),
+                    "d_softmax (untrained: cost only)": hf_heads.build_head(
+                        "d_softmax", hidden_size=args.dim, vocab_size=V
+                    ).eval(),
+                }
                 rows += run_setting(head.name, head, extra, args)
     table = format_table(rows) + ("\n\n" + format_busy(rows) if args.busy else "")
     print(table)

@@ -24,6 +24,7 @@ so a run cut off keeps what it measured.
     python -m recipes.bench_heads --vocab 10000 --no-model      # output layer only, one V
     python -m recipes.bench_heads --device cuda --out results/bench_heads_gpu
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,6 +75,7 @@ def output_layer_steps(vocab: int, args) -> Dict[str, Callable[[], None]]:
     def baseline():
         F.cross_entropy(linear(hidden), target).backward()
         _clear([hidden, *linear.parameters()])
+
     steps[BASELINE] = baseline
 
     for label, name, options in HEADS:
@@ -84,13 +86,16 @@ def output_layer_steps(vocab: int, args) -> Dict[str, Callable[[], None]]:
         def step(head=head):
             head.loss(hidden, target).backward()
             _clear([hidden, *head.parameters()])
+
         steps[label] = step
 
     peer = xtransformers_mos(vocab, args.dim, k=3) if args.peer else None
     if peer is not None:
+
         def peer_step():
             xtransformers_mos_loss(peer, hidden, target).backward()
             _clear([hidden, *peer.parameters()])
+
         steps[PEER] = peer_step
     return steps
 
@@ -101,8 +106,13 @@ def xtransformers_mos(vocab: int, dim: int, k: int):
         return None
     from x_transformers import Decoder, TransformerWrapper
 
-    return TransformerWrapper(num_tokens=vocab, max_seq_len=8, attn_layers=Decoder(dim=dim, depth=1, heads=8),
-                              mixture_of_softmax=True, mixture_of_softmax_k=k).train()
+    return TransformerWrapper(
+        num_tokens=vocab,
+        max_seq_len=8,
+        attn_layers=Decoder(dim=dim, depth=1, heads=8),
+        mixture_of_softmax=True,
+        mixture_of_softmax_k=k,
+    ).train()
 
 
 def xtransformers_mos_loss(wrapper, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -132,17 +142,21 @@ def model_steps(args) -> Dict[str, Callable[[], None]]:
         def step(model=model):
             model(ids, labels=ids).loss.backward()
             _clear(model.parameters())
+
         steps[label] = step
     return steps
 
 
 def measure_time(steps: Dict[str, Callable[[], None]], args) -> Dict[str, float]:
     """Seconds per step, interleaved rounds, medians (after one warm-up step each)."""
+
     def with_grad(fn):  # time_per_call times under no_grad
         with torch.enable_grad():
             fn()
-    return time_per_call({n: (lambda _, fn=fn: with_grad(fn)) for n, fn in steps.items()}, [None],
-                         rounds=args.rounds, warmup=1)
+
+    return time_per_call(
+        {n: (lambda _, fn=fn: with_grad(fn)) for n, fn in steps.items()}, [None], rounds=args.rounds, warmup=1
+    )
 
 
 def measure_memory(steps: Dict[str, Callable[[], None]], args) -> Dict[str, float]:
@@ -161,8 +175,11 @@ def run_memory_child(argv) -> Dict[str, Dict[str, float]]:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "memory.json")
-        subprocess.run([sys.executable, "-m", "recipes.bench_heads", *argv, "--memory-to", path],
-                       env={**os.environ, **MALLOC_ENV}, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "recipes.bench_heads", *argv, "--memory-to", path],
+            env={**os.environ, **MALLOC_ENV},
+            check=True,
+        )
         with open(path) as f:
             return json.load(f)
 
@@ -237,14 +254,15 @@ def device_steps(vocab: int, dim: int, dtype: torch.dtype, args):
                 # the same head, its V-wide products in the parameters' dtype (float32 results)
                 low = copy.deepcopy(head)
                 low.lean_product_dtype = dtype
-                entries[products_label(label, dtype)] = (lambda low=low: low.loss(hidden, target),
-                                                         list(low.parameters()))
+                entries[products_label(label, dtype)] = (
+                    lambda low=low: low.loss(hidden, target),
+                    list(low.parameters()),
+                )
     missing = {}
     if args.peer:
         for name, loss in fused_peers().items():
             if callable(loss):
-                entries[name] = (lambda loss=loss: loss(hidden, linear.weight, target),
-                                 list(linear.parameters()))
+                entries[name] = (lambda loss=loss: loss(hidden, linear.weight, target), list(linear.parameters()))
             else:
                 missing[name] = loss
 
@@ -256,7 +274,9 @@ def device_steps(vocab: int, dim: int, dtype: torch.dtype, args):
             loss.backward()
             losses[name] = loss.detach()  # read after the timing: a float() here would sync every step
             _clear([hidden, *params])
+
         return step
+
     return {n: make(n) for n in entries}, losses, missing
 
 
@@ -270,7 +290,7 @@ def device_time(steps: Dict[str, Callable[[], None]], args) -> Dict[str, float]:
     names = list(steps)
     samples: Dict[str, list] = {n: [] for n in names}
     for r in range(args.rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
+        for n in names[r % len(names) :] + names[: r % len(names)]:
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -307,11 +327,18 @@ def device_settings(args):
 def device_main(args, log=print) -> Dict[str, Dict]:
     """The benchmark on ``args.device``: every setting's rows and errors, written to ``args.out`` as it goes."""
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {args.device}: CUDA is not available (torch {torch.__version__}, "
-                         f"built with CUDA {torch.version.cuda})")
+        raise SystemExit(
+            f"--device {args.device}: CUDA is not available (torch {torch.__version__}, "
+            f"built with CUDA {torch.version.cuda})"
+        )
     os.makedirs(args.out, exist_ok=True)
-    out = {"device": device_name(args.device), "torch": torch.__version__, "args": vars(args),
-           "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "settings": {}}
+    out = {
+        "device": device_name(args.device),
+        "torch": torch.__version__,
+        "args": vars(args),
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "settings": {},
+    }
     for label, vocab, dim, dtype in device_settings(args):
         steps, losses, missing = device_steps(vocab, dim, DTYPES[dtype], args)
         errors = dict(missing)
@@ -328,17 +355,34 @@ def device_main(args, log=print) -> Dict[str, Dict]:
         secs = device_time(steps, args)
         mem = {n: device_memory(fn, args.device) for n, fn in steps.items()}
         base_t, base_m = secs[BASELINE], mem[BASELINE]
-        rows = {n: {"ms": 1e3 * secs[n], "time_ratio": secs[n] / base_t,
-                    "peak_mib": None if mem[n] is None else mem[n] / 2**20,
-                    "memory_ratio": None if mem[n] is None else mem[n] / base_m,
-                    "loss": float(losses[n])} for n in steps}
+        rows = {
+            n: {
+                "ms": 1e3 * secs[n],
+                "time_ratio": secs[n] / base_t,
+                "peak_mib": None if mem[n] is None else mem[n] / 2**20,
+                "memory_ratio": None if mem[n] is None else mem[n] / base_m,
+                "loss": float(losses[n]),
+            }
+            for n in steps
+        }
         for n in rows:
             if n in SAME_LOSS or n.startswith("softmax (ours) ["):
                 rows[n]["loss_minus_baseline"] = rows[n]["loss"] - rows[BASELINE]["loss"]
-        out["settings"][label] = {"vocab": vocab, "dim": dim, "dtype": dtype, "tokens": args.tokens, "rows": rows,
-                                  "errors": errors}
-        log(f"{label}: " + ", ".join(f"{n} {r['time_ratio']:.2f}x" + (
-            "" if r["memory_ratio"] is None else f" / {r['memory_ratio']:.2f}x") for n, r in rows.items()))
+        out["settings"][label] = {
+            "vocab": vocab,
+            "dim": dim,
+            "dtype": dtype,
+            "tokens": args.tokens,
+            "rows": rows,
+            "errors": errors,
+        }
+        log(
+            f"{label}: "
+            + ", ".join(
+                f"{n} {r['time_ratio']:.2f}x" + ("" if r["memory_ratio"] is None else f" / {r['memory_ratio']:.2f}x")
+                for n, r in rows.items()
+            )
+        )
         out["targets"] = targets(out["settings"])
         # whether the low-precision products accumulated in float32 (torch.mm's out_dtype) or were rounded first
         out["mm_out_dtype"] = dict(functional._MM_OUT_DTYPE)
@@ -355,9 +399,14 @@ def device_name(device) -> str:
 
 
 #: the issue's targets (bf16, the largest V): (entry, against, at most this ratio of time; "K" = its K)
-TIME_TARGETS = [("softmax (ours)", LIGER, 1.3), ("mixtape K=4 r=0.1 d2=64", "softmax (ours)", 1.5),
-                ("plif T=1e5", "softmax (ours)", 1.2), ("sigsoftmax", "softmax (ours)", 1.2),
-                ("mos K=3", "softmax (ours)", 3.0), ("mos K=15", "softmax (ours)", 15.0)]
+TIME_TARGETS = [
+    ("softmax (ours)", LIGER, 1.3),
+    ("mixtape K=4 r=0.1 d2=64", "softmax (ours)", 1.5),
+    ("plif T=1e5", "softmax (ours)", 1.2),
+    ("sigsoftmax", "softmax (ours)", 1.2),
+    ("mos K=3", "softmax (ours)", 3.0),
+    ("mos K=15", "softmax (ours)", 15.0),
+]
 #: every head's loss memory at most this fraction of the baseline's; our softmax's at most Liger's
 MEMORY_TARGET = 0.3
 
@@ -376,8 +425,17 @@ def targets(settings: Dict[str, Dict]) -> list:
         r = setting["rows"]
 
         def add(what, measured, goal):
-            rows.append({"setting": label, "target": what, "measured": measured, "goal": goal,
-                         "met": measured <= goal, "over_by": measured / goal})
+            rows.append(
+                {
+                    "setting": label,
+                    "target": what,
+                    "measured": measured,
+                    "goal": goal,
+                    "met": measured <= goal,
+                    "over_by": measured / goal,
+                }
+            )
+
         heads = [h[0] for h in HEADS]
         for rename in (lambda n: n, lambda n: products_label(n, torch.bfloat16)):  # float32 products, then bf16's
             for entry, against, goal in TIME_TARGETS:
@@ -398,10 +456,15 @@ def format_device_table(out: Dict) -> str:
     a = out["args"]
     options = [f"--device {a['device']}"] + [
         f"--{key} " + " ".join(map(str, a[key] if isinstance(a[key], list) else [a[key]]))
-        for key, default in [*DEVICE_DEFAULTS.items(), ("dtype", ["bfloat16", "float32"])] if a.get(key) != default]
-    lines = [f"Output layer forward + backward on {out['device']} (torch {out['torch']}), "
-             f"N = {a['tokens']} tokens; ratios against `{BASELINE}` (nn.Linear + F.cross_entropy) in "
-             f"the same process. `python -m recipes.bench_heads {' '.join(options)}`", ""]
+        for key, default in [*DEVICE_DEFAULTS.items(), ("dtype", ["bfloat16", "float32"])]
+        if a.get(key) != default
+    ]
+    lines = [
+        f"Output layer forward + backward on {out['device']} (torch {out['torch']}), "
+        f"N = {a['tokens']} tokens; ratios against `{BASELINE}` (nn.Linear + F.cross_entropy) in "
+        f"the same process. `python -m recipes.bench_heads {' '.join(options)}`",
+        "",
+    ]
     for label, s in out["settings"].items():
         lines += [f"**{label}**", "", "| entry | time | memory | loss - baseline's |", "|---|---|---|---|"]
         for n, r in s["rows"].items():
@@ -412,8 +475,12 @@ def format_device_table(out: Dict) -> str:
             lines.append(f"| {n} | not run: {why} | | |")
         lines.append("")
     if out.get("targets"):
-        lines += ["Targets (bf16, largest V): a ratio over its goal misses by `measured / goal`.", "",
-                  "| setting | target | measured | goal | |", "|---|---|---|---|---|"]
+        lines += [
+            "Targets (bf16, largest V): a ratio over its goal misses by `measured / goal`.",
+            "",
+            "| setting | target | measured | goal | |",
+            "|---|---|---|---|---|",
+        ]
         for t in out["targets"]:
             verdict = "met" if t["met"] else f"missed by {t['over_by']:.2f}x"
             lines.append(f"| {t['setting']} | {t['target']} | {t['measured']:.2f} | {t['goal']:g} | {verdict} |")
@@ -436,8 +503,14 @@ def format_table(results: Dict[str, Dict[str, Dict[str, float]]]) -> str:
         cells = []
         for s in settings:
             r = results[s].get(n)
-            cells += ["-", "-"] if r is None else [f"{r['time_ratio']:.2f}x ({r['ms']:.0f} ms)",
-                                                   f"{r['memory_ratio']:.2f}x ({r['peak_mib']:.0f} MiB)"]
+            cells += (
+                ["-", "-"]
+                if r is None
+                else [
+                    f"{r['time_ratio']:.2f}x ({r['ms']:.0f} ms)",
+                    f"{r['memory_ratio']:.2f}x ({r['peak_mib']:.0f} MiB)",
+                ]
+            )
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -447,65 +520,102 @@ def format_busy(busy: Dict[str, Dict[str, Dict[str, float]]]) -> str:
     head's own slowdown and that slowdown over softmax's (the aim: at most 1.5)."""
     from recipes.threads import describe
 
-    lines = [f"Beside a busy neighbour process (`--busy`; {describe()}):", "",
-             "| setting | head | ratio quiet | ratio busy | slowdown busy/quiet | slowdown / softmax's |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Beside a busy neighbour process (`--busy`; {describe()}):",
+        "",
+        "| setting | head | ratio quiet | ratio busy | slowdown busy/quiet | slowdown / softmax's |",
+        "|---|---|---|---|---|---|",
+    ]
     for s, rows in busy.items():
         for n, r in rows.items():
-            lines.append(f"| {s} | {n} | {r['quiet_ratio']:.2f}x | {r['busy_ratio']:.2f}x | {r['slowdown']:.2f}x | "
-                         f"{r['relative_slowdown']:.2f} |")
+            lines.append(
+                f"| {s} | {n} | {r['quiet_ratio']:.2f}x | {r['busy_ratio']:.2f}x | {r['slowdown']:.2f}x | "
+                f"{r['relative_slowdown']:.2f} |"
+            )
     return "\n".join(lines)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--vocab", type=int, nargs="+", default=None,
-                   help="V (default 10000 33000 50257; with --device, 32000 50000)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--vocab", type=int, nargs="+", default=None, help="V (default 10000 33000 50257; with --device, 32000 50000)"
+    )
     p.add_argument("--tokens", type=int, default=None, help="N, tokens per step (default 2048; with --device, 8192)")
-    p.add_argument("--dim", type=int, nargs="+", default=None,
-                   help="d (default 512; with --device, 1024 2048; without it only the first counts)")
-    p.add_argument("--heads", nargs="+", default=[h[0] for h in HEADS], choices=[h[0] for h in HEADS],
-                   metavar="LABEL", help="heads to measure (labels as in the table)")
+    p.add_argument(
+        "--dim",
+        type=int,
+        nargs="+",
+        default=None,
+        help="d (default 512; with --device, 1024 2048; without it only the first counts)",
+    )
+    p.add_argument(
+        "--heads",
+        nargs="+",
+        default=[h[0] for h in HEADS],
+        choices=[h[0] for h in HEADS],
+        metavar="LABEL",
+        help="heads to measure (labels as in the table)",
+    )
     p.add_argument("--no-model", dest="model", action="store_false", help="skip the whole-model step")
     p.add_argument("--model-vocab", type=int, default=10000, help="V of the whole-model step")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip x-transformers' MoS")
-    p.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (median; default 5, with "
-                                                              "--device 3)")
+    p.add_argument(
+        "--rounds", type=int, default=None, help="interleaved timing rounds (median; default 5, with --device 3)"
+    )
     p.add_argument("--memory-repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--busy", action="store_true",
-                   help="time every step quiet and again beside a busy neighbour process (matmuls on one core): "
-                        "each head's ratio to softmax both ways and its slowdown against softmax's own")
-    p.add_argument("--device", default=None,
-                   help="run the output-layer benchmark on this torch device (cuda, cuda:1, cpu): CUDA-event times, "
-                        "torch.cuda peak memory, the fused peers; without it, the CPU benchmark above")
-    p.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=sorted(DTYPES),
-                   help="with --device: the dtypes of the parameters and hidden states")
-    p.add_argument("--no-low-products", dest="low_products", action="store_false",
-                   help="with --device and a bf16 / fp16 dtype: skip the entries whose V-wide products run in that "
-                        "dtype (head.lean_product_dtype)")
-    p.add_argument("--warmup", type=int, default=1, help="with --device: untimed steps of each entry first (Triton "
-                                                          "compiles in the first)")
+    p.add_argument(
+        "--busy",
+        action="store_true",
+        help="time every step quiet and again beside a busy neighbour process (matmuls on one core): "
+        "each head's ratio to softmax both ways and its slowdown against softmax's own",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="run the output-layer benchmark on this torch device (cuda, cuda:1, cpu): CUDA-event times, "
+        "torch.cuda peak memory, the fused peers; without it, the CPU benchmark above",
+    )
+    p.add_argument(
+        "--dtype",
+        nargs="+",
+        default=["bfloat16", "float32"],
+        choices=sorted(DTYPES),
+        help="with --device: the dtypes of the parameters and hidden states",
+    )
+    p.add_argument(
+        "--no-low-products",
+        dest="low_products",
+        action="store_false",
+        help="with --device and a bf16 / fp16 dtype: skip the entries whose V-wide products run in that "
+        "dtype (head.lean_product_dtype)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="with --device: untimed steps of each entry first (Triton compiles in the first)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="with --device: steps per timed round")
     p.add_argument("--out", default="results/bench_heads")
     p.add_argument("--memory-to", default=None, help=argparse.SUPPRESS)  # internal: the memory child's output
     args = p.parse_args(argv)
-    defaults = DEVICE_DEFAULTS if args.device else {"tokens": 2048, "dim": [512], "vocab": [10000, 33000, 50257],
-                                                    "rounds": 5}
+    defaults = (
+        DEVICE_DEFAULTS if args.device else {"tokens": 2048, "dim": [512], "vocab": [10000, 33000, 50257], "rounds": 5}
+    )
     for key in ("tokens", "dim", "vocab", "rounds"):
         if getattr(args, key) is None:
             setattr(args, key, defaults[key])
     for key in ("tokens", "dim", "vocab", "rounds", "repeats"):
-        for value in (getattr(args, key) if isinstance(getattr(args, key), list) else [getattr(args, key)]):
+        for value in getattr(args, key) if isinstance(getattr(args, key), list) else [getattr(args, key)]:
             if value < 1:
                 p.error(f"--{key} {value}: must be at least 1")
     if not args.device:
         args.dim = args.dim[0]
     return args
-
-
 
 
 def settings(args):
@@ -542,9 +652,19 @@ def main(argv=None, log=print) -> Dict[str, Dict[str, Dict[str, float]]]:
             with busy_neighbour():
                 busy[s] = busy_report(secs, measure_time(steps, args), BASELINE)
         base_t, base_m = secs[BASELINE], mem[s][BASELINE]
-        results[s] = {n: {"ms": 1e3 * secs[n], "peak_mib": mem[s][n] / 2**20, "time_ratio": secs[n] / base_t,
-                          "memory_ratio": mem[s][n] / base_m} for n in secs}
-        log(f"{s}: " + ", ".join(f"{n} {r['time_ratio']:.2f}x / {r['memory_ratio']:.2f}x" for n, r in results[s].items()))
+        results[s] = {
+            n: {
+                "ms": 1e3 * secs[n],
+                "peak_mib": mem[s][n] / 2**20,
+                "time_ratio": secs[n] / base_t,
+                "memory_ratio": mem[s][n] / base_m,
+            }
+            for n in secs
+        }
+        log(
+            f"{s}: "
+            + ", ".join(f"{n} {r['time_ratio']:.2f}x / {r['memory_ratio']:.2f}x" for n, r in results[s].items())
+        )
     table = format_table(results) + ("\n\n" + format_busy(busy) if busy else "")
     log(table)
     os.makedirs(args.out, exist_ok=True)

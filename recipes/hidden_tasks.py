@@ -6,6 +6,7 @@
   last hidden states on valid / ``test.txt`` make the task (DS-Softmax recipe, fast-inference benchmark);
 * :func:`train_head`: Adam with cosine decay on such pairs, ``loss + aux_loss``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,8 +63,19 @@ def make_ptb_task(data_dir: str, dim: int, epochs: int, seed: int, progress: boo
     return make_lm_task(data_dir, "ptb", dim, epochs, seed, progress, **kw)
 
 
-def make_lm_task(data_dir: str, corpus: str, dim: int, epochs: int, seed: int, progress: bool, layers: int = 1,
-                 bptt: int = 35, batch: int = 20, lr: float = 2e-3, cache_dir: Optional[str] = None) -> Task:
+def make_lm_task(
+    data_dir: str,
+    corpus: str,
+    dim: int,
+    epochs: int,
+    seed: int,
+    progress: bool,
+    layers: int = 1,
+    bptt: int = 35,
+    batch: int = 20,
+    lr: float = 2e-3,
+    cache_dir: Optional[str] = None,
+) -> Task:
     """Train an LSTM LM + softmax on ``data_dir/valid.txt`` of ``corpus`` (a key of :data:`VOCAB`: its vocabulary
     size); hidden states of valid (train) and test.txt. With ``cache_dir``, the trained weights are kept there
     (``lm-CORPUS-....pt``, named by every setting and the text's checksum, with torch's random state after
@@ -87,8 +99,17 @@ def make_lm_task(data_dir: str, corpus: str, dim: int, epochs: int, seed: int, p
     torch.manual_seed(seed)
     body = LSTMLM(vocab, dim, layers, dropout=0.5)
     head = hf_heads.build_head("softmax", hidden_size=dim, vocab_size=vocab)
-    settings = {"corpus": corpus, "dim": dim, "layers": layers, "epochs": epochs, "seed": seed, "bptt": bptt,
-                "batch": batch, "lr": lr, "text": text_checksum(data_dir)}
+    settings = {
+        "corpus": corpus,
+        "dim": dim,
+        "layers": layers,
+        "epochs": epochs,
+        "seed": seed,
+        "bptt": bptt,
+        "batch": batch,
+        "lr": lr,
+        "text": text_checksum(data_dir),
+    }
     cached = lm_cache_path(cache_dir, settings) if cache_dir else None
     if cached and os.path.isfile(cached):
         saved = torch.load(cached, weights_only=True)
@@ -100,8 +121,15 @@ def make_lm_task(data_dir: str, corpus: str, dim: int, epochs: int, seed: int, p
         train_lm(body, head, train, epochs, bptt, batch, lr, progress, corpus)
         if cached:
             os.makedirs(cache_dir, exist_ok=True)
-            torch.save({"settings": settings, "body": body.state_dict(), "head": head.state_dict(),
-                        "rng": torch.get_rng_state()}, cached + ".tmp")
+            torch.save(
+                {
+                    "settings": settings,
+                    "body": body.state_dict(),
+                    "head": head.state_dict(),
+                    "rng": torch.get_rng_state(),
+                },
+                cached + ".tmp",
+            )
             os.replace(cached + ".tmp", cached)
     body.eval()
     head.eval()
@@ -114,12 +142,28 @@ def make_lm_task(data_dir: str, corpus: str, dim: int, epochs: int, seed: int, p
     train_h, train_y = states(train)
     test_h, test_y = states(test)
     with torch.no_grad():  # in chunks: WikiText-2's test split at once is 245k x 33k logits (32 GB)
-        nll = sum(float(head.loss(test_h[i:i + 4096], test_y[i:i + 4096], reduction="sum"))
-                  for i in range(0, len(test_y), 4096))
+        nll = sum(
+            float(head.loss(test_h[i : i + 4096], test_y[i : i + 4096], reduction="sum"))
+            for i in range(0, len(test_y), 4096)
+        )
     test_ppl = math.exp(nll / len(test_y))
-    return Task(corpus, train_h, train_y, test_h, test_y, vocab, softmax=head,
-                info={"dim": dim, "layers": layers, "epochs": epochs, "train_tokens": len(train_y),
-                      "test_tokens": len(test_y), "softmax_test_ppl": test_ppl})
+    return Task(
+        corpus,
+        train_h,
+        train_y,
+        test_h,
+        test_y,
+        vocab,
+        softmax=head,
+        info={
+            "dim": dim,
+            "layers": layers,
+            "epochs": epochs,
+            "train_tokens": len(train_y),
+            "test_tokens": len(test_y),
+            "softmax_test_ppl": test_ppl,
+        },
+    )
 
 
 def text_checksum(data_dir: str) -> str:
@@ -134,19 +178,23 @@ def text_checksum(data_dir: str) -> str:
 def lm_cache_path(cache_dir: str, settings: Dict) -> str:
     """Where :func:`make_lm_task` keeps the LM trained with ``settings`` (every one in the name)."""
     s = settings
-    return os.path.join(cache_dir, f"lm-{s['corpus']}-d{s['dim']}-l{s['layers']}-e{s['epochs']}-s{s['seed']}-"
-                                   f"bptt{s['bptt']}-b{s['batch']}-lr{s['lr']:g}-{s['text']}.pt")
+    return os.path.join(
+        cache_dir,
+        f"lm-{s['corpus']}-d{s['dim']}-l{s['layers']}-e{s['epochs']}-s{s['seed']}-"
+        f"bptt{s['bptt']}-b{s['batch']}-lr{s['lr']:g}-{s['text']}.pt",
+    )
 
 
-def train_lm(body: LSTMLM, head, train: torch.Tensor, epochs: int, bptt: int, batch: int, lr: float,
-             progress: bool, corpus: str) -> None:
+def train_lm(
+    body: LSTMLM, head, train: torch.Tensor, epochs: int, bptt: int, batch: int, lr: float, progress: bool, corpus: str
+) -> None:
     """Adam with cosine decay over ``epochs`` of ``train`` in ``batch`` streams cut every ``bptt`` tokens."""
     from tqdm.auto import tqdm
 
     params = list(body.parameters()) + list(head.parameters())
     opt = torch.optim.Adam(params, lr=lr)
     n = (len(train) - 1) // batch * batch
-    x_all, y_all = train[:n].view(batch, -1), train[1:n + 1].view(batch, -1)
+    x_all, y_all = train[:n].view(batch, -1), train[1 : n + 1].view(batch, -1)
     chunks = list(range(0, x_all.shape[1] - 1, bptt))
     bar = tqdm(total=epochs * len(chunks), desc=f"{corpus} LSTM", disable=not progress, leave=False)
     for epoch in range(epochs):
@@ -154,7 +202,7 @@ def train_lm(body: LSTMLM, head, train: torch.Tensor, epochs: int, bptt: int, ba
             g["lr"] = lr * 0.5 * (1 + math.cos(math.pi * epoch / epochs))
         body.train()
         for i in chunks:
-            x, y = x_all[:, i:i + bptt], y_all[:, i:i + bptt]
+            x, y = x_all[:, i : i + bptt], y_all[:, i : i + bptt]
             loss = head.loss(body(x), y)
             opt.zero_grad()
             loss.backward()
@@ -165,8 +213,9 @@ def train_lm(body: LSTMLM, head, train: torch.Tensor, epochs: int, bptt: int, ba
     bar.close()
 
 
-def train_head(head, h: torch.Tensor, y: torch.Tensor, steps: int, batch: int, lr: float, seed: int,
-               desc: str, progress: bool) -> float:
+def train_head(
+    head, h: torch.Tensor, y: torch.Tensor, steps: int, batch: int, lr: float, seed: int, desc: str, progress: bool
+) -> float:
     """Adam with cosine decay on (hidden, label) pairs; ``loss + aux_loss`` (DS-Softmax prunes itself)."""
     from tqdm.auto import tqdm
 

@@ -17,6 +17,7 @@ Both score each token once, with as much preceding context as fits the model's w
 from the tokenizer's BOS (else EOS) token; word perplexity is ``exp(-sum log p / words)``, words split on
 whitespace.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,12 +62,20 @@ def write_task(docs: Sequence[str], folder: str) -> str:
         for doc in docs:
             f.write(json.dumps({"text": doc}) + "\n")
     with open(os.path.join(folder, TASK + ".yaml"), "w", encoding="utf-8") as f:
-        f.write(f"task: {TASK}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {json.dumps(data)}\n"
-                "output_type: loglikelihood_rolling\ntest_split: test\ndoc_to_text: \"\"\n"
-                "doc_to_target: \"{{text}}\"\nmetric_list:\n" +
-                "".join(f"  - metric: {m}\n    aggregation: {a}\n    higher_is_better: false\n" for m, a in (
-                    ("word_perplexity", "weighted_perplexity"), ("byte_perplexity", "weighted_perplexity"),
-                    ("bits_per_byte", "bits_per_byte"))) + "metadata:\n  version: 1.0\n")
+        f.write(
+            f"task: {TASK}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {json.dumps(data)}\n"
+            'output_type: loglikelihood_rolling\ntest_split: test\ndoc_to_text: ""\n'
+            'doc_to_target: "{{text}}"\nmetric_list:\n'
+            + "".join(
+                f"  - metric: {m}\n    aggregation: {a}\n    higher_is_better: false\n"
+                for m, a in (
+                    ("word_perplexity", "weighted_perplexity"),
+                    ("byte_perplexity", "weighted_perplexity"),
+                    ("bits_per_byte", "bits_per_byte"),
+                )
+            )
+            + "metadata:\n  version: 1.0\n"
+        )
     return folder
 
 
@@ -76,7 +85,7 @@ def max_length(config, tokenizer) -> int:
         if isinstance(getattr(config, attr, None), int):
             return getattr(config, attr)
     limit = getattr(tokenizer, "model_max_length", None)
-    return limit if isinstance(limit, int) and limit < 10 ** 9 else 2048
+    return limit if isinstance(limit, int) and limit < 10**9 else 2048
 
 
 @torch.no_grad()
@@ -88,10 +97,10 @@ def log_likelihood(model, ids: Sequence[int], prefix: int, window: int) -> float
     while start < len(ids):
         end = min(len(ids), start + window)
         width = min(window, end)
-        inputs = seq[end - width:end]  # predicts ids[end - width:end]; the last end - start are new
+        inputs = seq[end - width : end]  # predicts ids[end - width:end]; the last end - start are new
         log_probs = model(input_ids=inputs[None]).logits[0].float().log_softmax(-1)
-        targets = torch.tensor(ids[end - width:end])
-        total += log_probs.gather(-1, targets[:, None])[-(end - start):].sum().item()
+        targets = torch.tensor(ids[end - width : end])
+        total += log_probs.gather(-1, targets[:, None])[-(end - start) :].sum().item()
         start = end
     return total
 
@@ -109,15 +118,35 @@ def word_perplexity(model, tokenizer, docs: Sequence[str], window: int) -> float
 
 def lm_eval_command(model_dir: str, task_folder: str, window: int, output: str) -> List[str]:
     """The ``lm_eval`` command line that scores the task with the saved model's own files (no softmax-heads)."""
-    return [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-            f"pretrained={os.path.abspath(model_dir)},trust_remote_code=True,max_length={window}", "--device", "cpu",
-            "--tasks", TASK, "--include_path", task_folder, "--batch_size", "1", "--output_path", output]
+    return [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--model",
+        "hf",
+        "--model_args",
+        f"pretrained={os.path.abspath(model_dir)},trust_remote_code=True,max_length={window}",
+        "--device",
+        "cpu",
+        "--tasks",
+        TASK,
+        "--include_path",
+        task_folder,
+        "--batch_size",
+        "1",
+        "--output_path",
+        output,
+    ]
 
 
 def read_lm_eval_word_perplexity(output: str) -> float:
     """lm-eval's word perplexity from the results json it wrote under ``output``."""
-    found = [os.path.join(d, f) for d, _, fs in os.walk(output) for f in fs if f.startswith("results") and
-             f.endswith(".json")]
+    found = [
+        os.path.join(d, f)
+        for d, _, fs in os.walk(output)
+        for f in fs
+        if f.startswith("results") and f.endswith(".json")
+    ]
     if not found:
         raise SystemExit(f"lm_eval wrote no results json under {output}")
     with open(max(found, key=os.path.getmtime), encoding="utf-8") as f:
@@ -153,8 +182,10 @@ def main(argv=None) -> int:
             raise SystemExit(f"lm_eval failed (is it installed? pip install {LM_EVAL_PIN})")
         theirs = read_lm_eval_word_perplexity(os.path.join(args.out, "lm_eval"))
         results["word_perplexity_lm_eval"] = theirs
-        print(f"word perplexity, lm-eval: {theirs:.4f} (ours {ours:.4f}, relative difference "
-              f"{abs(theirs - ours) / ours:.1e})")
+        print(
+            f"word perplexity, lm-eval: {theirs:.4f} (ours {ours:.4f}, relative difference "
+            f"{abs(theirs - ours) / ours:.1e})"
+        )
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     return 0

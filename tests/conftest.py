@@ -11,8 +11,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 # under pytest-xdist (`make test`), each worker's torch takes its share of the cores, not all of them
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    os.environ.setdefault("OMP_NUM_THREADS",
-                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+    os.environ.setdefault(
+        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    )
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -29,9 +30,11 @@ def _seeded():
 
 
 def pytest_addoption(parser):
-    parser.addoption("--device", default="cpu",
-                     help="the torch device of the device tier, tests/test_device.py: cpu (make test) or cuda "
-                          "(make test-gpu)")
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="the torch device of the device tier, tests/test_device.py: cpu (make test) or cuda (make test-gpu)",
+    )
 
 
 def pytest_configure(config):
@@ -40,9 +43,12 @@ def pytest_configure(config):
         import torch
 
         if not torch.cuda.is_available():
-            pytest.exit(f"--device {name}: the CUDA tier did not run: CUDA is not available here (torch "
-                        f"{torch.__version__}, built for CUDA {torch.version.cuda or 'none'}, "
-                        f"{torch.cuda.device_count()} GPUs visible)", returncode=0)
+            pytest.exit(
+                f"--device {name}: the CUDA tier did not run: CUDA is not available here (torch "
+                f"{torch.__version__}, built for CUDA {torch.version.cuda or 'none'}, "
+                f"{torch.cuda.device_count()} GPUs visible)",
+                returncode=0,
+            )
 
 
 @pytest.fixture

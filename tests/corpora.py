@@ -1,4 +1,5 @@
 """Tiny word corpora for the recipes' language-model paths (valid.txt trains, test.txt tests)."""
+
 from __future__ import annotations
 
 import torch
@@ -10,6 +11,5 @@ def tiny_corpus(directory, num_words: int, valid_lines: int, seed: int, test_lin
     words = [f"w{i}" for i in range(num_words)]
     g = torch.Generator().manual_seed(seed)
     for split, n in (("valid.txt", valid_lines), ("test.txt", test_lines)):
-        lines = [" ".join(words[j] for j in torch.randint(0, num_words, (8,), generator=g).tolist())
-                 for _ in range(n)]
+        lines = [" ".join(words[j] for j in torch.randint(0, num_words, (8,), generator=g).tolist()) for _ in range(n)]
         (directory / split).write_text("\n".join(lines) + "\n")

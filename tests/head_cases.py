@@ -4,6 +4,7 @@ Each case gives tiny options, a slow obviously-correct reference (loops, probabi
 float64) and, where the paper has one, the degenerate setting in which the head must reduce to
 a plain softmax of the same logits.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,8 +46,7 @@ def _mos_mixture(head, g, transform=lambda z: z):
     c = head.config
     prior = _softmax_probs(head.prior_proj.weight @ g)
     ctx = _act(head)(head.context_proj.weight @ g + head.context_proj.bias).view(c.num_components, -1)
-    p = sum(prior[k] * _softmax_probs(transform(head.weight @ ctx[k] + _bias(head)))
-            for k in range(c.num_components))
+    p = sum(prior[k] * _softmax_probs(transform(head.weight @ ctx[k] + _bias(head))) for k in range(c.num_components))
     return torch.log(p)
 
 
@@ -67,12 +67,14 @@ def ref_plif(head, g):
 
 def _tree_priors(gamma):
     """Leaf probabilities of the sigmoid tree, written out recursively (paper eq. 3)."""
+
     def leaves(node, depth, levels):
         if depth == levels:
             return [1.0]
         left = leaves(2 * node + 1, depth + 1, levels)
         right = leaves(2 * node + 2, depth + 1, levels)
         return [gamma[node] * p for p in left] + [(1 - gamma[node]) * p for p in right]
+
     levels = int(math.log2(len(gamma) + 1))
     return leaves(0, 0, levels)
 
@@ -95,7 +97,9 @@ def ref_mixtape(head, g):
             else:
                 l = u
             pi = _tree_priors(torch.sigmoid(l))
-        logits[x] = sum(pi[j] * (h[j] @ head.weight[x]) for j in range(k)) + (0.0 if head.bias is None else head.bias[x])
+        logits[x] = sum(pi[j] * (h[j] @ head.weight[x]) for j in range(k)) + (
+            0.0 if head.bias is None else head.bias[x]
+        )
     return torch.log(_softmax_probs(logits))
 
 
@@ -155,9 +159,9 @@ def ref_svd_softmax(head, g):
     if c.preview_dims == "leading":
         dims = list(range(c.preview_rank))
     else:
-        dims = sorted(range(len(s)), key=lambda j: -float(s[j] * abs(z[j])))[:c.preview_rank]
+        dims = sorted(range(len(s)), key=lambda j: -float(s[j] * abs(z[j])))[: c.preview_rank]
     logits = sum(u[:, j] * s[j] * z[j] for j in dims) + b
-    for x in sorted(range(c.vocab_size), key=lambda x: -float(logits[x]))[:c.num_refine]:
+    for x in sorted(range(c.vocab_size), key=lambda x: -float(logits[x]))[: c.num_refine]:
         logits[x] = w[x] @ g + (0.0 if head.bias is None else b[x])
     return torch.log(_softmax_probs(logits))
 
@@ -165,8 +169,19 @@ def ref_svd_softmax(head, g):
 # ------------------------------------------------------------------ degenerate cases -> plain softmax
 def _softmax_like(head, weight, bias):
     import hf_heads
-    return hf_heads.build_head("softmax", hidden_size=weight.shape[1], vocab_size=weight.shape[0],
-                               weight=weight, bias=bias, use_bias=bias is not None).to(weight.dtype).eval()
+
+    return (
+        hf_heads.build_head(
+            "softmax",
+            hidden_size=weight.shape[1],
+            vocab_size=weight.shape[0],
+            weight=weight,
+            bias=bias,
+            use_bias=bias is not None,
+        )
+        .to(weight.dtype)
+        .eval()
+    )
 
 
 def _reset_plif(head):
@@ -186,8 +201,13 @@ def degenerate_mos(head, hidden):
 def degenerate_mixtape(head, hidden):
     """All gate parameters 0 -> every prior 1/K -> a softmax over the mean context."""
     with torch.no_grad():
-        for p in (head.gate_proj.weight, head.gate_proj.bias, head.shared_gate.weight,
-                  head.gate_embedding, head.gate_bias):
+        for p in (
+            head.gate_proj.weight,
+            head.gate_proj.bias,
+            head.shared_gate.weight,
+            head.gate_embedding,
+            head.gate_bias,
+        ):
             p.zero_()
     c = head.config
     g = hidden / math.sqrt(c.hidden_size) if c.scaled_input else hidden
@@ -237,7 +257,7 @@ def kept_d_softmax_blocks(head, weight):
     expected = torch.zeros_like(weight)
     row = col = 0
     for size, dim in zip([len(w) for w in head.band_weights], head.config.band_dims):
-        expected[row:row + size, col:col + dim] = weight[row:row + size, col:col + dim]
+        expected[row : row + size, col : col + dim] = weight[row : row + size, col : col + dim]
         row, col = row + size, col + dim
     return head.dense_weight().detach(), expected
 
@@ -272,42 +292,138 @@ HEAD_CASES = [
     HeadCase("softmax", {}, ref_softmax),
     HeadCase("softmax", {"use_bias": False}, ref_softmax, id="softmax-nobias"),
     HeadCase("sigsoftmax", {}, ref_sigsoftmax),
-    HeadCase("mos", {"num_components": 3, "embedding_size": 5}, ref_mos,
-             degenerate_mos, {"num_components": 1}),
-    HeadCase("mixtape", {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 3}, ref_mixtape,
-             degenerate_mixtape),
-    HeadCase("mixtape", {"num_gates": 8, "frequent_fraction": 0.3, "gate_embedding_size": 2,
-                         "gate_weight_norm": True, "embedding_size": 4}, ref_mixtape, id="mixtape-k8-wn"),
-    HeadCase("mixtape", {"num_gates": 2, "frequent_fraction": 1.0, "gate_embedding_size": 3}, ref_mixtape,
-             id="mixtape-k2-allfrequent"),
-    HeadCase("mixtape", {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 3,
-                         "gate_weight_norm": True, "scaled_input": False}, ref_mixtape, degenerate_mixtape,
-             id="mixtape-unscaled-wn"),
-    HeadCase("mos", {"num_components": 3, "context_activation": "identity", "identity_init": True}, ref_mos,
-             degenerate_identity_start, id="mos-identity-start"),
-    HeadCase("mixtape", {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 3,
-                         "context_activation": "identity", "identity_init": True}, ref_mixtape,
-             degenerate_identity_start, id="mixtape-identity-start"),
+    HeadCase("mos", {"num_components": 3, "embedding_size": 5}, ref_mos, degenerate_mos, {"num_components": 1}),
+    HeadCase(
+        "mixtape", {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 3}, ref_mixtape, degenerate_mixtape
+    ),
+    HeadCase(
+        "mixtape",
+        {
+            "num_gates": 8,
+            "frequent_fraction": 0.3,
+            "gate_embedding_size": 2,
+            "gate_weight_norm": True,
+            "embedding_size": 4,
+        },
+        ref_mixtape,
+        id="mixtape-k8-wn",
+    ),
+    HeadCase(
+        "mixtape",
+        {"num_gates": 2, "frequent_fraction": 1.0, "gate_embedding_size": 3},
+        ref_mixtape,
+        id="mixtape-k2-allfrequent",
+    ),
+    HeadCase(
+        "mixtape",
+        {
+            "num_gates": 4,
+            "frequent_fraction": 0.5,
+            "gate_embedding_size": 3,
+            "gate_weight_norm": True,
+            "scaled_input": False,
+        },
+        ref_mixtape,
+        degenerate_mixtape,
+        id="mixtape-unscaled-wn",
+    ),
+    HeadCase(
+        "mos",
+        {"num_components": 3, "context_activation": "identity", "identity_init": True},
+        ref_mos,
+        degenerate_identity_start,
+        id="mos-identity-start",
+    ),
+    HeadCase(
+        "mixtape",
+        {
+            "num_gates": 4,
+            "frequent_fraction": 0.5,
+            "gate_embedding_size": 3,
+            "context_activation": "identity",
+            "identity_init": True,
+        },
+        ref_mixtape,
+        degenerate_identity_start,
+        id="mixtape-identity-start",
+    ),
     HeadCase("plif", {"num_knots": 16, "knot_range": 2.0}, ref_plif, degenerate_plif),
-    HeadCase("mos_plif", {"num_components": 2, "num_knots": 16, "knot_range": 2.0}, ref_mos_plif,
-             degenerate_mos, {"num_components": 1}),
-    HeadCase("mos_plif", {"num_components": 2, "num_knots": 16, "knot_range": 2.0, "context_activation": "identity",
-                          "identity_init": True}, ref_mos_plif, degenerate_identity_start, id="mos_plif-identity-start"),
-    HeadCase("ds_softmax", {"num_experts": 3}, ref_ds_softmax, degenerate_ds_softmax, {"num_experts": 1},
-             ties=False, has_aux=True),
-    HeadCase("ds_softmax", {"num_experts": 4, "use_bias": False, "gate_noise": False}, ref_ds_softmax,
-             ties=False, has_aux=True, id="ds_softmax-nobias"),
+    HeadCase(
+        "mos_plif",
+        {"num_components": 2, "num_knots": 16, "knot_range": 2.0},
+        ref_mos_plif,
+        degenerate_mos,
+        {"num_components": 1},
+    ),
+    HeadCase(
+        "mos_plif",
+        {
+            "num_components": 2,
+            "num_knots": 16,
+            "knot_range": 2.0,
+            "context_activation": "identity",
+            "identity_init": True,
+        },
+        ref_mos_plif,
+        degenerate_identity_start,
+        id="mos_plif-identity-start",
+    ),
+    HeadCase(
+        "ds_softmax",
+        {"num_experts": 3},
+        ref_ds_softmax,
+        degenerate_ds_softmax,
+        {"num_experts": 1},
+        ties=False,
+        has_aux=True,
+    ),
+    HeadCase(
+        "ds_softmax",
+        {"num_experts": 4, "use_bias": False, "gate_noise": False},
+        ref_ds_softmax,
+        ties=False,
+        has_aux=True,
+        id="ds_softmax-nobias",
+    ),
     HeadCase("class_softmax", {"num_classes": 3}, ref_class_softmax, degenerate_class_softmax, {"num_classes": 1}),
-    HeadCase("class_softmax", {"class_boundaries": [2, 3, 7, 11], "use_bias": False}, ref_class_softmax,
-             id="class_softmax-boundaries-nobias"),
-    HeadCase("d_softmax", {}, ref_d_softmax, degenerate_d_softmax, {"band_fractions": [1.0], "band_dims": [HIDDEN]},
-             ties=False, kept_projection=kept_d_softmax_blocks),
-    HeadCase("d_softmax", {"band_fractions": [0.3, 0.7], "band_dims": [4, 2], "use_bias": False}, ref_d_softmax,
-             ties=False, kept_projection=kept_d_softmax_blocks, id="d_softmax-2bands-nobias"),
-    HeadCase("svd_softmax", {"preview_rank": 2, "num_refine": 4}, ref_svd_softmax, degenerate_full_preview,
-             {"preview_rank": HIDDEN}, approximate=True),
-    HeadCase("svd_softmax", {"preview_rank": 3, "num_refine": 5, "preview_dims": "leading", "use_bias": False,
-                             "preview_half": False}, ref_svd_softmax, approximate=True, id="svd_softmax-leading-nobias"),
+    HeadCase(
+        "class_softmax",
+        {"class_boundaries": [2, 3, 7, 11], "use_bias": False},
+        ref_class_softmax,
+        id="class_softmax-boundaries-nobias",
+    ),
+    HeadCase(
+        "d_softmax",
+        {},
+        ref_d_softmax,
+        degenerate_d_softmax,
+        {"band_fractions": [1.0], "band_dims": [HIDDEN]},
+        ties=False,
+        kept_projection=kept_d_softmax_blocks,
+    ),
+    HeadCase(
+        "d_softmax",
+        {"band_fractions": [0.3, 0.7], "band_dims": [4, 2], "use_bias": False},
+        ref_d_softmax,
+        ties=False,
+        kept_projection=kept_d_softmax_blocks,
+        id="d_softmax-2bands-nobias",
+    ),
+    HeadCase(
+        "svd_softmax",
+        {"preview_rank": 2, "num_refine": 4},
+        ref_svd_softmax,
+        degenerate_full_preview,
+        {"preview_rank": HIDDEN},
+        approximate=True,
+    ),
+    HeadCase(
+        "svd_softmax",
+        {"preview_rank": 3, "num_refine": 5, "preview_dims": "leading", "use_bias": False, "preview_half": False},
+        ref_svd_softmax,
+        approximate=True,
+        id="svd_softmax-leading-nobias",
+    ),
     # the bandit serves topk only; with d <= initial_pulls it reads every coordinate, so topk is exact here
     # (tests/test_fast_heads.py checks the sampling itself at larger d)
     HeadCase("adaptive_sampling", {}, ref_softmax),
@@ -317,6 +433,7 @@ HEAD_CASES = [
 def build_case(case: HeadCase, dtype=torch.float32, seed=0, **extra):
     """Build the case's head, seeded, in eval mode (``randomise`` moves it off its initial values)."""
     import hf_heads
+
     torch.manual_seed(seed)
     head = hf_heads.build_head(case.name, hidden_size=HIDDEN, vocab_size=VOCAB, **{**case.options, **extra})
     return head.to(dtype).eval()

@@ -1,6 +1,7 @@
 """The AWD-LSTM language model of the plugin (``--arch head_awd_lstm_lm``): its dropouts against their
 definitions, the eval forward against a plain LSTM stack, every head through fairseq's criterion, the command
 line (fairseq-train -> fairseq-eval-lm), and the NT-ASGD schedule (averages, trigger, averaged checkpoint)."""
+
 from __future__ import annotations
 
 import json
@@ -62,10 +63,34 @@ def test_weight_drop_masks_only_the_recurrent_matrix_in_training():
 
 def _steps(data, head):
     untie = ["--untie-weights"] if head in UNTIED else []
-    return FairseqSteps([str(data / "lm-bin"), "--user-dir", PLUGIN, "--task", "language_modeling", "--arch",
-                         "head_awd_lstm_lm_ptb", *TINY, *untie, "--output-head", head, "--head-options",
-                         json.dumps(OPTIONS[head]), "--criterion", "head_cross_entropy", "--optimizer", "sgd",
-                         "--lr", "20", "--max-tokens", "1024", "--cpu", "--seed", "1"])
+    return FairseqSteps(
+        [
+            str(data / "lm-bin"),
+            "--user-dir",
+            PLUGIN,
+            "--task",
+            "language_modeling",
+            "--arch",
+            "head_awd_lstm_lm_ptb",
+            *TINY,
+            *untie,
+            "--output-head",
+            head,
+            "--head-options",
+            json.dumps(OPTIONS[head]),
+            "--criterion",
+            "head_cross_entropy",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "20",
+            "--max-tokens",
+            "1024",
+            "--cpu",
+            "--seed",
+            "1",
+        ]
+    )
 
 
 def test_eval_forward_is_a_plain_lstm_stack_and_every_head_trains(data):
@@ -96,24 +121,90 @@ def test_eval_forward_is_a_plain_lstm_stack_and_every_head_trains(data):
 
 
 def test_awd_lstm_command_line_trains_and_evaluates(data, tmp_path):
-    out = cli("fairseq-train", data / "lm-bin", "--user-dir", PLUGIN, "--task", "language_modeling", "--arch",
-              "head_awd_lstm_lm_wt2", *TINY, "--output-head", "mixtape", "--head-options",
-              json.dumps(HEAD_OPTIONS["mixtape"]), "--criterion", "head_cross_entropy", "--batch-size", "12",
-              "--required-batch-size-multiple", "1", *[a for a in TRAIN if a not in ("--max-tokens", "1024")],
-              "--max-update", 3, "--save-dir", tmp_path)
+    out = cli(
+        "fairseq-train",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "language_modeling",
+        "--arch",
+        "head_awd_lstm_lm_wt2",
+        *TINY,
+        "--output-head",
+        "mixtape",
+        "--head-options",
+        json.dumps(HEAD_OPTIONS["mixtape"]),
+        "--criterion",
+        "head_cross_entropy",
+        "--batch-size",
+        "12",
+        "--required-batch-size-multiple",
+        "1",
+        *[a for a in TRAIN if a not in ("--max-tokens", "1024")],
+        "--max-update",
+        3,
+        "--save-dir",
+        tmp_path,
+    )
     valid = float(re.findall(r"valid on 'valid' subset \| loss [\d.]+ \| nll_loss [\d.]+ \| ppl ([\d.]+)", out)[-1])
     assert "bsz=12" in out
-    ev = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / "checkpoint_best.pt",
-             "--tokens-per-sample", "16", "--cpu", "--num-workers", "0", "--gen-subset", "valid")
+    ev = cli(
+        "fairseq-eval-lm",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--path",
+        tmp_path / "checkpoint_best.pt",
+        "--tokens-per-sample",
+        "16",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--gen-subset",
+        "valid",
+    )
     ppl = float(re.search(r"Perplexity: ([\d.]+)", ev).group(1))
     assert abs(ppl - valid) / valid < 0.02, (ppl, valid)
-    code, err = cli("fairseq-train", data / "lm-bin", "--user-dir", PLUGIN, "--task", "language_modeling", "--arch",
-                    "head_awd_lstm_lm", *TINY, "--wdrop", "1.5", *TRAIN, "--max-update", 1, "--save-dir", tmp_path / "x",
-                    check=False)
+    code, err = cli(
+        "fairseq-train",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "language_modeling",
+        "--arch",
+        "head_awd_lstm_lm",
+        *TINY,
+        "--wdrop",
+        "1.5",
+        *TRAIN,
+        "--max-update",
+        1,
+        "--save-dir",
+        tmp_path / "x",
+        check=False,
+    )
     assert code == 2 and "--wdrop 1.5 is out of range" in err
-    code, err = cli("fairseq-train", data / "lm-bin", "--user-dir", PLUGIN, "--task", "language_modeling", "--arch",
-                    "head_awd_lstm_lm", *TINY, "--output-head", "ds_softmax", *TRAIN, "--max-update", 1,
-                    "--save-dir", tmp_path / "y", check=False)
+    code, err = cli(
+        "fairseq-train",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "language_modeling",
+        "--arch",
+        "head_awd_lstm_lm",
+        *TINY,
+        "--output-head",
+        "ds_softmax",
+        *TRAIN,
+        "--max-update",
+        1,
+        "--save-dir",
+        tmp_path / "y",
+        check=False,
+    )
     assert code == 2 and "--untie-weights" in err
 
 
@@ -150,7 +241,9 @@ def test_ntasgd_switches_when_validation_is_worse_than_before_the_last_epochs():
     with pytest.raises(ValueError, match="--optimizer ntasgd"):
         from fairseq.optim.sgd import SGD
 
-        NTASGDSchedule(NTASGDScheduleConfig(lr=[1.0]), SGD(argparse_namespace(lr=[1.0]), [torch.nn.Parameter(torch.zeros(1))]))
+        NTASGDSchedule(
+            NTASGDScheduleConfig(lr=[1.0]), SGD(argparse_namespace(lr=[1.0]), [torch.nn.Parameter(torch.zeros(1))])
+        )
 
 
 def argparse_namespace(**kw):
@@ -163,25 +256,95 @@ def test_ntasgd_on_the_command_line_validates_the_averages_then_the_averaged_che
     import subprocess
     import sys
 
-    out = cli("fairseq-train", data / "lm-bin", "--user-dir", PLUGIN, "--task", "language_modeling", "--arch",
-              "head_awd_lstm_lm_ptb", *TINY, "--output-head", "mos", "--head-options", '{"num_components": 2}',
-              "--criterion", "head_cross_entropy", "--optimizer", "ntasgd", "--weight-decay", "1.2e-6",
-              "--lr-scheduler", "ntasgd", "--asgd-from-epoch", "1", "--lr", "20", "--clip-norm", "0.25",
-              "--batch-size", "12", "--required-batch-size-multiple", "1", "--max-epoch", "2", "--cpu",
-              "--save-dir", tmp_path, "--no-epoch-checkpoints", "--num-workers", "0", "--log-format", "json")
+    out = cli(
+        "fairseq-train",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "language_modeling",
+        "--arch",
+        "head_awd_lstm_lm_ptb",
+        *TINY,
+        "--output-head",
+        "mos",
+        "--head-options",
+        '{"num_components": 2}',
+        "--criterion",
+        "head_cross_entropy",
+        "--optimizer",
+        "ntasgd",
+        "--weight-decay",
+        "1.2e-6",
+        "--lr-scheduler",
+        "ntasgd",
+        "--asgd-from-epoch",
+        "1",
+        "--lr",
+        "20",
+        "--clip-norm",
+        "0.25",
+        "--batch-size",
+        "12",
+        "--required-batch-size-multiple",
+        "1",
+        "--max-epoch",
+        "2",
+        "--cpu",
+        "--save-dir",
+        tmp_path,
+        "--no-epoch-checkpoints",
+        "--num-workers",
+        "0",
+        "--log-format",
+        "json",
+    )
     assert "NT-ASGD: averaging from the end of epoch 1" in out
     assert out.count("NT-ASGD: validating the averages") == 1  # epoch 2's validation, not epoch 1's
-    valid = [json.loads(line[line.index("{"):]) for line in out.splitlines() if "| valid |" in line]
-    avg = subprocess.run([sys.executable, "-m", "fairseq_plugin.average", str(tmp_path / "checkpoint_last.pt"),
-                          str(tmp_path / "avg.pt")], capture_output=True, text=True)
+    valid = [json.loads(line[line.index("{") :]) for line in out.splitlines() if "| valid |" in line]
+    avg = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairseq_plugin.average",
+            str(tmp_path / "checkpoint_last.pt"),
+            str(tmp_path / "avg.pt"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert avg.returncode == 0 and "parameters averaged" in avg.stderr, avg.stderr[-2000:]
-    bad = subprocess.run([sys.executable, "-m", "fairseq_plugin.average", str(tmp_path / "checkpoint_last.pt"),
-                          str(tmp_path / "x.pt"), "--data", str(tmp_path / "nowhere")], capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairseq_plugin.average",
+            str(tmp_path / "checkpoint_last.pt"),
+            str(tmp_path / "x.pt"),
+            "--data",
+            str(tmp_path / "nowhere"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--data" in bad.stderr.splitlines()[-1]
     ppl = {}
     for name in ("checkpoint_last.pt", "avg.pt"):
-        ev = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / name,
-                 "--tokens-per-sample", "16", "--cpu", "--num-workers", "0", "--gen-subset", "valid")
+        ev = cli(
+            "fairseq-eval-lm",
+            data / "lm-bin",
+            "--user-dir",
+            PLUGIN,
+            "--path",
+            tmp_path / name,
+            "--tokens-per-sample",
+            "16",
+            "--cpu",
+            "--num-workers",
+            "0",
+            "--gen-subset",
+            "valid",
+        )
         ppl[name] = float(re.search(r"Perplexity: ([\d.]+)", ev).group(1))
     assert ppl["avg.pt"] != ppl["checkpoint_last.pt"]  # other weights: the averages
     # epoch 2 validated the averages (AWD-LSTM's evaluation), not the SGD iterate the checkpoint holds as its model:

@@ -1,5 +1,6 @@
 """The bottleneck map (``python -m recipes.bottleneck_map``): a trunk's cached features score as fairseq scores the
 trunk, and the map's cells train, choose their rates on valid and resume, on a tiny AWD-LSTM in seconds."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,23 @@ def test_cached_features_score_as_fairseq_eval_lm_scores_the_trunk(trunk):
     """The trunk's own head on the extracted features (the state carried along 10 streams, windows of 12) gives
     fairseq-eval-lm's perplexity: the features are what the trunk's head reads, in the papers' protocol."""
     checkpoint, bin_dir = trunk
-    out = cli("fairseq-eval-lm", bin_dir, "--user-dir", PLUGIN, "--task", "awd_language_modeling", "--path", checkpoint,
-              "--gen-subset", "valid", "--bptt", "12", "--cpu", "--num-workers", "0")
+    out = cli(
+        "fairseq-eval-lm",
+        bin_dir,
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "awd_language_modeling",
+        "--path",
+        checkpoint,
+        "--gen-subset",
+        "valid",
+        "--bptt",
+        "12",
+        "--cpu",
+        "--num-workers",
+        "0",
+    )
     expected = float(re.search(r"Perplexity: ([\d.]+)", out).group(1))
     states = bottleneck_map.trunk_features(str(checkpoint), str(bin_dir), "valid", streams=10, bptt=12)
     from fairseq import checkpoint_utils
@@ -45,10 +61,38 @@ def test_cached_features_score_as_fairseq_eval_lm_scores_the_trunk(trunk):
 def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monkeypatch):
     checkpoint, bin_dir = trunk
     monkeypatch.setattr(bottleneck_map, "BPTT", 12)
-    argv = ["--trunk", str(checkpoint), "--data", str(bin_dir), "--out", str(tmp_path), "--heads", "softmax", "mos-4",
-            "--dims", "2", "8", "--seeds", "2", "--rates", "1e-2", "3e-2", "--rate-d", "2", "--max-epochs", "3",
-            "--floor-epochs", "2", "--floor-sample", "200", "--batch-tokens", "256", "--spectrum-contexts", "50",
-            "--quiet"]
+    argv = [
+        "--trunk",
+        str(checkpoint),
+        "--data",
+        str(bin_dir),
+        "--out",
+        str(tmp_path),
+        "--heads",
+        "softmax",
+        "mos-4",
+        "--dims",
+        "2",
+        "8",
+        "--seeds",
+        "2",
+        "--rates",
+        "1e-2",
+        "3e-2",
+        "--rate-d",
+        "2",
+        "--max-epochs",
+        "3",
+        "--floor-epochs",
+        "2",
+        "--floor-sample",
+        "200",
+        "--batch-tokens",
+        "256",
+        "--spectrum-contexts",
+        "50",
+        "--quiet",
+    ]
     result = bottleneck_map.main(argv, log=lambda *_: None)
     assert set(result["rates"]) == {"softmax", "mos-4"} and set(result["rates"].values()) <= {1e-2, 3e-2}
     cells = {(c["head"], c["d"]): c for c in result["cells"]}
@@ -68,8 +112,12 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     docs = tmp_path / "docs"
     docs.mkdir()
     text = bottleneck_report.main(["--results", str(tmp_path), "--docs", str(docs)], log=lambda *_: None)
-    slopes = {s["head"]: s for s in bottleneck_report.slope_test(json.loads((docs / "bottleneck_map.json").read_text()))}
-    assert slopes["mos-4"]["points"] == 4 and slopes["mos-4"]["low"] < slopes["mos-4"]["slope"] < slopes["mos-4"]["high"]
+    slopes = {
+        s["head"]: s for s in bottleneck_report.slope_test(json.loads((docs / "bottleneck_map.json").read_text()))
+    }
+    assert (
+        slopes["mos-4"]["points"] == 4 and slopes["mos-4"]["low"] < slopes["mos-4"]["slope"] < slopes["mos-4"]["high"]
+    )
     assert slopes["mixtape"]["slope"] is None and "| mixtape | 0 | too few points |" in text
     assert "Cells finished: 8 of the 8 planned (2 heads x 2 d x 2 seeds)." in text
     assert "## The primary test" in text and "| mos-4 | 2 | 2 |" in text and (docs / "bottleneck_map.png").exists()
@@ -82,5 +130,18 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
 def test_map_refuses_a_d_above_the_features_width(trunk, tmp_path):
     checkpoint, bin_dir = trunk
     with pytest.raises(SystemExit, match=r"--dims \[32\]: above the trunk's feature width 16"):
-        bottleneck_map.main(["--trunk", str(checkpoint), "--data", str(bin_dir), "--out", str(tmp_path), "--dims", "8",
-                             "32", "--quiet"], log=lambda *_: None)
+        bottleneck_map.main(
+            [
+                "--trunk",
+                str(checkpoint),
+                "--data",
+                str(bin_dir),
+                "--out",
+                str(tmp_path),
+                "--dims",
+                "8",
+                "32",
+                "--quiet",
+            ],
+            log=lambda *_: None,
+        )

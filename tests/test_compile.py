@@ -5,6 +5,7 @@ graph around it, so that part runs eagerly; the reference loss (padding included
 aot_eager (dynamo + AOTAutograd, no code generation) runs for every head; inductor (the default backend, which
 compiles C++ here, 20-35 s a head on 2 cores) for Mixtape in the default run and for MoS, PLIF and DS-Softmax in
 the slow tier (`make test-slow`)."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,11 @@ transformers = pytest.importorskip("transformers", reason="transformers not inst
 import hf_heads  # noqa: E402
 from test_hf import HEADS, _no_randomness  # noqa: E402
 
-CASES = ([(name, "aot_eager") for name in HEADS] + [("mixtape", "inductor")]
-         + [pytest.param(name, "inductor", marks=pytest.mark.slow) for name in ("mos", "plif", "ds_softmax")])
+CASES = (
+    [(name, "aot_eager") for name in HEADS]
+    + [("mixtape", "inductor")]
+    + [pytest.param(name, "inductor", marks=pytest.mark.slow) for name in ("mos", "plif", "ds_softmax")]
+)
 
 
 def _model(name):
@@ -79,8 +83,7 @@ def test_reference_loss_compiles_as_one_graph_with_padding(name):
     t[::3] = -100
     expected = head.loss(h, t)
     (expected_grad,) = torch.autograd.grad(expected, h)
-    compiled = torch.compile(lambda h, t: head.loss(h, t), backend="aot_eager",
-                             fullgraph=name not in CACHED_TABLES)
+    compiled = torch.compile(lambda h, t: head.loss(h, t), backend="aot_eager", fullgraph=name not in CACHED_TABLES)
     got = compiled(h, t)
     (grad,) = torch.autograd.grad(got, h)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

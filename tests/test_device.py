@@ -9,6 +9,7 @@ beam) and save / load on the device; TRL's SFTTrainer trains a head model there.
 and run on the ``meta`` device: a tensor a head makes on the CPU (an ``arange``, an index table) then meets the head's
 meta tensors and fails.
 """
+
 from __future__ import annotations
 
 import copy
@@ -112,7 +113,7 @@ def test_autocast_on_the_device_is_finite_and_matches_fp32(case, dtype, device):
     optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
     # a start scale of 2^10, not 2^16: the hidden states' fp16 gradients (about 1 here) would overflow at 2^16 and
     # the scaler would skip this one step, as it does a first step of a real run
-    scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 10, enabled=dtype == torch.float16)
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10, enabled=dtype == torch.float16)
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
     assert torch.isfinite(hidden.grad.float()).all()
@@ -157,12 +158,15 @@ def test_low_precision_product_keeps_float32_results(device):
         torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-4)
     else:
         torch.testing.assert_close(got, (a.bfloat16() @ b.bfloat16()).float(), rtol=0, atol=0)
-        assert 0 < relative_error(got, exact) < 2 ** -8
+        assert 0 < relative_error(got, exact) < 2**-8
 
 
 #: heads whose lean loss has a V-wide product (Mixtape with every id frequent has none: its gated logits are its own)
-LOW_PRODUCTS = [c for c in LEAN if c.name in ("softmax", "sigsoftmax", "plif", "mos", "mixtape")
-                and c.options.get("frequent_fraction", 0) < 1]
+LOW_PRODUCTS = [
+    c
+    for c in LEAN
+    if c.name in ("softmax", "sigsoftmax", "plif", "mos", "mixtape") and c.options.get("frequent_fraction", 0) < 1
+]
 #: bf16 operands (8 bits of mantissa), float32 results: the error of a tensor against float32 products, relative
 #: to its norm (an elementwise bound would trip on PLIF, where a rounded logit can cross a knot)
 BF16_PRODUCTS = 2e-2
@@ -185,8 +189,11 @@ def test_lean_products_in_bf16_stay_near_float32(case, device):
     ref = loss_and_grads(head, hidden, target)
     head.lean_product_dtype = torch.bfloat16
     low = loss_and_grads(head, hidden, target)
-    errors = {"loss": relative_error(low[0], ref[0]), "hidden": relative_error(low[1], ref[1]),
-              **{name: relative_error(low[2][name], ref[2][name]) for name in ref[2]}}
+    errors = {
+        "loss": relative_error(low[0], ref[0]),
+        "hidden": relative_error(low[1], ref[1]),
+        **{name: relative_error(low[2][name], ref[2][name]) for name in ref[2]},
+    }
     assert max(errors.values()) < (BF16_PRODUCTS_PLIF if case.name == "plif" else BF16_PRODUCTS), errors
     assert errors["loss"] > 0
 
@@ -207,10 +214,12 @@ def test_topk_on_the_device_agrees_with_the_full_log_probs(case, shape, device):
 # ------------------------------------------------------------------ no tensor made on the wrong device
 #: heads whose paths read values on the host, which the meta device does not have: the CUDA run of this tier covers
 #: them (a CPU tensor meeting their CUDA tensors fails there)
-READS_VALUES = {"ds_softmax": "routes tokens to experts by grouping rows on the host (functional.group_rows)",
-                "class_softmax": "groups tokens by class on the host (functional.group_rows)",
-                "svd_softmax": "finds its refined ids with torch.unique, which has no meta kernel",
-                "adaptive_sampling": "runs its topk bandit with values read on the host"}
+READS_VALUES = {
+    "ds_softmax": "routes tokens to experts by grouping rows on the host (functional.group_rows)",
+    "class_softmax": "groups tokens by class on the host (functional.group_rows)",
+    "svd_softmax": "finds its refined ids with torch.unique, which has no meta kernel",
+    "adaptive_sampling": "runs its topk bandit with values read on the host",
+}
 
 
 @CASES
@@ -243,14 +252,25 @@ def hf_model(kind, head, device):
     torch.manual_seed(0)
     common = dict(vocab_size=60, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if kind == "gpt2":
-        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64, resid_pdrop=0.0,
-                                         embd_pdrop=0.0, attn_pdrop=0.0, **common)
+        config = transformers.GPT2Config(
+            n_layer=2, n_embd=32, n_head=2, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common
+        )
         model = transformers.AutoModelForCausalLM.from_config(config)
     else:
-        config = transformers.BartConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                                         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                                         max_position_embeddings=64, decoder_start_token_id=2, dropout=0.0,
-                                         forced_eos_token_id=None, **common)
+        config = transformers.BartConfig(
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
+            decoder_start_token_id=2,
+            dropout=0.0,
+            forced_eos_token_id=None,
+            **common,
+        )
         model = transformers.AutoModelForSeq2SeqLM.from_config(config)
     return hf_heads.swap_head(model, head, **HF_HEADS[head]).to(device)
 
@@ -267,9 +287,14 @@ def heads_nll(model, inputs):
     """The head's own mean NLL: its log-probs (the model's logits) at the labels, no loss code involved."""
     with torch.no_grad():
         was = model.training
-        lp = model.eval()(**{k: v for k, v in inputs.items() if k != "labels"},
-                          **({"decoder_input_ids": model.prepare_decoder_input_ids_from_labels(inputs["labels"])}
-                             if model.config.is_encoder_decoder else {})).logits
+        lp = model.eval()(
+            **{k: v for k, v in inputs.items() if k != "labels"},
+            **(
+                {"decoder_input_ids": model.prepare_decoder_input_ids_from_labels(inputs["labels"])}
+                if model.config.is_encoder_decoder
+                else {}
+            ),
+        ).logits
         model.train(was)
     labels = inputs["labels"]
     if not model.config.is_encoder_decoder:
@@ -314,8 +339,11 @@ def test_hf_model_trains_generates_and_reloads_on_the_device(kind, head, device,
     # save and load: the same log-probs on the device
     model.save_pretrained(tmp_path)
     loaded = type(model).from_pretrained(tmp_path).to(device).eval()
-    inputs_only = {"input_ids": prompt} if not model.config.is_encoder_decoder else {
-        "input_ids": prompt, "decoder_input_ids": seq[:, :3]}
+    inputs_only = (
+        {"input_ids": prompt}
+        if not model.config.is_encoder_decoder
+        else {"input_ids": prompt, "decoder_input_ids": seq[:, :3]}
+    )
     with torch.no_grad():
         torch.testing.assert_close(loaded(**inputs_only).logits, model(**inputs_only).logits, **FP32)
 
@@ -346,10 +374,23 @@ def test_trl_sft_trains_the_head_on_the_device(device, tmp_path):
 
     model = head_model("mixtape").to(device)
     before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
-    args = trl.SFTConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, learning_rate=5e-3,
-                         logging_steps=1, report_to=[], save_strategy="no", seed=0, bf16=False)
-    trainer = trl.SFTTrainer(model=model, args=args, processing_class=tokenizer(),
-                             train_dataset=datasets.Dataset.from_dict({"text": sentences(16, 0)}))
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=5e-3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        bf16=False,
+    )
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=args,
+        processing_class=tokenizer(),
+        train_dataset=datasets.Dataset.from_dict({"text": sentences(16, 0)}),
+    )
     trainer.train()
     assert next(model.parameters()).device.type == device.type
     moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in model.lm_head.named_parameters()}

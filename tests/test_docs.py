@@ -1,5 +1,6 @@
 """The README and docs/*.md: the heads table is generated from the registry, every relative link and anchor
 resolves, and every ```python block runs (the blocks of one file in order, in one fresh process)."""
+
 import json
 import os
 import re
@@ -53,7 +54,12 @@ def _prose(text):
     for line in text.split("\n"):
         m = re.match(r"^ {0,3}(`{3,}|~{3,})", line)
         if in_fence:
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not line.strip()[len(m.group(1)):]:
+            if (
+                m
+                and m.group(1)[0] == fence[0]
+                and len(m.group(1)) >= len(fence)
+                and not line.strip()[len(m.group(1)) :]
+            ):
                 in_fence = False
             out.append("")
         elif m:
@@ -83,7 +89,7 @@ def _python_blocks_in(text):
 def _slug(heading):
     """GitHub's anchor of a heading: markup removed, lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
     text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links: their text
-    text = re.sub(r"<[^>]+>", "", text)                           # inline html
+    text = re.sub(r"<[^>]+>", "", text)  # inline html
     return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
 
 
@@ -154,8 +160,11 @@ def test_relative_links_and_anchors_resolve(rel):
 def test_the_link_checker_reads_links_anchors_and_code_as_github_does():
     text = "# A `swap_head` (on GPT-2)!\n## Mixtape's scaled input\n## Mixtape's scaled input\n"
     assert [_slug(h[2:].lstrip("# ")) for h in text.splitlines()] == [
-        "a-swap_head-on-gpt-2", "mixtapes-scaled-input", "mixtapes-scaled-input"]
-    prose = _prose("see [a](x.md) and `[b](y.md)`\n```\n[c](z.md)\n```\n![img](p.png \"title\")")
+        "a-swap_head-on-gpt-2",
+        "mixtapes-scaled-input",
+        "mixtapes-scaled-input",
+    ]
+    prose = _prose('see [a](x.md) and `[b](y.md)`\n```\n[c](z.md)\n```\n![img](p.png "title")')
     assert re.findall(r"\]\(([^)\s]+)", prose) == ["x.md", "p.png"]
 
 
@@ -180,8 +189,10 @@ SNIPPET_FILES = [rel for rel in MARKDOWN if rel not in GENERATED and _python_blo
 
 
 def test_the_block_reader_finds_python_blocks_and_not_run_markers():
-    text = ("intro\n```python\na = 1\n```\n\n<!-- snippet: not run — needs a GPU -->\n\n```python\nb = 2\n```\n"
-            "```bash\nmake test\n```\n````md\n```python\nnot a block\n```\n````\n")
+    text = (
+        "intro\n```python\na = 1\n```\n\n<!-- snippet: not run — needs a GPU -->\n\n```python\nb = 2\n```\n"
+        "```bash\nmake test\n```\n````md\n```python\nnot a block\n```\n````\n"
+    )
     assert _python_blocks_in(text) == [(3, "a = 1", None), (9, "b = 2", "needs a GPU")]
 
 
@@ -202,25 +213,45 @@ def test_python_blocks_run(rel, tmp_path):
     if not run:
         return
     (tmp_path / "blocks.json").write_text(json.dumps(run))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               MPLBACKEND="Agg", PYTHONHASHSEED="0",
-               # one thread: the blocks are tiny, and on a busy 2-core machine torch's thread pool spins for seconds
-               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        MPLBACKEND="Agg",
+        PYTHONHASHSEED="0",
+        # one thread: the blocks are tiny, and on a busy 2-core machine torch's thread pool spins for seconds
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+    )
     try:
-        proc = subprocess.run([sys.executable, "-c", _RUNNER, str(tmp_path / "blocks.json")], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, "-c", _RUNNER, str(tmp_path / "blocks.json")],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=SNIPPET_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired as e:
         ran = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         last = [line for line in ran.splitlines() if line.startswith("--- ")][-1:]
         pytest.fail(f"{rel}: the Python blocks took longer than {SNIPPET_TIMEOUT_S} s; last started: {last}")
     assert proc.returncode == 0, (
-        f"{rel}: a Python block failed\n--- stdout (tail)\n{proc.stdout[-3000:]}\n--- stderr (tail)\n{proc.stderr[-6000:]}")
+        f"{rel}: a Python block failed\n--- stdout (tail)\n{proc.stdout[-3000:]}\n--- stderr (tail)\n{proc.stderr[-6000:]}"
+    )
 
 
 def test_not_run_markers_are_few_and_say_why():
-    marked = [(rel, line, reason) for rel in MARKDOWN if rel not in GENERATED
-              for line, _, reason in _python_blocks(rel) if reason is not None]
+    marked = [
+        (rel, line, reason)
+        for rel in MARKDOWN
+        if rel not in GENERATED
+        for line, _, reason in _python_blocks(rel)
+        if reason is not None
+    ]
     assert len(marked) <= 3, f"too many Python blocks are not run: {marked}"
     for rel in MARKDOWN:
         text = _read(rel).split("\n")

@@ -1,4 +1,5 @@
 """DS-Softmax beyond the generic head table: pruning, masks, the sparse inference path, mitosis."""
+
 from __future__ import annotations
 
 import pytest
@@ -128,8 +129,14 @@ def test_pruning_schedule_counts_training_steps_and_never_orphans_a_class():
 @pytest.mark.parametrize("min_experts", [0, 1])
 def test_training_prunes_unused_classes_and_keeps_the_used_ones(min_experts):
     torch.manual_seed(0)
-    head = _head(num_experts=2, group_lasso=0.05, prune_start=150, prune_interval=50, balance=1.0,
-                 min_experts_per_class=min_experts)
+    head = _head(
+        num_experts=2,
+        group_lasso=0.05,
+        prune_start=150,
+        prune_interval=50,
+        balance=1.0,
+        min_experts_per_class=min_experts,
+    )
     opt = torch.optim.Adam(head.parameters(), lr=0.02)
     hidden = torch.randn(256, D)
     target = (hidden[:, 0] > 0).long() * 3  # only classes 0 and 3 occur
@@ -179,8 +186,10 @@ def test_aux_losses_match_their_formulas_and_have_finite_gradients_on_pruned_row
     expert_norm = (norms.pow(2).sum(-1) / V).sqrt().sum()
     torch.testing.assert_close(parts["expert_lasso"], expert_norm.float(), rtol=1e-5, atol=1e-5)
     c = head.config
-    torch.testing.assert_close(head.aux_loss(), c.balance * parts["balance"] + c.group_lasso * parts["group_lasso"]
-                               + c.expert_lasso * parts["expert_lasso"])
+    torch.testing.assert_close(
+        head.aux_loss(),
+        c.balance * parts["balance"] + c.group_lasso * parts["group_lasso"] + c.expert_lasso * parts["expert_lasso"],
+    )
     head.aux_loss().backward()
     assert torch.isfinite(head.weight.grad).all() and (head.weight.grad[~head.mask] == 0).all()
 
@@ -218,7 +227,9 @@ def test_mitosis_clones_experts_and_keeps_the_outputs():
     noisy = mitosis(head, 3 * E).eval()  # the default noise breaks the ties between clones
     usage = noisy.sparsity_report(_hidden(500))["expert_usage"]
     assert sum(usage[0::3]) > 0.1 and sum(usage[1::3]) > 0.1 and sum(usage[2::3]) > 0.1
-    with pytest.raises(ValueError, match=r"num_experts=4 is out of range; allowed: a multiple of the current num_experts=3"):
+    with pytest.raises(
+        ValueError, match=r"num_experts=4 is out of range; allowed: a multiple of the current num_experts=3"
+    ):
         mitosis(head, 4)
 
 

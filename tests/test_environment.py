@@ -1,4 +1,5 @@
 """The core is torch-only; fairseq and transformers live together in one environment."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,8 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run_python(code: str, extra_path: str = "") -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, ROOT, env.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
 
 
 def test_core_works_without_transformers_and_fairseq():
@@ -52,17 +54,21 @@ def _fake_broken_torchaudio(tmp_path):
 
 
 def test_compat_detects_a_broken_torchaudio(tmp_path):
-    proc = run_python("""
+    proc = run_python(
+        """
         from hf_heads.compat import torchaudio_import_error
         print(torchaudio_import_error())
-    """, extra_path=_fake_broken_torchaudio(tmp_path))
+    """,
+        extra_path=_fake_broken_torchaudio(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Could not load this library" in proc.stdout
 
 
 def test_import_hf_heads_hides_a_broken_torchaudio_from_transformers(tmp_path):
     pytest.importorskip("transformers", reason="transformers not installed (pip install -e .[hf])")
-    proc = run_python("""
+    proc = run_python(
+        """
         import hf_heads, importlib.util, torch
         assert importlib.util.find_spec('torchaudio') is None
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -74,12 +80,16 @@ def test_import_hf_heads_hides_a_broken_torchaudio_from_transformers(tmp_path):
                              pad_token_id=0)
         assert out.shape == (1, 7), out.shape
         print('ok')
-    """, extra_path=_fake_broken_torchaudio(tmp_path))
+    """,
+        extra_path=_fake_broken_torchaudio(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("fairseq", "transformers")),
-                    reason="fairseq or transformers not installed: run `make install` (pip install -e .[all])")
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("fairseq", "transformers")),
+    reason="fairseq or transformers not installed: run `make install` (pip install -e .[all])",
+)
 def test_fairseq_and_transformers_work_in_one_environment():
     """What `pip install -e .[all]` + `make install` give: both import, and generate works,
     without importing hf_heads first (so the installed torchaudio itself must be fine)."""
@@ -100,4 +110,5 @@ def test_fairseq_and_transformers_work_in_one_environment():
     """)
     assert proc.returncode == 0, (
         "fairseq + transformers do not work together here; if torchaudio is the cause, run "
-        "`make install` (it uninstalls a torchaudio that cannot load)\n" + proc.stderr[-3000:])
+        "`make install` (it uninstalls a torchaudio that cannot load)\n" + proc.stderr[-3000:]
+    )

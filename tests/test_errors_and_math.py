@@ -1,5 +1,6 @@
 """Bad input gets a ValueError naming the option, the value and what is allowed; and the
 shared math (sigmoid tree, PLIF) checked on its own."""
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ BAD_OPTIONS = [
     ("plif", "num_knots", 0, "integer in [1, 10000000]"),
     ("plif", "knot_range", 0.0, "(0.0, 1000000.0]"),
     ("plif", "knot_range", float("nan"), "(0.0, 1000000.0]"),
-    ("mos_plif", "num_knots", 10 ** 8, "integer in [1, 10000000]"),
+    ("mos_plif", "num_knots", 10**8, "integer in [1, 10000000]"),
     ("mos_plif", "num_components", -1, "integer in [1, 1024]"),
     ("class_softmax", "num_classes", 0, "integer in [1, 20]"),
     ("class_softmax", "num_classes", 21, "integer in [1, 20]"),
@@ -71,18 +72,25 @@ def test_out_of_range_option_names_option_value_and_range(name, opt, value, allo
 
 
 def test_identity_init_needs_square_contexts():
-    with pytest.raises(ValueError, match="identity_init=True needs embedding_size == hidden_size; got embedding_size=4"):
+    with pytest.raises(
+        ValueError, match="identity_init=True needs embedding_size == hidden_size; got embedding_size=4"
+    ):
         hf_heads.build_head("mos", hidden_size=8, vocab_size=20, embedding_size=4, identity_init=True)
 
 
 def test_unknown_head_lists_available_heads():
-    with pytest.raises(ValueError, match=r"unknown output head 'mixtap' \(did you mean 'mixtape'\?\); available heads: "):
+    with pytest.raises(
+        ValueError, match=r"unknown output head 'mixtap' \(did you mean 'mixtape'\?\); available heads: "
+    ):
         hf_heads.build_head("mixtap", hidden_size=8, vocab_size=20)
 
 
 def test_unknown_option_lists_allowed_options():
-    with pytest.raises(ValueError, match=r"mixtape: unknown option\(s\) num_gate \(did you mean num_gates\?\); "
-                                         r"allowed options: .*num_gates"):
+    with pytest.raises(
+        ValueError,
+        match=r"mixtape: unknown option\(s\) num_gate \(did you mean num_gates\?\); "
+        r"allowed options: .*num_gates",
+    ):
         hf_heads.build_head("mixtape", hidden_size=8, vocab_size=20, num_gate=4)
 
 
@@ -92,7 +100,9 @@ def head():
 
 
 def test_wrong_hidden_size(head):
-    with pytest.raises(ValueError, match=re.escape("hidden has shape (3, 7); expected [..., hidden_size] with hidden_size=8")):
+    with pytest.raises(
+        ValueError, match=re.escape("hidden has shape (3, 7); expected [..., hidden_size] with hidden_size=8")
+    ):
         head(torch.randn(3, 7))
     with pytest.raises(ValueError, match="expected a floating-point tensor"):
         head(torch.ones(3, 8, dtype=torch.long))
@@ -100,7 +110,9 @@ def test_wrong_hidden_size(head):
 
 def test_target_out_of_range_or_mismatched(head):
     h = torch.randn(2, 3, 8)
-    with pytest.raises(ValueError, match=re.escape("target contains 20; allowed: token ids in [0, 20) or ignore_index=-100")):
+    with pytest.raises(
+        ValueError, match=re.escape("target contains 20; allowed: token ids in [0, 20) or ignore_index=-100")
+    ):
         head.loss(h, torch.tensor([[1, 2, 20], [0, 0, 0]]))
     with pytest.raises(ValueError, match=re.escape("target contains -1; allowed")):
         head.loss(h, torch.tensor([[1, 2, -1], [0, 0, 0]]))
@@ -117,7 +129,9 @@ def test_target_out_of_range_or_mismatched(head):
 def test_bad_k_and_bad_projection(head):
     with pytest.raises(ValueError, match=re.escape("k=21 is out of range; allowed: an integer in [1, 20]")):
         head.topk(torch.randn(8), 21)
-    with pytest.raises(ValueError, match=re.escape("weight has shape (20, 9); expected (vocab_size, embedding_size) = (20, 8)")):
+    with pytest.raises(
+        ValueError, match=re.escape("weight has shape (20, 9); expected (vocab_size, embedding_size) = (20, 8)")
+    ):
         hf_heads.build_head("mos", hidden_size=8, vocab_size=20, embedding_size=8, weight=torch.randn(20, 9))
     with pytest.raises(ValueError, match=re.escape("bias has shape (19,); expected (vocab_size,) = (20,)")):
         hf_heads.build_head("softmax", hidden_size=8, vocab_size=20, weight=torch.randn(20, 8), bias=torch.randn(19))
@@ -164,8 +178,9 @@ def _naive_plif(z, slopes, knot_range):
 def test_plif_matches_reference_inside_and_outside_the_range():
     slopes = torch.rand(50, dtype=torch.float64) + 0.1
     z = torch.linspace(-8, 8, 401, dtype=torch.float64)  # R = 3: both extrapolation sides
-    torch.testing.assert_close(ops.piecewise_linear_increasing(z, slopes, 3.0),
-                               ops.piecewise_linear_increasing_reference(z, slopes, 3.0))
+    torch.testing.assert_close(
+        ops.piecewise_linear_increasing(z, slopes, 3.0), ops.piecewise_linear_increasing_reference(z, slopes, 3.0)
+    )
     f = ops.piecewise_linear_increasing(z, slopes, 3.0)
     assert (f.diff() > 0).all()  # monotone increasing
 
@@ -189,8 +204,12 @@ def test_plif_with_a_million_knots_is_exact_and_identity_at_init():
     with torch.no_grad():
         plif_head.plif.slope_params.copy_(torch.randn(1_000_000))
     slopes = plif_head.plif.slopes(torch.float64)
-    torch.testing.assert_close(ops.piecewise_linear_increasing(z, slopes, 20.0),
-                               ops.piecewise_linear_increasing_reference(z, slopes, 20.0), rtol=1e-9, atol=1e-6)
+    torch.testing.assert_close(
+        ops.piecewise_linear_increasing(z, slopes, 20.0),
+        ops.piecewise_linear_increasing_reference(z, slopes, 20.0),
+        rtol=1e-9,
+        atol=1e-6,
+    )
 
 
 # ----------------------------------------------------------------------------- Mixtape specifics
@@ -259,14 +278,17 @@ def test_mixtape_form_is_kept_with_the_weights_and_old_weights_load_scaled():
     for saved in (state, old):
         head = _mixtape().eval()
         head.load_state_dict(saved)
-        assert head.config.scaled_input is True and head.context_input_scale == 8 ** -0.5
+        assert head.config.scaled_input is True and head.context_input_scale == 8**-0.5
         torch.testing.assert_close(head(h), scaled(h))
         assert float(head.state_dict()["scaled_form"]) == 1.0  # saved again: the form goes with the weights
     given = _mixtape(scaled_input=False).eval()
     given.load_state_dict(old)  # an old state dict whose form its user states: taken as given
     assert given.config.scaled_input is False
-    with pytest.raises(ValueError, match=r"scaled_input=False was given, but these weights were trained with "
-                                         r"scaled_input=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"scaled_input=False was given, but these weights were trained with "
+        r"scaled_input=True",
+    ):
         _mixtape(scaled_input=False).load_state_dict(state)
     torch.manual_seed(0)
     plain = _mixtape().eval()
@@ -288,16 +310,19 @@ def test_mixtape_frequent_count_and_shared_gate_for_the_rest():
     assert diff[2] > 0 and diff[torch.arange(30) != 2].max() == 0
 
 
-@pytest.mark.parametrize("name,option,value,expected", [
-    ("mixtape", "num_gates", "4", "must be an integer (got str)"),
-    ("mixtape", "frequent_fraction", "0.5", "must be a number (got str)"),
-    ("mixtape", "gate_weight_norm", "false", "must be True or False (got str)"),
-    ("mos", "num_components", 2.0, "must be an integer (got float)"),
-    ("mos", "identity_init", 1, "must be True or False (got int)"),
-    ("plif", "num_knots", True, "must be an integer (got bool)"),
-    ("softmax", "use_bias", "yes", "must be True or False (got str)"),
-    ("svd_softmax", "preview_half", None, "must be True or False (got NoneType)"),
-])
+@pytest.mark.parametrize(
+    "name,option,value,expected",
+    [
+        ("mixtape", "num_gates", "4", "must be an integer (got str)"),
+        ("mixtape", "frequent_fraction", "0.5", "must be a number (got str)"),
+        ("mixtape", "gate_weight_norm", "false", "must be True or False (got str)"),
+        ("mos", "num_components", 2.0, "must be an integer (got float)"),
+        ("mos", "identity_init", 1, "must be True or False (got int)"),
+        ("plif", "num_knots", True, "must be an integer (got bool)"),
+        ("softmax", "use_bias", "yes", "must be True or False (got str)"),
+        ("svd_softmax", "preview_half", None, "must be True or False (got NoneType)"),
+    ],
+)
 def test_a_value_of_the_wrong_type_says_so(name, option, value, expected):
     with pytest.raises(ValueError) as e:
         hf_heads.build_head(name, hidden_size=8, vocab_size=20, **{option: value})
@@ -327,8 +352,9 @@ def test_recipes_set_the_shared_machine_openmp_default_only_before_torch():
 
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     code = "import {0}, os; print(os.environ.get('OMP_WAIT_POLICY'))"
-    run = lambda mods, **extra: subprocess.run([sys.executable, "-c", code.format(mods)], capture_output=True,
-                                               text=True, env={**env, **extra}).stdout.strip()
+    run = lambda mods, **extra: subprocess.run(
+        [sys.executable, "-c", code.format(mods)], capture_output=True, text=True, env={**env, **extra}
+    ).stdout.strip()
     assert run("recipes") == "PASSIVE"
     assert run("recipes", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
     assert run("torch, recipes") == "None"
@@ -342,12 +368,16 @@ def test_importing_the_library_changes_nothing_in_the_process(package):
     import subprocess
     import sys
 
-    pytest.importorskip(package.split(".")[0] if package != "fairseq_plugin" else "fairseq",
-                        reason="the adapter's library is not installed: run `make install`")
+    pytest.importorskip(
+        package.split(".")[0] if package != "fairseq_plugin" else "fairseq",
+        reason="the adapter's library is not installed: run `make install`",
+    )
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    code = ("import json, os, sys; before = dict(os.environ); import {0}; "
-            "print(json.dumps([sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)),"
-            " sorted(k for k, m in sys.modules.items() if m is None)]))").format(package)
+    code = (
+        "import json, os, sys; before = dict(os.environ); import {0}; "
+        "print(json.dumps([sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)),"
+        " sorted(k for k, m in sys.modules.items() if m is None)]))"
+    ).format(package)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     changed, hidden = json.loads(out.stdout.strip().splitlines()[-1])
     assert changed == [] and hidden == []

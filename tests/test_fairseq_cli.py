@@ -1,5 +1,6 @@
 """The fairseq plugin through the real command line, on tiny generated data (like fairseq's
 tests/test_binaries.py): preprocess -> train -> eval-lm / generate / interactive, every head."""
+
 from __future__ import annotations
 
 import gzip
@@ -39,14 +40,53 @@ HEAD_OPTIONS = {
 #: slow tier (`make test-slow`): the same paths as these, each head's math tested in-process by test_heads.py
 CLI_DEFAULT_HEADS = ("softmax", "mixtape", "mos", "ds_softmax", "class_softmax")
 CLI_HEADS = [h if h in CLI_DEFAULT_HEADS else pytest.param(h, marks=pytest.mark.slow) for h in HEAD_OPTIONS]
-SMALL_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-            "--decoder-attention-heads", "2", "--tokens-per-sample", "32"]
-SMALL_MT = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-            "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
-            "--decoder-attention-heads", "2"]
+SMALL_LM = [
+    "--decoder-layers",
+    "1",
+    "--decoder-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--decoder-attention-heads",
+    "2",
+    "--tokens-per-sample",
+    "32",
+]
+SMALL_MT = [
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+]
 GENERATE = ["--cpu", "--max-tokens", "1024", "--num-workers", "0", "--max-len-a", "1", "--max-len-b", "5"]
-TRAIN = ["--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1024", "--cpu", "--no-epoch-checkpoints",
-         "--log-format", "simple", "--log-interval", "1", "--num-workers", "0"]
+TRAIN = [
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.003",
+    "--max-tokens",
+    "1024",
+    "--cpu",
+    "--no-epoch-checkpoints",
+    "--log-format",
+    "simple",
+    "--log-interval",
+    "1",
+    "--num-workers",
+    "0",
+]
 
 
 def clean_env():
@@ -82,26 +122,92 @@ def data(tmp_path_factory):
         (d / f"lm.{split}").write_text("\n".join(lines) + "\n")
         (d / f"{split}.src").write_text("\n".join(lines) + "\n")
         (d / f"{split}.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in lines) + "\n")
-    cli("fairseq-preprocess", "--only-source", "--trainpref", d / "lm.train", "--validpref", d / "lm.valid",
-        "--testpref", d / "lm.test", "--destdir", d / "lm-bin", "--workers", "1")
-    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", d / "train",
-        "--validpref", d / "valid", "--testpref", d / "test", "--destdir", d / "mt-bin", "--joined-dictionary",
-        "--workers", "1")
+    cli(
+        "fairseq-preprocess",
+        "--only-source",
+        "--trainpref",
+        d / "lm.train",
+        "--validpref",
+        d / "lm.valid",
+        "--testpref",
+        d / "lm.test",
+        "--destdir",
+        d / "lm-bin",
+        "--workers",
+        "1",
+    )
+    cli(
+        "fairseq-preprocess",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--trainpref",
+        d / "train",
+        "--validpref",
+        d / "valid",
+        "--testpref",
+        d / "test",
+        "--destdir",
+        d / "mt-bin",
+        "--joined-dictionary",
+        "--workers",
+        "1",
+    )
     return d
 
 
 def train_lm(data, save_dir, head, *extra, updates=3):
-    return cli("fairseq-train", data / "lm-bin", "--user-dir", PLUGIN, "--task", "language_modeling",
-               "--arch", "head_transformer_lm_gpt2_tiny", *SMALL_LM, "--output-head", head,
-               "--head-options", json.dumps(HEAD_OPTIONS[head]), "--criterion", "head_cross_entropy",
-               *TRAIN, "--max-update", updates, "--save-dir", save_dir, *extra)
+    return cli(
+        "fairseq-train",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "language_modeling",
+        "--arch",
+        "head_transformer_lm_gpt2_tiny",
+        *SMALL_LM,
+        "--output-head",
+        head,
+        "--head-options",
+        json.dumps(HEAD_OPTIONS[head]),
+        "--criterion",
+        "head_cross_entropy",
+        *TRAIN,
+        "--max-update",
+        updates,
+        "--save-dir",
+        save_dir,
+        *extra,
+    )
 
 
 def train_mt(data, save_dir, head, *extra, updates=3, check=True):
-    return cli("fairseq-train", data / "mt-bin", "--user-dir", PLUGIN, "--task", "translation",
-               "--arch", "head_transformer_iwslt_de_en", *SMALL_MT, "--output-head", head,
-               "--head-options", json.dumps(HEAD_OPTIONS[head]), "--criterion", "head_cross_entropy",
-               *TRAIN, "--max-update", updates, "--save-dir", save_dir, *extra, check=check)
+    return cli(
+        "fairseq-train",
+        data / "mt-bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "translation",
+        "--arch",
+        "head_transformer_iwslt_de_en",
+        *SMALL_MT,
+        "--output-head",
+        head,
+        "--head-options",
+        json.dumps(HEAD_OPTIONS[head]),
+        "--criterion",
+        "head_cross_entropy",
+        *TRAIN,
+        "--max-update",
+        updates,
+        "--save-dir",
+        save_dir,
+        *extra,
+        check=check,
+    )
 
 
 def _last_train_stats(out):
@@ -117,8 +223,21 @@ def test_lm_train_then_eval_lm(data, tmp_path, head):
     stats = _last_train_stats(out)
     assert re.search(r"nll_loss [\d.]+ \| (.* \| )?ppl [\d.]+", stats), stats
     assert (tmp_path / "checkpoint_last.pt").exists()
-    out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / "checkpoint_last.pt",
-              "--cpu", "--tokens-per-sample", "32", "--max-tokens", "1024", "--num-workers", "0")
+    out = cli(
+        "fairseq-eval-lm",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--path",
+        tmp_path / "checkpoint_last.pt",
+        "--cpu",
+        "--tokens-per-sample",
+        "32",
+        "--max-tokens",
+        "1024",
+        "--num-workers",
+        "0",
+    )
     ppl = float(re.search(r"Perplexity: ([\d.]+)", out).group(1))
     assert 1.0 < ppl < 200.0  # vocabulary of ~64: a finite, sensible perplexity
 
@@ -129,11 +248,34 @@ def test_mt_train_then_generate_with_beam_and_sampling(data, tmp_path, head):
     out = train_mt(data, tmp_path, head, *share, "--label-smoothing", "0.1")
     assert "nll_loss" in _last_train_stats(out)
     ckpt = tmp_path / "checkpoint_last.pt"
-    out = cli("fairseq-generate", data / "mt-bin", "--user-dir", PLUGIN, "--path", ckpt, *GENERATE, "--beam", "2",
-              "--scoring", "sacrebleu")
+    out = cli(
+        "fairseq-generate",
+        data / "mt-bin",
+        "--user-dir",
+        PLUGIN,
+        "--path",
+        ckpt,
+        *GENERATE,
+        "--beam",
+        "2",
+        "--scoring",
+        "sacrebleu",
+    )
     assert re.search(r"^H-\d+\t-?[\d.]+\t", out, re.M) and "BLEU" in out
-    out = cli("fairseq-generate", data / "mt-bin", "--user-dir", PLUGIN, "--path", ckpt, *GENERATE, "--beam", "1",
-              "--sampling", "--sampling-topk", "5")
+    out = cli(
+        "fairseq-generate",
+        data / "mt-bin",
+        "--user-dir",
+        PLUGIN,
+        "--path",
+        ckpt,
+        *GENERATE,
+        "--beam",
+        "1",
+        "--sampling",
+        "--sampling-topk",
+        "5",
+    )
     assert re.search(r"^H-\d+\t-?[\d.]+\t", out, re.M)
 
 
@@ -143,8 +285,15 @@ def test_relative_positions_train_generate_and_eval_lm(data, tmp_path):
     beam search (incremental decoding, reordered caches) and eval-lm run; a bad K is a usage error."""
     import torch
 
-    out = train_mt(data, tmp_path / "mt", "mixtape", "--relative-positions", "4", "--no-token-positional-embeddings",
-                   "--share-all-embeddings")
+    out = train_mt(
+        data,
+        tmp_path / "mt",
+        "mixtape",
+        "--relative-positions",
+        "4",
+        "--no-token-positional-embeddings",
+        "--share-all-embeddings",
+    )
     assert "nll_loss" in _last_train_stats(out)
     ckpt = tmp_path / "mt" / "checkpoint_last.pt"
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["model"]
@@ -155,8 +304,21 @@ def test_relative_positions_train_generate_and_eval_lm(data, tmp_path):
     out = cli("fairseq-generate", data / "mt-bin", "--user-dir", PLUGIN, "--path", ckpt, *GENERATE, "--beam", "2")
     assert re.search(r"^H-\d+\t-?[\d.]+\t", out, re.M)
     train_lm(data, tmp_path / "lm", "softmax", "--relative-positions", "3")
-    out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / "lm" / "checkpoint_last.pt",
-              "--cpu", "--tokens-per-sample", "32", "--max-tokens", "1024", "--num-workers", "0")
+    out = cli(
+        "fairseq-eval-lm",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--path",
+        tmp_path / "lm" / "checkpoint_last.pt",
+        "--cpu",
+        "--tokens-per-sample",
+        "32",
+        "--max-tokens",
+        "1024",
+        "--num-workers",
+        "0",
+    )
     assert 1.0 < float(re.search(r"Perplexity: ([\d.]+)", out).group(1)) < 200.0
     code, out = train_mt(data, tmp_path / "bad", "softmax", "--relative-positions", "-1", check=False)
     assert code != 0 and "--relative-positions must be >= 0" in out
@@ -168,8 +330,22 @@ def test_softmax_checkpoint_evaluated_with_fast_heads_via_model_overrides(data, 
     train_lm(data, tmp_path, "softmax", "--share-decoder-input-output-embed", updates=5)
 
     def eval_lm(*override):
-        out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / "checkpoint_last.pt",
-                  "--cpu", "--tokens-per-sample", "32", "--max-tokens", "1024", "--num-workers", "0", *override)
+        out = cli(
+            "fairseq-eval-lm",
+            data / "lm-bin",
+            "--user-dir",
+            PLUGIN,
+            "--path",
+            tmp_path / "checkpoint_last.pt",
+            "--cpu",
+            "--tokens-per-sample",
+            "32",
+            "--max-tokens",
+            "1024",
+            "--num-workers",
+            "0",
+            *override,
+        )
         return float(re.search(r"Perplexity: ([\d.]+)", out).group(1))
 
     def override(head, options):
@@ -184,9 +360,22 @@ def test_softmax_checkpoint_evaluated_with_fast_heads_via_model_overrides(data, 
 
 def test_interactive_translation(data, tmp_path):
     train_mt(data, tmp_path, "mixtape", "--share-all-embeddings")
-    out = cli("fairseq-interactive", data / "mt-bin", "--user-dir", PLUGIN, "--path", tmp_path / "checkpoint_last.pt",
-              "--cpu", "--beam", "2", "--source-lang", "src", "--target-lang", "tgt",
-              stdin="w1 w2 w3\nw4 w5\n")
+    out = cli(
+        "fairseq-interactive",
+        data / "mt-bin",
+        "--user-dir",
+        PLUGIN,
+        "--path",
+        tmp_path / "checkpoint_last.pt",
+        "--cpu",
+        "--beam",
+        "2",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        stdin="w1 w2 w3\nw4 w5\n",
+    )
     assert len(re.findall(r"^H-\d+\t", out, re.M)) == 2, out[-2000:]
 
 
@@ -202,8 +391,9 @@ def test_restore_file_resumes_with_the_head_state(data, tmp_path):
     assert re.search(r"Loaded checkpoint .*\(epoch \d+ @ 2 updates\)", out), out[-3000:]
     assert "num_updates 4" in _last_train_stats(out)
     resumed = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu")
-    assert not torch.equal(resumed["model"]["decoder.head.plif.slope_params"],
-                           state["model"]["decoder.head.plif.slope_params"])  # it kept training the head
+    assert not torch.equal(
+        resumed["model"]["decoder.head.plif.slope_params"], state["model"]["decoder.head.plif.slope_params"]
+    )  # it kept training the head
 
 
 def test_ds_softmax_pruning_state_survives_checkpoint_resume(data, tmp_path):
@@ -215,64 +405,178 @@ def test_ds_softmax_pruning_state_survives_checkpoint_resume(data, tmp_path):
     mask = state["decoder.head.mask"]
     assert int(state["decoder.head.num_steps"]) == 2
     assert (mask.sum(0) == 1).all()  # every class kept by exactly one expert (everything under the cutoff)
-    out = train_lm(data, tmp_path, "ds_softmax", "--head-options", opts,
-                   "--restore-file", tmp_path / "checkpoint_last.pt", updates=4)
+    out = train_lm(
+        data,
+        tmp_path,
+        "ds_softmax",
+        "--head-options",
+        opts,
+        "--restore-file",
+        tmp_path / "checkpoint_last.pt",
+        updates=4,
+    )
     assert "num_updates 4" in _last_train_stats(out)
     resumed = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu")["model"]
     assert int(resumed["decoder.head.num_steps"]) == 4 and torch.equal(resumed["decoder.head.mask"], mask)
-    out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / "checkpoint_last.pt",
-              "--cpu", "--tokens-per-sample", "32", "--max-tokens", "1024", "--num-workers", "0")
+    out = cli(
+        "fairseq-eval-lm",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--path",
+        tmp_path / "checkpoint_last.pt",
+        "--cpu",
+        "--tokens-per-sample",
+        "32",
+        "--max-tokens",
+        "1024",
+        "--num-workers",
+        "0",
+    )
     assert "Perplexity:" in out  # inf where a target sits outside the chosen expert: the head's real score
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--output-head", "mixtap"], "--output-head 'mixtap' is not a head (did you mean 'mixtape'?); choose one of: "),
-    (["--output-head", "mixtape", "--head-options", '{"num_gates": 3}'],
-     "--output-head mixtape --head-options: mixtape: option num_gates=3 is out of range; allowed: a power of two"),
-    (["--output-head", "mos", "--head-options", "{num_components: 2}"], "--head-options '{num_components: 2}' is not valid JSON"),
-    (["--output-head", "mos", "--head-options", '{"num_component": 2}'],
-     "mos: unknown option(s) num_component (did you mean num_components?); allowed options: context_activation, "
-     "dropout, identity_init, num_components, use_bias\n"),  # hidden_size etc. come from the model: not listed
-    (["--output-head", "mixtape", "--head-options", '{"num_gates": "4"}'], "num_gates='4' must be an integer"),
-    (["--output-head", "mos", "--head-options", '{"vocab_size": 2}'], "must not set 'vocab_size'"),
-    (["--output-head", "mos", "--head-options", "[1, 2]"], "must be a JSON object"),
-    (["--output-head", "ds_softmax", "--share-all-embeddings"],
-     "--output-head ds_softmax: ds_softmax: the output embedding cannot be tied to the input embedding"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--output-head", "mixtap"],
+            "--output-head 'mixtap' is not a head (did you mean 'mixtape'?); choose one of: ",
+        ),
+        (
+            ["--output-head", "mixtape", "--head-options", '{"num_gates": 3}'],
+            "--output-head mixtape --head-options: mixtape: option num_gates=3 is out of range; allowed: a power of two",
+        ),
+        (
+            ["--output-head", "mos", "--head-options", "{num_components: 2}"],
+            "--head-options '{num_components: 2}' is not valid JSON",
+        ),
+        (
+            ["--output-head", "mos", "--head-options", '{"num_component": 2}'],
+            "mos: unknown option(s) num_component (did you mean num_components?); allowed options: context_activation, "
+            "dropout, identity_init, num_components, use_bias\n",
+        ),  # hidden_size etc. come from the model: not listed
+        (["--output-head", "mixtape", "--head-options", '{"num_gates": "4"}'], "num_gates='4' must be an integer"),
+        (["--output-head", "mos", "--head-options", '{"vocab_size": 2}'], "must not set 'vocab_size'"),
+        (["--output-head", "mos", "--head-options", "[1, 2]"], "must be a JSON object"),
+        (
+            ["--output-head", "ds_softmax", "--share-all-embeddings"],
+            "--output-head ds_softmax: ds_softmax: the output embedding cannot be tied to the input embedding",
+        ),
+    ],
+)
 def test_bad_head_flags_stop_before_training(data, tmp_path, args, message):
-    code, out = cli("fairseq-train", data / "mt-bin", "--user-dir", PLUGIN, "--task", "translation",
-                    "--arch", "head_transformer_iwslt_de_en", *SMALL_MT, *args, "--criterion", "head_cross_entropy",
-                    *TRAIN, "--max-update", 1, "--save-dir", tmp_path, check=False)
+    code, out = cli(
+        "fairseq-train",
+        data / "mt-bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "translation",
+        "--arch",
+        "head_transformer_iwslt_de_en",
+        *SMALL_MT,
+        *args,
+        "--criterion",
+        "head_cross_entropy",
+        *TRAIN,
+        "--max-update",
+        1,
+        "--save-dir",
+        tmp_path,
+        check=False,
+    )
     assert code == 2 and message in out, out[-2000:]  # a usage error, as argparse gives
     assert "Traceback" not in out and "Start iterating over samples" not in out
 
 
 @pytest.mark.parametrize("criterion", ["cross_entropy", "label_smoothed_cross_entropy"])
 def test_stock_criteria_refuse_a_head_with_an_aux_loss_and_warn_for_others(data, tmp_path, criterion):
-    common = ["fairseq-train", data / "mt-bin", "--user-dir", PLUGIN, "--task", "translation",
-              "--arch", "head_transformer_iwslt_de_en", *SMALL_MT, "--criterion", criterion, *TRAIN,
-              "--max-update", 1]
-    code, out = cli(*common, "--output-head", "ds_softmax", "--head-options", json.dumps(HEAD_OPTIONS["ds_softmax"]),
-                    "--save-dir", tmp_path / "ds", check=False)
+    common = [
+        "fairseq-train",
+        data / "mt-bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "translation",
+        "--arch",
+        "head_transformer_iwslt_de_en",
+        *SMALL_MT,
+        "--criterion",
+        criterion,
+        *TRAIN,
+        "--max-update",
+        1,
+    ]
+    code, out = cli(
+        *common,
+        "--output-head",
+        "ds_softmax",
+        "--head-options",
+        json.dumps(HEAD_OPTIONS["ds_softmax"]),
+        "--save-dir",
+        tmp_path / "ds",
+        check=False,
+    )
     assert code == 2 and "Traceback" not in out, out[-2000:]
     assert "has an auxiliary loss that this --criterion drops; use --criterion head_cross_entropy" in out
-    out = cli(*common, "--output-head", "mos", "--head-options", json.dumps(HEAD_OPTIONS["mos"]),
-              "--save-dir", tmp_path / "mos")
+    out = cli(
+        *common,
+        "--output-head",
+        "mos",
+        "--head-options",
+        json.dumps(HEAD_OPTIONS["mos"]),
+        "--save-dir",
+        tmp_path / "mos",
+    )
     assert out.count("--criterion head_cross_entropy trains with the head's memory-lean loss") == 1
 
 
 def test_head_criterion_refuses_a_model_without_head(data, tmp_path):
-    code, out = cli("fairseq-train", data / "lm-bin", "--user-dir", PLUGIN, "--task", "language_modeling",
-                    "--arch", "transformer_lm_gpt2_tiny", *SMALL_LM, "--criterion", "head_cross_entropy",
-                    *TRAIN, "--max-update", 1, "--save-dir", tmp_path, check=False)
+    code, out = cli(
+        "fairseq-train",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "language_modeling",
+        "--arch",
+        "transformer_lm_gpt2_tiny",
+        *SMALL_LM,
+        "--criterion",
+        "head_cross_entropy",
+        *TRAIN,
+        "--max-update",
+        1,
+        "--save-dir",
+        tmp_path,
+        check=False,
+    )
     assert code != 0 and "needs a model with an output head: use --arch head_ARCH" in out
 
 
 def test_user_dir_from_the_installed_copy(data, tmp_path):
     installed = os.path.dirname(os.path.abspath(fairseq_plugin.__file__))
-    out = cli("fairseq-train", data / "lm-bin", "--user-dir", installed, "--task", "language_modeling",
-              "--arch", "head_transformer_lm_gpt2_tiny", *SMALL_LM, "--output-head", "sigsoftmax",
-              "--criterion", "head_cross_entropy", *TRAIN, "--max-update", 1, "--save-dir", tmp_path)
+    out = cli(
+        "fairseq-train",
+        data / "lm-bin",
+        "--user-dir",
+        installed,
+        "--task",
+        "language_modeling",
+        "--arch",
+        "head_transformer_lm_gpt2_tiny",
+        *SMALL_LM,
+        "--output-head",
+        "sigsoftmax",
+        "--criterion",
+        "head_cross_entropy",
+        *TRAIN,
+        "--max-update",
+        1,
+        "--save-dir",
+        tmp_path,
+    )
     assert "num_updates 1" in _last_train_stats(out)
 
 
@@ -285,15 +589,48 @@ def _free_port():
 def test_distributed_training_two_cpu_processes(data, tmp_path):
     """fairseq's c10d DDP passes device_ids and fails on CPU; legacy_ddp + gloo works (README)."""
     port = _free_port()
-    common = ["fairseq-train", data / "lm-bin", "--user-dir", PLUGIN, "--task", "language_modeling",
-              "--arch", "head_transformer_lm_gpt2_tiny", *SMALL_LM, "--output-head", "mixtape",
-              "--head-options", json.dumps(HEAD_OPTIONS["mixtape"]), "--criterion", "head_cross_entropy", *TRAIN,
-              "--max-update", 2, "--save-dir", tmp_path, "--distributed-world-size", 2, "--distributed-backend", "gloo",
-              "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
-              "--ddp-backend", "legacy_ddp"]
+    common = [
+        "fairseq-train",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "language_modeling",
+        "--arch",
+        "head_transformer_lm_gpt2_tiny",
+        *SMALL_LM,
+        "--output-head",
+        "mixtape",
+        "--head-options",
+        json.dumps(HEAD_OPTIONS["mixtape"]),
+        "--criterion",
+        "head_cross_entropy",
+        *TRAIN,
+        "--max-update",
+        2,
+        "--save-dir",
+        tmp_path,
+        "--distributed-world-size",
+        2,
+        "--distributed-backend",
+        "gloo",
+        "--distributed-init-method",
+        f"tcp://127.0.0.1:{port}",
+        "--distributed-no-spawn",
+        "--ddp-backend",
+        "legacy_ddp",
+    ]
     env = clean_env()
-    procs = [subprocess.Popen([os.path.join(BIN, common[0]), *map(str, common[1:]), "--distributed-rank", str(r)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [os.path.join(BIN, common[0]), *map(str, common[1:]), "--distributed-rank", str(r)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for r in (0, 1)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-3000:]
@@ -308,8 +645,11 @@ def test_architectures_mirror_every_stock_transformer_arch():
     assert len(stock) > 20
     for arch in stock:
         assert ARCH_MODEL_NAME_REGISTRY[f"head_{arch}"] == f"head_{ARCH_MODEL_NAME_REGISTRY[arch]}"
-    for arch, task in (("transformer_vaswani_wmt_en_de_big", "translation"), ("transformer_wmt_en_de", "translation"),
-                       ("transformer_lm_gpt2_small", "language_modeling")):
+    for arch, task in (
+        ("transformer_vaswani_wmt_en_de_big", "translation"),
+        ("transformer_wmt_en_de", "translation"),
+        ("transformer_lm_gpt2_small", "language_modeling"),
+    ):
         parsed = {}
         for a in (arch, f"head_{arch}"):
             parser = options.get_training_parser()
@@ -356,18 +696,37 @@ def test_old_checkpoints_load_with_weights_only(data, tmp_path):
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu")
     state["cfg"] = OmegaConf.create(state["cfg"])
     torch.save(state, tmp_path / "dictconfig.pt")
-    out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--path", tmp_path / "dictconfig.pt",
-              "--cpu", "--tokens-per-sample", "32", "--max-tokens", "1024", "--num-workers", "0")
+    out = cli(
+        "fairseq-eval-lm",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--path",
+        tmp_path / "dictconfig.pt",
+        "--cpu",
+        "--tokens-per-sample",
+        "32",
+        "--max-tokens",
+        "1024",
+        "--num-workers",
+        "0",
+    )
     assert "Perplexity" in out
     state["extra_namespace"] = argparse.Namespace(arch="head_transformer_lm", lr=[0.1])
     torch.save(state, tmp_path / "namespace.pt")
-    code = ("import torch, fairseq_plugin; s = torch.load(%r, map_location='cpu'); "
-            "print(type(s['extra_namespace']).__name__)") % str(tmp_path / "namespace.pt")
+    code = (
+        "import torch, fairseq_plugin; s = torch.load(%r, map_location='cpu'); "
+        "print(type(s['extra_namespace']).__name__)"
+    ) % str(tmp_path / "namespace.pt")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=clean_env())
     assert proc.returncode == 0 and "Namespace" in proc.stdout, proc.stderr[-2000:]
     # and the allow-list is what makes it work: torch alone refuses the file
-    proc = subprocess.run([sys.executable, "-c", "import torch; torch.load(%r)" % str(tmp_path / "namespace.pt")],
-                          capture_output=True, text=True, env=clean_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", "import torch; torch.load(%r)" % str(tmp_path / "namespace.pt")],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
     assert proc.returncode != 0 and "Weights only load failed" in proc.stderr
 
 
@@ -392,8 +751,13 @@ def test_hub_checkpoint_without_user_dir_names_the_plugin_or_loads(data, tmp_pat
     assert next(iter(torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu"))) == MARKER_KEY
 
     def hub(*args, **env):
-        return subprocess.run([sys.executable, "-c", HUB, str(tmp_path), str(data / "mt-bin"), *args],
-                              capture_output=True, text=True, cwd=str(tmp_path), env={**clean_env(), **env})
+        return subprocess.run(
+            [sys.executable, "-c", HUB, str(tmp_path), str(data / "mt-bin"), *args],
+            capture_output=True,
+            text=True,
+            cwd=str(tmp_path),
+            env={**clean_env(), **env},
+        )
 
     bare = hub()
     assert bare.returncode != 0 and f"fairseq_plugin.checkpoint.{MARKER_NAME}" in bare.stderr, bare.stderr[-2000:]
@@ -404,7 +768,11 @@ def test_hub_checkpoint_without_user_dir_names_the_plugin_or_loads(data, tmp_pat
 
 def _multi30k_slice(dst, n_train=2000, n_valid=100, n_test=100):
     src_dir = os.path.join(SHARED_DATA, "multi30k")
-    for split, name, n in (("train", "train", n_train), ("valid", "val", n_valid), ("test", "test_2016_flickr", n_test)):
+    for split, name, n in (
+        ("train", "train", n_train),
+        ("valid", "val", n_valid),
+        ("test", "test_2016_flickr", n_test),
+    ):
         for lang in ("en", "de"):
             with gzip.open(os.path.join(src_dir, f"{name}.{lang}.gz"), "rt", encoding="utf-8") as f:
                 lines = [next(f).strip().lower() for _ in range(n)]
@@ -413,23 +781,77 @@ def _multi30k_slice(dst, n_train=2000, n_valid=100, n_test=100):
             (dst / f"{split}.{lang}").write_text("\n".join(" ".join(l.split()) for l in lines) + "\n")
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")),
-                    reason=f"Multi30k not found at {SHARED_DATA}/multi30k (the shared offline data)")
+@pytest.mark.skipif(
+    not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")),
+    reason=f"Multi30k not found at {SHARED_DATA}/multi30k (the shared offline data)",
+)
 def test_multi30k_slice_en_de_with_mixtape(tmp_path):
     _multi30k_slice(tmp_path)
-    cli("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", tmp_path / "train",
-        "--validpref", tmp_path / "valid", "--testpref", tmp_path / "test", "--destdir", tmp_path / "bin",
-        "--joined-dictionary", "--thresholdtgt", "2", "--thresholdsrc", "2", "--workers", "1")
-    out = cli("fairseq-train", tmp_path / "bin", "--user-dir", PLUGIN, "--task", "translation",
-              "--arch", "head_transformer_iwslt_de_en", *SMALL_MT, "--share-all-embeddings",
-              "--output-head", "mixtape", "--head-options", '{"frequent_fraction": 0.5, "gate_embedding_size": 16}',
-              "--criterion", "head_cross_entropy", "--label-smoothing", "0.1", *TRAIN, "--max-tokens", "2048",
-              "--max-update", 20, "--save-dir", tmp_path / "ckpt")
+    cli(
+        "fairseq-preprocess",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--trainpref",
+        tmp_path / "train",
+        "--validpref",
+        tmp_path / "valid",
+        "--testpref",
+        tmp_path / "test",
+        "--destdir",
+        tmp_path / "bin",
+        "--joined-dictionary",
+        "--thresholdtgt",
+        "2",
+        "--thresholdsrc",
+        "2",
+        "--workers",
+        "1",
+    )
+    out = cli(
+        "fairseq-train",
+        tmp_path / "bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "translation",
+        "--arch",
+        "head_transformer_iwslt_de_en",
+        *SMALL_MT,
+        "--share-all-embeddings",
+        "--output-head",
+        "mixtape",
+        "--head-options",
+        '{"frequent_fraction": 0.5, "gate_embedding_size": 16}',
+        "--criterion",
+        "head_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        *TRAIN,
+        "--max-tokens",
+        "2048",
+        "--max-update",
+        20,
+        "--save-dir",
+        tmp_path / "ckpt",
+    )
     first = float(re.search(r"train_inner \| epoch 001:\s+1 / \d+ loss=([\d.]+)", out).group(1))
     last = float(re.search(r"\| train \| .* loss ([\d.]+) \|", _last_train_stats(out)).group(1))
     assert last < first
-    out = cli("fairseq-generate", tmp_path / "bin", "--user-dir", PLUGIN, "--path", tmp_path / "ckpt" / "checkpoint_last.pt",
-              *GENERATE, "--beam", "2", "--scoring", "sacrebleu")
+    out = cli(
+        "fairseq-generate",
+        tmp_path / "bin",
+        "--user-dir",
+        PLUGIN,
+        "--path",
+        tmp_path / "ckpt" / "checkpoint_last.pt",
+        *GENERATE,
+        "--beam",
+        "2",
+        "--scoring",
+        "sacrebleu",
+    )
     assert re.search(r"BLEU = [\d.]+", out)
 
 
@@ -451,18 +873,25 @@ def test_head_criterion_equals_fairseqs_own_criteria(data, tmp_path, eps):
     tokens = torch.randint(4, len(task.target_dictionary), (3, 10))
     target = torch.randint(4, len(task.target_dictionary), (3, 10))
     target[0, 7:] = pad
-    sample = {"net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)}, "target": target,
-              "ntokens": int(target.ne(pad).sum())}
+    sample = {
+        "net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)},
+        "target": target,
+        "ntokens": int(target.ne(pad).sum()),
+    }
     ours = HeadCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=eps)
-    stock = (LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=eps) if eps
-             else CrossEntropyCriterion(task, sentence_avg=False))
+    stock = (
+        LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=eps)
+        if eps
+        else CrossEntropyCriterion(task, sentence_avg=False)
+    )
     with torch.no_grad():
         loss, size, log = ours(model, sample)
         ref_loss, ref_size, ref_log = stock(model, sample)
     assert size == ref_size == sample["ntokens"]
     torch.testing.assert_close(loss, ref_loss.to(loss.dtype), rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(log["nll_loss"], ref_log.get("nll_loss", ref_log["loss"]).to(loss.dtype),
-                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        log["nll_loss"], ref_log.get("nll_loss", ref_log["loss"]).to(loss.dtype), rtol=1e-5, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -488,8 +917,11 @@ def test_head_criterion_trains_with_the_lean_loss_and_matches_the_reference(data
     tokens = torch.randint(4, len(task.target_dictionary), (3, 10), generator=g)
     target = torch.randint(4, len(task.target_dictionary), (3, 10), generator=g)
     target[0, 7:] = pad
-    sample = {"net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)}, "target": target,
-              "ntokens": int(target.ne(pad).sum())}
+    sample = {
+        "net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)},
+        "target": target,
+        "ntokens": int(target.ne(pad).sum()),
+    }
     criterion = HeadCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=eps)
     results = []
     for lean in (True, False):

@@ -1,4 +1,5 @@
 """SVD-softmax, adaptive sampling and convert_head beyond the generic head tests (tests/test_heads.py)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,15 +18,18 @@ V, D = 400, 48
 def _trained_like(seed=0, vocab=V, dim=D, spread=4.0):
     """A projection with a decaying spectrum (like trained heads) and queries with a clear winner."""
     g = torch.Generator().manual_seed(seed)
-    weight = torch.randn(vocab, dim, generator=g) * torch.linspace(2.0, 0.2, dim) / dim ** 0.5
+    weight = torch.randn(vocab, dim, generator=g) * torch.linspace(2.0, 0.2, dim) / dim**0.5
     rows = torch.randint(0, vocab, (64,), generator=g)
-    hidden = spread * (weight[rows] / weight[rows].norm(dim=1, keepdim=True) + 0.3 * torch.randn(64, dim, generator=g) / dim ** 0.5)
-    return weight, 0.1 * torch.randn(vocab, generator=g), hidden * dim ** 0.5 / 4
+    hidden = spread * (
+        weight[rows] / weight[rows].norm(dim=1, keepdim=True) + 0.3 * torch.randn(64, dim, generator=g) / dim**0.5
+    )
+    return weight, 0.1 * torch.randn(vocab, generator=g), hidden * dim**0.5 / 4
 
 
 def _svd(weight, bias, **options):
-    return hf_heads.build_head("svd_softmax", hidden_size=weight.shape[1], vocab_size=weight.shape[0], weight=weight,
-                               bias=bias, **options).eval()
+    return hf_heads.build_head(
+        "svd_softmax", hidden_size=weight.shape[1], vocab_size=weight.shape[0], weight=weight, bias=bias, **options
+    ).eval()
 
 
 # ----------------------------------------------------------------------------- svd_softmax
@@ -44,8 +48,13 @@ def test_svd_softmax_batch_one_equals_batched_and_counts_its_cost():
     batched = head(hidden[:6])
     single = torch.cat([head(h[None]) for h in hidden[:6]])
     torch.testing.assert_close(single, batched, rtol=1e-5, atol=1e-4)
-    assert head.last_stats == {"multiplications": D * D + 8 * V + 32 * D, "budget": V * D, "preview_rank": 8,
-                               "num_refine": 32, "preview_dims": "adaptive"}
+    assert head.last_stats == {
+        "multiplications": D * D + 8 * V + 32 * D,
+        "budget": V * D,
+        "preview_rank": 8,
+        "num_refine": 32,
+        "preview_dims": "adaptive",
+    }
 
 
 def test_svd_softmax_adaptive_preview_beats_leading_at_equal_cost_on_a_flat_spectrum():
@@ -53,8 +62,17 @@ def test_svd_softmax_adaptive_preview_beats_leading_at_equal_cost_on_a_flat_spec
     weight = torch.randn(2000, 64, generator=g) / 8  # flat spectrum: the leading directions say little
     hidden = 3 * weight[torch.randint(0, 2000, (200,), generator=g)] * 8
     exact = (hidden @ weight.T).argmax(1)
-    agree = {d: float((_svd(weight, None, use_bias=False, preview_rank=6, num_refine=4, preview_dims=d)
-                       (hidden).argmax(1) == exact).float().mean()) for d in ("adaptive", "leading")}
+    agree = {
+        d: float(
+            (
+                _svd(weight, None, use_bias=False, preview_rank=6, num_refine=4, preview_dims=d)(hidden).argmax(1)
+                == exact
+            )
+            .float()
+            .mean()
+        )
+        for d in ("adaptive", "leading")
+    }
     assert agree["adaptive"] > agree["leading"] + 0.1, agree
 
 
@@ -74,8 +92,14 @@ def test_svd_softmax_training_is_the_exact_softmax_and_the_svd_follows_the_weigh
 
 # ----------------------------------------------------------------------------- adaptive_sampling
 def _sampler(weight, bias, **options):
-    return hf_heads.build_head("adaptive_sampling", hidden_size=weight.shape[1], vocab_size=weight.shape[0],
-                               weight=weight, bias=bias, **options).eval()
+    return hf_heads.build_head(
+        "adaptive_sampling",
+        hidden_size=weight.shape[1],
+        vocab_size=weight.shape[0],
+        weight=weight,
+        bias=bias,
+        **options,
+    ).eval()
 
 
 def _exact(weight, bias, hidden):
@@ -139,13 +163,14 @@ def test_convert_head_from_a_softmax_head_and_a_linear():
         hf_heads.convert_head(mos, "svd_softmax")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                    reason="transformers is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
 def test_convert_head_on_a_transformers_model_keeps_ties_and_saves(tmp_path):
     from transformers import AutoModelForCausalLM, GPT2Config
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=32)).eval()
+    model = AutoModelForCausalLM.from_config(
+        GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=32)
+    ).eval()
     ids = torch.randint(0, 64, (2, 8))
     with torch.no_grad():
         ref = torch.log_softmax(model(ids).logits, -1)
@@ -176,13 +201,43 @@ def test_convert_head_on_a_fairseq_model_keeps_ties_and_records_the_head(tmp_pat
     from fairseq import options, tasks
 
     for lang in ("de", "en"):  # a translation task's dictionaries: the 24 types of the saved LM's
-        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "saved_0_1_0", "fairseq_lm",
-                                 "dict.txt"), tmp_path / f"dict.{lang}.txt")
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(tmp_path), "--task", "translation", "-s", "de", "-t", "en", "--arch", "head_transformer",
-        "--output-head", "softmax", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
-        "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-decoder-input-output-embed"])
+        shutil.copy(
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "saved_0_1_0", "fairseq_lm", "dict.txt"),
+            tmp_path / f"dict.{lang}.txt",
+        )
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [
+            str(tmp_path),
+            "--task",
+            "translation",
+            "-s",
+            "de",
+            "-t",
+            "en",
+            "--arch",
+            "head_transformer",
+            "--output-head",
+            "softmax",
+            "--encoder-layers",
+            "1",
+            "--decoder-layers",
+            "1",
+            "--encoder-embed-dim",
+            "16",
+            "--decoder-embed-dim",
+            "16",
+            "--encoder-ffn-embed-dim",
+            "32",
+            "--decoder-ffn-embed-dim",
+            "32",
+            "--encoder-attention-heads",
+            "2",
+            "--decoder-attention-heads",
+            "2",
+            "--share-decoder-input-output-embed",
+        ],
+    )
     model = tasks.setup_task(args).build_model(args).eval()
     src, prev = torch.randint(4, 24, (2, 5)), torch.randint(4, 24, (2, 6))
 

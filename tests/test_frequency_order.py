@@ -1,5 +1,6 @@
 """Heads that treat ids as ordered by frequency (mixtape, class_softmax, d_softmax) on a vocabulary that is not:
 the order comes from counts, and the head equals the frequency-sorted one up to the permutation."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,8 +25,9 @@ def _pair(name, **extra):
         for p in sorted_head.parameters():
             p.add_(0.5 * torch.randn_like(p))
     order = torch.randperm(V, generator=torch.Generator().manual_seed(1))
-    perm_head = hf_heads.build_head(name, hidden_size=D, vocab_size=V, frequency_order=order, **HEADS[name],
-                                    **extra).double()
+    perm_head = hf_heads.build_head(
+        name, hidden_size=D, vocab_size=V, frequency_order=order, **HEADS[name], **extra
+    ).double()
     ranks = perm_head.ranks()
     state = dict(sorted_head.state_dict())
     for key in ("weight", "bias"):  # per-id rows: the permuted head's row of id order[r] is row r of the sorted
@@ -83,7 +85,8 @@ def test_the_order_is_saved_with_the_head_and_through_hf(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers not installed: run `make install`")
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(
-        transformers.GPT2Config(n_layer=1, n_embd=D, n_head=2, vocab_size=V, n_positions=16))
+        transformers.GPT2Config(n_layer=1, n_embd=D, n_head=2, vocab_size=V, n_positions=16)
+    )
     counts = torch.arange(V) % 7  # not sorted by id
     hf_heads.swap_head(model, "mixtape", token_counts=counts, **HEADS["mixtape"])
     assert "token_counts" not in model.config.output_head["options"]
@@ -96,8 +99,11 @@ def test_the_order_is_saved_with_the_head_and_through_hf(tmp_path):
 
 
 def test_bad_orders_are_refused_with_what_is_allowed():
-    with pytest.raises(ValueError, match=r"mixtape: frequency_order \(length 39, .*\) must be a permutation of the "
-                                         r"token ids 0..39"):
+    with pytest.raises(
+        ValueError,
+        match=r"mixtape: frequency_order \(length 39, .*\) must be a permutation of the "
+        r"token ids 0..39",
+    ):
         hf_heads.build_head("mixtape", hidden_size=D, vocab_size=V, frequency_order=torch.arange(39))
     with pytest.raises(ValueError, match="must be a permutation"):
         hf_heads.build_head("mixtape", hidden_size=D, vocab_size=V, frequency_order=torch.zeros(V, dtype=torch.long))
@@ -111,8 +117,14 @@ def test_bad_orders_are_refused_with_what_is_allowed():
 
 def test_count_tokens_reads_ragged_batches_mappings_and_skips_ignored_ids():
     from collections import UserDict  # transformers' BatchEncoding is a UserDict, not a dict
-    data = [{"input_ids": [[1, 2], [3, 3, 3]]}, UserDict({"input_ids": torch.tensor([[4, 4]])}),
-            {"labels": [5, -100]}, torch.tensor([[6], [-100]]), [7]]
+
+    data = [
+        {"input_ids": [[1, 2], [3, 3, 3]]},
+        UserDict({"input_ids": torch.tensor([[4, 4]])}),
+        {"labels": [5, -100]},
+        torch.tensor([[6], [-100]]),
+        [7],
+    ]
     assert hf_heads.count_tokens(data, 9).tolist() == [0, 1, 1, 3, 2, 1, 1, 1, 0]
     with pytest.raises(ValueError, match="needs 'input_ids' or 'labels'"):
         hf_heads.count_tokens([{"attention_mask": [1]}], 9)

@@ -5,6 +5,7 @@ A path *runs the head* when its numbers equal what the head gives (a slow loop c
 log-probs); the tests of paths that do something else (skip the head, refuse, or misuse its output) say so in their
 names and assert what happens today, so a change there is a deliberate edit of this file.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -39,18 +40,31 @@ def _one_thread():
 
 def gpt2(head=None, seed=0, vocab=V):
     torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=vocab, n_positions=64,
-                                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=vocab, n_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=0
+    )
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     return (hf_heads.swap_head(model, head, **HEADS[head]) if head else model).eval()
 
 
 def bart(head=None, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.BartConfig(vocab_size=V, d_model=32, encoder_layers=1, decoder_layers=1,
-                                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-                                  decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-                                  eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
+    cfg = transformers.BartConfig(
+        vocab_size=V,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=None,
+    )
     model = transformers.AutoModelForSeq2SeqLM.from_config(cfg)
     return (hf_heads.swap_head(model, head, **HEADS[head]) if head else model).eval()
 
@@ -59,9 +73,18 @@ def llama(head=None, seed=0, layers=2):
     """A tiny Llama: its decoder honours ``config.num_hidden_layers`` (early exit) and returns chosen layers'
     hidden states (DFlash); GPT-2 does neither."""
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     return (hf_heads.swap_head(model, head, **HEADS[head]) if head else model).eval()
 
@@ -156,8 +179,9 @@ def test_generate_output_logits_and_scores_are_the_heads_log_probs(model_name, h
     log-probs at each step; the greedy sequence is the slow loop's."""
     model = MODELS[model_name](head)
     x = ids(length=6)
-    out = model.generate(x, **greedy_kwargs(model), output_logits=True, output_scores=True,
-                         return_dict_in_generate=True)
+    out = model.generate(
+        x, **greedy_kwargs(model), output_logits=True, output_scores=True, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, slow_greedy(model, x))
     lp = log_probs_along(model, x, out.sequences)
     start = 0 if model.config.is_encoder_decoder else x.shape[1] - 1
@@ -196,10 +220,11 @@ def test_continuous_batching_generate_batch_runs_the_head():
     model = gpt2("mixtape")
     prompts = [ids(seed=0), ids(seed=3)]
     config = transformers.GenerationConfig(max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
-    results = model.generate_batch(inputs=[p[0].tolist() for p in prompts], generation_config=config,
-                                   progress_bar=False)
+    results = model.generate_batch(
+        inputs=[p[0].tolist() for p in prompts], generation_config=config, progress_bar=False
+    )
     outputs = [r.generated_tokens for _, r in sorted(results.items())]
-    assert outputs == [slow_greedy(model, p)[0, p.shape[1]:].tolist() for p in prompts]
+    assert outputs == [slow_greedy(model, p)[0, p.shape[1] :].tolist() for p in prompts]
 
 
 @pytest.mark.parametrize("head", HEAD_NAMES)
@@ -248,14 +273,14 @@ def test_speculative_sampling_compares_the_two_heads_distributions(head, monkeyp
     monkeypatch.setattr(generation_utils, "_speculative_sampling", spy)
     x = ids()
     torch.manual_seed(0)
-    model.generate(x, max_new_tokens=6, do_sample=True, top_k=0, top_p=1.0, pad_token_id=0,
-                   assistant_model=assistant)
+    model.generate(x, max_new_tokens=6, do_sample=True, top_k=0, top_p=1.0, pad_token_id=0, assistant_model=assistant)
     assert calls
     with torch.no_grad():
         for candidate_ids, candidate_logits, length, new_logits in calls:
-            torch.testing.assert_close(new_logits, model(candidate_ids).logits[:, -length - 1:], rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(candidate_logits, assistant(candidate_ids).logits[:, -length - 1:-1],
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(new_logits, model(candidate_ids).logits[:, -length - 1 :], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                candidate_logits, assistant(candidate_ids).logits[:, -length - 1 : -1], rtol=1e-5, atol=1e-5
+            )
 
 
 @pytest.mark.parametrize("head", HEAD_NAMES)
@@ -283,8 +308,9 @@ def test_early_exit_drafts_through_the_head(head, monkeypatch):
             if candidate_logits is None:  # no room left for a draft
                 continue
             n = candidate_logits.shape[1]
-            torch.testing.assert_close(candidate_logits, one_layer(candidate_ids).logits[:, -n - 1:-1],
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                candidate_logits, one_layer(candidate_ids).logits[:, -n - 1 : -1], rtol=1e-5, atol=1e-5
+            )
 
 
 @pytest.mark.parametrize("head", HEAD_NAMES)
@@ -297,9 +323,21 @@ def test_dflash_drafts_through_the_targets_head(head):
     model = llama(head)
     torch.manual_seed(0)
     config = transformers.MuseGlimmerAssistantConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-        head_dim=16, max_position_embeddings=64, sliding_window=64, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        block_size=3, mask_token_id=99, target_layer_ids=[0, 1])
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        sliding_window=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        block_size=3,
+        mask_token_id=99,
+        target_layer_ids=[0, 1],
+    )
     drafter = dflash.MuseGlimmerAssistantModel(config).eval()
     seen = []
     hook = hf_heads.output_head(model).register_forward_hook(lambda m, args, out: seen.append((args[0], out)))
@@ -318,8 +356,9 @@ def _word_tokenizer(words):
 
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[3]))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=words[0], bos_token=words[1],
-                                                eos_token=words[2], unk_token=words[3])
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=words[0], bos_token=words[1], eos_token=words[2], unk_token=words[3]
+    )
 
 
 def _universal_setup(head):
@@ -330,8 +369,14 @@ def _universal_setup(head):
     assistant_tok = _word_tokenizer(special + [f"w{i}" for i in range(48)] + [f"x{i}" for i in range(28)])
     model, assistant = gpt2(head), gpt2(head, seed=1, vocab=80)
     x = torch.tensor([target_tok("w5 w6 w7 w8")["input_ids"]])
-    kwargs = dict(max_new_tokens=5, pad_token_id=0, assistant_model=assistant, tokenizer=target_tok,
-                  assistant_tokenizer=assistant_tok, attention_mask=torch.ones_like(x))
+    kwargs = dict(
+        max_new_tokens=5,
+        pad_token_id=0,
+        assistant_model=assistant,
+        tokenizer=target_tok,
+        assistant_tokenizer=assistant_tok,
+        attention_mask=torch.ones_like(x),
+    )
     return model, assistant, x, kwargs
 
 
@@ -355,12 +400,17 @@ def test_universal_speculative_sampling_refuses_to_replace_the_assistants_head(h
     model, assistant, x, kwargs = _universal_setup(head)
     old = hf_heads.output_head(assistant)
     torch.manual_seed(0)
-    with pytest.raises(ValueError, match=rf"set_output_embeddings\(_PruneReindexingLMHead\) would replace the {head} "
-                                         r"head .* use do_sample=False"):
+    with pytest.raises(
+        ValueError,
+        match=rf"set_output_embeddings\(_PruneReindexingLMHead\) would replace the {head} "
+        r"head .* use do_sample=False",
+    ):
         model.generate(x, do_sample=True, **kwargs)
     assert hf_heads.output_head(assistant) is old
-    assert torch.equal(model.generate(x, do_sample=False, **kwargs),  # the assistant still works, as before
-                       model.generate(x, max_new_tokens=5, do_sample=False, pad_token_id=0))
+    assert torch.equal(
+        model.generate(x, do_sample=False, **kwargs),  # the assistant still works, as before
+        model.generate(x, max_new_tokens=5, do_sample=False, pad_token_id=0),
+    )
 
 
 def test_universal_speculative_sampling_fails_on_a_ds_softmax_assistant():
@@ -372,13 +422,17 @@ def test_universal_speculative_sampling_fails_on_a_ds_softmax_assistant():
 
 
 # ----------------------------------------------------------------- decoding methods that moved to the Hub
-@pytest.mark.parametrize("options, match", [
-    (dict(penalty_alpha=0.6, top_k=4), "Contrastive Search requires `trust_remote_code=True`"),
-    (dict(dola_layers="high"), "Dola Generation requires `trust_remote_code=True`"),
-    (dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.0), "Group Beam Search requires `trust_remote_code"),
-    (dict(num_beams=2, force_words_ids=[[5]]), "Constrained Beam Search requires `trust_remote_code=True`"),
-    (dict(use_mtp=True), "Could not find `num_mtp_layers`"),
-], ids=["contrastive", "dola", "group_beam", "constrained_beam", "mtp"])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(penalty_alpha=0.6, top_k=4), "Contrastive Search requires `trust_remote_code=True`"),
+        (dict(dola_layers="high"), "Dola Generation requires `trust_remote_code=True`"),
+        (dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.0), "Group Beam Search requires `trust_remote_code"),
+        (dict(num_beams=2, force_words_ids=[[5]]), "Constrained Beam Search requires `trust_remote_code=True`"),
+        (dict(use_mtp=True), "Could not find `num_mtp_layers`"),
+    ],
+    ids=["contrastive", "dola", "group_beam", "constrained_beam", "mtp"],
+)
 def test_decoding_methods_refused_here_as_for_the_plain_model(options, match):
     """Contrastive search, DoLa, group and constrained beam search moved to Hub code (GENERATION_MODES_MAPPING,
     generation/utils.py:150-153): without trust_remote_code (and a network) transformers refuses them, for the head
@@ -409,14 +463,27 @@ def _eval_data():
 
 
 def _trainer(model, data, **options):
-    args = transformers.TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_eval_batch_size=4, report_to=[],
-                                          use_cpu=True, disable_tqdm=True, log_level="error", **options)
+    args = transformers.TrainingArguments(
+        output_dir=tempfile.mkdtemp(),
+        per_device_eval_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        log_level="error",
+        **options,
+    )
     return transformers.Trainer(model=model, args=args, eval_dataset=data)
 
 
-@pytest.mark.parametrize("head, options", [(h, {}) for h in HEAD_NAMES] + [
-    ("mixtape", {"prediction_loss_only": True}), ("mixtape", {"prediction_loss_only": True, "use_liger_kernel": True})],
-    ids=HEAD_NAMES + ["mixtape-prediction_loss_only", "mixtape-use_liger_kernel"])
+@pytest.mark.parametrize(
+    "head, options",
+    [(h, {}) for h in HEAD_NAMES]
+    + [
+        ("mixtape", {"prediction_loss_only": True}),
+        ("mixtape", {"prediction_loss_only": True, "use_liger_kernel": True}),
+    ],
+    ids=HEAD_NAMES + ["mixtape-prediction_loss_only", "mixtape-use_liger_kernel"],
+)
 def test_trainer_evaluate_loss_and_predictions_are_the_heads(head, options):
     """prediction_step (trainer.py:3262-3269) calls the model with labels: the eval loss is the head's summed NLL over
     num_items_in_batch, which Trainer counts over the unshifted labels for GPT-2 (GPT2LMHeadModel's loss_type is None;
@@ -470,8 +537,11 @@ def test_training_forward_without_labels_warns_that_the_ds_softmax_aux_loss_is_n
     head = hf_heads.output_head(model)
     x, data = _eval_data()
     trainer = _trainer(model, data, label_smoothing_factor=0.1)
-    with pytest.warns(UserWarning, match=r"ds_softmax: a training forward without labels .* add "
-                                         r"hf_heads.output_head\(model\).aux_loss\(\) to your loss"):
+    with pytest.warns(
+        UserWarning,
+        match=r"ds_softmax: a training forward without labels .* add "
+        r"hf_heads.output_head\(model\).aux_loss\(\) to your loss",
+    ):
         loss = trainer.compute_loss(model, {"input_ids": x, "labels": x.clone()})
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per model
@@ -539,10 +609,17 @@ def test_peft_refuses_lora_on_the_head_and_trainable_token_indices(head):
     peft_lib = _peft()
     with pytest.raises(ValueError, match=r"(?s)Target module \w+Head\(.* is not supported"):
         peft_lib.get_peft_model(gpt2(head), peft_lib.LoraConfig(r=4, target_modules=["lm_head"], task_type="CAUSAL_LM"))
-    lora = peft_lib.get_peft_model(gpt2(head), peft_lib.LoraConfig(r=4, target_modules=["c_attn"],
-                                                                   trainable_token_indices=[5, 6],
-                                                                   task_type="CAUSAL_LM"))
-    with warnings.catch_warnings(), pytest.raises(ValueError, match=rf"trainable_token_indices wrapped the {head} "
-                                                                    r"head .* modules_to_save=\['lm_head'\]"):
+    lora = peft_lib.get_peft_model(
+        gpt2(head),
+        peft_lib.LoraConfig(r=4, target_modules=["c_attn"], trainable_token_indices=[5, 6], task_type="CAUSAL_LM"),
+    )
+    with (
+        warnings.catch_warnings(),
+        pytest.raises(
+            ValueError,
+            match=rf"trainable_token_indices wrapped the {head} "
+            r"head .* modules_to_save=\['lm_head'\]",
+        ),
+    ):
         warnings.simplefilter("ignore")  # PEFT: "Unsupported layer type ... proceed at your own risk"
         lora(ids(length=8))

@@ -1,4 +1,5 @@
 """OutputHead.resize_vocab: every head grows and shrinks its vocabulary consistently, or refuses up front."""
+
 from __future__ import annotations
 
 import pytest
@@ -53,8 +54,9 @@ def test_resize_keeps_the_old_rows_and_saves(case, tmp_path):
 
 
 def test_mixtape_keeps_its_frequent_ids_when_the_vocabulary_grows():
-    head = hf_heads.build_head("mixtape", hidden_size=HIDDEN, vocab_size=20, num_gates=2, frequent_fraction=0.3,
-                               gate_embedding_size=4)
+    head = hf_heads.build_head(
+        "mixtape", hidden_size=HIDDEN, vocab_size=20, num_gates=2, frequent_fraction=0.3, gate_embedding_size=4
+    )
     s = head.config.num_frequent
     gates = head.gate_embedding.detach().clone()
     head.resize_vocab(57)
@@ -75,7 +77,9 @@ def test_ds_softmax_new_classes_are_kept_by_every_expert():
 def test_heads_laid_out_over_the_ids_refuse_and_stay_as_they_are(name):
     case = next(c for c in HEAD_CASES if c.name == name)
     head = build_case(case)
-    with pytest.raises(ValueError, match=rf"{name}: resizing the vocabulary \({VOCAB} -> {VOCAB + 1}\) is not supported"):
+    with pytest.raises(
+        ValueError, match=rf"{name}: resizing the vocabulary \({VOCAB} -> {VOCAB + 1}\) is not supported"
+    ):
         head.resize_vocab(VOCAB + 1)
     assert head.config.vocab_size == VOCAB and head(torch.randn(2, HIDDEN)).shape == (2, VOCAB)
 
@@ -90,8 +94,15 @@ def test_resize_rejects_a_projection_of_the_wrong_shape():
 
 def test_mixtape_refuses_to_drop_a_frequent_id_that_is_not_among_the_first_ids():
     order = torch.arange(20).flip(0)  # ids 19..15 are the frequent ones
-    head = hf_heads.build_head("mixtape", hidden_size=HIDDEN, vocab_size=20, num_gates=2, frequent_fraction=0.25,
-                               gate_embedding_size=4, frequency_order=order)
+    head = hf_heads.build_head(
+        "mixtape",
+        hidden_size=HIDDEN,
+        vocab_size=20,
+        num_gates=2,
+        frequent_fraction=0.25,
+        gate_embedding_size=4,
+        frequency_order=order,
+    )
     with pytest.raises(ValueError, match="at least 20: shrinking would remove frequent id 19"):
         head.resize_vocab(17)
     assert head.config.vocab_size == 20 and torch.equal(head.frequency_order, order)

@@ -1,4 +1,5 @@
 """Generic tests over HEAD_CASES: every head, the same contract."""
+
 from __future__ import annotations
 
 import pytest
@@ -232,7 +233,11 @@ def test_memory_lean_training_loss_equals_the_reference_path(case, ignore, smoot
     loss, NLL and gradients as plain autograd over the whole batch (randomness off: dropout 0, no gate
     noise), with and without label smoothing; and the reference path equals F.cross_entropy on the
     head's log-probs (with its label_smoothing)."""
-    extra = {"gate_noise": 0.0} if "gate_noise" in hf_heads.get_head_class(case.name).config_class.__dataclass_fields__ else {}
+    extra = (
+        {"gate_noise": 0.0}
+        if "gate_noise" in hf_heads.get_head_class(case.name).config_class.__dataclass_fields__
+        else {}
+    )
     head = randomise(build_case(case, dtype=torch.float64, **extra)).train()
     hidden = _hidden(5, 3, dtype=torch.float64).requires_grad_()
     target = torch.randint(0, VOCAB, (5, 3), generator=torch.Generator().manual_seed(7))

@@ -1,4 +1,5 @@
 """The HF adapter: the head table crossed with GPT-2, BART and Marian tiny configs."""
+
 from __future__ import annotations
 
 import os
@@ -32,24 +33,48 @@ HEADS = {
 
 
 def gpt2():
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64,
-                                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=0
+    )
     return transformers.AutoModelForCausalLM.from_config(cfg)
 
 
 def bart():
-    cfg = transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
-                                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-                                  decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-                                  eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
+    cfg = transformers.BartConfig(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=None,
+    )
     return transformers.AutoModelForSeq2SeqLM.from_config(cfg)
 
 
 def marian():
-    cfg = transformers.MarianConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
-                                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-                                    decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, eos_token_id=2,
-                                    decoder_start_token_id=0, forced_eos_token_id=None)
+    cfg = transformers.MarianConfig(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=0,
+        forced_eos_token_id=None,
+    )
     return transformers.AutoModelForSeq2SeqLM.from_config(cfg)
 
 
@@ -84,8 +109,7 @@ def test_loss_is_head_nll_and_backward(model_name, head):
     if not model.config.is_encoder_decoder:  # causal LMs shift inside the model
         lp, labels = lp[:, :-1], labels[:, 1:]
     nll = F.nll_loss(lp.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100)
-    head_nll = hf_heads.output_head(model).loss(
-        _final_hidden(model, b)[:, : lp.shape[1]], labels, ignore_index=-100)
+    head_nll = hf_heads.output_head(model).loss(_final_hidden(model, b)[:, : lp.shape[1]], labels, ignore_index=-100)
     torch.testing.assert_close(out.loss, nll, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.loss, head_nll, rtol=1e-5, atol=1e-5)
     model.train()
@@ -145,6 +169,7 @@ def test_training_uses_the_lean_loss_and_matches_the_reference(model_name, head)
 def _final_hidden(model, b):
     """The hidden states the head sees, captured with a forward hook on the head."""
     seen = {}
+
     def keep(module, args, out):
         seen["h"] = args[0]  # returns None: the output is left as it is
 
@@ -248,17 +273,28 @@ def test_gradient_checkpointing_and_trainer(tmp_path):
     model(**b).loss.backward()
     assert hf_heads.output_head(model).gate_embedding.grad is not None
     data = [{k: v[i] for k, v in b.items()} for i in range(2)] * 4
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=3,
-                                          learning_rate=1e-3, report_to=[], use_cpu=True, save_strategy="no",
-                                          logging_steps=1, disable_tqdm=True)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        max_steps=3,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+    )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
     result = trainer.train()
     assert result.global_step == 3 and torch.isfinite(torch.tensor(result.training_loss))
 
 
 def test_unsupported_models_get_a_clear_error():
-    bert = transformers.BertModel(transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
-                                                          num_attention_heads=2, intermediate_size=64))
+    bert = transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+        )
+    )
     with pytest.raises(ValueError, match="has no output projection"):
         hf_heads.swap_head(bert, "mos")
     with pytest.raises(ValueError, match="expected a transformers PreTrainedModel"):
@@ -279,8 +315,10 @@ def test_fresh_process_loads_after_import_hf_heads_and_asks_for_remote_code_with
     # (without the package, trust_remote_code=True loads the files saved with the model: tests/test_remote_code.py)
     model = swapped("bart", "mixtape")
     model.save_pretrained(tmp_path)
-    load = ("import torch, transformers\n{imp}\n"
-            "m = transformers.AutoModelForSeq2SeqLM.from_pretrained(%r)\nprint(type(m).__name__)\n") % str(tmp_path)
+    load = (
+        "import torch, transformers\n{imp}\n"
+        "m = transformers.AutoModelForSeq2SeqLM.from_pretrained(%r)\nprint(type(m).__name__)\n"
+    ) % str(tmp_path)
     ok = _run(load.format(imp="import hf_heads"))
     assert ok.returncode == 0 and "SoftmaxHeadsBartForConditionalGeneration" in ok.stdout, ok.stderr[-2000:]
     without = _run(load.format(imp=""))
@@ -299,11 +337,13 @@ def test_swap_head_and_head_config_accept_the_models_own_sizes_and_refuse_others
     model = hf_heads.swap_head(tiny(), "mos", hidden_size=32, vocab_size=50, num_components=2)
     assert hf_heads.output_head(model).config.num_components == 2
     assert "hidden_size" not in model.config.output_head["options"]
-    with pytest.raises(ValueError, match=r"^swap_head: hidden_size=16 does not match the model's hidden_size, 32: "
-                                         r"leave it out, the model sets it$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^swap_head: hidden_size=16 does not match the model's hidden_size, 32: "
+        r"leave it out, the model sets it$",
+    ):
         hf_heads.swap_head(tiny(), "mos", hidden_size=16)
     config = hf_heads.head_config(tiny().config, "mixtape", vocab_size=50)
     assert config.output_head["options"] == {}
     with pytest.raises(ValueError, match=r"^head_config: vocab_size=51 does not match the model's vocab_size, 50"):
         hf_heads.head_config(tiny().config, "mixtape", vocab_size=51)
-

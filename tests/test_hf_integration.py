@@ -1,4 +1,5 @@
 """HF paths users take on day one: a model from a config that names its head, resize_token_embeddings, PEFT."""
+
 from __future__ import annotations
 
 import json
@@ -11,21 +12,39 @@ import hf_heads  # noqa: E402
 from hf_heads.hf import HeadModelMixin  # noqa: E402
 from test_hf import HEADS, VOCAB, _no_randomness, batch, gpt2, swapped  # noqa: E402
 
-GPT2_SIZES = dict(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2,
-                  pad_token_id=0)
-BART_SIZES = dict(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                  decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-                  pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
+GPT2_SIZES = dict(
+    n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=0
+)
+BART_SIZES = dict(
+    vocab_size=VOCAB,
+    d_model=32,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    decoder_start_token_id=2,
+    forced_eos_token_id=None,
+)
 MIXTAPE = {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 8}
 
 
 # ----------------------------------------------------------------------------- a model from a head config
 @pytest.mark.parametrize("kind", ["causal", "seq2seq"])
 def test_auto_config_for_model_builds_the_head_model_and_round_trips(kind, tmp_path):
-    base_type, sizes, auto = (("gpt2", GPT2_SIZES, transformers.AutoModelForCausalLM) if kind == "causal" else
-                              ("bart", BART_SIZES, transformers.AutoModelForSeq2SeqLM))
-    cfg = transformers.AutoConfig.for_model("softmax-heads", base_model_type=base_type,
-                                            output_head={"name": "mixtape", "options": MIXTAPE}, **sizes)
+    base_type, sizes, auto = (
+        ("gpt2", GPT2_SIZES, transformers.AutoModelForCausalLM)
+        if kind == "causal"
+        else ("bart", BART_SIZES, transformers.AutoModelForSeq2SeqLM)
+    )
+    cfg = transformers.AutoConfig.for_model(
+        "softmax-heads", base_model_type=base_type, output_head={"name": "mixtape", "options": MIXTAPE}, **sizes
+    )
     assert cfg.model_type == "softmax-heads" and cfg.base_model_type == base_type
     torch.manual_seed(0)
     model = auto.from_config(cfg).eval()
@@ -46,9 +65,12 @@ def test_auto_config_for_model_builds_the_head_model_and_round_trips(kind, tmp_p
 
 def test_head_config_helper_equals_for_model():
     cfg = hf_heads.head_config(transformers.GPT2Config(**GPT2_SIZES), "mixtape", **MIXTAPE)
-    same = transformers.AutoConfig.for_model("softmax-heads", base_model_type="gpt2",
-                                             output_head={"name": "mixtape", "options": MIXTAPE, "use_bias": False},
-                                             **GPT2_SIZES)
+    same = transformers.AutoConfig.for_model(
+        "softmax-heads",
+        base_model_type="gpt2",
+        output_head={"name": "mixtape", "options": MIXTAPE, "use_bias": False},
+        **GPT2_SIZES,
+    )
     assert type(cfg) is type(same) and cfg.output_head == same.output_head
     torch.manual_seed(0)
     a = transformers.AutoModelForCausalLM.from_config(cfg)
@@ -66,10 +88,12 @@ def test_head_config_errors_say_what_to_do():
     with pytest.raises(ValueError, match="expected a transformers config"):
         hf_heads.head_config({"n_layer": 2}, "mos")
     # AutoConfig.for_model checks the head when the config is made too, not at from_config
-    for spec, message in (({"name": "mixtap"}, r"unknown output head 'mixtap' \(did you mean 'mixtape'\?\)"),
-                          ({"name": "mixtape", "options": {"num_gates": 3}}, "num_gates=3 is out of range"),
-                          ({"name": "mos", "option": {}}, "output_head has keys"),
-                          ("mixtape", "output_head must be a dict")):
+    for spec, message in (
+        ({"name": "mixtap"}, r"unknown output head 'mixtap' \(did you mean 'mixtape'\?\)"),
+        ({"name": "mixtape", "options": {"num_gates": 3}}, "num_gates=3 is out of range"),
+        ({"name": "mos", "option": {}}, "output_head has keys"),
+        ("mixtape", "output_head must be a dict"),
+    ):
         with pytest.raises(ValueError, match=message):
             transformers.AutoConfig.for_model("softmax-heads", base_model_type="gpt2", output_head=spec, **GPT2_SIZES)
 
@@ -89,7 +113,8 @@ SAME_ON_OLD_IDS = {"softmax", "sigsoftmax", "plif", "mixtape", "ds_softmax", "ad
 def test_resize_token_embeddings_grows_and_shrinks_the_head(head, tie, tmp_path):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(
-        transformers.GPT2Config(**GPT2_SIZES, tie_word_embeddings=tie))
+        transformers.GPT2Config(**GPT2_SIZES, tie_word_embeddings=tie)
+    )
     model = _no_randomness(hf_heads.swap_head(model, head, **HEADS[head]).eval())
     b = batch(model)
     with torch.no_grad():
@@ -138,8 +163,9 @@ peft = pytest.importorskip("peft", reason="peft not installed: run `make install
 def _lora_model(head="mixtape", **peft_options):
     torch.manual_seed(0)
     model = _no_randomness(swapped("gpt2", head).train())
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], modules_to_save=["lm_head"],
-                             task_type="CAUSAL_LM", **peft_options)
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["c_attn"], modules_to_save=["lm_head"], task_type="CAUSAL_LM", **peft_options
+    )
     return peft.get_peft_model(model, config)
 
 
@@ -191,7 +217,9 @@ def test_peft_weight_tying_that_drops_the_head_is_refused():
 def test_float_labels_get_the_librarys_message(training):
     model = swapped("gpt2", "mixtape").train(training)
     b = batch(model)
-    with pytest.raises(ValueError, match=r"mixtape: labels have dtype torch.float32; expected token ids \(torch.long\)"):
+    with pytest.raises(
+        ValueError, match=r"mixtape: labels have dtype torch.float32; expected token ids \(torch.long\)"
+    ):
         model(input_ids=b["input_ids"], labels=b["labels"].float())
 
 
@@ -202,18 +230,29 @@ def test_a_causal_head_model_of_a_seq2seq_family_does_not_take_over_auto_seq2seq
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, BartConfig, BartForCausalLM
 
     torch.manual_seed(0)
-    config = BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=16)
+    config = BartConfig(
+        vocab_size=40,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=16,
+    )
     seq2seq = AutoModelForSeq2SeqLM.from_config(hf_heads.head_config(config, "mos", num_components=2)).eval()
     seq2seq.save_pretrained(tmp_path / "seq2seq")
-    hf_heads.swap_head(BartForCausalLM(BartConfig(**{**config.to_dict(), "is_decoder": True})), "mos",
-                       num_components=2).save_pretrained(tmp_path / "causal")
+    hf_heads.swap_head(
+        BartForCausalLM(BartConfig(**{**config.to_dict(), "is_decoder": True})), "mos", num_components=2
+    ).save_pretrained(tmp_path / "causal")
     ids = torch.randint(0, 40, (2, 6))
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "seq2seq").eval()
     assert type(loaded).__name__ == "SoftmaxHeadsBartForConditionalGeneration"
     with torch.no_grad():
-        torch.testing.assert_close(loaded(input_ids=ids, decoder_input_ids=ids).logits,
-                                   seq2seq(input_ids=ids, decoder_input_ids=ids).logits)
+        torch.testing.assert_close(
+            loaded(input_ids=ids, decoder_input_ids=ids).logits, seq2seq(input_ids=ids, decoder_input_ids=ids).logits
+        )
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "causal")).__name__ == "SoftmaxHeadsBartForCausalLM"
 
 
@@ -224,8 +263,12 @@ def test_output_head_specs_carry_a_version_and_old_ones_get_the_old_defaults(tmp
 
     cfg = hf_heads.head_config(transformers.GPT2Config(**GPT2_SIZES), "mixtape", num_gates=2)
     assert cfg.output_head["version"] == C.SPEC_VERSION
-    same = transformers.AutoConfig.for_model("softmax-heads", base_model_type="gpt2",
-                                             output_head={"name": "mixtape", "options": {"num_gates": 2}}, **GPT2_SIZES)
+    same = transformers.AutoConfig.for_model(
+        "softmax-heads",
+        base_model_type="gpt2",
+        output_head={"name": "mixtape", "options": {"num_gates": 2}},
+        **GPT2_SIZES,
+    )
     assert same.output_head["version"] == C.SPEC_VERSION
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     model.save_pretrained(tmp_path)
@@ -243,9 +286,12 @@ def test_output_head_specs_carry_a_version_and_old_ones_get_the_old_defaults(tmp
     from hf_heads.hf import config as HC
 
     assert HC.spec_options({"name": "mixtape", "options": {"num_gates": 2}, "version": 1}) == {
-        "num_gates": 2, "scaled_input": True}
+        "num_gates": 2,
+        "scaled_input": True,
+    }
     assert HC.spec_options({"name": "mixtape", "options": {"scaled_input": False}, "version": 1}) == {
-        "scaled_input": False}
+        "scaled_input": False
+    }
     assert HC.spec_options(cfg.output_head) == {"num_gates": 2}
     assert model.get_output_embeddings().config.scaled_input is False
     with pytest.raises(ValueError, match="head spec version 3 is not one this version of softmax-heads reads"):

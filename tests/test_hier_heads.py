@@ -1,5 +1,6 @@
 """class_softmax and d_softmax beyond the generic head table: the classes and bands they build, what their
 loss and top-k compute, and the multiplications they report."""
+
 from __future__ import annotations
 
 import math
@@ -85,7 +86,7 @@ def test_class_softmax_loss_reads_only_the_target_classes():
     expected = F.nll_loss(head(hidden), target, reduction="none")
     used = torch.zeros(60, dtype=torch.bool)
     for c in (3, 6):
-        used[spans[c][0]:spans[c][1]] = True
+        used[spans[c][0] : spans[c][1]] = True
     with torch.no_grad():
         head.weight[~used] = float("nan")
         head.bias[~used] = float("nan")
@@ -110,7 +111,7 @@ def _searched_reference(head, hidden, k):
             if len(taken) >= head.config.search_classes and int(allowed.sum()) >= k:
                 break
             taken.append(c)
-            allowed[spans[c][0]:spans[c][1]] = True
+            allowed[spans[c][0] : spans[c][1]] = True
         top = full[row].masked_fill(~allowed, float("-inf")).topk(k)
         values.append(top.values)
         ids.append(top.indices)
@@ -157,8 +158,12 @@ def test_class_softmax_exact_topk_by_default_and_its_stats():
     exact_lp, exact_idx = head(hidden).topk(5)
     assert torch.equal(idx, exact_idx) and lp.shape == (2, 2, 5)
     torch.testing.assert_close(lp, exact_lp)
-    assert head.last_stats == {"multiplications": (c.num_classes + 60) * D, "budget": 60 * D,
-                               "tokens_scored": 60.0, "classes_searched": float(c.num_classes)}
+    assert head.last_stats == {
+        "multiplications": (c.num_classes + 60) * D,
+        "budget": 60 * D,
+        "tokens_scored": 60.0,
+        "classes_searched": float(c.num_classes),
+    }
 
 
 def test_class_softmax_approximate_topk_in_low_precision():
@@ -218,13 +223,15 @@ def test_d_softmax_dense_weight_is_the_equivalent_softmax():
 
 def test_d_softmax_start_from_a_projection_keeps_each_bands_block():
     weight, bias = torch.randn(30, D), torch.randn(30)
-    head = hf_heads.build_head("d_softmax", hidden_size=D, vocab_size=30, weight=weight, bias=bias,
-                               band_fractions=[0.2, 0.8], band_dims=[5, 3])
+    head = hf_heads.build_head(
+        "d_softmax", hidden_size=D, vocab_size=30, weight=weight, bias=bias, band_fractions=[0.2, 0.8], band_dims=[5, 3]
+    )
     assert torch.equal(head.band_weights[0], weight[:6, :5]) and torch.equal(head.band_weights[1], weight[6:, 5:])
     assert torch.equal(head.bias, bias)
     # one band keeps everything: the head is the softmax it started from
-    one = hf_heads.build_head("d_softmax", hidden_size=D, vocab_size=30, weight=weight, bias=bias,
-                              band_fractions=[1.0], band_dims=[D])
+    one = hf_heads.build_head(
+        "d_softmax", hidden_size=D, vocab_size=30, weight=weight, bias=bias, band_fractions=[1.0], band_dims=[D]
+    )
     ref = hf_heads.build_head("softmax", hidden_size=D, vocab_size=30, weight=weight, bias=bias)
     hidden = _hidden(4, dtype=torch.float32)
     torch.testing.assert_close(one(hidden), ref(hidden))
@@ -236,8 +243,11 @@ def test_d_softmax_start_from_a_projection_keeps_each_bands_block():
 
 def test_d_softmax_band_options_must_agree():
     build = lambda **kw: hf_heads.build_head("d_softmax", hidden_size=D, vocab_size=30, **kw)  # noqa: E731
-    with pytest.raises(ValueError, match=r"band_dims=\[2, 2, 4\] is out of range; allowed: .*one per band of "
-                                         r"band_fractions \(2\), summing to hidden_size=8"):
+    with pytest.raises(
+        ValueError,
+        match=r"band_dims=\[2, 2, 4\] is out of range; allowed: .*one per band of "
+        r"band_fractions \(2\), summing to hidden_size=8",
+    ):
         build(band_fractions=[0.5, 0.5], band_dims=[2, 2, 4])
     with pytest.raises(ValueError, match=r"band_dims=.* is out of range; allowed: at most vocab_size=3 bands"):
         hf_heads.build_head("d_softmax", hidden_size=D, vocab_size=3, band_dims=[2, 2, 2, 2])

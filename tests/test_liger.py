@@ -5,6 +5,7 @@ Liger replaces ``model.forward`` by one that projects through ``lm_head.weight``
 Liger's GPU kernels (RMSNorm, RoPE, SwiGLU) are switched off: applying Liger, which is what could bypass the head,
 runs on CPU.
 """
+
 import tempfile
 import warnings
 
@@ -13,8 +14,11 @@ import torch
 
 import hf_heads
 
-liger = pytest.importorskip("liger_kernel.transformers", reason="liger-kernel not installed: `make install` installs "
-                            "it on Linux x86_64 with Python >= 3.11 (the clients extra)")
+liger = pytest.importorskip(
+    "liger_kernel.transformers",
+    reason="liger-kernel not installed: `make install` installs "
+    "it on Linux x86_64 with Python >= 3.11 (the clients extra)",
+)
 
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
@@ -25,8 +29,15 @@ HEAD_PARAMS = ("gate_embedding", "gate_proj", "context_proj")
 
 def llama_head_model():
     torch.manual_seed(0)
-    base = LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
-                       num_key_value_heads=2, vocab_size=60, max_position_embeddings=64)
+    base = LlamaConfig(
+        num_hidden_layers=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=60,
+        max_position_embeddings=64,
+    )
     config = hf_heads.head_config(base, "mixtape", num_gates=4, gate_embedding_size=8, gate_noise=0.0)
     return AutoModelForCausalLM.from_config(config)
 
@@ -74,10 +85,21 @@ def test_class_patched_by_liger_is_refused_at_construction():
     try:
         liger.apply_liger_kernel_to_llama(fused_linear_cross_entropy=True, **GPU_KERNELS_OFF)
         assert modeling_llama.LlamaForCausalLM.forward is not original
-        base = MyLlama(LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
-                                   num_key_value_heads=2, vocab_size=60))
-        with pytest.raises(ValueError, match=r"^MyLlama.forward is Liger's fused linear cross-entropy forward.*"
-                                             r"fused_linear_cross_entropy=False"):
+        base = MyLlama(
+            LlamaConfig(
+                num_hidden_layers=1,
+                hidden_size=32,
+                intermediate_size=64,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                vocab_size=60,
+            )
+        )
+        with pytest.raises(
+            ValueError,
+            match=r"^MyLlama.forward is Liger's fused linear cross-entropy forward.*"
+            r"fused_linear_cross_entropy=False",
+        ):
             hf_heads.swap_head(base, "mos")
     finally:
         modeling_llama.LlamaForCausalLM.forward = original
@@ -87,13 +109,23 @@ def test_trainer_use_liger_kernel_trains_the_head():
     model = llama_head_model()
     ids = torch.randint(0, 60, (4, 9), generator=torch.Generator().manual_seed(2))
     rows = [{"input_ids": r, "labels": r} for r in ids]  # one batch: whatever the sampler's order, the first step's
-    expected = head_nll(model, ids)                       # loss is the head's mean NLL of all four rows
+    expected = head_nll(model, ids)  # loss is the head's mean NLL of all four rows
     before = head_params(model)
     with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(output_dir=out, use_liger_kernel=True, liger_kernel_config=GPU_KERNELS_OFF,
-                                 per_device_train_batch_size=4, max_steps=2, learning_rate=1e-2, logging_steps=1,
-                                 report_to=[], use_cpu=True, save_strategy="no", prediction_loss_only=True,
-                                 seed=0)
+        args = TrainingArguments(
+            output_dir=out,
+            use_liger_kernel=True,
+            liger_kernel_config=GPU_KERNELS_OFF,
+            per_device_train_batch_size=4,
+            max_steps=2,
+            learning_rate=1e-2,
+            logging_steps=1,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="no",
+            prediction_loss_only=True,
+            seed=0,
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer = Trainer(model=model, args=args, train_dataset=rows, eval_dataset=rows)

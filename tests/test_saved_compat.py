@@ -1,5 +1,6 @@
 """Heads, HF models and fairseq checkpoints saved by softmax-heads 0.1.0 (tests/data/saved_0_1_0, made by its
 make.py with the code of commit ae9d721) load with today's code and compute what they computed then."""
+
 import os
 
 import pytest
@@ -21,9 +22,14 @@ def test_heads_saved_by_0_1_0_load_and_compute_as_saved(name):
         assert not torch.equal(head.frequency_order, torch.arange(head.config.vocab_size))
 
 
-@pytest.mark.parametrize("saved,key,auto", [("hf_gpt2_mixtape", "gpt2_mixtape", "AutoModelForCausalLM"),
-                                           ("hf_gpt2_ds_softmax", "gpt2_ds_softmax", "AutoModelForCausalLM"),
-                                           ("hf_bart_mos", "bart_mos", "AutoModelForSeq2SeqLM")])
+@pytest.mark.parametrize(
+    "saved,key,auto",
+    [
+        ("hf_gpt2_mixtape", "gpt2_mixtape", "AutoModelForCausalLM"),
+        ("hf_gpt2_ds_softmax", "gpt2_ds_softmax", "AutoModelForCausalLM"),
+        ("hf_bart_mos", "bart_mos", "AutoModelForSeq2SeqLM"),
+    ],
+)
 def test_hf_models_saved_by_0_1_0_load_and_compute_as_saved(saved, key, auto):
     transformers = pytest.importorskip("transformers", reason="transformers not installed: run `make install`")
     expected = torch.load(os.path.join(DATA, "hf_expected.pt"), weights_only=True)
@@ -48,8 +54,9 @@ def test_fairseq_checkpoint_saved_by_0_1_0_loads_under_weights_only_and_scores_a
     for f in ("dict.txt", "checkpoint_best.pt"):  # a copy: fairseq's loader may write beside the checkpoint
         shutil.copy(os.path.join(DATA, "fairseq_lm", f), tmp_path / f)
     expected = torch.load(os.path.join(DATA, "fairseq_expected.pt"), weights_only=True)
-    lm = TransformerLanguageModel.from_pretrained(str(tmp_path), "checkpoint_best.pt",
-                                                  user_dir=os.path.dirname(fairseq_plugin.__file__)).eval()
+    lm = TransformerLanguageModel.from_pretrained(
+        str(tmp_path), "checkpoint_best.pt", user_dir=os.path.dirname(fairseq_plugin.__file__)
+    ).eval()
     net = lm.models[0]
     assert isinstance(net.decoder.head, hf_heads.OutputHead) and net.decoder.head.head_name == "mixtape"
     assert net.decoder.head.config.scaled_input is True  # saved before the form was kept: the default of then

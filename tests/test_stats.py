@@ -1,5 +1,6 @@
 """The paired statistics of the reproduced tables (recipes/reproduce/stats.py) against hand-checked examples and
 scipy's own tests."""
+
 import math
 
 import pytest
@@ -82,8 +83,14 @@ def test_detectable_difference_has_the_stated_power_by_simulation():
 
 
 def _row(head, split, values):
-    return {"head": head, "split": split, "metric": "ppl", "seeds": list(range(1, len(values) + 1)),
-            "values": values, "mean": sum(values) / len(values)}
+    return {
+        "head": head,
+        "split": split,
+        "metric": "ppl",
+        "seeds": list(range(1, len(values) + 1)),
+        "values": values,
+        "mean": sum(values) / len(values),
+    }
 
 
 def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_against_the_matched_softmax():

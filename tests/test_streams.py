@@ -1,6 +1,7 @@
 """``--task awd_language_modeling``: the AWD-LSTM / MoS protocol (streams, carried state, variable BPTT, the rescaled
 learning rate) against a slow reference: the papers' loop written out (batchify, get_batch, repackage_hidden, the
 draws from a seeded ``np.random``) on the same model, step by step through fairseq's own Trainer."""
+
 import copy
 import math
 import re
@@ -18,8 +19,32 @@ from fairseq_plugin.lm.streams import StreamDataset, eval_windows, train_windows
 from recipes.reproduce.costs import setup_task  # noqa: E402
 from test_fairseq_cli import PLUGIN, cli, data  # noqa: E402,F401  (data: the tiny corpus fixture)
 
-TINY = ["--emsize", "16", "--nhid", "24", "--nhidlast", "16", "--nlayers", "2", "--dropout", "0", "--dropouth", "0",
-        "--dropouti", "0", "--dropoute", "0", "--wdrop", "0", "--dropoutl", "0", "--alpha", "0", "--beta", "0"]
+TINY = [
+    "--emsize",
+    "16",
+    "--nhid",
+    "24",
+    "--nhidlast",
+    "16",
+    "--nlayers",
+    "2",
+    "--dropout",
+    "0",
+    "--dropouth",
+    "0",
+    "--dropouti",
+    "0",
+    "--dropoute",
+    "0",
+    "--wdrop",
+    "0",
+    "--dropoutl",
+    "0",
+    "--alpha",
+    "0",
+    "--beta",
+    "0",
+]
 
 
 def papers_plan(seed, nrows, epochs, bptt=70, delta=40):
@@ -29,7 +54,7 @@ def papers_plan(seed, nrows, epochs, bptt=70, delta=40):
     for _ in range(epochs):
         windows, i = [], 0
         while i < nrows - 1 - 1:
-            b = bptt if np.random.random() < 0.95 else bptt / 2.
+            b = bptt if np.random.random() < 0.95 else bptt / 2.0
             seq_len = max(5, int(np.random.normal(b, 5)))
             if delta >= 0:
                 seq_len = min(seq_len, bptt + delta)
@@ -51,10 +76,42 @@ def test_windows_are_the_papers_draws_epoch_after_epoch(seed, nrows, bptt, delta
 
 
 def train_args(data_dir, save_dir, *extra):
-    return [str(data_dir), "--user-dir", PLUGIN, "--task", "awd_language_modeling", "--arch", "head_awd_lstm_lm",
-            *TINY, "--output-head", "softmax", "--criterion", "head_cross_entropy", "--optimizer", "sgd", "--lr", "2",
-            "--clip-norm", "0.25", "--weight-decay", "1.2e-6", "--batch-size", "4", "--bptt", "12", "--cpu",
-            "--max-epoch", "2", "--seed", "3", "--num-workers", "0", "--save-dir", str(save_dir), *extra]
+    return [
+        str(data_dir),
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "awd_language_modeling",
+        "--arch",
+        "head_awd_lstm_lm",
+        *TINY,
+        "--output-head",
+        "softmax",
+        "--criterion",
+        "head_cross_entropy",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "2",
+        "--clip-norm",
+        "0.25",
+        "--weight-decay",
+        "1.2e-6",
+        "--batch-size",
+        "4",
+        "--bptt",
+        "12",
+        "--cpu",
+        "--max-epoch",
+        "2",
+        "--seed",
+        "3",
+        "--num-workers",
+        "0",
+        "--save-dir",
+        str(save_dir),
+        *extra,
+    ]
 
 
 def batchify(tokens, bsz):
@@ -65,7 +122,7 @@ def batchify(tokens, bsz):
 def reference_step(model, rows, i, seq_len, hidden):
     """get_batch + the forward of the papers' loop; returns (mean NLL, the detached final state)."""
     length = min(seq_len, len(rows) - 1 - i)
-    src, tgt = rows[i:i + length].t(), rows[i + 1:i + 1 + length].t()
+    src, tgt = rows[i : i + length].t(), rows[i + 1 : i + 1 + length].t()
     features, extra = model.decoder.extract_features(src, hidden=hidden)
     lp = model.decoder.get_normalized_probs((features, None), log_probs=True)
     loss = F.nll_loss(lp.reshape(-1, lp.shape[-1]), tgt.reshape(-1))
@@ -115,7 +172,7 @@ def test_fairseq_trainer_sees_the_papers_batches_state_and_learning_rate(data, t
             optimizer.zero_grad()
             total = 0.0
             for m in range(update_freq):  # MoS: one state per chunk of columns, the loss weighted by its share
-                cols = rows[:, m * 4:(m + 1) * 4]
+                cols = rows[:, m * 4 : (m + 1) * 4]
                 loss, hidden[m] = reference_step(reference, cols, i, seq_len, hidden[m])
                 (loss / update_freq).backward()
                 expected.append((step, seq_len, loss.item()))
@@ -157,8 +214,9 @@ def test_validation_carries_the_state_over_the_split_and_stateless_does_not(data
             _, size, log = task.valid_step(sample, model, criterion)
             total, count = total + log["loss"], count + size
         rows = batchify(task.dataset("valid").tokens, 10)
-        assert total / count / math.log(2) == pytest.approx(evaluate(model, rows, 12, not stateless) / math.log(2),
-                                                              rel=1e-5)
+        assert total / count / math.log(2) == pytest.approx(
+            evaluate(model, rows, 12, not stateless) / math.log(2), rel=1e-5
+        )
         if not stateless:
             assert abs(evaluate(model, rows, 12, True) - evaluate(model, rows, 12, False)) > 1e-4
 
@@ -169,22 +227,74 @@ def test_command_line_trains_with_ntasgd_and_eval_lm_scores_the_average_with_and
     import subprocess
     import sys
 
-    cli("fairseq-train", *train_args(data / "lm-bin", tmp_path, "--max-epoch", "2", "--no-epoch-checkpoints",
-                                    "--log-format", "simple", "--optimizer", "ntasgd", "--lr-scheduler", "ntasgd",
-                                    "--asgd-from-epoch", "1"))
-    avg = subprocess.run([sys.executable, "-m", "fairseq_plugin.average", str(tmp_path / "checkpoint_last.pt"),
-                          str(tmp_path / "avg.pt")], capture_output=True, text=True)
+    cli(
+        "fairseq-train",
+        *train_args(
+            data / "lm-bin",
+            tmp_path,
+            "--max-epoch",
+            "2",
+            "--no-epoch-checkpoints",
+            "--log-format",
+            "simple",
+            "--optimizer",
+            "ntasgd",
+            "--lr-scheduler",
+            "ntasgd",
+            "--asgd-from-epoch",
+            "1",
+        ),
+    )
+    avg = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairseq_plugin.average",
+            str(tmp_path / "checkpoint_last.pt"),
+            str(tmp_path / "avg.pt"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert avg.returncode == 0, avg.stderr[-2000:]
     scores = {}
     for extra in ([], ["--stateless"]):
-        out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--task", "awd_language_modeling",
-                  "--path", tmp_path / "avg.pt", "--gen-subset", "valid", "--bptt", "12", "--cpu",
-                  "--num-workers", "0", *extra)
+        out = cli(
+            "fairseq-eval-lm",
+            data / "lm-bin",
+            "--user-dir",
+            PLUGIN,
+            "--task",
+            "awd_language_modeling",
+            "--path",
+            tmp_path / "avg.pt",
+            "--gen-subset",
+            "valid",
+            "--bptt",
+            "12",
+            "--cpu",
+            "--num-workers",
+            "0",
+            *extra,
+        )
         scores[bool(extra)] = float(re.search(r"Perplexity: ([\d.]+)", out).group(1))
     assert all(1.0 < s < 200.0 for s in scores.values()) and scores[False] != scores[True]
-    code, out = cli("fairseq-eval-lm", data / "lm-bin", "--user-dir", PLUGIN, "--task", "awd_language_modeling",
-                    "--path", tmp_path / "avg.pt", "--gen-subset", "valid", "--cpu", "--context-window",
-                    "5", check=False)
+    code, out = cli(
+        "fairseq-eval-lm",
+        data / "lm-bin",
+        "--user-dir",
+        PLUGIN,
+        "--task",
+        "awd_language_modeling",
+        "--path",
+        tmp_path / "avg.pt",
+        "--gen-subset",
+        "valid",
+        "--cpu",
+        "--context-window",
+        "5",
+        check=False,
+    )
     assert code != 0
 
 
@@ -206,13 +316,30 @@ def test_two_processes_read_their_own_streams_and_equal_one_process_with_all_of_
     one = tmp_path / "one"
     cli("fairseq-train", *train_args(data / "lm-bin", one, "--max-epoch", "1", "--no-epoch-checkpoints"))
     two = tmp_path / "two"
-    common = [os.path.join(BIN, "fairseq-train"), *train_args(data / "lm-bin", two, "--max-epoch", "1",
-                                                              "--no-epoch-checkpoints"),
-              "--distributed-world-size", "2", "--distributed-backend", "gloo", "--distributed-init-method",
-              f"tcp://127.0.0.1:{_free_port()}", "--distributed-no-spawn", "--ddp-backend", "legacy_ddp"]
+    common = [
+        os.path.join(BIN, "fairseq-train"),
+        *train_args(data / "lm-bin", two, "--max-epoch", "1", "--no-epoch-checkpoints"),
+        "--distributed-world-size",
+        "2",
+        "--distributed-backend",
+        "gloo",
+        "--distributed-init-method",
+        f"tcp://127.0.0.1:{_free_port()}",
+        "--distributed-no-spawn",
+        "--ddp-backend",
+        "legacy_ddp",
+    ]
     common[common.index("--batch-size") + 1] = "2"
-    procs = [subprocess.Popen(common + ["--distributed-rank", str(r)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=clean_env()) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            common + ["--distributed-rank", str(r)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=clean_env(),
+        )
+        for r in (0, 1)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
     a = torch.load(one / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]

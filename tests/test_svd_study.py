@@ -1,6 +1,7 @@
 """recipes/svd_study.py: spectra of a known matrix, the perplexity of SVD-softmax's distribution against a slow
 per-query reference (and the exact softmax where the approximation is exact), and the command end to end on a tiny
 corpus."""
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,17 @@ def test_perplexity_of_the_approximation_equals_a_slow_reference(dims):
     V, d, n = 60, 16, 40
     weight, bias = torch.randn(V, d, generator=g), 0.1 * torch.randn(V, generator=g)
     hidden, target = torch.randn(n, d, generator=g), torch.randint(0, V, (n,), generator=g)
-    head = hf_heads.build_head("svd_softmax", hidden_size=d, vocab_size=V, weight=weight, bias=bias, preview_rank=4,
-                               num_refine=6, preview_dims=dims, preview_half=False).eval()
+    head = hf_heads.build_head(
+        "svd_softmax",
+        hidden_size=d,
+        vocab_size=V,
+        weight=weight,
+        bias=bias,
+        preview_rank=4,
+        num_refine=6,
+        preview_dims=dims,
+        preview_half=False,
+    ).eval()
     exact_top = (hidden @ weight.T + bias).topk(10, dim=1).indices
     got = SS.scores(head, hidden, target, exact_top, batch=7)
     nll = [-float(slow_log_probs(weight, bias, hidden[i], 4, 6, dims == "leading")[target[i]]) for i in range(n)]
@@ -49,17 +59,49 @@ def test_perplexity_of_the_approximation_equals_a_slow_reference(dims):
     exact_ppl = math.exp(float(torch.nn.functional.cross_entropy(hidden @ weight.T + bias, target)))
     for w, r in ((d, 6), (4, V)):
         assert SS.scores(SS.svd_head(setting, w, r, dims), hidden, target, exact_top)["ppl"] == pytest.approx(
-            exact_ppl, rel=1e-4)
+            exact_ppl, rel=1e-4
+        )
 
 
 def test_study_command_on_a_tiny_corpus(tmp_path):
     tiny_corpus(tmp_path / "ptb", num_words=30, valid_lines=60, seed=2)
-    (result,) = SS.main(["--settings", "ptb", "--data", str(tmp_path), "--dim", "16", "--lm-epochs", "1",
-                         "--queries", "50", "--windows", "0.25", "0.5", "--refine", "0.001", "--hier-steps", "3",
-                         "--timing-queries", "2", "--timing-rounds", "1", "--quiet", "--out", str(tmp_path / "o")])
+    (result,) = SS.main(
+        [
+            "--settings",
+            "ptb",
+            "--data",
+            str(tmp_path),
+            "--dim",
+            "16",
+            "--lm-epochs",
+            "1",
+            "--queries",
+            "50",
+            "--windows",
+            "0.25",
+            "0.5",
+            "--refine",
+            "0.001",
+            "--hier-steps",
+            "3",
+            "--timing-queries",
+            "2",
+            "--timing-rounds",
+            "1",
+            "--quiet",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     methods = [(r["method"], r.get("preview"), r.get("W")) for r in result["rows"]]
-    assert methods == [("softmax (exact)", None, None), ("svd_softmax", "leading", 4), ("svd_softmax", "leading", 8),
-                       ("svd_softmax", "adaptive", 4), ("svd_softmax", "adaptive", 8), ("class_softmax", None, None)]
+    assert methods == [
+        ("softmax (exact)", None, None),
+        ("svd_softmax", "leading", 4),
+        ("svd_softmax", "leading", 8),
+        ("svd_softmax", "adaptive", 4),
+        ("svd_softmax", "adaptive", 8),
+        ("class_softmax", None, None),
+    ]
     assert result["V"] == 10000 and result["rows"][0]["top1"] == 1.0 and result["rows"][0]["cost_gain"] == 1.0
     assert all("ms_per_token" in r for r in result["rows"] if r["method"] != "svd_softmax" or r["N"] == 10)
     assert result["spectrum"][0] == 1.0
@@ -76,16 +118,72 @@ def test_fast_study_page_from_both_commands(tmp_path):
     from recipes import fast_report as FR
 
     tiny_corpus(tmp_path / "ptb", num_words=30, valid_lines=60, seed=2)
-    SS.main(["--settings", "ptb", "--data", str(tmp_path), "--dim", "16", "--lm-epochs", "1", "--queries", "50",
-             "--windows", "0.25", "0.5", "--refine", "0.001", "--hier-steps", "3", "--timing-queries", "2",
-             "--timing-rounds", "1", "--quiet", "--out", str(tmp_path / "svd")])
-    dsr.main(["--tasks", "ptb", "--data-dir", str(tmp_path / "ptb"), "--dim", "8", "--lm-epochs", "1",
-              "--experts", "2", "--steps", "4", "--timing-rounds", "1", "--timing-queries", "4", "--no-progress",
-              "--no-plot", "--out", str(tmp_path / "ds")])
+    SS.main(
+        [
+            "--settings",
+            "ptb",
+            "--data",
+            str(tmp_path),
+            "--dim",
+            "16",
+            "--lm-epochs",
+            "1",
+            "--queries",
+            "50",
+            "--windows",
+            "0.25",
+            "0.5",
+            "--refine",
+            "0.001",
+            "--hier-steps",
+            "3",
+            "--timing-queries",
+            "2",
+            "--timing-rounds",
+            "1",
+            "--quiet",
+            "--out",
+            str(tmp_path / "svd"),
+        ]
+    )
+    dsr.main(
+        [
+            "--tasks",
+            "ptb",
+            "--data-dir",
+            str(tmp_path / "ptb"),
+            "--dim",
+            "8",
+            "--lm-epochs",
+            "1",
+            "--experts",
+            "2",
+            "--steps",
+            "4",
+            "--timing-rounds",
+            "1",
+            "--timing-queries",
+            "4",
+            "--no-progress",
+            "--no-plot",
+            "--out",
+            str(tmp_path / "ds"),
+        ]
+    )
     docs = tmp_path / "docs"
     docs.mkdir()
-    FR.main(["--svd", str(tmp_path / "svd"), "--ds", str(tmp_path / "ds"), "--docs", str(docs),
-             "--note", "timed beside two busy processes"])
+    FR.main(
+        [
+            "--svd",
+            str(tmp_path / "svd"),
+            "--ds",
+            str(tmp_path / "ds"),
+            "--docs",
+            str(docs),
+            "--note",
+            "timed beside two busy processes",
+        ]
+    )
     text = (docs / "fast_softmax_study.md").read_text()
     assert "| ptb | 10000 | 8 | 2 (" in text  # the DS row, from the json
     assert "Poster (Wiki-2, DS-64, a GPU): top-1 0.257 -> 0.259, 23.86x" in text

@@ -1,6 +1,7 @@
 """The mini cells' stopping rule and learning-rate sweep (recipes/reproduce/sweep.py): curves from fairseq logs,
 the stopping decision, the choice of a rate on valid loss, the grid growing past an end that is best, and the
 table loop that runs the sweep, the chosen rate's seeds, and resumes."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,14 @@ def _log(points, walls):
     """A fairseq-train json log: a valid line then the epoch's train line, per epoch."""
     lines = []
     for (epoch, updates, loss), wall in zip(points, walls):
-        lines.append(f'2026 | INFO | valid | {{"epoch": {epoch}, "valid_loss": "{loss}", "valid_nll_loss": '
-                     f'"{loss - 1:.3f}", "valid_num_updates": "{updates}"}}')
-        lines.append(f'2026 | INFO | train | {{"epoch": {epoch}, "train_loss": "9", "train_train_wall": "{wall}", '
-                     f'"train_wall": "{wall + 1}"}}')
+        lines.append(
+            f'2026 | INFO | valid | {{"epoch": {epoch}, "valid_loss": "{loss}", "valid_nll_loss": '
+            f'"{loss - 1:.3f}", "valid_num_updates": "{updates}"}}'
+        )
+        lines.append(
+            f'2026 | INFO | train | {{"epoch": {epoch}, "train_loss": "9", "train_train_wall": "{wall}", '
+            f'"train_wall": "{wall + 1}"}}'
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -60,8 +65,11 @@ def test_the_rate_of_the_lowest_valid_loss_is_chosen_and_the_grid_grows_past_a_b
 
 
 def test_loss_within_a_time_budget():
-    curve = [{"epoch": 1, "seconds": 30.0, "loss": 5.0}, {"epoch": 2, "seconds": 60.0, "loss": 4.0},
-             {"epoch": 3, "seconds": 90.0, "loss": 4.2}]
+    curve = [
+        {"epoch": 1, "seconds": 30.0, "loss": 5.0},
+        {"epoch": 2, "seconds": 60.0, "loss": 4.0},
+        {"epoch": 3, "seconds": 90.0, "loss": 4.2},
+    ]
     assert S.within(curve, "seconds", 65.0) == 4.0 and S.within(curve, "seconds", 200.0) == 4.0
     assert S.within(curve, "seconds", 10.0) is None
 
@@ -98,8 +106,15 @@ class FakeTable:
                 return None
 
             def cell_config(self, variant, seed, args, lr=None):
-                return {"table": self.name, "head": variant.name, "options": {}, "seed": seed, "scale": "mini",
-                        "lr": lr, "stop": self.stop_rule(args).as_dict()}
+                return {
+                    "table": self.name,
+                    "head": variant.name,
+                    "options": {},
+                    "seed": seed,
+                    "scale": "mini",
+                    "lr": lr,
+                    "stop": self.stop_rule(args).as_dict(),
+                }
 
             def train_cell(self, runner, prepared, variant, seed, args, table_dir, label, lr=None):
                 self.trained.append((variant.name, lr, seed))
@@ -107,8 +122,12 @@ class FakeTable:
                 loss = 4.0 + abs(lr - best[variant.name]) * 100 + seed / 100
                 log = R.cell_dir(table_dir, variant.name, seed, lr) + "/train.log"
                 with open(log, "w") as f:
-                    f.write(_log([(1, 10, loss + 1), (2, 20, loss), (3, 30, loss + 0.1), (4, 40, loss + 0.2)],
-                                 [10, 10, 10, 10]))
+                    f.write(
+                        _log(
+                            [(1, 10, loss + 1), (2, 20, loss), (3, 30, loss + 0.1), (4, 40, loss + 0.2)],
+                            [10, 10, 10, 10],
+                        )
+                    )
                 return self.trained_record(table_dir, variant, seed, args, log, ["train"], lr)
 
             def score_cell(self, runner, prepared, variant, seed, args, table_dir, label, record):
@@ -119,9 +138,23 @@ class FakeTable:
 
 
 def _args(tmp_path, **kw):
-    return SimpleNamespace(**{"out": str(tmp_path), "scale": "mini", "dry_run": False, "quiet": True, "no_costs": True,
-                              "keep_checkpoints": False, "lrs": None, "patience": None, "max_epochs": None,
-                              "seeds": None, "lr_from": None, "max_rates": None, **kw})
+    return SimpleNamespace(
+        **{
+            "out": str(tmp_path),
+            "scale": "mini",
+            "dry_run": False,
+            "quiet": True,
+            "no_costs": True,
+            "keep_checkpoints": False,
+            "lrs": None,
+            "patience": None,
+            "max_epochs": None,
+            "seeds": None,
+            "lr_from": None,
+            "max_rates": None,
+            **kw,
+        }
+    )
 
 
 def test_table_sweeps_every_head_then_trains_the_seeds_at_the_chosen_rate_and_resumes(tmp_path):
@@ -130,19 +163,36 @@ def test_table_sweeps_every_head_then_trains_the_seeds_at_the_chosen_rate_and_re
     rows = table.run(_args(tmp_path), log=logs.append)
     # seed 1 at the grid 0.0025 / 0.005 / 0.01; mixtape's best is the top end: the grid grows to 0.02 (worse)
     sweep = [c for c in table.trained if c[2] == 1]
-    assert sweep == [("softmax", 0.0025, 1), ("softmax", 0.005, 1), ("softmax", 0.01, 1), ("mixtape", 0.0025, 1),
-                     ("mixtape", 0.005, 1), ("mixtape", 0.01, 1), ("mixtape", 0.02, 1)]
-    assert [c for c in table.trained if c[2] > 1] == [("softmax", 0.005, 2), ("mixtape", 0.01, 2),
-                                                      ("softmax", 0.005, 3)]
+    assert sweep == [
+        ("softmax", 0.0025, 1),
+        ("softmax", 0.005, 1),
+        ("softmax", 0.01, 1),
+        ("mixtape", 0.0025, 1),
+        ("mixtape", 0.005, 1),
+        ("mixtape", 0.01, 1),
+        ("mixtape", 0.02, 1),
+    ]
+    assert [c for c in table.trained if c[2] > 1] == [
+        ("softmax", 0.005, 2),
+        ("mixtape", 0.01, 2),
+        ("softmax", 0.005, 3),
+    ]
     # every cell is scored when it finishes (a cell restored on another machine needs no checkpoint), the sweep's
     # too; the rate is chosen on the valid loss (below), the test scores of the other rates are never read
     assert table.scored == sweep + [("softmax", 0.005, 2), ("mixtape", 0.01, 2), ("softmax", 0.005, 3)]
     # sweep.json after every cell: a run cut short is committed as far as it went (heads not chosen yet: None)
-    assert table.sweep_seen[:2] == [None, {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": None},
-                                           "mixtape": {"rates": [0.0025, 0.005, 0.01], "chosen": None}}]
+    assert table.sweep_seen[:2] == [
+        None,
+        {
+            "softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": None},
+            "mixtape": {"rates": [0.0025, 0.005, 0.01], "chosen": None},
+        },
+    ]
     chosen = json.load(open(tmp_path / "fake" / "sweep.json"))
-    assert chosen == {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
-                      "mixtape": {"rates": [0.0025, 0.005, 0.01, 0.02], "chosen": 0.01}}
+    assert chosen == {
+        "softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
+        "mixtape": {"rates": [0.0025, 0.005, 0.01, 0.02], "chosen": 0.01},
+    }
     assert {r["head"]: r["seeds"] for r in rows} == {"softmax": [1, 2, 3], "mixtape": [1, 2]}
     record = R.load_cell(str(tmp_path / "fake"), "mixtape", 2, 0.01)
     assert record["best"]["epoch"] == 2 and record["stopped"] == "patience" and record["bleu"] == {"test": 30.0 - 4.02}
@@ -153,26 +203,31 @@ def test_table_sweeps_every_head_then_trains_the_seeds_at_the_chosen_rate_and_re
     assert table.trained == [] and table.scored == [] and again == rows
 
 
-
 def test_a_given_grid_grows_past_a_best_end_only_up_to_max_rates(tmp_path, capsys):
     """--lrs alone is the grid (a best at its end stays there); with --max-rates it grows as the table's grid does."""
     from recipes.reproduce.__main__ import parse_args
 
     table = FakeTable({"softmax": 0.005, "mixtape": 0.04})
     table.run(_args(tmp_path / "fixed", lrs=[0.005, 0.01], seeds=1), log=lambda m: None)
-    assert json.load(open(tmp_path / "fixed" / "fake" / "sweep.json"))["mixtape"] == {"rates": [0.005, 0.01],
-                                                                                       "chosen": 0.01}
+    assert json.load(open(tmp_path / "fixed" / "fake" / "sweep.json"))["mixtape"] == {
+        "rates": [0.005, 0.01],
+        "chosen": 0.01,
+    }
     table.trained.clear()
     table.run(_args(tmp_path / "grown", lrs=[0.005, 0.01], max_rates=3, seeds=1), log=lambda m: None)
     sweep = json.load(open(tmp_path / "grown" / "fake" / "sweep.json"))
     # mixtape's best is beyond the top end: one more rate, then the cap; softmax's best is the lower end: 0.0025 is
     # tried and is worse
-    assert sweep == {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
-                     "mixtape": {"rates": [0.005, 0.01, 0.02], "chosen": 0.02}}
+    assert sweep == {
+        "softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
+        "mixtape": {"rates": [0.005, 0.01, 0.02], "chosen": 0.02},
+    }
     assert ("mixtape", 0.02, 1) in table.trained and ("softmax", 0.0025, 1) in table.trained
-    for argv, message in ((["mt-en-de", "--lrs", "0.01", "0.02", "--max-rates", "1"], "below the 2 rates"),
-                          (["mt-en-fr", "--lr-from", "mt-en-de", "--max-rates", "3"], "--lr-from trains at one"),
-                          (["mt-en-de", "--max-rates", "0"], "--max-rates must be >= 1")):
+    for argv, message in (
+        (["mt-en-de", "--lrs", "0.01", "0.02", "--max-rates", "1"], "below the 2 rates"),
+        (["mt-en-fr", "--lr-from", "mt-en-de", "--max-rates", "3"], "--lr-from trains at one"),
+        (["mt-en-de", "--max-rates", "0"], "--max-rates must be >= 1"),
+    ):
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert message in capsys.readouterr().err
@@ -185,23 +240,34 @@ def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(
     from recipes.reproduce import compare as C
     from recipes.reproduce.__main__ import parse_args
 
-    R.save_json(str(tmp_path / "mt-en-de" / "sweep.json"), {"softmax": {"rates": [0.005, 0.01], "chosen": 0.01},
-                                                            "mixtape": {"rates": [0.005, 0.01], "chosen": 0.005}})
+    R.save_json(
+        str(tmp_path / "mt-en-de" / "sweep.json"),
+        {"softmax": {"rates": [0.005, 0.01], "chosen": 0.01}, "mixtape": {"rates": [0.005, 0.01], "chosen": 0.005}},
+    )
     table = FakeTable({"softmax": 0.005, "mixtape": 0.01})
     table.trained.clear(), table.scored.clear()
     table.run(_args(tmp_path, lr_from="mt-en-de"), log=lambda m: None)
-    assert sorted(table.trained) == [("mixtape", 0.005, 1), ("mixtape", 0.005, 2), ("softmax", 0.01, 1),
-                                     ("softmax", 0.01, 2), ("softmax", 0.01, 3)]  # not the fake's own best rates
+    assert sorted(table.trained) == [
+        ("mixtape", 0.005, 1),
+        ("mixtape", 0.005, 2),
+        ("softmax", 0.01, 1),
+        ("softmax", 0.01, 2),
+        ("softmax", 0.01, 3),
+    ]  # not the fake's own best rates
     sweep = json.load(open(tmp_path / "fake" / "sweep.json"))
     assert sweep["softmax"] == {"rates": [0.01], "chosen": 0.01, "from": "mt-en-de"}
     # the borrowed rate is chosen before the first cell trains: a report of the run so far shows it, not "running"
     assert table.sweep_seen[0] == sweep
     assert "| 0.01 (mt-en-de's choice, not swept here) |" in C.sweep_table(
-        [R.load_cell(str(tmp_path / "fake"), "softmax", 1, 0.01)], {"softmax": sweep["softmax"]})
+        [R.load_cell(str(tmp_path / "fake"), "softmax", 1, 0.01)], {"softmax": sweep["softmax"]}
+    )
     # a head the source table has not chosen a rate for
     R.save_json(str(tmp_path / "mt-en-de" / "sweep.json"), {"softmax": {"rates": [0.01], "chosen": 0.01}})
-    with pytest.raises(SystemExit, match=r"has no rate chosen for mixtape; run `python -m recipes.reproduce "
-                                         r"mt-en-de --heads mixtape"):
+    with pytest.raises(
+        SystemExit,
+        match=r"has no rate chosen for mixtape; run `python -m recipes.reproduce "
+        r"mt-en-de --heads mixtape",
+    ):
         table.run(_args(tmp_path, lr_from="mt-en-de"), log=lambda m: None)
     # earlier heads' entries stay when a run names fewer heads: in sweep.json and in results.json
     R.save_json(str(tmp_path / "fake" / "sweep.json"), {**sweep, "mos-4": {"rates": [0.005], "chosen": 0.005}})
@@ -211,36 +277,61 @@ def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(
     assert set(json.load(open(tmp_path / "fake" / "sweep.json"))) == {"softmax", "mixtape", "mos-4"}
     assert R.load_rows(str(tmp_path / "fake" / "results.json")) == [{**rows[0], "head": "mos-4"}] + again
     assert {r["head"] for r in again} == {"softmax", "mixtape"}  # this run's rows replace theirs
-    for argv, message in ((["mt-en-fr", "--lr-from", "mt-en-fr"], "names the table itself"),
-                          (["mt-en-fr", "--lr-from", "mt-en-xx"], "no table 'mt-en-xx'"),
-                          (["mt-en-fr", "--lr-from", "mt-en-de", "--lrs", "0.01"], "both set the rates")):
+    for argv, message in (
+        (["mt-en-fr", "--lr-from", "mt-en-fr"], "names the table itself"),
+        (["mt-en-fr", "--lr-from", "mt-en-xx"], "no table 'mt-en-xx'"),
+        (["mt-en-fr", "--lr-from", "mt-en-de", "--lrs", "0.01"], "both set the rates"),
+    ):
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert message in capsys.readouterr().err
 
 
 def _cell(head, seed, lr, losses, wall, threads=1, **extra):
-    curve = [{"epoch": e, "updates": 10 * e, "seconds": wall * e, "loss": loss, "nll_loss": loss}
-             for e, loss in enumerate(losses, 1)]
-    return {"head": head, "seed": seed, "lr": lr, "curve": curve, "best": S.best_point(curve), "stopped": "patience",
-            "train_wall_s": wall * len(losses), "threads": threads, **extra}
+    curve = [
+        {"epoch": e, "updates": 10 * e, "seconds": wall * e, "loss": loss, "nll_loss": loss}
+        for e, loss in enumerate(losses, 1)
+    ]
+    return {
+        "head": head,
+        "seed": seed,
+        "lr": lr,
+        "curve": curve,
+        "best": S.best_point(curve),
+        "stopped": "patience",
+        "train_wall_s": wall * len(losses),
+        "threads": threads,
+        **extra,
+    }
 
 
 def test_sweep_table_equal_compute_and_cpu_hours():
     from recipes.reproduce import compare as C
 
-    sweep = {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
-             "mixtape": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.01}}
-    cells = [_cell("softmax", 1, 0.0025, [5, 4.5, 4.6, 4.7], 10), _cell("softmax", 1, 0.005, [5, 4.2, 4.3, 4.4], 10),
-             _cell("softmax", 1, 0.01, [5, 4.4, 4.5, 4.6], 10), _cell("mixtape", 1, 0.0025, [5, 4.6, 4.7, 4.8], 20),
-             _cell("mixtape", 1, 0.005, [5, 4.3, 4.4, 4.5], 20), _cell("mixtape", 1, 0.01, [5, 4.1, 4.0, 4.2, 4.3], 20),
-             _cell("softmax", 2, 0.005, [5, 4.25, 4.3, 4.4], 10), _cell("mixtape", 2, 0.01, [5, 4.0, 4.1, 4.2], 20)]
+    sweep = {
+        "softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
+        "mixtape": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.01},
+    }
+    cells = [
+        _cell("softmax", 1, 0.0025, [5, 4.5, 4.6, 4.7], 10),
+        _cell("softmax", 1, 0.005, [5, 4.2, 4.3, 4.4], 10),
+        _cell("softmax", 1, 0.01, [5, 4.4, 4.5, 4.6], 10),
+        _cell("mixtape", 1, 0.0025, [5, 4.6, 4.7, 4.8], 20),
+        _cell("mixtape", 1, 0.005, [5, 4.3, 4.4, 4.5], 20),
+        _cell("mixtape", 1, 0.01, [5, 4.1, 4.0, 4.2, 4.3], 20),
+        _cell("softmax", 2, 0.005, [5, 4.25, 4.3, 4.4], 10),
+        _cell("mixtape", 2, 0.01, [5, 4.0, 4.1, 4.2], 20),
+    ]
     table = C.sweep_table(cells, sweep)
-    assert "| mixtape | 4.600 (ep 2, patience) | 4.300 (ep 2, patience) | **4.000 (ep 3, patience)** | 0.01 (an end" in table
+    assert (
+        "| mixtape | 4.600 (ep 2, patience) | 4.300 (ep 2, patience) | **4.000 (ep 3, patience)** | 0.01 (an end"
+        in table
+    )
     assert "| softmax | 4.500 (ep 2, patience) | **4.200 (ep 2, patience)** | 4.400 (ep 2, patience) | 0.005 |" in table
     spent = C.cpu_hours(cells, sweep)
     assert spent["chosen"] == pytest.approx((40 + 100 + 40 + 80) / 3600) and spent["total"] == pytest.approx(
-        sum(c["train_wall_s"] for c in cells) / 3600)
+        sum(c["train_wall_s"] for c in cells) / 3600
+    )
     # a cell whose CPU time was recorded counts it, not its (shared-core) wall-clock times threads
     measured = [{**c, "cpu_s": 3.6} if c["head"] == "mixtape" else c for c in cells]
     spent = C.cpu_hours(measured, sweep)
@@ -298,19 +389,43 @@ def test_report_section_of_a_swept_table(tmp_path):
     table for a table whose json has a sweep (lm-ptb's numbers, made up)."""
     from recipes.reproduce import report
 
-    sweep = {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
-             "mixtape": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.01}}
+    sweep = {
+        "softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
+        "mixtape": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.01},
+    }
     cells = [_cell("softmax", 1, lr, [5, 4.2 + lr, 4.3, 4.4], 30) for lr in (0.0025, 0.01)]
     cells += [_cell("mixtape", 1, lr, [5, 4.3 + lr, 4.4, 4.5], 20) for lr in (0.0025, 0.005)]
     for s in (1, 2, 3):
         cells.append(_cell("softmax", s, 0.005, [5, 4.2 + s / 100, 4.3, 4.4], 10, ppl={"test": 100.0 + s}))
         cells.append(_cell("mixtape", s, 0.01, [5, 4.0 + s / 100, 4.1, 4.2], 20, ppl={"test": 90.0 + s}))
-    rows = [R.make_row(table="lm-ptb", dataset="ptb", split="test", head=h, options={}, metric="ppl",
-                       values=[b + s for s in (1, 2, 3)], seeds=[1, 2, 3], paper=None, scale="mini",
-                       command=f"fairseq-train x --output-head {h}") for h, b in (("softmax", 100.0), ("mixtape", 90.0))]
-    R.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"),
-                {"table": "lm-ptb", "description": "PTB", "notes": "Mini.", "rows": rows, "cells": cells,
-                 "costs": None, "sweep": sweep})
+    rows = [
+        R.make_row(
+            table="lm-ptb",
+            dataset="ptb",
+            split="test",
+            head=h,
+            options={},
+            metric="ppl",
+            values=[b + s for s in (1, 2, 3)],
+            seeds=[1, 2, 3],
+            paper=None,
+            scale="mini",
+            command=f"fairseq-train x --output-head {h}",
+        )
+        for h, b in (("softmax", 100.0), ("mixtape", 90.0))
+    ]
+    R.save_json(
+        str(tmp_path / "reproduction" / "lm-ptb.json"),
+        {
+            "table": "lm-ptb",
+            "description": "PTB",
+            "notes": "Mini.",
+            "rows": rows,
+            "cells": cells,
+            "costs": None,
+            "sweep": sweep,
+        },
+    )
     (tmp_path / "reproduction" / "lm-ptb-reading.md").write_text("<!-- cells: 10 -->\nMixtape is ahead\nof softmax.\n")
     text = report.build_report(str(tmp_path))
     assert "**Reading.** Mixtape is ahead of softmax.\n" in text  # written for the 10 cells there are
@@ -319,7 +434,10 @@ def test_report_section_of_a_swept_table(tmp_path):
     (tmp_path / "reproduction" / "lm-ptb-reading.md").unlink()
     text = report.build_report(str(tmp_path))
     assert "**Reading.**" not in text
-    assert "| mixtape | 4.303 (ep 2, patience) | 4.305 (ep 2, patience) | **4.010 (ep 2, patience)** | 0.01 (an end" in text
+    assert (
+        "| mixtape | 4.303 (ep 2, patience) | 4.305 (ep 2, patience) | **4.010 (ep 2, patience)** | 0.01 (an end"
+        in text
+    )
     assert "Compute: 0.2 CPU-core-hours of training for this table (0.1 in the rates not chosen" in text
     assert "| mixtape - softmax | test | 3 | -10.00 [" in text  # every seed 10 lower: no spread, p = 0
     assert "mixtape against softmax: better on test (-10.00 perplexity" in text
@@ -344,7 +462,6 @@ def test_report_section_of_a_swept_table(tmp_path):
     assert ": mixtape 1.3." in text and "): softmax 1.5 (2 of 3 seeds), mixtape 1.5 (2 of 3 seeds)." in text
 
 
-
 def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
     """Cells moved aside when a table's mini settings changed: their CPU time where recorded, else their training
     seconds (a resumed run's every process) times their threads, in their own row and in the total."""
@@ -362,20 +479,33 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
     R.save_json(RN.cpu_path(f"{measured}/train.log"), [{"pid": 1, "cpu_s": 720.0, "finished": False}])
     with open(f"{logged}/train.log", "w") as f:  # two processes: 1800 s + 900 s, two threads by its record
         f.write("$ fairseq-train a\n" + epoch % (1, 900) + epoch % (2, 1800) + "$ fairseq-train a\n" + epoch % (3, 900))
-    R.save_json(str(aside / "cells" / "softmax-lr0.01-seed1.json"),
-                {"head": "softmax", "seed": 1, "lr": 0.01, "threads": 2})
+    R.save_json(
+        str(aside / "cells" / "softmax-lr0.01-seed1.json"), {"head": "softmax", "seed": 1, "lr": 0.01, "threads": 2}
+    )
     entry = report.set_aside(str(aside), "mt-en-de", "4096-token batches", str(tmp_path))
     assert entry["cells"] == 2 and entry["total"] == pytest.approx(0.2 + 1.5) and entry["wall"] == pytest.approx(1.5)
     sweep = {"softmax": {"rates": [0.005], "chosen": 0.005}}
-    R.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"),
-                {"table": "lm-ptb", "description": "PTB", "notes": "Mini.", "rows": [], "costs": None, "sweep": sweep,
-                 "cells": [_cell("softmax", 1, 0.005, [5, 4.2], 1800)]})
+    R.save_json(
+        str(tmp_path / "reproduction" / "lm-ptb.json"),
+        {
+            "table": "lm-ptb",
+            "description": "PTB",
+            "notes": "Mini.",
+            "rows": [],
+            "costs": None,
+            "sweep": sweep,
+            "cells": [_cell("softmax", 1, 0.005, [5, 4.2], 1800)],
+        },
+    )
     text = report.build_report(str(tmp_path))
     assert "| mt-en-de, set aside: 4096-token batches | 2 | - | - / - / 1.7 | 1.5 |" in text
-    assert ("In all 2.7 of the 40 CPU-core-hours planned (7%); the tables' own cells took 1.0 (2% of the plan), the "
-            "cells set aside 1.7. 2.5 of them are wall-clock bounds") in text
+    assert (
+        "In all 2.7 of the 40 CPU-core-hours planned (7%); the tables' own cells took 1.0 (2% of the plan), the "
+        "cells set aside 1.7. 2.5 of them are wall-clock bounds"
+    ) in text
     with pytest.raises(SystemExit, match="no cell's train.log"):
         report.set_aside(str(tmp_path / "empty"), "mt-en-de", "x", str(tmp_path))
+
 
 def test_patience_zero_trains_the_table_cap_without_early_stopping():
     from recipes.reproduce import get_table
@@ -383,8 +513,11 @@ def test_patience_zero_trains_the_table_cap_without_early_stopping():
     from recipes.reproduce.variants import resolve
 
     table, variant = get_table("lm-ptb"), resolve(["softmax"], {})[0]
-    for argv, epochs, patience in ((["lm-ptb"], "5", True), (["lm-ptb", "--patience", "0"], "5", False),
-                                   (["lm-ptb", "--patience", "0", "--max-epochs", "7"], "7", False)):
+    for argv, epochs, patience in (
+        (["lm-ptb"], "5", True),
+        (["lm-ptb", "--patience", "0"], "5", False),
+        (["lm-ptb", "--patience", "0", "--max-epochs", "7"], "7", False),
+    ):
         cmd = table.train_command("bin", variant, 1, "save", parse_args(argv), 0.005)
         assert cmd[cmd.index("--max-epoch") + 1] == epochs and ("--patience" in cmd) == patience
 
@@ -415,8 +548,14 @@ def test_a_new_machine_restores_only_the_cells_of_the_protocol_the_table_runs_no
 
     table = get_table("lm-ptb")
     args = parse_args(["lm-ptb", "--heads", "softmax"])
-    current = [{**table.cell_config(table.variants(parse_args(["lm-ptb", "--heads", head]))[0], 1, args, 0.005),
-                "commands": ["train"], "curve": []} for head in ("softmax", "mixtape-unscaled")]
+    current = [
+        {
+            **table.cell_config(table.variants(parse_args(["lm-ptb", "--heads", head]))[0], 1, args, 0.005),
+            "commands": ["train"],
+            "curve": [],
+        }
+        for head in ("softmax", "mixtape-unscaled")
+    ]
     replaced = {k: v for k, v in current[0].items() if k not in ("lr", "stop")}
     assert [table.current(r, args) for r in current + [replaced]] == [True, True, False]
     assert not table.current({**current[0], "head": "no-such-head"}, args)
@@ -424,21 +563,37 @@ def test_a_new_machine_restores_only_the_cells_of_the_protocol_the_table_runs_no
     committed = tmp_path / "lm-ptb.json"
 
     def row(head, ppl):
-        return R.make_row(table="lm-ptb", dataset="ptb", split="test", head=head, options={}, metric="ppl",
-                          values=[ppl], seeds=[1], scale="mini")
+        return R.make_row(
+            table="lm-ptb",
+            dataset="ptb",
+            split="test",
+            head=head,
+            options={},
+            metric="ppl",
+            values=[ppl],
+            seeds=[1],
+            scale="mini",
+        )
 
     sweep = {h: {"rates": [0.005], "chosen": 0.005} for h in ("softmax", "mixtape-unscaled", "mixtape")}
-    committed.write_text(json.dumps({"cells": current + [{**replaced, "seed": 2}, old_mixtape], "sweep": sweep,
-                                     "rows": [row("softmax", 300.0), row("mixtape-unscaled", 310.0),
-                                              row("mixtape", 320.0)]}))
+    committed.write_text(
+        json.dumps(
+            {
+                "cells": current + [{**replaced, "seed": 2}, old_mixtape],
+                "sweep": sweep,
+                "rows": [row("softmax", 300.0), row("mixtape-unscaled", 310.0), row("mixtape", 320.0)],
+            }
+        )
+    )
     run = tmp_path / "run"
     R.save_json(str(run / "results.json"), [row("mixtape-unscaled", 305.0)])  # this machine's own row stays
     assert R.restore_cells(str(run), str(committed), lambda m: None, wanted=lambda r: table.current(r, args)) == 2
     assert sorted(f.name for f in (run / "cells").iterdir()) == [
-        "mixtape-unscaled-lr0.005-seed1.json", "softmax-lr0.005-seed1.json"]
+        "mixtape-unscaled-lr0.005-seed1.json",
+        "softmax-lr0.005-seed1.json",
+    ]
     # the rows and sweep entries of the heads that came back whole (softmax's has a replaced seed-2 cell: not whole)
-    assert [(r["head"], r["values"]) for r in R.load_rows(str(run / "results.json"))] == [
-        ("mixtape-unscaled", [305.0])]
+    assert [(r["head"], r["values"]) for r in R.load_rows(str(run / "results.json"))] == [("mixtape-unscaled", [305.0])]
     assert R.load_json(str(run / "sweep.json")) == {"mixtape-unscaled": sweep["mixtape-unscaled"]}
     (run / "results.json").unlink()
     committed.write_text(json.dumps({**json.loads(committed.read_text()), "cells": current + [old_mixtape]}))
@@ -453,15 +608,40 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
     from recipes.reproduce import report
 
     docs = tmp_path / "docs"
-    R.save_json(str(docs / "reproduction" / "lm-ptb.json"),
-                {"table": "lm-ptb", "description": "PTB", "notes": "Old.", "cells": [], "costs": None,
-                 "rows": [R.make_row(table="lm-ptb", dataset="ptb", split="test", head="softmax", options={},
-                                     metric="ppl", values=[300.0], seeds=[1], scale="mini")]})
+    R.save_json(
+        str(docs / "reproduction" / "lm-ptb.json"),
+        {
+            "table": "lm-ptb",
+            "description": "PTB",
+            "notes": "Old.",
+            "cells": [],
+            "costs": None,
+            "rows": [
+                R.make_row(
+                    table="lm-ptb",
+                    dataset="ptb",
+                    split="test",
+                    head="softmax",
+                    options={},
+                    metric="ppl",
+                    values=[300.0],
+                    seeds=[1],
+                    scale="mini",
+                )
+            ],
+        },
+    )
     table_dir = tmp_path / "results" / "lm-ptb"
     R.save_json(str(table_dir / "sweep.json"), {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": None}})
-    R.save_json(R.cell_path(str(table_dir), "softmax", 1, 0.0025),
-                {"table": "lm-ptb", **_cell("softmax", 1, 0.0025, [5, 4.5, 4.6, 4.7], 10), "cpu_s": 30.0,
-                 "commands": ["fairseq-train x"]})
+    R.save_json(
+        R.cell_path(str(table_dir), "softmax", 1, 0.0025),
+        {
+            "table": "lm-ptb",
+            **_cell("softmax", 1, 0.0025, [5, 4.5, 4.6, 4.7], 10),
+            "cpu_s": 30.0,
+            "commands": ["fairseq-train x"],
+        },
+    )
     report.collect(str(tmp_path / "results"), str(docs))
     obj = R.load_json(str(docs / "reproduction" / "lm-ptb.json"))
     assert obj["rows"] == [] and [c["lr"] for c in obj["cells"]] == [0.0025] and obj["notes"] != "Old."
@@ -480,8 +660,10 @@ def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
     from recipes.reproduce import report
 
     docs = tmp_path / "docs"
-    hyps = {"test_2016_flickr": "ein brauner Hund rennt über die Wiese .\n",
-            "test_2017_flickr": "eine Katze schläft auf dem roten Sofa .\n"}
+    hyps = {
+        "test_2016_flickr": "ein brauner Hund rennt über die Wiese .\n",
+        "test_2017_flickr": "eine Katze schläft auf dem roten Sofa .\n",
+    }
 
     def machine(name, chosen):
         table_dir = tmp_path / name / "mt-en-de"
@@ -492,9 +674,15 @@ def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
         return table_dir
 
     first = machine("first", None)
-    R.save_json(R.cell_path(str(first), "softmax", 1, 0.005),
-                {"table": "mt-en-de", **_cell("softmax", 1, 0.005, [5, 4.5, 4.6], 10), "commands": ["train"],
-                 "bleu": {t: 100.0 for t in hyps}})
+    R.save_json(
+        R.cell_path(str(first), "softmax", 1, 0.005),
+        {
+            "table": "mt-en-de",
+            **_cell("softmax", 1, 0.005, [5, 4.5, 4.6], 10),
+            "commands": ["train"],
+            "bleu": {t: 100.0 for t in hyps},
+        },
+    )
     (first / "softmax" / "lr0.005" / "seed1").mkdir(parents=True)
     for testset, text in hyps.items():
         (first / "softmax" / "lr0.005" / "seed1" / f"{testset}.hyp").write_text(text)
@@ -507,7 +695,8 @@ def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
     report.collect(str(tmp_path / "second"), str(docs))
     assert sorted(p.name for p in committed.iterdir()) == [f"softmax-seed1.{t}.hyp" for t in sorted(hyps)]
     assert R.load_json(str(docs / "reproduction" / "mt-en-de.json"))["lowercased"]["softmax"]["test_2016_flickr"][
-        "values"] == [100.0]
+        "values"
+    ] == [100.0]
 
 
 def test_valid_loss_plot_uses_the_clock_of_the_equal_compute_table():
@@ -519,7 +708,10 @@ def test_valid_loss_plot_uses_the_clock_of_the_equal_compute_table():
     b = _cell("mixtape", 1, 0.01, [5, 4.0, 4.1], 20, cpu_s=60.0)  # 60 logged seconds, all CPU
     points, label = report.curves_to_plot([a, b])
     assert [p["seconds"] for p in points[0]] == [5.0, 10.0, 15.0] and [p["seconds"] for p in points[1]] == [
-        20.0, 40.0, 60.0]
+        20.0,
+        40.0,
+        60.0,
+    ]
     assert label.startswith("training CPU seconds") and [p["loss"] for p in points[0]] == [5, 4.2, 4.3]
     del b["cpu_s"]  # one cell without its CPU time: every cell on the logged wall-clock
     points, label = report.curves_to_plot([a, b])
@@ -535,10 +727,18 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     from recipes.reproduce import compare as C, report
 
     def cell(head, losses, nlls):
-        curve = [{"epoch": e, "updates": 10 * e, "seconds": 10.0 * e, "loss": loss, "nll_loss": nll}
-                 for e, (loss, nll) in enumerate(zip(losses, nlls), 1)]
-        return {"head": head, "seed": 1, "lr": 0.005, "curve": curve, "best": S.best_point(curve),
-                "stopped": "patience"}
+        curve = [
+            {"epoch": e, "updates": 10 * e, "seconds": 10.0 * e, "loss": loss, "nll_loss": nll}
+            for e, (loss, nll) in enumerate(zip(losses, nlls), 1)
+        ]
+        return {
+            "head": head,
+            "seed": 1,
+            "lr": 0.005,
+            "curve": curve,
+            "best": S.best_point(curve),
+            "stopped": "patience",
+        }
 
     softmax = cell("softmax", [4.0, 3.6, 3.7], [2.6, 2.2, 2.25])
     mos = cell("mos-4", [3.9, 3.5, 3.55], [2.7, 2.35, 2.3])  # 0.1 lower loss, 0.1 higher lowest NLL (epoch 3)

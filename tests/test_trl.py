@@ -4,6 +4,7 @@ TRL replaces ``model.forward`` by a fused LM head that projects through ``get_ou
 model keeps its own forward, which answers TRL's ``fused_lm_head=True`` calls with the head (hf_heads/hf/trl.py).
 Also: :meth:`OutputHead.token_log_probs`, the memory-lean per-token log-probs those calls use.
 """
+
 import copy
 import random
 
@@ -12,8 +13,9 @@ import torch
 
 import hf_heads
 
-trl = pytest.importorskip("trl", reason="trl not installed: `make install` installs it on Python >= 3.11 "
-                                       "(the clients extra)")
+trl = pytest.importorskip(
+    "trl", reason="trl not installed: `make install` installs it on Python >= 3.11 (the clients extra)"
+)
 datasets = pytest.importorskip("datasets", reason="datasets comes with trl: run `make install`")
 
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
@@ -22,22 +24,37 @@ from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedTokenizerFa
 import hf_heads.hf.trl as head_trl  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(40)]
-HEADS = {"mixtape": {"num_gates": 4, "gate_embedding_size": 8, "gate_noise": 0.0},
-         "mos": {"num_components": 2}, "plif": {"num_knots": 100}}
+HEADS = {
+    "mixtape": {"num_gates": 4, "gate_embedding_size": 8, "gate_noise": 0.0},
+    "mos": {"num_components": 2},
+    "plif": {"num_knots": 100},
+}
 
 
 def tokenizer():
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def head_model(name):
     torch.manual_seed(0)
-    base = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(WORDS) + 4, n_positions=64, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    base = GPT2Config(
+        n_layer=1,
+        n_embd=32,
+        n_head=2,
+        vocab_size=len(WORDS) + 4,
+        n_positions=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     return AutoModelForCausalLM.from_config(hf_heads.head_config(base, name, **HEADS.get(name, {})))
 
 
@@ -56,8 +73,15 @@ def spy(monkeypatch):
 
     def recording(model, base_forward, args, kwargs):
         out = original(model, base_forward, args, kwargs)
-        calls.append({"model": copy.deepcopy(model).eval(), "args": args, "kwargs": dict(kwargs),
-                      "log_probs": out.log_probs.detach().clone(), "loss": out.loss.detach().clone()})
+        calls.append(
+            {
+                "model": copy.deepcopy(model).eval(),
+                "args": args,
+                "kwargs": dict(kwargs),
+                "log_probs": out.log_probs.detach().clone(),
+                "loss": out.loss.detach().clone(),
+            }
+        )
         return out
 
     def check():
@@ -83,14 +107,29 @@ def spy(monkeypatch):
 def test_sft_trainer_trains_the_head_and_logs_its_loss(tmp_path, spy, name):
     model = head_model(name)
     before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
-    args = trl.SFTConfig(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, learning_rate=5e-3,
-                         logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0, bf16=False)
-    trainer = trl.SFTTrainer(model=model, args=args, processing_class=tokenizer(),
-                             train_dataset=datasets.Dataset.from_dict({"text": sentences(24, 0)}))
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        learning_rate=5e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        bf16=False,
+    )
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=args,
+        processing_class=tokenizer(),
+        train_dataset=datasets.Dataset.from_dict({"text": sentences(24, 0)}),
+    )
     counts = []  # the token count Trainer divides each step's summed loss by
     compute_loss = trainer.compute_loss
-    trainer.compute_loss = lambda *a, num_items_in_batch=None, **k: counts.append(num_items_in_batch) or compute_loss(
-        *a, num_items_in_batch=num_items_in_batch, **k)
+    trainer.compute_loss = lambda *a, num_items_in_batch=None, **k: (
+        counts.append(num_items_in_batch) or compute_loss(*a, num_items_in_batch=num_items_in_batch, **k)
+    )
     trainer.train()
     moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in model.lm_head.named_parameters()}
     assert all(v > 0 for v in moved.values()), moved  # every head parameter trained (the bypass left them at 0)
@@ -103,8 +142,9 @@ def test_sft_trainer_trains_the_head_and_logs_its_loss(tmp_path, spy, name):
 
 def test_sft_metrics_are_the_heads_entropy_and_accuracy():
     model = head_model("mos").eval()
-    trl.trainer.utils.add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1", "log_sum_sq_probs",
-                                                        "mean_logits"))
+    trl.trainer.utils.add_fused_lm_head(
+        model, outputs=("log_probs", "entropy", "is_top1", "log_sum_sq_probs", "mean_logits")
+    )
     ids = torch.randint(4, len(WORDS) + 4, (2, 9))
     labels = ids.clone()
     labels[0, :3] = -100
@@ -124,10 +164,21 @@ def test_dpo_trainer_scores_chosen_and_rejected_with_the_head(tmp_path, spy):
     before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
     prompts, chosen, rejected = sentences(8, 1), sentences(8, 2), sentences(8, 3)
     data = datasets.Dataset.from_dict({"prompt": prompts, "chosen": chosen, "rejected": rejected})
-    args = trl.DPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, learning_rate=5e-3,
-                         logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0, bf16=False)
-    trainer = trl.DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args, processing_class=tokenizer(),
-                             train_dataset=data)  # the reference is the head model as it starts
+    args = trl.DPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=5e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        bf16=False,
+    )
+    trainer = trl.DPOTrainer(
+        model=model, ref_model=copy.deepcopy(model), args=args, processing_class=tokenizer(), train_dataset=data
+    )  # the reference is the head model as it starts
     trainer.train()
     assert len(spy()) >= 2  # policy (and reference) log-probs came through the head's fused forward
     moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in model.lm_head.named_parameters()}
@@ -138,10 +189,17 @@ def test_dpo_trainer_scores_chosen_and_rejected_with_the_head(tmp_path, spy):
 def test_a_head_with_an_aux_loss_is_refused_when_the_trainer_is_built(tmp_path):
     model = head_model("ds_softmax")
     args = trl.SFTConfig(output_dir=str(tmp_path), max_steps=1, report_to=[], use_cpu=True, save_strategy="no")
-    with pytest.raises(ValueError, match=r"^SFTTrainer: the ds_softmax head has an auxiliary loss .* that TRL's "
-                                         r"losses do not include"):
-        trl.SFTTrainer(model=model, args=args, processing_class=tokenizer(),
-                       train_dataset=datasets.Dataset.from_dict({"text": sentences(4, 0)}))
+    with pytest.raises(
+        ValueError,
+        match=r"^SFTTrainer: the ds_softmax head has an auxiliary loss .* that TRL's "
+        r"losses do not include",
+    ):
+        trl.SFTTrainer(
+            model=model,
+            args=args,
+            processing_class=tokenizer(),
+            train_dataset=datasets.Dataset.from_dict({"text": sentences(4, 0)}),
+        )
 
 
 @pytest.mark.parametrize("name", sorted(HEADS))

@@ -1,5 +1,6 @@
 """Upgrading the head of a trained causal LM on its cached final hidden states (hf_heads/hf/upgrade.py,
 ``python -m recipes.upgrade_head``): end to end on a tiny GPT-2 with a word-level tokenizer, in seconds."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ def tokenizer():
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                                eos_token="</s>", unk_token="<unk>")
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def corpus(path, lines, seed):
@@ -45,13 +47,16 @@ def corpus(path, lines, seed):
 @pytest.fixture
 def pretrained(tmp_path):
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64, vocab_size=44, bos_token_id=1,
-                                     eos_token_id=2, pad_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, n_positions=64, vocab_size=44, bos_token_id=1, eos_token_id=2, pad_token_id=0
+    )
     model = transformers.GPT2LMHeadModel(config)  # ties lm_head to the input embedding
     model.save_pretrained(tmp_path / "pre")
     tokenizer().save_pretrained(tmp_path / "pre")
-    files = [corpus(tmp_path / f"{split}.txt", n, seed) for split, n, seed in (("train", 120, 0), ("valid", 20, 1),
-                                                                               ("test", 20, 2))]
+    files = [
+        corpus(tmp_path / f"{split}.txt", n, seed)
+        for split, n, seed in (("train", 120, 0), ("valid", 20, 1), ("test", 20, 2))
+    ]
     return tmp_path, files
 
 
@@ -59,11 +64,35 @@ def run(tmp_path, files, head, *extra):
     from recipes import upgrade_head
 
     train, valid, test = files
-    return upgrade_head.main(["--model", str(tmp_path / "pre"), "--head", head, "--train-file", train,
-                              "--valid-file", valid, "--test-file", test, "--block-size", "32", "--max-epochs", "4",
-                              "--lr", "1e-2", "--batch-tokens", "512", "--no-progress", "--cache-dir",
-                              str(tmp_path / "cache"), "--output-dir", str(tmp_path / head), *extra],
-                             log=lambda *_: None)
+    return upgrade_head.main(
+        [
+            "--model",
+            str(tmp_path / "pre"),
+            "--head",
+            head,
+            "--train-file",
+            train,
+            "--valid-file",
+            valid,
+            "--test-file",
+            test,
+            "--block-size",
+            "32",
+            "--max-epochs",
+            "4",
+            "--lr",
+            "1e-2",
+            "--batch-tokens",
+            "512",
+            "--no-progress",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--output-dir",
+            str(tmp_path / head),
+            *extra,
+        ],
+        log=lambda *_: None,
+    )
 
 
 def test_upgrade_starts_at_the_pretrained_model_trains_only_the_head_and_saves_it(pretrained):
@@ -107,8 +136,9 @@ def test_the_softmax_control_and_the_cache_serve_every_head(pretrained):
     assert first["after"]["valid"]["ppl"] < first["before"]["valid"]["ppl"]
     model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "pre")
     with pytest.raises(ValueError, match="holds the states of other blocks or weights"):
-        upgrade.cache_states(model, torch.zeros(2, 8, dtype=torch.long), str(tmp_path / "cache" / "valid"),
-                             progress=False)
+        upgrade.cache_states(
+            model, torch.zeros(2, 8, dtype=torch.long), str(tmp_path / "cache" / "valid"), progress=False
+        )
 
 
 def test_train_head_on_states_names_a_bad_option():
@@ -134,6 +164,6 @@ def test_the_more_parameters_control_starts_at_the_softmax_and_adds_what_mos_add
     with pytest.raises(SystemExit):
         upgrade_head.parse_args(["--model", "m", "--train-file", "t", "--valid-file", "v", "--residual-mlp", "mos-3"])
     with pytest.raises(SystemExit):
-        upgrade_head.parse_args(["--model", "m", "--train-file", "t", "--valid-file", "v", "--residual-mlp", "0",
-                                 "--no-save"])
-
+        upgrade_head.parse_args(
+            ["--model", "m", "--train-file", "t", "--valid-file", "v", "--residual-mlp", "0", "--no-save"]
+        )

@@ -22,6 +22,7 @@ variable BPTT with the learning rate scaled by it) with ``--task awd_language_mo
 ``--tokens-per-sample`` tokens on its own, from a zero state. Beside that, the difference from the papers' code is
 the plain dropout on the contexts; the averaged-SGD switch is :mod:`fairseq_plugin.lm.ntasgd`.
 """
+
 import logging
 from typing import Optional
 
@@ -97,8 +98,9 @@ class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
         sizes = [args.emsize] + [args.nhid] * (args.nlayers - 1) + [last]
         self.rnns = nn.ModuleList(WeightDropLSTM(sizes[i], sizes[i + 1], args.wdrop) for i in range(args.nlayers))
         try:
-            self.head = build_decoder_head(name, options, last, len(dictionary),
-                                           None if args.untie_weights else self.embed_tokens)
+            self.head = build_decoder_head(
+                name, options, last, len(dictionary), None if args.untie_weights else self.embed_tokens
+            )
         except HeadFlagError as e:
             hint = "; with --arch head_awd_lstm_lm pass --untie-weights" if "cannot be tied" in str(e) else ""
             usage_error(f"{e}{hint}")
@@ -115,8 +117,9 @@ class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
         def fits(hidden):
             try:
                 with torch.device("meta"):  # checks the options only
-                    hf_heads.build_head(name, hidden_size=hidden, vocab_size=vocab_size, embedding_size=args.emsize,
-                                        **options)
+                    hf_heads.build_head(
+                        name, hidden_size=hidden, vocab_size=vocab_size, embedding_size=args.emsize, **options
+                    )
                 return None
             except ValueError as e:
                 return e
@@ -126,12 +129,13 @@ class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
             return args.nhidlast
         if fits(args.emsize) is not None:
             usage_error(f"--output-head {name} --head-options: {error}")
-        logger.info(f"--output-head {name} has no context projection: the last LSTM layer has --emsize "
-                    f"{args.emsize} units (not --nhidlast {args.nhidlast}), so the head ties to the embedding")
+        logger.info(
+            f"--output-head {name} has no context projection: the last LSTM layer has --emsize "
+            f"{args.emsize} units (not --nhidlast {args.nhidlast}), so the head ties to the embedding"
+        )
         return args.emsize
 
-    def forward(self, prev_output_tokens, src_lengths=None, stream_key=None, stream_step=None, hidden=None,
-                **kwargs):
+    def forward(self, prev_output_tokens, src_lengths=None, stream_key=None, stream_step=None, hidden=None, **kwargs):
         """Features of ``prev_output_tokens`` from the LSTM state ``hidden`` (zeros: None). ``stream_key`` /
         ``stream_step`` (batches of ``--task awd_language_modeling``): the state is the one this decoder kept at
         the end of the stream's previous window (:class:`fairseq_plugin.lm.streams.CarriedStates`)."""
@@ -158,7 +162,11 @@ class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
         if self.training and (a.alpha > 0 or a.beta > 0):
             mask = prev_output_tokens.ne(self.dictionary.pad()).unsqueeze(-1).to(out.dtype)
             ar = a.alpha * (out * mask).pow(2).sum() / (mask.sum() * out.shape[-1])
-            tar = a.beta * ((raw[:, 1:] - raw[:, :-1]) * mask[:, 1:]).pow(2).sum() / (mask[:, 1:].sum() * out.shape[-1]).clamp(min=1)
+            tar = (
+                a.beta
+                * ((raw[:, 1:] - raw[:, :-1]) * mask[:, 1:]).pow(2).sum()
+                / (mask[:, 1:].sum() * out.shape[-1]).clamp(min=1)
+            )
             self._regularization = ar + tar
         return out, {"attn": None, "inner_states": None, "hidden": tuple(final)}
 
@@ -187,11 +195,18 @@ class HeadAWDLSTMLanguageModel(FairseqLanguageModel):
         parser.add_argument("--dropouti", type=float, metavar="P", help="locked dropout on the embeddings")
         parser.add_argument("--dropoute", type=float, metavar="P", help="embedding (word type) dropout")
         parser.add_argument("--wdrop", type=float, metavar="P", help="DropConnect on the hidden-to-hidden matrices")
-        parser.add_argument("--dropoutl", type=float, metavar="P",
-                            help="the head's dropout (MoS: on the contexts), unless --head-options sets it")
-        parser.add_argument("--untie-weights", action="store_true",
-                            help="an output embedding of the head's own (the papers tie it to the input embedding; "
-                                 "ds_softmax needs this)")
+        parser.add_argument(
+            "--dropoutl",
+            type=float,
+            metavar="P",
+            help="the head's dropout (MoS: on the contexts), unless --head-options sets it",
+        )
+        parser.add_argument(
+            "--untie-weights",
+            action="store_true",
+            help="an output embedding of the head's own (the papers tie it to the input embedding; "
+            "ds_softmax needs this)",
+        )
         parser.add_argument("--alpha", type=float, metavar="A", help="activation regularisation (AR) weight")
         parser.add_argument("--beta", type=float, metavar="B", help="temporal activation regularisation weight")
         add_head_args(parser)
@@ -211,9 +226,24 @@ def _defaults(args, **values) -> None:
 @register_model_architecture("head_awd_lstm_lm", "head_awd_lstm_lm")
 def awd_lstm_lm(args):
     """The MoS paper's Penn Treebank settings (zihangdai/mos README), the defaults of every preset."""
-    _defaults(args, emsize=280, nhid=960, nhidlast=620, nlayers=3, dropout=0.4, dropouth=0.225, dropouti=0.4,
-              dropoute=0.1, wdrop=0.5, dropoutl=0.29, alpha=2.0, beta=1.0, untie_weights=False, output_head="softmax",
-              head_options="{}")
+    _defaults(
+        args,
+        emsize=280,
+        nhid=960,
+        nhidlast=620,
+        nlayers=3,
+        dropout=0.4,
+        dropouth=0.225,
+        dropouti=0.4,
+        dropoute=0.1,
+        wdrop=0.5,
+        dropoutl=0.29,
+        alpha=2.0,
+        beta=1.0,
+        untie_weights=False,
+        output_head="softmax",
+        head_options="{}",
+    )
 
 
 @register_model_architecture("head_awd_lstm_lm", "head_awd_lstm_lm_ptb")
@@ -252,6 +282,17 @@ def awd_lstm_lm_1b(args):
     is published: the MoS paper gives the parameter counts (softmax 119M, MoS 113M), not every size. Two LSTM
     layers of 1024 units on a tied 1024-d embedding give the softmax model 119.3M parameters; the light
     regularisation (dropouts .1, no word dropout, no weight drop) is our assumption for a corpus this large."""
-    _defaults(args, emsize=1024, nhid=1024, nhidlast=1024, nlayers=2, dropout=0.1, dropouth=0.1, dropouti=0.1,
-              dropoute=0.0, wdrop=0.0, dropoutl=0.1)
+    _defaults(
+        args,
+        emsize=1024,
+        nhid=1024,
+        nhidlast=1024,
+        nlayers=2,
+        dropout=0.1,
+        dropouth=0.1,
+        dropouti=0.1,
+        dropoute=0.0,
+        wdrop=0.0,
+        dropoutl=0.1,
+    )
     awd_lstm_lm(args)

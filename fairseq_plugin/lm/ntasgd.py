@@ -16,6 +16,7 @@ trigger and the choice of ``checkpoint_best.pt`` all read the averaged model. Ch
 their model and the averages in the optimizer state (a resumed run goes on as it was);
 ``python -m fairseq_plugin.average checkpoint_best.pt OUT`` writes the averaged model that validated best.
 """
+
 import contextlib
 import logging
 import sys
@@ -91,10 +92,16 @@ class FairseqNTASGD(FairseqOptimizer):
 
 @dataclass
 class NTASGDScheduleConfig(FairseqDataclass):
-    nonmono: int = field(default=5, metadata={"help": "switch to averaging when the validation loss is worse "
-                                                      "than the best before the last N epochs (AWD-LSTM: 5)"})
-    asgd_from_epoch: int = field(default=0, metadata={"help": "switch at the end of this epoch at the latest "
-                                                              "(0: only the non-monotone test)"})
+    nonmono: int = field(
+        default=5,
+        metadata={
+            "help": "switch to averaging when the validation loss is worse "
+            "than the best before the last N epochs (AWD-LSTM: 5)"
+        },
+    )
+    asgd_from_epoch: int = field(
+        default=0, metadata={"help": "switch at the end of this epoch at the latest (0: only the non-monotone test)"}
+    )
     lr: List[float] = II("optimization.lr")
 
 
@@ -187,13 +194,19 @@ class NTASGDSchedule(FairseqLRScheduler):
             return self.optimizer.get_lr()
         sgd = averaged_sgd(self.optimizer)
         n = self.cfg.nonmono
-        worse = len(self.val_losses) > n and val_loss > min(self.val_losses[:len(self.val_losses) - n])
+        worse = len(self.val_losses) > n and val_loss > min(self.val_losses[: len(self.val_losses) - n])
         forced = self.cfg.asgd_from_epoch and epoch >= self.cfg.asgd_from_epoch
         if not sgd.averaging and (worse or forced):
             sgd.start_averaging()
-            logger.info(f"NT-ASGD: averaging from the end of epoch {epoch} ("
-                        + ("validation loss %.4f worse than the best before the last %d epochs" % (val_loss, n)
-                           if worse else f"--asgd-from-epoch {self.cfg.asgd_from_epoch}") + ")")
+            logger.info(
+                f"NT-ASGD: averaging from the end of epoch {epoch} ("
+                + (
+                    "validation loss %.4f worse than the best before the last %d epochs" % (val_loss, n)
+                    if worse
+                    else f"--asgd-from-epoch {self.cfg.asgd_from_epoch}"
+                )
+                + ")"
+            )
         self.val_losses.append(float(val_loss))
         return self.optimizer.get_lr()
 
@@ -222,8 +235,10 @@ def checkpoint_data_dir(path: str, state: Dict, data: Optional[str] = None) -> s
             if os.path.dirname(folder) == folder:
                 break
             folder = os.path.dirname(folder)
-    raise ValueError(f"{path} was trained on the data directory {stored!r} (its dictionary gives the model's size), "
-                     f"which is not here nor beside the checkpoint; pass --data DIR (the binarized data directory)")
+    raise ValueError(
+        f"{path} was trained on the data directory {stored!r} (its dictionary gives the model's size), "
+        f"which is not here nor beside the checkpoint; pass --data DIR (the binarized data directory)"
+    )
 
 
 def average_checkpoint(path: str, out: str, data: Optional[str] = None) -> int:

@@ -44,8 +44,16 @@ from omegaconf import II
 logger = logging.getLogger(__name__)
 
 
-def train_windows(rng: np.random.RandomState, nrows: int, bptt: int, p: float = 0.95, std: float = 5.0,
-                  min_len: int = 5, max_delta: int = 40, fixed: bool = False) -> List[Tuple[int, int, int]]:
+def train_windows(
+    rng: np.random.RandomState,
+    nrows: int,
+    bptt: int,
+    p: float = 0.95,
+    std: float = 5.0,
+    min_len: int = 5,
+    max_delta: int = 40,
+    fixed: bool = False,
+) -> List[Tuple[int, int, int]]:
     """One epoch of the papers' training loop over ``nrows`` rows: ``[(start row, length, drawn length)]``, drawing
     from ``rng`` as their code draws from ``np.random`` (``max_delta < 0``: no cap, as awd-lstm-lm; ``fixed``:
     always ``bptt``, nothing drawn)."""
@@ -54,7 +62,7 @@ def train_windows(rng: np.random.RandomState, nrows: int, bptt: int, p: float = 
         if fixed:
             drawn = bptt
         else:
-            mean = bptt if rng.random_sample() < p else bptt / 2.
+            mean = bptt if rng.random_sample() < p else bptt / 2.0
             drawn = max(min_len, int(rng.normal(mean, std)))
             if max_delta >= 0:
                 drawn = min(drawn, bptt + max_delta)
@@ -99,20 +107,29 @@ class StreamDataset(FairseqDataset):
 
     def __getitem__(self, window: Window):
         data = self.layout(window.streams)
-        source = data[window.start:window.start + window.length, window.lo:window.hi].t().contiguous()
-        target = data[window.start + 1:window.start + 1 + window.length, window.lo:window.hi].t().contiguous()
+        source = data[window.start : window.start + window.length, window.lo : window.hi].t().contiguous()
+        target = data[window.start + 1 : window.start + 1 + window.length, window.lo : window.hi].t().contiguous()
         return window, source, target
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def collater(self, items):
-        (window, source, target), = items  # one window per batch
+        ((window, source, target),) = items  # one window per batch
         rows, length = source.shape
-        return {"id": torch.arange(window.lo, window.hi), "nsentences": rows, "ntokens": rows * length,
-                "net_input": {"src_tokens": source, "src_lengths": torch.full((rows,), length),
-                              "stream_key": window.key, "stream_step": window.step},
-                "target": target, "bptt_seq_len": window.drawn}
+        return {
+            "id": torch.arange(window.lo, window.hi),
+            "nsentences": rows,
+            "ntokens": rows * length,
+            "net_input": {
+                "src_tokens": source,
+                "src_lengths": torch.full((rows,), length),
+                "stream_key": window.key,
+                "stream_step": window.step,
+            },
+            "target": target,
+            "bptt_seq_len": window.drawn,
+        }
 
     def num_tokens(self, index) -> int:
         return 0 if not isinstance(index, Window) else index.length * (index.hi - index.lo)
@@ -146,8 +163,10 @@ class CarriedStates:
                 return last[1]
         if not self._warned:
             self._warned = True
-            logger.warning(f"stream {key}: window {step} does not follow window {last[0] if last else None}; it "
-                           f"starts from a zero state (a run resumed mid-epoch, or a skipped batch)")
+            logger.warning(
+                f"stream {key}: window {step} does not follow window {last[0] if last else None}; it "
+                f"starts from a zero state (a run resumed mid-epoch, or a skipped batch)"
+            )
         return None
 
     def store(self, key: str, step: int, incoming, outgoing) -> None:
@@ -161,15 +180,18 @@ class AWDLanguageModelingConfig(LanguageModelingConfig):
     bptt_std: float = field(default=5.0, metadata={"help": "std of the window length's normal draw"})
     min_seq_len: int = field(default=5, metadata={"help": "shortest drawn window"})
     max_seq_len_delta: int = field(
-        default=40, metadata={"help": "longest drawn window: --bptt + this (MoS: 40, 20 on WT2; -1: no cap, as "
-                                      "awd-lstm-lm)"})
+        default=40,
+        metadata={"help": "longest drawn window: --bptt + this (MoS: 40, 20 on WT2; -1: no cap, as awd-lstm-lm)"},
+    )
     fixed_bptt: bool = field(default=False, metadata={"help": "every training window --bptt long (nothing drawn)"})
     no_lr_rescale: bool = field(
-        default=False, metadata={"help": "do not scale the learning rate by window length / --bptt"})
+        default=False, metadata={"help": "do not scale the learning rate by window length / --bptt"}
+    )
     eval_batch_size: int = field(default=10, metadata={"help": "streams of the validation splits (the papers: 10)"})
     test_batch_size: int = field(default=1, metadata={"help": "streams of the test* splits (the papers: 1)"})
     stateless: bool = field(
-        default=False, metadata={"help": "every window starts from a zero state (the same windows, no carried state)"})
+        default=False, metadata={"help": "every window starts from a zero state (the same windows, no carried state)"}
+    )
     update_freq: List[int] = II("optimization.update_freq")  # micro-batches per update: chunks of the streams
 
 
@@ -202,12 +224,16 @@ class AWDLanguageModelingTask(LanguageModelingTask):
         a = self.args
         rng, epochs = self._plans.setdefault(nrows, (np.random.RandomState(a.seed), []))
         while len(epochs) < epoch:
-            epochs.append(train_windows(rng, nrows, a.bptt, a.bptt_p, a.bptt_std, a.min_seq_len, a.max_seq_len_delta,
-                                        a.fixed_bptt))
+            epochs.append(
+                train_windows(
+                    rng, nrows, a.bptt, a.bptt_p, a.bptt_std, a.min_seq_len, a.max_seq_len_delta, a.fixed_bptt
+                )
+            )
         return epochs[epoch - 1]
 
-    def windows(self, dataset: StreamDataset, batch_size: Optional[int], num_shards: int, shard_id: int,
-                epoch: int) -> List[List[Window]]:
+    def windows(
+        self, dataset: StreamDataset, batch_size: Optional[int], num_shards: int, shard_id: int, epoch: int
+    ) -> List[List[Window]]:
         """The batches of ``dataset`` for this rank, in stream order (see the module docstring)."""
         a = self.args
         split = dataset.split
@@ -220,9 +246,22 @@ class AWDLanguageModelingTask(LanguageModelingTask):
             nrows = dataset.nrows(streams)
             if nrows < 3:
                 raise ValueError(f"{split}: {len(dataset)} tokens make {nrows} rows of {streams} streams; need >= 3")
-            return [[Window(None if a.stateless else f"{split}/{m}", t, start, length, drawn,
-                            (shard_id * chunks + m) * batch_size, (shard_id * chunks + m + 1) * batch_size, streams)]
-                    for t, (start, length, drawn) in enumerate(self.plan(nrows, epoch)) for m in range(chunks)]
+            return [
+                [
+                    Window(
+                        None if a.stateless else f"{split}/{m}",
+                        t,
+                        start,
+                        length,
+                        drawn,
+                        (shard_id * chunks + m) * batch_size,
+                        (shard_id * chunks + m + 1) * batch_size,
+                        streams,
+                    )
+                ]
+                for t, (start, length, drawn) in enumerate(self.plan(nrows, epoch))
+                for m in range(chunks)
+            ]
         streams = a.test_batch_size if split.startswith("test") else a.eval_batch_size
         nrows = dataset.nrows(streams)
         if nrows < 2:
@@ -230,28 +269,69 @@ class AWDLanguageModelingTask(LanguageModelingTask):
         lo, hi = 0, streams
         if streams % num_shards == 0:  # else every rank scores every stream (fairseq sums the ranks: same mean)
             lo, hi = shard_id * streams // num_shards, (shard_id + 1) * streams // num_shards
-        return [[Window(None if a.stateless else split, t, start, length, drawn, lo, hi, streams)]
-                for t, (start, length, drawn) in enumerate(eval_windows(nrows, a.bptt))]
+        return [
+            [Window(None if a.stateless else split, t, start, length, drawn, lo, hi, streams)]
+            for t, (start, length, drawn) in enumerate(eval_windows(nrows, a.bptt))
+        ]
 
-    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
-                           ignore_invalid_inputs=False, required_batch_size_multiple=1, seed=1, num_shards=1,
-                           shard_id=0, num_workers=0, epoch=1, data_buffer_size=0, **kwargs):
+    def get_batch_iterator(
+        self,
+        dataset,
+        max_tokens=None,
+        max_sentences=None,
+        max_positions=None,
+        ignore_invalid_inputs=False,
+        required_batch_size_multiple=1,
+        seed=1,
+        num_shards=1,
+        shard_id=0,
+        num_workers=0,
+        epoch=1,
+        data_buffer_size=0,
+        **kwargs,
+    ):
         if not isinstance(dataset, StreamDataset):
             raise ValueError(f"--task awd_language_modeling reads its own datasets, got {type(dataset).__name__}")
         batches = self.windows(dataset, max_sentences, num_shards, shard_id, epoch)
         # one shard here: the windows above are this rank's already (every rank the same number, no empty batch)
-        return iterators.EpochBatchIterator(dataset=dataset, collate_fn=dataset.collater, batch_sampler=batches,
-                                            seed=self.args.seed, num_shards=1, shard_id=0, num_workers=num_workers,
-                                            epoch=epoch, buffer_size=data_buffer_size, disable_shuffling=True,
-                                            skip_remainder_batch=False)
+        return iterators.EpochBatchIterator(
+            dataset=dataset,
+            collate_fn=dataset.collater,
+            batch_sampler=batches,
+            seed=self.args.seed,
+            num_shards=1,
+            shard_id=0,
+            num_workers=num_workers,
+            epoch=epoch,
+            buffer_size=data_buffer_size,
+            disable_shuffling=True,
+            skip_remainder_batch=False,
+        )
 
-    def eval_lm_dataloader(self, dataset, max_tokens=36000, batch_size=None, max_positions=None, num_shards=1,
-                           shard_id=0, num_workers=1, data_buffer_size=10, context_window=0):
+    def eval_lm_dataloader(
+        self,
+        dataset,
+        max_tokens=36000,
+        batch_size=None,
+        max_positions=None,
+        num_shards=1,
+        shard_id=0,
+        num_workers=1,
+        data_buffer_size=10,
+        context_window=0,
+    ):
         if context_window > 0:
-            raise ValueError("--context-window: awd_language_modeling carries the LSTM state over the whole split, "
-                             "which is the context; leave --context-window at 0")
-        return self.get_batch_iterator(dataset, num_shards=num_shards, shard_id=shard_id, num_workers=num_workers,
-                                       data_buffer_size=data_buffer_size).next_epoch_itr(shuffle=False)
+            raise ValueError(
+                "--context-window: awd_language_modeling carries the LSTM state over the whole split, "
+                "which is the context; leave --context-window at 0"
+            )
+        return self.get_batch_iterator(
+            dataset,
+            num_shards=num_shards,
+            shard_id=shard_id,
+            num_workers=num_workers,
+            data_buffer_size=data_buffer_size,
+        ).next_epoch_itr(shuffle=False)
 
     # -- training ----------------------------------------------------------------------------
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False, **kwargs):

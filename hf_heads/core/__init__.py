@@ -1,10 +1,20 @@
 """The engine every head is built on, torch only: the registry, options, the head interface, the memory-lean loss,
 shared math, saving and loading. Neither adapter (transformers, fairseq) is imported here."""
-from .config import (SPEC_VERSION, HeadConfig, check_bool, check_float, check_int, check_option, check_spec_version,
-                     check_type, option, versioned_options)
+
+from .config import (
+    SPEC_VERSION,
+    HeadConfig,
+    check_bool,
+    check_float,
+    check_int,
+    check_option,
+    check_spec_version,
+    check_type,
+    option,
+    versioned_options,
+)
 from .convert import convert_head
 from .frequency import count_tokens, frequency_order
 from .interface import LinearScoresHead, OutputHead, SingleSoftmaxHead
-from .registry import (available_heads, build_head, get_head_class, head_specific_options, heads_where,
-                       register_head)
+from .registry import available_heads, build_head, get_head_class, head_specific_options, heads_where, register_head
 from .serialization import load_head, save_head

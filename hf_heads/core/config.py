@@ -1,5 +1,6 @@
 """Head options: ``option()`` (a dataclass field with its help text), the validators that name the option, the
 value and the allowed range, and :class:`HeadConfig`, the options every head shares."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +8,7 @@ import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
+
 
 def option(default: Any, help: str, shown: Optional[str] = None, **kwargs) -> Any:
     """A dataclass field carrying its help text (read by the fairseq / HF adapters and docs) and, where the default
@@ -70,8 +72,10 @@ class HeadConfig:
     hidden_size: int = option(512, "size d1 of the last hidden state g fed to the head")
     vocab_size: int = option(10000, "number V of output tokens")
     embedding_size: Optional[int] = option(
-        None, "size d of the output embedding W (V x d); defaults to hidden_size (heads that "
-        "project g to context vectors h_k = tanh(H_k g) may use d != d1)")
+        None,
+        "size d of the output embedding W (V x d); defaults to hidden_size (heads that "
+        "project g to context vectors h_k = tanh(H_k g) may use d != d1)",
+    )
     dropout: float = option(0.0, "dropout on the context vector(s) multiplied with the output embedding")
     use_bias: bool = option(True, "add an output bias b (V)")
 
@@ -111,7 +115,8 @@ class HeadConfig:
         if unknown:
             named = [u + did_you_mean(u, known, quote=False) for u in unknown]
             raise ValueError(
-                f"{cls.head_name}: unknown option(s) {', '.join(named)}; allowed options: {', '.join(sorted(known))}")
+                f"{cls.head_name}: unknown option(s) {', '.join(named)}; allowed options: {', '.join(sorted(known))}"
+            )
 
 
 # ----------------------------------------------------------------------------- stored head specs
@@ -131,8 +136,10 @@ LEGACY_DEFAULTS: Dict[int, Dict[str, Dict[str, Any]]] = {1: {"mixtape": {"scaled
 def check_spec_version(where: str, version: Any) -> int:
     """``version`` if it is a spec version this library reads, else ``ValueError`` naming ``where``."""
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SPEC_VERSION:
-        raise ValueError(f"{where}: head spec version {version!r} is not one this version of softmax-heads reads "
-                         f"(1 to {SPEC_VERSION}); a newer softmax-heads wrote it")
+        raise ValueError(
+            f"{where}: head spec version {version!r} is not one this version of softmax-heads reads "
+            f"(1 to {SPEC_VERSION}); a newer softmax-heads wrote it"
+        )
     return version
 
 

@@ -13,6 +13,7 @@
   time: the parameters of these heads are the same (``weight``, ``bias``), so a checkpoint trained
   with ``--output-head softmax`` loads into any of them.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, List, Optional
@@ -28,15 +29,19 @@ def from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:
     if isinstance(layer, OutputHead) and not layer.is_linear_softmax:
         raise ValueError(
             f"convert_head: a {layer.head_name!r} head is not a softmax of W g + b; only softmax-like heads "
-            f"({', '.join(heads_where(is_linear_softmax=True))}) and nn.Linear layers can be converted")
+            f"({', '.join(heads_where(is_linear_softmax=True))}) and nn.Linear layers can be converted"
+        )
     if not isinstance(layer, (OutputHead, nn.Linear)):
-        raise ValueError(f"convert_head: cannot convert a {type(layer).__name__}; expected a softmax-like head, "
-                         f"an nn.Linear, a transformers model or a fairseq model with --output-head")
+        raise ValueError(
+            f"convert_head: cannot convert a {type(layer).__name__}; expected a softmax-like head, "
+            f"an nn.Linear, a transformers model or a fairseq model with --output-head"
+        )
     w = layer.weight.detach()
     b = None if layer.bias is None else layer.bias.detach()
     opts = {"dropout": layer.config.dropout, **options} if isinstance(layer, OutputHead) else dict(options)
-    head = build_head(name, hidden_size=w.shape[1], vocab_size=w.shape[0], weight=w, bias=b,
-                      use_bias=b is not None, **opts)
+    head = build_head(
+        name, hidden_size=w.shape[1], vocab_size=w.shape[0], weight=w, bias=b, use_bias=b is not None, **opts
+    )
     return head.to(device=w.device, dtype=w.dtype).train(layer.training)
 
 

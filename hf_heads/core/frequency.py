@@ -1,5 +1,6 @@
 """Token frequencies for heads that need ids ordered by frequency (Mixtape's gate sharing, class_softmax,
 d_softmax) on vocabularies that are not sorted by frequency (BPE: GPT-2's, SmolLM2's, most HF tokenizers)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -11,8 +12,12 @@ import torch
 def _flat_ids(item: Any) -> torch.Tensor:
     """The ids of one item as a flat LongTensor; lists of sequences may be ragged (a batch of rows of
     different lengths, as ``Dataset.iter(batch_size=...)`` yields before padding)."""
-    if isinstance(item, (list, tuple)) and item and not isinstance(item[0], (int, bool)) and not (
-            torch.is_tensor(item[0]) and item[0].dim() == 0):
+    if (
+        isinstance(item, (list, tuple))
+        and item
+        and not isinstance(item[0], (int, bool))
+        and not (torch.is_tensor(item[0]) and item[0].dim() == 0)
+    ):
         parts = [_flat_ids(x) for x in item]
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
     return torch.as_tensor(item, dtype=torch.long).flatten()
@@ -37,8 +42,10 @@ def count_tokens(data: Iterable[Any], vocab_size: int, ignore_index: int = -100)
         ids = ids[ids != ignore_index]
         bad = (ids < 0) | (ids >= vocab_size)
         if bool(bad.any()):
-            raise ValueError(f"count_tokens: id {int(ids[bad][0])} is out of range; allowed: [0, {vocab_size}) or "
-                             f"ignore_index={ignore_index}")
+            raise ValueError(
+                f"count_tokens: id {int(ids[bad][0])} is out of range; allowed: [0, {vocab_size}) or "
+                f"ignore_index={ignore_index}"
+            )
         counts += torch.bincount(ids, minlength=vocab_size).cpu()  # ids may come on the GPU
     return counts
 

@@ -3,6 +3,7 @@
 Everything that more than one head needs lives here once: the float32 projection, the target
 checks, the log-space mixture, the sigmoid tree and the piecewise-linear increasing function.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,15 +68,17 @@ def compiling() -> bool:
     return getattr(torch.compiler, "is_compiling", lambda: False)()
 
 
-def smoothed_loss(nll: torch.Tensor, log_prob_sum: torch.Tensor, label_smoothing: float,
-                  vocab_size: int) -> torch.Tensor:
+def smoothed_loss(
+    nll: torch.Tensor, log_prob_sum: torch.Tensor, label_smoothing: float, vocab_size: int
+) -> torch.Tensor:
     """Per-token label-smoothed loss ``(1 - e) nll - (e / V) sum_v log p_v`` (``F.cross_entropy``'s smoothing) from
     the NLL and the sum of the V log-probs."""
     return (1.0 - label_smoothing) * nll - (label_smoothing / vocab_size) * log_prob_sum
 
 
-def check_target(head: str, target: torch.Tensor, expected_shape: Sequence[int], vocab_size: int,
-                 ignore_index: int) -> torch.Tensor:
+def check_target(
+    head: str, target: torch.Tensor, expected_shape: Sequence[int], vocab_size: int, ignore_index: int
+) -> torch.Tensor:
     """Validate a target tensor and return it flattened.
 
     ``target`` must be an integer tensor of shape ``expected_shape`` (the hidden states' leading
@@ -88,7 +91,8 @@ def check_target(head: str, target: torch.Tensor, expected_shape: Sequence[int],
     if tuple(target.shape) != tuple(expected_shape):
         raise ValueError(
             f"{head}: target has shape {tuple(target.shape)}; expected {tuple(expected_shape)} "
-            f"(the leading dims of hidden)")
+            f"(the leading dims of hidden)"
+        )
     t = target.reshape(-1).long()
     bad = ((t < 0) | (t >= vocab_size)) & (t != ignore_index)
     if not values_known(t):
@@ -96,14 +100,17 @@ def check_target(head: str, target: torch.Tensor, expected_shape: Sequence[int],
     if compiling():
         # reading the flag in Python would break torch.compile's graph (and sync); the assert stays in the graph
         # and raises RuntimeError (it cannot name the value): the eager run gives the full message
-        torch._assert_async(~bad.any(), f"{head}: target contains ids outside [0, {vocab_size}) other than "
-                                        f"ignore_index={ignore_index} (run eagerly to see the value)")
+        torch._assert_async(
+            ~bad.any(),
+            f"{head}: target contains ids outside [0, {vocab_size}) other than "
+            f"ignore_index={ignore_index} (run eagerly to see the value)",
+        )
         return t
     if bool(bad.any()):
         value = int(t[bad][0])
         raise ValueError(
-            f"{head}: target contains {value}; allowed: token ids in [0, {vocab_size}) "
-            f"or ignore_index={ignore_index}")
+            f"{head}: target contains {value}; allowed: token ids in [0, {vocab_size}) or ignore_index={ignore_index}"
+        )
     return t
 
 
@@ -137,7 +144,7 @@ def sigmoid_tree_log_priors(gate_logits: torch.Tensor) -> torch.Tensor:
     log_p = gate_logits.new_zeros(*gate_logits.shape[:-1], 1)
     start, width = 0, 1
     while start < num_nodes:
-        nodes = gate_logits[..., start:start + width]
+        nodes = gate_logits[..., start : start + width]
         if nodes.shape[-1] != width:
             raise ValueError(f"sigmoid tree needs 2^L - 1 gates, got {num_nodes}")
         left = log_p + F.logsigmoid(nodes)
@@ -157,8 +164,9 @@ def plif_bins(z: torch.Tensor, num_knots: int, knot_range: float) -> Tuple[torch
     return floor.long(), u.sub_(floor)
 
 
-def plif_values(bins: torch.Tensor, frac: torch.Tensor, slopes: torch.Tensor,
-                knot_range: float) -> Tuple[torch.Tensor, torch.Tensor]:
+def plif_values(
+    bins: torch.Tensor, frac: torch.Tensor, slopes: torch.Tensor, knot_range: float
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(f(z), f'(z))`` from :func:`plif_bins`: ``f = D (sum_{j<bin} s_j + s_bin frac) - R``, ``f' = s_bin``."""
     step = 2.0 * knot_range / slopes.shape[0]
     before = (torch.cumsum(slopes, 0) - slopes).mul_(step).sub_(knot_range)  # exclusive prefix sum, scaled
@@ -167,8 +175,9 @@ def plif_values(bins: torch.Tensor, frac: torch.Tensor, slopes: torch.Tensor,
     return before.index_select(0, flat).view(bins.shape).addcmul_(slope_at, frac, value=step), slope_at
 
 
-def plif_slope_grads(grad_out: torch.Tensor, bins: torch.Tensor, frac: torch.Tensor, num_knots: int,
-                     knot_range: float) -> torch.Tensor:
+def plif_slope_grads(
+    grad_out: torch.Tensor, bins: torch.Tensor, frac: torch.Tensor, num_knots: int, knot_range: float
+) -> torch.Tensor:
     """Gradient of ``sum(grad_out * f(z))`` w.r.t. the T slopes: D for every element in a higher bin, D frac
     in its own bin; one ``scatter_add_`` per statistic, then a suffix sum."""
     step = 2.0 * knot_range / num_knots

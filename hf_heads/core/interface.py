@@ -12,6 +12,7 @@ downstream (fairseq criterion, HF model wrapper, recipes, tests) special-cases a
 * ``head.topk(hidden, k)``   the k best tokens and their log-probs;
 * ``head.config``            a :class:`HeadConfig` dataclass with ``to_dict()``.
 """
+
 from __future__ import annotations
 
 import math
@@ -90,11 +91,12 @@ class OutputHead(VocabularyMixin, nn.Module):
         if not self.projects_context and c.embedding_size != c.hidden_size:
             raise ValueError(
                 f"{self.head_name}: option embedding_size={c.embedding_size!r} is out of range; allowed: "
-                f"equal to hidden_size={c.hidden_size} (this head multiplies g itself with W)")
+                f"equal to hidden_size={c.hidden_size} (this head multiplies g itself with W)"
+            )
         self.config = config
         self.weight = nn.Parameter(torch.empty(c.vocab_size, c.embedding_size))
         self.bias = nn.Parameter(torch.zeros(c.vocab_size)) if c.use_bias else None
-        nn.init.normal_(self.weight, std=c.embedding_size ** -0.5)
+        nn.init.normal_(self.weight, std=c.embedding_size**-0.5)
         self.dropout = nn.Dropout(c.dropout)
         if self.uses_frequency_order:  # a buffer, not a config field: saved with the weights, not in config.json
             self.register_buffer("frequency_order", torch.arange(c.vocab_size))
@@ -116,8 +118,14 @@ class OutputHead(VocabularyMixin, nn.Module):
         with ops.fp32_math(h):
             return self.log_probs_2d(h).view(*hidden.shape[:-1], self.config.vocab_size)
 
-    def loss(self, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
-             reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+    def loss(
+        self,
+        hidden: torch.Tensor,
+        target: torch.Tensor,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ) -> torch.Tensor:
         """Negative log-likelihood of ``target`` (shape ``hidden.shape[:-1]``).
 
         Equals ``F.nll_loss(head(hidden).flatten(0, -2), target.flatten(), ignore_index=...,
@@ -127,8 +135,14 @@ class OutputHead(VocabularyMixin, nn.Module):
         """
         return self.loss_and_nll(hidden, target, ignore_index, reduction, label_smoothing)[0]
 
-    def loss_and_nll(self, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
-                     reduction: str = "mean", label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    def loss_and_nll(
+        self,
+        hidden: torch.Tensor,
+        target: torch.Tensor,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(loss, nll)``: :meth:`loss` and the plain NLL with the same reduction, from one pass (what a
         trainer logs next to a label-smoothed loss). The NLL carries no gradient on the lean path."""
         if reduction not in ("mean", "sum", "none"):
@@ -173,8 +187,9 @@ class OutputHead(VocabularyMixin, nn.Module):
         nll = -lp.gather(1, target[:, None]).squeeze(1)
         return ops.smoothed_loss(nll, lp.sum(1), label_smoothing, self.config.vocab_size), nll
 
-    def token_log_probs(self, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
-                        temperature: float = 1.0) -> torch.Tensor:
+    def token_log_probs(
+        self, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, temperature: float = 1.0
+    ) -> torch.Tensor:
         """``log p(target)`` at every position (shape ``target.shape``, 0 where ``target == ignore_index``),
         differentiable: for losses that weight tokens themselves (TRL's). At ``temperature`` T the distribution is
         ``softmax(log p / T)``. Memory-lean in training (:func:`hf_heads.core.lean.token_log_probs`)."""
@@ -194,8 +209,13 @@ class OutputHead(VocabularyMixin, nn.Module):
         """Tokens per chunk of the memory-lean training loss (:func:`hf_heads.core.lean.chunk_tokens`)."""
         return lean.chunk_tokens(self)
 
-    def lean_nll_chunk(self, hidden: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
-                       label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    def lean_nll_chunk(
+        self,
+        hidden: torch.Tensor,
+        target: torch.Tensor,
+        grads: Dict[nn.Parameter, torch.Tensor],
+        label_smoothing: float = 0.0,
+    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """One chunk of the memory-lean loss: ``(summed loss, summed NLL, gradient of the loss w.r.t. hidden)``.
 
         ``hidden`` ``[n, d1]`` is a leaf in the compute dtype (requiring grad or not: the gradient is then
@@ -244,7 +264,8 @@ class OutputHead(VocabularyMixin, nn.Module):
             shape = tuple(hidden.shape) if torch.is_tensor(hidden) else type(hidden).__name__
             raise ValueError(
                 f"{self.head_name}: hidden has shape {shape}; expected [..., hidden_size] with "
-                f"hidden_size={self.config.hidden_size}")
+                f"hidden_size={self.config.hidden_size}"
+            )
         if not hidden.is_floating_point():
             raise ValueError(f"{self.head_name}: hidden has dtype {hidden.dtype}; expected a floating-point tensor")
         return hidden.reshape(-1, self.config.hidden_size).to(ops.compute_dtype(hidden))
@@ -253,7 +274,6 @@ class OutputHead(VocabularyMixin, nn.Module):
         """float32 ``context @ W[rows]^T + b[rows]`` (autocast off, so the math stays fp32)."""
         b = None if self.bias is None else self.bias[rows]
         return ops.linear_fp32(context, self.weight[rows], b)
-
 
 
 class SingleSoftmaxHead(OutputHead):
@@ -304,6 +324,11 @@ class LinearScoresHead(SingleSoftmaxHead):
         with torch.enable_grad():
             x = self.dropout(hidden)
         loss, nll, grad_x, _, _ = lean.softmax_rows(
-            self, x.detach()[:, None], target, grads, transform=lambda z: self.lean_score_transform(z, grads),
-            label_smoothing=label_smoothing)
+            self,
+            x.detach()[:, None],
+            target,
+            grads,
+            transform=lambda z: self.lean_score_transform(z, grads),
+            label_smoothing=label_smoothing,
+        )
         return loss.sum(), nll.sum(), lean.backprop([x], [grad_x[:, 0]], hidden, grads)

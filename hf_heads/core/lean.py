@@ -6,6 +6,7 @@ the head's reference math).
 :meth:`OutputHead.loss` takes this path in training (``head.lean_loss`` on, grad enabled): no ``[tokens, V]`` (or
 ``[tokens, K, V]``) activation is kept for backward; tests hold every head's chunk to its plain-autograd loss.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional, Tuple
@@ -19,12 +20,12 @@ from . import functional
 #: for the elementwise passes to run from cache, which is faster on CPU than whole-batch passes), and the
 #: fewest tokens per chunk (below that, the weight gradient's matrix product, whose inner size is the
 #: chunk, loses speed: 1.2x the plain softmax's time at V = 50257 with 83-token chunks, 1.0x with 256-512)
-LEAN_CHUNK_ELEMENTS = 2 ** 23
+LEAN_CHUNK_ELEMENTS = 2**23
 LEAN_MIN_CHUNK = 256
 #: the same on a GPU, where nothing runs from cache and every chunk costs kernel launches: 2^26 values (256 MiB in
 #: float32) and at least 1024 rows (on an H100 the CPU sizes, 86-token chunks for MoS-3 and 64 for Mixtape at V = 50k,
 #: left them at 4x and 9x our softmax's float32 time: docs/training_cost.md#on-a-gpu)
-LEAN_CHUNK_ELEMENTS_GPU = 2 ** 26
+LEAN_CHUNK_ELEMENTS_GPU = 2**26
 LEAN_MIN_CHUNK_GPU = 1024
 
 
@@ -37,8 +38,13 @@ def chunk_tokens(head) -> int:
     return max(-(-rows // head.lean_rows), elements // (head.config.vocab_size * head.lean_width))
 
 
-def autograd_chunk(head, hidden: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
-                   label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+def autograd_chunk(
+    head,
+    hidden: torch.Tensor,
+    target: torch.Tensor,
+    grads: Dict[nn.Parameter, torch.Tensor],
+    label_smoothing: float = 0.0,
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """The default chunk: autograd on the head's reference math (:meth:`OutputHead.nll_2d`, or its log-probs with
     label smoothing); see :meth:`OutputHead.lean_nll_chunk` for the contract."""
     with torch.enable_grad():
@@ -67,12 +73,12 @@ class ChunkedNLL(torch.autograd.Function):
         grads = {p: torch.zeros_like(p, dtype=hidden.dtype) for p in params}
         total, total_nll = hidden.new_zeros(()), hidden.new_zeros(())  # hidden is in the compute dtype already
         for start in range(0, hidden.shape[0], chunk):
-            h = hidden[start:start + chunk].detach().requires_grad_(want_h)
-            loss, nll, got = head.lean_nll_chunk(h, target[start:start + chunk], grads, label_smoothing)
+            h = hidden[start : start + chunk].detach().requires_grad_(want_h)
+            loss, nll, got = head.lean_nll_chunk(h, target[start : start + chunk], grads, label_smoothing)
             total += loss
             total_nll += nll
             if want_h:
-                grad_h[start:start + chunk] = got
+                grad_h[start : start + chunk] = got
         ctx.want_h = want_h
         ctx.dtypes = [p.dtype for p in params]
         ctx.save_for_backward(*([grad_h] if want_h else []), *grads.values())
@@ -86,17 +92,25 @@ class ChunkedNLL(torch.autograd.Function):
         return (None, grad_h, None, None, None, *[(g * grad_out).to(dt) for g, dt in zip(saved, ctx.dtypes)])
 
 
-def _loss_and_nll(head, h: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, label_smoothing: float,
-                  params) -> Tuple[torch.Tensor, torch.Tensor]:
+def _loss_and_nll(
+    head, h: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, label_smoothing: float, params
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Summed ``(loss, nll)`` of ``head`` on the valid tokens by :class:`ChunkedNLL`, as ``loss_and_nll``."""
     with functional.fp32_math(h):
         everything = not functional.values_known(valid) or bool(valid.all())
-        return ChunkedNLL.apply(head, h if everything else h[valid], t if everything else t[valid],
-                                 head.lean_chunk_tokens(), label_smoothing, *params)
+        return ChunkedNLL.apply(
+            head,
+            h if everything else h[valid],
+            t if everything else t[valid],
+            head.lean_chunk_tokens(),
+            label_smoothing,
+            *params,
+        )
 
 
-def backprop(outputs, grad_outputs, hidden: Optional[torch.Tensor],
-             grads: Dict[nn.Parameter, torch.Tensor]) -> Optional[torch.Tensor]:
+def backprop(
+    outputs, grad_outputs, hidden: Optional[torch.Tensor], grads: Dict[nn.Parameter, torch.Tensor]
+) -> Optional[torch.Tensor]:
     """Autograd from ``outputs`` (weighted by ``grad_outputs``) into ``hidden`` and the parameters of
     ``grads`` (added there); returns the gradient of ``hidden`` (None if it is None or does not require
     grad)."""
@@ -118,10 +132,17 @@ def backprop(outputs, grad_outputs, hidden: Optional[torch.Tensor],
     return grad_h
 
 
-def softmax_rows(head, x: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Parameter, torch.Tensor],
-                 log_prior: Optional[torch.Tensor] = None, transform: Optional[Callable] = None,
-                 prefix: Optional[torch.Tensor] = None, prefix_ids: Optional[torch.Tensor] = None,
-                 label_smoothing: float = 0.0):
+def softmax_rows(
+    head,
+    x: torch.Tensor,
+    target: torch.Tensor,
+    grads: Dict[nn.Parameter, torch.Tensor],
+    log_prior: Optional[torch.Tensor] = None,
+    transform: Optional[Callable] = None,
+    prefix: Optional[torch.Tensor] = None,
+    prefix_ids: Optional[torch.Tensor] = None,
+    label_smoothing: float = 0.0,
+):
     """The V-wide part of the lean loss of ``head`` (its ``weight`` W and ``bias`` b), forward and backward by
     hand, for K softmaxes per token.
 
@@ -172,8 +193,11 @@ def softmax_rows(head, x: torch.Tensor, target: torch.Tensor, grads: Dict[nn.Par
     logp_t = logp.gather(1, t).squeeze(1)
     if log_prior is None:
         nll, weight, grad_prior = -logp_t, None, None
-        loss = nll if not label_smoothing else functional.smoothed_loss(nll, logp.sum(1), label_smoothing,
-                                                                        head.config.vocab_size)
+        loss = (
+            nll
+            if not label_smoothing
+            else functional.smoothed_loss(nll, logp.sum(1), label_smoothing, head.config.vocab_size)
+        )
     else:
         if label_smoothing:
             raise ValueError(f"{head.head_name}: label smoothing of a mixture is not done by hand here")
@@ -229,9 +253,17 @@ def token_log_probs(head, hidden: torch.Tensor, target: torch.Tensor, temperatur
     if not head.lean_loss_active():
         return _target_log_probs_2d(head, hidden, target, temperature)
     chunk = head.lean_chunk_tokens()
-    parts = [checkpoint(_target_log_probs_2d, head, hidden[start:start + chunk], target[start:start + chunk],
-                        temperature, use_reentrant=False)
-             for start in range(0, hidden.shape[0], chunk)]
+    parts = [
+        checkpoint(
+            _target_log_probs_2d,
+            head,
+            hidden[start : start + chunk],
+            target[start : start + chunk],
+            temperature,
+            use_reentrant=False,
+        )
+        for start in range(0, hidden.shape[0], chunk)
+    ]
     return torch.cat(parts) if parts else hidden.new_zeros(0)
 
 

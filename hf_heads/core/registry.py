@@ -1,4 +1,5 @@
 """The registry of heads: the one list every adapter, the docs table and the tests read, and ``build_head``."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,15 +56,23 @@ def head_specific_options(name: str) -> list:
 def get_head_class(name: str) -> type:
     """The head class registered under ``name``; ``ValueError`` listing the names otherwise."""
     if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"unknown output head {name!r}{did_you_mean(name, _REGISTRY)}; available heads: "
-                         f"{', '.join(available_heads())}")
+        raise ValueError(
+            f"unknown output head {name!r}{did_you_mean(name, _REGISTRY)}; available heads: "
+            f"{', '.join(available_heads())}"
+        )
     return _REGISTRY[name]
 
 
-
-def build_head(name: str, hidden_size: int, vocab_size: int, weight: Optional[torch.Tensor] = None,
-               bias: Optional[torch.Tensor] = None, frequency_order=None, token_counts=None,
-               **options: Any) -> nn.Module:
+def build_head(
+    name: str,
+    hidden_size: int,
+    vocab_size: int,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    frequency_order=None,
+    token_counts=None,
+    **options: Any,
+) -> nn.Module:
     """Build the head registered as ``name``.
 
     ``weight`` (V x d) and ``bias`` (V) start the output embedding from an existing projection
@@ -85,8 +94,9 @@ def build_head(name: str, hidden_size: int, vocab_size: int, weight: Optional[to
     if token_counts is not None:
         counts = torch.as_tensor(token_counts)
         if counts.numel() != vocab_size:
-            raise ValueError(f"{name}: token_counts has {counts.numel()} entries; expected one per token id, "
-                             f"vocab_size={vocab_size}")
+            raise ValueError(
+                f"{name}: token_counts has {counts.numel()} entries; expected one per token id, vocab_size={vocab_size}"
+            )
         frequency_order = order_by_counts(counts)
     if frequency_order is not None:  # before the projection: d_softmax lays its bands out by it
         head.set_frequency_order(frequency_order)

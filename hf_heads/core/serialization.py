@@ -1,4 +1,5 @@
 """Saving and loading heads (config JSON + weights-only state dict)."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,10 @@ def load_head(path: Union[str, os.PathLike], map_location: Union[str, torch.devi
     with open(cfg_file) as f:
         meta = json.load(f)
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"load_head: {cfg_file} has format_version={meta.get('format_version')!r}; "
-                         f"this version of softmax-heads reads {FORMAT_VERSION}")
+        raise ValueError(
+            f"load_head: {cfg_file} has format_version={meta.get('format_version')!r}; "
+            f"this version of softmax-heads reads {FORMAT_VERSION}"
+        )
     cls = get_head_class(meta["head"])
     head = cls(cls.config_class.from_options(**meta["config"]))
     state = torch.load(os.path.join(path, WEIGHTS_NAME), map_location=map_location, weights_only=True)

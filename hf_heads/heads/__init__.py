@@ -3,8 +3,17 @@
 Importing this package registers every head (one ``register_head`` each). The interface they implement and the
 registry are in :mod:`hf_heads.core` (re-exported here).
 """
-from ..core import (HeadConfig, LinearScoresHead, OutputHead, SingleSoftmaxHead, available_heads, get_head_class,
-                    head_specific_options, register_head)
+
+from ..core import (
+    HeadConfig,
+    LinearScoresHead,
+    OutputHead,
+    SingleSoftmaxHead,
+    available_heads,
+    get_head_class,
+    head_specific_options,
+    register_head,
+)
 from .adaptive_sampling import AdaptiveSamplingConfig, AdaptiveSamplingHead
 from .class_softmax import ClassSoftmaxConfig, ClassSoftmaxHead, frequency_binning, zipf_class_boundaries
 from .d_softmax import DSoftmaxConfig, DSoftmaxHead
@@ -17,12 +26,38 @@ from .softmax import SoftmaxConfig, SoftmaxHead
 from .svd_softmax import SVDSoftmaxConfig, SVDSoftmaxHead
 
 __all__ = [
-    "HeadConfig", "OutputHead", "SingleSoftmaxHead", "LinearScoresHead", "available_heads", "get_head_class",
-    "head_specific_options", "register_head",
-    "SoftmaxConfig", "SoftmaxHead", "MoSConfig", "MoSHead", "MixtapeConfig", "MixtapeHead",
-    "PLIFConfig", "PLIFHead", "MoSPLIFConfig", "MoSPLIFHead", "PiecewiseLinearIncreasing",
-    "SigsoftmaxConfig", "SigsoftmaxHead", "DSSoftmaxConfig", "DSSoftmaxHead", "mitosis",
-    "SVDSoftmaxConfig", "SVDSoftmaxHead", "AdaptiveSamplingConfig", "AdaptiveSamplingHead",
-    "ClassSoftmaxConfig", "ClassSoftmaxHead", "frequency_binning", "zipf_class_boundaries",
-    "DSoftmaxConfig", "DSoftmaxHead",
+    "HeadConfig",
+    "OutputHead",
+    "SingleSoftmaxHead",
+    "LinearScoresHead",
+    "available_heads",
+    "get_head_class",
+    "head_specific_options",
+    "register_head",
+    "SoftmaxConfig",
+    "SoftmaxHead",
+    "MoSConfig",
+    "MoSHead",
+    "MixtapeConfig",
+    "MixtapeHead",
+    "PLIFConfig",
+    "PLIFHead",
+    "MoSPLIFConfig",
+    "MoSPLIFHead",
+    "PiecewiseLinearIncreasing",
+    "SigsoftmaxConfig",
+    "SigsoftmaxHead",
+    "DSSoftmaxConfig",
+    "DSSoftmaxHead",
+    "mitosis",
+    "SVDSoftmaxConfig",
+    "SVDSoftmaxHead",
+    "AdaptiveSamplingConfig",
+    "AdaptiveSamplingHead",
+    "ClassSoftmaxConfig",
+    "ClassSoftmaxHead",
+    "frequency_binning",
+    "zipf_class_boundaries",
+    "DSoftmaxConfig",
+    "DSoftmaxHead",
 ]

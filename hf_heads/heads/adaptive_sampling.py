@@ -24,6 +24,7 @@ has it after every ``topk`` call. ``head(hidden)`` and the loss are the exact so
 distribution needs every logit, and training is a plain softmax (the head has ``weight`` and
 ``bias`` and can be tied like one).
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,10 @@ class AdaptiveSamplingConfig(HeadConfig):
     delta: float = option(0.1, "PAC delta: probability that the top-k or a probability is wrong")
     initial_pulls: int = option(16, "coordinates every token gets in the first elimination round")
     variance_scale: float = option(
-        1.0, "multiplies the variance estimates of the elimination rounds (the authors' 'fudge factor'; "
-        "< 1 eliminates sooner, trading guarantee for speed; fit it with calibrate())")
+        1.0,
+        "multiplies the variance estimates of the elimination rounds (the authors' 'fudge factor'; "
+        "< 1 eliminates sooner, trading guarantee for speed; fit it with calibrate())",
+    )
     seed: int = option(0, "seed of the coordinate sampling (the head's own generator, reproducible)")
 
     def __post_init__(self) -> None:
@@ -82,10 +85,12 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
     def sampling_tables(self, dtype: torch.dtype = torch.float32):
         """``(Wt, atom_weights, b)``: ``W^T`` (d x V, a coordinate's row for every arm is contiguous),
         ``sum_i |W_ij|`` per coordinate, and the bias; cached until ``weight`` / ``bias`` change."""
+
         def build():
             w = self.weight.detach().to(dtype)
             b = None if self.bias is None else self.bias.detach().to(dtype)
             return w.T.contiguous(), w.abs().sum(0), b
+
         return self._cached(f"sampling-{dtype}", (self.weight, self.bias), build)
 
     @torch.no_grad()
@@ -114,8 +119,11 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
         lp, idx = self.topk(h, 1)
         right = idx[:, 0] == exact.indices
         close = (lp[:, 0] - exact.values).exp().sub(1).abs() <= self.config.epsilon
-        return {"success": float((right & close).float().mean()), "top1": float(right.float().mean()),
-                "gain": self.last_stats["budget"] / self.last_stats["multiplications"]}
+        return {
+            "success": float((right & close).float().mean()),
+            "top1": float(right.float().mean()),
+            "gain": self.last_stats["budget"] / self.last_stats["multiplications"],
+        }
 
     @torch.no_grad()
     def calibrate(self, hidden: torch.Tensor, steps: int = 8) -> Dict[str, float]:
@@ -129,13 +137,13 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
         best = self.success_rate(hidden)
         for _ in range(steps):
             mid = (lo + hi) / 2
-            self.config.variance_scale = 10 ** mid
+            self.config.variance_scale = 10**mid
             got = self.success_rate(hidden)
             if got["success"] >= 1 - self.config.delta:
                 hi, best = mid, got
             else:
                 lo = mid
-        self.config.variance_scale = 10 ** hi
+        self.config.variance_scale = 10**hi
         return {"variance_scale": self.config.variance_scale, **best}
 
     def _bandit_topk(self, g: torch.Tensor, k: int):
@@ -151,8 +159,11 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
         if usable == 0:  # g = 0 (or W = 0): every logit is its bias
             logits = g.new_zeros(vocab) if bias is None else bias.clone()
             top, idx = logits.topk(k)
-            return top - torch.logsumexp(logits, 0), idx, {"multiplications": float(mults), "rounds": 0.0,
-                                                          "exact_arms": float(vocab), "pulls_per_arm": 0.0}
+            return (
+                top - torch.logsumexp(logits, 0),
+                idx,
+                {"multiplications": float(mults), "rounds": 0.0, "exact_arms": float(vocab), "pulls_per_arm": 0.0},
+            )
         log_q = torch.log(q / q.sum())
         # drawn on the CPU (the head's generator: the same draws on every device), then moved to g's device
         u = torch.rand(d, generator=self._generator, dtype=torch.float64).to(g.device, g.dtype).clamp_(1e-12, 1 - 1e-12)
@@ -166,7 +177,7 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
                 return one, g.new_zeros(n)
             pi = -torch.expm1(-torch.exp(log_q[:n] - keys[n]))
             pi = pi.clamp_min(1e-30)
-            return 1.0 / pi, (1.0 - pi) / pi ** 2
+            return 1.0 / pi, (1.0 - pi) / pi**2
 
         bound = math.sqrt(2.0 * math.log(6.0 * vocab * math.log(max(d, 3)) / (c.delta / 2)))
         arms = torch.arange(vocab, device=g.device)
@@ -235,8 +246,12 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
         log_z = top + torch.log(z)
         order_k = est_all[winners].argsort(descending=True)
         winners = winners[order_k]
-        stats = {"multiplications": float(mults), "rounds": float(rounds), "exact_arms": float(exact_arms),
-                 "pulls_per_arm": float(pulled_all.double().mean())}
+        stats = {
+            "multiplications": float(mults),
+            "rounds": float(rounds),
+            "exact_arms": float(exact_arms),
+            "pulls_per_arm": float(pulled_all.double().mean()),
+        }
         return est_all[winners] - log_z, winners, stats
 
     def extra_repr(self) -> str:

@@ -17,6 +17,7 @@ What it saves: the NLL of a token needs the C class logits and the logits of the
 with ``search_classes < num_classes`` scores only the tokens of the most probable classes (approximate).
 ``forward`` still returns the full normalised distribution (every token's logit is needed there).
 """
+
 from __future__ import annotations
 
 import math
@@ -69,15 +70,21 @@ class ClassSoftmaxConfig(HeadConfig):
     """Options of :class:`ClassSoftmaxHead`."""
 
     num_classes: Optional[int] = option(
-        None, "number C of word classes; None: round(sqrt(vocab_size)), which minimises the C + V/C cost "
-              "of a token (Goodman 2001)")
+        None,
+        "number C of word classes; None: round(sqrt(vocab_size)), which minimises the C + V/C cost "
+        "of a token (Goodman 2001)",
+    )
     class_boundaries: Optional[list] = option(
-        None, "exclusive end id of every class (token ids ordered by frequency, so each class is a contiguous "
-              "id range), strictly increasing, the last = vocab_size; None: frequency binning (Mikolov et al. "
-              "2011), classes of equal unigram mass under Zipf's law p(r) ~ 1/(r+1)")
+        None,
+        "exclusive end id of every class (token ids ordered by frequency, so each class is a contiguous "
+        "id range), strictly increasing, the last = vocab_size; None: frequency binning (Mikolov et al. "
+        "2011), classes of equal unigram mass under Zipf's law p(r) ~ 1/(r+1)",
+    )
     search_classes: Optional[int] = option(
-        None, "topk() scores only the tokens of this many most probable classes (more where they hold fewer "
-              "than k tokens): approximate below num_classes; None: every class (exact)")
+        None,
+        "topk() scores only the tokens of this many most probable classes (more where they hold fewer "
+        "than k tokens): approximate below num_classes; None: every class (exact)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -89,17 +96,32 @@ class ClassSoftmaxConfig(HeadConfig):
             check_int(n, "num_classes", self.num_classes, 1, vocab)
             self.class_boundaries = zipf_class_boundaries(vocab, self.num_classes)
         else:
-            ok = (isinstance(bounds, (list, tuple)) and len(bounds) > 0
-                  and all(isinstance(e, int) and not isinstance(e, bool) for e in bounds)
-                  and bounds[0] >= 1 and all(a < b for a, b in zip(bounds, bounds[1:])) and bounds[-1] == vocab)
-            check_option(n, "class_boundaries", bounds, ok,
-                         f"a strictly increasing list of class end ids in [1, {vocab}] ending at vocab_size={vocab}")
+            ok = (
+                isinstance(bounds, (list, tuple))
+                and len(bounds) > 0
+                and all(isinstance(e, int) and not isinstance(e, bool) for e in bounds)
+                and bounds[0] >= 1
+                and all(a < b for a, b in zip(bounds, bounds[1:]))
+                and bounds[-1] == vocab
+            )
+            check_option(
+                n,
+                "class_boundaries",
+                bounds,
+                ok,
+                f"a strictly increasing list of class end ids in [1, {vocab}] ending at vocab_size={vocab}",
+            )
             self.class_boundaries = list(bounds)
             if self.num_classes is None:
                 self.num_classes = len(bounds)
             check_int(n, "num_classes", self.num_classes, 1, vocab)
-            check_option(n, "num_classes", self.num_classes, self.num_classes == len(bounds),
-                         f"len(class_boundaries) = {len(bounds)}, or None")
+            check_option(
+                n,
+                "num_classes",
+                self.num_classes,
+                self.num_classes == len(bounds),
+                f"len(class_boundaries) = {len(bounds)}, or None",
+            )
         if self.search_classes is None:
             self.search_classes = self.num_classes
         check_int(n, "search_classes", self.search_classes, 1, self.num_classes)
@@ -122,8 +144,10 @@ class ClassSoftmaxHead(OutputHead):
     """
 
     config_class = ClassSoftmaxConfig
-    paper = ("Goodman 2001, Classes for fast maximum entropy training; Mikolov et al. 2011, Extensions of "
-             "recurrent neural network language model (frequency binning)")
+    paper = (
+        "Goodman 2001, Classes for fast maximum entropy training; Mikolov et al. 2011, Extensions of "
+        "recurrent neural network language model (frequency binning)"
+    )
     purpose = "fast"
     resizable = False  # the classes are laid out over the ids
     uses_frequency_order = True  # class c holds the ids frequency_order[class c's rank range]
@@ -132,7 +156,7 @@ class ClassSoftmaxHead(OutputHead):
         super().__init__(config)
         c = config
         self.class_proj = nn.Linear(c.hidden_size, c.num_classes, bias=c.use_bias)
-        nn.init.normal_(self.class_proj.weight, std=c.hidden_size ** -0.5)
+        nn.init.normal_(self.class_proj.weight, std=c.hidden_size**-0.5)
         if self.class_proj.bias is not None:
             nn.init.zeros_(self.class_proj.bias)
         #: ``(first rank, end rank)`` of every class: its ids are ``frequency_order[first:end]`` (``first..end-1``
@@ -154,6 +178,7 @@ class ClassSoftmaxHead(OutputHead):
             if ranks is not None:
                 token_class = token_class[ranks.cpu()]
             return token_class.to(device), sizes.to(device)
+
         return self._cached(f"class_tables:{device}", [self.frequency_order], build)
 
     def class_log_probs(self, x: torch.Tensor) -> torch.Tensor:
@@ -165,8 +190,11 @@ class ClassSoftmaxHead(OutputHead):
         classes (slicing ``weight[start:end]`` per class would allocate a full V x d gradient for each)."""
         sizes = [end - start for start, end in self.spans]
         order = None if self.ranks() is None else self.frequency_order
-        w, b = (self.weight, self.bias) if order is None else (
-            self.weight.index_select(0, order), None if self.bias is None else self.bias.index_select(0, order))
+        w, b = (
+            (self.weight, self.bias)
+            if order is None
+            else (self.weight.index_select(0, order), None if self.bias is None else self.bias.index_select(0, order))
+        )
         ws = w.split(sizes)
         return ws, [None] * len(ws) if b is None else b.split(sizes)
 
@@ -201,8 +229,9 @@ class ClassSoftmaxHead(OutputHead):
                 continue
             r = order[lo:hi]
             rows.append(r)
-            within.append(F.cross_entropy(ops.linear_fp32(x[r], ws[c], bs[c]), target_rank[r] - start,
-                                          reduction="none"))
+            within.append(
+                F.cross_entropy(ops.linear_fp32(x[r], ws[c], bs[c]), target_rank[r] - start, reduction="none")
+            )
         if rows:
             nll = nll.index_add(0, torch.cat(rows), torch.cat(within))
         return nll
@@ -229,8 +258,12 @@ class ClassSoftmaxHead(OutputHead):
             else:
                 lp, idx, tokens, classes = self._searched_topk(x, class_lp, k)
         d = c.hidden_size
-        self.last_stats = {"multiplications": (c.num_classes + tokens) * d, "budget": c.vocab_size * d,
-                           "tokens_scored": tokens, "classes_searched": classes}
+        self.last_stats = {
+            "multiplications": (c.num_classes + tokens) * d,
+            "budget": c.vocab_size * d,
+            "tokens_scored": tokens,
+            "classes_searched": classes,
+        }
         shape = (*hidden.shape[:-1], k)
         return lp.view(shape), idx.view(shape)
 

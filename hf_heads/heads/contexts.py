@@ -1,4 +1,5 @@
 """Context vectors ``h_k = act(H_k g + c_k)``, shared by the heads that mix K of them (MoS, Mixtape)."""
+
 from dataclasses import dataclass
 
 import torch
@@ -15,21 +16,31 @@ class ContextConfig(HeadConfig):
     """Options of heads built on K context vectors."""
 
     context_activation: str = option(
-        "tanh", "activation of the context vectors h_k = act(H_k g + c_k): 'tanh' (the papers) or 'identity'")
+        "tanh", "activation of the context vectors h_k = act(H_k g + c_k): 'tanh' (the papers) or 'identity'"
+    )
     identity_init: bool = option(
-        False, "start every H_k at the identity and c_k at 0 (needs embedding_size == hidden_size). With "
+        False,
+        "start every H_k at the identity and c_k at 0 (needs embedding_size == hidden_size). With "
         "context_activation='identity' every h_k = g at the start, so the head starts as the softmax of the "
-        "projection it was built from: the way to fine-tune a pretrained model without losing it")
+        "projection it was built from: the way to fine-tune a pretrained model without losing it",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         n = self.head_name
-        check_option(n, "context_activation", self.context_activation,
-                     self.context_activation in CONTEXT_ACTIVATIONS, f"one of {CONTEXT_ACTIVATIONS}")
+        check_option(
+            n,
+            "context_activation",
+            self.context_activation,
+            self.context_activation in CONTEXT_ACTIVATIONS,
+            f"one of {CONTEXT_ACTIVATIONS}",
+        )
         check_bool(n, "identity_init", self.identity_init)
         if self.identity_init and self.embedding_size != self.hidden_size:
-            raise ValueError(f"{n}: option identity_init=True needs embedding_size == hidden_size; got "
-                             f"embedding_size={self.embedding_size}, hidden_size={self.hidden_size}")
+            raise ValueError(
+                f"{n}: option identity_init=True needs embedding_size == hidden_size; got "
+                f"embedding_size={self.embedding_size}, hidden_size={self.hidden_size}"
+            )
 
 
 class ContextHead(OutputHead):

@@ -14,6 +14,7 @@ training and inference alike, and it holds as many parameters. It is equivalent 
 V x d embedding is block-diagonal (:meth:`DSoftmaxHead.dense_weight`), so it cannot share a dense
 embedding with the input layer.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,40 +62,67 @@ class DSoftmaxConfig(HeadConfig):
     """Options of :class:`DSoftmaxHead`."""
 
     band_fractions: Optional[list] = option(
-        None, "fraction of the vocabulary in each frequency band, most frequent band first (token ids ordered "
-              "by frequency), summing to 1; None: 3 bands, each twice as large as the one before "
-              "([1/7, 2/7, 4/7] of V; fewer bands when V or hidden_size < 3)")
+        None,
+        "fraction of the vocabulary in each frequency band, most frequent band first (token ids ordered "
+        "by frequency), summing to 1; None: 3 bands, each twice as large as the one before "
+        "([1/7, 2/7, 4/7] of V; fewer bands when V or hidden_size < 3)",
+    )
     band_dims: Optional[list] = option(
-        None, "size d_i of each band's segment of g (= its embedding size), summing to hidden_size; None: "
-              "each band half the size of the one before ([4/7, 2/7, 1/7] of hidden_size for 3 bands)")
+        None,
+        "size d_i of each band's segment of g (= its embedding size), summing to hidden_size; None: "
+        "each band half the size of the one before ([4/7, 2/7, 1/7] of hidden_size for 3 bands)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         n, vocab, d = self.head_name, self.vocab_size, self.hidden_size
         fractions, dims = self.band_fractions, self.band_dims
         if fractions is not None:
-            ok = (isinstance(fractions, (list, tuple)) and len(fractions) >= 1
-                  and all(_is_number(f) and 0 < f <= 1 for f in fractions)
-                  and abs(math.fsum(fractions) - 1.0) <= 1e-6 and min(band_sizes(fractions, vocab)) >= 1)
-            check_option(n, "band_fractions", fractions, ok,
-                         f"a list of fractions in (0, 1] summing to 1, one per frequency band (most frequent "
-                         f"first), each band holding at least one of the vocab_size={vocab} tokens")
+            ok = (
+                isinstance(fractions, (list, tuple))
+                and len(fractions) >= 1
+                and all(_is_number(f) and 0 < f <= 1 for f in fractions)
+                and abs(math.fsum(fractions) - 1.0) <= 1e-6
+                and min(band_sizes(fractions, vocab)) >= 1
+            )
+            check_option(
+                n,
+                "band_fractions",
+                fractions,
+                ok,
+                f"a list of fractions in (0, 1] summing to 1, one per frequency band (most frequent "
+                f"first), each band holding at least one of the vocab_size={vocab} tokens",
+            )
         if dims is not None:
             count = None if fractions is None else len(fractions)
-            ok = (isinstance(dims, (list, tuple)) and len(dims) >= 1 and (count is None or len(dims) == count)
-                  and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in dims)
-                  and sum(dims) == d)
+            ok = (
+                isinstance(dims, (list, tuple))
+                and len(dims) >= 1
+                and (count is None or len(dims) == count)
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in dims)
+                and sum(dims) == d
+            )
             per_band = "one per band" if count is None else f"one per band of band_fractions ({count})"
             check_option(n, "band_dims", dims, ok, f"a list of integers >= 1, {per_band}, summing to hidden_size={d}")
-        num_bands = (len(fractions) if fractions is not None else len(dims) if dims is not None
-                     else min(_DEFAULT_BANDS, vocab, d))
+        num_bands = (
+            len(fractions)
+            if fractions is not None
+            else len(dims)
+            if dims is not None
+            else min(_DEFAULT_BANDS, vocab, d)
+        )
         if fractions is None:
             check_option(n, "band_dims", dims, num_bands <= vocab, f"at most vocab_size={vocab} bands")
-            fractions = [s / vocab for s in split_proportionally(vocab, [2.0 ** i for i in range(num_bands)])]
+            fractions = [s / vocab for s in split_proportionally(vocab, [2.0**i for i in range(num_bands)])]
         if dims is None:
-            check_option(n, "band_fractions", fractions, num_bands <= d,
-                         f"at most hidden_size={d} bands (each needs a segment of g of size >= 1)")
-            dims = split_proportionally(d, [2.0 ** -i for i in range(num_bands)])
+            check_option(
+                n,
+                "band_fractions",
+                fractions,
+                num_bands <= d,
+                f"at most hidden_size={d} bands (each needs a segment of g of size >= 1)",
+            )
+            dims = split_proportionally(d, [2.0**-i for i in range(num_bands)])
         self.band_fractions, self.band_dims = list(fractions), list(dims)
 
 
@@ -114,8 +142,10 @@ class DSoftmaxHead(SingleSoftmaxHead):
     """
 
     config_class = DSoftmaxConfig
-    paper = ("Chen, Grangier & Auli 2016, Strategies for training large vocabulary neural language models "
-             "(differentiated softmax)")
+    paper = (
+        "Chen, Grangier & Auli 2016, Strategies for training large vocabulary neural language models "
+        "(differentiated softmax)"
+    )
     purpose = "fast"
     resizable = False  # the bands are laid out over the ids
     uses_frequency_order = True  # band i holds the ids frequency_order[band i's rank range]
@@ -129,11 +159,12 @@ class DSoftmaxHead(SingleSoftmaxHead):
         rows, cols = [0, *accumulate(sizes)], [0, *accumulate(c.band_dims)]
         #: ``[(row start, row end), (column start, column end)]`` of every band: its tokens, its segment of g
         self.bands: List[Tuple[Tuple[int, int], Tuple[int, int]]] = [
-            ((rows[i], rows[i + 1]), (cols[i], cols[i + 1])) for i in range(len(sizes))]
+            ((rows[i], rows[i + 1]), (cols[i], cols[i + 1])) for i in range(len(sizes))
+        ]
         self.band_weights = nn.ParameterList()
         for size, dim in zip(sizes, c.band_dims):
             w = nn.Parameter(torch.empty(size, dim))
-            nn.init.normal_(w, std=dim ** -0.5)  # unit-variance logits in every band for unit-variance g
+            nn.init.normal_(w, std=dim**-0.5)  # unit-variance logits in every band for unit-variance g
             self.band_weights.append(w)
         #: set by every :meth:`topk` call (multiply-adds per query against the ``V d`` budget)
 
@@ -168,7 +199,8 @@ class DSoftmaxHead(SingleSoftmaxHead):
             f"{len(self.bands)} frequency bands keeps its own |band| x d_i block (band_dims="
             f"{self.config.band_dims}), not a dense V x d matrix. Build the head untied, started from the "
             f"embedding (weight=embedding.weight keeps each band's block); in fairseq leave out "
-            f"--share-decoder-input-output-embed / --share-all-embeddings")
+            f"--share-decoder-input-output-embed / --share-all-embeddings"
+        )
 
     # -- the head interface ---------------------------------------------------------------------
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -176,8 +208,13 @@ class DSoftmaxHead(SingleSoftmaxHead):
         ranks = self.ranks()
         bias = None if self.bias is None or ranks is None else self.bias.index_select(0, self.frequency_order)
         bias = self.bias if bias is None else bias  # the bias in band (frequency rank) order
-        logits = torch.cat([ops.linear_fp32(x[:, c0:c1], w, None if bias is None else bias[r0:r1])
-                            for w, ((r0, r1), (c0, c1)) in zip(self.band_weights, self.bands)], dim=-1)
+        logits = torch.cat(
+            [
+                ops.linear_fp32(x[:, c0:c1], w, None if bias is None else bias[r0:r1])
+                for w, ((r0, r1), (c0, c1)) in zip(self.band_weights, self.bands)
+            ],
+            dim=-1,
+        )
         return logits if ranks is None else logits.index_select(1, ranks)  # back to id order
 
     def aux_loss(self) -> torch.Tensor:
@@ -188,6 +225,9 @@ class DSoftmaxHead(SingleSoftmaxHead):
         ``budget`` (``V d``, a full softmax) and ``tokens_scored`` (V)."""
         out = super().topk(hidden, k)
         c = self.config
-        self.last_stats = {"multiplications": float(self.multiplications_per_token),
-                           "budget": c.vocab_size * c.hidden_size, "tokens_scored": float(c.vocab_size)}
+        self.last_stats = {
+            "multiplications": float(self.multiplications_per_token),
+            "budget": c.vocab_size * c.hidden_size,
+            "tokens_scored": float(c.vocab_size),
+        }
         return out

@@ -13,6 +13,7 @@ in training only; importance loss ``coef * cv^2`` of the per-expert sums of the 
 group norm ``sqrt(mean_d W_e[v]^2)`` with an epsilon inside the sqrt (pruned rows are exactly 0);
 pruned classes keep logit 0 in training (``(x W_e) * m_e``) and are skipped at inference.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import functional as ops
-from ..core import (HeadConfig, OutputHead, check_bool, check_float, check_int, check_option, option,
-                   register_head)
+from ..core import HeadConfig, OutputHead, check_bool, check_float, check_int, check_option, option, register_head
 
 _NORM_EPS = 1e-12  # inside the sqrt of the group norms: sqrt'(0) is infinite
 
@@ -36,21 +36,29 @@ class DSSoftmaxConfig(HeadConfig):
 
     num_experts: int = option(8, "number E of experts, each a masked copy of the output embedding (paper: 64)")
     group_lasso: float = option(
-        0.002, "coefficient of the class-level group lasso sum_e sum_v sqrt(mean_d W_e[v]^2) (authors: 0.002-0.005). "
-               "Each class row's share of the cross-entropy gradient shrinks like 1/V, so scale it like 1/V: "
-               "about 10/V pruned cleanly here (recipes/ds_softmax.py)")
+        0.002,
+        "coefficient of the class-level group lasso sum_e sum_v sqrt(mean_d W_e[v]^2) (authors: 0.002-0.005). "
+        "Each class row's share of the cross-entropy gradient shrinks like 1/V, so scale it like 1/V: "
+        "about 10/V pruned cleanly here (recipes/ds_softmax.py)",
+    )
     expert_lasso: float = option(
-        0.002, "coefficient of the expert-level lasso sum_e sqrt(mean W_e^2), which lets whole experts die")
-    balance: float = option(10.0, "coefficient of the load-balancing loss cv^2 of the per-expert gate sums "
-                                  "(authors: 10-30)")
+        0.002, "coefficient of the expert-level lasso sum_e sqrt(mean W_e^2), which lets whole experts die"
+    )
+    balance: float = option(
+        10.0, "coefficient of the load-balancing loss cv^2 of the per-expert gate sums (authors: 10-30)"
+    )
     prune_cutoff: float = option(
-        0.03, "a class row W_e[v] whose norm sqrt(mean_d W_e[v]^2) falls under this is removed from expert e "
-              "for good (0 disables pruning)")
+        0.03,
+        "a class row W_e[v] whose norm sqrt(mean_d W_e[v]^2) falls under this is removed from expert e "
+        "for good (0 disables pruning)",
+    )
     prune_start: int = option(1000, "training steps (forward passes in training mode) before the first pruning")
     prune_interval: int = option(100, "training steps between prunings")
     min_experts_per_class: int = option(
-        1, "pruning never leaves a class in fewer experts than this, so every token stays reachable "
-           "(0: the paper's rule, a class may vanish from every expert)")
+        1,
+        "pruning never leaves a class in fewer experts than this, so every token stays reachable "
+        "(0: the paper's rule, a class may vanish from every expert)",
+    )
     gate_noise: bool = option(True, "noisy top-1 gating in training (noise std softplus(g W_noise) + 0.01)")
 
     def __post_init__(self) -> None:
@@ -114,11 +122,13 @@ class DSSoftmaxHead(OutputHead):
         """Every expert keeps the first ``keep`` classes (pruned ones stay pruned) and gets the new classes'
         rows, unpruned: a new token is in every expert until training prunes it."""
         e = self.config.num_experts
-        self.weight = nn.Parameter(torch.cat([self.weight[:, :keep], rows.expand(e, -1, -1)], 1),
-                                   requires_grad=self.weight.requires_grad)
+        self.weight = nn.Parameter(
+            torch.cat([self.weight[:, :keep], rows.expand(e, -1, -1)], 1), requires_grad=self.weight.requires_grad
+        )
         if self.bias is not None:
-            self.bias = nn.Parameter(torch.cat([self.bias[:, :keep], bias_rows.expand(e, -1)], 1),
-                                     requires_grad=self.bias.requires_grad)
+            self.bias = nn.Parameter(
+                torch.cat([self.bias[:, :keep], bias_rows.expand(e, -1)], 1), requires_grad=self.bias.requires_grad
+            )
         self.mask = torch.cat([self.mask[:, :keep], self.mask.new_ones(e, rows.shape[0])], 1)
         self._routed = self._importance = None  # per-class statistics of the old vocabulary
 
@@ -127,11 +137,13 @@ class DSSoftmaxHead(OutputHead):
             f"{self.head_name}: the output embedding cannot be tied to the input embedding: the head keeps "
             f"num_experts={self.config.num_experts} separate masked copies of it. Build the head untied, "
             f"started from the embedding (weight=embedding.weight); in fairseq leave out "
-            f"--share-decoder-input-output-embed / --share-all-embeddings")
+            f"--share-decoder-input-output-embed / --share-all-embeddings"
+        )
 
     @torch.no_grad()
-    def init_gate_from_hidden(self, hidden: torch.Tensor, iters: int = 20, sharpness: float = 20.0,
-                              seed: int = 0, restarts: int = 4) -> torch.Tensor:
+    def init_gate_from_hidden(
+        self, hidden: torch.Tensor, iters: int = 20, sharpness: float = 20.0, seed: int = 0, restarts: int = 4
+    ) -> torch.Tensor:
         """Start the routing at spherical k-means clusters of ``hidden`` (not in the paper; our addition).
 
         The gate has no bias, so ``argmax_e W_gate[e] . g`` with unit-norm rows is exactly the nearest
@@ -143,8 +155,13 @@ class DSSoftmaxHead(OutputHead):
         """
         c = self.config
         h = self._flat_hidden(hidden).float()
-        check_option(self.head_name, "hidden rows", h.shape[0], h.shape[0] >= c.num_experts,
-                     f"at least num_experts={c.num_experts} rows to cluster")
+        check_option(
+            self.head_name,
+            "hidden rows",
+            h.shape[0],
+            h.shape[0] >= c.num_experts,
+            f"at least num_experts={c.num_experts} rows to cluster",
+        )
         u = F.normalize(h, dim=-1)
         g = torch.Generator().manual_seed(seed)
         best, best_score = None, -float("inf")
@@ -166,9 +183,11 @@ class DSSoftmaxHead(OutputHead):
     # -- routing ----------------------------------------------------------------------
     def dead_experts(self) -> Optional[torch.Tensor]:
         """Bool ``[E]``: experts left with no class (never chosen); ``None`` when every expert lives."""
+
         def build():
             dead = ~self.mask.any(dim=1)
             return dead if ops.values_known(dead) and bool(dead.any()) else None
+
         return self._cached("dead", (self.mask,), build)
 
     def _route(self, hidden: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -224,6 +243,7 @@ class DSSoftmaxHead(OutputHead):
     def _inference_tables(self):
         """``(expert tables, gate weights, dead experts)`` in the compute dtype, cached together (one
         cache check per inference call)."""
+
         def build():
             dt = ops.compute_dtype(self.weight)
             tables = []
@@ -232,6 +252,7 @@ class DSSoftmaxHead(OutputHead):
                 b = None if self.bias is None else self.bias[e, idx].to(dt).contiguous()
                 tables.append((idx, self.weight[e, idx].to(dt).contiguous(), b))
             return tables, self.gate.weight.to(dt).contiguous(), self.dead_experts()
+
         return self._cached("tables", (self.weight, self.bias, self.mask, self.gate.weight), build)
 
     def _expert_log_probs(self, x: torch.Tensor, gate: torch.Tensor, e: int, ws, bs):
@@ -257,14 +278,16 @@ class DSSoftmaxHead(OutputHead):
             for e, lo, hi in groups:
                 rows = order[lo:hi]
                 idx, w, b = tables[e]
-                lp = torch.log_softmax(F.linear(h[rows], w.to(h.dtype), None if b is None else b.to(h.dtype))
-                                       * gate[rows, None], dim=-1)
+                lp = torch.log_softmax(
+                    F.linear(h[rows], w.to(h.dtype), None if b is None else b.to(h.dtype)) * gate[rows, None], dim=-1
+                )
                 lp_out[rows], pos = lp.topk(k, dim=-1)
                 idx_out[rows] = idx[pos]
         return lp_out, idx_out
 
-    def _sparse_topk_one(self, x: torch.Tensor, k: int, tables, gate_weight: torch.Tensor,
-                         dead: Optional[torch.Tensor]) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    def _sparse_topk_one(
+        self, x: torch.Tensor, k: int, tables, gate_weight: torch.Tensor, dead: Optional[torch.Tensor]
+    ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """Batch 1 (``x`` ``[d]``): :meth:`_route` inlined and every per-call op that a single query can skip
         left out (no grouping, no dtype casts where the dtypes already agree, the gate folded into the
         expert's matrix-vector product as a Python number): at batch 1 the cost of a call is its op count as
@@ -344,7 +367,9 @@ class DSSoftmaxHead(OutputHead):
         if not (c.balance or c.group_lasso or c.expert_lasso):
             return super().aux_loss()
         parts = self.aux_losses()
-        return c.balance * parts["balance"] + c.group_lasso * parts["group_lasso"] + c.expert_lasso * parts["expert_lasso"]
+        return (
+            c.balance * parts["balance"] + c.group_lasso * parts["group_lasso"] + c.expert_lasso * parts["expert_lasso"]
+        )
 
     # -- pruning ---------------------------------------------------------------------------
     def _count_step(self) -> None:

@@ -1,5 +1,6 @@
 """Mixtape (Yang, Luong, Salakhutdinov & Le, NeurIPS 2019, "Mixtape: breaking the softmax bottleneck
 efficiently"), eqs. 2-6."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,16 @@ from torch import nn
 from ..core import functional as ops
 from ..core import lean
 from ..core.config import LEGACY_DEFAULTS
-from ..core import (SingleSoftmaxHead, check_bool, check_float, check_int, check_option, check_type, option,
-                   register_head)
+from ..core import (
+    SingleSoftmaxHead,
+    check_bool,
+    check_float,
+    check_int,
+    check_option,
+    check_type,
+    option,
+    register_head,
+)
 from .contexts import ContextConfig, ContextHead
 
 
@@ -23,16 +32,18 @@ class MixtapeConfig(ContextConfig):
 
     num_gates: int = option(4, "number of gates / context vectors [K], a power of two (paper: 4)")
     frequent_fraction: float = option(
-        0.1, "fraction of the vocabulary, the most frequent token ids, with their own gate priors "
+        0.1,
+        "fraction of the vocabulary, the most frequent token ids, with their own gate priors "
         "[r = S/V]; the rest share one gate (paper: 0.1 for LM, 0.5 for MT). Token ids must be "
-        "ordered by frequency, most frequent first (fairseq dictionaries are)")
+        "ordered by frequency, most frequent first (fairseq dictionaries are)",
+    )
     gate_embedding_size: int = option(64, "size of the gate embeddings v_x and of tanh(U_k g) [d2]")
     gate_noise: float = option(0.1, "std of the Gaussian noise on the gate pre-activations in training")
     gate_dropout: float = option(0.0, "dropout on tanh(U_k g) (paper: 0.15-0.2 for MT)")
-    gate_weight_norm: bool = option(
-        False, "weight-normalise the rows of U_k with a constant scale (paper: on for LM)")
+    gate_weight_norm: bool = option(False, "weight-normalise the rows of U_k with a constant scale (paper: on for LM)")
     scaled_input: Optional[bool] = option(
-        None, "None (the default): False for a new head; a head whose weights were saved before this option had a "
+        None,
+        "None (the default): False for a new head; a head whose weights were saved before this option had a "
         "version (no scaled_form entry in its state dict) loads as True, the default then. True: multiply g by "
         "d1^-1/2 before H_k, U_k, u_k and draw those with unit variance, as Mesh TensorFlow's "
         "Mixtape (made for Adafactor, whose steps follow each weight's scale). False: g as is, those weights "
@@ -40,15 +51,17 @@ class MixtapeConfig(ContextConfig):
         "but Adam and SGD then move them at the pace of the model's other layers (about sqrt(d1) times faster "
         "under Adam, d1 times under SGD): in effect a larger learning rate for the head's projections "
         "(docs/reproduction.md: mixtape vs mixtape-unscaled)",
-        shown="False; True for weights saved before head spec version 2")
+        shown="False; True for weights saved before head spec version 2",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         n = self.head_name
         k = self.num_gates
         check_type(n, "num_gates", k, isinstance(k, int) and not isinstance(k, bool), "an integer")
-        check_option(n, "num_gates", k, 1 <= k <= 1024 and (k & (k - 1)) == 0,
-                     "a power of two in [1, 1024] (1, 2, 4, 8, ...)")
+        check_option(
+            n, "num_gates", k, 1 <= k <= 1024 and (k & (k - 1)) == 0, "a power of two in [1, 1024] (1, 2, 4, 8, ...)"
+        )
         check_float(n, "frequent_fraction", self.frequent_fraction, 0.0, 1.0, lo_open=True)
         check_int(n, "gate_embedding_size", self.gate_embedding_size, 1)
         check_float(n, "gate_noise", self.gate_noise, 0.0, math.inf, hi_open=True)
@@ -104,18 +117,18 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         self.register_buffer("scaled_form", torch.tensor(0.0))
         self._set_form(c.scaled_input if self._form_given else SCALED_DEFAULT)
         self._register_load_state_dict_pre_hook(self._load_form)
-        self._build_contexts(k)                                                   # H_k, c_k
-        self.gate_proj = nn.Linear(d1, (k - 1) * d2)                              # U_k, a_k
-        self.shared_gate = nn.Linear(d1, k - 1, bias=False)                       # u_k
-        self.gate_embedding = nn.Parameter(torch.empty(s, d2))                    # v_x
-        self.gate_bias = nn.Parameter(torch.zeros(s, k - 1))                      # b_{x,k}
+        self._build_contexts(k)  # H_k, c_k
+        self.gate_proj = nn.Linear(d1, (k - 1) * d2)  # U_k, a_k
+        self.shared_gate = nn.Linear(d1, k - 1, bias=False)  # u_k
+        self.gate_embedding = nn.Parameter(torch.empty(s, d2))  # v_x
+        self.gate_bias = nn.Parameter(torch.zeros(s, k - 1))  # b_{x,k}
         self.gate_dropout = nn.Dropout(c.gate_dropout)
         for lin in (self.context_proj, self.gate_proj, self.shared_gate):
             # unit variance for the input scaled by d1^-1/2; scaled_input=False: the same function (same draws)
-            nn.init.normal_(lin.weight, std=1.0 if c.scaled_input else d1 ** -0.5)
+            nn.init.normal_(lin.weight, std=1.0 if c.scaled_input else d1**-0.5)
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
-        nn.init.normal_(self.gate_embedding, std=d2 ** -0.5)
+        nn.init.normal_(self.gate_embedding, std=d2**-0.5)
         if c.identity_init:
             self.init_contexts_as_identity()
 
@@ -124,7 +137,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
 
     def _set_form(self, scaled: bool) -> None:
         self.config.scaled_input = scaled
-        self.context_input_scale = self.config.hidden_size ** -0.5 if scaled else 1.0
+        self.context_input_scale = self.config.hidden_size**-0.5 if scaled else 1.0
         self.init_optional_state()
 
     def _load_form(self, state_dict, prefix, *args) -> None:
@@ -138,22 +151,34 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             stored = self.config.scaled_input if self._form_given else LEGACY_SCALED
         if stored != self.config.scaled_input:
             if self._form_given:
-                raise ValueError(f"{self.head_name}: scaled_input={self.config.scaled_input} was given, but these "
-                                 f"weights were trained with scaled_input={stored}; leave the option out (the "
-                                 f"weights' form is used) or give scaled_input={stored}")
+                raise ValueError(
+                    f"{self.head_name}: scaled_input={self.config.scaled_input} was given, but these "
+                    f"weights were trained with scaled_input={stored}; leave the option out (the "
+                    f"weights' form is used) or give scaled_input={stored}"
+                )
             self._set_form(stored)
         state_dict[key] = self.scaled_form.detach().clone()
 
     def check_resize_vocab(self, new_size: int) -> None:
         super().check_resize_vocab(new_size)
         s = self.config.num_frequent
-        check_option(self.head_name, "new vocabulary size", new_size, new_size >= s,
-                     f"at least the {s} frequent ids that have their own gates (num_frequent)")
+        check_option(
+            self.head_name,
+            "new vocabulary size",
+            new_size,
+            new_size >= s,
+            f"at least the {s} frequent ids that have their own gates (num_frequent)",
+        )
         # gate embeddings/biases are rows by frequency rank: dropping a frequent id would hand its gate to another
         top = int(self.frequency_order[:s].max())
-        check_option(self.head_name, "new vocabulary size", new_size, new_size > top,
-                     f"at least {top + 1}: shrinking would remove frequent id {top}, which has its own gate "
-                     f"(frequency_order[:{s}]); rebuild the head (hf_heads.swap_head / build_head) instead")
+        check_option(
+            self.head_name,
+            "new vocabulary size",
+            new_size,
+            new_size > top,
+            f"at least {top + 1}: shrinking would remove frequent id {top}, which has its own gate "
+            f"(frequency_order[:{s}]); rebuild the head (hf_heads.swap_head / build_head) instead",
+        )
 
     def _resize_rows(self, keep, rows, bias_rows):
         """New ids are rare: they share the shared gate; the frequent ids (and so the gate parameters) stay, with
@@ -165,11 +190,13 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
     def frequent_ids(self):
         """The ids with their own gates, ``frequency_order[:S]``; None when they are ``0..S-1`` (ids sorted by
         frequency, as in fairseq dictionaries), where the frequent logits are a prefix of the output."""
+
         def build():
             ids = self.frequency_order[: self.config.num_frequent]
             if not ops.values_known(ids) or bool((ids == torch.arange(len(ids), device=ids.device)).all()):
                 return None
             return ids.clone()
+
         return self._cached("frequent_ids", [self.frequency_order], build)
 
     def _frequent_rows(self, t, dtype):
@@ -205,7 +232,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         gate_ctx = torch.tanh(ops.linear_fp32(g, self._gate_weight(), self.gate_proj.bias))
         gate_ctx = self.gate_dropout(gate_ctx.view(-1, k - 1, c.gate_embedding_size))
         # one shared prior -> mix the contexts first (scalar mixture)
-        shared_prior = ops.sigmoid_tree_log_priors(self._noisy(shared)).exp()           # [N, K]
+        shared_prior = ops.sigmoid_tree_log_priors(self._noisy(shared)).exp()  # [N, K]
         return ctx, shared, gate_ctx, torch.einsum("nk,nkd->nd", shared_prior, ctx)
 
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -219,7 +246,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         dt = ctx.dtype
         freq_gates = torch.einsum("nke,se->nsk", gate_ctx, self.gate_embedding.to(dt))
         freq_gates = self._noisy(freq_gates + shared[:, None, :] + self.gate_bias.to(dt))
-        freq_prior = ops.sigmoid_tree_log_priors(freq_gates).exp()                      # [N, S, K]
+        freq_prior = ops.sigmoid_tree_log_priors(freq_gates).exp()  # [N, S, K]
         comp = torch.einsum("nkd,sd->nsk", ctx, self._frequent_rows(self.weight, dt))  # [N, S, K]
         freq_logits = (freq_prior * comp).sum(-1)
         if self.bias is not None:
@@ -255,8 +282,14 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         small = [] if shared is None else [ctx, gate_ctx, shared]  # one gate: a plain softmax over h_1
         freq, back = self._lean_frequent_logits(*(t.detach() for t in small), grads) if small else (None, None)
         loss, nll, grad_mixed, _, grad_freq = lean.softmax_rows(
-            self, mixed.detach()[:, None], target, grads, prefix=freq, prefix_ids=self.frequent_ids(),
-            label_smoothing=label_smoothing)
+            self,
+            mixed.detach()[:, None],
+            target,
+            grads,
+            prefix=freq,
+            prefix_ids=self.frequent_ids(),
+            label_smoothing=label_smoothing,
+        )
         outputs, grad_outputs = [mixed], [grad_mixed[:, 0]]
         if small:
             outputs += small
@@ -321,4 +354,5 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             if self.gate_bias in grads:
                 grads[self.gate_bias] += grad_gates.sum(0).t()
             return [(grad_comp @ w).view(n, k, d), (grad_gates_2d @ v).view(n, k - 1, d2), grad_gates.sum(2)]
+
         return z, back

@@ -1,4 +1,5 @@
 """Mixture of Softmaxes (Yang et al. 2018, "Breaking the softmax bottleneck")."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,8 +17,7 @@ from .contexts import ContextConfig, ContextHead
 class MoSConfig(ContextConfig):
     """Options of :class:`MoSHead`."""
 
-    num_components: int = option(
-        15, "number K of softmax components (paper: 15 on PTB/WT2, 7 on 1B, 9 for MT)")
+    num_components: int = option(15, "number K of softmax components (paper: 15 on PTB/WT2, 7 on 1B, 9 for MT)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -63,8 +63,10 @@ class MoSHead(ContextHead):
 
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx, log_prior = self._contexts_and_log_priors(hidden)
-        parts = [torch.log_softmax(self.component_scores(self._output_logits(ctx[:, k])), dim=-1)
-                 + log_prior[:, k, None] for k in range(self.config.num_components)]
+        parts = [
+            torch.log_softmax(self.component_scores(self._output_logits(ctx[:, k])), dim=-1) + log_prior[:, k, None]
+            for k in range(self.config.num_components)
+        ]
         return torch.logsumexp(torch.stack(parts, dim=1), dim=1)
 
     def nll_2d(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -81,6 +83,11 @@ class MoSHead(ContextHead):
         with torch.enable_grad():
             ctx, log_prior = self._contexts_and_log_priors(hidden)
         loss, nll, grad_ctx, grad_prior, _ = lean.softmax_rows(
-            self, ctx.detach(), target, grads, log_prior=log_prior.detach(),
-            transform=lambda z: self.lean_component_scores(z, grads))
+            self,
+            ctx.detach(),
+            target,
+            grads,
+            log_prior=log_prior.detach(),
+            transform=lambda z: self.lean_component_scores(z, grads),
+        )
         return loss.sum(), nll.sum(), lean.backprop([ctx, log_prior], [grad_ctx, grad_prior], hidden, grads)

@@ -1,5 +1,6 @@
 """PLIF (Ganea et al. 2019, "Breaking the softmax bottleneck via learnable monotonic pointwise
 non-linearities"): ``softmax(f(z))`` with a learnt monotone piecewise-linear ``f``."""
+
 from __future__ import annotations
 
 import math
@@ -63,6 +64,7 @@ class PiecewiseLinearIncreasing(nn.Module):
             if slopes.requires_grad:
                 backprop([slopes], [ops.plif_slope_grads(grad, bins, frac, num_knots, self.knot_range)])
             return grad.mul_(slope_at)
+
         return out, back
 
     def extra_repr(self) -> str:

@@ -1,4 +1,5 @@
 """Sigsoftmax (Kanai et al. 2018): ``p ∝ exp(z) * sigmoid(z)`` with ``z = W g + b``."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,4 +34,5 @@ class SigsoftmaxHead(LinearScoresHead):
     def lean_score_transform(self, logits, grads):
         def back(grad):  # d/dz (z + logsigmoid(z)) = 1 + sigmoid(-z)
             return grad.mul_(logits.neg_().sigmoid_().add_(1.0))
+
         return self.score_transform(logits), back

@@ -1,4 +1,5 @@
 """Plain softmax: ``log_softmax(W g + b)``, the reference every other head is compared with."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

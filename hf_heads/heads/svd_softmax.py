@@ -20,6 +20,7 @@ Training runs the exact softmax (the head is a plain softmax with ``weight`` and
 the approximation is used in evaluation mode. The SVD is cached and recomputed whenever ``weight`` or
 ``bias`` change (an optimizer step, ``load_state_dict``).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,15 +40,21 @@ class SVDSoftmaxConfig(HeadConfig):
     """Options of :class:`SVDSoftmaxHead`."""
 
     preview_rank: Optional[int] = option(
-        None, "W_p, rotated dimensions in the preview (paper: W); default ceil(2 d / 9), 128 at d = 576")
+        None, "W_p, rotated dimensions in the preview (paper: W); default ceil(2 d / 9), 128 at d = 576"
+    )
     num_refine: Optional[int] = option(
-        None, "N, candidates whose exact logit is computed; default min(V, max(256, V // 64)), 768 at V = 49152")
+        None, "N, candidates whose exact logit is computed; default min(V, max(256, V // 64)), 768 at V = 49152"
+    )
     preview_dims: str = option(
-        "adaptive", "which W_p dimensions: 'leading' (the paper: the top singular directions) or "
-        "'adaptive' (per query, the largest s_j |(V^T g)_j|)")
+        "adaptive",
+        "which W_p dimensions: 'leading' (the paper: the top singular directions) or "
+        "'adaptive' (per query, the largest s_j |(V^T g)_j|)",
+    )
     preview_half: bool = option(
-        True, "keep the preview table in float16 (each rotated dimension scaled to [-1, 1]): half the "
-        "memory the preview reads; the candidates are still refined in float32")
+        True,
+        "keep the preview table in float16 (each rotated dimension scaled to [-1, 1]): half the "
+        "memory the preview reads; the candidates are still refined in float32",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -58,8 +65,13 @@ class SVDSoftmaxConfig(HeadConfig):
         if self.num_refine is None:
             self.num_refine = min(self.vocab_size, max(256, self.vocab_size // 64))
         check_int(n, "num_refine", self.num_refine, 1, self.vocab_size)
-        check_option(n, "preview_dims", self.preview_dims, self.preview_dims in PREVIEW_DIMS,
-                     " or ".join(repr(p) for p in PREVIEW_DIMS))
+        check_option(
+            n,
+            "preview_dims",
+            self.preview_dims,
+            self.preview_dims in PREVIEW_DIMS,
+            " or ".join(repr(p) for p in PREVIEW_DIMS),
+        )
         check_bool(n, "preview_half", self.preview_half)
 
 
@@ -91,6 +103,7 @@ class SVDSoftmaxHead(SingleSoftmaxHead):
         rotated dimension, so a preview reads only its W_p rows; float16 rows scaled to [-1, 1] with
         ``preview_half``), ``V^T`` (d x d), the singular values ``s``, and the contiguous weight and
         bias for the refinement."""
+
         def build():
             w = self.weight.detach()
             u, s, vt = torch.linalg.svd(w.double(), full_matrices=False)
@@ -99,6 +112,7 @@ class SVDSoftmaxHead(SingleSoftmaxHead):
             bt = (bt / scale[:, None]).to(torch.float16 if self._half_preview(dtype) else dtype).contiguous()
             b = None if self.bias is None else self.bias.detach().to(dtype)
             return bt, scale.to(dtype), vt.to(dtype), s.to(dtype), w.to(dtype).contiguous(), b
+
         return self._cached(f"svd-{dtype}-{self.config.preview_half}", (self.weight, self.bias), build)
 
     def _half_preview(self, dtype: torch.dtype) -> bool:
@@ -115,16 +129,24 @@ class SVDSoftmaxHead(SingleSoftmaxHead):
         bt, scale, vt, s, w, b = self.svd_tables(hidden.dtype)
         n, d, rank = hidden.shape[0], c.embedding_size, c.preview_rank
         if rank == d or c.num_refine == c.vocab_size:  # the preview would be exact, or nothing is left to it
-            self.last_stats = {"multiplications": c.vocab_size * d, "budget": c.vocab_size * d,
-                               "preview_rank": rank, "num_refine": c.num_refine, "preview_dims": c.preview_dims}
+            self.last_stats = {
+                "multiplications": c.vocab_size * d,
+                "budget": c.vocab_size * d,
+                "preview_rank": rank,
+                "num_refine": c.num_refine,
+                "preview_dims": c.preview_dims,
+            }
             return hidden @ w.T + (0 if b is None else b)
         z = hidden @ vt.T
         leading = c.preview_dims == "leading"
         if leading and n > 1:  # the same W_p rows for every query: one matmul
             preview = (z[:, :rank] * scale[:rank]) @ bt[:rank].to(z.dtype)
         else:  # per query, its W_p rows of Bt summed with weights z_J * scale_J, without copying them
-            dims = (torch.arange(rank, device=z.device).expand(n, rank) if leading
-                    else (z.abs() * s).topk(rank, dim=1).indices)
+            dims = (
+                torch.arange(rank, device=z.device).expand(n, rank)
+                if leading
+                else (z.abs() * s).topk(rank, dim=1).indices
+            )
             weights = (z.gather(1, dims) * scale[dims]).to(bt.dtype)
             preview = F.embedding_bag(dims, bt, per_sample_weights=weights, mode="sum").to(z.dtype)
         if b is not None:
@@ -137,12 +159,18 @@ class SVDSoftmaxHead(SingleSoftmaxHead):
             exact = (hidden @ w.index_select(0, uniq).T).gather(1, inverse)
         if b is not None:
             exact = exact + b[cand]
-        self.last_stats = {"multiplications": d * d + rank * c.vocab_size + c.num_refine * d,
-                           "budget": c.vocab_size * d, "preview_rank": rank, "num_refine": c.num_refine,
-                           "preview_dims": c.preview_dims}
+        self.last_stats = {
+            "multiplications": d * d + rank * c.vocab_size + c.num_refine * d,
+            "budget": c.vocab_size * d,
+            "preview_rank": rank,
+            "num_refine": c.num_refine,
+            "preview_dims": c.preview_dims,
+        }
         return preview.scatter(1, cand, exact)
 
     def extra_repr(self) -> str:
         c = self.config
-        return (f"{super().extra_repr()}, preview_rank={c.preview_rank}, num_refine={c.num_refine}, "
-                f"preview_dims={c.preview_dims!r}")
+        return (
+            f"{super().extra_repr()}, preview_rank={c.preview_rank}, num_refine={c.num_refine}, "
+            f"preview_dims={c.preview_dims!r}"
+        )

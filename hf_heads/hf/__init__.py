@@ -24,11 +24,22 @@ and registered with ``AutoModelForCausalLM`` / ``AutoModelForSeq2SeqLM``. Withou
 installed, transformers refuses such a checkpoint naming the model type ``softmax-heads``: the
 package to install.
 """
+
 from .auto import SoftmaxHeadsConfig, head_config, register_auto_classes
 from .config import MODEL_TYPE, head_config_class
 from .modeling import HeadModelMixin, head_model_class, output_head, swap_head
 from .peft import running_head
 from . import convert as _convert  # noqa: F401,E402  (registers convert_head for transformers models)
 
-__all__ = ["MODEL_TYPE", "SoftmaxHeadsConfig", "HeadModelMixin", "head_config", "head_config_class",
-           "head_model_class", "output_head", "register_auto_classes", "running_head", "swap_head"]
+__all__ = [
+    "MODEL_TYPE",
+    "SoftmaxHeadsConfig",
+    "HeadModelMixin",
+    "head_config",
+    "head_config_class",
+    "head_model_class",
+    "output_head",
+    "register_auto_classes",
+    "running_head",
+    "swap_head",
+]

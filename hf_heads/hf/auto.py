@@ -1,6 +1,7 @@
 """Registration with transformers' Auto classes, and :func:`head_config`: ``import hf_heads`` registers the model
 type ``softmax-heads`` with ``AutoConfig`` (:class:`SoftmaxHeadsConfig`); a loaded or new head config registers its
 model classes with ``AutoModelForCausalLM`` / ``AutoModelForSeq2SeqLM``."""
+
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -19,8 +20,9 @@ def _base_config_class(base_model_type: str) -> type:
     try:
         return CONFIG_MAPPING[base_model_type]
     except KeyError:
-        raise ValueError(f"{MODEL_TYPE}: base_model_type {base_model_type!r} is not a model type this version of "
-                         f"transformers knows") from None
+        raise ValueError(
+            f"{MODEL_TYPE}: base_model_type {base_model_type!r} is not a model type this version of transformers knows"
+        ) from None
 
 
 class SoftmaxHeadsConfig(PretrainedConfig):
@@ -50,7 +52,9 @@ class SoftmaxHeadsConfig(PretrainedConfig):
         spec = config_dict.get("output_head")
         if isinstance(spec, dict) and "version" not in spec:  # saved before specs had versions: version 1
             config_dict = {**config_dict, "output_head": {**spec, "version": 1}}
-        result = head_config_class(_base_config_class(_required_base_type(config_dict))).from_dict(config_dict, **kwargs)
+        result = head_config_class(_base_config_class(_required_base_type(config_dict))).from_dict(
+            config_dict, **kwargs
+        )
         _register_model_classes(result[0] if isinstance(result, tuple) else result)
         return result
 
@@ -61,7 +65,8 @@ def _required_base_type(options: Dict[str, Any]) -> str:
         raise ValueError(
             f"a {MODEL_TYPE} config needs base_model_type, the wrapped model's type, and output_head: e.g. "
             f"AutoConfig.for_model({MODEL_TYPE!r}, base_model_type='gpt2', output_head={{'name': 'mixtape', "
-            f"'options': {{}}}}, n_layer=2), or hf_heads.head_config(GPT2Config(...), 'mixtape')")
+            f"'options': {{}}}}, n_layer=2), or hf_heads.head_config(GPT2Config(...), 'mixtape')"
+        )
     return base
 
 
@@ -76,16 +81,20 @@ def head_config(base_config, name: str, use_bias: bool = False, **options) -> Pr
     checked here, by building the head once on the meta device.
     """
     if not isinstance(base_config, PretrainedConfig):
-        raise ValueError(f"head_config: expected a transformers config (e.g. GPT2Config(...)), got "
-                         f"{type(base_config).__name__}")
+        raise ValueError(
+            f"head_config: expected a transformers config (e.g. GPT2Config(...)), got {type(base_config).__name__}"
+        )
     if base_config.model_type == MODEL_TYPE:
-        raise ValueError(f"head_config: the config already names a head ({base_config.output_head['name']}); "
-                         f"start from the base model's config")
+        raise ValueError(
+            f"head_config: the config already names a head ({base_config.output_head['name']}); "
+            f"start from the base model's config"
+        )
     text = base_config.get_text_config()
     options = without_model_sizes("head_config", options, hidden_size=text.hidden_size, vocab_size=text.vocab_size)
     spec = head_spec(name, options, use_bias)
     config = head_config_class(type(base_config)).from_dict(
-        {**base_config.to_dict(), "base_model_type": base_config.model_type, "output_head": spec})
+        {**base_config.to_dict(), "base_model_type": base_config.model_type, "output_head": spec}
+    )
     check_output_head(config, "head_config")
     _register_model_classes(config)
     return config
@@ -100,12 +109,19 @@ def check_output_head(config, caller: str) -> None:
         raise ValueError(f"{caller}: output_head must be a dict {{'name': HEAD, 'options': {{...}}}}, got {spec!r}")
     extra = sorted(set(spec) - {"name", "options", "use_bias", "version"})
     if extra or not isinstance(spec.get("options", {}), dict):
-        raise ValueError(f"{caller}: output_head has keys {sorted(spec)}; expected 'name', 'options' (a dict) and "
-                         f"optionally 'use_bias' and 'version'")
+        raise ValueError(
+            f"{caller}: output_head has keys {sorted(spec)}; expected 'name', 'options' (a dict) and "
+            f"optionally 'use_bias' and 'version'"
+        )
     text = config.get_text_config()
     with torch.device("meta"):
-        build_head(spec["name"], hidden_size=text.hidden_size, vocab_size=text.vocab_size,
-                   use_bias=bool(spec.get("use_bias", False)), **spec_options(spec, caller))
+        build_head(
+            spec["name"],
+            hidden_size=text.hidden_size,
+            vocab_size=text.vocab_size,
+            use_bias=bool(spec.get("use_bias", False)),
+            **spec_options(spec, caller),
+        )
 
 
 def _register_model_classes(config) -> None:
@@ -117,12 +133,15 @@ def _register_model_classes(config) -> None:
     base_config = type(config).__mro__[1]
     found = False
     for arch in getattr(config, "architectures", None) or []:
-        base_cls = getattr(transformers, arch[len("SoftmaxHeads"):], None) if arch.startswith("SoftmaxHeads") else None
+        base_cls = getattr(transformers, arch[len("SoftmaxHeads") :], None) if arch.startswith("SoftmaxHeads") else None
         if isinstance(base_cls, type):
             head_model_class(base_cls)
             found = True
     if not found:
-        for mapping in (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING, modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING):
+        for mapping in (
+            modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING,
+            modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING,
+        ):
             if base_config in mapping:
                 head_model_class(mapping[base_config])
 

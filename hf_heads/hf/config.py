@@ -1,5 +1,6 @@
 """The config classes of head models: for each model family, its config class with model type ``softmax-heads``
 (``SoftmaxHeadsGPT2Config``, ...), made when first needed."""
+
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -16,9 +17,14 @@ def head_config_class(base_config_class: type) -> type:
         return base_config_class
     if base_config_class not in _CONFIG_CLASSES:
         _CONFIG_CLASSES[base_config_class] = type(
-            f"SoftmaxHeads{base_config_class.__name__}", (base_config_class,),
-            {"model_type": MODEL_TYPE, "__module__": __name__,
-             "__doc__": f"{base_config_class.__name__} of a model whose output layer is a softmax-heads head."})
+            f"SoftmaxHeads{base_config_class.__name__}",
+            (base_config_class,),
+            {
+                "model_type": MODEL_TYPE,
+                "__module__": __name__,
+                "__doc__": f"{base_config_class.__name__} of a model whose output layer is a softmax-heads head.",
+            },
+        )
     return _CONFIG_CLASSES[base_config_class]
 
 
@@ -29,8 +35,9 @@ def without_model_sizes(caller: str, options: Dict[str, Any], hidden_size: int, 
     for key, value in (("hidden_size", hidden_size), ("vocab_size", vocab_size)):
         given = options.pop(key, value)
         if given != value:
-            raise ValueError(f"{caller}: {key}={given!r} does not match the model's {key}, {value}: leave it out, "
-                             f"the model sets it")
+            raise ValueError(
+                f"{caller}: {key}={given!r} does not match the model's {key}, {value}: leave it out, the model sets it"
+            )
     return options
 
 
@@ -44,4 +51,3 @@ def spec_options(spec: Dict[str, Any], where: str = "output_head") -> Dict[str, 
     without a version is read as the current one: :meth:`SoftmaxHeadsConfig.from_dict` marks saved ones)."""
     version = check_spec_version(where, spec.get("version", SPEC_VERSION))
     return versioned_options(spec["name"], spec.get("options", {}), version)
-

@@ -1,4 +1,5 @@
 """``hf_heads.convert_head`` on transformers models (registered with the core when this adapter is imported)."""
+
 from __future__ import annotations
 
 import sys
@@ -13,7 +14,7 @@ def convert_transformers_model(source, name: str, options: dict):
     """A plain model gets the head through :func:`swap_head`; a model with a head already has it rebuilt as the head
     ``name`` in place (tie kept, config updated); None for anything that is not a transformers model."""
     if "transformers.modeling_utils" not in sys.modules:  # no model class loaded: not a transformers model (and
-        return None                                      # importing PreTrainedModel here would cost every process 1 s)
+        return None  # importing PreTrainedModel here would cost every process 1 s)
     from transformers import PreTrainedModel
 
     if not isinstance(source, PreTrainedModel):

@@ -1,5 +1,6 @@
 """The lean training forward of a head model: the model runs with the head replaced by a stand-in that keeps the
 hidden states, then the head's memory-lean loss scores them against the labels as the model would have used them."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .peft import running_head
+
 
 class _HiddenCapture(nn.Module):
     """Stands in for the head during a lean training forward: keeps the hidden states it is called with and
@@ -21,7 +23,6 @@ class _HiddenCapture(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         self.store.append(hidden)
         return hidden.new_zeros(()).expand(*hidden.shape[:-1], self.vocab_size)
-
 
 
 @contextlib.contextmanager
@@ -45,8 +46,10 @@ def capture_hidden(model, base_forward, args, kwargs):
     with head_replaced_by(model, _HiddenCapture(head.config.vocab_size, captured)):
         out = base_forward(model, *args, **kwargs)
     if len(captured) != 1:
-        raise RuntimeError(f"{type(model).__name__}: the output layer ran {len(captured)} times in one forward; "
-                           f"set head.lean_loss = False for this model")
+        raise RuntimeError(
+            f"{type(model).__name__}: the output layer ran {len(captured)} times in one forward; "
+            f"set head.lean_loss = False for this model"
+        )
     return out, captured[0]
 
 
@@ -74,4 +77,3 @@ def lean_forward(model, base_forward, args, kwargs):
         loss = head.loss(hidden, target, reduction="sum") / torch.as_tensor(num_items).to(target.device)
     fields = {k: v for k, v in out.items() if k not in ("loss", "logits")}
     return type(out)(loss=loss, **fields)
-

@@ -13,6 +13,7 @@ over the head's output embedding, not the head. Both ways of applying it are ans
 ``Trainer(use_liger_kernel=True)`` and TRL's ``use_liger_kernel`` apply Liger by ``config.model_type``, which for a
 head model is ``softmax-heads``, a type Liger does not know: they apply nothing (Liger logs it).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -28,9 +29,12 @@ def keeps_own_forward(model, value) -> bool:
     if not _from_liger(value):
         return False
     head = model.get_output_embeddings()
-    warnings.warn(f"{type(model).__name__}: Liger's fused linear cross-entropy was not installed: it projects with "
-                  f"lm_head.weight and would not run the {getattr(head, 'head_name', 'output')} head; the head's own "
-                  f"memory-lean loss runs instead (Liger's other kernels stay applied)", stacklevel=3)
+    warnings.warn(
+        f"{type(model).__name__}: Liger's fused linear cross-entropy was not installed: it projects with "
+        f"lm_head.weight and would not run the {getattr(head, 'head_name', 'output')} head; the head's own "
+        f"memory-lean loss runs instead (Liger's other kernels stay applied)",
+        stacklevel=3,
+    )
     return True
 
 
@@ -42,4 +46,5 @@ def check_base_forward(base_model_class: type) -> None:
             f"{base_model_class.__name__}.forward is Liger's fused linear cross-entropy forward "
             f"(liger_kernel's apply_liger_kernel_to_*() without model=), which projects with lm_head.weight and "
             f"never runs an output head; apply Liger with fused_linear_cross_entropy=False, or after building the "
-            f"model with apply_liger_kernel_to_<family>(model=model) (the head's own lean loss then replaces it)")
+            f"model with apply_liger_kernel_to_<family>(model=model) (the head's own lean loss then replaces it)"
+        )

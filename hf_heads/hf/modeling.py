@@ -1,4 +1,5 @@
 """Head model classes (``SoftmaxHeads<Class>``, a subclass of a transformers LM class) and :func:`swap_head`."""
+
 from __future__ import annotations
 
 import functools
@@ -30,13 +31,19 @@ class HeadModelMixin:
         if not spec:
             raise ValueError(f"{type(self).__name__} needs config.output_head = {{'name': ..., 'options': {{...}}}}")
         old = self.get_output_embeddings()
-        head = build_head(spec["name"], hidden_size=old.weight.shape[1], vocab_size=old.weight.shape[0],
-                          use_bias=bool(spec.get("use_bias", False)), **spec_options(spec))
+        head = build_head(
+            spec["name"],
+            hidden_size=old.weight.shape[1],
+            vocab_size=old.weight.shape[0],
+            use_bias=bool(spec.get("use_bias", False)),
+            **spec_options(spec),
+        )
         self.set_output_embeddings(head)
         self._forget_head_ties()
         if head.optional_state_keys:  # older weights lack them; _init_weights sets them from the config
             self._keys_to_ignore_on_load_missing = set(self._keys_to_ignore_on_load_missing or ()) | {
-                rf"(^|\.){re.escape(k)}$" for k in head.optional_state_keys}
+                rf"(^|\.){re.escape(k)}$" for k in head.optional_state_keys
+            }
         if getattr(config, "tie_word_embeddings", False):
             self.tie_weights()
 
@@ -75,7 +82,8 @@ class HeadModelMixin:
                 f"{type(self).__name__}: set_output_embeddings({type(new_embeddings).__name__}) would replace the "
                 f"{head.head_name} head by a plain projection (transformers' assisted generation with an assistant of "
                 f"another tokenizer and do_sample=True prunes the assistant's lm_head); use do_sample=False, or an "
-                f"assistant with the target's tokenizer")
+                f"assistant with the target's tokenizer"
+            )
         super().set_output_embeddings(new_embeddings)
 
     def _init_weights(self, module):
@@ -122,9 +130,13 @@ class HeadModelMixin:
         """Train with the head's memory-lean loss: labels given as a keyword, grad enabled, training mode, the
         head's ``lean_loss`` on, a ModelOutput returned and every position scored (no ``logits_to_keep``)."""
         head = running_head(self.get_output_embeddings())
-        return (kwargs.get("labels") is not None and head is not None and head.lean_loss_active()
-                and kwargs.get("return_dict", getattr(self.config, "return_dict", True)) is not False
-                and not kwargs.get("logits_to_keep"))
+        return (
+            kwargs.get("labels") is not None
+            and head is not None
+            and head.lean_loss_active()
+            and kwargs.get("return_dict", getattr(self.config, "return_dict", True)) is not False
+            and not kwargs.get("logits_to_keep")
+        )
 
     def _add_aux_loss(self, out, labels_given: bool):
         if not self.training:  # a regulariser: evaluation losses stay the plain NLL
@@ -138,10 +150,13 @@ class HeadModelMixin:
             out = (out[0] + aux.to(out[0].dtype),) + out[1:]
         elif head.has_aux_loss and torch.is_grad_enabled() and not self.__dict__.get("_warned_aux_loss"):
             self.__dict__["_warned_aux_loss"] = True
-            warnings.warn(f"{head.head_name}: a training forward without labels returns no loss to add the head's "
-                          f"aux_loss() to (transformers' Trainer calls the model so with label_smoothing_factor or "
-                          f"compute_loss_func); add hf_heads.output_head(model).aux_loss() to your loss, or pass "
-                          f"labels", stacklevel=3)
+            warnings.warn(
+                f"{head.head_name}: a training forward without labels returns no loss to add the head's "
+                f"aux_loss() to (transformers' Trainer calls the model so with label_smoothing_factor or "
+                f"compute_loss_func); add hf_heads.output_head(model).aux_loss() to your loss, or pass "
+                f"labels",
+                stacklevel=3,
+            )
         return out
 
 
@@ -153,12 +168,16 @@ def _forward_with_aux_loss(base_forward):
     @functools.wraps(base_forward)
     def forward(self, *args, **kwargs):
         labels = kwargs.get("labels")
-        if torch.is_tensor(labels) and (labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool):
+        if torch.is_tensor(labels) and (
+            labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool
+        ):
             # in training the head's loss checks them; in evaluation the model's own cross-entropy would fail
             # with a message about its kernels, so check here for both
             head = running_head(self.get_output_embeddings())
-            raise ValueError(f"{head.head_name if head else type(self).__name__}: labels have dtype {labels.dtype}; "
-                             f"expected token ids (torch.long), -100 where ignored")
+            raise ValueError(
+                f"{head.head_name if head else type(self).__name__}: labels have dtype {labels.dtype}; "
+                f"expected token ids (torch.long), -100 where ignored"
+            )
         kwargs.pop("skip_logits", None)  # Liger's flag, which Trainer(use_liger_kernel=True) passes in evaluation
         if kwargs.pop("fused_lm_head", False):  # TRL's protocol (hf_heads/hf/trl.py), answered by the head
             return trl.fused_forward(self, base_forward, args, kwargs)
@@ -169,7 +188,6 @@ def _forward_with_aux_loss(base_forward):
     return forward
 
 
-
 def _auto_class(base_model_class: type) -> type:
     """The Auto class that maps the config class to ``base_model_class`` (BART's config maps to
     ``BartForConditionalGeneration`` under ``AutoModelForSeq2SeqLM`` and to ``BartForCausalLM`` under
@@ -178,8 +196,10 @@ def _auto_class(base_model_class: type) -> type:
     from transformers.models.auto import modeling_auto
 
     config_class = base_model_class.config_class
-    for auto, mapping in ((AutoModelForSeq2SeqLM, modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING),
-                          (AutoModelForCausalLM, modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING)):
+    for auto, mapping in (
+        (AutoModelForSeq2SeqLM, modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING),
+        (AutoModelForCausalLM, modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING),
+    ):
         if config_class in mapping and mapping[config_class] is base_model_class:
             return auto
     return AutoModelForSeq2SeqLM if getattr(config_class(), "is_encoder_decoder", False) else AutoModelForCausalLM
@@ -192,10 +212,17 @@ def head_model_class(base_model_class: type) -> type:
     if base_model_class not in _MODEL_CLASSES:
         liger.check_base_forward(base_model_class)
         config_class = head_config_class(base_model_class.config_class)
-        cls = type(f"SoftmaxHeads{base_model_class.__name__}", (HeadModelMixin, base_model_class),
-                   {"config_class": config_class, "__module__": __name__, "_head_base_class": base_model_class,
-                    "forward": _forward_with_aux_loss(base_model_class.forward),
-                    "__doc__": f"{base_model_class.__name__} whose output layer is a softmax-heads head."})
+        cls = type(
+            f"SoftmaxHeads{base_model_class.__name__}",
+            (HeadModelMixin, base_model_class),
+            {
+                "config_class": config_class,
+                "__module__": __name__,
+                "_head_base_class": base_model_class,
+                "forward": _forward_with_aux_loss(base_model_class.forward),
+                "__doc__": f"{base_model_class.__name__} whose output layer is a softmax-heads head.",
+            },
+        )
         _auto_class(base_model_class).register(config_class, cls, exist_ok=True)
         _MODEL_CLASSES[base_model_class] = cls
     return _MODEL_CLASSES[base_model_class]
@@ -238,20 +265,32 @@ def swap_head(model, name: str, *, frequency_order=None, token_counts=None, **op
     if not isinstance(model, PreTrainedModel):
         raise ValueError(f"swap_head: expected a transformers PreTrainedModel, got {type(model).__name__}")
     if isinstance(model, HeadModelMixin):
-        raise ValueError(f"swap_head: {type(model).__name__} already has an output head "
-                         f"({model.config.output_head['name']}); swap heads on the original model")
+        raise ValueError(
+            f"swap_head: {type(model).__name__} already has an output head "
+            f"({model.config.output_head['name']}); swap heads on the original model"
+        )
     old = model.get_output_embeddings()
     weight = getattr(old, "weight", None)
     if not isinstance(old, nn.Module) or not torch.is_tensor(weight) or weight.dim() != 2:
-        raise ValueError(f"swap_head: {type(model).__name__} has no output projection (get_output_embeddings() "
-                         f"returned {type(old).__name__}); supported: causal and seq2seq LMs with an lm_head")
+        raise ValueError(
+            f"swap_head: {type(model).__name__} has no output projection (get_output_embeddings() "
+            f"returned {type(old).__name__}); supported: causal and seq2seq LMs with an lm_head"
+        )
     inputs = model.get_input_embeddings()
     tied = inputs is not None and getattr(inputs, "weight", None) is weight
     bias, use_bias = _output_bias(model, old)
     options = without_model_sizes("swap_head", options, hidden_size=weight.shape[1], vocab_size=weight.shape[0])
-    head = build_head(name, hidden_size=weight.shape[1], vocab_size=weight.shape[0], weight=weight.detach(),
-                      bias=bias.to(weight.dtype) if use_bias else None, use_bias=use_bias,
-                      frequency_order=frequency_order, token_counts=token_counts, **options)
+    head = build_head(
+        name,
+        hidden_size=weight.shape[1],
+        vocab_size=weight.shape[0],
+        weight=weight.detach(),
+        bias=bias.to(weight.dtype) if use_bias else None,
+        use_bias=use_bias,
+        frequency_order=frequency_order,
+        token_counts=token_counts,
+        **options,
+    )
     head = head.to(device=weight.device, dtype=weight.dtype)
     base_type = model.config.model_type
     model.__class__ = head_model_class(type(model))
@@ -265,7 +304,6 @@ def swap_head(model, name: str, *, frequency_order=None, token_counts=None, **op
     if torch.is_tensor(getattr(model, "final_logits_bias", None)):
         model.final_logits_bias.zero_()  # folded into the head's bias: log-probs stay normalised
     return model
-
 
 
 def output_head(model) -> OutputHead:

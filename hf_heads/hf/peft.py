@@ -1,4 +1,5 @@
 """PEFT: the head that a (possibly PEFT-wrapped) output layer runs."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -6,6 +7,7 @@ from typing import Optional
 from torch import nn
 
 from ..core import OutputHead
+
 
 def running_head(module: Optional[nn.Module]) -> Optional[OutputHead]:
     """The head that the output layer ``module`` runs: ``module`` itself, or, when PEFT wrapped it
@@ -20,7 +22,8 @@ def running_head(module: Optional[nn.Module]) -> Optional[OutputHead]:
         raise ValueError(
             f"PEFT's trainable_token_indices wrapped the {original.head_name} head (lm_head) in a "
             f"TrainableTokensWrapper, which cannot run a head; train the head with modules_to_save=['lm_head'] "
-            f"instead")
+            f"instead"
+        )
     active = list(getattr(module, "active_adapters", None) or [])
     copies = getattr(module, "modules_to_save", None) or {}
     if getattr(module, "disable_adapters", False) or not active or active[0] not in copies:
@@ -30,6 +33,6 @@ def running_head(module: Optional[nn.Module]) -> Optional[OutputHead]:
         raise ValueError(
             f"PEFT replaced the {original.head_name} head by a plain {type(copies[active[0]]).__name__} for adapter "
             f"{active[0]!r} (modules_to_save with ensure_weight_tying=True), so the model would no longer run the head; "
-            f"use ensure_weight_tying=False (PEFT's default) to train a copy of the head")
+            f"use ensure_weight_tying=False (PEFT's default) to train a copy of the head"
+        )
     return copy
-

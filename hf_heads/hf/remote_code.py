@@ -19,6 +19,7 @@ with ``trust_remote_code=True`` (transformers prefers a model type registered in
 ``trust_remote_code=True`` uses the files saved with the model. A model loaded from those files saves them again
 (this module is among them).
 """
+
 from __future__ import annotations
 
 import ast
@@ -74,13 +75,15 @@ def _rewrite_imports(source: str, module: str, modules: Dict[str, str]) -> str:
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.ImportFrom) or node.level == 0:
             continue
-        base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1])
+        base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
         target = f"{base}.{node.module}" if node.module else base
         indent = " " * node.col_offset
         names, out = [], []
         for alias in node.names:
             if f"{target}.{alias.name}" in modules:  # a module bound by name
-                out.append(f"{indent}from . import {flat_name(target + '.' + alias.name)} as {alias.asname or alias.name}\n")
+                out.append(
+                    f"{indent}from . import {flat_name(target + '.' + alias.name)} as {alias.asname or alias.name}\n"
+                )
             else:
                 names.append(alias.name + (f" as {alias.asname}" if alias.asname else ""))
         if names:
@@ -97,6 +100,7 @@ def _version() -> str:
     root = _package_root()
     if root:
         import importlib
+
         return importlib.import_module(__package__.rsplit(".", 1)[0]).__version__
     return VERSION
 
@@ -110,8 +114,11 @@ def code_files() -> Dict[str, str]:
     root = _package_root()
     here = os.path.dirname(os.path.abspath(__file__))
     if not root:
-        return {f: open(os.path.join(here, f), encoding="utf-8").read()
-                for f in sorted(os.listdir(here)) if f.startswith(PREFIX + "_") and f.endswith(".py")}
+        return {
+            f: open(os.path.join(here, f), encoding="utf-8").read()
+            for f in sorted(os.listdir(here))
+            if f.startswith(PREFIX + "_") and f.endswith(".py")
+        }
     modules = _package_modules(root)
     files = {}
     for module, path in modules.items():
@@ -129,26 +136,36 @@ def _entry_files(model_class: type, auto_class: str, carried: List[str]) -> Dict
     base_model = model_class._head_base_class.__name__
     config_class = model_class.config_class
     base_config = config_class.__mro__[1].__name__
-    header = (f'"""{{what}} of a {base_model} whose output layer is a softmax-heads head, loadable without the '
-              f'softmax-heads package:\n{auto_class}.from_pretrained(folder, trust_remote_code=True). Written by '
-              f'softmax-heads {_version()} when the model was saved; the softmax_heads_*.py files beside it are that '
-              f'version\'s code (torch and transformers only)."""\n')
-    config = (header.format(what="The config") + f"from transformers import {base_config}\n\n"
-              f"from .{PREFIX}_hf_config import head_config_class\n\n"
-              f"{config_class.__name__} = head_config_class({base_config})\n")
+    header = (
+        f'"""{{what}} of a {base_model} whose output layer is a softmax-heads head, loadable without the '
+        f"softmax-heads package:\n{auto_class}.from_pretrained(folder, trust_remote_code=True). Written by "
+        f"softmax-heads {_version()} when the model was saved; the softmax_heads_*.py files beside it are that "
+        f'version\'s code (torch and transformers only)."""\n'
+    )
+    config = (
+        header.format(what="The config") + f"from transformers import {base_config}\n\n"
+        f"from .{PREFIX}_hf_config import head_config_class\n\n"
+        f"{config_class.__name__} = head_config_class({base_config})\n"
+    )
     # one `from .x import` line per file: what makes transformers copy each of them (and import every head)
     imports = "".join(f"from .{name[:-3]} import __name__ as _  # noqa: F401\n" for name in carried)
-    modeling = (header.format(what="The model") + f"from transformers import {base_model}\n\n" + imports +
-                f"from .{CONFIG_FILE} import {config_class.__name__}  # noqa: F401\n"
-                f"from .{PREFIX}_hf_modeling import head_model_class\n\n"
-                f"{model_class.__name__} = head_model_class({base_model})\n")
+    modeling = (
+        header.format(what="The model")
+        + f"from transformers import {base_model}\n\n"
+        + imports
+        + f"from .{CONFIG_FILE} import {config_class.__name__}  # noqa: F401\n"
+        f"from .{PREFIX}_hf_modeling import head_model_class\n\n"
+        f"{model_class.__name__} = head_model_class({base_model})\n"
+    )
     return {CONFIG_FILE + ".py": config, MODELING_FILE + ".py": modeling}
 
 
 def auto_map(model_class: type, auto_class: str) -> Dict[str, str]:
     """``config.auto_map`` of a saved head model: the classes ``trust_remote_code=True`` loads."""
-    return {"AutoConfig": f"{CONFIG_FILE}.{model_class.config_class.__name__}",
-            auto_class: f"{MODELING_FILE}.{model_class.__name__}"}
+    return {
+        "AutoConfig": f"{CONFIG_FILE}.{model_class.config_class.__name__}",
+        auto_class: f"{MODELING_FILE}.{model_class.__name__}",
+    }
 
 
 def write_code(folder: str, model_class: type, auto_class: str) -> List[str]:

@@ -1,5 +1,6 @@
 """``resize_token_embeddings`` on a head model: the head resizes with the input embedding (its per-id state
 follows), or refuses before anything changes."""
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,10 @@ def resize_token_embeddings(model, base_resize, new_num_tokens, pad_to_multiple_
     head = model.get_output_embeddings()
     if not isinstance(head, OutputHead):
         if running_head(head) is not None:
-            raise ValueError("resize_token_embeddings: the head is wrapped by PEFT (modules_to_save); resize "
-                             "the model before get_peft_model")
+            raise ValueError(
+                "resize_token_embeddings: the head is wrapped by PEFT (modules_to_save); resize "
+                "the model before get_peft_model"
+            )
         return base_resize(new_num_tokens, pad_to_multiple_of, mean_resizing)
     size = head.config.vocab_size if new_num_tokens is None else new_num_tokens
     if pad_to_multiple_of is not None:
@@ -27,8 +30,7 @@ def resize_token_embeddings(model, base_resize, new_num_tokens, pad_to_multiple_
     head.check_resize_vocab(size)  # a head that cannot resize refuses before anything changes
     before = head.config.to_dict()
     tied = head.weight is getattr(model.get_input_embeddings(), "weight", None)
-    stand_in = nn.Linear(head.config.embedding_size, head.config.vocab_size, bias=head.bias is not None,
-                         device="meta")
+    stand_in = nn.Linear(head.config.embedding_size, head.config.vocab_size, bias=head.bias is not None, device="meta")
     stand_in.weight, stand_in.bias = head.weight, head.bias
     if head.weight.dim() == 3:  # DS-Softmax's experts: transformers draws the new rows from their mean
         stand_in.weight = nn.Parameter(head.weight.detach().mean(0))
@@ -43,7 +45,8 @@ def resize_token_embeddings(model, base_resize, new_num_tokens, pad_to_multiple_
         head.resize_vocab(size, weight=resized.weight, bias=resized.bias)
     # options the resize changed (Mixtape's frequent_fraction) go into the config from_pretrained builds from
     model.config.output_head["options"].update(
-        {k: v for k, v in head.config.to_dict().items() if v != before[k] and k != "vocab_size"})
+        {k: v for k, v in head.config.to_dict().items() if v != before[k] and k != "vocab_size"}
+    )
     final_bias = getattr(model, "final_logits_bias", None)
     if torch.is_tensor(final_bias):  # BART, Marian: folded into the head's bias at the swap
         final_bias.zero_()

@@ -8,6 +8,7 @@ itself (:func:`fused_forward`): the same output fields, from the head's distribu
 (:meth:`OutputHead.token_log_probs`). A head whose auxiliary loss TRL's losses would drop (DS-Softmax) is refused
 when the trainer is built, naming the trainer and what to use instead.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -31,8 +32,11 @@ def _fused_settings(value) -> Optional[Dict[str, Any]]:
     """``{"temperature", "outputs"}`` of a forward made by TRL's ``add_fused_lm_head``; None for any other value."""
     func = getattr(value, "__func__", value)
     code = getattr(func, "__code__", None)  # (functools.wraps copied the names, not the code)
-    if code is None or getattr(code, "co_qualname", code.co_name) not in (FUSED_FORWARD, "_fused_forward") or \
-            f"{os.sep}trl{os.sep}" not in code.co_filename:
+    if (
+        code is None
+        or getattr(code, "co_qualname", code.co_name) not in (FUSED_FORWARD, "_fused_forward")
+        or f"{os.sep}trl{os.sep}" not in code.co_filename
+    ):
         return None
     cells = dict(zip(func.__code__.co_freevars, (c.cell_contents for c in func.__closure__ or ())))
     return {"temperature": float(cells.get("temperature", 1.0)), "outputs": tuple(cells.get("outputs", FIELDS))}
@@ -62,7 +66,8 @@ def keeps_own_forward(model, value) -> bool:
         raise ValueError(
             f"{_trainer_name()}: the {head.head_name} head has an auxiliary loss (head.aux_loss()) that TRL's losses "
             f"do not include, so training would drop it; train this head with transformers' Trainer or your own loop "
-            f"(the model's loss adds it), or pick a head without one")
+            f"(the model's loss adds it), or pick a head without one"
+        )
     model.__dict__["_trl_fused_settings"] = settings
     return True
 
@@ -100,8 +105,7 @@ def fused_forward(model, base_forward, args, kwargs):
     loss = -log_probs.sum() / (mask.sum().clamp(min=1) if num_items is None else torch.as_tensor(num_items))
     if model.training:
         loss = loss + head.aux_loss().to(loss.dtype)
-    return FusedCausalLMOutput(loss=loss, label_mask=mask, aux_loss=None,
-                               **{f: fields.get(f) for f in FIELDS})
+    return FusedCausalLMOutput(loss=loss, label_mask=mask, aux_loss=None, **{f: fields.get(f) for f in FIELDS})
 
 
 @torch.no_grad()
@@ -112,13 +116,15 @@ def _metrics(head, hidden, target, mask, temperature: float, wanted) -> Dict[str
     parts: Dict[str, list] = {f: [] for f in wanted}
     chunk = head.lean_chunk_tokens()
     for start in range(0, h.shape[0], chunk):
-        lp = head(h[start:start + chunk])
+        lp = head(h[start : start + chunk])
         if temperature != 1.0:
             lp = F.log_softmax(lp / temperature, dim=-1)
-        stats = {"entropy": lambda: -(lp.exp() * lp).sum(-1),
-                 "log_sum_sq_probs": lambda: torch.logsumexp(2 * lp, dim=-1),
-                 "mean_logits": lambda: lp.mean(-1),
-                 "is_top1": lambda: lp.argmax(-1) == t[start:start + chunk]}
+        stats = {
+            "entropy": lambda: -(lp.exp() * lp).sum(-1),
+            "log_sum_sq_probs": lambda: torch.logsumexp(2 * lp, dim=-1),
+            "mean_logits": lambda: lp.mean(-1),
+            "is_top1": lambda: lp.argmax(-1) == t[start : start + chunk],
+        }
         for f in wanted:
             parts[f].append(stats[f]())
     out = {}

@@ -8,6 +8,7 @@ contexts, PLIF at its identity, so step 0 is the pretrained model) then trains o
 head: ``save_pretrained`` saves it (with the head's code, so it also loads with ``trust_remote_code=True`` where
 softmax-heads is not installed). ``python -m recipes.upgrade_head`` is the command.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,6 +28,7 @@ from ..core.interface import OutputHead
 class States:
     """Cached final hidden states ``[N, d]`` (stored in ``states.dtype``) and the next-token ids ``[N]`` they predict,
     block after block (``block_tokens`` tokens each: per-block scores)."""
+
     states: torch.Tensor
     targets: torch.Tensor
     block_tokens: int
@@ -52,8 +54,16 @@ def fingerprint(model, blocks: torch.Tensor) -> str:
 
 
 @torch.no_grad()
-def cache_states(model, blocks: torch.Tensor, folder: str, batch_size: int = 8, dtype: torch.dtype = torch.float16,
-                 shard_blocks: int = 256, progress: bool = True, desc: str = "cache states") -> States:
+def cache_states(
+    model,
+    blocks: torch.Tensor,
+    folder: str,
+    batch_size: int = 8,
+    dtype: torch.dtype = torch.float16,
+    shard_blocks: int = 256,
+    progress: bool = True,
+    desc: str = "cache states",
+) -> States:
     """The final hidden states of ``blocks`` ``[B, L]`` (token ids) under ``model`` (a causal LM), with the ids that
     follow them (``L - 1`` per block), in ``dtype``. Written to ``folder`` in shards of ``shard_blocks`` blocks as they
     are made; a rerun reads the shards already there (the folder's ``meta.json`` must name the same blocks and
@@ -62,14 +72,20 @@ def cache_states(model, blocks: torch.Tensor, folder: str, batch_size: int = 8, 
 
     os.makedirs(folder, exist_ok=True)
     meta_path = os.path.join(folder, "meta.json")
-    meta = {"fingerprint": fingerprint(model, blocks), "blocks": list(blocks.shape), "dtype": str(dtype),
-            "shard_blocks": shard_blocks}
+    meta = {
+        "fingerprint": fingerprint(model, blocks),
+        "blocks": list(blocks.shape),
+        "dtype": str(dtype),
+        "shard_blocks": shard_blocks,
+    }
     if os.path.exists(meta_path):
         with open(meta_path) as f:
             old = json.load(f)
         if old != meta:
-            raise ValueError(f"cache_states: {folder} holds the states of other blocks or weights ({old}); use "
-                             f"another folder or empty it")
+            raise ValueError(
+                f"cache_states: {folder} holds the states of other blocks or weights ({old}); use "
+                f"another folder or empty it"
+            )
     else:
         with open(meta_path, "w") as f:
             json.dump(meta, f)
@@ -81,10 +97,10 @@ def cache_states(model, blocks: torch.Tensor, folder: str, batch_size: int = 8, 
     for start in tqdm(starts, desc=desc, disable=not progress, unit="shard"):
         path = os.path.join(folder, f"shard-{start // shard_blocks:05d}.pt")
         if not os.path.exists(path):
-            part = blocks[start:start + shard_blocks]
+            part = blocks[start : start + shard_blocks]
             hs = []
             for i in range(0, part.shape[0], batch_size):
-                out = body(model)(input_ids=part[i:i + batch_size].to(device)).last_hidden_state
+                out = body(model)(input_ids=part[i : i + batch_size].to(device)).last_hidden_state
                 hs.append(out[:, :-1].reshape(-1, out.shape[-1]).to("cpu", dtype))
             torch.save({"states": torch.cat(hs), "targets": part[:, 1:].reshape(-1).clone()}, path + ".tmp")
             os.replace(path + ".tmp", path)  # a shard is there whole or not at all
@@ -101,9 +117,18 @@ def nll_per_block(head: OutputHead, data: States, batch_tokens: int = 8192) -> t
     was = head.training
     head.eval()
     device = next(head.parameters()).device
-    nll = torch.cat([head.loss(data.states[i:i + batch_tokens].to(device, torch.float32),
-                               data.targets[i:i + batch_tokens].to(device), reduction="none").double().cpu()
-                     for i in range(0, len(data), batch_tokens)])
+    nll = torch.cat(
+        [
+            head.loss(
+                data.states[i : i + batch_tokens].to(device, torch.float32),
+                data.targets[i : i + batch_tokens].to(device),
+                reduction="none",
+            )
+            .double()
+            .cpu()
+            for i in range(0, len(data), batch_tokens)
+        ]
+    )
     head.train(was)
     return nll.view(-1, data.block_tokens).mean(1)
 
@@ -119,8 +144,15 @@ def perplexity_interval(block_nll: torch.Tensor, level: float = 0.95) -> Dict[st
     return {"ppl": math.exp(mean), "lo": math.exp(mean - half), "hi": math.exp(mean + half), "blocks": n}
 
 
-def train_epoch(head, train: States, optimizer, order: torch.Generator, batch_tokens: int, progress: bool = False,
-                desc: str = "epoch") -> float:
+def train_epoch(
+    head,
+    train: States,
+    optimizer,
+    order: torch.Generator,
+    batch_tokens: int,
+    progress: bool = False,
+    desc: str = "epoch",
+) -> float:
     """One epoch of ``optimizer`` on ``head`` (its loss plus ``aux_loss()``) over ``train``'s states, shuffled by
     ``order``, ``batch_tokens`` a step; returns the epoch's mean training loss."""
     from tqdm.auto import tqdm
@@ -128,8 +160,9 @@ def train_epoch(head, train: States, optimizer, order: torch.Generator, batch_to
     device = next(head.parameters()).device
     head.train()
     total, count = 0.0, 0
-    for index in tqdm(torch.randperm(len(train), generator=order).split(batch_tokens), desc=desc,
-                      disable=not progress, leave=False):
+    for index in tqdm(
+        torch.randperm(len(train), generator=order).split(batch_tokens), desc=desc, disable=not progress, leave=False
+    ):
         loss = head.loss(train.states[index].to(device, torch.float32), train.targets[index].to(device))
         total += float(loss.detach()) * index.numel()
         count += index.numel()
@@ -139,9 +172,18 @@ def train_epoch(head, train: States, optimizer, order: torch.Generator, batch_to
     return total / count
 
 
-def train_head_on_states(head: OutputHead, train: States, valid: States, lr: float = 1e-3, max_epochs: int = 10,
-                         patience: int = 2, batch_tokens: int = 4096, seed: int = 0, progress: bool = True,
-                         log: Callable[[str], None] = print) -> List[Dict[str, float]]:
+def train_head_on_states(
+    head: OutputHead,
+    train: States,
+    valid: States,
+    lr: float = 1e-3,
+    max_epochs: int = 10,
+    patience: int = 2,
+    batch_tokens: int = 4096,
+    seed: int = 0,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> List[Dict[str, float]]:
     """Adam on the head's parameters over ``train``'s states (shuffled by a generator of ``seed``, ``batch_tokens`` a
     step; the loss is the head's :meth:`~OutputHead.loss`, plus its ``aux_loss()``), validated on ``valid`` after every
     epoch; stops when the valid NLL has not improved for ``patience`` epochs or after ``max_epochs``, and loads the
@@ -149,8 +191,11 @@ def train_head_on_states(head: OutputHead, train: States, valid: States, lr: flo
     "seconds"}`` per epoch."""
     import time
 
-    for name, value, low in (("max_epochs", max_epochs, 1), ("patience", patience, 1),
-                             ("batch_tokens", batch_tokens, 1)):
+    for name, value, low in (
+        ("max_epochs", max_epochs, 1),
+        ("patience", patience, 1),
+        ("batch_tokens", batch_tokens, 1),
+    ):
         if not isinstance(value, int) or value < low:
             raise ValueError(f"train_head_on_states: {name}={value!r}; allowed: an integer >= {low}")
     params = [p for p in head.parameters() if p.requires_grad]
@@ -164,10 +209,13 @@ def train_head_on_states(head: OutputHead, train: States, valid: States, lr: flo
     for epoch in range(1, max_epochs + 1):
         train_nll = train_epoch(head, train, optimizer, order, batch_tokens, progress, f"epoch {epoch}")
         valid_nll = float(nll_per_block(head, valid).mean())
-        curve.append({"epoch": epoch, "train_nll": train_nll, "valid_nll": valid_nll,
-                      "seconds": time.perf_counter() - start})
-        log(f"epoch {epoch}: train NLL {train_nll:.4f}, valid NLL {valid_nll:.4f} (perplexity "
-            f"{math.exp(valid_nll):.2f})")
+        curve.append(
+            {"epoch": epoch, "train_nll": train_nll, "valid_nll": valid_nll, "seconds": time.perf_counter() - start}
+        )
+        log(
+            f"epoch {epoch}: train NLL {train_nll:.4f}, valid NLL {valid_nll:.4f} (perplexity "
+            f"{math.exp(valid_nll):.2f})"
+        )
         if valid_nll < best:
             best, best_epoch = valid_nll, epoch
             best_state = {k: v.detach().clone() for k, v in head.state_dict().items()}

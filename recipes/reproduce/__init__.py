@@ -7,6 +7,7 @@ line, ``commands.sh``, logs), :mod:`~recipes.reproduce.variants` (head names suc
 :mod:`~recipes.reproduce.results` (rows, finished cells), :mod:`~recipes.reproduce.costs` (the papers' training
 cost columns), :mod:`~recipes.reproduce.report` (``docs/reproduction.md``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -25,6 +26,7 @@ TABLE_MODULES = {
 def get_table(name: str):
     """The table object called ``name``; a bad name stops with the choices."""
     if name not in TABLE_MODULES:
-        raise SystemExit(f"unknown table {name!r}; choose one of: {', '.join(TABLE_MODULES)} "
-                         f"(python -m recipes.reproduce --list)")
+        raise SystemExit(
+            f"unknown table {name!r}; choose one of: {', '.join(TABLE_MODULES)} (python -m recipes.reproduce --list)"
+        )
     return importlib.import_module(TABLE_MODULES[name]).TABLE

@@ -9,6 +9,7 @@
 A finished cell (table, head, seed) is skipped on the next call; an interrupted fairseq-train resumes from its
 last checkpoint. Results: OUT/TABLE/results.json, commands: OUT/TABLE/commands.sh.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,46 +25,89 @@ DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m recipes.reproduce", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m recipes.reproduce",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("table", nargs="?", help="table to reproduce (--list shows them)")
     p.add_argument("--list", action="store_true", help="print one table per line with its description")
     p.add_argument("--scale", choices=["mini", "full"], default="mini")
-    p.add_argument("--heads", nargs="+", default=None,
-                   help="heads to run (registry names or variants such as mos-9, mixtape-noshare); "
-                        "default: the table's")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per head (default: the table's, e.g. 3 for "
-                                                            "the compared heads and 1 for the others)")
-    p.add_argument("--max-updates", type=int, default=None,
-                   help="training updates per cell (language-model tables: epochs; default: the table's); at mini "
-                        "scale a cap beside the stopping rule")
-    p.add_argument("--lrs", type=float, nargs="+", default=None,
-                   help="mini: the learning rates every head is swept over (default: the table's grid, grown by a "
-                        "factor 2 beyond an end that is best, up to 5 rates)")
-    p.add_argument("--max-rates", type=int, default=None,
-                   help="mini: how many rates a head's sweep may grow to when its best is at an end of the grid "
-                        "(default: 5 for the table's grid; the rates --lrs gives, that is no growth, for --lrs)")
-    p.add_argument("--lr-from", default=None, metavar="TABLE",
-                   help="mini: no sweep; each head trains at the rate TABLE's sweep chose for it (OUT/TABLE/"
-                        "sweep.json, chosen on TABLE's valid split), e.g. mt-en-fr at mt-en-de's rates")
-    p.add_argument("--patience", type=int, default=None,
-                   help="mini: epochs without a better valid loss before a cell stops (default: the table's; 0: no "
-                        "early stopping)")
-    p.add_argument("--max-epochs", type=int, default=None, help="mini: the stopping rule's cap on epochs "
-                                                                "(default: the table's)")
+    p.add_argument(
+        "--heads",
+        nargs="+",
+        default=None,
+        help="heads to run (registry names or variants such as mos-9, mixtape-noshare); default: the table's",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="seeds per head (default: the table's, e.g. 3 for the compared heads and 1 for the others)",
+    )
+    p.add_argument(
+        "--max-updates",
+        type=int,
+        default=None,
+        help="training updates per cell (language-model tables: epochs; default: the table's); at mini "
+        "scale a cap beside the stopping rule",
+    )
+    p.add_argument(
+        "--lrs",
+        type=float,
+        nargs="+",
+        default=None,
+        help="mini: the learning rates every head is swept over (default: the table's grid, grown by a "
+        "factor 2 beyond an end that is best, up to 5 rates)",
+    )
+    p.add_argument(
+        "--max-rates",
+        type=int,
+        default=None,
+        help="mini: how many rates a head's sweep may grow to when its best is at an end of the grid "
+        "(default: 5 for the table's grid; the rates --lrs gives, that is no growth, for --lrs)",
+    )
+    p.add_argument(
+        "--lr-from",
+        default=None,
+        metavar="TABLE",
+        help="mini: no sweep; each head trains at the rate TABLE's sweep chose for it (OUT/TABLE/"
+        "sweep.json, chosen on TABLE's valid split), e.g. mt-en-fr at mt-en-de's rates",
+    )
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=None,
+        help="mini: epochs without a better valid loss before a cell stops (default: the table's; 0: no "
+        "early stopping)",
+    )
+    p.add_argument(
+        "--max-epochs", type=int, default=None, help="mini: the stopping rule's cap on epochs (default: the table's)"
+    )
     p.add_argument("--data", default=DEFAULT_DATA, help=f"shared data directory (default {DEFAULT_DATA})")
     p.add_argument("--out", default=os.path.join("results", "reproduce"), help="output directory")
     p.add_argument("--dry-run", action="store_true", help="print the commands and parameter counts, run nothing")
-    p.add_argument("--models", nargs="+", default=None, help="lm-gpt2 only: the models of each cell (gpt2, "
-                                                                    "smollm2; default both)")
-    p.add_argument("--bpe-size", type=int, default=MINI_BPE,
-                   help=f"joint BPE vocabulary of the mini translation tables (default {MINI_BPE})")
+    p.add_argument(
+        "--models", nargs="+", default=None, help="lm-gpt2 only: the models of each cell (gpt2, smollm2; default both)"
+    )
+    p.add_argument(
+        "--bpe-size",
+        type=int,
+        default=MINI_BPE,
+        help=f"joint BPE vocabulary of the mini translation tables (default {MINI_BPE})",
+    )
     p.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)  # tests: first N lines of every split
     p.add_argument("--no-costs", action="store_true", help="skip the training-cost columns")
-    p.add_argument("--cost-batch", type=int, default=None, help="sequences a batch for the same-batch cost "
-                                                               "columns (default: the table's, as its paper: 256 "
-                                                               "sentences for translation, 48 blocks of 70 tokens "
-                                                               "for PTB / WikiText-2)")
+    p.add_argument(
+        "--cost-batch",
+        type=int,
+        default=None,
+        help="sequences a batch for the same-batch cost "
+        "columns (default: the table's, as its paper: 256 "
+        "sentences for translation, 48 blocks of 70 tokens "
+        "for PTB / WikiText-2)",
+    )
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each cell's checkpoints")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)

@@ -14,6 +14,7 @@ learning-rate sweep, the comparison at equal training seconds, and the compute s
 * :func:`equal_compute`: each head's best valid loss within the updates and within the training seconds softmax
   took (same seed), against softmax's best: what the same number of steps, and the same bill, buy.
 """
+
 from __future__ import annotations
 
 import os
@@ -71,8 +72,9 @@ def family(rows: Sequence[Mapping[str, Any]]) -> List[Comparison]:
                 continue
             seeds = sorted(set(a) & set(b))
             if seeds:
-                out.append(Comparison(head, base, split, seeds,
-                                      stats.paired([a[s] for s in seeds], [b[s] for s in seeds])))
+                out.append(
+                    Comparison(head, base, split, seeds, stats.paired([a[s] for s in seeds], [b[s] for s in seeds]))
+                )
     tested = [c for c in out if is_test(c.split)]
     size = sum(c.result.p is not None for c in tested)
     for c, p in zip(tested, stats.holm([c.result.p for c in tested])):
@@ -81,9 +83,12 @@ def family(rows: Sequence[Mapping[str, Any]]) -> List[Comparison]:
     return out
 
 
-def family_table(comparisons: Sequence[Comparison], metric: str,
-                 boot: Optional[Sequence[Mapping[str, Any]]] = None,
-                 claims: Optional[Mapping[Tuple[str, str, str], float]] = None) -> str:
+def family_table(
+    comparisons: Sequence[Comparison],
+    metric: str,
+    boot: Optional[Sequence[Mapping[str, Any]]] = None,
+    claims: Optional[Mapping[Tuple[str, str, str], float]] = None,
+) -> str:
     """Markdown: one line per comparison (mean difference, 95% interval, paired t p, Holm p over the test
     comparisons, sign test; the difference detectable with 80% power; ``claims``: the paper's difference for
     ``(head, baseline, split)`` where it claims one; for BLEU the seeds where sacrebleu's paired bootstrap finds
@@ -92,18 +97,25 @@ def family_table(comparisons: Sequence[Comparison], metric: str,
         return ""
     unit = "BLEU" if metric == "bleu" else "perplexity"
     claimed = claims is not None
-    header = (f"| comparison | split | seeds | mean difference ({unit}) [95% CI] | paired t p | Holm p (test) | "
-              f"sign test p | detectable (80% power) |" + (" paper's difference |" if claimed else "")
-              + (" bootstrap p < 0.05 (seeds: head better / worse) |" if boot is not None else ""))
-    lines = [header, "|---|---|---|---|---|---|---|---|" + ("---|" if claimed else "")
-             + ("---|" if boot is not None else "")]
+    header = (
+        f"| comparison | split | seeds | mean difference ({unit}) [95% CI] | paired t p | Holm p (test) | "
+        f"sign test p | detectable (80% power) |"
+        + (" paper's difference |" if claimed else "")
+        + (" bootstrap p < 0.05 (seeds: head better / worse) |" if boot is not None else "")
+    )
+    lines = [
+        header,
+        "|---|---|---|---|---|---|---|---|" + ("---|" if claimed else "") + ("---|" if boot is not None else ""),
+    ]
     for c in comparisons:
         r = c.result
         ci = "-" if r.low is None else f"[{r.low:+.2f}, {r.high:+.2f}]"
         holm = stats.format_p(c.holm) if is_test(c.split) else "(valid: described)"
-        row = (f"| {c.head} - {c.baseline} | {c.split} | {r.n} | {r.mean:+.2f} {ci} | {stats.format_p(r.p)} | "
-               f"{holm} | {stats.format_p(r.p_sign)} | "
-               + (f"±{c.detectable:.2f} |" if c.detectable is not None else "- |"))
+        row = (
+            f"| {c.head} - {c.baseline} | {c.split} | {r.n} | {r.mean:+.2f} {ci} | {stats.format_p(r.p)} | "
+            f"{holm} | {stats.format_p(r.p_sign)} | "
+            + (f"±{c.detectable:.2f} |" if c.detectable is not None else "- |")
+        )
         if claimed:
             claim = claims.get((c.head, c.baseline, c.split))
             row += f" {claim:+.2f} |" if claim is not None else " - |"
@@ -130,8 +142,10 @@ def reading(comparisons: Sequence[Comparison], metric: str) -> str:
         parts = []
         for c in significant:
             better = (c.result.mean > 0) == higher
-            parts.append(f"{'better' if better else 'worse'} on {c.split} ({c.result.mean:+.2f} {unit}, "
-                         f"Holm p = {stats.format_p(c.holm)}, {c.result.n} seeds)")
+            parts.append(
+                f"{'better' if better else 'worse'} on {c.split} ({c.result.mean:+.2f} {unit}, "
+                f"Holm p = {stats.format_p(c.holm)}, {c.result.n} seeds)"
+            )
         rest = [c.split for c in mine if c not in significant and c not in untestable]
         if rest:
             spread = ", ".join(f"{c.result.mean:+.2f}" for c in mine if c.split in rest)
@@ -140,20 +154,26 @@ def reading(comparisons: Sequence[Comparison], metric: str) -> str:
         if untestable:
             parts.append(f"one seed on {', '.join(c.split for c in untestable)}: not tested")
         if described:
-            parts.append(", ".join(f"{c.result.mean:+.2f} on {c.split}" for c in described)
-                         + " (described, not tested: the split chose the rates and checkpoints)")
+            parts.append(
+                ", ".join(f"{c.result.mean:+.2f} on {c.split}" for c in described)
+                + " (described, not tested: the split chose the rates and checkpoints)"
+            )
         out.append(f"{head} against {base}: " + "; ".join(parts) + ".")
     return " ".join(out)
 
 
-def bootstrap(heads_hyps: Mapping[str, Mapping[int, Mapping[str, Sequence[str]]]],
-              references: Mapping[str, Sequence[str]], scores: Mapping[str, Mapping[int, Mapping[str, float]]],
-              samples: int = 1000) -> List[Dict[str, Any]]:
+def bootstrap(
+    heads_hyps: Mapping[str, Mapping[int, Mapping[str, Sequence[str]]]],
+    references: Mapping[str, Sequence[str]],
+    scores: Mapping[str, Mapping[int, Mapping[str, float]]],
+    samples: int = 1000,
+) -> List[Dict[str, Any]]:
     """sacrebleu's paired bootstrap of every head against softmax (and :data:`EXTRA_PAIRS`), per seed and test
     set: ``[{"head", "baseline", "seed", "split", "delta" (BLEU difference), "p"}]``. ``heads_hyps[head][seed]
     [testset]``: the hypotheses; ``scores``: the cells' BLEU, same keys."""
-    pairs = [(h, "softmax") for h in heads_hyps if h != "softmax"] + [p for p in EXTRA_PAIRS
-                                                                       if set(p) <= set(heads_hyps)]
+    pairs = [(h, "softmax") for h in heads_hyps if h != "softmax"] + [
+        p for p in EXTRA_PAIRS if set(p) <= set(heads_hyps)
+    ]
     out = []
     for head, base in pairs:
         if base not in heads_hyps:
@@ -163,14 +183,22 @@ def bootstrap(heads_hyps: Mapping[str, Mapping[int, Mapping[str, Sequence[str]]]
                 a, b = heads_hyps[head][seed].get(split), heads_hyps[base][seed].get(split)
                 if a is None or b is None:
                     continue
-                out.append({"head": head, "baseline": base, "seed": seed, "split": split,
-                            "delta": round(scores[head][seed][split] - scores[base][seed][split], 2),
-                            "p": stats.paired_bootstrap_p(b, a, refs, samples)})
+                out.append(
+                    {
+                        "head": head,
+                        "baseline": base,
+                        "seed": seed,
+                        "split": split,
+                        "delta": round(scores[head][seed][split] - scores[base][seed][split], 2),
+                        "p": stats.paired_bootstrap_p(b, a, refs, samples),
+                    }
+                )
     return out
 
 
-def equal_compute(cells: Sequence[Mapping[str, Any]],
-                  cost_ratio: Optional[Mapping[str, float]] = None) -> List[Dict[str, Any]]:
+def equal_compute(
+    cells: Sequence[Mapping[str, Any]], cost_ratio: Optional[Mapping[str, float]] = None
+) -> List[Dict[str, Any]]:
     """Per head (the seeds it shares with softmax; cells at the chosen rates): the head's lowest valid NLL within
     the updates, and within the training seconds, that softmax's cell of the same seed took to its stop, minus
     softmax's lowest (paired per seed; seeds where the head had not validated yet are counted apart), and the
@@ -184,8 +212,10 @@ def equal_compute(cells: Sequence[Mapping[str, Any]],
     (``"wall"``)."""
     logged = [c for c in cells if c.get("curve")]
     curves, clock = on_one_clock(logged)
-    by = {(c["head"], c["seed"]): {**c, "curve": p, "best": S.best_point(p)} if clock == "cpu" else c
-          for c, p in zip(logged, curves)}
+    by = {
+        (c["head"], c["seed"]): {**c, "curve": p, "best": S.best_point(p)} if clock == "cpu" else c
+        for c, p in zip(logged, curves)
+    }
     out = []
     for head in dict.fromkeys(c["head"] for c in cells if c["head"] != "softmax"):
         seeds = sorted(s for (h, s) in by if h == head and ("softmax", s) in by)
@@ -208,9 +238,12 @@ def equal_compute(cells: Sequence[Mapping[str, Any]],
                 reached = S.within(by[(head, s)]["curve"], measure, budget, S.nll)  # read as `lowest` is
                 diffs.append(None if reached is None else reached - lowest[s])
             known = [d for d in diffs if d is not None]
-            row[key] = {"softmax": sum(budgets) / len(budgets) if budgets else None,
-                        "diff": stats.paired(known, [0.0] * len(known)) if known else None,
-                        "missing": len(diffs) - len(known), **({"ratio": ratio} if key == "cost" else {})}
+            row[key] = {
+                "softmax": sum(budgets) / len(budgets) if budgets else None,
+                "diff": stats.paired(known, [0.0] * len(known)) if known else None,
+                "missing": len(diffs) - len(known),
+                **({"ratio": ratio} if key == "cost" else {}),
+            }
         own = [by[(head, s)]["best"].get("seconds") for s in seeds]
         own = [o for o in own if o is not None]
         row["head_seconds_to_best"] = sum(own) / len(own) if own else None
@@ -246,25 +279,41 @@ def equal_compute_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
     def cell(part):
         d = part["diff"]
-        text = "-" if d is None else (f"{d.mean:+.3f}" + (f" [{d.low:+.3f}, {d.high:+.3f}]" if d.low is not None
-                                                           else ""))
+        text = (
+            "-" if d is None else (f"{d.mean:+.3f}" + (f" [{d.low:+.3f}, {d.high:+.3f}]" if d.low is not None else ""))
+        )
         return text + (f" ({part['missing']} seed(s) not validated yet)" if part["missing"] else "")
 
     costed = any("cost" in r for r in rows)
     seconds = "CPU seconds" if rows[0].get("clock") == "cpu" else "seconds"
-    lines = ["| head | seeds | within softmax's updates (mean) | head's lowest NLL - softmax's (bits) [95% CI] | "
-             f"within softmax's training {seconds} (mean) | head's lowest NLL - softmax's (bits) [95% CI] | "
-             + ("within softmax's updates / the head's cost per update | head's lowest NLL - softmax's [95% CI] | "
-                if costed else "") + f"head's {seconds} to its own best |",
-             "|---|---|---|---|---|---|" + ("---|---|" if costed else "") + "---|"]
+    lines = [
+        "| head | seeds | within softmax's updates (mean) | head's lowest NLL - softmax's (bits) [95% CI] | "
+        f"within softmax's training {seconds} (mean) | head's lowest NLL - softmax's (bits) [95% CI] | "
+        + (
+            "within softmax's updates / the head's cost per update | head's lowest NLL - softmax's [95% CI] | "
+            if costed
+            else ""
+        )
+        + f"head's {seconds} to its own best |",
+        "|---|---|---|---|---|---|" + ("---|---|" if costed else "") + "---|",
+    ]
     for r in rows:
         u, s = r["updates"], r["seconds"]
         own = "-" if r["head_seconds_to_best"] is None else f"{r['head_seconds_to_best']:.0f}"
         c = r.get("cost")
-        cost = ((f"{(c['softmax'] or 0) / c['ratio']:.0f} ({c['ratio']:.2f}x a softmax update) | {cell(c)} | "
-                 if c else "- | - | ") if costed else "")
-        lines.append(f"| {r['head']} | {r['seeds']} | {u['softmax'] or 0:.0f} | {cell(u)} | "
-                     f"{s['softmax'] or 0:.0f} | {cell(s)} | {cost}{own} |")
+        cost = (
+            (
+                f"{(c['softmax'] or 0) / c['ratio']:.0f} ({c['ratio']:.2f}x a softmax update) | {cell(c)} | "
+                if c
+                else "- | - | "
+            )
+            if costed
+            else ""
+        )
+        lines.append(
+            f"| {r['head']} | {r['seeds']} | {u['softmax'] or 0:.0f} | {cell(u)} | "
+            f"{s['softmax'] or 0:.0f} | {cell(s)} | {cost}{own} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -283,20 +332,26 @@ def sweep_table(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[
         return ""
     rates = sorted({lr for s in sweep.values() for lr in s["rates"]})
     by = {(c["head"], c.get("lr")): c for c in cells if c["seed"] == 1 and c.get("best")}
-    lines = ["| head | " + " | ".join(f"lr {S.rate_key(lr)}" for lr in rates) + " | chosen |",
-             "|---|" + "---|" * (len(rates) + 1)]
+    lines = [
+        "| head | " + " | ".join(f"lr {S.rate_key(lr)}" for lr in rates) + " | chosen |",
+        "|---|" + "---|" * (len(rates) + 1),
+    ]
     for head, s in sweep.items():
         cols = []
         for lr in rates:
             c = by.get((head, lr))
-            text = ("-" if c is None else
-                    f"{_loss_and_nll(c['best'])} (ep {c['best']['epoch']}, {c.get('stopped', '')})")
+            text = "-" if c is None else f"{_loss_and_nll(c['best'])} (ep {c['best']['epoch']}, {c.get('stopped', '')})"
             cols.append(f"**{text}**" if lr == s["chosen"] and c is not None else text)
         if s["chosen"] is None:
             lines.append(f"| {head} | " + " | ".join(cols) + " | not yet (sweep running) |")
             continue
-        edge = (f" ({s['from']}'s choice, not swept here)" if s.get("from") else
-                " (an end of the grid)" if s["chosen"] in (min(s["rates"]), max(s["rates"])) else "")
+        edge = (
+            f" ({s['from']}'s choice, not swept here)"
+            if s.get("from")
+            else " (an end of the grid)"
+            if s["chosen"] in (min(s["rates"]), max(s["rates"]))
+            else ""
+        )
         lines.append(f"| {head} | " + " | ".join(cols) + f" | {S.rate_key(s['chosen'])}{edge} |")
     return "\n".join(lines) + "\n"
 
@@ -309,8 +364,11 @@ def rates_by_nll(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping
     for head, s in sweep.items():
         if s["chosen"] is None or s.get("from"):
             continue
-        best = {c["lr"]: S.nll(c["best"]) for c in cells
-                if c["head"] == head and c["seed"] == 1 and c.get("best") and c.get("lr") in s["rates"]}
+        best = {
+            c["lr"]: S.nll(c["best"])
+            for c in cells
+            if c["head"] == head and c["seed"] == 1 and c.get("best") and c.get("lr") in s["rates"]
+        }
         if not best:
             continue
         by_nll = S.choose_lr(best)
@@ -344,8 +402,9 @@ def cpu_hours(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[st
     return out
 
 
-def hyp_files(table_dir: str, cells: Sequence[Mapping[str, Any]],
-              testsets: Sequence[str]) -> Dict[str, Dict[int, Dict[str, str]]]:
+def hyp_files(
+    table_dir: str, cells: Sequence[Mapping[str, Any]], testsets: Sequence[str]
+) -> Dict[str, Dict[int, Dict[str, str]]]:
     """``{head: {seed: {testset: path}}}`` of the hypotheses of finished cells under ``table_dir``."""
     from recipes.reproduce import results as R
 

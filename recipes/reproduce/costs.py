@@ -15,6 +15,7 @@ step, in a child process whose allocator returns freed memory at once.
 
     python -m recipes.reproduce.costs --spec OUT/TABLE/costs-spec.json --out OUT/TABLE/costs.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,10 +31,18 @@ from recipes.timing import MALLOC_ENV, peak_memory, time_per_call
 
 GRID = [8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384]
 #: the cost columns: results metric -> (step kind, setting), and the paper's column key
-COLUMNS = {"time_out_layer_same_bsz": ("out", "bsz"), "time_all_layers_same_bsz": ("all", "bsz"),
-           "time_out_layer_same_mem": ("out", "mem"), "time_all_layers_same_mem": ("all", "mem")}
-PAPER_KEYS = {"time_out_layer_same_bsz": "out_bsz", "time_all_layers_same_bsz": "all_bsz",
-              "time_out_layer_same_mem": "out_mem", "time_all_layers_same_mem": "all_mem"}
+COLUMNS = {
+    "time_out_layer_same_bsz": ("out", "bsz"),
+    "time_all_layers_same_bsz": ("all", "bsz"),
+    "time_out_layer_same_mem": ("out", "mem"),
+    "time_all_layers_same_mem": ("all", "mem"),
+}
+PAPER_KEYS = {
+    "time_out_layer_same_bsz": "out_bsz",
+    "time_all_layers_same_bsz": "all_bsz",
+    "time_out_layer_same_mem": "out_mem",
+    "time_all_layers_same_mem": "all_mem",
+}
 
 
 class FairseqSteps:
@@ -158,11 +167,18 @@ def measure(spec: Dict[str, Any], memory: Dict[str, Any], log=print) -> Dict[str
             return None
         return seconds[h][key] / seconds["softmax"][key]
 
-    ratios = {h: {metric: ratio(h, f"{kind}_{setting}") for metric, (kind, setting) in COLUMNS.items()}
-              for h in models}
-    return {"batch": bsz, "unit": spec.get("unit", "sentences"), "budget_bytes": memory["budget"], "budget_factor": spec["budget_factor"],
-            "same_mem_batch": memory["batch"], "peaks_bytes": memory["peaks"], "seconds": seconds,
-            "ratios": ratios, "threads": torch.get_num_threads()}
+    ratios = {h: {metric: ratio(h, f"{kind}_{setting}") for metric, (kind, setting) in COLUMNS.items()} for h in models}
+    return {
+        "batch": bsz,
+        "unit": spec.get("unit", "sentences"),
+        "budget_bytes": memory["budget"],
+        "budget_factor": spec["budget_factor"],
+        "same_mem_batch": memory["batch"],
+        "peaks_bytes": memory["peaks"],
+        "seconds": seconds,
+        "ratios": ratios,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def main(argv=None) -> None:
@@ -182,8 +198,11 @@ def main(argv=None) -> None:
         return
     memory_path = args.out + ".memory.json"
     log("costs: peak memory (child process)")
-    subprocess.run([sys.executable, "-m", "recipes.reproduce.costs", "--spec", args.spec, "--out", memory_path,
-                    "--memory-only"], env={**os.environ, **MALLOC_ENV}, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "recipes.reproduce.costs", "--spec", args.spec, "--out", memory_path, "--memory-only"],
+        env={**os.environ, **MALLOC_ENV},
+        check=True,
+    )
     with open(memory_path) as f:
         memory = json.load(f)
     os.remove(memory_path)
@@ -203,11 +222,19 @@ def table_costs(runner, table, prepared, variants, args, table_dir: str, log=pri
         log("costs: skipped (no softmax among the heads: the ratios need it)")
         return {}
     spec_path = os.path.join(table_dir, "costs-spec.json")
-    heads = {v.name: table.train_command(prepared["bin"], v, 1, os.path.join(table_dir, "costs-tmp"), args)[1:]
-             for v in variants}
+    heads = {
+        v.name: table.train_command(prepared["bin"], v, 1, os.path.join(table_dir, "costs-tmp"), args)[1:]
+        for v in variants
+    }
     batch = args.cost_batch or table.cost_batch
-    spec = {"heads": heads, "batch": batch, "budget_factor": 1.05, "max_batch": batch * 3 // 2, "rounds": 5,
-            "unit": table.cost_unit}
+    spec = {
+        "heads": heads,
+        "batch": batch,
+        "budget_factor": 1.05,
+        "max_batch": batch * 3 // 2,
+        "rounds": 5,
+        "unit": table.cost_unit,
+    }
     cmd = [sys.executable, "-m", "recipes.reproduce.costs", "--spec", spec_path, "--out", out]
     lines = dict.fromkeys(names, runner.record(cmd, comment="training-cost columns"))
     measured = load_json(out)
@@ -218,8 +245,9 @@ def table_costs(runner, table, prepared, variants, args, table_dir: str, log=pri
         measured = load_json(out)
     missing = [n for n in names if n not in measured["ratios"]]
     if missing:  # heads added to a measured table: timed beside softmax again, in a process of their own
-        add_spec, add_out = (os.path.join(table_dir, f"costs-added-{'-'.join(missing)}{ext}")
-                             for ext in ("-spec.json", ".json"))
+        add_spec, add_out = (
+            os.path.join(table_dir, f"costs-added-{'-'.join(missing)}{ext}") for ext in ("-spec.json", ".json")
+        )
         add_cmd = [sys.executable, "-m", "recipes.reproduce.costs", "--spec", add_spec, "--out", add_out]
         save_json(add_spec, {**spec, "heads": {n: heads[n] for n in ["softmax", *missing]}})
         log(f"{table.name}: training-cost columns of the added heads ({', '.join(missing)}), beside softmax")
@@ -237,9 +265,11 @@ def table_costs(runner, table, prepared, variants, args, table_dir: str, log=pri
             if measured["ratios"][name][metric] is None:
                 log(f"costs: {name} fits no batch of the memory budget ({metric}): no value")
                 continue
-            result[name][metric] = {"ours": measured["ratios"][name][metric],
-                                    "paper": (ref / base) if ref is not None and base else None,
-                                    "command": lines[name]}
+            result[name][metric] = {
+                "ours": measured["ratios"][name][metric],
+                "paper": (ref / base) if ref is not None and base else None,
+                "command": lines[name],
+            }
     return result
 
 
@@ -249,9 +279,17 @@ def merge_costs(measured: Dict[str, Any], added: Dict[str, Any], heads: Sequence
     merged = json.loads(json.dumps(measured))
     for key in ("same_mem_batch", "peaks_bytes", "seconds", "ratios"):
         merged[key].update({h: added[key][h] for h in heads})
-    merged["added"] = {**merged.get("added", {}),
-                       **{h: {"softmax_seconds": added["seconds"]["softmax"], "budget_bytes": added["budget_bytes"],
-                              "command": command} for h in heads}}
+    merged["added"] = {
+        **merged.get("added", {}),
+        **{
+            h: {
+                "softmax_seconds": added["seconds"]["softmax"],
+                "budget_bytes": added["budget_bytes"],
+                "command": command,
+            }
+            for h in heads
+        },
+    }
     return merged
 
 

@@ -9,6 +9,7 @@ Run as a script it prepares one table's data (what ``commands.sh`` records, so a
     python -m recipes.reproduce.data multi30k --data ../shared/data --src en --tgt de --bpe-size 4000 --out DIR
     python -m recipes.reproduce.data lm --data ../shared/data --corpus ptb --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,12 @@ import sys
 from typing import Any, Dict, List, Sequence
 
 #: Multi30k splits: our name -> the file stem in DATA/multi30k
-MULTI30K_SPLITS = {"train": "train", "valid": "val", "test_2016_flickr": "test_2016_flickr",
-                   "test_2017_flickr": "test_2017_flickr"}
+MULTI30K_SPLITS = {
+    "train": "train",
+    "valid": "val",
+    "test_2016_flickr": "test_2016_flickr",
+    "test_2017_flickr": "test_2017_flickr",
+}
 MULTI30K_TESTS = ["test_2016_flickr", "test_2017_flickr"]
 
 
@@ -38,8 +43,10 @@ def missing_files_error(directory: str, expected: Sequence[str], what: str) -> D
     else:
         found = f"{directory} does not exist"
     missing = [f for f in expected if not os.path.isfile(os.path.join(directory, f))]
-    return DataError(f"{what}: expected {', '.join(missing)} in {directory}; {found}. Pass --data DIR, the "
-                     f"directory that holds multi30k/ (default ../shared/data, beside the project)")
+    return DataError(
+        f"{what}: expected {', '.join(missing)} in {directory}; {found}. Pass --data DIR, the "
+        f"directory that holds multi30k/ (default ../shared/data, beside the project)"
+    )
 
 
 def multi30k_files(data: str, langs: Sequence[str]) -> Dict[str, Dict[str, str]]:
@@ -48,8 +55,10 @@ def multi30k_files(data: str, langs: Sequence[str]) -> Dict[str, Dict[str, str]]
     expected = [f"{stem}.{lang}.gz" for stem in MULTI30K_SPLITS.values() for lang in langs]
     if not all(os.path.isfile(os.path.join(directory, f)) for f in expected):
         raise missing_files_error(directory, expected, "Multi30k")
-    return {split: {lang: os.path.join(directory, f"{stem}.{lang}.gz") for lang in langs}
-            for split, stem in MULTI30K_SPLITS.items()}
+    return {
+        split: {lang: os.path.join(directory, f"{stem}.{lang}.gz") for lang in langs}
+        for split, stem in MULTI30K_SPLITS.items()
+    }
 
 
 def read_lines(path: str, limit: int = 0) -> List[str]:
@@ -70,8 +79,10 @@ def _sentencepiece():
     try:
         import sentencepiece
     except ImportError:
-        raise SystemExit("the reproduction recipes learn their BPE with sentencepiece: pip install -e .[reproduce] "
-                         "(or `make install`)") from None
+        raise SystemExit(
+            "the reproduction recipes learn their BPE with sentencepiece: pip install -e .[reproduce] "
+            "(or `make install`)"
+        ) from None
     return sentencepiece
 
 
@@ -83,9 +94,20 @@ def learn_bpe(texts: Sequence[str], prefix: str, vocab_size: int) -> str:
     corpus = prefix + ".corpus.txt"
     write_lines(corpus, texts)
     spm.SentencePieceTrainer.train(
-        input=corpus, model_prefix=prefix, vocab_size=vocab_size, model_type="bpe", character_coverage=1.0,
-        num_threads=1, shuffle_input_sentence=False, input_sentence_size=0, bos_id=-1, eos_id=-1, pad_id=-1,
-        unk_id=0, minloglevel=2)
+        input=corpus,
+        model_prefix=prefix,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        character_coverage=1.0,
+        num_threads=1,
+        shuffle_input_sentence=False,
+        input_sentence_size=0,
+        bos_id=-1,
+        eos_id=-1,
+        pad_id=-1,
+        unk_id=0,
+        minloglevel=2,
+    )
     os.remove(corpus)
     return prefix + ".model"
 
@@ -104,7 +126,9 @@ def prepare_multi30k(data: str, src: str, tgt: str, bpe_size: int, out: str, lim
     lines of every split (tests). Returns ``{"bpe": dir, "raw": dir, "model": path}``."""
     files = multi30k_files(data, [src, tgt])
     raw_dir, bpe_dir = os.path.join(out, "raw"), os.path.join(out, "bpe")
-    texts = {(split, lang): read_lines(path, limit) for split, by_lang in files.items() for lang, path in by_lang.items()}
+    texts = {
+        (split, lang): read_lines(path, limit) for split, by_lang in files.items() for lang, path in by_lang.items()
+    }
     for (split, lang), lines in texts.items():
         write_lines(os.path.join(raw_dir, f"{split}.{lang}"), lines)
     model = learn_bpe(texts["train", src] + texts["train", tgt], os.path.join(out, "spm"), bpe_size)
@@ -131,9 +155,11 @@ def prepare_lm(data: str, corpus: str, out: str, limit: int = 0, eval_limit: int
     if not all(os.path.isfile(os.path.join(directory, f)) for f in expected):
         raise missing_files_error(directory, expected, corpus)
     whole = read_lines(os.path.join(directory, "train.txt"))
-    splits = {"train": whole[:limit] if limit > 0 else whole,
-              "valid": read_lines(os.path.join(directory, "valid.txt"), eval_limit),
-              "test": read_lines(os.path.join(directory, "test.txt"), eval_limit)}
+    splits = {
+        "train": whole[:limit] if limit > 0 else whole,
+        "valid": read_lines(os.path.join(directory, "valid.txt"), eval_limit),
+        "test": read_lines(os.path.join(directory, "test.txt"), eval_limit),
+    }
     raw = os.path.join(out, "raw")
     for split, text in splits.items():
         write_lines(os.path.join(raw, f"{split}.txt"), text)
@@ -144,13 +170,22 @@ def prepare_lm(data: str, corpus: str, out: str, limit: int = 0, eval_limit: int
     words = set(counts) | {w for text in splits.values() for line in text for w in line.split()}
     ordered = sorted(words, key=lambda w: (-counts.get(w, 0), w))
     write_lines(os.path.join(out, "dict.txt"), [f"{w} {counts.get(w, 0)}" for w in ordered if w != "<unk>"])
+
     def tokens(text):  # with one <eos> a line, as the papers count
         return sum(len(line.split()) + 1 for line in text)
 
     counts_path = os.path.join(out, "tokens.json")
     with open(counts_path, "w") as f:
-        json.dump({**{split: tokens(text) for split, text in splits.items()}, "train_lines": len(splits["train"]),
-                   "train_lines_of": len(whole), "train_tokens_of": tokens(whole)}, f, indent=1)
+        json.dump(
+            {
+                **{split: tokens(text) for split, text in splits.items()},
+                "train_lines": len(splits["train"]),
+                "train_lines_of": len(whole),
+                "train_tokens_of": tokens(whole),
+            },
+            f,
+            indent=1,
+        )
     return {"raw": raw, "dict": os.path.join(out, "dict.txt"), "tokens": counts_path}
 
 
@@ -195,8 +230,10 @@ def require_internet(what: str, urls: Sequence[str], timeout: float = 5.0) -> No
     try:
         socket.create_connection((host, 443), timeout=timeout).close()
     except OSError as e:
-        raise SystemExit(f"{what} needs the internet ({host} unreachable: {e}). On a machine with internet it "
-                         f"downloads:\n  " + "\n  ".join(urls)) from None
+        raise SystemExit(
+            f"{what} needs the internet ({host} unreachable: {e}). On a machine with internet it "
+            f"downloads:\n  " + "\n  ".join(urls)
+        ) from None
 
 
 def main(argv=None) -> None:

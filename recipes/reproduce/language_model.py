@@ -13,6 +13,7 @@ with each head, trained with NT-ASGD and scored by ``fairseq-eval-lm`` on the av
 Each (head, seed) cell: ``fairseq-train`` -> (full: ``python -m fairseq_plugin.average``, the NT-ASGD averages, as
 AWD-LSTM evaluates) -> ``fairseq-eval-lm`` on the valid and test splits. No dynamic evaluation, no finetune stage.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,12 +33,32 @@ from recipes.reproduce.table import Table
 from recipes.reproduce.variants import MIXTAPE_FORMS, Variant, full_mixtape_form, resolve
 
 #: the mini AWD-LSTM: smaller layers, half the MoS settings' dropouts (set for the earlier valid-split tables, kept)
-MINI_MODEL = ["--emsize", "200", "--nhid", "400", "--nhidlast", "300", "--dropout", "0.2", "--dropouth", "0.1",
-              "--dropouti", "0.2", "--dropoute", "0.05", "--wdrop", "0.25", "--dropoutl", "0.15"]
+MINI_MODEL = [
+    "--emsize",
+    "200",
+    "--nhid",
+    "400",
+    "--nhidlast",
+    "300",
+    "--dropout",
+    "0.2",
+    "--dropouth",
+    "0.1",
+    "--dropouti",
+    "0.2",
+    "--dropoute",
+    "0.05",
+    "--wdrop",
+    "0.25",
+    "--dropoutl",
+    "0.15",
+]
 #: the mini optimisers the pilot compares (:mod:`recipes.reproduce.lm_pilot`): Adam at a fixed rate, or the papers'
 #: NT-ASGD (SGD at a constant rate, averaging from the non-monotone trigger; validated and scored on the averages)
-MINI_OPTIMIZERS = {"adam": ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--lr-scheduler", "fixed"],
-                   "ntasgd": ["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5"]}
+MINI_OPTIMIZERS = {
+    "adam": ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--lr-scheduler", "fixed"],
+    "ntasgd": ["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5"],
+}
 #: the centre of each optimiser's learning-rate grid (NT-ASGD: the MoS code's PTB rate)
 MINI_LRS = {"adam": 0.005, "ntasgd": 20.0}
 #: NT-ASGD's patience must outlast its trigger (--nonmono 5) by a few epochs of averaging, or every cell stops first.
@@ -50,12 +71,30 @@ MINI_BATCH = 20
 #: the papers' options of the heads on language modelling: Mixtape r = 0.1 with weight-normalised gates (in Mesh
 #: TensorFlow's form, the mini tables' `mixtape` rows: MIXTAPE_FORMS), PLIF 1e5 knots (the PLIF paper), MoS-with-PLIF
 #: as the PLIF paper's last row
-LM_HEAD_OPTIONS = {"mixtape": {"num_gates": 4, "frequent_fraction": 0.1, "gate_weight_norm": True, "gate_noise": 0.1,
-                               "scaled_input": True},
-                   "plif": {"num_knots": 100000}, "mos_plif": {"num_components": 15, "num_knots": 100000}}
+LM_HEAD_OPTIONS = {
+    "mixtape": {
+        "num_gates": 4,
+        "frequent_fraction": 0.1,
+        "gate_weight_norm": True,
+        "gate_noise": 0.1,
+        "scaled_input": True,
+    },
+    "plif": {"num_knots": 100000},
+    "mos_plif": {"num_components": 15, "num_knots": 100000},
+}
 #: (no mixtape-unscaled: at full size every Mixtape row runs that form, :data:`FULL_MIXTAPE_FORM`)
-FULL_HEADS = ["softmax", "mos-3", "mos-5", "mos-10", "mos-15", "mixtape", "mixtape-noshare", "plif",
-              "sigsoftmax", "mos_plif"]
+FULL_HEADS = [
+    "softmax",
+    "mos-3",
+    "mos-5",
+    "mos-10",
+    "mos-15",
+    "mixtape",
+    "mixtape-noshare",
+    "plif",
+    "sigsoftmax",
+    "mos_plif",
+]
 #: mini: softmax, softmax on a larger LSTM sized to MoS's count (``softmax-matched``), MoS-4, Mixtape in the
 #: library's default form sized to MoS's count, PLIF, Sigsoftmax (PLIF and Sigsoftmax on softmax's model, as their
 #: papers compare); the other rows are in the full plans
@@ -67,11 +106,13 @@ AWD_HEADS = ("softmax", "plif", "sigsoftmax")
 FULL_MIXTAPE_FORM = full_mixtape_form("the plans' NT-ASGD (SGD)", "d1 (the last layer's units)")
 PPL = re.compile(r"Perplexity: ([\d.]+)")
 #: how every full-size language-model plan trains and differs from the papers' code
-FULL_NOTE = ("Trained and scored as the papers' code (--task awd_language_modeling: contiguous streams, the LSTM state "
-             "carried from window to window, BPTT lengths drawn as the papers draw them with the learning rate "
-             "scaled by them; evaluation over the whole split, batch 10 valid / 1 test); no finetune stage, no "
-             "dynamic evaluation; once NT-ASGD averages, validation reads the averages (as AWD-LSTM swaps them in), "
-             "and the averaged weights that validated best are scored.")
+FULL_NOTE = (
+    "Trained and scored as the papers' code (--task awd_language_modeling: contiguous streams, the LSTM state "
+    "carried from window to window, BPTT lengths drawn as the papers draw them with the learning rate "
+    "scaled by them; evaluation over the whole split, batch 10 valid / 1 test); no finetune stage, no "
+    "dynamic evaluation; once NT-ASGD averages, validation reads the averages (as AWD-LSTM swaps them in), "
+    "and the averaged weights that validated best are scored."
+)
 
 
 def prepare_mini_corpus(runner: Runner, args, table_dir: str, corpus: str, limit: int = 0) -> str:
@@ -87,10 +128,26 @@ def prepare_mini_corpus(runner: Runner, args, table_dir: str, corpus: str, limit
         if os.path.isdir(prep):
             shutil.rmtree(prep)
         lines = (["--limit", str(limit)] if limit else []) + (["--eval-limit", str(eval_limit)] if eval_limit else [])
-        runner.run([sys.executable, "-m", "recipes.reproduce.data", "lm", "--data", args.data, "--corpus", corpus,
-                    *lines, "--out", prep], os.path.join(prep, "prepare.log"), "data",
-                   comment=f"data: {corpus} train.txt" + (f" (first {limit} lines)" if limit else "")
-                   + ", valid.txt, test.txt")
+        runner.run(
+            [
+                sys.executable,
+                "-m",
+                "recipes.reproduce.data",
+                "lm",
+                "--data",
+                args.data,
+                "--corpus",
+                corpus,
+                *lines,
+                "--out",
+                prep,
+            ],
+            os.path.join(prep, "prepare.log"),
+            "data",
+            comment=f"data: {corpus} train.txt"
+            + (f" (first {limit} lines)" if limit else "")
+            + ", valid.txt, test.txt",
+        )
         R.save_json(marker, wanted)
     return raw
 
@@ -199,12 +256,15 @@ class LanguageModelTable(Table):
             return ""
         train = f"the first {self.mini_lines} lines of train.txt" if self.mini_lines else "train.txt"
         sized = "; ".join(f"{name}: {' '.join(options)}" for name, options in self.mini_model_options.items())
-        return (f"Mini: {train} trains, valid.txt validates (the rate, the checkpoint, the stopping rule), test.txt "
-                f"tests, the vocabulary of the whole train split; the papers' protocol (--task "
-                f"awd_language_modeling: {MINI_BATCH} streams, the state carried, BPTT lengths drawn; scored with the "
-                f"state carried over the split, 10 streams valid / 1 test); an AWD-LSTM of {' '.join(MINI_MODEL)}"
-                + (f" ({sized})" if sized else "") + f", {' '.join(MINI_OPTIMIZERS[self.mini_optimizer])} "
-                f"(the pilot's choice), {self.mini_stop.describe()}. {MIXTAPE_FORMS}")
+        return (
+            f"Mini: {train} trains, valid.txt validates (the rate, the checkpoint, the stopping rule), test.txt "
+            f"tests, the vocabulary of the whole train split; the papers' protocol (--task "
+            f"awd_language_modeling: {MINI_BATCH} streams, the state carried, BPTT lengths drawn; scored with the "
+            f"state carried over the split, 10 streams valid / 1 test); an AWD-LSTM of {' '.join(MINI_MODEL)}"
+            + (f" ({sized})" if sized else "")
+            + f", {' '.join(MINI_OPTIMIZERS[self.mini_optimizer])} "
+            f"(the pilot's choice), {self.mini_stop.describe()}. {MIXTAPE_FORMS}"
+        )
 
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
         return self.paper.get(split, {}).get(variant.name)
@@ -221,17 +281,37 @@ class LanguageModelTable(Table):
         return args.limit or self.mini_lines
 
     def cell_config(self, variant: Variant, seed: int, args, lr: Optional[float] = None) -> Dict[str, Any]:
-        config = {"table": self.name, "head": variant.name, "options": variant.options, "seed": seed,
-                  "scale": args.scale, "updates": self.epochs(args), "limit": self.lines(args)}
+        config = {
+            "table": self.name,
+            "head": variant.name,
+            "options": variant.options,
+            "seed": seed,
+            "scale": args.scale,
+            "updates": self.epochs(args),
+            "limit": self.lines(args),
+        }
         if args.scale == "mini":  # cells trained with other mini settings are trained again
-            config.update(self.mini_config(args, lr), data="train.txt", protocol="streams", batch=MINI_BATCH,
-                          mini=self.mini_model(variant) + MINI_OPTIMIZERS[self.mini_optimizer])
+            config.update(
+                self.mini_config(args, lr),
+                data="train.txt",
+                protocol="streams",
+                batch=MINI_BATCH,
+                mini=self.mini_model(variant) + MINI_OPTIMIZERS[self.mini_optimizer],
+            )
         return config
 
     # -- commands ----------------------------------------------------------------------------
-    def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args,
-                      lr: Optional[float] = None, streams: bool = True, optimizer: Optional[str] = None
-                      ) -> List[str]:
+    def train_command(
+        self,
+        bin_dir: str,
+        variant: Variant,
+        seed: int,
+        save_dir: str,
+        args,
+        lr: Optional[float] = None,
+        streams: bool = True,
+        optimizer: Optional[str] = None,
+    ) -> List[str]:
         """``--max-updates`` counts epochs here (the papers train LMs for a number of epochs; mini: the cap of the
         stopping rule). ``lr``: a mini cell's rate (default the grid's centre). ``streams``: the papers' protocol
         (``--task awd_language_modeling``, every table's) or fairseq's blocks (the protocol study's other arm).
@@ -239,27 +319,83 @@ class LanguageModelTable(Table):
         both)."""
         full = args.scale == "full"
         optimizer = optimizer or self.mini_optimizer
-        model = (self.full_model_options.get(variant.name, self.full_model_options.get(variant.head, [])) if full
-                 else self.mini_model(variant))
+        model = (
+            self.full_model_options.get(variant.name, self.full_model_options.get(variant.head, []))
+            if full
+            else self.mini_model(variant)
+        )
         arch, batch, full_lr, chunks, delta = self.full_model(variant if full else None)
         if not full:
             batch, chunks = MINI_BATCH, 1
-        schedule = (["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(full_lr)]
-                    if full else [*MINI_OPTIMIZERS[optimizer], "--lr", f"{lr or MINI_LRS[optimizer]:g}"])
+        schedule = (
+            ["--optimizer", "ntasgd", "--lr-scheduler", "ntasgd", "--nonmono", "5", "--lr", str(full_lr)]
+            if full
+            else [*MINI_OPTIMIZERS[optimizer], "--lr", f"{lr or MINI_LRS[optimizer]:g}"]
+        )
         rule = None if full else self.stop_rule(args)  # --max-updates (epochs here) may cap it lower
         length = [*(["--patience", str(rule.patience)] if rule else []), "--max-epoch", str(self.epochs(args))]
         untie = ["--untie-weights"] if variant.head in ("ds_softmax", "d_softmax") else []
-        data = (["--task", "awd_language_modeling", "--bptt", "70", "--max-seq-len-delta", str(delta),
-                 "--batch-size", str(batch // chunks), "--update-freq", str(chunks)] if streams else
-                ["--task", "language_modeling", "--tokens-per-sample", "70", "--batch-size", str(batch),
-                 "--required-batch-size-multiple", "1"])
-        return [tool("fairseq-train"), bin_dir, "--user-dir", PLUGIN, *data[:2],
-                "--arch", arch, *model, *untie, "--output-head", variant.head,
-                "--head-options", json.dumps(variant.options, sort_keys=True), "--criterion", "head_cross_entropy",
-                *schedule, "--clip-norm", "0.25", "--weight-decay", "1.2e-6", *data[2:],
-                *length, "--seed", str(seed), "--save-dir", save_dir,
-                "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "20", "--num-workers", "0",
-                *(["--cpu"] if not full else [])]
+        data = (
+            [
+                "--task",
+                "awd_language_modeling",
+                "--bptt",
+                "70",
+                "--max-seq-len-delta",
+                str(delta),
+                "--batch-size",
+                str(batch // chunks),
+                "--update-freq",
+                str(chunks),
+            ]
+            if streams
+            else [
+                "--task",
+                "language_modeling",
+                "--tokens-per-sample",
+                "70",
+                "--batch-size",
+                str(batch),
+                "--required-batch-size-multiple",
+                "1",
+            ]
+        )
+        return [
+            tool("fairseq-train"),
+            bin_dir,
+            "--user-dir",
+            PLUGIN,
+            *data[:2],
+            "--arch",
+            arch,
+            *model,
+            *untie,
+            "--output-head",
+            variant.head,
+            "--head-options",
+            json.dumps(variant.options, sort_keys=True),
+            "--criterion",
+            "head_cross_entropy",
+            *schedule,
+            "--clip-norm",
+            "0.25",
+            "--weight-decay",
+            "1.2e-6",
+            *data[2:],
+            *length,
+            "--seed",
+            str(seed),
+            "--save-dir",
+            save_dir,
+            "--no-epoch-checkpoints",
+            "--log-format",
+            "json",
+            "--log-interval",
+            "20",
+            "--num-workers",
+            "0",
+            *(["--cpu"] if not full else []),
+        ]
 
     def full_model(self, variant: Optional[Variant]):
         """``(arch, batch, lr, chunks, max_seq_len_delta)`` of a row at full size: AWD-LSTM's own model for the rows
@@ -271,40 +407,90 @@ class LanguageModelTable(Table):
         return self.full_arch, self.full_batch, self.full_lr, self.full_chunks, self.full_max_seq_len_delta
 
     def data_command(self, args) -> str:
-        return shell_line([sys.executable, "-m", "recipes.reproduce.lm_data", "--corpus", self.corpus, "--data",
-                           args.data])
+        return shell_line(
+            [sys.executable, "-m", "recipes.reproduce.lm_data", "--corpus", self.corpus, "--data", args.data]
+        )
 
-    def eval_command(self, bin_dir: str, checkpoint: str, split: str, args, scoring: Optional[str] = None
-                     ) -> List[str]:
+    def eval_command(self, bin_dir: str, checkpoint: str, split: str, args, scoring: Optional[str] = None) -> List[str]:
         """``fairseq-eval-lm`` of ``checkpoint`` on ``split``; ``scoring``: ``"stateful"`` (the papers', the default:
         the state carried over the whole split, 10 streams for valid / 1 for test), ``"stateless"`` (the same windows
         from a zero state each) or ``"blocks"`` (fairseq's language_modeling: blocks of 70, batch 10)."""
         scoring = scoring or "stateful"
         cpu = ["--cpu"] if args.scale == "mini" else []
         if scoring == "blocks":
-            return [tool("fairseq-eval-lm"), bin_dir, "--user-dir", PLUGIN, "--path", checkpoint, "--gen-subset",
-                    split, "--tokens-per-sample", "70", "--batch-size", "10", "--num-workers", "0", *cpu]
-        return [tool("fairseq-eval-lm"), bin_dir, "--user-dir", PLUGIN, "--task", "awd_language_modeling",
-                "--bptt", "70", *(["--stateless"] if scoring == "stateless" else []), "--path", checkpoint,
-                "--gen-subset", split, "--num-workers", "0", *cpu]
+            return [
+                tool("fairseq-eval-lm"),
+                bin_dir,
+                "--user-dir",
+                PLUGIN,
+                "--path",
+                checkpoint,
+                "--gen-subset",
+                split,
+                "--tokens-per-sample",
+                "70",
+                "--batch-size",
+                "10",
+                "--num-workers",
+                "0",
+                *cpu,
+            ]
+        return [
+            tool("fairseq-eval-lm"),
+            bin_dir,
+            "--user-dir",
+            PLUGIN,
+            "--task",
+            "awd_language_modeling",
+            "--bptt",
+            "70",
+            *(["--stateless"] if scoring == "stateless" else []),
+            "--path",
+            checkpoint,
+            "--gen-subset",
+            split,
+            "--num-workers",
+            "0",
+            *cpu,
+        ]
 
     # -- data --------------------------------------------------------------------------------
     def prepare(self, runner: Runner, args, table_dir: str) -> Dict[str, Any]:
         if args.scale == "full":
             bin_dir = os.path.join(full_dir(args.data, self.corpus), "bin")
             if not os.path.isfile(os.path.join(bin_dir, "dict.txt")):
-                raise D.missing_files_error(bin_dir, ["dict.txt"], f"{self.name} --scale full (prepare the data "
-                                            f"first, on a machine with internet: {self.data_command(args)})")
+                raise D.missing_files_error(
+                    bin_dir,
+                    ["dict.txt"],
+                    f"{self.name} --scale full (prepare the data "
+                    f"first, on a machine with internet: {self.data_command(args)})",
+                )
             return {"bin": bin_dir}
         prep = os.path.join(table_dir, "data")
         bin_dir = os.path.join(prep, "bin")
         done = os.path.join(prep, "done.json")
         raw = prepare_mini_corpus(runner, args, table_dir, self.corpus, self.lines(args))
         if not os.path.isfile(done):
-            runner.run([tool("fairseq-preprocess"), "--only-source", "--srcdict", os.path.join(prep, "dict.txt"),
-                        "--trainpref", os.path.join(raw, "train.txt"), "--validpref", os.path.join(raw, "valid.txt"),
-                        "--testpref", os.path.join(raw, "test.txt"), "--destdir", bin_dir, "--workers", "2"],
-                       os.path.join(prep, "prepare.log"), "data")
+            runner.run(
+                [
+                    tool("fairseq-preprocess"),
+                    "--only-source",
+                    "--srcdict",
+                    os.path.join(prep, "dict.txt"),
+                    "--trainpref",
+                    os.path.join(raw, "train.txt"),
+                    "--validpref",
+                    os.path.join(raw, "valid.txt"),
+                    "--testpref",
+                    os.path.join(raw, "test.txt"),
+                    "--destdir",
+                    bin_dir,
+                    "--workers",
+                    "2",
+                ],
+                os.path.join(prep, "prepare.log"),
+                "data",
+            )
             R.save_json(done, {"limit": self.lines(args)})
         return {"bin": bin_dir}
 
@@ -316,10 +502,14 @@ class LanguageModelTable(Table):
         commands, parameters = [self.data_command(args)], {}
         for v in variants:
             cell = os.path.join(table_dir, v.name, "seed1")
-            commands += [shell_line(self.train_command(bin_dir, v, 1, os.path.join(cell, "checkpoints"), args)),
-                         shell_line(self.average_command(os.path.join(cell, "checkpoints"), cell))]
-            commands += [shell_line(self.eval_command(bin_dir, os.path.join(cell, "averaged.pt"), s, args))
-                         for s in ("valid", "test")]
+            commands += [
+                shell_line(self.train_command(bin_dir, v, 1, os.path.join(cell, "checkpoints"), args)),
+                shell_line(self.average_command(os.path.join(cell, "checkpoints"), cell)),
+            ]
+            commands += [
+                shell_line(self.eval_command(bin_dir, os.path.join(cell, "averaged.pt"), s, args))
+                for s in ("valid", "test")
+            ]
             with tempfile.TemporaryDirectory() as tmp:
                 vocab = LM_CORPORA[self.corpus]["vocab"]  # the standard vocabularies
                 with open(os.path.join(tmp, "dict.txt"), "w") as f:
@@ -329,28 +519,55 @@ class LanguageModelTable(Table):
         note = f"{self.full_note} {FULL_NOTE}".strip()
         if self.full_awd:
             awd = [v.name for v in variants if v.head in AWD_HEADS]
-            note += (f" {', '.join(awd)} train AWD-LSTM's own model ({self.full_awd['arch']}: batch "
-                     f"{self.full_awd['batch']}, lr {self.full_awd['lr']:g}, no cap on the drawn windows, as "
-                     f"salesforce/awd-lstm-lm), the model their paper numbers come from; the others the MoS model "
-                     f"({self.full_arch}).") if awd else ""
+            note += (
+                (
+                    f" {', '.join(awd)} train AWD-LSTM's own model ({self.full_awd['arch']}: batch "
+                    f"{self.full_awd['batch']}, lr {self.full_awd['lr']:g}, no cap on the drawn windows, as "
+                    f"salesforce/awd-lstm-lm), the model their paper numbers come from; the others the MoS model "
+                    f"({self.full_arch})."
+                )
+                if awd
+                else ""
+            )
         if any(v.head == "mixtape" for v in variants):
             note += " " + FULL_MIXTAPE_FORM
         mos = [h for h in parameters if h.startswith("mos-")]
         if "mixtape" in parameters and mos:  # the Mixtape paper tunes Mixtape's size to MoS's count
             sized = self.full_model_options.get("mixtape")
-            note += (f" Mixtape has {parameters['mixtape'] / parameters[mos[-1]]:.1%} of {mos[-1]}'s parameters"
-                     + (f" ({' '.join(sized)}; the paper makes them equal without saying which size it changed)"
-                        if sized else "") + ".")
-        paper = {v.name: {split: self.paper_for(v, split) for split in ("valid", "test") if self.paper_for(v, split)}
-                 for v in variants}
-        result = {"commands": commands, "parameters": parameters, "note": note,
-                  "paper": {h: by_split for h, by_split in paper.items() if by_split}}
+            note += (
+                f" Mixtape has {parameters['mixtape'] / parameters[mos[-1]]:.1%} of {mos[-1]}'s parameters"
+                + (
+                    f" ({' '.join(sized)}; the paper makes them equal without saying which size it changed)"
+                    if sized
+                    else ""
+                )
+                + "."
+            )
+        paper = {
+            v.name: {split: self.paper_for(v, split) for split in ("valid", "test") if self.paper_for(v, split)}
+            for v in variants
+        }
+        result = {
+            "commands": commands,
+            "parameters": parameters,
+            "note": note,
+            "paper": {h: by_split for h, by_split in paper.items() if by_split},
+        }
         R.save_json(os.path.join(table_dir, "plan.json"), result)
         return result
 
     # -- one cell ----------------------------------------------------------------------------
-    def train_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
-                   lr: Optional[float] = None) -> Dict[str, Any]:
+    def train_cell(
+        self,
+        runner: Runner,
+        prepared,
+        variant: Variant,
+        seed: int,
+        args,
+        table_dir: str,
+        label: str,
+        lr: Optional[float] = None,
+    ) -> Dict[str, Any]:
         cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
         save_dir = self.checkpoint_dir(table_dir, variant, seed, lr)
         log_path = os.path.join(cell_dir, "train.log")
@@ -377,16 +594,33 @@ class LanguageModelTable(Table):
     def average_command(save_dir: str, cell_dir: str) -> List[str]:
         """``checkpoint_best.pt`` with its NT-ASGD averages as the weights (the weights it validated with), written
         to ``CELL/averaged.pt``."""
-        return [sys.executable, "-m", "fairseq_plugin.average", os.path.join(save_dir, "checkpoint_best.pt"),
-                os.path.join(cell_dir, "averaged.pt")]
+        return [
+            sys.executable,
+            "-m",
+            "fairseq_plugin.average",
+            os.path.join(save_dir, "checkpoint_best.pt"),
+            os.path.join(cell_dir, "averaged.pt"),
+        ]
 
-    def score_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
-                   record: Dict[str, Any]):
+    def score_cell(
+        self,
+        runner: Runner,
+        prepared,
+        variant: Variant,
+        seed: int,
+        args,
+        table_dir: str,
+        label: str,
+        record: Dict[str, Any],
+    ):
         """Perplexity of the averaged weights (NT-ASGD) or the best checkpoint (Adam) on valid and test."""
         lr = record.get("lr") if args.scale == "mini" else None
         cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
-        scored = (os.path.join(cell_dir, "averaged.pt") if self.averages(args) else
-                  os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_best.pt"))
+        scored = (
+            os.path.join(cell_dir, "averaged.pt")
+            if self.averages(args)
+            else os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_best.pt")
+        )
         ppl, commands = {}, []
         for split in ("valid", "test"):
             cmd = self.eval_command(prepared["bin"], scored, split, args)

@@ -12,6 +12,7 @@ training = the 99 training shards, valid = held-out shard 1, test = held-out sha
 Each corpus ends binarised by ``fairseq-preprocess --only-source`` in ``DATA/CORPUS-full/bin``, its dictionary
 in frequency order (what Mixtape's gate sharing needs). Offline it stops at once, naming the URLs it needs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,15 +27,26 @@ from recipes.reproduce import data as D
 from recipes.reproduce.runner import tool
 
 CORPORA: Dict[str, Dict] = {
-    "ptb": {"url": "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
-            "files": {"train": "ptb.train.txt", "valid": "ptb.valid.txt", "test": "ptb.test.txt"}, "vocab": 10000},
-    "wikitext-2": {"url": "https://wikitext.smerity.com/wikitext-2-v1.zip",
-                   "files": {"train": "wiki.train.tokens", "valid": "wiki.valid.tokens", "test": "wiki.test.tokens"},
-                   "vocab": 33278},
-    "lm1b": {"url": "http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz",
-             "files": {"train": "news.en-000??-of-00100", "valid": "news.en.heldout-00001-of-00050",
-                       "test": "news.en.heldout-00000-of-00050"},
-             "vocab": 100000, "lowercase": True},
+    "ptb": {
+        "url": "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
+        "files": {"train": "ptb.train.txt", "valid": "ptb.valid.txt", "test": "ptb.test.txt"},
+        "vocab": 10000,
+    },
+    "wikitext-2": {
+        "url": "https://wikitext.smerity.com/wikitext-2-v1.zip",
+        "files": {"train": "wiki.train.tokens", "valid": "wiki.valid.tokens", "test": "wiki.test.tokens"},
+        "vocab": 33278,
+    },
+    "lm1b": {
+        "url": "http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz",
+        "files": {
+            "train": "news.en-000??-of-00100",
+            "valid": "news.en.heldout-00001-of-00050",
+            "test": "news.en.heldout-00000-of-00050",
+        },
+        "vocab": 100000,
+        "lowercase": True,
+    },
 }
 
 
@@ -62,10 +74,24 @@ def prepare(corpus: str, data: str) -> str:
                     for line in src:
                         dst.write(line.lower() if spec.get("lowercase") else line)
     vocab = ["--nwordssrc", str(spec["vocab"])] if corpus == "lm1b" else []
-    subprocess.run([tool("fairseq-preprocess"), "--only-source", *vocab,
-                    "--trainpref", os.path.join(raw, "train.txt"), "--validpref", os.path.join(raw, "valid.txt"),
-                    "--testpref", os.path.join(raw, "test.txt"), "--destdir", os.path.join(out, "bin"),
-                    "--workers", str(os.cpu_count() or 1)], check=True)
+    subprocess.run(
+        [
+            tool("fairseq-preprocess"),
+            "--only-source",
+            *vocab,
+            "--trainpref",
+            os.path.join(raw, "train.txt"),
+            "--validpref",
+            os.path.join(raw, "valid.txt"),
+            "--testpref",
+            os.path.join(raw, "test.txt"),
+            "--destdir",
+            os.path.join(out, "bin"),
+            "--workers",
+            str(os.cpu_count() or 1),
+        ],
+        check=True,
+    )
     return out
 
 

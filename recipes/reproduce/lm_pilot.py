@@ -19,6 +19,7 @@ training run each, tokens per second from fairseq's ``wps`` after the first upda
 Each arm is kept in ``OUT/ARM/record.json`` (a rerun skips it); ``--collect`` writes ``OUT/pilot.json`` and, with
 ``--commit``, ``docs/reproduction/lm-ptb-pilot.json``, which the report shows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,20 +54,21 @@ COMMITTED = os.path.join(DOCS, "reproduction", "lm-ptb-pilot.json")
 DECISION = (
     "Adam, at the mini grid's rates (2.5e-3, 5e-3, 1e-2). At equal epochs Adam's valid perplexity is below NT-ASGD's "
     "at every epoch for both heads, NT-ASGD's forced averaging included: softmax 216.9 / 160.3 / 137.6 / 124.9 "
-    'against 307.4 / 203.2 / 166.9 / 153.6 (averaged from the end of epoch 2), scored valid / test 124.92 / 119.85 '
-    'against 148.13 / 144.71; MoS-4 213.8 / 154.9 against 678.9 / 327.0 (averaged from epoch 1), scored 154.92 / '
+    "against 307.4 / 203.2 / 166.9 / 153.6 (averaged from the end of epoch 2), scored valid / test 124.92 / 119.85 "
+    "against 148.13 / 144.71; MoS-4 213.8 / 154.9 against 678.9 / 327.0 (averaged from epoch 1), scored 154.92 / "
     "150.04 against 306.07 / 294.38. (The NT-ASGD arms' scored checkpoints held the SGD iterate, not the average, in "
-    'their tied embedding / softmax weight, a bug of `python -m fairseq_plugin.average` found after the pilot and '
+    "their tied embedding / softmax weight, a bug of `python -m fairseq_plugin.average` found after the pilot and "
     "fixed; their per-epoch validations after the switch, 153.6 and 327.0 at the last epoch, are the true averages': "
     "the choice is the same either way.) NT-ASGD's own trigger (--nonmono 5) cannot fire within the epochs the table "
-    'can afford. The model stays the earlier mini AWD-LSTM (emsize 200, nhid 400, nhidlast 300, batch 20): an epoch '
-    'of PTB train took softmax 415-422 and MoS-4 1,052-1,114 CPU-seconds in these arms, and the probes put the other '
+    "can afford. The model stays the earlier mini AWD-LSTM (emsize 200, nhid 400, nhidlast 300, batch 20): an epoch "
+    "of PTB train took softmax 415-422 and MoS-4 1,052-1,114 CPU-seconds in these arms, and the probes put the other "
     "rows at 1.10 (Sigsoftmax) to 1.38 (Mixtape) times softmax's (their absolute times ran beside other jobs; the "
     "ratios are what they give), so lm-ptb's 36 cells (24 seeds, 12 more in the 3-rate sweep) cost about 30 CPU-hours"
     " at a cap of 5 epochs, which with lm-wt2 (about 4), lm-gpt2's rerun (about 1.3) and this pilot (2.3 CPU-hours "
     "with its scoring and probes, over the 2 planned for it by 0.3) keeps the 40 planned. Softmax's valid perplexity "
     "after 4 epochs, 124.9, is about twice the papers' AWD-LSTM (60.83 valid, 58.37 test) and still falling 13 an "
-    "epoch: the table's cells stop at the cap, not converged.")
+    "epoch: the table's cells stop at the cap, not converged."
+)
 
 
 def switch_epoch(epochs: int) -> int:
@@ -76,8 +78,9 @@ def switch_epoch(epochs: int) -> int:
 
 
 def table_args(epochs: int, data: str) -> SimpleNamespace:
-    return SimpleNamespace(scale="mini", max_updates=epochs, max_epochs=None, patience=0, limit=0, data=data,
-                           keep_checkpoints=False)
+    return SimpleNamespace(
+        scale="mini", max_updates=epochs, max_epochs=None, patience=0, limit=0, data=data, keep_checkpoints=False
+    )
 
 
 def run_arm(runner: Runner, bin_dir: str, arm: str, args) -> Dict[str, Any]:
@@ -90,8 +93,9 @@ def run_arm(runner: Runner, bin_dir: str, arm: str, args) -> Dict[str, Any]:
     if os.path.isfile(done):
         return R.load_json(done)
     save_dir = os.path.join(cell, "checkpoints")
-    train = TABLE.train_command(bin_dir, variant, 1, save_dir, table_args(epochs, args.data), lr=lr,
-                                optimizer=optimizer)
+    train = TABLE.train_command(
+        bin_dir, variant, 1, save_dir, table_args(epochs, args.data), lr=lr, optimizer=optimizer
+    )
     if optimizer == "ntasgd":
         train += ["--asgd-from-epoch", str(switch_epoch(epochs))]
     log_path = os.path.join(cell, "train.log")
@@ -111,10 +115,20 @@ def run_arm(runner: Runner, bin_dir: str, arm: str, args) -> Dict[str, Any]:
         commands.append(shell_line(cmd))
     text = open(log_path).read()
     averaging = re.search(r"NT-ASGD: averaging from the end of epoch (\d+)", text)
-    record = {"arm": arm, "head": head, "optimizer": optimizer, "lr": lr, "epochs": epochs, "seed": 1,
-              "averaging_from_epoch": int(averaging.group(1)) if averaging else None,
-              "curve": S.parse_curve(text), "train_wall_s": parse_train_wall(text),
-              "cpu_s": cpu_seconds(log_path, text), "ppl": ppl, "commands": commands}
+    record = {
+        "arm": arm,
+        "head": head,
+        "optimizer": optimizer,
+        "lr": lr,
+        "epochs": epochs,
+        "seed": 1,
+        "averaging_from_epoch": int(averaging.group(1)) if averaging else None,
+        "curve": S.parse_curve(text),
+        "train_wall_s": parse_train_wall(text),
+        "cpu_s": cpu_seconds(log_path, text),
+        "ppl": ppl,
+        "commands": commands,
+    }
     R.save_json(done, record)
     shutil.rmtree(save_dir, ignore_errors=True)
     if os.path.exists(os.path.join(cell, "averaged.pt")):
@@ -132,13 +146,18 @@ def run_probes(runner: Runner, bin_dir: str, args, train_tokens: int) -> Dict[st
     for variant in TABLE.variants(SimpleNamespace(scale="mini", heads=None)):
         cell = os.path.join(args.out, "probes", variant.name)
         cmd = TABLE.train_command(bin_dir, variant, 1, os.path.join(cell, "checkpoints"), table_args(1, args.data))
-        cmd = cmd[:cmd.index("--max-epoch")] + ["--max-update", str(PROBE_UPDATES)] + cmd[cmd.index("--max-epoch") + 2:]
+        cmd = (
+            cmd[: cmd.index("--max-epoch")] + ["--max-update", str(PROBE_UPDATES)] + cmd[cmd.index("--max-epoch") + 2 :]
+        )
         cmd += ["--disable-validation", "--no-save"]
         text = runner.run(cmd, os.path.join(cell, "train.log"), f"probe {variant.name}")
         rates = [float(w) for w in WPS.findall(text.split('"num_updates": "%d"' % PROBE_SKIP)[-1])]
         wps = statistics.median(rates) if rates else None
-        out[variant.name] = {"tokens_per_s": wps, "epoch_s": round(train_tokens / wps, 1) if wps else None,
-                             "command": shell_line(cmd)}
+        out[variant.name] = {
+            "tokens_per_s": wps,
+            "epoch_s": round(train_tokens / wps, 1) if wps else None,
+            "command": shell_line(cmd),
+        }
     R.save_json(done, out)
     return out
 
@@ -156,14 +175,19 @@ def collect(args) -> Dict[str, Any]:
     """``OUT/pilot.json`` (and, with ``--commit``, the committed copy): every finished arm, the probes, the data's
     token counts, the CPU time of the arms' training, of their scoring and of the probes, and :data:`DECISION`."""
     arms = {arm: R.load_json(os.path.join(args.out, arm, "record.json")) for arm in ARMS}
-    result = {"arms": {a: r for a, r in arms.items() if r}, "epochs": EPOCHS, "rates": {f"{h}-{o}": lr for (h, o), lr
-                                                                                       in RATES.items()},
-              "probes": R.load_json(os.path.join(args.out, "probes", "probes.json")),
-              "data": R.load_json(os.path.join(args.out, "data", "tokens.json")),
-              "cpu_s": {"training": sum(r.get("cpu_s") or 0.0 for r in arms.values() if r),
-                        "scoring": logged_cpu_s(os.path.join(args.out, "*", "eval-*.log")),
-                        "probes": logged_cpu_s(os.path.join(args.out, "probes", "*", "train.log"))},
-              "decision": DECISION}
+    result = {
+        "arms": {a: r for a, r in arms.items() if r},
+        "epochs": EPOCHS,
+        "rates": {f"{h}-{o}": lr for (h, o), lr in RATES.items()},
+        "probes": R.load_json(os.path.join(args.out, "probes", "probes.json")),
+        "data": R.load_json(os.path.join(args.out, "data", "tokens.json")),
+        "cpu_s": {
+            "training": sum(r.get("cpu_s") or 0.0 for r in arms.values() if r),
+            "scoring": logged_cpu_s(os.path.join(args.out, "*", "eval-*.log")),
+            "probes": logged_cpu_s(os.path.join(args.out, "probes", "*", "train.log")),
+        },
+        "decision": DECISION,
+    }
     R.save_json(os.path.join(args.out, "pilot.json"), result)
     if args.commit:
         R.save_json(COMMITTED, result)
@@ -171,8 +195,12 @@ def collect(args) -> Dict[str, Any]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.lm_pilot", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m recipes.reproduce.lm_pilot",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("--arms", nargs="+", default=ARMS + ["probes"], choices=ARMS + ["probes"])
     p.add_argument("--data", default=os.path.join(os.path.dirname(DOCS), "..", "shared", "data"))
     p.add_argument("--out", default=os.path.join(os.path.dirname(DOCS), "results", "reproduce", "lm-ptb-pilot"))
@@ -192,8 +220,7 @@ def main(argv=None) -> None:
             print(json.dumps(run_probes(runner, prepared["bin"], args, tokens["train"])), file=sys.stderr)
         else:
             record = run_arm(runner, prepared["bin"], arm, args)
-            print(f"pilot {arm}: valid {record['ppl']['valid']:.2f} test {record['ppl']['test']:.2f}",
-                  file=sys.stderr)
+            print(f"pilot {arm}: valid {record['ppl']['valid']:.2f} test {record['ppl']['test']:.2f}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ last epoch's checkpoint). Writes ``OUT/protocols.json`` (per-seed
 perplexities, the commands) and prints the table; ``--commit`` copies the json to
 ``docs/reproduction/lm-ptb-protocols.json``, which the report shows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,14 +59,25 @@ def run_cell(runner: Runner, bin_dir: str, protocol: str, seed: int, args, out: 
     for scoring in SCORINGS:
         for split in ("valid", "test"):
             cmd = TABLE.eval_command(bin_dir, os.path.join(save_dir, "checkpoint_best.pt"), split, table_args, scoring)
-            found = PPL.findall(runner.run(cmd, os.path.join(cell_dir, f"eval-{scoring}-{split}.log"), label,
-                                           comment=f"{label}: {scoring} {split}"))
+            found = PPL.findall(
+                runner.run(
+                    cmd,
+                    os.path.join(cell_dir, f"eval-{scoring}-{split}.log"),
+                    label,
+                    comment=f"{label}: {scoring} {split}",
+                )
+            )
             if not found:
                 raise SystemExit(f"{label}: no perplexity in {cell_dir}/eval-{scoring}-{split}.log")
             ppl.setdefault(scoring, {})[split] = float(found[-1])
             commands.append(shell_line(cmd))
-    record = {"protocol": protocol, "seed": seed, "epochs": args.epochs, "ppl": ppl,
-              "commands": [relative_paths(c) for c in commands]}
+    record = {
+        "protocol": protocol,
+        "seed": seed,
+        "epochs": args.epochs,
+        "ppl": ppl,
+        "commands": [relative_paths(c) for c in commands],
+    }
     R.save_json(path, record)
     shutil.rmtree(save_dir, ignore_errors=True)
     return record
@@ -81,8 +93,11 @@ def summary(records: List[Dict]) -> List[str]:
             cells = []
             for split in ("valid", "test"):
                 values = [by[(protocol, s)]["ppl"][scoring][split] for s in seeds if (protocol, s) in by]
-                cells.append(f"{statistics.mean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}"
-                                                                   if len(values) > 1 else "") if values else "-")
+                cells.append(
+                    f"{statistics.mean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
+                    if values
+                    else "-"
+                )
             n = sum((protocol, s) in by for s in seeds)
             lines.append(f"| {protocol} | {scoring} | {cells[0]} | {cells[1]} | {n} |")
     return lines
@@ -103,8 +118,11 @@ def main(argv=None) -> int:
     out = os.path.abspath(args.out)
     runner = Runner(out, progress=not args.quiet)
     prepared = TABLE.prepare(runner, SimpleNamespace(scale="mini", data=args.data, limit=args.limit), out)
-    records = [run_cell(runner, prepared["bin"], protocol, seed, args, out)
-               for seed in range(1, args.seeds + 1) for protocol in PROTOCOLS]
+    records = [
+        run_cell(runner, prepared["bin"], protocol, seed, args, out)
+        for seed in range(1, args.seeds + 1)
+        for protocol in PROTOCOLS
+    ]
     result = {"table": "lm-ptb", "description": __doc__.split("\n\n")[2].replace("\n", " "), "cells": records}
     R.save_json(os.path.join(out, "protocols.json"), result)
     print("\n".join(summary(records)))

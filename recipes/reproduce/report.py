@@ -10,6 +10,7 @@ scale) beside the paper's, the cost columns, plots (score per head with every se
 training cost), and a paragraph of what the numbers show, saying where two heads differ by less than the seed
 spread.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,14 @@ from recipes.reproduce.stats import paired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(ROOT, "docs")
-METRIC_NAMES = {"bleu": "BLEU", "ppl": "perplexity",
-                "time_out_layer_same_bsz": "out layer, same batch", "time_all_layers_same_bsz": "all layers, same batch",
-                "time_out_layer_same_mem": "out layer, same memory", "time_all_layers_same_mem": "all layers, same memory"}
+METRIC_NAMES = {
+    "bleu": "BLEU",
+    "ppl": "perplexity",
+    "time_out_layer_same_bsz": "out layer, same batch",
+    "time_all_layers_same_bsz": "all layers, same batch",
+    "time_out_layer_same_mem": "out layer, same memory",
+    "time_all_layers_same_mem": "all layers, same memory",
+}
 SCORES = ("bleu", "ppl")
 MAX_PLAN_LINES = 12  # full-size commands shown in the report (all of them are in the json)
 
@@ -72,11 +78,19 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
             plan["commands"] = [canonical_paths(line, table) for line in plan["commands"]]
         # rows kept from the committed json keep the notes that describe how they ran (a full-size plan alone
         # rewrites only the plan)
-        notes = (getattr(get_table(table), "report_notes", "") if os.path.isfile(path) or sweep_here
-                 else before.get("notes"))
-        obj = {"table": table, "description": get_table(table).description,
-               **({"notes": notes} if notes is not None else {}), "rows": rows,
-               "cells": cells, "costs": costs, "plan": plan, **({"sweep": sweep} if sweep else {})}
+        notes = (
+            getattr(get_table(table), "report_notes", "") if os.path.isfile(path) or sweep_here else before.get("notes")
+        )
+        obj = {
+            "table": table,
+            "description": get_table(table).description,
+            **({"notes": notes} if notes is not None else {}),
+            "rows": rows,
+            "cells": cells,
+            "costs": costs,
+            "plan": plan,
+            **({"sweep": sweep} if sweep else {}),
+        }
         if sweep and get_table(table).metric == "bleu":
             committed = commit_hypotheses(table_dir, obj, docs_dir)
             for key in ("bootstrap", "lowercased"):
@@ -152,8 +166,10 @@ def lowercased_line(lowercased: Dict[str, Dict[str, Dict[str, list]]]) -> str:
         parts.append(f"{head} {', '.join(scores)} ({len(next(iter(by_set.values()))['values'])} seeds)")
     if not parts:
         return ""
-    return ("BLEU lowercased (sacrebleu -lc on the committed hypotheses; published Multi30k systems are scored "
-            "case-insensitively): " + "; ".join(parts) + ".")
+    return (
+        "BLEU lowercased (sacrebleu -lc on the committed hypotheses; published Multi30k systems are scored "
+        "case-insensitively): " + "; ".join(parts) + "."
+    )
 
 
 def _fmt(mean: Optional[float], std: Optional[float], digits: int = 2) -> str:
@@ -166,8 +182,11 @@ def _score_rows(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [r for r in rows if r["metric"] in SCORES]
 
 
-def score_table(rows: List[Dict[str, Any]], sources: Optional[Dict[str, str]] = None,
-                paper: Optional[Dict[str, Dict[str, float]]] = None) -> str:
+def score_table(
+    rows: List[Dict[str, Any]],
+    sources: Optional[Dict[str, str]] = None,
+    paper: Optional[Dict[str, Dict[str, float]]] = None,
+) -> str:
     """Markdown table: one line per head, one column per split (mean ± std, n seeds), the paper's number. With
     ``sources`` (head -> paper, ``"*"`` for the others) and the table's ``paper`` numbers: each row's from its paper,
     named."""
@@ -181,15 +200,24 @@ def score_table(rows: List[Dict[str, Any]], sources: Optional[Dict[str, str]] = 
     if sources and paper is not None:
         numbers = {h: [paper.get(s, {}).get(h) for s in splits] for h in heads}
         papers = {h: ["-" if v is None else f"{v:.2f}" for v in numbers[h]] for h in heads}
-        labels = {h: sources.get(h, sources.get("*")) if any(v is not None for v in numbers[h]) else None
-                  for h in heads}
+        labels = {
+            h: sources.get(h, sources.get("*")) if any(v is not None for v in numbers[h]) else None for h in heads
+        }
     else:
-        papers = {h: ["-" if by.get(s, {}).get("paper") is None else f"{by[s]['paper']:.1f}" for s in splits]
-                  for h, by in by_head.items()}
+        papers = {
+            h: ["-" if by.get(s, {}).get("paper") is None else f"{by[s]['paper']:.1f}" for s in splits]
+            for h, by in by_head.items()
+        }
         labels = {}
     per_split = any(len(set(p)) > 1 for p in papers.values())  # else one number (e.g. newstest2014 for both)
-    lines = ["| head | " + " | ".join(f"{metric} {s}" for s in splits) + " | seeds | paper (full scale"
-             + (f"; {' / '.join(splits)}" if per_split else "") + ") |", "|---|" + "---|" * (len(splits) + 2)]
+    lines = [
+        "| head | "
+        + " | ".join(f"{metric} {s}" for s in splits)
+        + " | seeds | paper (full scale"
+        + (f"; {' / '.join(splits)}" if per_split else "")
+        + ") |",
+        "|---|" + "---|" * (len(splits) + 2),
+    ]
     for head, by_split in by_head.items():
         any_row = next(iter(by_split.values()))
         cells = [_fmt(by_split[s]["mean"], by_split[s]["std"]) if s in by_split else "-" for s in splits]
@@ -205,14 +233,18 @@ def cost_table(rows: List[Dict[str, Any]]) -> str:
         return ""
     metrics = list(dict.fromkeys(r["metric"] for r in rows))
     heads = list(dict.fromkeys(r["head"] for r in rows))
-    lines = ["| head | " + " | ".join(f"{METRIC_NAMES[m]} (ours / paper)" for m in metrics) + " |",
-             "|---|" + "---|" * len(metrics)]
+    lines = [
+        "| head | " + " | ".join(f"{METRIC_NAMES[m]} (ours / paper)" for m in metrics) + " |",
+        "|---|" + "---|" * len(metrics),
+    ]
     for head in heads:
         by = {r["metric"]: r for r in rows if r["head"] == head}
         cells = []
         for m in metrics:
             r = by.get(m)
-            cells.append("-" if r is None else f"{r['mean']:.2f}x / " + ("-" if r["paper"] is None else f"{r['paper']:.2f}x"))
+            cells.append(
+                "-" if r is None else f"{r['mean']:.2f}x / " + ("-" if r["paper"] is None else f"{r['paper']:.2f}x")
+            )
         lines.append(f"| {head} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -220,14 +252,21 @@ def cost_table(rows: List[Dict[str, Any]]) -> str:
 def misrecorded(cells: List[Dict[str, Any]], table: str) -> str:
     """The sentence on cells whose recorded commands name another cell's directory (recorded by an earlier version;
     replaying them would resume or overwrite that cell), or ""."""
-    wrong = sorted({(c["head"], c["seed"]) for c in cells if c.get("commands")
-                    and f"/{R.cell_dir('', c['head'], c['seed'], c.get('lr'))}/" not in c["commands"][0]})
+    wrong = sorted(
+        {
+            (c["head"], c["seed"])
+            for c in cells
+            if c.get("commands") and f"/{R.cell_dir('', c['head'], c['seed'], c.get('lr'))}/" not in c["commands"][0]
+        }
+    )
     if not wrong:
         return ""
     cells_text = ", ".join(f"{h} seed {s}" for h, s in wrong)
-    return (f" The recorded commands of {cells_text} name another cell's directory (an earlier version recorded "
-            f"them): rerun such a cell with `python -m recipes.reproduce {table} --heads HEAD` instead of replaying "
-            f"its command.")
+    return (
+        f" The recorded commands of {cells_text} name another cell's directory (an earlier version recorded "
+        f"them): rerun such a cell with `python -m recipes.reproduce {table} --heads HEAD` instead of replaying "
+        f"its command."
+    )
 
 
 def worst_seeds(rows: List[Dict[str, Any]]) -> str:
@@ -238,13 +277,19 @@ def worst_seeds(rows: List[Dict[str, Any]]) -> str:
     out = []
     for split in [s for s in splits if "valid" in s] or splits[:1]:
         higher = rows[0]["metric"] != "ppl"
-        worst = {r["head"]: r["seeds"][r["values"].index((min if higher else max)(r["values"]))]
-                 for r in rows if r["split"] == split and len(r["values"]) > 1 and r.get("seeds")}
+        worst = {
+            r["head"]: r["seeds"][r["values"].index((min if higher else max)(r["values"]))]
+            for r in rows
+            if r["split"] == split and len(r["values"]) > 1 and r.get("seeds")
+        }
         if len(worst) < 2:
             continue
         seeds = set(worst.values())
-        out.append(f"Worst seed on {split}: seed {seeds.pop()} for every head." if len(seeds) == 1 else
-                   f"Worst seed on {split}: " + ", ".join(f"{h} {s}" for h, s in worst.items()) + ".")
+        out.append(
+            f"Worst seed on {split}: seed {seeds.pop()} for every head."
+            if len(seeds) == 1
+            else f"Worst seed on {split}: " + ", ".join(f"{h} {s}" for h, s in worst.items()) + "."
+        )
     return " ".join(out)
 
 
@@ -265,15 +310,26 @@ def claims_for(table, comparisons: List["C.Comparison"], rows: List[Dict[str, An
 
 def untestable_claims(comparisons: List["C.Comparison"], claims: Dict[tuple, float], table) -> str:
     """The sentence on the papers' claims smaller than what the table detects (80% power), or ""."""
-    small = [c for c in comparisons if (c.head, c.baseline, c.split) in claims and c.detectable is not None
-             and abs(claims[(c.head, c.baseline, c.split)]) < c.detectable]
+    small = [
+        c
+        for c in comparisons
+        if (c.head, c.baseline, c.split) in claims
+        and c.detectable is not None
+        and abs(claims[(c.head, c.baseline, c.split)]) < c.detectable
+    ]
     if not small:
         return ""
     sources = getattr(table, "paper_claims", {})
-    return ("The table cannot test these papers' claims (the claimed difference, at our baseline's perplexity, is "
-            "below what its seeds detect with 80% power at Holm's first level): "
-            + "; ".join(f"{c.head} - {c.baseline} on {c.split}: claimed {claims[(c.head, c.baseline, c.split)]:+.2f} "
-                        f"({sources[c.head]['source']}), detectable ±{c.detectable:.2f}" for c in small) + ".")
+    return (
+        "The table cannot test these papers' claims (the claimed difference, at our baseline's perplexity, is "
+        "below what its seeds detect with 80% power at Holm's first level): "
+        + "; ".join(
+            f"{c.head} - {c.baseline} on {c.split}: claimed {claims[(c.head, c.baseline, c.split)]:+.2f} "
+            f"({sources[c.head]['source']}), detectable ±{c.detectable:.2f}"
+            for c in small
+        )
+        + "."
+    )
 
 
 def cap_sentence(cells: List[Dict[str, Any]]) -> str:
@@ -285,9 +341,11 @@ def cap_sentence(cells: List[Dict[str, Any]]) -> str:
     slopes = sorted((S.nll(c["curve"][-1]) - S.nll(c["curve"][-3])) / 2 for c in capped)
     cap = max(c["curve"][-1]["epoch"] for c in capped)
     median = slopes[len(slopes) // 2]
-    return (f"{len(capped)} of the {len(cells)} cells of the rows stopped at the cap ({cap} epochs), not by patience: "
-            f"the numbers are at the cap, not converged; their valid NLL still moved {median:+.3f} bits an epoch over "
-            f"the last two epochs (median; from {slopes[0]:+.3f} to {slopes[-1]:+.3f}).")
+    return (
+        f"{len(capped)} of the {len(cells)} cells of the rows stopped at the cap ({cap} epochs), not by patience: "
+        f"the numbers are at the cap, not converged; their valid NLL still moved {median:+.3f} bits an epoch over "
+        f"the last two epochs (median; from {slopes[0]:+.3f} to {slopes[-1]:+.3f})."
+    )
 
 
 def parameters_line(cells: List[Dict[str, Any]]) -> str:
@@ -304,33 +362,50 @@ def pilot_section(docs_dir: str) -> str:
     pilot = R.load_json(os.path.join(docs_dir, "reproduction", "lm-ptb-pilot.json"))
     if not pilot or not pilot.get("arms"):
         return ""
-    lines = ["### lm-ptb pilot: the optimiser and the cost of an epoch", "",
-             "Seed 1 of softmax and MoS-4 on PTB's train split, the table's mini model, a fixed number of epochs, no "
-             "early stopping (`python -m recipes.reproduce.lm_pilot`). NT-ASGD is validated and scored on its "
-             "averages once averaging starts; its non-monotone trigger needs more than 5 validations, so within a "
-             "pilot it is forced (`--asgd-from-epoch`, as MoS's finetune stage starts it): the best case for "
-             "NT-ASGD at this budget.", "",
-             "| arm | lr | epochs | averaging from epoch | valid ppl per epoch | valid ppl | test ppl | CPU h |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "### lm-ptb pilot: the optimiser and the cost of an epoch",
+        "",
+        "Seed 1 of softmax and MoS-4 on PTB's train split, the table's mini model, a fixed number of epochs, no "
+        "early stopping (`python -m recipes.reproduce.lm_pilot`). NT-ASGD is validated and scored on its "
+        "averages once averaging starts; its non-monotone trigger needs more than 5 validations, so within a "
+        "pilot it is forced (`--asgd-from-epoch`, as MoS's finetune stage starts it): the best case for "
+        "NT-ASGD at this budget.",
+        "",
+        "| arm | lr | epochs | averaging from epoch | valid ppl per epoch | valid ppl | test ppl | CPU h |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     total = 0.0
     for arm, r in pilot["arms"].items():
         curve = ", ".join(f"{2 ** p['loss']:.1f}" for p in r["curve"])
         hours = (r.get("cpu_s") or 0.0) / 3600
         total += hours
-        lines.append(f"| {arm} | {r['lr']:g} | {r['epochs']} | {r.get('averaging_from_epoch') or '-'} | {curve} | "
-                     f"{r['ppl']['valid']:.2f} | {r['ppl']['test']:.2f} | {hours:.2f} |")
+        lines.append(
+            f"| {arm} | {r['lr']:g} | {r['epochs']} | {r.get('averaging_from_epoch') or '-'} | {curve} | "
+            f"{r['ppl']['valid']:.2f} | {r['ppl']['test']:.2f} | {hours:.2f} |"
+        )
     probes = pilot.get("probes") or {}
     spent = pilot.get("cpu_s") or {}
     hours = {k: v / 3600 for k, v in spent.items()}
-    lines += ["", f"CPU time of the pilot: {total:.2f} core-hours of training"
-              + (f", {hours['scoring']:.2f} of scoring, {hours['probes']:.2f} of the probes: "
-                 f"{sum(hours.values()):.2f} in all" if spent else "") + "."]
+    lines += [
+        "",
+        f"CPU time of the pilot: {total:.2f} core-hours of training"
+        + (
+            f", {hours['scoring']:.2f} of scoring, {hours['probes']:.2f} of the probes: "
+            f"{sum(hours.values()):.2f} in all"
+            if spent
+            else ""
+        )
+        + ".",
+    ]
     if probes:
-        lines += ["", "Cost of an epoch of PTB train per head (one thread, tokens per second over a short run after "
-                  "its first updates, the table's sizes; the probes ran beside other jobs, so their ratios to softmax, "
-                  "not their minutes, are what they measure): "
-                  + ", ".join(f"{h} {p['epoch_s'] / 60:.1f} min" for h, p in probes.items() if p.get("epoch_s"))
-                  + "."]
+        lines += [
+            "",
+            "Cost of an epoch of PTB train per head (one thread, tokens per second over a short run after "
+            "its first updates, the table's sizes; the probes ran beside other jobs, so their ratios to softmax, "
+            "not their minutes, are what they measure): "
+            + ", ".join(f"{h} {p['epoch_s'] / 60:.1f} min" for h, p in probes.items() if p.get("epoch_s"))
+            + ".",
+        ]
     decision = pilot.get("decision")
     if decision:
         lines += ["", f"**Decision.** {decision}"]
@@ -359,6 +434,7 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
         fig.savefig(os.path.join(out_dir, name), dpi=110)
         plt.close(fig)
         written.append(name)
+
     rows = _score_rows(obj["rows"])
     if rows:
         splits = list(dict.fromkeys(r["split"] for r in rows))
@@ -384,21 +460,31 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
         plotted, seconds_label = curves_to_plot(curves)
         fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 5.5, 3.5), squeeze=False)
         heads = list(dict.fromkeys(c["head"] for c in curves))
-        for ax, x_key, x_label in [(axes[0][0], "updates", "updates"),
-                                   *([(axes[0][1], "seconds", seconds_label)] if timed else [])]:
+        for ax, x_key, x_label in [
+            (axes[0][0], "updates", "updates"),
+            *([(axes[0][1], "seconds", seconds_label)] if timed else []),
+        ]:
             for i, head in enumerate(heads):
                 for j, points in enumerate(p for c, p in zip(curves, plotted) if c["head"] == head):
                     points = [p for p in points if p.get(x_key) is not None]
                     if points:
-                        ax.plot([p[x_key] for p in points], [S.nll(p) for p in points], color=f"C{i}", alpha=0.8,
-                                label=head if j == 0 else None)
+                        ax.plot(
+                            [p[x_key] for p in points],
+                            [S.nll(p) for p in points],
+                            color=f"C{i}",
+                            alpha=0.8,
+                            label=head if j == 0 else None,
+                        )
                         best = min(points, key=lambda p: p["loss"])  # the scored checkpoint
                         ax.plot([best[x_key]], [S.nll(best)], "o", color=f"C{i}", ms=3)
             ax.set_xlabel(x_label)
             ax.set_ylabel("valid NLL (bits per token)")
             ax.legend(fontsize=8)
-        fig.suptitle(f"{obj['table']}: validation NLL, every seed at the head's chosen rate (dots: the checkpoint "
-                     + ("the label-smoothed loss picks)" if S.label_smoothed(curves) else "scored)"), fontsize=10)
+        fig.suptitle(
+            f"{obj['table']}: validation NLL, every seed at the head's chosen rate (dots: the checkpoint "
+            + ("the label-smoothed loss picks)" if S.label_smoothed(curves) else "scored)"),
+            fontsize=10,
+        )
         save(fig, f"{obj['table']}-valid-loss.png")
     cost_rows = [r for r in obj["rows"] if r["metric"].startswith("time_")]
     if cost_rows:
@@ -410,8 +496,12 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
             vals = [next((r["mean"] for r in cost_rows if r["head"] == head and r["metric"] == m), 0) for m in metrics]
             ax.bar([k + i * width for k in range(len(metrics))], vals, width, label=head)
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(metrics))], [METRIC_NAMES[m] for m in metrics],
-                      rotation=15, fontsize=8)
+        ax.set_xticks(
+            [k + 0.4 - width / 2 for k in range(len(metrics))],
+            [METRIC_NAMES[m] for m in metrics],
+            rotation=15,
+            fontsize=8,
+        )
         ax.set_ylabel("training time / softmax's")
         ax.set_title(f"{table}: training cost (mini model, CPU)", fontsize=10)
         ax.legend(fontsize=8)
@@ -449,12 +539,19 @@ def timing_noise(objs: Dict[str, Dict[str, Any]]) -> str:
     a, b = ((objs.get(t) or {}).get("costs") or {} for t in TWIN_COST_TABLES)
     if not a or not b:
         return ""
-    gaps = [(abs(a["ratios"][h][k] / b["ratios"][h][k] - 1), h, k) for h in a["ratios"] if h in b["ratios"]
-            for k in a["ratios"][h] if h != "softmax" and k in b["ratios"][h]]
+    gaps = [
+        (abs(a["ratios"][h][k] / b["ratios"][h][k] - 1), h, k)
+        for h in a["ratios"]
+        if h in b["ratios"]
+        for k in a["ratios"][h]
+        if h != "softmax" and k in b["ratios"][h]
+    ]
     gap, head, key = max(gaps)
-    return (f"{' and '.join(TWIN_COST_TABLES)} time mini models of the same sizes and their ratios differ by up "
-            f"to {gap:.0%} ({head}, {key}: {a['ratios'][head][key]:.2f}x and {b['ratios'][head][key]:.2f}x): read "
-            f"smaller differences as noise.")
+    return (
+        f"{' and '.join(TWIN_COST_TABLES)} time mini models of the same sizes and their ratios differ by up "
+        f"to {gap:.0%} ({head}, {key}: {a['ratios'][head][key]:.2f}x and {b['ratios'][head][key]:.2f}x): read "
+        f"smaller differences as noise."
+    )
 
 
 def _added_heads(costs: Dict[str, Any]) -> str:
@@ -462,8 +559,10 @@ def _added_heads(costs: Dict[str, Any]) -> str:
     added = list(costs.get("added") or {})
     if not added:
         return ""
-    return (f" {', '.join(added)}: added to the table later, timed beside softmax again in a run of "
-            f"{'its' if len(added) == 1 else 'their'} own (ratios to that run's softmax; the budget is that run's).")
+    return (
+        f" {', '.join(added)}: added to the table later, timed beside softmax again in a run of "
+        f"{'its' if len(added) == 1 else 'their'} own (ratios to that run's softmax; the budget is that run's)."
+    )
 
 
 def _minutes_by_head(cells: List[Dict[str, Any]], key: str) -> Dict[str, List[float]]:
@@ -481,8 +580,11 @@ def curves_to_plot(cells: List[Dict[str, Any]]) -> tuple:
     logged wall-clock seconds; a cell with no logged curve gives its ``valid_curve`` by updates."""
     curves, clock = C.on_one_clock(cells)
     points = [p or [{"updates": u, "loss": loss} for u, loss in c["valid_curve"]] for c, p in zip(cells, curves)]
-    label = ("training CPU seconds (logged seconds scaled by the cell's CPU time)" if clock == "cpu" else
-             "training seconds (one core each, wall-clock)")
+    label = (
+        "training CPU seconds (logged seconds scaled by the cell's CPU time)"
+        if clock == "cpu"
+        else "training seconds (one core each, wall-clock)"
+    )
     return points, label
 
 
@@ -492,109 +594,181 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     if rows:
         scale = rows[0]["scale"]
     else:
-        scale = ("full only (the plan below; nothing run here)" if full_only else
-                 "mini, learning-rate sweep running (no head has its rate and seeds yet)" if obj.get("sweep") else
-                 "mini, no cell finished yet")
+        scale = (
+            "full only (the plan below; nothing run here)"
+            if full_only
+            else "mini, learning-rate sweep running (no head has its rate and seeds yet)"
+            if obj.get("sweep")
+            else "mini, no cell finished yet"
+        )
     cells = obj.get("cells") or []
     scored = chosen_cells(obj)  # the cells of the rows: the sweep's other rates stop elsewhere
-    done = "".join(f" {t}" for t in (
-        f"Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else "",
-        parameters_line(scored), cap_sentence(scored)) if t)
+    done = "".join(
+        f" {t}"
+        for t in (
+            f"Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else "",
+            parameters_line(scored),
+            cap_sentence(scored),
+        )
+        if t
+    )
     done += misrecorded(cells, obj["table"])
     table = get_table(obj["table"]) if obj["table"] in TABLE_MODULES else None
     sources = getattr(table, "paper_source", None)
-    lines = [f"## {obj['table']}: {obj['description']}", "", f"Scale: **{scale}**. {notes}{done}".rstrip(), "",
-             *([] if full_only or (obj.get("sweep") and not rows)  # a running sweep: its table below
-               else [score_table(rows, sources, getattr(table, "paper", None))])]
+    lines = [
+        f"## {obj['table']}: {obj['description']}",
+        "",
+        f"Scale: **{scale}**. {notes}{done}".rstrip(),
+        "",
+        *(
+            []
+            if full_only or (obj.get("sweep") and not rows)  # a running sweep: its table below
+            else [score_table(rows, sources, getattr(table, "paper", None))]
+        ),
+    ]
     lowercased = lowercased_line(obj.get("lowercased") or {})
     if lowercased:
         lines += [lowercased, ""]
     walls = _minutes_by_head(scored, "train_wall_s")
     if walls and rows:
         seeds = Counter(c["head"] for c in scored)
-        times = ", ".join(f"{h} {sum(v) / len(v):.1f}" + (f" ({len(v)} of its {seeds[h]} seeds logged a time)"
-                                                          if len(v) < seeds[h] else "") for h, v in walls.items())
-        lines += ["Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over the seeds that "
-                  f"logged one; one thread each, two to five cells at a time on the 2 cores): {times}.", ""]
+        times = ", ".join(
+            f"{h} {sum(v) / len(v):.1f}"
+            + (f" ({len(v)} of its {seeds[h]} seeds logged a time)" if len(v) < seeds[h] else "")
+            for h, v in walls.items()
+        )
+        lines += [
+            "Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over the seeds that "
+            f"logged one; one thread each, two to five cells at a time on the 2 cores): {times}.",
+            "",
+        ]
         cpu = _minutes_by_head(scored, "cpu_s")
         if cpu:  # what the cells cost, whatever else ran beside them
-            lines += ["CPU time of a cell's training (user + system, minutes, mean over the seeds that recorded it; "
-                      "unlike the wall-clock above, not inflated by the jobs beside it): "
-                      + ", ".join(f"{h} {sum(v) / len(v):.1f} ({len(v)} of {seeds[h]} seeds)"
-                                  for h, v in cpu.items()) + ".", ""]
+            lines += [
+                "CPU time of a cell's training (user + system, minutes, mean over the seeds that recorded it; "
+                "unlike the wall-clock above, not inflated by the jobs beside it): "
+                + ", ".join(f"{h} {sum(v) / len(v):.1f} ({len(v)} of {seeds[h]} seeds)" for h, v in cpu.items())
+                + ".",
+                "",
+            ]
     costs = cost_table(rows)
     if costs:
-        lines += ["Training time as a ratio to softmax (the paper's cost columns; ours on the mini model, CPU):", "",
-                  costs]
+        lines += [
+            "Training time as a ratio to softmax (the paper's cost columns; ours on the mini model, CPU):",
+            "",
+            costs,
+        ]
         c = obj.get("costs") or {}
         if c:
-            batches = ", ".join(f"{h} {b['all'] or 'none'}/{b['out'] or 'none'}"
-                                for h, b in c["same_mem_batch"].items())
+            batches = ", ".join(
+                f"{h} {b['all'] or 'none'}/{b['out'] or 'none'}" for h, b in c["same_mem_batch"].items()
+            )
             unit = c.get("unit", "sentences")
-            lines += [f"Same batch: {c['batch']} {unit}. Same memory: softmax's peak at {c['batch']} {unit} "
-                      f"x {c['budget_factor']} (all layers {c['budget_bytes']['all'] / 2**20:.0f} MiB, output "
-                      f"layer {c['budget_bytes']['out'] / 2**20:.0f} MiB); largest batch that fits, all layers / "
-                      f"output layer: {batches} (none: not even {min(GRID)} fit); time per sequence at that batch. "
-                      f"{c['threads']} thread"
-                      f"{'s' if c['threads'] != 1 else ''}, one timing run per head on a 2-core machine shared "
-                      f"with the training runs.{_added_heads(c)} {noise}".rstrip(), ""]
+            lines += [
+                f"Same batch: {c['batch']} {unit}. Same memory: softmax's peak at {c['batch']} {unit} "
+                f"x {c['budget_factor']} (all layers {c['budget_bytes']['all'] / 2**20:.0f} MiB, output "
+                f"layer {c['budget_bytes']['out'] / 2**20:.0f} MiB); largest batch that fits, all layers / "
+                f"output layer: {batches} (none: not even {min(GRID)} fit); time per sequence at that batch. "
+                f"{c['threads']} thread"
+                f"{'s' if c['threads'] != 1 else ''}, one timing run per head on a 2-core machine shared "
+                f"with the training runs.{_added_heads(c)} {noise}".rstrip(),
+                "",
+            ]
     sweep = obj.get("sweep") or {}
     smoothed = S.label_smoothed(cells)
     if sweep:
         spent = C.cpu_hours(cells, sweep)
-        lines += ["Learning rate per head: best valid loss of seed 1 at every rate ("
-                  + ("the label-smoothed loss the cells train and stop on, then the NLL of that checkpoint; "
-                     if smoothed else "")
-                  + "epoch of the best, why it stopped; bold: the chosen rate, chosen on valid only):", "",
-                  C.sweep_table(cells, sweep)]
+        lines += [
+            "Learning rate per head: best valid loss of seed 1 at every rate ("
+            + (
+                "the label-smoothed loss the cells train and stop on, then the NLL of that checkpoint; "
+                if smoothed
+                else ""
+            )
+            + "epoch of the best, why it stopped; bold: the chosen rate, chosen on valid only):",
+            "",
+            C.sweep_table(cells, sweep),
+        ]
         if smoothed and any(not s.get("from") for s in sweep.values()):  # a borrowed rate was checked where swept
             moved = C.rates_by_nll(cells, sweep)
-            lines += [("The NLL of the same checkpoints would choose another rate for "
-                       + ", ".join(f"{h} ({S.rate_key(lr)})" for h, lr in moved.items()) if moved else
-                       "The NLL of the same checkpoints chooses the same rate for every head whose sweep is done")
-                      + ".", ""]
+            lines += [
+                (
+                    "The NLL of the same checkpoints would choose another rate for "
+                    + ", ".join(f"{h} ({S.rate_key(lr)})" for h, lr in moved.items())
+                    if moved
+                    else "The NLL of the same checkpoints chooses the same rate for every head whose sweep is done"
+                )
+                + ".",
+                "",
+            ]
         borrowed = sorted({s["from"] for s in sweep.values() if s.get("from")})
         if borrowed:
-            lines += [f"Not swept here: the heads marked with {' / '.join(borrowed)}'s choice train at the rate that "
-                      f"table's sweep chose on its own valid split (`--lr-from`), a cut to fit the compute budget; "
-                      f"their rate may not be this table's best.", ""]
-        lines += [f"Compute: {spent['total']:.1f} CPU-core-hours of training for this table ({spent['sweep']:.1f} in "
-                  f"the rates not chosen, {spent['chosen']:.1f} in the chosen rates' seeds; scoring excluded).", ""]
+            lines += [
+                f"Not swept here: the heads marked with {' / '.join(borrowed)}'s choice train at the rate that "
+                f"table's sweep chose on its own valid split (`--lr-from`), a cut to fit the compute budget; "
+                f"their rate may not be this table's best.",
+                "",
+            ]
+        lines += [
+            f"Compute: {spent['total']:.1f} CPU-core-hours of training for this table ({spent['sweep']:.1f} in "
+            f"the rates not chosen, {spent['chosen']:.1f} in the chosen rates' seeds; scoring excluded).",
+            "",
+        ]
     scores = _score_rows(rows)
     comparisons = C.family(rows)
     if comparisons:
         metric = scores[0]["metric"]
         claims = claims_for(table, comparisons, rows) if table is not None else {}
-        lines += ["Paired comparisons (head minus baseline, same seeds; Holm-adjusted over this table's test "
-                  "comparisons; the valid split chose every rate and checkpoint, so its rows are described, not "
-                  "tested; detectable: the smallest true difference each test comparison finds with 80% power at "
-                  "0.05 / m, from its seeds' paired spread"
-                  + ("; paper's difference: the paper's relative difference at our baseline's mean" if claims else "")
-                  + "):", "",
-                  C.family_table(comparisons, metric, obj.get("bootstrap") if metric == "bleu" else None,
-                                 claims if claims else None)]
+        lines += [
+            "Paired comparisons (head minus baseline, same seeds; Holm-adjusted over this table's test "
+            "comparisons; the valid split chose every rate and checkpoint, so its rows are described, not "
+            "tested; detectable: the smallest true difference each test comparison finds with 80% power at "
+            "0.05 / m, from its seeds' paired spread"
+            + ("; paper's difference: the paper's relative difference at our baseline's mean" if claims else "")
+            + "):",
+            "",
+            C.family_table(
+                comparisons, metric, obj.get("bootstrap") if metric == "bleu" else None, claims if claims else None
+            ),
+        ]
         untestable = untestable_claims(comparisons, claims, table)
         if untestable:
             lines += [untestable, ""]
     ratios = {h: r["time_all_layers_same_bsz"] for h, r in ((obj.get("costs") or {}).get("ratios") or {}).items()}
     compute = C.equal_compute(scored, ratios)
     if compute:
-        seconds = ("CPU seconds (each cell's logged seconds scaled by its recorded CPU time over them, which takes "
-                   "out the waiting for a core shared with other jobs; a cell's validations included)"
-                   if compute[0]["clock"] == "cpu" else
-                   "seconds (wall-clock on one core each, beside other jobs on a shared 2-core machine, so they "
-                   "carry noise)")
-        lines += ["Equal compute: each head's lowest valid NLL (bits per token"
-                  + ("; not the label-smoothed loss the cells train and stop on, which also rewards the probability "
-                     "a head leaves on every word of the vocabulary, more of it in a mixture's tail than in one "
-                     "softmax's" if smoothed else "") + ") within the updates, and within the training "
-                  f"{seconds}, that softmax's cell of the same seed took to its stop, against softmax's lowest "
-                  "(negative: the head gets lower for the same number of steps / the same bill"
-                  + ("; the cost column divides softmax's updates by the head's time per update measured in one "
-                     "benchmark process (the cost table above), the same bill without that noise" if ratios else "")
-                  + "):", "", C.equal_compute_table(compute)]
-    text = " ".join(t for t in (C.reading(comparisons, scores[0]["metric"]) if comparisons else "",
-                                worst_seeds(rows)) if t)
+        seconds = (
+            "CPU seconds (each cell's logged seconds scaled by its recorded CPU time over them, which takes "
+            "out the waiting for a core shared with other jobs; a cell's validations included)"
+            if compute[0]["clock"] == "cpu"
+            else "seconds (wall-clock on one core each, beside other jobs on a shared 2-core machine, so they "
+            "carry noise)"
+        )
+        lines += [
+            "Equal compute: each head's lowest valid NLL (bits per token"
+            + (
+                "; not the label-smoothed loss the cells train and stop on, which also rewards the probability "
+                "a head leaves on every word of the vocabulary, more of it in a mixture's tail than in one "
+                "softmax's"
+                if smoothed
+                else ""
+            )
+            + ") within the updates, and within the training "
+            f"{seconds}, that softmax's cell of the same seed took to its stop, against softmax's lowest "
+            "(negative: the head gets lower for the same number of steps / the same bill"
+            + (
+                "; the cost column divides softmax's updates by the head's time per update measured in one "
+                "benchmark process (the cost table above), the same bill without that noise"
+                if ratios
+                else ""
+            )
+            + "):",
+            "",
+            C.equal_compute_table(compute),
+        ]
+    text = " ".join(
+        t for t in (C.reading(comparisons, scores[0]["metric"]) if comparisons else "", worst_seeds(rows)) if t
+    )
     if text:
         lines += ["**What it shows.** " + text, ""]
     reading = written_reading(out_dir, obj["table"], len(cells))
@@ -605,19 +779,30 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     plan = obj.get("plan")
     if plan:
         counts = ", ".join(f"{h} {n / 1e6:.1f}M" for h, n in plan["parameters"].items())
-        lines += [f"**Full size** (`python -m recipes.reproduce {obj['table']} --scale full --dry-run`; GPUs, not run "
-                  f"here): parameters per head: {counts}. {plan.get('note', '')}".rstrip(), ""]
+        lines += [
+            f"**Full size** (`python -m recipes.reproduce {obj['table']} --scale full --dry-run`; GPUs, not run "
+            f"here): parameters per head: {counts}. {plan.get('note', '')}".rstrip(),
+            "",
+        ]
         paper = plan.get("paper") or {}
         if paper and not rows:  # nothing of ours to put the paper's numbers beside: show them with the plan
             splits = sorted({split for by_split in paper.values() for split in by_split})
-            lines += ["| head | parameters (ours) | " + " | ".join(f"paper {s}" for s in splits) + " |",
-                      "|---|---|" + "---|" * len(splits)]
-            lines += [f"| {h} | {n / 1e6:.1f}M | " + " | ".join(str(paper.get(h, {}).get(s, "-")) for s in splits)
-                      + " |" for h, n in plan["parameters"].items()]
+            lines += [
+                "| head | parameters (ours) | " + " | ".join(f"paper {s}" for s in splits) + " |",
+                "|---|---|" + "---|" * len(splits),
+            ]
+            lines += [
+                f"| {h} | {n / 1e6:.1f}M | " + " | ".join(str(paper.get(h, {}).get(s, "-")) for s in splits) + " |"
+                for h, n in plan["parameters"].items()
+            ]
             lines.append("")
-        lines += ["```",
-                  *plan["commands"][:MAX_PLAN_LINES], *(["# ... (every command in the json)"]
-                                                        if len(plan["commands"]) > MAX_PLAN_LINES else []), "```", ""]
+        lines += [
+            "```",
+            *plan["commands"][:MAX_PLAN_LINES],
+            *(["# ... (every command in the json)"] if len(plan["commands"]) > MAX_PLAN_LINES else []),
+            "```",
+            "",
+        ]
     if rows:
         lines += ["Commands (first seed of each head; every seed in the json):", "", "```"]
         seen = set()
@@ -644,10 +829,12 @@ def written_reading(src: str, table: str, cells: int) -> str:
     with open(path) as f:
         text = f.read().strip()
     m = READING_CELLS.match(text)
-    body = " ".join(text[m.end():].split()) if m else " ".join(text.split())
+    body = " ".join(text[m.end() :].split()) if m else " ".join(text.split())
     if m and int(m.group(1)) != cells:
-        body += (f" *(Written when {m.group(1)} cells had finished; {cells} have now: the numbers above may have "
-                 f"moved since.)*")
+        body += (
+            f" *(Written when {m.group(1)} cells had finished; {cells} have now: the numbers above may have "
+            f"moved since.)*"
+        )
     return body
 
 
@@ -659,13 +846,27 @@ def protocols_section(obj: Dict[str, Any]) -> str:
     cells = obj["cells"]
     by = {(c["protocol"], c["seed"]): c["ppl"] for c in cells}
     seeds = sorted({s for (_, s) in by})
-    lines = [f"### {obj['table']}: the papers' protocol (streams, carried state) against fairseq's blocks", "",
-             obj["description"], "", *protocols.summary(cells), ""]
+    lines = [
+        f"### {obj['table']}: the papers' protocol (streams, carried state) against fairseq's blocks",
+        "",
+        obj["description"],
+        "",
+        *protocols.summary(cells),
+        "",
+    ]
     pairs = []
-    for label, a, b in (("the same checkpoint (trained on streams), stateful minus stateless",
-                         ("streams", "stateful"), ("streams", "stateless")),
-                        ("trained on streams minus trained on blocks, each scored as it trained",
-                         ("streams", "stateful"), ("blocks", "blocks"))):
+    for label, a, b in (
+        (
+            "the same checkpoint (trained on streams), stateful minus stateless",
+            ("streams", "stateful"),
+            ("streams", "stateless"),
+        ),
+        (
+            "trained on streams minus trained on blocks, each scored as it trained",
+            ("streams", "stateful"),
+            ("blocks", "blocks"),
+        ),
+    ):
         for split in ("valid", "test"):
             both = [s for s in seeds if (a[0], s) in by and (b[0], s) in by]
             if both:
@@ -674,8 +875,11 @@ def protocols_section(obj: Dict[str, Any]) -> str:
                 per_seed = ", ".join(f"{x - y:+.2f}" for x, y in zip(first, second))
                 pairs.append(f"{label}, {split}: {paired(first, second).describe()} (per seed {per_seed})")
     if pairs:
-        lines += ["Paired differences of perplexity (negative: the first is better; mean, 95% interval, paired "
-                  "t-test): " + "; ".join(pairs) + ".", ""]
+        lines += [
+            "Paired differences of perplexity (negative: the first is better; mean, 95% interval, paired "
+            "t-test): " + "; ".join(pairs) + ".",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -694,8 +898,10 @@ def set_aside(cells_dir: str, table: str, reason: str, docs_dir: str = DOCS) -> 
     a cell (measured CPU time, else training seconds times threads: one where no record says), and keep the count in
     ``docs_dir/reproduction/`` (:data:`SET_ASIDE`) under the directory's name, so the Compute section keeps counting
     what they cost; returns the entry."""
-    threads = {os.path.join(R.cell_dir(cells_dir, c["head"], c["seed"], c.get("lr")), "train.log"): c.get("threads")
-               for c in R.cells(cells_dir)}
+    threads = {
+        os.path.join(R.cell_dir(cells_dir, c["head"], c["seed"], c.get("lr")), "train.log"): c.get("threads")
+        for c in R.cells(cells_dir)
+    }
     entry = {"table": table, "reason": reason, "cells": 0, "total": 0.0, "wall": 0.0}
     for log in sorted(glob.glob(os.path.join(cells_dir, "**", "train.log"), recursive=True)):
         with open(log) as f:
@@ -714,43 +920,66 @@ def set_aside(cells_dir: str, table: str, reason: str, docs_dir: str = DOCS) -> 
     return entry
 
 
-def budget_section(objs: Dict[str, Dict[str, Any]],
-                   aside: Optional[Dict[str, Dict[str, Any]]] = None) -> str:
+def budget_section(objs: Dict[str, Dict[str, Any]], aside: Optional[Dict[str, Dict[str, Any]]] = None) -> str:
     """Markdown: the training compute of the tables run with the stopping rule and a rate per head, per table (cells
     of the sweep's other rates, cells at the chosen rates, CPU-core-hours) and in all, against
     :data:`MINI_BUDGET_HOURS`, cells set aside (``aside``: :func:`set_aside`) counted in their own rows; "" when no
     table has a sweep."""
     # the train-split tables' cells are another plan's (train_split_budget)
-    swept = {t: {**o, "cells": [c for c in o.get("cells", []) if not train_split(c)]} for t, o in objs.items()
-             if o.get("sweep")}
+    swept = {
+        t: {**o, "cells": [c for c in o.get("cells", []) if not train_split(c)]}
+        for t, o in objs.items()
+        if o.get("sweep")
+    }
     swept = {t: o for t, o in swept.items() if o["cells"]}
     if not swept:
         return ""
-    lines = ["## Compute", "", "Training CPU-core-hours of the tables run with the stopping rule and a learning rate "
-             "per head: the CPU time (user + system) of each cell's training processes, as the recipes record it beside "
-             "the training log; a cell trained before they recorded it counts its training seconds times its threads, "
-             "an upper bound, since its core was shared (scoring and timing excluded):", "",
-             "| table | cells at other rates (sweep) | cells at the chosen rates | CPU-core-hours: sweep / chosen / "
-             "total | of which wall-clock bounds |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "## Compute",
+        "",
+        "Training CPU-core-hours of the tables run with the stopping rule and a learning rate "
+        "per head: the CPU time (user + system) of each cell's training processes, as the recipes record it beside "
+        "the training log; a cell trained before they recorded it counts its training seconds times its threads, "
+        "an upper bound, since its core was shared (scoring and timing excluded):",
+        "",
+        "| table | cells at other rates (sweep) | cells at the chosen rates | CPU-core-hours: sweep / chosen / "
+        "total | of which wall-clock bounds |",
+        "|---|---|---|---|---|",
+    ]
     total = wall = 0.0
     for table, obj in swept.items():
         spent, chosen = C.cpu_hours(obj["cells"], obj["sweep"]), chosen_cells(obj)
         total, wall = total + spent["total"], wall + spent["wall"]
-        lines.append(f"| {table} | {len(obj['cells']) - len(chosen)} | {len(chosen)} | {spent['sweep']:.1f} / "
-                     f"{spent['chosen']:.1f} / {spent['total']:.1f} | {spent['wall']:.1f} |")
+        lines.append(
+            f"| {table} | {len(obj['cells']) - len(chosen)} | {len(chosen)} | {spent['sweep']:.1f} / "
+            f"{spent['chosen']:.1f} / {spent['total']:.1f} | {spent['wall']:.1f} |"
+        )
     kept = total
     for entry in (aside or {}).values():
         total, wall = total + entry["total"], wall + entry["wall"]
-        lines.append(f"| {entry['table']}, set aside: {entry['reason']} | {entry['cells']} | - | - / - / "
-                     f"{entry['total']:.1f} | {entry['wall']:.1f} |")
+        lines.append(
+            f"| {entry['table']}, set aside: {entry['reason']} | {entry['cells']} | - | - / - / "
+            f"{entry['total']:.1f} | {entry['wall']:.1f} |"
+        )
     over = total - MINI_BUDGET_HOURS
-    lines += ["", f"In all {total:.1f} of the {MINI_BUDGET_HOURS:.0f} CPU-core-hours planned"
-              + (f": over the plan by {over:.1f}" if over > 0 else f" ({100 * total / MINI_BUDGET_HOURS:.0f}%)")
-              + (f"; the tables' own cells took {kept:.1f} ({100 * kept / MINI_BUDGET_HOURS:.0f}% of the plan), the "
-                 f"cells set aside {total - kept:.1f}." if aside else ".")
-              + (f" {wall:.1f} of them are wall-clock bounds of cells that ran one thread each, two to four at a time "
-                 f"on the 2 cores: their CPU time was less." if wall else ""), ""]
+    lines += [
+        "",
+        f"In all {total:.1f} of the {MINI_BUDGET_HOURS:.0f} CPU-core-hours planned"
+        + (f": over the plan by {over:.1f}" if over > 0 else f" ({100 * total / MINI_BUDGET_HOURS:.0f}%)")
+        + (
+            f"; the tables' own cells took {kept:.1f} ({100 * kept / MINI_BUDGET_HOURS:.0f}% of the plan), the "
+            f"cells set aside {total - kept:.1f}."
+            if aside
+            else "."
+        )
+        + (
+            f" {wall:.1f} of them are wall-clock bounds of cells that ran one thread each, two to four at a time "
+            f"on the 2 cores: their CPU time was less."
+            if wall
+            else ""
+        ),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -779,10 +1008,15 @@ def train_split_budget(objs: Dict[str, Dict[str, Any]], pilot: Optional[Dict[str
     if not parts:
         return ""
     total = sum(hours for _, _, hours in parts)
-    lines = ["### The perplexity tables on the train splits", "",
-             f"Training CPU-core-hours of the plan that retrains the language-model tables on PTB's and WikiText-2's "
-             f"train splits ({TRAIN_SPLIT_BUDGET_HOURS:.0f} planned; scoring excluded):", "",
-             "| part | cells | CPU-core-hours |", "|---|---|---|"]
+    lines = [
+        "### The perplexity tables on the train splits",
+        "",
+        f"Training CPU-core-hours of the plan that retrains the language-model tables on PTB's and WikiText-2's "
+        f"train splits ({TRAIN_SPLIT_BUDGET_HOURS:.0f} planned; scoring excluded):",
+        "",
+        "| part | cells | CPU-core-hours |",
+        "|---|---|---|",
+    ]
     lines += [f"| {name} | {n} | {hours:.1f} |" for name, n, hours in parts]
     share = 100 * total / TRAIN_SPLIT_BUDGET_HOURS
     lines += ["", f"In all {total:.1f} of {TRAIN_SPLIT_BUDGET_HOURS:.0f} ({share:.0f}%).", ""]
@@ -810,9 +1044,11 @@ def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -
     for table, obj in objs.items():
         note = obj.get("notes", getattr(get_table(table), "report_notes", ""))
         if obj.get("cells") and not obj.get("sweep") and getattr(get_table(table), "mini_lr", None):
-            note = (f"**Previous protocol**: these cells ran a fixed number of updates at one learning rate; the "
-                    f"stopping-rule cells with a learning rate per head (docs/reproducing.md) replace them as they "
-                    f"finish. {note}")
+            note = (
+                f"**Previous protocol**: these cells ran a fixed number of updates at one learning rate; the "
+                f"stopping-rule cells with a learning rate per head (docs/reproducing.md) replace them as they "
+                f"finish. {note}"
+            )
         sections.append(table_section(obj, src, (notes or {}).get(table, note), noise))
         if table == "lm-ptb" and pilot_section(docs_dir):
             sections.append(pilot_section(docs_dir))
@@ -831,9 +1067,13 @@ def main(argv=None) -> None:
     p.add_argument("--results", default=os.path.join("results", "reproduce"), help="where the tables ran")
     p.add_argument("--docs", default=DOCS)
     p.add_argument("--no-collect", action="store_true", help="only rebuild the report from the committed json")
-    p.add_argument("--set-aside", metavar="DIR", help="count the training compute of the cells under DIR, a table's "
-                   "results moved aside when its mini settings changed (with --table and --reason), in the Compute "
-                   "section")
+    p.add_argument(
+        "--set-aside",
+        metavar="DIR",
+        help="count the training compute of the cells under DIR, a table's "
+        "results moved aside when its mini settings changed (with --table and --reason), in the Compute "
+        "section",
+    )
     p.add_argument("--table", choices=sorted(TABLE_MODULES), help="the table whose cells --set-aside counts")
     p.add_argument("--reason", help="why --set-aside's cells were set aside (printed in their row)")
     args = p.parse_args(argv)

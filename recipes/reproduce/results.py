@@ -10,6 +10,7 @@ Each finished cell (table, head, seed) is kept in ``OUT/TABLE/cells/HEAD-seedK.j
 curve, timings); the rows are rebuilt from the cells, so a rerun skips what is done and a new machine given the
 committed cells continues where the last one stopped.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,21 @@ from typing import Any, Dict, Iterable, List, Optional
 from hf_heads.core.config import versioned_options
 from recipes.reproduce.runner import located_paths
 
-ROW_KEYS = ("table", "dataset", "split", "head", "options", "metric", "values", "seeds", "mean", "std", "paper",
-            "scale", "command")
+ROW_KEYS = (
+    "table",
+    "dataset",
+    "split",
+    "head",
+    "options",
+    "metric",
+    "values",
+    "seeds",
+    "mean",
+    "std",
+    "paper",
+    "scale",
+    "command",
+)
 
 
 def mean_std(values: List[float]):
@@ -120,8 +134,20 @@ def cells(table_dir: str) -> Iterable[Dict[str, Any]]:
 
 
 #: what must agree for a committed cell to stand for one this run would make
-CELL_CONFIG = ("table", "head", "options", "seed", "scale", "updates", "bpe_size", "limit", "models", "mini", "lr",
-               "stop")
+CELL_CONFIG = (
+    "table",
+    "head",
+    "options",
+    "seed",
+    "scale",
+    "updates",
+    "bpe_size",
+    "limit",
+    "models",
+    "mini",
+    "lr",
+    "stop",
+)
 #: keys a record must have when the run's settings have them (cells of the stopping rule and the sweep)
 REQUIRED_CONFIG = ("lr", "stop")
 
@@ -153,8 +179,9 @@ def restore_cells(table_dir: str, committed: str, log=print, wanted=None) -> int
         names = [cell_name(record["head"], record["seed"], lr)]  # a running sweep's, then a chosen cell's
         if lr is None or chosen.get(record["head"]) == lr:
             names.append(cell_name(record["head"], record["seed"]))
-        restore_hypotheses(os.path.dirname(committed), record, names,
-                           cell_dir(table_dir, record["head"], record["seed"], lr))
+        restore_hypotheses(
+            os.path.dirname(committed), record, names, cell_dir(table_dir, record["head"], record["seed"], lr)
+        )
         restored += 1
     if restored:
         log(f"restored {restored} finished cell(s) from {committed}, with the hypotheses committed beside it")
@@ -163,8 +190,9 @@ def restore_cells(table_dir: str, committed: str, log=print, wanted=None) -> int
     return restored
 
 
-def restore_head_entries(table_dir: str, heads: Iterable[str], rows: List[Dict[str, Any]],
-                         sweep: Dict[str, Any]) -> List[str]:
+def restore_head_entries(
+    table_dir: str, heads: Iterable[str], rows: List[Dict[str, Any]], sweep: Dict[str, Any]
+) -> List[str]:
     """Add the committed ``rows`` and ``sweep`` entries of ``heads`` to ``table_dir``'s ``results.json`` and
     ``sweep.json`` where those files have none for the head (see :func:`restore_cells`); returns the heads added."""
     rows_path, sweep_path = os.path.join(table_dir, "results.json"), os.path.join(table_dir, "sweep.json")
@@ -192,7 +220,7 @@ def restore_hypotheses(reproduction_dir: str, record: Dict[str, Any], names: Lis
         prefix = name + "."
         for path in glob.glob(os.path.join(reproduction_dir, "hyps", record["table"], glob.escape(prefix) + "*.hyp")):
             os.makedirs(directory, exist_ok=True)
-            shutil.copyfile(path, os.path.join(directory, os.path.basename(path)[len(prefix):]))
+            shutil.copyfile(path, os.path.join(directory, os.path.basename(path)[len(prefix) :]))
             copied += 1
     return copied
 

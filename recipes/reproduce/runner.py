@@ -1,6 +1,7 @@
 """Running fairseq's own command line for a table: every command logged to ``commands.sh``, output to a log file,
 progress from the training log, failures that name the cell and the log.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ def tool(name: str) -> str:
 def shell_line(cmd: Sequence[str]) -> str:
     """``cmd`` as a shell line to run from the project root: this environment's scripts by their names, paths
     inside the project (or beside it, as ``../shared/data``) relative to it."""
-    return relative_paths(shlex.join(os.path.basename(str(c)) if str(c).startswith(BIN + os.sep) else str(c)
-                                     for c in cmd))
+    return relative_paths(
+        shlex.join(os.path.basename(str(c)) if str(c).startswith(BIN + os.sep) else str(c) for c in cmd)
+    )
 
 
 def relative_paths(line: str) -> str:
@@ -71,13 +73,22 @@ class Runner:
         if line not in known:
             with open(self.commands_path, "a") as f:
                 if not known:
-                    f.write("#!/bin/sh\n# every command `python -m recipes.reproduce` ran for this table, in order;\n"
-                            "# run from the project root (fairseq-train needs --user-dir fairseq_plugin)\nset -e\n")
+                    f.write(
+                        "#!/bin/sh\n# every command `python -m recipes.reproduce` ran for this table, in order;\n"
+                        "# run from the project root (fairseq-train needs --user-dir fairseq_plugin)\nset -e\n"
+                    )
                 f.write((f"# {comment}\n" if comment else "") + line + "\n")
         return line
 
-    def run(self, cmd: Sequence[str], log_path: str, cell: str, comment: Optional[str] = None,
-            total_updates: Optional[int] = None, env: Optional[Dict[str, str]] = None) -> str:
+    def run(
+        self,
+        cmd: Sequence[str],
+        log_path: str,
+        cell: str,
+        comment: Optional[str] = None,
+        total_updates: Optional[int] = None,
+        env: Optional[Dict[str, str]] = None,
+    ) -> str:
         """Run ``cmd`` (recorded first), its output to ``log_path`` (appended: a resumed run keeps the earlier
         log), with a progress bar over the updates when ``total_updates`` is given. Returns this run's output.
         A non-zero exit stops with the cell, the log file and its last lines."""
@@ -94,8 +105,14 @@ class Runner:
             log.write(f"$ {shell_line(cmd)}\n")
             log.flush()
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, env=full_env, cwd=ROOT)
+            proc = subprocess.Popen(
+                [str(c) for c in cmd],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=full_env,
+                cwd=ROOT,
+            )
             started, sampled = time.strftime("%Y-%m-%dT%H:%M:%S"), time.monotonic()
             record_cpu(log_path, proc.pid, started, 0.0)  # every process of the log has an entry from its start
             for line in proc.stdout:
@@ -114,8 +131,13 @@ class Runner:
                         record_cpu(log_path, proc.pid, started, seconds)
             rc = proc.wait()
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            record_cpu(log_path, proc.pid, started, (after.ru_utime - before.ru_utime)
-                       + (after.ru_stime - before.ru_stime), finished=True)
+            record_cpu(
+                log_path,
+                proc.pid,
+                started,
+                (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+                finished=True,
+            )
         if bar is not None:
             bar.close()
         if rc != 0:
@@ -183,7 +205,7 @@ def training_done(log_path: str) -> bool:
         return False
     with open(log_path) as f:
         text = f.read()
-    last_run = text[text.rfind("\n$ ") + 1:] if "\n$ " in text else text
+    last_run = text[text.rfind("\n$ ") + 1 :] if "\n$ " in text else text
     return "done training in" in last_run
 
 

@@ -16,6 +16,7 @@ against softmax, per split):
 With 3 seeds a paired t-test has 2 degrees of freedom (t = 4.30 for a 95% interval): only large, consistent
 differences pass; the wording of the report follows these tests, not a rule of thumb on standard deviations.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,10 @@ class Paired:
         """``+1.23 [0.45, 2.01], p = 0.012 (t-test), 5/5 positive`` (for the report)."""
         if self.low is None:
             return f"{self.mean:+.{digits}f} (one seed: no interval)"
-        return (f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}], p = {format_p(self.p)} "
-                f"(paired t, {self.n} seeds), {self.positive}/{self.n} positive")
+        return (
+            f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}], p = {format_p(self.p)} "
+            f"(paired t, {self.n} seeds), {self.positive}/{self.n} positive"
+        )
 
 
 def format_p(p: Optional[float]) -> str:
@@ -65,8 +68,11 @@ def paired(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> Paire
     n = len(d)
     mean = sum(d) / n
     positive, negative = sum(x > 0 for x in d), sum(x < 0 for x in d)
-    p_sign = min(1.0, 2 * _stats.binom.cdf(min(positive, negative), positive + negative, 0.5)) \
-        if positive + negative else 1.0
+    p_sign = (
+        min(1.0, 2 * _stats.binom.cdf(min(positive, negative), positive + negative, 0.5))
+        if positive + negative
+        else 1.0
+    )
     if n < 2:
         return Paired(n, mean, None, None, None, None, None, p_sign, positive)
     std = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
@@ -115,8 +121,9 @@ def detectable(std: Optional[float], n: int, alpha: float, power: float = 0.8) -
     return high
 
 
-def paired_bootstrap_p(baseline: Sequence[str], system: Sequence[str], references: Sequence[str],
-                       samples: int = 1000) -> float:
+def paired_bootstrap_p(
+    baseline: Sequence[str], system: Sequence[str], references: Sequence[str], samples: int = 1000
+) -> float:
     """sacrebleu's paired bootstrap resampling (Koehn 2004; ``sacrebleu REF -i BASE SYS --paired-bs``): the p-value
     of ``system``'s BLEU differing from ``baseline``'s on one test set, from ``samples`` resamplings of the
     sentences with sacrebleu's own seed (``SACREBLEU_SEED``, default 12345), so a rerun gives the same p."""
@@ -124,9 +131,16 @@ def paired_bootstrap_p(baseline: Sequence[str], system: Sequence[str], reference
     from sacrebleu.significance import PairedTest
 
     if not len(baseline) == len(system) == len(references):
-        raise ValueError(f"paired_bootstrap_p: {len(baseline)} baseline, {len(system)} system hypotheses and "
-                         f"{len(references)} references: one of each per sentence")
-    test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": BLEU()},
-                      [list(references)], test_type="bs", n_samples=samples)
+        raise ValueError(
+            f"paired_bootstrap_p: {len(baseline)} baseline, {len(system)} system hypotheses and "
+            f"{len(references)} references: one of each per sentence"
+        )
+    test = PairedTest(
+        [("baseline", list(baseline)), ("system", list(system))],
+        {"BLEU": BLEU()},
+        [list(references)],
+        test_type="bs",
+        n_samples=samples,
+    )
     _, scores = test()
     return float(scores["BLEU"][1].p_value)

@@ -10,6 +10,7 @@
 * **Curves** (:func:`parse_curve`): per epoch, the updates, the training seconds so far (fairseq's per-epoch
   ``train_wall``, validation excluded), and the valid loss and NLL (base 2), from a fairseq-train json log.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,10 @@ class StopRule:
         return {"patience": self.patience, "max_epochs": self.max_epochs}
 
     def describe(self) -> str:
-        return (f"validated after every epoch; stops when the valid loss has not improved for {self.patience} epochs "
-                f"(at most {self.max_epochs} epochs); the best checkpoint is scored")
+        return (
+            f"validated after every epoch; stops when the valid loss has not improved for {self.patience} epochs "
+            f"(at most {self.max_epochs} epochs); the best checkpoint is scored"
+        )
 
 
 def parse_curve(log_text: str) -> List[Dict[str, float]]:
@@ -50,13 +53,15 @@ def parse_curve(log_text: str) -> List[Dict[str, float]]:
         if "{" not in line:
             continue
         if "| valid |" in line:
-            stats = json.loads(line[line.index("{"):])
+            stats = json.loads(line[line.index("{") :])
             if "valid_loss" in stats and "valid_num_updates" in stats:
-                valid[int(stats["epoch"])] = {"updates": int(stats["valid_num_updates"]),
-                                              "loss": float(stats["valid_loss"]),
-                                              "nll_loss": float(stats.get("valid_nll_loss", stats["valid_loss"]))}
+                valid[int(stats["epoch"])] = {
+                    "updates": int(stats["valid_num_updates"]),
+                    "loss": float(stats["valid_loss"]),
+                    "nll_loss": float(stats.get("valid_nll_loss", stats["valid_loss"])),
+                }
         elif "| train |" in line:
-            stats = json.loads(line[line.index("{"):])
+            stats = json.loads(line[line.index("{") :])
             if "train_train_wall" in stats:
                 wall[int(stats["epoch"])] = float(stats["train_train_wall"])
     curve, seconds = [], 0.0
@@ -108,8 +113,9 @@ def choose_lr(best_losses: Mapping[float, float]) -> float:
     return min(best_losses, key=lambda lr: (best_losses[lr], lr))
 
 
-def extend_grid(rates: Sequence[float], best_losses: Mapping[float, float], factor: float,
-                max_rates: int) -> Optional[float]:
+def extend_grid(
+    rates: Sequence[float], best_losses: Mapping[float, float], factor: float, max_rates: int
+) -> Optional[float]:
     """The next rate to try when the best so far is the smallest or largest tried (``best / factor`` or
     ``best * factor``), or None: the best is inside the grid, a cell is missing, or ``max_rates`` are tried."""
     if len(rates) >= max_rates or any(lr not in best_losses for lr in rates):
@@ -128,8 +134,12 @@ def grid(center: float, factor: float, size: int = 3) -> List[float]:
     return [float(f"{center * factor ** (i - half):.6g}") for i in range(size)]
 
 
-def within(curve: Sequence[Mapping[str, float]], key: str, budget: float,
-           metric: Callable[[Mapping[str, float]], float] = lambda p: p["loss"]) -> Optional[float]:
+def within(
+    curve: Sequence[Mapping[str, float]],
+    key: str,
+    budget: float,
+    metric: Callable[[Mapping[str, float]], float] = lambda p: p["loss"],
+) -> Optional[float]:
     """The lowest valid ``metric`` of a point (by default the loss the cell trains on; :func:`nll`, without label
     smoothing) a cell had reached within ``budget`` of ``key`` (``"seconds"`` of training or ``"updates"``), or None
     when its first validation came later (or it logged no times)."""

@@ -5,6 +5,7 @@ A table subclasses :class:`Table` and gives its data (:meth:`Table.prepare`), on
 a record with ``record[metric] = {split: value}``), its full-size plan (:meth:`Table.plan`), the paper's numbers
 (:meth:`Table.paper_for`), and the settings a finished cell is kept under (:meth:`Table.cell_config`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,23 +69,51 @@ class Table:
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
         raise NotImplementedError
 
-    def train_command(self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args,
-                      lr: Optional[float] = None) -> List[str]:
+    def train_command(
+        self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args, lr: Optional[float] = None
+    ) -> List[str]:
         raise NotImplementedError
 
     # -- one cell: train (resumable), then score ----------------------------------------------
-    def train_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
-                   lr: Optional[float] = None) -> Dict[str, Any]:
+    def train_cell(
+        self,
+        runner: Runner,
+        prepared,
+        variant: Variant,
+        seed: int,
+        args,
+        table_dir: str,
+        label: str,
+        lr: Optional[float] = None,
+    ) -> Dict[str, Any]:
         """Train one cell (fairseq resumes an interrupted run) and return its record (:meth:`trained_record`)."""
         raise NotImplementedError
 
-    def score_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
-                   record: Dict[str, Any]) -> Dict[str, Any]:
+    def score_cell(
+        self,
+        runner: Runner,
+        prepared,
+        variant: Variant,
+        seed: int,
+        args,
+        table_dir: str,
+        label: str,
+        record: Dict[str, Any],
+    ) -> Dict[str, Any]:
         """Score a trained cell's checkpoint on the table's splits; return ``{split: score}`` and the commands."""
         raise NotImplementedError
 
-    def run_cell(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str,
-                 label: str, lr: Optional[float] = None) -> Dict[str, Any]:
+    def run_cell(
+        self,
+        runner: Runner,
+        prepared,
+        variant: Variant,
+        seed: int,
+        args,
+        table_dir: str,
+        label: str,
+        lr: Optional[float] = None,
+    ) -> Dict[str, Any]:
         """Train (unless trained) and score one cell; returns its finished record."""
         record = self.kept(table_dir, variant, seed, args, lr, "curve")
         if record is None:
@@ -119,19 +148,33 @@ class Table:
     def checkpoint_dir(self, table_dir: str, variant: Variant, seed: int, lr: Optional[float] = None) -> str:
         return os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), "checkpoints")
 
-    def trained_record(self, table_dir: str, variant: Variant, seed: int, args, log_path: str,
-                       commands: List[str], lr: Optional[float] = None) -> Dict[str, Any]:
+    def trained_record(
+        self,
+        table_dir: str,
+        variant: Variant,
+        seed: int,
+        args,
+        log_path: str,
+        commands: List[str],
+        lr: Optional[float] = None,
+    ) -> Dict[str, Any]:
         """Keep a trained cell: its settings, its curve (:func:`sweep.parse_curve`), its best epoch, why it stopped,
         the training time (wall-clock and CPU), its commands; ``checkpoint_last.pt`` goes (``checkpoint_best.pt``
         stays until scored)."""
         with open(log_path) as f:
             log_text = f.read()
         curve = S.parse_curve(log_text)
-        record = {**self.cell_config(variant, seed, args, lr), "registry_head": variant.head,
-                  "spec_version": SPEC_VERSION, "curve": curve,
-                  "best": S.best_point(curve), "train_wall_s": parse_train_wall(log_text),
-                  "cpu_s": cpu_seconds(log_path, log_text),
-                  "threads": int(os.environ.get("OMP_NUM_THREADS") or torch_threads()), "commands": commands}
+        record = {
+            **self.cell_config(variant, seed, args, lr),
+            "registry_head": variant.head,
+            "spec_version": SPEC_VERSION,
+            "curve": curve,
+            "best": S.best_point(curve),
+            "train_wall_s": parse_train_wall(log_text),
+            "cpu_s": cpu_seconds(log_path, log_text),
+            "threads": int(os.environ.get("OMP_NUM_THREADS") or torch_threads()),
+            "commands": commands,
+        }
         rule = self.stop_rule(args)
         if rule is not None:
             record["stopped"] = S.stopped(curve, rule) or "max_updates"
@@ -154,8 +197,10 @@ class Table:
         (full size, or ``--patience 0``: a fixed number of epochs)."""
         if args.scale != "mini" or self.mini_stop is None or getattr(args, "patience", None) == 0:
             return None
-        return S.StopRule(getattr(args, "patience", None) or self.mini_stop.patience,
-                          getattr(args, "max_epochs", None) or self.mini_stop.max_epochs)
+        return S.StopRule(
+            getattr(args, "patience", None) or self.mini_stop.patience,
+            getattr(args, "max_epochs", None) or self.mini_stop.max_epochs,
+        )
 
     def mini_config(self, args, lr: Optional[float]) -> Dict[str, Any]:
         """The settings a mini cell of this table adds to its config: its rate (default the grid's centre) and
@@ -175,17 +220,23 @@ class Table:
         has not chosen a rate for is an error naming the command that would."""
         source = args.lr_from
         # a rate the source borrowed itself was not chosen on its valid split; None: its sweep is still running
-        chosen = {h: s["chosen"] for h, s in (R.load_json(os.path.join(args.out, source, "sweep.json")) or {}).items()
-                  if "from" not in s and s["chosen"] is not None}
+        chosen = {
+            h: s["chosen"]
+            for h, s in (R.load_json(os.path.join(args.out, source, "sweep.json")) or {}).items()
+            if "from" not in s and s["chosen"] is not None
+        }
         missing = [v.name for v in variants if v.name not in chosen]
         if missing:
-            raise SystemExit(f"--lr-from {source}: {os.path.join(args.out, source, 'sweep.json')} has no rate chosen "
-                             f"for {', '.join(missing)}; run `python -m recipes.reproduce {source} --heads "
-                             f"{' '.join(missing)} --scale mini --out {args.out}` first")
+            raise SystemExit(
+                f"--lr-from {source}: {os.path.join(args.out, source, 'sweep.json')} has no rate chosen "
+                f"for {', '.join(missing)}; run `python -m recipes.reproduce {source} --heads "
+                f"{' '.join(missing)} --scale mini --out {args.out}` first"
+            )
         return {v.name: chosen[v.name] for v in variants}
 
-    def run_sweep(self, runner: Runner, prepared, variants: Sequence[Variant], args, table_dir: str,
-                  log=print) -> Dict[str, float]:
+    def run_sweep(
+        self, runner: Runner, prepared, variants: Sequence[Variant], args, table_dir: str, log=print
+    ) -> Dict[str, float]:
         """Seed 1 of every head at every rate of the grid (growing it where the best is at an end, up to
         ``--max-rates``; a grid ``--lrs`` gave grows only with ``--max-rates``), the rate of the lowest best valid
         loss chosen per head; then every seed at the chosen rate, seed by seed, each scored. With ``--lr-from
@@ -195,18 +246,32 @@ class Table:
         # a borrowed rate is chosen before any cell trains: its seed 1 is a seed like the others, not a sweep cell
         chosen: Dict[str, float] = self.borrowed_rates(variants, args) if source else {}
         rates = {v.name: [chosen[v.name]] if source else self.lr_grid(args) for v in variants}
-        max_rates = 1 if source else (getattr(args, "max_rates", None)
-                                      or (len(args.lrs) if getattr(args, "lrs", None) else self.max_rates))
+        max_rates = (
+            1
+            if source
+            else (getattr(args, "max_rates", None) or (len(args.lrs) if getattr(args, "lrs", None) else self.max_rates))
+        )
         sweep_path = os.path.join(table_dir, "sweep.json")
 
         def save_sweep():  # after every cell: a sweep cut short is committed (and reported) as far as it went
-            R.save_json(sweep_path, {**(R.load_json(sweep_path) or {}),
-                                     **{v.name: {"rates": sorted(rates[v.name]), "chosen": chosen.get(v.name),
-                                                 **({"from": source} if source else {})} for v in variants}})
+            R.save_json(
+                sweep_path,
+                {
+                    **(R.load_json(sweep_path) or {}),
+                    **{
+                        v.name: {
+                            "rates": sorted(rates[v.name]),
+                            "chosen": chosen.get(v.name),
+                            **({"from": source} if source else {}),
+                        }
+                        for v in variants
+                    },
+                },
+            )
 
         while len(chosen) < len(variants):
             for v in variants:
-                for lr in ([] if v.name in chosen else rates[v.name]):
+                for lr in [] if v.name in chosen else rates[v.name]:
                     self.ensure_trained(runner, prepared, v, 1, args, table_dir, lr, log)
                     save_sweep()
             for v in [v for v in variants if v.name not in chosen]:
@@ -214,8 +279,11 @@ class Table:
                 more = S.extend_grid(rates[v.name], losses, self.lr_factor, max_rates)
                 if more is None:
                     chosen[v.name] = S.choose_lr(losses)
-                    log(f"{self.name} {v.name}: learning rate {S.rate_key(chosen[v.name])} (best valid loss of "
-                        + ", ".join(f"{S.rate_key(lr)}: {loss:.3f}" for lr, loss in sorted(losses.items())) + ")")
+                    log(
+                        f"{self.name} {v.name}: learning rate {S.rate_key(chosen[v.name])} (best valid loss of "
+                        + ", ".join(f"{S.rate_key(lr)}: {loss:.3f}" for lr, loss in sorted(losses.items()))
+                        + ")"
+                    )
                 else:
                     rates[v.name].append(more)
         save_sweep()
@@ -230,8 +298,9 @@ class Table:
             self.save_rows(table_dir, variants, self.rows(table_dir, variants, args, rates=chosen))
         return chosen
 
-    def ensure_trained(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str,
-                       lr: float, log=print) -> Dict[str, Any]:
+    def ensure_trained(
+        self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, lr: float, log=print
+    ) -> Dict[str, Any]:
         """A trained cell's record: the kept one, or a new (or resumed) training run, scored as soon as it is
         trained (the rate is chosen on valid only; scoring at once keeps no checkpoint waiting for the choice, so a
         cell committed from one machine and restored on another, without its checkpoints, is already complete)."""
@@ -243,8 +312,10 @@ class Table:
         log(f"{label}: training ({os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), 'train.log')})")
         record = self.run_cell(runner, prepared, variant, seed, args, table_dir, label, lr)
         best = record["best"] or {}
-        log(f"{label}: best valid loss {best.get('loss', float('nan')):.3f} at epoch {best.get('epoch')} "
-            f"(stopped: {record.get('stopped')})")
+        log(
+            f"{label}: best valid loss {best.get('loss', float('nan')):.3f} at epoch {best.get('epoch')} "
+            f"(stopped: {record.get('stopped')})"
+        )
         return record
 
     def sweep_losses(self, table_dir: str, variant: Variant, rates: Sequence[float], args) -> Dict[float, float]:
@@ -257,8 +328,9 @@ class Table:
         return out
 
     # -- the loop ---------------------------------------------------------------------------
-    def start_cell(self, table_dir: str, variant: Variant, seed: int, args, log=print,
-                   lr: Optional[float] = None) -> None:
+    def start_cell(
+        self, table_dir: str, variant: Variant, seed: int, args, log=print, lr: Optional[float] = None
+    ) -> None:
         """Mark the cell's directory with its settings; a directory left by an interrupted run of other settings
         (its checkpoints would resume the wrong model) is cleared first."""
         cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
@@ -272,8 +344,9 @@ class Table:
             shutil.rmtree(cell_dir)
         R.save_json(marker, config)
 
-    def kept(self, table_dir: str, variant: Variant, seed: int, args, lr: Optional[float],
-             key: str) -> Optional[Dict[str, Any]]:
+    def kept(
+        self, table_dir: str, variant: Variant, seed: int, args, lr: Optional[float], key: str
+    ) -> Optional[Dict[str, Any]]:
         """The kept record of a cell made with this run's settings that holds ``key`` (``"curve"``: trained,
         :attr:`metric`: scored), or None."""
         record = R.load_cell(table_dir, variant.name, seed, lr)
@@ -293,11 +366,22 @@ class Table:
     def finished(self, table_dir: str, variant: Variant, seed: int, args, lr: Optional[float] = None) -> bool:
         return self.kept(table_dir, variant, seed, args, lr, self.metric) is not None
 
-    def run_or_skip(self, runner: Runner, prepared, variant: Variant, seed: int, args, table_dir: str, label: str,
-                    lr: Optional[float], log=print) -> None:
+    def run_or_skip(
+        self,
+        runner: Runner,
+        prepared,
+        variant: Variant,
+        seed: int,
+        args,
+        table_dir: str,
+        label: str,
+        lr: Optional[float],
+        log=print,
+    ) -> None:
         if self.finished(table_dir, variant, seed, args, lr):
-            log(f"{label}: done ({os.path.relpath(R.cell_path(table_dir, variant.name, seed, lr), table_dir)}), "
-                f"skipped")
+            log(
+                f"{label}: done ({os.path.relpath(R.cell_path(table_dir, variant.name, seed, lr), table_dir)}), skipped"
+            )
             return
         self.start_cell(table_dir, variant, seed, args, log, lr)
         log(f"{label}: training ({os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), 'train.log')})")
@@ -316,8 +400,12 @@ class Table:
         runner = Runner(table_dir, log=log, progress=not args.quiet)
         prepared = self.prepare(runner, args, table_dir)
         if args.out == DEFAULT_OUT:  # continue from the committed cells of another machine
-            R.restore_cells(table_dir, os.path.join(DOCS, "reproduction", f"{self.name}.json"), log,
-                            wanted=lambda record: self.current(record, args))
+            R.restore_cells(
+                table_dir,
+                os.path.join(DOCS, "reproduction", f"{self.name}.json"),
+                log,
+                wanted=lambda record: self.current(record, args),
+            )
         rates = None
         if self.sweeps(args):
             rates = self.run_sweep(runner, prepared, variants, args, table_dir, log)
@@ -350,26 +438,52 @@ class Table:
         training command)."""
         return record["commands"][0]
 
-    def rows(self, table_dir: str, variants: Sequence[Variant], args, costs=None,
-             rates: Optional[Dict[str, float]] = None) -> List[Dict[str, Any]]:
+    def rows(
+        self, table_dir: str, variants: Sequence[Variant], args, costs=None, rates: Optional[Dict[str, float]] = None
+    ) -> List[Dict[str, Any]]:
         """Results rows from the finished cells (at each head's chosen rate, ``rates``), and the cost columns."""
         rows = []
         for variant in variants:
             lr = (rates or {}).get(variant.name)
-            records = [R.load_cell(table_dir, variant.name, s, lr) for s in self.seeds_for(variant, args)
-                       if self.finished(table_dir, variant, s, args, lr)]
+            records = [
+                R.load_cell(table_dir, variant.name, s, lr)
+                for s in self.seeds_for(variant, args)
+                if self.finished(table_dir, variant, s, args, lr)
+            ]
             if not records:
                 continue
             for split in records[0][self.metric]:
-                rows.append(R.make_row(
-                    table=self.name, dataset=self.dataset(args), split=split, head=variant.name,
-                    options=variant.options, metric=self.metric, values=[r[self.metric][split] for r in records],
-                    seeds=[r["seed"] for r in records], paper=self.paper_for(variant, split), scale=args.scale,
-                    command=self.command_for(split, records[0])))
+                rows.append(
+                    R.make_row(
+                        table=self.name,
+                        dataset=self.dataset(args),
+                        split=split,
+                        head=variant.name,
+                        options=variant.options,
+                        metric=self.metric,
+                        values=[r[self.metric][split] for r in records],
+                        seeds=[r["seed"] for r in records],
+                        paper=self.paper_for(variant, split),
+                        scale=args.scale,
+                        command=self.command_for(split, records[0]),
+                    )
+                )
             for metric, cost in (costs or {}).get(variant.name, {}).items():
-                rows.append(R.make_row(table=self.name, dataset=self.dataset(args), split="train", head=variant.name,
-                                       options=variant.options, metric=metric, values=[cost["ours"]], seeds=[],
-                                       paper=cost["paper"], scale=args.scale, command=cost["command"]))
+                rows.append(
+                    R.make_row(
+                        table=self.name,
+                        dataset=self.dataset(args),
+                        split="train",
+                        head=variant.name,
+                        options=variant.options,
+                        metric=metric,
+                        values=[cost["ours"]],
+                        seeds=[],
+                        paper=cost["paper"],
+                        scale=args.scale,
+                        command=cost["command"],
+                    )
+                )
         return rows
 
 
@@ -392,12 +506,14 @@ def format_plan(plan: Dict[str, Any]) -> str:
     lines = list(plan["commands"])
     paper = plan.get("paper", {})
     splits = sorted({s for by_split in paper.values() for s in by_split}, key=lambda s: (s != "valid", s))
-    lines += ["", "# | head | parameters |" + "".join(f" paper {s} |" for s in splits),
-              "# |---|---|" + "---|" * len(splits)]
+    lines += [
+        "",
+        "# | head | parameters |" + "".join(f" paper {s} |" for s in splits),
+        "# |---|---|" + "---|" * len(splits),
+    ]
     for head, count in plan["parameters"].items():
         numbers = "".join(f" {paper.get(head, {}).get(s, '-')} |" for s in splits)
         lines.append(f"# | {head} | {count / 1e6:.1f}M |{numbers}")
     if plan.get("note"):
         lines += ["#"] + ["# " + line for line in textwrap.wrap(plan["note"], 110)]
     return "\n".join(lines)
-

@@ -9,6 +9,7 @@ and ``softmax-matched`` (softmax on a larger model: the table gives the row its 
 parameter count).
 The table's own options for a head (its dropouts, the paper's r) come first; a variant's options are applied on top.
 """
+
 from __future__ import annotations
 
 import re
@@ -19,19 +20,23 @@ import hf_heads
 
 
 #: the two forms of Mixtape's projections as the mini tables name them (in their report notes)
-MIXTAPE_FORMS = ("`mixtape` is Mesh TensorFlow's form of Mixtape's projections (`scaled_input=True`: g scaled by "
-                 "d1^-1/2, unit-variance weights, made for Adafactor; the library's default before head spec "
-                 "version 2); `mixtape-unscaled` torch's `nn.Linear` form, the library's default since (the same "
-                 "function at initialisation, but Adam moves its projections about sqrt(d1) times faster, SGD d1 "
-                 "times).")
+MIXTAPE_FORMS = (
+    "`mixtape` is Mesh TensorFlow's form of Mixtape's projections (`scaled_input=True`: g scaled by "
+    "d1^-1/2, unit-variance weights, made for Adafactor; the library's default before head spec "
+    "version 2); `mixtape-unscaled` torch's `nn.Linear` form, the library's default since (the same "
+    "function at initialisation, but Adam moves its projections about sqrt(d1) times faster, SGD d1 "
+    "times)."
+)
 
 
 def full_mixtape_form(optimizer: str, slower: str) -> str:
     """Why a full-size plan runs Mixtape in torch's nn.Linear form (in the note of every plan with a Mixtape row):
     under ``optimizer`` Mesh TensorFlow's form moves its projections about ``slower`` times more slowly."""
-    return (f"Mixtape runs with its projections in torch's nn.Linear form (scaled_input=false, the library's "
-            f"default): under {optimizer} Mesh TensorFlow's form, made for Adafactor, moves its projections about "
-            f"{slower} times more slowly relative to the function.")
+    return (
+        f"Mixtape runs with its projections in torch's nn.Linear form (scaled_input=false, the library's "
+        f"default): under {optimizer} Mesh TensorFlow's form, made for Adafactor, moves its projections about "
+        f"{slower} times more slowly relative to the function."
+    )
 
 
 @dataclass(frozen=True)
@@ -67,9 +72,11 @@ def resolve(names: Sequence[str], table_options: Mapping[str, Dict[str, Any]], o
     for name in names:
         parsed = _parse(name)
         if parsed is None:
-            raise SystemExit(f"{option}: {name!r} is not a head; choose from the registry "
-                             f"({', '.join(hf_heads.available_heads())}) or a variant: mos-K, mos_plif-K "
-                             f"(K components, e.g. mos-9), mixtape-noshare, mixtape-unscaled, softmax-matched")
+            raise SystemExit(
+                f"{option}: {name!r} is not a head; choose from the registry "
+                f"({', '.join(hf_heads.available_heads())}) or a variant: mos-K, mos_plif-K "
+                f"(K components, e.g. mos-9), mixtape-noshare, mixtape-unscaled, softmax-matched"
+            )
         head, extra = parsed
         options = {**table_options.get(head, {}), **extra}
         hf_heads.heads.get_head_class(head).config_class(hidden_size=8, vocab_size=16, **options)  # checks options

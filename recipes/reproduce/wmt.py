@@ -14,6 +14,7 @@ pairs; fairseq's scripts use 40k for En-Fr, Moses tokenisation + subword-nmt,
 we keep the raw text so the hypotheses come out detokenized for sacrebleu) and binarises with
 ``fairseq-preprocess``. Offline it stops at once, naming the URLs it needs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,19 +31,34 @@ from recipes.reproduce.costs import count_parameters
 from recipes.reproduce.runner import shell_line, tool
 
 CORPORA = {
-    "en-de": {"dir": "wmt16-en-de", "bpe": 32000, "urls": [
-        "http://www.statmt.org/europarl/v7/de-en.tgz",
-        "http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
-        "http://data.statmt.org/wmt16/translation-task/training-parallel-nc-v11.tgz"],
-        "files": ["europarl-v7.de-en", "commoncrawl.de-en", "news-commentary-v11.de-en"]},
-    "en-fr": {"dir": "wmt14-en-fr", "bpe": 32000, "urls": [
-        "http://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
-        "http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
-        "http://www.statmt.org/wmt13/training-parallel-un.tgz",
-        "http://www.statmt.org/wmt14/training-parallel-nc-v9.tgz",
-        "http://www.statmt.org/wmt10/training-giga-fren.tar"],
-        "files": ["europarl-v7.fr-en", "commoncrawl.fr-en", "undoc.2000.fr-en", "news-commentary-v9.fr-en",
-                  "giga-fren.release2.fixed"]},
+    "en-de": {
+        "dir": "wmt16-en-de",
+        "bpe": 32000,
+        "urls": [
+            "http://www.statmt.org/europarl/v7/de-en.tgz",
+            "http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+            "http://data.statmt.org/wmt16/translation-task/training-parallel-nc-v11.tgz",
+        ],
+        "files": ["europarl-v7.de-en", "commoncrawl.de-en", "news-commentary-v11.de-en"],
+    },
+    "en-fr": {
+        "dir": "wmt14-en-fr",
+        "bpe": 32000,
+        "urls": [
+            "http://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+            "http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+            "http://www.statmt.org/wmt13/training-parallel-un.tgz",
+            "http://www.statmt.org/wmt14/training-parallel-nc-v9.tgz",
+            "http://www.statmt.org/wmt10/training-giga-fren.tar",
+        ],
+        "files": [
+            "europarl-v7.fr-en",
+            "commoncrawl.fr-en",
+            "undoc.2000.fr-en",
+            "news-commentary-v9.fr-en",
+            "giga-fren.release2.fixed",
+        ],
+    },
 }
 TESTSET = "newstest2014"
 
@@ -56,9 +72,12 @@ def prepared_full(table, args) -> Dict[str, Any]:
     directory = data_dir(args, table)
     bin_dir = os.path.join(directory, "bin")
     if not os.path.isfile(os.path.join(bin_dir, f"dict.{table.tgt}.txt")):
-        raise D.missing_files_error(bin_dir, [f"dict.{table.src}.txt", f"dict.{table.tgt}.txt"],
-                                    f"{table.name} --scale full (prepare the data first, on a machine with internet: "
-                                    f"python -m recipes.reproduce.wmt --pair {table.src}-{table.tgt} --data {args.data})")
+        raise D.missing_files_error(
+            bin_dir,
+            [f"dict.{table.src}.txt", f"dict.{table.tgt}.txt"],
+            f"{table.name} --scale full (prepare the data first, on a machine with internet: "
+            f"python -m recipes.reproduce.wmt --pair {table.src}-{table.tgt} --data {args.data})",
+        )
     return {"bin": bin_dir, "raw": os.path.join(directory, "raw"), "subsets": {TESTSET: "test"}}
 
 
@@ -88,19 +107,39 @@ def prepare(pair: str, data: str, max_words: int = 250, ratio: float = 1.5) -> s
         D.write_lines(os.path.join(raw, f"train.{lang}"), train[lang])
     for split, test in (("valid", "wmt13"), (TESTSET, "wmt14/full")):
         for lang, side in ((src, "src"), (tgt, "ref")):
-            text = subprocess.run(["sacrebleu", "-t", test, "-l", pair, "--echo", side], capture_output=True,
-                                  text=True, check=True).stdout.splitlines()
+            text = subprocess.run(
+                ["sacrebleu", "-t", test, "-l", pair, "--echo", side], capture_output=True, text=True, check=True
+            ).stdout.splitlines()
             D.write_lines(os.path.join(raw, f"{split}.{lang}"), text)
-    sample = train[src][::max(1, len(train[src]) // 2_000_000)] + train[tgt][::max(1, len(train[tgt]) // 2_000_000)]
+    sample = train[src][:: max(1, len(train[src]) // 2_000_000)] + train[tgt][:: max(1, len(train[tgt]) // 2_000_000)]
     model = D.learn_bpe(sample, os.path.join(out, "spm"), spec["bpe"])
     for split in ("train", "valid", TESTSET):
         for lang in (src, tgt):
-            D.write_lines(os.path.join(bpe, f"{split}.{lang}"),
-                          D.encode(model, D.read_lines(os.path.join(raw, f"{split}.{lang}"))))
-    subprocess.run([tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
-                    "--trainpref", os.path.join(bpe, "train"), "--validpref", os.path.join(bpe, "valid"),
-                    "--testpref", os.path.join(bpe, TESTSET), "--destdir", os.path.join(out, "bin"),
-                    "--joined-dictionary", "--workers", str(os.cpu_count() or 1)], check=True)
+            D.write_lines(
+                os.path.join(bpe, f"{split}.{lang}"),
+                D.encode(model, D.read_lines(os.path.join(raw, f"{split}.{lang}"))),
+            )
+    subprocess.run(
+        [
+            tool("fairseq-preprocess"),
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            "--trainpref",
+            os.path.join(bpe, "train"),
+            "--validpref",
+            os.path.join(bpe, "valid"),
+            "--testpref",
+            os.path.join(bpe, TESTSET),
+            "--destdir",
+            os.path.join(out, "bin"),
+            "--joined-dictionary",
+            "--workers",
+            str(os.cpu_count() or 1),
+        ],
+        check=True,
+    )
     return out
 
 
@@ -129,20 +168,28 @@ def plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
             for seed in seeds:
                 cell = R.cell_dir(table_dir, v.name, seed)
                 train = table.train_command(bin_dir, v, seed, os.path.join(cell, "checkpoints"), args)
-                gen = table.generate_command(bin_dir, os.path.join(cell, "checkpoints", "checkpoint_best.pt"), "test",
-                                             args)
-                commands += [shell_line(train), shell_line(gen) + f" > {cell}/generate-{TESTSET}.log",
-                             f"# {TESTSET}.hyp = the H- lines in id order; then: sacrebleu -t wmt14/full -l {pair} "
-                             f"-i {cell}/{TESTSET}.hyp -m bleu -b"]
+                gen = table.generate_command(
+                    bin_dir, os.path.join(cell, "checkpoints", "checkpoint_best.pt"), "test", args
+                )
+                commands += [
+                    shell_line(train),
+                    shell_line(gen) + f" > {cell}/generate-{TESTSET}.log",
+                    f"# {TESTSET}.hyp = the H- lines in id order; then: sacrebleu -t wmt14/full -l {pair} "
+                    f"-i {cell}/{TESTSET}.hyp -m bleu -b",
+                ]
             train = table.train_command(fake, v, 1, os.path.join(tmp, "ck"), args)
             parameters[v.name] = count_parameters(train[1:])
             log(f"{table.name} {v.name}: {parameters[v.name] / 1e6:.1f}M parameters")
-    result = {"commands": commands, "parameters": parameters, "vocabulary": spec["bpe"],
-              "note": "Relative position representations (Shaw et al. 2018, the paper's reference [16]) in every "
-                      "self-attention, clipped at 20 and without absolute positions, as the authors' tensor2tensor "
-                      "transformer_relative (--relative-positions 20 --no-token-positional-embeddings; the paper "
-                      "gives no k); its GPU count comes from fairseq (all visible GPUs); the paper's batch of 4096 "
-                      "tokens is per GPU (--max-tokens 4096). " + FULL_MIXTAPE_NOTE}
+    result = {
+        "commands": commands,
+        "parameters": parameters,
+        "vocabulary": spec["bpe"],
+        "note": "Relative position representations (Shaw et al. 2018, the paper's reference [16]) in every "
+        "self-attention, clipped at 20 and without absolute positions, as the authors' tensor2tensor "
+        "transformer_relative (--relative-positions 20 --no-token-positional-embeddings; the paper "
+        "gives no k); its GPU count comes from fairseq (all visible GPUs); the paper's batch of 4096 "
+        "tokens is per GPU (--max-tokens 4096). " + FULL_MIXTAPE_NOTE,
+    }
     save_json(os.path.join(table_dir, "plan.json"), result)
     return result
 

@@ -9,6 +9,7 @@ Made once, with the code of that commit (public API only, so the script runs the
 Each saved thing comes with ``expected.pt``: the log-probabilities that code computed on fixed inputs, which the
 test compares with what today's code computes after loading.
 """
+
 import os
 import random
 import subprocess
@@ -53,8 +54,17 @@ def hf(out):
         model = AutoModelForCausalLM.from_config(hf_heads.head_config(gpt2, name, **options)).eval()
         model.save_pretrained(os.path.join(out, f"hf_gpt2_{name}"))
         expected[f"gpt2_{name}"] = model(ids).logits.detach()
-    bart = BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                      decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=16)
+    bart = BartConfig(
+        vocab_size=40,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=16,
+    )
     model = AutoModelForSeq2SeqLM.from_config(hf_heads.head_config(bart, "mos", num_components=2)).eval()
     model.save_pretrained(os.path.join(out, "hf_bart_mos"))
     expected["bart_mos"] = model(input_ids=ids, decoder_input_ids=ids).logits.detach()
@@ -73,25 +83,80 @@ def fairseq(out):
         with open(os.path.join(raw, split), "w") as f:
             f.writelines(" ".join(rng.choice(words) for _ in range(8)) + "\n" for _ in range(40))
     bin_dir = os.path.dirname(sys.executable)
-    subprocess.run([os.path.join(bin_dir, "fairseq-preprocess"), "--only-source", "--trainpref",
-                    os.path.join(raw, "train"), "--validpref", os.path.join(raw, "valid"), "--destdir", d],
-                   check=True, capture_output=True)
-    subprocess.run([os.path.join(bin_dir, "fairseq-train"), d, "--user-dir", os.path.dirname(fairseq_plugin.__file__),
-                    "--task", "language_modeling", "--arch", "head_transformer_lm", "--output-head", "mixtape",
-                    "--head-options", '{"num_gates": 2, "frequent_fraction": 0.5, "gate_embedding_size": 4}',
-                    "--criterion", "head_cross_entropy", "--decoder-layers", "1", "--decoder-embed-dim", "16",
-                    "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--tokens-per-sample", "16",
-                    "--decoder-output-dim", "16", "--decoder-input-dim", "16",
-                    "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "256", "--max-update", "3", "--cpu",
-                    "--no-epoch-checkpoints", "--no-last-checkpoints", "--no-save-optimizer-state", "--num-workers",
-                    "0", "--save-dir", d, "--seed", "1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            os.path.join(bin_dir, "fairseq-preprocess"),
+            "--only-source",
+            "--trainpref",
+            os.path.join(raw, "train"),
+            "--validpref",
+            os.path.join(raw, "valid"),
+            "--destdir",
+            d,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            os.path.join(bin_dir, "fairseq-train"),
+            d,
+            "--user-dir",
+            os.path.dirname(fairseq_plugin.__file__),
+            "--task",
+            "language_modeling",
+            "--arch",
+            "head_transformer_lm",
+            "--output-head",
+            "mixtape",
+            "--head-options",
+            '{"num_gates": 2, "frequent_fraction": 0.5, "gate_embedding_size": 4}',
+            "--criterion",
+            "head_cross_entropy",
+            "--decoder-layers",
+            "1",
+            "--decoder-embed-dim",
+            "16",
+            "--decoder-ffn-embed-dim",
+            "32",
+            "--decoder-attention-heads",
+            "2",
+            "--tokens-per-sample",
+            "16",
+            "--decoder-output-dim",
+            "16",
+            "--decoder-input-dim",
+            "16",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.003",
+            "--max-tokens",
+            "256",
+            "--max-update",
+            "3",
+            "--cpu",
+            "--no-epoch-checkpoints",
+            "--no-last-checkpoints",
+            "--no-save-optimizer-state",
+            "--num-workers",
+            "0",
+            "--save-dir",
+            d,
+            "--seed",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     for f in os.listdir(d):  # keep the dictionary and the model; the binarised data is remade by the test
         if f not in ("dict.txt", "checkpoint_best.pt"):
             os.remove(os.path.join(d, f))
     from fairseq.models.transformer_lm import TransformerLanguageModel
 
-    lm = TransformerLanguageModel.from_pretrained(d, "checkpoint_best.pt", user_dir=os.path.dirname(
-        fairseq_plugin.__file__)).eval()
+    lm = TransformerLanguageModel.from_pretrained(
+        d, "checkpoint_best.pt", user_dir=os.path.dirname(fairseq_plugin.__file__)
+    ).eval()
     tokens = lm.encode("w1 w2 w3 w4 w5")
     with torch.no_grad():
         net = lm.models[0]
