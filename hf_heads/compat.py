@@ -9,41 +9,17 @@ Two remedies, both here:
 
 * ``make install`` (which calls :func:`main` with ``--fix``) uninstalls a torchaudio that cannot
   be imported; fairseq only needs it for its speech tasks.
-* :func:`block_broken_torchaudio` (run by every recipe, ``recipes/__init__.py``; ``import hf_heads`` hides
-  nothing) marks such a torchaudio as absent in the running process, so transformers skips it and fairseq raises its own "install torchaudio"
-  message only if a speech task is used. It costs one attempted import, and nothing when
-  torchaudio is not installed or was already imported.
+* every recipe (``recipes/process.py``, ``hide_broken_torchaudio``; ``import hf_heads`` hides nothing)
+  marks such a torchaudio as absent in its own process, so transformers skips it and fairseq raises its
+  own "install torchaudio" message only if a speech task is used.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 from typing import Optional
-
-
-def block_broken_torchaudio() -> Optional[str]:
-    """If torchaudio is installed but fails to import, hide it from this process.
-
-    Returns the import error message when it was hidden, else ``None``.
-    """
-    if "torchaudio" in sys.modules:
-        return None
-    try:
-        if importlib.util.find_spec("torchaudio") is None:
-            return None
-    except (ImportError, ValueError):
-        return None
-    try:
-        import torchaudio  # noqa: F401
-    except Exception as e:  # OSError from its compiled extension, ImportError, RuntimeError...
-        for name in [m for m in sys.modules if m == "torchaudio" or m.startswith("torchaudio.")]:
-            del sys.modules[name]
-        sys.modules["torchaudio"] = None  # find_spec -> None, `import torchaudio` -> ImportError
-        return f"{type(e).__name__}: {e}"
-    return None
 
 
 def torchaudio_import_error(python: str = sys.executable) -> Optional[str]:
@@ -57,7 +33,7 @@ def torchaudio_import_error(python: str = sys.executable) -> Optional[str]:
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
     if proc.returncode == 0:
         return None
-    lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     return lines[-1] if lines else f"exit code {proc.returncode}"
 
 

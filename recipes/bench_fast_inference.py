@@ -196,7 +196,7 @@ def format_table(rows: List[Dict]) -> str:
 def format_busy(rows: List[Dict]) -> str:
     """The --busy table: batch-1 ms and speed-up quiet and beside a busy neighbour, and each method's slowdown over
     the exact softmax's (1 = it suffers no more than the softmax; the aim: at most 1.5)."""
-    from recipes.threads import describe
+    from recipes.process import describe
 
     lines = [
         f"Beside a busy neighbour process (`--busy`; {describe()}):",

@@ -518,7 +518,7 @@ def format_table(results: Dict[str, Dict[str, Dict[str, float]]]) -> str:
 def format_busy(busy: Dict[str, Dict[str, Dict[str, float]]]) -> str:
     """The --busy table: per setting and head, the time ratio to softmax quiet and beside a busy neighbour, the
     head's own slowdown and that slowdown over softmax's (the aim: at most 1.5)."""
-    from recipes.threads import describe
+    from recipes.process import describe
 
     lines = [
         f"Beside a busy neighbour process (`--busy`; {describe()}):",

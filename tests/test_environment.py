@@ -65,11 +65,15 @@ def test_compat_detects_a_broken_torchaudio(tmp_path):
     assert "Could not load this library" in proc.stdout
 
 
-def test_import_hf_heads_hides_a_broken_torchaudio_from_transformers(tmp_path):
+def test_the_recipes_hide_a_broken_torchaudio_from_transformers_and_hf_heads_does_not(tmp_path):
+    """Every recipe (``recipes/__init__.py``) hides a torchaudio that cannot load, so transformers' model code works in
+    the processes this project starts; ``import hf_heads`` alone hides nothing (its users run `make install`, which
+    uninstalls such a torchaudio, or ``python -m hf_heads.compat --fix``)."""
     pytest.importorskip("transformers", reason="transformers not installed (pip install -e .[hf])")
     proc = run_python(
         """
-        import hf_heads, importlib.util, torch
+        import importlib.util
+        import recipes, torch
         assert importlib.util.find_spec('torchaudio') is None
         from transformers import GPT2Config, GPT2LMHeadModel
         torch.manual_seed(0)
@@ -84,6 +88,9 @@ def test_import_hf_heads_hides_a_broken_torchaudio_from_transformers(tmp_path):
         extra_path=_fake_broken_torchaudio(tmp_path),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    code = "import importlib.util, sys, hf_heads; print(importlib.util.find_spec('torchaudio') is not None)"
+    proc = run_python(code, extra_path=str(tmp_path))  # the same broken torchaudio
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-3000:]
 
 
 @pytest.mark.skipif(

@@ -1,5 +1,7 @@
-"""How torch's CPU threads wait between operations: softmax-heads' default for a shared machine.
+"""The process-wide defaults every recipe sets before torch loads (``recipes/__init__.py``), which ``import hf_heads``
+leaves to its users: how torch's CPU threads wait, and a torchaudio that cannot load hidden from transformers.
 
+**Threads.**
 torch's CPU build runs its intra-op threads on GNU OpenMP, whose idle threads by default *spin* for a while at the
 end of every parallel operation before they sleep. On a machine where another process is busy (a laptop, a shared
 server, a second training run), a spinning thread takes the core the descheduled thread it waits for needs, and a
@@ -11,13 +13,21 @@ OpenMP reads the setting once, when torch loads, so :func:`default_wait_policy` 
 torch``: every ``python -m recipes...`` command does (``recipes/__init__.py``), when the variable is not set. ``import
 hf_heads`` leaves the environment alone: in your own scripts (and with fairseq's CLI, which imports torch before it
 loads ``--user-dir``), ``export OMP_WAIT_POLICY=PASSIVE``. Set ``OMP_WAIT_POLICY=ACTIVE`` to keep OpenMP's spinning.
+
+**torchaudio.** fairseq pulls in torchaudio, whose PyPI wheels are pinned to one CUDA torch: beside a CPU torch it is
+installed but fails to import, and transformers, which sees it installed, then fails to import its model code.
+`make install` uninstalls such a torchaudio (:mod:`hf_heads.compat`); :func:`hide_broken_torchaudio` covers a
+recipe run in an environment set up otherwise. It must run before transformers loads, hence here.
+
 This module imports nothing outside the standard library at load time, so the recipes can run it before torch.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+from typing import Optional
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
 DEFAULT = "PASSIVE"
@@ -38,3 +48,25 @@ def describe() -> str:
     policy = os.environ.get(WAIT_POLICY)
     how = f"{WAIT_POLICY}={policy}" if policy else f"{WAIT_POLICY} unset (OpenMP spins: slow beside busy processes)"
     return f"torch: {torch.get_num_threads()} thread(s) on {os.cpu_count()} core(s), {how}"
+
+
+def hide_broken_torchaudio() -> Optional[str]:
+    """If torchaudio is installed but fails to import, hide it from this process.
+
+    Returns the import error message when it was hidden, else ``None``.
+    """
+    if "torchaudio" in sys.modules:
+        return None
+    try:
+        if importlib.util.find_spec("torchaudio") is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    try:
+        import torchaudio  # noqa: F401
+    except Exception as e:  # OSError from its compiled extension, ImportError, RuntimeError...
+        for name in [m for m in sys.modules if m == "torchaudio" or m.startswith("torchaudio.")]:
+            del sys.modules[name]
+        sys.modules["torchaudio"] = None  # find_spec -> None, `import torchaudio` -> ImportError
+        return f"{type(e).__name__}: {e}"
+    return None
