@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEMO_OUT ?= results/synthetic_bottleneck
 STAMP := .install.stamp
 
-.PHONY: install demo test test-slow test-gpu reproduce report clean
+.PHONY: install demo lint test test-slow test-gpu reproduce report clean
 
 install: $(STAMP)
 
@@ -28,8 +28,15 @@ demo: install
 # the suite on every core (pytest-xdist; each worker's torch gets its share of the cores: tests/conftest.py);
 # TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= auto
-test: install
+test: install lint
 	$(PYTHON) -m pytest -n $(TEST_WORKERS)
+
+# the style (ruff's lint rules and format, 120 columns) and the import floors (import-linter's contracts): both
+# configured in pyproject.toml; `ruff format .` fixes the layout
+lint: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -c "from importlinter.cli import lint_imports_command as run; run(['--no-cache'])"
 
 # the device tier on CUDA (tests/test_device.py; `make test` runs it on the CPU); without CUDA it says why and stops.
 # On a GPU machine without internet: bash scripts/gpu_check.sh OUT (docs/testing.md)

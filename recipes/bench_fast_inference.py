@@ -224,7 +224,10 @@ def plot(rows: List[Dict], path: str) -> None:
     if not rand:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    family = lambda r: r["method"].split(" W=")[0]  # the preview sizes grow with V: one line per method
+
+    def family(r):  # the preview sizes grow with V: one line per method
+        return r["method"].split(" W=")[0]
+
     for label in dict.fromkeys(family(r) for r in rand):
         pts = sorted((r["V"], r["speedup_b1"], r["cost_gain"]) for r in rand if family(r) == label)
         axes[0].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)

@@ -424,7 +424,7 @@ def targets(settings: Dict[str, Dict]) -> list:
             continue
         r = setting["rows"]
 
-        def add(what, measured, goal):
+        def add(what, measured, goal, label=label):
             rows.append(
                 {
                     "setting": label,

@@ -374,7 +374,8 @@ def main(argv=None) -> Dict:
     log(
         f"{type(accelerator.unwrap_model(model)).__name__} with head {args.head} {args.head_options}: "
         f"{sum(p.numel() for p in model.parameters()):,} parameters; {train.shape[0]} train / {valid.shape[0]} valid "
-        f"blocks of {args.block_size} tokens; {accelerator.num_processes} process(es), world size {accelerator.num_processes}"
+        f"blocks of {args.block_size} tokens; {accelerator.num_processes} process(es), "
+        f"world size {accelerator.num_processes}"
     )
     if args.max_valid_tokens is not None and valid.numel() >= args.max_valid_tokens - args.block_size:
         log(f"validation perplexity on the first {valid.numel():,} tokens (--max-valid-tokens all: the whole file)")

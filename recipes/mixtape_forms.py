@@ -225,7 +225,7 @@ def main(argv=None) -> Dict[str, Dict]:
     grids: Dict[str, Dict[str, List[float]]] = {}
     for opt, lrs in setup["lrs"].items():
         for form in FORMS:
-            rates = grown_grid(runs, opt, form, lrs, lambda lr: run(opt, form, lr, 0))
+            rates = grown_grid(runs, opt, form, lrs, lambda lr, opt=opt, form=form: run(opt, form, lr, 0))
             grids.setdefault(opt, {})[form] = rates
             chosen = choose(runs, opt, form, rates)
             if chosen is None:

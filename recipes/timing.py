@@ -59,12 +59,12 @@ def peak_memory(step: Callable[[], None], repeats: int = 3) -> float:
         top = [base]
         done = threading.Event()
 
-        def watch():
+        def watch(done, top):
             while not done.is_set():
                 top[0] = max(top[0], _rss())
                 time.sleep(0.0005)
 
-        watcher = threading.Thread(target=watch, daemon=True)
+        watcher = threading.Thread(target=watch, args=(done, top), daemon=True)
         watcher.start()
         try:
             step()

@@ -115,7 +115,7 @@ def main(argv=None, log=print) -> Dict:
     }
     cache_seconds = time.perf_counter() - start
     log(
-        f"states: " + ", ".join(f"{s} {len(d):,} tokens" for s, d in data.items()) + f" ({cache_seconds:.0f} s; "
+        "states: " + ", ".join(f"{s} {len(d):,} tokens" for s, d in data.items()) + f" ({cache_seconds:.0f} s; "
         f"cached in {cache_root})"
     )
     # the pretrained model's own scores, from its lm_head on the same states: what step 0 must equal

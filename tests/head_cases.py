@@ -93,10 +93,10 @@ def ref_mixtape(head, g):
             u = head.shared_gate.weight @ g
             if x < s:
                 gate_ctx = torch.tanh(head._gate_weight() @ g + head.gate_proj.bias).view(k - 1, -1)
-                l = gate_ctx @ head.gate_embedding[x] + u + head.gate_bias[x]
+                gate_logits = gate_ctx @ head.gate_embedding[x] + u + head.gate_bias[x]
             else:
-                l = u
-            pi = _tree_priors(torch.sigmoid(l))
+                gate_logits = u
+            pi = _tree_priors(torch.sigmoid(gate_logits))
         logits[x] = sum(pi[j] * (h[j] @ head.weight[x]) for j in range(k)) + (
             0.0 if head.bias is None else head.bias[x]
         )

@@ -208,7 +208,7 @@ def test_python_blocks_run(rel, tmp_path):
     for line, reason in skipped:
         message = f"{rel}: the python block at line {line} is not run: {reason}"
         print(message)
-        warnings.warn(SnippetNotRun(message))
+        warnings.warn(SnippetNotRun(message), stacklevel=2)
     run = [{"file": rel, "line": line, "code": code} for line, code, reason in blocks if reason is None]
     if not run:
         return
@@ -240,7 +240,8 @@ def test_python_blocks_run(rel, tmp_path):
         last = [line for line in ran.splitlines() if line.startswith("--- ")][-1:]
         pytest.fail(f"{rel}: the Python blocks took longer than {SNIPPET_TIMEOUT_S} s; last started: {last}")
     assert proc.returncode == 0, (
-        f"{rel}: a Python block failed\n--- stdout (tail)\n{proc.stdout[-3000:]}\n--- stderr (tail)\n{proc.stderr[-6000:]}"
+        f"{rel}: a Python block failed\n--- stdout (tail)\n{proc.stdout[-3000:]}\n"
+        f"--- stderr (tail)\n{proc.stderr[-6000:]}"
     )
 
 

@@ -32,7 +32,8 @@ def test_core_works_without_transformers_and_fairseq():
             loss = head.loss(torch.randn(3, 8), torch.tensor([1, 2, 3]))
             loss.backward()
             assert torch.isfinite(loss), name
-        bad = [m for m, mod in sys.modules.items() if m.split('.')[0] in ('transformers', 'fairseq') and mod is not None]
+        adapters = ('transformers', 'fairseq')
+        bad = [m for m, mod in sys.modules.items() if m.split('.')[0] in adapters and mod is not None]
         assert not bad, bad
         try:
             hf_heads.swap_head(None, 'mos')

@@ -154,10 +154,10 @@ def test_sigmoid_tree_is_a_distribution(k):
 
 
 def test_sigmoid_tree_k4_is_the_papers_equation_3():
-    l = torch.randn(10, 3, dtype=torch.float64)
-    g1, g2, g3 = torch.sigmoid(l).unbind(-1)
+    gate_logits = torch.randn(10, 3, dtype=torch.float64)
+    g1, g2, g3 = torch.sigmoid(gate_logits).unbind(-1)
     paper = torch.stack([g1 * g2, g1 * (1 - g2), (1 - g1) * g3, (1 - g1) * (1 - g3)], -1)
-    torch.testing.assert_close(ops.sigmoid_tree_log_priors(l).exp(), paper)
+    torch.testing.assert_close(ops.sigmoid_tree_log_priors(gate_logits).exp(), paper)
 
 
 def test_sigmoid_tree_rejects_a_wrong_number_of_gates():

@@ -211,7 +211,7 @@ def train_mt(data, save_dir, head, *extra, updates=3, check=True):
 
 
 def _last_train_stats(out):
-    lines = [l for l in out.splitlines() if "| train |" in l]
+    lines = [line for line in out.splitlines() if "| train |" in line]
     assert lines, out[-3000:]
     return lines[-1]
 
@@ -445,7 +445,8 @@ def test_ds_softmax_pruning_state_survives_checkpoint_resume(data, tmp_path):
         ),
         (
             ["--output-head", "mixtape", "--head-options", '{"num_gates": 3}'],
-            "--output-head mixtape --head-options: mixtape: option num_gates=3 is out of range; allowed: a power of two",
+            "--output-head mixtape --head-options: mixtape: option num_gates=3 is out of range; "
+            "allowed: a power of two",
         ),
         (
             ["--output-head", "mos", "--head-options", "{num_components: 2}"],
@@ -777,8 +778,8 @@ def _multi30k_slice(dst, n_train=2000, n_valid=100, n_test=100):
             with gzip.open(os.path.join(src_dir, f"{name}.{lang}.gz"), "rt", encoding="utf-8") as f:
                 lines = [next(f).strip().lower() for _ in range(n)]
             # a crude tokeniser is enough here: split punctuation off words
-            lines = [re.sub(r"([.,!?;:\"()])", r" \1 ", l) for l in lines]
-            (dst / f"{split}.{lang}").write_text("\n".join(" ".join(l.split()) for l in lines) + "\n")
+            lines = [re.sub(r"([.,!?;:\"()])", r" \1 ", line) for line in lines]
+            (dst / f"{split}.{lang}").write_text("\n".join(" ".join(line.split()) for line in lines) + "\n")
 
 
 @pytest.mark.skipif(

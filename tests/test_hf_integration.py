@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers", reason="transformers not inst
 
 import hf_heads  # noqa: E402
 from hf_heads.hf import HeadModelMixin  # noqa: E402
-from test_hf import HEADS, VOCAB, _no_randomness, batch, gpt2, swapped  # noqa: E402
+from test_hf import HEADS, VOCAB, _no_randomness, batch, swapped  # noqa: E402
 
 GPT2_SIZES = dict(
     n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=0

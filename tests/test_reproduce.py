@@ -251,7 +251,8 @@ def test_bad_data_head_and_table_stop_with_what_was_expected(tmp_path, capsys):
     assert "mt-en-de" in str(e.value)
     cli.main(["--list"])
     listed = capsys.readouterr().out.splitlines()
-    assert [l.split("\t")[0] for l in listed][:2] == ["mt-en-de", "mt-en-fr"] and all("\t" in l for l in listed)
+    assert [line.split("\t")[0] for line in listed][:2] == ["mt-en-de", "mt-en-fr"]
+    assert all("\t" in line for line in listed)
 
 
 def test_hypotheses_are_read_in_source_order():

@@ -170,7 +170,6 @@ def test_fairseq_trainer_sees_the_papers_batches_state_and_learning_rate(data, t
         hidden = [None] * update_freq  # init_hidden at the start of every epoch
         for step, (i, _, seq_len) in enumerate(windows):
             optimizer.zero_grad()
-            total = 0.0
             for m in range(update_freq):  # MoS: one state per chunk of columns, the loss weighted by its share
                 cols = rows[:, m * 4 : (m + 1) * 4]
                 loss, hidden[m] = reference_step(reference, cols, i, seq_len, hidden[m])
@@ -183,7 +182,7 @@ def test_fairseq_trainer_sees_the_papers_batches_state_and_learning_rate(data, t
             for group in optimizer.param_groups:
                 group["lr"] = 2.0
     assert [(s, n) for s, n, _ in losses] == [(s, n) for s, n, _ in expected]
-    np.testing.assert_allclose([l for *_, l in losses], [l for *_, l in expected], rtol=1e-5)
+    np.testing.assert_allclose([loss for *_, loss in losses], [loss for *_, loss in expected], rtol=1e-5)
     for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6, msg=name)
 

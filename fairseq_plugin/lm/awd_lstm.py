@@ -1,7 +1,7 @@
 """The papers' language model in fairseq: AWD-LSTM with the MoS paper's settings, a softmax-heads head on top.
 
-``--arch head_awd_lstm_lm`` (and the presets ``head_awd_lstm_lm_ptb`` / ``_wt2`` / ``_1b``) is the model of zihangdai/mos (built on salesforce/awd-lstm-lm), which the Mixtape and
-PLIF papers use for their perplexity tables:
+``--arch head_awd_lstm_lm`` (and the presets ``head_awd_lstm_lm_ptb`` / ``_wt2`` / ``_1b``) is the model of
+zihangdai/mos (built on salesforce/awd-lstm-lm), which the Mixtape and PLIF papers use for their perplexity tables:
 
 * an embedding (``--emsize``) with embedding dropout (``--dropoute``: whole words dropped, the rest rescaled),
 * ``--nlayers`` single-layer LSTMs (``--nhid`` units, the last ``--nhidlast``) with DropConnect on the
@@ -9,8 +9,9 @@ PLIF papers use for their perplexity tables:
 * locked (variational) dropout: one mask per sequence, shared over time, on the embeddings (``--dropouti``),
   between layers (``--dropouth``) and on the last layer's output (``--dropout``),
 * the output head (``--output-head``, ``--head-options``) on the last layer's output (``hidden_size`` =
-  ``--nhidlast``; ``--emsize`` for heads without a context projection, as AWD-LSTM ties), its output embedding tied to the input embedding (``embedding_size`` = ``--emsize``) as in the
-  papers (``--untie-weights``: the head's own); ``--dropoutl`` (MoS: dropout on the contexts) becomes the head's ``dropout`` unless ``--head-options``
+  ``--nhidlast``; ``--emsize`` for heads without a context projection, as AWD-LSTM ties), its output embedding
+  tied to the input embedding (``embedding_size`` = ``--emsize``) as in the papers (``--untie-weights``: the
+  head's own); ``--dropoutl`` (MoS: dropout on the contexts) becomes the head's ``dropout`` unless ``--head-options``
   sets it (the MoS code drops them with a locked mask; the heads use plain dropout),
 * activation regularisation (``--alpha``: L2 of the dropped last output) and temporal activation regularisation
   (``--beta``: L2 of the change of the undropped output between steps), added to the training loss by
@@ -31,13 +32,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.models import FairseqDecoder, FairseqLanguageModel, register_model, register_model_architecture
 
-logger = logging.getLogger(__name__)
-
 import hf_heads
 
 from ..models import HeadDecoderMixin
 from ..options import HeadFlagError, add_head_args, build_decoder_head, parse_head_options, usage_error
 from .streams import CarriedStates
+
+logger = logging.getLogger(__name__)
 
 
 def locked_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:

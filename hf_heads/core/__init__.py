@@ -18,3 +18,30 @@ from .frequency import count_tokens, frequency_order
 from .interface import LinearScoresHead, OutputHead, SingleSoftmaxHead
 from .registry import available_heads, build_head, get_head_class, head_specific_options, heads_where, register_head
 from .serialization import load_head, save_head
+
+__all__ = [
+    "SPEC_VERSION",
+    "HeadConfig",
+    "check_bool",
+    "check_float",
+    "check_int",
+    "check_option",
+    "check_spec_version",
+    "check_type",
+    "option",
+    "versioned_options",
+    "convert_head",
+    "count_tokens",
+    "frequency_order",
+    "LinearScoresHead",
+    "OutputHead",
+    "SingleSoftmaxHead",
+    "available_heads",
+    "build_head",
+    "get_head_class",
+    "head_specific_options",
+    "heads_where",
+    "register_head",
+    "load_head",
+    "save_head",
+]

@@ -175,8 +175,8 @@ class DSoftmaxHead(SingleSoftmaxHead):
 
     def dense_weight(self) -> torch.Tensor:
         """The equivalent V x hidden_size output embedding: band i's block at ``[band_i rows, segment_i
-        columns]`` (rows in id order), zero elsewhere, so that the logits are ``dense_weight() @ g + bias``. For inspection
-        only: the head never builds it."""
+        columns]`` (rows in id order), zero elsewhere, so that the logits are ``dense_weight() @ g + bias``. For
+        inspection only: the head never builds it."""
         dense = torch.block_diag(*self.band_weights)  # rows in band (frequency rank) order
         ranks = self.ranks()
         return dense if ranks is None else dense.index_select(0, ranks)

@@ -32,7 +32,8 @@ def running_head(module: Optional[nn.Module]) -> Optional[OutputHead]:
     if copy is None:  # PEFT's ensure_weight_tying=True puts a plain nn.Linear sharing the tied weight there
         raise ValueError(
             f"PEFT replaced the {original.head_name} head by a plain {type(copies[active[0]]).__name__} for adapter "
-            f"{active[0]!r} (modules_to_save with ensure_weight_tying=True), so the model would no longer run the head; "
+            f"{active[0]!r} (modules_to_save with ensure_weight_tying=True), so the model would no longer run the "
+            f"head; "
             f"use ensure_weight_tying=False (PEFT's default) to train a copy of the head"
         )
     return copy

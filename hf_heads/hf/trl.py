@@ -108,6 +108,15 @@ def fused_forward(model, base_forward, args, kwargs):
     return FusedCausalLMOutput(loss=loss, label_mask=mask, aux_loss=None, **{f: fields.get(f) for f in FIELDS})
 
 
+#: TRL's per-token metrics of a chunk's log-probs ``lp`` [n, V] and targets ``t`` [n]
+_METRICS = {
+    "entropy": lambda lp, t: -(lp.exp() * lp).sum(-1),
+    "log_sum_sq_probs": lambda lp, t: torch.logsumexp(2 * lp, dim=-1),
+    "mean_logits": lambda lp, t: lp.mean(-1),
+    "is_top1": lambda lp, t: lp.argmax(-1) == t,
+}
+
+
 @torch.no_grad()
 def _metrics(head, hidden, target, mask, temperature: float, wanted) -> Dict[str, torch.Tensor]:
     """TRL's per-token metrics from the head's distribution, in chunks of the lean loss's size, 0 where ignored."""
@@ -119,14 +128,8 @@ def _metrics(head, hidden, target, mask, temperature: float, wanted) -> Dict[str
         lp = head(h[start : start + chunk])
         if temperature != 1.0:
             lp = F.log_softmax(lp / temperature, dim=-1)
-        stats = {
-            "entropy": lambda: -(lp.exp() * lp).sum(-1),
-            "log_sum_sq_probs": lambda: torch.logsumexp(2 * lp, dim=-1),
-            "mean_logits": lambda: lp.mean(-1),
-            "is_top1": lambda: lp.argmax(-1) == t[start : start + chunk],
-        }
         for f in wanted:
-            parts[f].append(stats[f]())
+            parts[f].append(_METRICS[f](lp, t[start : start + chunk]))
     out = {}
     for f in wanted:
         values = torch.cat(parts[f]) if parts[f] else h.new_zeros(0, dtype=torch.bool if f == "is_top1" else h.dtype)

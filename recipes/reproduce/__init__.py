@@ -2,10 +2,11 @@
 
 One module per table (``mt_en_de.py`` is the En-De BLEU table, ``lm_ptb.py`` the PTB perplexity table, ...;
 ``translation.py`` / ``language_model.py`` what each kind shares, ``table.py`` the loop of all); what the tables
-share besides lives in modules of its own: :mod:`~recipes.reproduce.data` (data checks, BPE), :mod:`~recipes.reproduce.runner` (fairseq's command
-line, ``commands.sh``, logs), :mod:`~recipes.reproduce.variants` (head names such as ``mos-9``),
-:mod:`~recipes.reproduce.results` (rows, finished cells), :mod:`~recipes.reproduce.costs` (the papers' training
-cost columns), :mod:`~recipes.reproduce.report` (``docs/reproduction.md``).
+share besides lives in modules of its own: :mod:`~recipes.reproduce.data` (data checks, BPE),
+:mod:`~recipes.reproduce.runner` (fairseq's command line, ``commands.sh``, logs), :mod:`~recipes.reproduce.variants`
+(head names such as ``mos-9``), :mod:`~recipes.reproduce.results` (rows, finished cells),
+:mod:`~recipes.reproduce.costs` (the papers' training cost columns), :mod:`~recipes.reproduce.report`
+(``docs/reproduction.md``).
 """
 
 from __future__ import annotations

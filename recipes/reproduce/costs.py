@@ -146,6 +146,11 @@ def measure_memory(spec: Dict[str, Any]) -> Dict[str, Any]:
     return {"budget": budget, "peaks": peaks, "batch": fits}
 
 
+def _ignoring_argument(step: Callable[[], Any]) -> Callable[[Any], Any]:
+    """``step`` as a one-argument call, the form :func:`time_per_call` times."""
+    return lambda _: step()
+
+
 def measure(spec: Dict[str, Any], memory: Dict[str, Any], log=print) -> Dict[str, Any]:
     """Times at the same batch and at each head's same-memory batch; ratios to softmax."""
     models = build(spec)
@@ -153,12 +158,12 @@ def measure(spec: Dict[str, Any], memory: Dict[str, Any], log=print) -> Dict[str
     seconds: Dict[str, Dict[str, float]] = {h: {} for h in models}
     for kind in ("out", "all"):
         log(f"costs: timing {kind} at {bsz} sentences")
-        fns = {h: (lambda _, f=m.steps(bsz)[kind]: f()) for h, m in models.items()}
+        fns = {h: _ignoring_argument(m.steps(bsz)[kind]) for h, m in models.items()}
         for h, t in time_per_call(fns, [None], rounds=rounds, warmup=1).items():
             seconds[h][f"{kind}_bsz"] = t
         log(f"costs: timing {kind} at the same memory")
         fit = {h: memory["batch"][h][kind] for h in models if memory["batch"][h][kind]}
-        fns = {h: (lambda _, f=models[h].steps(b)[kind]: f()) for h, b in fit.items()}
+        fns = {h: _ignoring_argument(models[h].steps(b)[kind]) for h, b in fit.items()}
         for h, t in time_per_call(fns, [None], rounds=rounds, warmup=1).items():
             seconds[h][f"{kind}_mem"] = t / fit[h]  # per sentence
 

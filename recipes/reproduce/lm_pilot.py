@@ -31,7 +31,7 @@ import shutil
 import statistics
 import sys
 from types import SimpleNamespace
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 from recipes.reproduce import results as R
 from recipes.reproduce import sweep as S

@@ -524,8 +524,9 @@ initialisation of the shared layers): the mean paired difference with its 95% t 
 the exact sign test, the p-values of a table's test comparisons Holm-adjusted together (the valid split chose the
 rates and checkpoints, so its differences are described, not tested); a difference is called one only where its
 Holm-adjusted p is below 0.05, otherwise the report says there is no significant difference and does not rank the
-heads. Beside each test comparison, the smallest true difference its seeds detect with 80% power. For BLEU, sacrebleu's paired bootstrap (1,000 resamplings) also tests every seed on its own, on
-the committed hypotheses (`docs/reproduction/hyps/`).
+heads. Beside each test comparison, the smallest true difference its seeds detect with 80% power. For BLEU,
+sacrebleu's paired bootstrap (1,000 resamplings) also tests every seed on its own, on the committed hypotheses
+(`docs/reproduction/hyps/`).
 """
 
 

@@ -1,5 +1,5 @@
-"""Full-size translation tables: WMT data (prepared on a machine with internet), the paper's models, and the
-``--dry-run`` plan (commands and parameter counts of every model, built on the meta device).
+"""The full-size translation tables' WMT data, prepared on a machine with internet (the ``--dry-run`` plan that
+trains on it is :func:`recipes.reproduce.translation.full_plan`).
 
 Data, once, on a machine with internet (then copy ``DATA/wmt16-en-de`` / ``DATA/wmt14-en-fr`` to the cluster)::
 
@@ -9,8 +9,8 @@ Data, once, on a machine with internet (then copy ``DATA/wmt16-en-de`` / ``DATA/
 It downloads the training corpora (the lists of fairseq's ``prepare-wmt14en2*.sh`` / the WMT'16 En-De data
 of fairseq's transformer-big recipes), newstest2013 (valid) and newstest2014 (test, ``wmt14/full``) through
 sacrebleu, drops pairs longer than 250 words or with a length ratio above 1.5 (as fairseq's ``clean-corpus-n``),
-learns a joint sentencepiece BPE of 32k (the Mixtape paper's Table 2 and section 4.2: "a vocabulary size of 32K" for both
-pairs; fairseq's scripts use 40k for En-Fr, Moses tokenisation + subword-nmt,
+learns a joint sentencepiece BPE of 32k (the Mixtape paper's Table 2 and section 4.2: "a vocabulary size of 32K" for
+both pairs; fairseq's scripts use 40k for En-Fr, Moses tokenisation + subword-nmt,
 we keep the raw text so the hypotheses come out detokenized for sacrebleu) and binarises with
 ``fairseq-preprocess``. Offline it stops at once, naming the URLs it needs.
 """
@@ -21,14 +21,10 @@ import argparse
 import json
 import os
 import subprocess
-import sys
-import tempfile
 from typing import Any, Dict
 
 from recipes.reproduce import data as D
-from recipes.reproduce import results as R
-from recipes.reproduce.costs import count_parameters
-from recipes.reproduce.runner import shell_line, tool
+from recipes.reproduce.runner import tool
 
 CORPORA = {
     "en-de": {
@@ -141,57 +137,6 @@ def prepare(pair: str, data: str, max_words: int = 250, ratio: float = 1.5) -> s
         check=True,
     )
     return out
-
-
-def _dummy_bin(table, size: int, directory: str) -> str:
-    """Dictionaries of ``size`` symbols (the joint BPE's size): enough for fairseq to build the models."""
-    for lang in (table.src, table.tgt):
-        with open(os.path.join(directory, f"dict.{lang}.txt"), "w") as f:
-            f.write("".join(f"tok{i} {size - i}\n" for i in range(size - 4)))  # + 4 specials = size
-    return directory
-
-
-def plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
-    """The full-size commands of every cell, and each head's parameter count; written to ``plan.json``."""
-    from recipes.reproduce.results import save_json
-    from recipes.reproduce.translation import FULL_MIXTAPE_NOTE
-
-    pair = f"{table.src}-{table.tgt}"
-    spec = CORPORA[pair]
-    bin_dir = os.path.join(data_dir(args, table), "bin")
-    commands = [shell_line([sys.executable, "-m", "recipes.reproduce.wmt", "--pair", pair, "--data", args.data])]
-    parameters = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        fake = _dummy_bin(table, spec["bpe"], tmp)
-        for v in variants:
-            seeds = table.seeds_for(v, args)
-            for seed in seeds:
-                cell = R.cell_dir(table_dir, v.name, seed)
-                train = table.train_command(bin_dir, v, seed, os.path.join(cell, "checkpoints"), args)
-                gen = table.generate_command(
-                    bin_dir, os.path.join(cell, "checkpoints", "checkpoint_best.pt"), "test", args
-                )
-                commands += [
-                    shell_line(train),
-                    shell_line(gen) + f" > {cell}/generate-{TESTSET}.log",
-                    f"# {TESTSET}.hyp = the H- lines in id order; then: sacrebleu -t wmt14/full -l {pair} "
-                    f"-i {cell}/{TESTSET}.hyp -m bleu -b",
-                ]
-            train = table.train_command(fake, v, 1, os.path.join(tmp, "ck"), args)
-            parameters[v.name] = count_parameters(train[1:])
-            log(f"{table.name} {v.name}: {parameters[v.name] / 1e6:.1f}M parameters")
-    result = {
-        "commands": commands,
-        "parameters": parameters,
-        "vocabulary": spec["bpe"],
-        "note": "Relative position representations (Shaw et al. 2018, the paper's reference [16]) in every "
-        "self-attention, clipped at 20 and without absolute positions, as the authors' tensor2tensor "
-        "transformer_relative (--relative-positions 20 --no-token-positional-embeddings; the paper "
-        "gives no k); its GPU count comes from fairseq (all visible GPUs); the paper's batch of 4096 "
-        "tokens is per GPU (--max-tokens 4096). " + FULL_MIXTAPE_NOTE,
-    }
-    save_json(os.path.join(table_dir, "plan.json"), result)
-    return result
 
 
 def main(argv=None) -> None:
