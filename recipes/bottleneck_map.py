@@ -66,6 +66,7 @@ def trunk_features(checkpoint: str, data: str, split: str, streams: int, bptt: i
 
 def trunk_nll(checkpoint: str, data: Dict[str, States]) -> Dict[str, float]:
     """The trunk's own head on the cached valid / test features: mean NLL (nats), the trunk's perplexity."""
+    import fairseq_plugin  # noqa: F401  (registers the model, and its checkpoints' loader as a safe global)
     from fairseq import checkpoint_utils
 
     models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
@@ -196,7 +197,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--heads", nargs="+", default=list(HEADS), choices=list(HEADS))
     p.add_argument("--dims", type=int, nargs="+", default=DIMS, help="d values (at most the features' width)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 1..N of every (head, d)")
-    p.add_argument("--rates", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2], help="Adam rates tried per head")
+    p.add_argument("--rates", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2, 3e-2], help="Adam rates tried per head")
     p.add_argument("--rate-d", type=int, default=32, help="the d at which each head's rate is chosen (seed 1)")
     p.add_argument("--train-tokens", type=int, default=200_000, help="train on this prefix of the train features")
     p.add_argument("--max-epochs", type=int, default=20)
