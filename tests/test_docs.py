@@ -137,6 +137,13 @@ def test_readme_says_each_thing_once_and_calls_built_heads_built():
     assert "roadmap" not in readme[:1500], "the opening paragraph calls built heads a roadmap"
 
 
+def test_readme_stays_a_page():
+    """The README is the way in (the two commands, what the heads are, a quick start, the results table, the links):
+    at most 220 lines. Prose beyond that belongs in docs/ or in a table's hand-written reading."""
+    lines = open(os.path.join(ROOT, "README.md")).read().splitlines()
+    assert len(lines) <= 220, f"README.md has {len(lines)} lines; move prose to docs/"
+
+
 # ----------------------------------------------------------------------------- links
 @pytest.mark.parametrize("rel", MARKDOWN)
 def test_relative_links_and_anchors_resolve(rel):

@@ -62,13 +62,46 @@ BAD_OPTIONS = [
 ]
 
 
+@pytest.mark.parametrize("check", [hf_heads.build_head, hf_heads.check_head_options])
 @pytest.mark.parametrize("name,opt,value,allowed", BAD_OPTIONS, ids=[f"{n}-{o}-{v}" for n, o, v, _ in BAD_OPTIONS])
-def test_out_of_range_option_names_option_value_and_range(name, opt, value, allowed):
+def test_out_of_range_option_names_option_value_and_range(name, opt, value, allowed, check):
+    """build_head, and check_head_options (which builds nothing), stop on the same bad options with one message."""
     kwargs = {"hidden_size": 8, "vocab_size": 20, opt: value}
     with pytest.raises(ValueError) as err:
-        hf_heads.build_head(name, **kwargs)
+        check(name, **kwargs)
     msg = str(err.value)
     assert name in msg and f"{opt}=" in msg and repr(value) in msg and allowed in msg, msg
+
+
+def test_check_head_options_gives_the_config_build_head_builds_from_and_checks_what_needs_the_class(monkeypatch):
+    import dataclasses
+
+    for name in hf_heads.available_heads():
+        checked = dataclasses.asdict(hf_heads.check_head_options(name, hidden_size=8, vocab_size=20))
+        built = dataclasses.asdict(hf_heads.build_head(name, hidden_size=8, vocab_size=20).config)
+        # the same options; the head fills the ones left to it (None: Mixtape's form, scaled_input)
+        assert {k: v for k, v in checked.items() if v is not None} == {
+            k: built[k] for k, v in checked.items() if v is not None
+        }, name
+        assert checked.keys() == built.keys(), name
+    # a head without a context projection multiplies g itself with W: its class says so, not a trial build
+    assert not hf_heads.get_head_class("softmax").projects_context and hf_heads.get_head_class("mos").projects_context
+    with pytest.raises(ValueError, match="softmax: option embedding_size=4 is out of range; allowed: equal to"):
+        hf_heads.check_head_options("softmax", hidden_size=8, vocab_size=20, embedding_size=4)
+    assert hf_heads.check_head_options("mos", hidden_size=8, vocab_size=20, embedding_size=4).embedding_size == 4
+    # and it builds nothing: no parameter is made
+    monkeypatch.setattr(torch.nn, "Parameter", None)
+    hf_heads.check_head_options("mixtape", hidden_size=8, vocab_size=20, num_gates=4)
+
+
+def test_a_stored_spec_gets_the_defaults_of_its_version_from_the_heads_class():
+    from hf_heads.core import SPEC_VERSION, versioned_options
+
+    assert hf_heads.get_head_class("mixtape").legacy_defaults == {1: {"scaled_input": True}} and SPEC_VERSION == 2
+    assert versioned_options("mixtape", {"num_gates": 4}, 1) == {"num_gates": 4, "scaled_input": True}
+    assert versioned_options("mixtape", {"scaled_input": False}, 1) == {"scaled_input": False}  # given wins
+    assert versioned_options("mixtape", {}, 2) == {} and versioned_options("mos", {}, 1) == {}
+    assert versioned_options("not-a-head", {"a": 1}, 1) == {"a": 1}
 
 
 def test_identity_init_needs_square_contexts():

@@ -114,22 +114,13 @@ class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
         (softmax, sigsoftmax, PLIF, ...: no context projection), as AWD-LSTM sizes its last layer when tying."""
         if args.untie_weights or args.nhidlast == args.emsize:
             return args.nhidlast
-
-        def fits(hidden):
-            try:
-                with torch.device("meta"):  # checks the options only
-                    hf_heads.build_head(
-                        name, hidden_size=hidden, vocab_size=vocab_size, embedding_size=args.emsize, **options
-                    )
-                return None
-            except ValueError as e:
-                return e
-
-        error = fits(args.nhidlast)
-        if error is None:
-            return args.nhidlast
-        if fits(args.emsize) is not None:
-            usage_error(f"--output-head {name} --head-options: {error}")
+        last = args.nhidlast if hf_heads.get_head_class(name).projects_context else args.emsize
+        try:
+            hf_heads.check_head_options(name, last, vocab_size, embedding_size=args.emsize, **options)
+        except ValueError as e:
+            usage_error(f"--output-head {name} --head-options: {e}")
+        if last == args.nhidlast:
+            return last
         logger.info(
             f"--output-head {name} has no context projection: the last LSTM layer has --emsize "
             f"{args.emsize} units (not --nhidlast {args.nhidlast}), so the head ties to the embedding"

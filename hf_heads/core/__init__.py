@@ -11,12 +11,20 @@ from .config import (
     check_spec_version,
     check_type,
     option,
-    versioned_options,
 )
 from .convert import convert_head
 from .frequency import count_tokens, frequency_order
 from .interface import LinearScoresHead, OutputHead, SingleSoftmaxHead
-from .registry import available_heads, build_head, get_head_class, head_specific_options, heads_where, register_head
+from .registry import (
+    available_heads,
+    build_head,
+    check_head_options,
+    get_head_class,
+    head_specific_options,
+    heads_where,
+    register_head,
+    versioned_options,
+)
 from .serialization import load_head, save_head
 
 __all__ = [
@@ -38,6 +46,7 @@ __all__ = [
     "SingleSoftmaxHead",
     "available_heads",
     "build_head",
+    "check_head_options",
     "get_head_class",
     "head_specific_options",
     "heads_where",

@@ -121,16 +121,13 @@ class HeadConfig:
 
 # ----------------------------------------------------------------------------- stored head specs
 #: The version of a stored head spec, a transformers config's ``output_head`` (its ``"version"``). A spec stores
-#: only the options its user gave, so when a head's default changes, SPEC_VERSION goes up and
-#: :data:`LEGACY_DEFAULTS` records the old value: a spec written before gets it back, and a model saved then loads
-#: and computes as it was trained. (``save_head`` stores every option: it needs no version. fairseq checkpoints
-#: keep their ``--head-options`` as given, and fairseq fills a newer field's default into an old checkpoint's
-#: config, so they cannot carry this version: a changed default must be read from their weights, as Mixtape's
-#: ``scaled_form`` entry is.)
+#: only the options its user gave, so when a head's default changes, SPEC_VERSION goes up and the head's class
+#: records the old value (:attr:`OutputHead.legacy_defaults`): a spec written before gets it back
+#: (:func:`~hf_heads.core.registry.versioned_options`), and a model saved then loads and computes as it was trained.
+#: (``save_head`` stores every option: it needs no version. fairseq checkpoints keep their ``--head-options`` as
+#: given, and fairseq fills a newer field's default into an old checkpoint's config, so they cannot carry this
+#: version: a changed default must be read from their weights, as Mixtape's ``scaled_form`` entry is.)
 SPEC_VERSION = 2
-#: ``{version: {head name: {option: the default it had in that version}}}``, for the defaults changed after it
-#: (version 2: Mixtape's projections in torch's nn.Linear form by default, docs/heads.md)
-LEGACY_DEFAULTS: Dict[int, Dict[str, Dict[str, Any]]] = {1: {"mixtape": {"scaled_input": True}}}
 
 
 def check_spec_version(where: str, version: Any) -> int:
@@ -141,14 +138,3 @@ def check_spec_version(where: str, version: Any) -> int:
             f"(1 to {SPEC_VERSION}); a newer softmax-heads wrote it"
         )
     return version
-
-
-def versioned_options(name: str, options: Dict[str, Any], version: int) -> Dict[str, Any]:
-    """The options a spec of ``version`` means for head ``name``: ``options``, plus every default changed since
-    ``version`` at the value it had then (where ``options`` does not set it)."""
-    out = dict(options)
-    for v in sorted(LEGACY_DEFAULTS):
-        if v >= version:
-            for key, value in LEGACY_DEFAULTS[v].get(name, {}).items():
-                out.setdefault(key, value)
-    return out

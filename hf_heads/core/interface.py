@@ -16,7 +16,7 @@ downstream (fairseq criterion, HF model wrapper, recipes, tests) special-cases a
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple, Type
+from typing import Any, Dict, Optional, Tuple, Type
 
 import torch
 import torch.nn.functional as F
@@ -82,17 +82,26 @@ class OutputHead(VocabularyMixin, nn.Module):
     #: state-dict entries that weights saved by an earlier version lack: the head's load hook fills them, and loaders
     #: that bypass ``load_state_dict`` (transformers' ``from_pretrained``) call :meth:`init_optional_state` instead
     optional_state_keys: Tuple[str, ...] = ()
+    #: ``{spec version: {option: the default it had then}}`` for the defaults this head changed after that version
+    #: (core/config.py's SPEC_VERSION; read by :func:`~hf_heads.core.registry.versioned_options`)
+    legacy_defaults: Dict[int, Dict[str, Any]] = {}
+
+    @classmethod
+    def check_config(cls, config: HeadConfig) -> HeadConfig:
+        """``config`` if this head can be built from it, else ``ValueError`` naming the option: the checks that
+        need the head's class beside the config's own (which its constructor ran). Builds nothing."""
+        if not cls.projects_context and config.embedding_size != config.hidden_size:
+            raise ValueError(
+                f"{cls.head_name}: option embedding_size={config.embedding_size!r} is out of range; allowed: "
+                f"equal to hidden_size={config.hidden_size} (this head multiplies g itself with W)"
+            )
+        return config
 
     def __init__(self, config: HeadConfig):
         super().__init__()
         if not isinstance(config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
-        c = config
-        if not self.projects_context and c.embedding_size != c.hidden_size:
-            raise ValueError(
-                f"{self.head_name}: option embedding_size={c.embedding_size!r} is out of range; allowed: "
-                f"equal to hidden_size={c.hidden_size} (this head multiplies g itself with W)"
-            )
+        c = self.check_config(config)
         self.config = config
         self.weight = nn.Parameter(torch.empty(c.vocab_size, c.embedding_size))
         self.bias = nn.Parameter(torch.zeros(c.vocab_size)) if c.use_bias else None

@@ -63,6 +63,28 @@ def get_head_class(name: str) -> type:
     return _REGISTRY[name]
 
 
+def check_head_options(name: str, hidden_size: int, vocab_size: int, **options: Any) -> HeadConfig:
+    """The config ``build_head(name, hidden_size, vocab_size, **options)`` would build from, checked the way it checks
+    it, without building the head (no weights): ``ValueError`` naming the head, the option, its value and what is
+    allowed. For a tool that takes a head and its options from a user (a command-line flag, a table's variant) and
+    wants to stop before it has a model."""
+    cls = get_head_class(name)
+    return cls.check_config(cls.config_class.from_options(hidden_size=hidden_size, vocab_size=vocab_size, **options))
+
+
+def versioned_options(name: str, options: Dict[str, Any], version: int) -> Dict[str, Any]:
+    """The options a stored spec of ``version`` means for head ``name``: ``options``, plus every default the head
+    changed since ``version`` at the value it had then (its class's ``legacy_defaults``), where ``options`` does not
+    set it. An unknown name gets ``options`` as they are (building it names the choices)."""
+    out = dict(options)
+    legacy = getattr(_REGISTRY.get(name), "legacy_defaults", {})
+    for v in sorted(legacy):
+        if v >= version:
+            for key, value in legacy[v].items():
+                out.setdefault(key, value)
+    return out
+
+
 def build_head(
     name: str,
     hidden_size: int,
@@ -87,8 +109,7 @@ def build_head(
         options.setdefault("embedding_size", int(weight.shape[1]))
     if bias is not None and "use_bias" not in options:
         options["use_bias"] = True
-    config = cls.config_class.from_options(hidden_size=hidden_size, vocab_size=vocab_size, **options)
-    head = cls(config)
+    head = cls(check_head_options(name, hidden_size, vocab_size, **options))
     if frequency_order is not None and token_counts is not None:
         raise ValueError(f"{name}: give frequency_order or token_counts, not both")
     if token_counts is not None:

@@ -12,7 +12,6 @@ from torch import nn
 
 from ..core import functional as ops
 from ..core import lean
-from ..core.config import LEGACY_DEFAULTS
 from ..core import (
     SingleSoftmaxHead,
     check_bool,
@@ -77,9 +76,10 @@ class MixtapeConfig(ContextConfig):
 
 
 #: the form of a new Mixtape head's projections when ``scaled_input`` is not given (SPEC_VERSION 2), and the one of
-#: weights saved before the form was kept with them (the default until then, as LEGACY_DEFAULTS records it)
+#: weights saved before the form was kept with them (the default until then, as ``MixtapeHead.legacy_defaults``
+#: records it for specs of version 1)
 SCALED_DEFAULT = False
-LEGACY_SCALED = LEGACY_DEFAULTS[1]["mixtape"]["scaled_input"]
+LEGACY_SCALED = True
 
 
 @register_head("mixtape")
@@ -107,6 +107,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
     paper = "Yang et al. 2019, Mixtape: breaking the softmax bottleneck efficiently"
     uses_frequency_order = True  # the S most frequent ids (frequency_order[:S]) have their own gates
     optional_state_keys = ("scaled_form",)  # the form of the projections, kept with the weights since spec version 2
+    legacy_defaults = {1: {"scaled_input": LEGACY_SCALED}}  # version 2 made torch's nn.Linear form the default
 
     def __init__(self, config: MixtapeConfig):
         super().__init__(config)

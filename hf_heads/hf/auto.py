@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from ..core import SPEC_VERSION, build_head
+from ..core import SPEC_VERSION, check_head_options
 from .config import MODEL_TYPE, head_config_class, head_spec, spec_options, without_model_sizes
 from .modeling import head_model_class
 
@@ -103,7 +102,7 @@ def head_config(base_config, name: str, use_bias: bool = False, **options) -> Pr
 def check_output_head(config, caller: str) -> None:
     """``ValueError`` (one line, naming the head option, its value and the allowed range, or the nearest head name)
     where ``config.output_head`` does not build, so a bad head fails when its config is made, not at
-    ``from_config``: the head is built once on the meta device (no memory, no time)."""
+    ``from_config``: the registry checks the options against the model's sizes without building the head."""
     spec = getattr(config, "output_head", None)
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise ValueError(f"{caller}: output_head must be a dict {{'name': HEAD, 'options': {{...}}}}, got {spec!r}")
@@ -114,14 +113,13 @@ def check_output_head(config, caller: str) -> None:
             f"optionally 'use_bias' and 'version'"
         )
     text = config.get_text_config()
-    with torch.device("meta"):
-        build_head(
-            spec["name"],
-            hidden_size=text.hidden_size,
-            vocab_size=text.vocab_size,
-            use_bias=bool(spec.get("use_bias", False)),
-            **spec_options(spec, caller),
-        )
+    check_head_options(
+        spec["name"],
+        hidden_size=text.hidden_size,
+        vocab_size=text.vocab_size,
+        use_bias=bool(spec.get("use_bias", False)),
+        **spec_options(spec, caller),
+    )
 
 
 def _register_model_classes(config) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from ..core.config import SPEC_VERSION, check_spec_version, versioned_options
+from ..core.config import SPEC_VERSION, check_spec_version
+from ..core.registry import versioned_options
 
 MODEL_TYPE = "softmax-heads"  # the pip package name: what transformers prints when it is missing
 _CONFIG_CLASSES: Dict[type, type] = {}

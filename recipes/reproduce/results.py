@@ -19,7 +19,7 @@ import os
 import statistics
 from typing import Any, Dict, Iterable, List, Optional
 
-from hf_heads.core.config import versioned_options
+from hf_heads.core.registry import versioned_options
 from recipes.reproduce.runner import located_paths
 
 ROW_KEYS = (

@@ -79,6 +79,6 @@ def resolve(names: Sequence[str], table_options: Mapping[str, Dict[str, Any]], o
             )
         head, extra = parsed
         options = {**table_options.get(head, {}), **extra}
-        hf_heads.heads.get_head_class(head).config_class(hidden_size=8, vocab_size=16, **options)  # checks options
+        hf_heads.check_head_options(head, hidden_size=8, vocab_size=16, **options)  # the model's sizes come later
         variants.append(Variant(name, head, options))
     return variants
