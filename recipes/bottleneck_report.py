@@ -4,6 +4,9 @@
     python -m recipes.bottleneck_report --results results/bottleneck_map    # collect the cells, write the page
     python -m recipes.bottleneck_report --no-collect                        # the page from the committed json
 
+With ``--joint DIR`` (default ``results/bottleneck_joint``, read when it exists) the page also holds the joint-training
+check of ``python -m recipes.bottleneck_joint`` beside the frozen-trunk cells of the same head, d and seed.
+
 The primary test, fixed before the runs: for MoS-4 and Mixtape, the seed-paired difference of test NLL (head minus
 softmax, at the same d and seed) regressed on log2 d by least squares; the slope, its 95% interval and its two-sided
 p-value, Holm-adjusted over the two heads. Per (head, d), the paired differences are described with their intervals
@@ -25,9 +28,9 @@ PRIMARY = ("mos-4", "mixtape")
 BASELINE = "softmax"
 
 
-def collect(results: str) -> Dict:
+def collect(results: str, joint: str = "") -> Dict:
     """The committed form of a map run: its meta, rates, rate cells and cells (spectra cut to their 50 largest
-    singular values)."""
+    singular values), and the joint-training cells in ``joint`` when there are any."""
 
     def load(path):
         with open(path) as f:
@@ -47,6 +50,7 @@ def collect(results: str) -> Dict:
         "rates": load(os.path.join(results, "rates.json")),
         "rate_cells": rate_cells,
         "cells": cells,
+        "joint": [load(p) for p in sorted(glob.glob(os.path.join(joint, "cells", "*.json")))] if joint else [],
     }
 
 
@@ -258,6 +262,7 @@ def page(obj: Dict, png: str) -> str:
         lambda c: c["spectrum"]["rank"],
         "Mean ± sd (seeds); a softmax over d inputs has rank at most d + 2 (W h, the bias, the normaliser).",
     )
+    lines += joint_section(obj)
     lines += ["## Cost", ""]
     lines += table(
         obj,
@@ -272,16 +277,50 @@ def page(obj: Dict, png: str) -> str:
     return "\n".join(lines)
 
 
+def joint_section(obj: Dict) -> List[str]:
+    """The joint-training check: each joint cell's test perplexity beside the frozen-trunk cell of the same head, d
+    and seed, and the head-minus-softmax difference both ways."""
+    joint = obj.get("joint") or []
+    if not joint:
+        return []
+    frozen = by_key(obj["cells"])
+    trained = {(c["head"], c["d"], c["seed"]): c for c in joint}
+    caps = ", ".join(str(cap) for cap in sorted({c["epoch_cap"] for c in joint}))
+    rates = ", ".join(f"{lr:g}" for lr in sorted({c["lr"] for c in joint}))
+    lines = [
+        "## Trained jointly with the trunk",
+        "",
+        "The lm-ptb table's AWD-LSTM trained whole, its last layer of d units read by an untied head "
+        f"(`python -m recipes.bottleneck_joint`: Adam {rates}, at most {caps} epochs, the table's stopping rule "
+        "within them: numbers at that cap), beside the frozen-trunk cell of the same head, d and seed. Test "
+        "perplexity; the difference is head minus softmax in test NLL (nats) at the same d and seed:",
+        "",
+        "| head | d | seed | jointly | frozen trunk | joint diff | frozen diff |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (head, d, seed), c in sorted(trained.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0] != BASELINE)):
+        f = frozen.get((head, d, seed))
+        base, fbase = trained.get((BASELINE, d, seed)), frozen.get((BASELINE, d, seed))
+        diff = (
+            f"{math.log(c['ppl']['test']) - math.log(base['ppl']['test']):+.4f}" if base and head != BASELINE else "-"
+        )
+        fdiff = f"{f['test_nll'] - fbase['test_nll']:+.4f}" if f and fbase and head != BASELINE else "-"
+        frozen_ppl = f"{math.exp(f['test_nll']):.2f}" if f else "not run yet"
+        lines.append(f"| {head} | {d} | {seed} | {c['ppl']['test']:.2f} | {frozen_ppl} | {diff} | {fdiff} |")
+    return lines + [""]
+
+
 def main(argv=None, log=print) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default="results/bottleneck_map", help="where python -m recipes.bottleneck_map ran")
     p.add_argument("--docs", default="docs", help="the folder of bottleneck_map.md / .json / .png")
+    p.add_argument("--joint", default=os.path.join("results", "bottleneck_joint"), help="where bottleneck_joint ran")
     p.add_argument("--no-collect", action="store_true", help="only rebuild the page from the committed json")
     args = p.parse_args(argv)
     path = os.path.join(args.docs, "bottleneck_map.json")
     if not args.no_collect:
         with open(path, "w") as f:
-            json.dump(collect(args.results), f, indent=1)
+            json.dump(collect(args.results, args.joint if os.path.isdir(args.joint) else ""), f, indent=1)
         log(f"collected {path}")
     with open(path) as f:
         obj = json.load(f)

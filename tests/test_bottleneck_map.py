@@ -121,6 +121,21 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     assert slopes["mixtape"]["slope"] is None and "| mixtape | 0 | too few points |" in text
     assert "Cells finished: 8 of the 8 planned (2 heads x 2 d x 2 seeds)." in text
     assert "## The primary test" in text and "| mos-4 | 2 | 2 |" in text and (docs / "bottleneck_map.png").exists()
+    assert "## Trained jointly" not in text  # no joint cells: no section
+    # the joint-training check beside the frozen cells of the same head, d and seed
+    joint = tmp_path / "joint" / "cells"
+    joint.mkdir(parents=True)
+    for head, test_ppl in (("softmax", 100.0), ("mos-4", 90.0)):
+        cell = {"head": head, "d": 2, "seed": 1, "lr": 0.0025, "epoch_cap": 3, "ppl": {"valid": 1.0, "test": test_ppl}}
+        (joint / f"{head}-d2-s1.json").write_text(json.dumps(cell))
+    text = bottleneck_report.main(
+        ["--results", str(tmp_path), "--docs", str(docs), "--joint", str(tmp_path / "joint")], log=lambda *_: None
+    )
+    cells = {(c["head"], c["d"], c["seed"]): c for c in result["cells"]}
+    frozen_diff = cells[("mos-4", 2, 1)]["test_nll"] - cells[("softmax", 2, 1)]["test_nll"]
+    frozen_ppl = math.exp(cells[("mos-4", 2, 1)]["test_nll"])
+    assert f"| mos-4 | 2 | 1 | 90.00 | {frozen_ppl:.2f} | {math.log(0.9):+.4f} | {frozen_diff:+.4f} |" in text
+    assert "Adam 0.0025, at most 3 epochs" in text
     # resumable: a rerun reads every cell and rate it finds
     monkeypatch.setattr(bottleneck_map, "run_cell", lambda *a, **k: pytest.fail("a finished cell ran again"))
     again = bottleneck_map.main(argv, log=lambda *_: None)
@@ -145,3 +160,47 @@ def test_map_refuses_a_d_above_the_features_width(trunk, tmp_path):
             ],
             log=lambda *_: None,
         )
+
+
+# ----------------------------------------------------------------------------- the joint-training check
+def test_the_joint_check_trains_the_tables_cell_with_a_d_unit_last_layer_and_an_untied_head(tmp_path):
+    """recipes.bottleneck_joint: the lm-ptb table's command for the head, only the last layer's units, the epoch cap
+    and the untied head changed (so softmax's logits have rank <= d + 1, and MoS's contexts are d-dimensional)."""
+    from recipes import bottleneck_joint
+    from recipes.reproduce import get_table
+    from recipes.reproduce.__main__ import parse_args as table_parse_args
+
+    (tmp_path / "dict.txt").write_text("a 1\n")
+    args = bottleneck_joint.parse_args(["--bin", str(tmp_path), "--epochs", "2", "--lr", "0.004"])
+    table = get_table("lm-ptb")
+    table_args = table_parse_args(["lm-ptb", "--scale", "mini", "--heads", "softmax", "mos-4"])
+    for variant in table.variants(table_args):
+        base = table.train_command(str(tmp_path), variant, 3, "SAVE", table_args, 0.004)
+        cmd = bottleneck_joint.joint_command(table, variant, 8, 3, "SAVE", args, table_args)
+        assert cmd[-1] == "--untie-weights" and len(cmd) == len(base) + 1
+        changed = {base[i - 1]: cmd[i] for i in range(len(base)) if cmd[i] != base[i]}
+        assert changed == {"--nhidlast": "8", "--max-epoch": "2"}, changed
+    with pytest.raises(SystemExit):
+        bottleneck_joint.parse_args(["--bin", str(tmp_path / "nothing")])
+    with pytest.raises(SystemExit):
+        bottleneck_joint.parse_args(["--bin", str(tmp_path), "--dims", "0"])
+
+
+@pytest.mark.slow  # two fairseq trainings and four scorings: about a minute
+def test_the_joint_check_runs_end_to_end_and_resumes(data, tmp_path):
+    from fairseq import checkpoint_utils
+
+    from recipes import bottleneck_joint
+
+    argv = ["--bin", str(data / "lm-bin"), "--out", str(tmp_path), "--dims", "4", "--epochs", "1", "--quiet"]
+    records = bottleneck_joint.main(argv, log=lambda *_: None)
+    assert [(r["head"], r["d"]) for r in records] == [("softmax", 4), ("mos-4", 4)]
+    for r in records:
+        assert set(r["ppl"]) == {"valid", "test"} and all(1 < p < 1e4 for p in r["ppl"].values())
+        models, _, _ = checkpoint_utils.load_model_ensemble_and_task(
+            [str(tmp_path / "cells" / f"{r['head']}-d4-s1" / "checkpoints" / "checkpoint_best.pt")]
+        )
+        head = models[0].decoder.head
+        assert head.weight.shape[1] == 4 and head.config.hidden_size == 4  # the head reads 4 units, untied
+        assert head.weight.data_ptr() != models[0].decoder.embed_tokens.weight.data_ptr()
+    assert bottleneck_joint.main(argv, log=lambda *_: None) == records  # finished cells are read, not rerun
