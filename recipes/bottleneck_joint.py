@@ -59,9 +59,9 @@ def joint_command(table, variant, d: int, seed: int, save_dir: str, args, table_
 
 
 def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -> Dict[str, Any]:
-    from recipes.reproduce import results as R
+    from recipes.reproduce.engine import results as R
     from recipes.reproduce.language_model import PPL
-    from recipes.reproduce.runner import cpu_seconds, shell_line, training_done
+    from recipes.reproduce.engine.runner import cpu_seconds, shell_line, training_done
 
     name = f"{variant.name}-d{d}-s{seed}"
     cell = os.path.join(args.out, "cells", name)
@@ -97,9 +97,9 @@ def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -
 def main(argv=None, log=print) -> List[Dict[str, Any]]:
     args = parse_args(argv)
     from recipes.reproduce import get_table
-    from recipes.reproduce import results as R
+    from recipes.reproduce.engine import results as R
     from recipes.reproduce.__main__ import parse_args as table_parse_args
-    from recipes.reproduce.runner import Runner
+    from recipes.reproduce.engine.runner import Runner
 
     table = get_table("lm-ptb")
     table_args = table_parse_args(["lm-ptb", "--scale", "mini", "--data", args.data, "--heads", *args.heads])

@@ -26,7 +26,7 @@ from torch import nn
 
 import hf_heads
 from hf_heads.hf.upgrade import States, nll_per_block, train_epoch, train_head_on_states
-from recipes.reproduce import results as R
+from recipes.reproduce.engine import results as R
 
 #: the heads of the map, as the issue names them (library defaults otherwise; Mixtape in its default form)
 HEADS = {

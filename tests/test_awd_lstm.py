@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("fairseq", reason="fairseq not installed: run `make install`")
 
 from fairseq_plugin.lm.awd_lstm import WeightDropLSTM, embedded_dropout, locked_dropout  # noqa: E402
-from recipes.reproduce.costs import FairseqSteps  # noqa: E402
+from recipes.reproduce.engine.costs import FairseqSteps  # noqa: E402
 from test_fairseq_cli import HEAD_OPTIONS, PLUGIN, TRAIN, cli, data  # noqa: E402,F401
 
 TINY = ["--emsize", "16", "--nhid", "24", "--nhidlast", "20", "--tokens-per-sample", "16"]

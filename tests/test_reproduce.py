@@ -18,9 +18,9 @@ pytest.importorskip("fairseq", reason="fairseq not installed: run `make install`
 pytest.importorskip("sentencepiece", reason="sentencepiece not installed: run `make install` (the reproduce extra)")
 
 from recipes.reproduce import __main__ as cli  # noqa: E402
-from recipes.reproduce import costs as C  # noqa: E402
+from recipes.reproduce.engine import costs as C  # noqa: E402
 from recipes.reproduce import report  # noqa: E402
-from recipes.reproduce import results as R  # noqa: E402
+from recipes.reproduce.engine import results as R  # noqa: E402
 from recipes.reproduce.translation import hypotheses  # noqa: E402
 
 SPLITS = {"train": 200, "val": 20, "test_2016_flickr": 9, "test_2017_flickr": 7}
@@ -490,7 +490,7 @@ def test_mini_perplexity_table_sizes_its_rows_to_mos(tmp_path):
     """lm-ptb's mini rows as the issue of the train-split table fixes them: Mixtape (default form) within 2% of MoS-4's
     parameters (its last layer), the size-matched softmax within 10% (its LSTMs, not its tied embedding, whose width
     is the rank under test), PLIF and Sigsoftmax on softmax's model."""
-    from recipes.reproduce.costs import count_parameters
+    from recipes.reproduce.engine.costs import count_parameters
 
     table = cli.get_table("lm-ptb")
     args = cli.parse_args(["lm-ptb", "--out", str(tmp_path)])
@@ -690,7 +690,7 @@ def test_timing_noise_is_the_largest_gap_between_the_twin_tables():
 
 def test_a_cell_directory_left_by_other_settings_is_cleared(tmp_path):
     from recipes.reproduce.lm_ptb import TABLE
-    from recipes.reproduce.variants import resolve
+    from recipes.reproduce.engine.variants import resolve
 
     args = cli.parse_args(["lm-ptb", "--out", str(tmp_path)])
     variant = resolve(["softmax"], {})[0]
@@ -724,7 +724,7 @@ def test_score_table_gives_the_papers_number_per_split_where_they_differ():
 
 
 def test_training_time_from_fairseq_and_from_the_finetuning_recipe():
-    from recipes.reproduce.runner import parse_train_wall
+    from recipes.reproduce.engine.runner import parse_train_wall
 
     fairseq_log = (
         '| train | {"epoch": 1, "train_wall": "81"}\n| train_inner | {"train_wall": "17"}\n'
@@ -777,7 +777,7 @@ def test_runner_records_the_cpu_time_of_each_process(tmp_path, monkeypatch):
     a process still running is sampled (what an interrupted one keeps), the total is their sum."""
     import sys
 
-    from recipes.reproduce import runner as RN
+    from recipes.reproduce.engine import runner as RN
 
     busy = [
         sys.executable,

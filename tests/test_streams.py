@@ -16,7 +16,7 @@ pytest.importorskip("fairseq", reason="fairseq not installed: run `make install`
 from fairseq.trainer import Trainer  # noqa: E402
 
 from fairseq_plugin.lm.streams import StreamDataset, eval_windows, train_windows  # noqa: E402
-from recipes.reproduce.costs import setup_task  # noqa: E402
+from recipes.reproduce.engine.costs import setup_task  # noqa: E402
 from test_fairseq_cli import PLUGIN, cli, data  # noqa: E402,F401  (data: the tiny corpus fixture)
 
 TINY = [

@@ -1,4 +1,4 @@
-"""The mini cells' stopping rule and learning-rate sweep (recipes/reproduce/sweep.py): curves from fairseq logs,
+"""The mini cells' stopping rule and learning-rate sweep (recipes/reproduce/engine/sweep.py): curves from fairseq logs,
 the stopping decision, the choice of a rate on valid loss, the grid growing past an end that is best, and the
 table loop that runs the sweep, the chosen rate's seeds, and resumes."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from recipes.reproduce import results as R
-from recipes.reproduce import sweep as S
+from recipes.reproduce.engine import results as R
+from recipes.reproduce.engine import sweep as S
 
 
 def _log(points, walls):
@@ -75,11 +75,11 @@ def test_loss_within_a_time_budget():
 
 
 class FakeTable:
-    """The sweep loop of recipes.reproduce.table.Table with cells that 'train' instantly: the valid loss of a cell
-    is a function of its rate (best at 0.01 for mixtape, 0.005 for softmax) and seed."""
+    """The sweep loop of recipes.reproduce.engine.table.Table with cells that 'train' instantly: the valid loss of a
+    cell is a function of its rate (best at 0.01 for mixtape, 0.005 for softmax) and seed."""
 
     def __new__(cls, best):
-        from recipes.reproduce.table import Table
+        from recipes.reproduce.engine.table import Table
 
         class Fake(Table):
             name, metric, description = "fake", "bleu", "fake table"
@@ -89,7 +89,7 @@ class FakeTable:
             trained, scored, sweep_seen = [], [], []
 
             def variants(self, args):
-                from recipes.reproduce.variants import Variant
+                from recipes.reproduce.engine.variants import Variant
 
                 return [Variant("softmax", "softmax"), Variant("mixtape", "mixtape")]
 
@@ -466,7 +466,7 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
     """Cells moved aside when a table's mini settings changed: their CPU time where recorded, else their training
     seconds (a resumed run's every process) times their threads, in their own row and in the total."""
     from recipes.reproduce import report
-    from recipes.reproduce import runner as RN
+    from recipes.reproduce.engine import runner as RN
 
     aside = tmp_path / "mt-en-de-4096"
     measured = R.cell_dir(str(aside), "softmax", 1, 0.02)
@@ -510,7 +510,7 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
 def test_patience_zero_trains_the_table_cap_without_early_stopping():
     from recipes.reproduce import get_table
     from recipes.reproduce.__main__ import parse_args
-    from recipes.reproduce.variants import resolve
+    from recipes.reproduce.engine.variants import resolve
 
     table, variant = get_table("lm-ptb"), resolve(["softmax"], {})[0]
     for argv, epochs, patience in (

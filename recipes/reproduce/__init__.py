@@ -1,12 +1,10 @@
 """Reproductions of the papers' tables: ``python -m recipes.reproduce TABLE --scale {mini,full}``.
 
 One module per table (``mt_en_de.py`` is the En-De BLEU table, ``lm_ptb.py`` the PTB perplexity table, ...;
-``translation.py`` / ``language_model.py`` what each kind shares, ``table.py`` the loop of all); what the tables
-share besides lives in modules of its own: :mod:`~recipes.reproduce.data` (data checks, BPE),
-:mod:`~recipes.reproduce.runner` (fairseq's command line, ``commands.sh``, logs), :mod:`~recipes.reproduce.variants`
-(head names such as ``mos-9``), :mod:`~recipes.reproduce.results` (rows, finished cells),
-:mod:`~recipes.reproduce.costs` (the papers' training cost columns), :mod:`~recipes.reproduce.report`
-(``docs/reproduction.md``).
+``translation.py`` / ``language_model.py`` what each kind shares); the engine every table runs on in
+:mod:`~recipes.reproduce.engine` (the loop of a table, fairseq's command line, the sweep, results, head variants such
+as ``mos-9``, the papers' training-cost columns); :mod:`~recipes.reproduce.data` (data checks, BPE);
+:mod:`~recipes.reproduce.report` (``docs/reproduction.md``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from recipes.reproduce import stats
-from recipes.reproduce import sweep as S
+from recipes.reproduce.engine import sweep as S
 
 ALPHA = 0.05
 #: the comparisons of a table beside "each head against softmax": (head, baseline)
@@ -406,7 +406,7 @@ def hyp_files(
     table_dir: str, cells: Sequence[Mapping[str, Any]], testsets: Sequence[str]
 ) -> Dict[str, Dict[int, Dict[str, str]]]:
     """``{head: {seed: {testset: path}}}`` of the hypotheses of finished cells under ``table_dir``."""
-    from recipes.reproduce import results as R
+    from recipes.reproduce.engine import results as R
 
     out: Dict[str, Dict[int, Dict[str, str]]] = {}
     for c in cells:

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from recipes.reproduce import data as D
-from recipes.reproduce import results as R
+from recipes.reproduce.engine import results as R
 from recipes.reproduce.lm_data import CORPORA as LM_CORPORA, full_dir
-from recipes.reproduce.runner import PLUGIN, Runner, shell_line, tool, training_done
-from recipes.reproduce.sweep import StopRule
-from recipes.reproduce.table import Table
-from recipes.reproduce.variants import MIXTAPE_FORMS, Variant, full_mixtape_form, resolve
+from recipes.reproduce.engine.runner import PLUGIN, Runner, shell_line, tool, training_done
+from recipes.reproduce.engine.sweep import StopRule
+from recipes.reproduce.engine.table import Table
+from recipes.reproduce.engine.variants import MIXTAPE_FORMS, Variant, full_mixtape_form, resolve
 
 #: the mini AWD-LSTM: smaller layers, half the MoS settings' dropouts (set for the earlier valid-split tables, kept)
 MINI_MODEL = [
@@ -495,7 +495,7 @@ class LanguageModelTable(Table):
         return {"bin": bin_dir}
 
     def plan(self, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
-        from recipes.reproduce.costs import count_parameters
+        from recipes.reproduce.engine.costs import count_parameters
         import tempfile
 
         bin_dir = os.path.join(full_dir(args.data, self.corpus), "bin")

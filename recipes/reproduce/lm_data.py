@@ -24,7 +24,7 @@ import sys
 from typing import Dict
 
 from recipes.reproduce import data as D
-from recipes.reproduce.runner import tool
+from recipes.reproduce.engine.runner import tool
 
 CORPORA: Dict[str, Dict] = {
     "ptb": {

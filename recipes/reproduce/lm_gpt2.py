@@ -25,12 +25,12 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from hf_heads.core.config import SPEC_VERSION
-from recipes.reproduce import results as R
+from recipes.reproduce.engine import results as R
 from recipes.reproduce.language_model import LM_HEAD_OPTIONS, prepare_mini_corpus
 from recipes.reproduce.lm_wt2 import TABLE as WT2
-from recipes.reproduce.runner import Runner, parse_train_wall, shell_line
-from recipes.reproduce.table import Table
-from recipes.reproduce.variants import MIXTAPE_FORMS, Variant, resolve
+from recipes.reproduce.engine.runner import Runner, parse_train_wall, shell_line
+from recipes.reproduce.engine.table import Table
+from recipes.reproduce.engine.variants import MIXTAPE_FORMS, Variant, resolve
 
 RECIPE = [sys.executable, "-m", "recipes.finetune_hf"]
 #: the models of a cell and their recipe arguments at mini scale (2-core CPU; each model a few minutes; gpt2's mini

@@ -33,13 +33,13 @@ import sys
 from types import SimpleNamespace
 from typing import Any, Dict
 
-from recipes.reproduce import results as R
-from recipes.reproduce import sweep as S
+from recipes.reproduce.engine import results as R
+from recipes.reproduce.engine import sweep as S
 from recipes.reproduce.language_model import LM_HEAD_OPTIONS, MINI_OPTIMIZERS, PPL
 from recipes.reproduce.lm_ptb import TABLE
-from recipes.reproduce.runner import Runner, cpu_seconds, parse_train_wall, shell_line
-from recipes.reproduce.table import DOCS
-from recipes.reproduce.variants import resolve
+from recipes.reproduce.engine.runner import Runner, cpu_seconds, parse_train_wall, shell_line
+from recipes.reproduce.engine.table import DOCS
+from recipes.reproduce.engine.variants import resolve
 
 #: epochs of each head's arms (the same for both optimisers)
 EPOCHS = {"softmax": 4, "mos-4": 2}
@@ -163,7 +163,7 @@ def run_probes(runner: Runner, bin_dir: str, args, train_tokens: int) -> Dict[st
 
 
 def logged_cpu_s(pattern: str) -> float:
-    """CPU seconds of every process whose log matches ``pattern`` (:func:`recipes.reproduce.runner.cpu_seconds`)."""
+    """CPU seconds of every process whose log matches ``pattern`` (the engine's ``runner.cpu_seconds``)."""
     total = 0.0
     for log in sorted(glob.glob(pattern)):
         with open(log) as f:

@@ -25,11 +25,11 @@ import statistics
 from types import SimpleNamespace
 from typing import Dict, List
 
-from recipes.reproduce import results as R
+from recipes.reproduce.engine import results as R
 from recipes.reproduce.lm_ptb import TABLE
-from recipes.reproduce.runner import Runner, relative_paths, shell_line
-from recipes.reproduce.table import DOCS
-from recipes.reproduce.variants import resolve
+from recipes.reproduce.engine.runner import Runner, relative_paths, shell_line
+from recipes.reproduce.engine.table import DOCS
+from recipes.reproduce.engine.variants import resolve
 
 PROTOCOLS = ("blocks", "streams")  # how a cell trains
 SCORINGS = ("blocks", "stateless", "stateful")  # how its checkpoint is scored

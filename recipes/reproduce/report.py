@@ -23,10 +23,10 @@ from typing import Any, Dict, List, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce import compare as C
-from recipes.reproduce import results as R
-from recipes.reproduce import sweep as S
-from recipes.reproduce.costs import GRID
-from recipes.reproduce.runner import canonical_paths, cpu_seconds, parse_train_wall
+from recipes.reproduce.engine import results as R
+from recipes.reproduce.engine import sweep as S
+from recipes.reproduce.engine.costs import GRID
+from recipes.reproduce.engine.runner import canonical_paths, cpu_seconds, parse_train_wall
 from recipes.reproduce.stats import paired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -556,7 +556,7 @@ def timing_noise(objs: Dict[str, Dict[str, Any]]) -> str:
 
 
 def _added_heads(costs: Dict[str, Any]) -> str:
-    """The sentence on heads timed after the table's cost run (:func:`recipes.reproduce.costs.merge_costs`)."""
+    """The sentence on heads timed after the table's cost run (:func:`recipes.reproduce.engine.costs.merge_costs`)."""
     added = list(costs.get("added") or {})
     if not added:
         return ""

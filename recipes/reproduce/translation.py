@@ -4,7 +4,7 @@ through fairseq's own command line.
 * ``--scale mini`` (a 2-core CPU): Multi30k from ``--data``, a joint sentencepiece BPE learned here, a small
   transformer (:data:`MINI_MODEL`) trained for a fixed number of updates per cell, beam 5, sacrebleu on the
   detokenized hypotheses of test_2016_flickr and test_2017_flickr; plus the paper's cost columns measured on
-  this model (:mod:`recipes.reproduce.costs`).
+  this model (:mod:`recipes.reproduce.engine.costs`).
 * ``--scale full`` (a GPU cluster): the paper's section 4.2 models on WMT'14 (data prepared on a machine with
   internet by :mod:`recipes.reproduce.wmt`); ``--dry-run`` prints the commands and counts every model's
   parameters on the meta device.
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from recipes.reproduce import data as D
-from recipes.reproduce import results as R
+from recipes.reproduce.engine import results as R
 from recipes.reproduce import wmt
-from recipes.reproduce.costs import count_parameters
-from recipes.reproduce.runner import PLUGIN, Runner, shell_line, tool, training_done
-from recipes.reproduce.sweep import StopRule
-from recipes.reproduce.table import Table
-from recipes.reproduce.variants import Variant, full_mixtape_form, resolve
+from recipes.reproduce.engine.costs import count_parameters
+from recipes.reproduce.engine.runner import PLUGIN, Runner, shell_line, tool, training_done
+from recipes.reproduce.engine.sweep import StopRule
+from recipes.reproduce.engine.table import Table
+from recipes.reproduce.engine.variants import Variant, full_mixtape_form, resolve
 
 #: the mini transformer: 3+3 layers, 128-d, pre-norm (stable at a high learning rate), shared embeddings
 MINI_MODEL = [

@@ -24,7 +24,7 @@ import subprocess
 from typing import Any, Dict
 
 from recipes.reproduce import data as D
-from recipes.reproduce.runner import tool
+from recipes.reproduce.engine.runner import tool
 
 CORPORA = {
     "en-de": {

@@ -20,7 +20,7 @@ import statistics
 from typing import Any, Dict, Iterable, List, Optional
 
 from hf_heads.core.registry import versioned_options
-from recipes.reproduce.runner import located_paths
+from recipes.reproduce.engine.runner import located_paths
 
 ROW_KEYS = (
     "table",

@@ -18,10 +18,10 @@ import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 from hf_heads.core.config import SPEC_VERSION
-from recipes.reproduce import results as R
-from recipes.reproduce import sweep as S
-from recipes.reproduce.runner import ROOT, Runner, canonical_paths, cpu_seconds, parse_train_wall
-from recipes.reproduce.variants import Variant
+from recipes.reproduce.engine import results as R
+from recipes.reproduce.engine import sweep as S
+from recipes.reproduce.engine.runner import ROOT, Runner, canonical_paths, cpu_seconds, parse_train_wall
+from recipes.reproduce.engine.variants import Variant
 
 DOCS = os.path.join(ROOT, "docs")
 #: the default --out, made absolute as the command line makes it
@@ -43,7 +43,7 @@ class Table:
     metric: str  # the key of the cell records' scores and the rows' metric: "bleu", "ppl"
     scales = ("mini", "full")
     paper_costs: Dict[str, Dict[str, float]]  # the paper's cost columns per head (see costs.PAPER_KEYS)
-    cost_columns = True  # whether the mini scale measures the cost columns (fairseq models: recipes.reproduce.costs)
+    cost_columns = True  # whether the mini scale measures the cost columns (fairseq models: engine/costs.py)
     cost_batch = 256  # sequences a batch for the same-batch cost columns, as the paper's table (--cost-batch)
     cost_unit = "sentences"  # what a sequence of the table is, for the report
 
@@ -417,7 +417,7 @@ class Table:
                 self.save_rows(table_dir, variants, self.rows(table_dir, variants, args))  # so far
         costs = None
         if self.cost_columns and not args.no_costs and args.scale == "mini":
-            from recipes.reproduce import costs as C
+            from recipes.reproduce.engine import costs as C
 
             costs = C.table_costs(runner, self, prepared, variants, args, table_dir, log)
         rows = self.rows(table_dir, variants, args, costs, rates)

@@ -15,7 +15,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 BIN = os.path.dirname(sys.executable)
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PLUGIN = os.path.join(ROOT, "fairseq_plugin")
 UPDATES = re.compile(r'"(?:train_inner_)?num_updates": "(\d+)"|num_updates[ =](\d+)')
 

@@ -13,7 +13,7 @@ decoder features; an "all layers" step is the criterion's loss and the backward 
 Time: interleaved rounds, medians (:mod:`recipes.timing`); peak memory: the resident set's rise during one
 step, in a child process whose allocator returns freed memory at once.
 
-    python -m recipes.reproduce.costs --spec OUT/TABLE/costs-spec.json --out OUT/TABLE/costs.json
+    python -m recipes.reproduce.engine.costs --spec OUT/TABLE/costs-spec.json --out OUT/TABLE/costs.json
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def measure(spec: Dict[str, Any], memory: Dict[str, Any], log=print) -> Dict[str
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.costs", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.engine.costs", description=__doc__.split("\n")[0])
     p.add_argument("--spec", required=True, help="JSON: heads {name: fairseq-train args}, batch, budget_factor, ...")
     p.add_argument("--out", required=True)
     p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)  # the child
@@ -204,7 +204,8 @@ def main(argv=None) -> None:
     memory_path = args.out + ".memory.json"
     log("costs: peak memory (child process)")
     subprocess.run(
-        [sys.executable, "-m", "recipes.reproduce.costs", "--spec", args.spec, "--out", memory_path, "--memory-only"],
+        [sys.executable, "-m", "recipes.reproduce.engine.costs", "--spec", args.spec, "--out", memory_path]
+        + ["--memory-only"],
         env={**os.environ, **MALLOC_ENV},
         check=True,
     )
@@ -219,7 +220,7 @@ def main(argv=None) -> None:
 def table_costs(runner, table, prepared, variants, args, table_dir: str, log=print) -> Dict[str, Dict[str, Any]]:
     """Measure (once; ``costs.json`` is kept) the cost columns of ``variants`` for a table; return
     ``{head: {metric: {"ours": ratio, "paper": ratio or None, "command": line}}}``."""
-    from recipes.reproduce.results import load_json, save_json
+    from recipes.reproduce.engine.results import load_json, save_json
 
     out = os.path.join(table_dir, "costs.json")
     names = [v.name for v in variants]
@@ -240,7 +241,7 @@ def table_costs(runner, table, prepared, variants, args, table_dir: str, log=pri
         "rounds": 5,
         "unit": table.cost_unit,
     }
-    cmd = [sys.executable, "-m", "recipes.reproduce.costs", "--spec", spec_path, "--out", out]
+    cmd = [sys.executable, "-m", "recipes.reproduce.engine.costs", "--spec", spec_path, "--out", out]
     lines = dict.fromkeys(names, runner.record(cmd, comment="training-cost columns"))
     measured = load_json(out)
     if measured is None or measured["batch"] != batch:
@@ -253,7 +254,7 @@ def table_costs(runner, table, prepared, variants, args, table_dir: str, log=pri
         add_spec, add_out = (
             os.path.join(table_dir, f"costs-added-{'-'.join(missing)}{ext}") for ext in ("-spec.json", ".json")
         )
-        add_cmd = [sys.executable, "-m", "recipes.reproduce.costs", "--spec", add_spec, "--out", add_out]
+        add_cmd = [sys.executable, "-m", "recipes.reproduce.engine.costs", "--spec", add_spec, "--out", add_out]
         save_json(add_spec, {**spec, "heads": {n: heads[n] for n in ["softmax", *missing]}})
         log(f"{table.name}: training-cost columns of the added heads ({', '.join(missing)}), beside softmax")
         runner.run(add_cmd, os.path.join(table_dir, "costs.log"), f"{table.name} costs", comment="added heads")
