@@ -42,14 +42,9 @@ class MixtapeConfig(ContextConfig):
     gate_weight_norm: bool = option(False, "weight-normalise the rows of U_k with a constant scale (paper: on for LM)")
     scaled_input: Optional[bool] = option(
         None,
-        "None (the default): False for a new head; a head whose weights were saved before this option had a "
-        "version (no scaled_form entry in its state dict) loads as True, the default then. True: multiply g by "
-        "d1^-1/2 before H_k, U_k, u_k and draw those with unit variance, as Mesh TensorFlow's "
-        "Mixtape (made for Adafactor, whose steps follow each weight's scale). False: g as is, those weights "
-        "drawn the same and multiplied by d1^-1/2 (as a torch nn.Linear): the same function at initialisation, "
-        "but Adam and SGD then move them at the pace of the model's other layers (about sqrt(d1) times faster "
-        "under Adam, d1 times under SGD): in effect a larger learning rate for the head's projections "
-        "(docs/reproduction.md: mixtape vs mixtape-unscaled)",
+        "the form of H_k, U_k, u_k. False: torch's nn.Linear form (g as is). True: Mesh TensorFlow's, made for "
+        "Adafactor (g scaled by d1^-1/2, unit-variance weights): the same function at initialisation, moved about "
+        "sqrt(d1) times more slowly by Adam. None: False, or the form kept with saved weights (docs/heads.md)",
         shown="False; True for weights saved before head spec version 2",
     )
 
