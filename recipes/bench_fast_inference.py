@@ -29,8 +29,8 @@ from typing import Dict, List
 import torch
 
 import hf_heads
-from recipes.real_heads import TrainedHead, random_head, smollm2_head, smollm2_missing
-from recipes.timing import busy_neighbour, busy_report, time_per_call
+from recipes.common.real_heads import TrainedHead, random_head, smollm2_head, smollm2_missing
+from recipes.common.timing import busy_neighbour, busy_report, time_per_call
 
 SETTINGS = ("smollm2", "lm", "random")
 
@@ -140,7 +140,7 @@ def run_setting(name: str, head: TrainedHead, extra: Dict[str, torch.nn.Module],
 
 def lm_setting(args, log=print):
     """Setting (b): train the DS recipe's LSTM LM on PTB; class_softmax and d_softmax on its states."""
-    from recipes.hidden_tasks import make_ptb_task, train_head
+    from recipes.common.hidden_tasks import make_ptb_task, train_head
 
     task = make_ptb_task(args.ptb_dir, dim=512, epochs=args.lm_epochs, seed=args.seed, progress=args.progress)
     V, d = task.vocab_size, task.train_h.shape[1]
@@ -196,7 +196,7 @@ def format_table(rows: List[Dict]) -> str:
 def format_busy(rows: List[Dict]) -> str:
     """The --busy table: batch-1 ms and speed-up quiet and beside a busy neighbour, and each method's slowdown over
     the exact softmax's (1 = it suffers no more than the softmax; the aim: at most 1.5)."""
-    from recipes.process import describe
+    from recipes.common.process import describe
 
     lines = [
         f"Beside a busy neighbour process (`--busy`; {describe()}):",
@@ -338,6 +338,6 @@ def main(argv=None) -> List[Dict]:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

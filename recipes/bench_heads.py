@@ -7,7 +7,7 @@ torch softmax (``nn.Linear`` + ``F.cross_entropy``) measured in the same process
 * peer: x-transformers' mixture of softmaxes (``TransformerWrapper(mixture_of_softmax=True)``), its own
   modules and math, when the ``x-transformers`` package is installed (skipped with a message otherwise).
 
-Time: interleaved rounds, median seconds per step (recipes/timing.py). Peak memory: the largest rise of the
+Time: interleaved rounds, median seconds per step (recipes/common/timing.py). Peak memory: the largest rise of the
 process's resident set during one step over what it held before (sampled every 0.5 ms by a thread; the
 median of a few steps), so it counts every activation, gradient and temporary the step allocates.
 
@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 import hf_heads
 from hf_heads.core import functional
-from recipes.timing import MALLOC_ENV, busy_neighbour, busy_report, peak_memory, time_per_call
+from recipes.common.timing import MALLOC_ENV, busy_neighbour, busy_report, peak_memory, time_per_call
 
 
 #: (label, head name, options): the settings of the issue's target table
@@ -518,7 +518,7 @@ def format_table(results: Dict[str, Dict[str, Dict[str, float]]]) -> str:
 def format_busy(busy: Dict[str, Dict[str, Dict[str, float]]]) -> str:
     """The --busy table: per setting and head, the time ratio to softmax quiet and beside a busy neighbour, the
     head's own slowdown and that slowdown over softmax's (the aim: at most 1.5)."""
-    from recipes.process import describe
+    from recipes.common.process import describe
 
     lines = [
         f"Beside a busy neighbour process (`--busy`; {describe()}):",
@@ -676,6 +676,6 @@ def main(argv=None, log=print) -> Dict[str, Dict[str, Dict[str, float]]]:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

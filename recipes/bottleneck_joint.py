@@ -118,6 +118,6 @@ def main(argv=None, log=print) -> List[Dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

@@ -271,6 +271,6 @@ def main(argv=None, log=print) -> Dict:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

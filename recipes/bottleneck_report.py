@@ -334,6 +334,6 @@ def main(argv=None, log=print) -> str:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

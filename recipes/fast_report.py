@@ -277,6 +277,6 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

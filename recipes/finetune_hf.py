@@ -448,6 +448,6 @@ def save_outputs(model, tokenizer, result: Dict, args, log) -> None:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

@@ -192,6 +192,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

@@ -245,6 +245,6 @@ def main(argv=None) -> Dict[str, Dict]:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

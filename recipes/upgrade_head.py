@@ -211,6 +211,6 @@ def _fmt(r: Dict[str, float]) -> str:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

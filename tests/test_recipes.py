@@ -498,7 +498,7 @@ def test_lm_task_is_kept_and_loaded_instead_of_trained_again(tmp_path, monkeypat
     """make_lm_task(cache_dir=...) keeps the trained LM (named by its settings and the text's checksum) and a later
     call loads it: the same hidden states, perplexity and random draws after it, no training; another seed or text
     trains anew."""
-    from recipes import hidden_tasks as ht
+    from recipes.common import hidden_tasks as ht
 
     tiny_corpus(tmp_path / "text", num_words=30, valid_lines=30, seed=3)
     kw = dict(data_dir=str(tmp_path / "text"), corpus="ptb", dim=8, epochs=1, progress=False, cache_dir=str(tmp_path))
@@ -645,7 +645,7 @@ def test_training_cost_benchmark_tiny_run(tmp_path):
 
 
 def test_busy_neighbour_runs_only_inside_its_block_and_the_report_divides_right():
-    from recipes.timing import busy_neighbour, busy_report
+    from recipes.common.timing import busy_neighbour, busy_report
 
     with busy_neighbour(2) as procs:
         assert len(procs) == 2 and all(p.poll() is None for p in procs)  # running (not exited at start)

@@ -104,6 +104,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from recipes.cli import run
+    from recipes.common.cli import run
 
     run(main)

@@ -1,5 +1,5 @@
 """How every recipe's command starts and ends: ``python -m recipes.X`` says how many threads torch uses and how they
-wait (:func:`recipes.process.describe`, on stderr); with a bad head, option or value it prints the library's
+wait (:func:`recipes.common.process.describe`, on stderr); with a bad head, option or value it prints the library's
 ``ValueError`` as one line (``recipes.X: error: ...``) and exits 2, as argparse does for its own checks, instead of a
 traceback; ``SOFTMAX_HEADS_TRACEBACK=1`` shows the traceback."""
 
@@ -23,7 +23,7 @@ def program() -> str:
 def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
     """Run ``main(argv)`` and exit: with its return value where it is an exit code (an int), else 0; with 2 and one
     line on stderr for a ``ValueError``. Says torch's thread use first (stderr)."""
-    from recipes.process import describe
+    from recipes.common.process import describe
 
     if "-h" not in sys.argv[1:] and "--help" not in sys.argv[1:]:
         print(f"{program()}: {describe()}", file=sys.stderr, flush=True)
