@@ -60,7 +60,6 @@ def joint_command(table, variant, d: int, seed: int, save_dir: str, args, table_
 
 def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -> Dict[str, Any]:
     from recipes.reproduce.engine import results as R
-    from recipes.reproduce.language_model import PPL
     from recipes.reproduce.engine.runner import cpu_seconds, shell_line, training_done
 
     name = f"{variant.name}-d{d}-s{seed}"
@@ -69,15 +68,8 @@ def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -
     train = joint_command(table, variant, d, seed, save_dir, args, table_args)
     if not training_done(log_path):
         runner.run(train, log_path, name, comment=f"{name}: train")
-    text = open(log_path).read()
-    ppl = {}
-    for split in ("valid", "test"):
-        cmd = table.eval_command(args.bin, os.path.join(save_dir, "checkpoint_best.pt"), split, table_args)
-        out = runner.run(cmd, os.path.join(cell, f"eval-{split}.log"), name, comment=f"{name}: {split}")
-        found = PPL.findall(out)
-        if not found:
-            raise SystemExit(f"{name}: no perplexity in {os.path.join(cell, f'eval-{split}.log')}")
-        ppl[split] = float(found[-1])
+    best = os.path.join(save_dir, "checkpoint_best.pt")
+    ppl, _ = table.score_checkpoint(runner, args.bin, best, cell, name, table_args)
     record = {
         "head": variant.name,
         "options": variant.options,
@@ -86,7 +78,7 @@ def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -
         "lr": args.lr,
         "epoch_cap": args.epochs,
         "ppl": ppl,
-        "cpu_seconds": cpu_seconds(log_path, text),
+        "cpu_seconds": cpu_seconds(log_path, open(log_path).read()),
         "command": shell_line(train),
     }
     log(f"{name}: valid {ppl['valid']:.2f}, test {ppl['test']:.2f} perplexity")

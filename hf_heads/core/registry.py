@@ -109,7 +109,8 @@ def build_head(
         options.setdefault("embedding_size", int(weight.shape[1]))
     if bias is not None and "use_bias" not in options:
         options["use_bias"] = True
-    head = cls(check_head_options(name, hidden_size, vocab_size, **options))
+    config = cls.config_class.from_options(hidden_size=hidden_size, vocab_size=vocab_size, **options)
+    head = cls(config)  # the constructor runs the class's check_config
     if frequency_order is not None and token_counts is not None:
         raise ValueError(f"{name}: give frequency_order or token_counts, not both")
     if token_counts is not None:

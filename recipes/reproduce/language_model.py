@@ -22,7 +22,7 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from recipes.reproduce import data as D
 from recipes.reproduce.engine import results as R
@@ -621,9 +621,16 @@ class LanguageModelTable(Table):
             if self.averages(args)
             else os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_best.pt")
         )
+        return self.score_checkpoint(runner, prepared["bin"], scored, cell_dir, label, args)
+
+    def score_checkpoint(
+        self, runner: Runner, bin_dir: str, checkpoint: str, cell_dir: str, label: str, args
+    ) -> Tuple[Dict[str, float], List[str]]:
+        """Perplexity of ``checkpoint`` on valid and test, as the table scores (logs in ``cell_dir``), and the
+        commands that scored it."""
         ppl, commands = {}, []
         for split in ("valid", "test"):
-            cmd = self.eval_command(prepared["bin"], scored, split, args)
+            cmd = self.eval_command(bin_dir, checkpoint, split, args)
             out = runner.run(cmd, os.path.join(cell_dir, f"eval-{split}.log"), label, comment=f"{label}: {split}")
             found = PPL.findall(out)
             if not found:
