@@ -101,7 +101,7 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
         "fairseq-train",
         "fairseq-generate",
         "sacrebleu",
-        "recipes.reproduce.data",
+        "recipes.reproduce.data.prepare",
         "--user-dir",
     ):
         assert needle in commands
@@ -230,7 +230,7 @@ def test_full_size_dry_runs_count_the_papers_parameters(tmp_path, capsys):
         train = [c for c in plan["commands"] if c.startswith("fairseq-train")]
         assert len(train) == 2 and all("--user-dir" in c and "--max-update" in c for c in train)
         assert any(c.startswith("fairseq-generate") for c in plan["commands"])
-        assert "recipes.reproduce.wmt" in plan["commands"][0]
+        assert "recipes.reproduce.data.wmt" in plan["commands"][0]
         # the paper's setup: a 32K BPE for both pairs (Table 2), relative positions [16] and no absolute ones
         assert plan["vocabulary"] == 32000
         assert all("--relative-positions 20 --no-token-positional-embeddings" in c for c in train)
@@ -390,7 +390,7 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     assert next(r for r in rows if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.1  # the LM setting
     commands = (tmp_path / "lm-ptb" / "commands.sh").read_text()
     for needle in (
-        "recipes.reproduce.data lm",
+        "recipes.reproduce.data.prepare lm",
         "fairseq-preprocess --only-source",
         "checkpoint_best.pt",
         "fairseq-eval-lm",
@@ -543,7 +543,7 @@ def test_one_billion_word_table_is_a_full_size_plan(tmp_path):
     assert abs(counts["mos-7"] / 113e6 - 1) < 0.02  # the MoS paper's MoS: 113M
     assert abs(counts["mixtape"] / counts["mos-7"] - 1) < 0.02  # the Mixtape paper matches Mixtape to MoS
     assert any("--arch head_awd_lstm_lm_1b" in c for c in plan["commands"])
-    assert "recipes.reproduce.lm_data --corpus lm1b" in plan["commands"][0] and "assumptions" in plan["note"]
+    assert "recipes.reproduce.data.lm_corpora --corpus lm1b" in plan["commands"][0] and "assumptions" in plan["note"]
     with pytest.raises(SystemExit, match="lm-1b has no --scale mini"):
         cli.main(["lm-1b", "--scale", "mini", "--out", str(tmp_path)], log=lambda m: None)
 
@@ -669,7 +669,7 @@ def test_report_shows_the_full_size_plan(tmp_path):
 
 
 def test_full_size_data_scripts_stop_offline_naming_what_they_need(tmp_path, monkeypatch):
-    from recipes.reproduce import lm_data
+    from recipes.reproduce.data import lm_corpora
 
     def unreachable(*args, **kwargs):
         raise OSError("no route to host")
@@ -677,7 +677,7 @@ def test_full_size_data_scripts_stop_offline_naming_what_they_need(tmp_path, mon
     monkeypatch.setattr("socket.create_connection", unreachable)
     for corpus, url in (("lm1b", "1-billion-word-language-modeling-benchmark"), ("ptb", "simple-examples.tgz")):
         with pytest.raises(SystemExit, match=f"the full {corpus} data needs the internet(.|\n)*{url}"):
-            lm_data.main(["--corpus", corpus, "--data", str(tmp_path)])
+            lm_corpora.main(["--corpus", corpus, "--data", str(tmp_path)])
     assert not any(tmp_path.iterdir())  # stopped before writing anything
 
 

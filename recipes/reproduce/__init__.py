@@ -3,7 +3,7 @@
 One module per table (``mt_en_de.py`` is the En-De BLEU table, ``lm_ptb.py`` the PTB perplexity table, ...;
 ``translation.py`` / ``language_model.py`` what each kind shares); the engine every table runs on in
 :mod:`~recipes.reproduce.engine` (the loop of a table, fairseq's command line, the sweep, results, head variants such
-as ``mos-9``, the papers' training-cost columns); :mod:`~recipes.reproduce.data` (data checks, BPE);
+as ``mos-9``, the papers' training-cost columns); :mod:`~recipes.reproduce.data.prepare` (data checks, BPE);
 :mod:`~recipes.reproduce.report` (``docs/reproduction.md``).
 """
 

@@ -24,9 +24,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from recipes.reproduce import data as D
+from recipes.reproduce.data import prepare as D
 from recipes.reproduce.engine import results as R
-from recipes.reproduce.lm_data import CORPORA as LM_CORPORA, full_dir
+from recipes.reproduce.data.lm_corpora import CORPORA as LM_CORPORA, full_dir
 from recipes.reproduce.engine.runner import PLUGIN, Runner, shell_line, tool, training_done
 from recipes.reproduce.engine.sweep import StopRule
 from recipes.reproduce.engine.table import Table
@@ -132,7 +132,7 @@ def prepare_mini_corpus(runner: Runner, args, table_dir: str, corpus: str, limit
             [
                 sys.executable,
                 "-m",
-                "recipes.reproduce.data",
+                "recipes.reproduce.data.prepare",
                 "lm",
                 "--data",
                 args.data,
@@ -408,7 +408,7 @@ class LanguageModelTable(Table):
 
     def data_command(self, args) -> str:
         return shell_line(
-            [sys.executable, "-m", "recipes.reproduce.lm_data", "--corpus", self.corpus, "--data", args.data]
+            [sys.executable, "-m", "recipes.reproduce.data.lm_corpora", "--corpus", self.corpus, "--data", args.data]
         )
 
     def eval_command(self, bin_dir: str, checkpoint: str, split: str, args, scoring: Optional[str] = None) -> List[str]:

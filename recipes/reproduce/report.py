@@ -110,7 +110,7 @@ def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> Dic
     becomes ``HEAD-seed1`` even when its machine is gone (:func:`results.restore_hypotheses` brings them back)."""
     import shutil
 
-    from recipes.reproduce import data as D
+    from recipes.reproduce.data import prepare as D
     from recipes.reproduce.translation import corpus_bleu
 
     table = get_table(obj["table"])

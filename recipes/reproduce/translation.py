@@ -6,7 +6,7 @@ through fairseq's own command line.
   detokenized hypotheses of test_2016_flickr and test_2017_flickr; plus the paper's cost columns measured on
   this model (:mod:`recipes.reproduce.engine.costs`).
 * ``--scale full`` (a GPU cluster): the paper's section 4.2 models on WMT'14 (data prepared on a machine with
-  internet by :mod:`recipes.reproduce.wmt`); ``--dry-run`` prints the commands and counts every model's
+  internet by :mod:`recipes.reproduce.data.wmt`); ``--dry-run`` prints the commands and counts every model's
   parameters on the meta device.
 
 Each (head, seed) cell: ``fairseq-train`` (resumes from its ``checkpoint_last.pt`` when interrupted) ->
@@ -24,9 +24,9 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from recipes.reproduce import data as D
+from recipes.reproduce.data import prepare as D
 from recipes.reproduce.engine import results as R
-from recipes.reproduce import wmt
+from recipes.reproduce.data import wmt
 from recipes.reproduce.engine.costs import count_parameters
 from recipes.reproduce.engine.runner import PLUGIN, Runner, shell_line, tool, training_done
 from recipes.reproduce.engine.sweep import StopRule
@@ -327,7 +327,7 @@ class TranslationTable(Table):
                 [
                     sys.executable,
                     "-m",
-                    "recipes.reproduce.data",
+                    "recipes.reproduce.data.prepare",
                     "multi30k",
                     "--data",
                     args.data,
@@ -512,7 +512,7 @@ def full_plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any
     pair = f"{table.src}-{table.tgt}"
     spec = wmt.CORPORA[pair]
     bin_dir = os.path.join(wmt.data_dir(args, table), "bin")
-    commands = [shell_line([sys.executable, "-m", "recipes.reproduce.wmt", "--pair", pair, "--data", args.data])]
+    commands = [shell_line([sys.executable, "-m", "recipes.reproduce.data.wmt", "--pair", pair, "--data", args.data])]
     parameters = {}
     with tempfile.TemporaryDirectory() as tmp:
         fake = _dummy_bin(table, spec["bpe"], tmp)

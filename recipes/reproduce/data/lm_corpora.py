@@ -1,9 +1,9 @@
 """Full-size language-modelling data for the perplexity tables (``lm-ptb``, ``lm-wt2``, ``lm-1b``), prepared once on
 a machine with internet (then copy ``DATA/CORPUS-full`` to the cluster)::
 
-    python -m recipes.reproduce.lm_data --corpus ptb --data ../shared/data          # Mikolov's PTB (10k words)
-    python -m recipes.reproduce.lm_data --corpus wikitext-2 --data ../shared/data   # WikiText-2 v1 (33,278 words)
-    python -m recipes.reproduce.lm_data --corpus lm1b --data ../shared/data         # One Billion Word, 100k words
+    python -m recipes.reproduce.data.lm_corpora --corpus ptb --data ../shared/data          # Mikolov's PTB (10k)
+    python -m recipes.reproduce.data.lm_corpora --corpus wikitext-2 --data ../shared/data   # WikiText-2 v1 (33,278)
+    python -m recipes.reproduce.data.lm_corpora --corpus lm1b --data ../shared/data         # One Billion Word (100k)
 
 PTB and WikiText-2 are the files AWD-LSTM / MoS read (``getdata.sh``): already tokenised, rare words already
 ``<unk>``, every word of them in the vocabulary. One Billion Word as the Mixtape paper (following MoS): the
@@ -23,7 +23,7 @@ import subprocess
 import sys
 from typing import Dict
 
-from recipes.reproduce import data as D
+from recipes.reproduce.data import prepare as D
 from recipes.reproduce.engine.runner import tool
 
 CORPORA: Dict[str, Dict] = {
@@ -96,7 +96,7 @@ def prepare(corpus: str, data: str) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.lm_data", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.data.lm_corpora", description=__doc__.split("\n")[0])
     p.add_argument("--corpus", required=True, choices=sorted(CORPORA))
     p.add_argument("--data", default=os.path.join("..", "shared", "data"))
     args = p.parse_args(argv)

@@ -6,8 +6,8 @@ fetch (:func:`require_internet` stops at once otherwise, naming what it needs).
 
 Run as a script it prepares one table's data (what ``commands.sh`` records, so a user can redo it by hand)::
 
-    python -m recipes.reproduce.data multi30k --data ../shared/data --src en --tgt de --bpe-size 4000 --out DIR
-    python -m recipes.reproduce.data lm --data ../shared/data --corpus ptb --out DIR
+    python -m recipes.reproduce.data.prepare multi30k --data ../shared/data --src en --tgt de --bpe-size 4000 --out DIR
+    python -m recipes.reproduce.data.prepare lm --data ../shared/data --corpus ptb --out DIR
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def require_internet(what: str, urls: Sequence[str], timeout: float = 5.0) -> No
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.data", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.data.prepare", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     m = sub.add_parser("multi30k", help="Multi30k task 1 from --data, joint BPE, raw references")
     m.add_argument("--data", default=os.path.join("..", "shared", "data"))

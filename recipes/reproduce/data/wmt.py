@@ -3,8 +3,8 @@ trains on it is :func:`recipes.reproduce.translation.full_plan`).
 
 Data, once, on a machine with internet (then copy ``DATA/wmt16-en-de`` / ``DATA/wmt14-en-fr`` to the cluster)::
 
-    python -m recipes.reproduce.wmt --pair en-de --data ../shared/data     # WMT'16 En-De (4.5M pairs), 32k BPE
-    python -m recipes.reproduce.wmt --pair en-fr --data ../shared/data     # WMT'14 En-Fr (36M pairs), 32k BPE
+    python -m recipes.reproduce.data.wmt --pair en-de --data ../shared/data     # WMT'16 En-De (4.5M pairs), 32k BPE
+    python -m recipes.reproduce.data.wmt --pair en-fr --data ../shared/data     # WMT'14 En-Fr (36M pairs), 32k BPE
 
 It downloads the training corpora (the lists of fairseq's ``prepare-wmt14en2*.sh`` / the WMT'16 En-De data
 of fairseq's transformer-big recipes), newstest2013 (valid) and newstest2014 (test, ``wmt14/full``) through
@@ -23,7 +23,7 @@ import os
 import subprocess
 from typing import Any, Dict
 
-from recipes.reproduce import data as D
+from recipes.reproduce.data import prepare as D
 from recipes.reproduce.engine.runner import tool
 
 CORPORA = {
@@ -72,7 +72,7 @@ def prepared_full(table, args) -> Dict[str, Any]:
             bin_dir,
             [f"dict.{table.src}.txt", f"dict.{table.tgt}.txt"],
             f"{table.name} --scale full (prepare the data first, on a machine with internet: "
-            f"python -m recipes.reproduce.wmt --pair {table.src}-{table.tgt} --data {args.data})",
+            f"python -m recipes.reproduce.data.wmt --pair {table.src}-{table.tgt} --data {args.data})",
         )
     return {"bin": bin_dir, "raw": os.path.join(directory, "raw"), "subsets": {TESTSET: "test"}}
 
@@ -140,7 +140,7 @@ def prepare(pair: str, data: str, max_words: int = 250, ratio: float = 1.5) -> s
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.wmt", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m recipes.reproduce.data.wmt", description=__doc__.split("\n")[0])
     p.add_argument("--pair", required=True, choices=sorted(CORPORA))
     p.add_argument("--data", default=os.path.join("..", "shared", "data"))
     args = p.parse_args(argv)
