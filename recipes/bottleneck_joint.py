@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def joint_command(table, variant, d: int, seed: int, save_dir: str, args, table_args) -> List[str]:
     """The table's training command of ``variant`` with a ``d``-unit last layer, an untied head and the epoch cap."""
-    from recipes.reproduce.language_model import with_options
+    from recipes.reproduce.tables.language_model import with_options
 
     cmd = table.train_command(args.bin, variant, seed, save_dir, table_args, args.lr)
     return with_options(cmd, ["--nhidlast", str(d), "--max-epoch", str(args.epochs)]) + ["--untie-weights"]

@@ -21,7 +21,7 @@ from recipes.reproduce import __main__ as cli  # noqa: E402
 from recipes.reproduce.engine import costs as C  # noqa: E402
 from recipes.reproduce import report  # noqa: E402
 from recipes.reproduce.engine import results as R  # noqa: E402
-from recipes.reproduce.translation import hypotheses  # noqa: E402
+from recipes.reproduce.tables.translation import hypotheses  # noqa: E402
 
 SPLITS = {"train": 200, "val": 20, "test_2016_flickr": 9, "test_2017_flickr": 7}
 
@@ -114,7 +114,7 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     committed = json.load(open(docs / "reproduction" / "mt-en-de.json"))
     assert [c["train_wall_s"] for c in committed["cells"] if c["head"] == "mixtape"] == [recorded + 0.5]
     # the hypotheses are committed and scored case-insensitively too (as published Multi30k numbers are)
-    from recipes.reproduce.translation import corpus_bleu
+    from recipes.reproduce.tables.translation import corpus_bleu
 
     hyp = (docs / "reproduction" / "hyps" / "mt-en-de" / "softmax-seed1.test_2016_flickr.hyp").read_text()
     ref = (table / "data" / "raw" / "test_2016_flickr.de").read_text()
@@ -592,7 +592,7 @@ def test_hf_table_trains_gpt2_from_a_config_per_head_and_resumes(fake_lm_data, t
 
 
 def test_hf_table_rows_name_the_command_of_their_own_model():
-    from recipes.reproduce.lm_gpt2 import TABLE
+    from recipes.reproduce.tables.lm_gpt2 import TABLE
 
     record = {
         "models": ["gpt2", "smollm2"],
@@ -689,7 +689,7 @@ def test_timing_noise_is_the_largest_gap_between_the_twin_tables():
 
 
 def test_a_cell_directory_left_by_other_settings_is_cleared(tmp_path):
-    from recipes.reproduce.lm_ptb import TABLE
+    from recipes.reproduce.tables.lm_ptb import TABLE
     from recipes.reproduce.engine.variants import resolve
 
     args = cli.parse_args(["lm-ptb", "--out", str(tmp_path)])

@@ -96,7 +96,7 @@ def _row(head, split, values):
 def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_against_the_matched_softmax():
     from recipes.reproduce import compare as C
     from recipes.reproduce import report
-    from recipes.reproduce.lm_ptb import TABLE
+    from recipes.reproduce.tables.lm_ptb import TABLE
 
     rows = [_row("softmax", s, [100.0, 102.0, 98.0, 101.0, 99.0]) for s in ("valid", "test")]
     rows += [_row("softmax-matched", s, [99.0, 101.5, 97.0, 100.5, 98.0]) for s in ("valid", "test")]

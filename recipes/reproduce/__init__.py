@@ -1,10 +1,10 @@
 """Reproductions of the papers' tables: ``python -m recipes.reproduce TABLE --scale {mini,full}``.
 
-One module per table (``mt_en_de.py`` is the En-De BLEU table, ``lm_ptb.py`` the PTB perplexity table, ...;
-``translation.py`` / ``language_model.py`` what each kind shares); the engine every table runs on in
-:mod:`~recipes.reproduce.engine` (the loop of a table, fairseq's command line, the sweep, results, head variants such
-as ``mos-9``, the papers' training-cost columns); :mod:`~recipes.reproduce.data.prepare` (data checks, BPE);
-:mod:`~recipes.reproduce.report` (``docs/reproduction.md``).
+:mod:`~recipes.reproduce.tables`: one module per table (``mt_en_de.py`` is the En-De BLEU table, ``lm_ptb.py`` the
+PTB perplexity table, ...; ``translation.py`` / ``language_model.py`` what each kind shares); the engine every table
+runs on in :mod:`~recipes.reproduce.engine` (the loop of a table, fairseq's command line, the sweep, results, head
+variants such as ``mos-9``, the papers' training-cost columns); :mod:`~recipes.reproduce.data` (data checks, BPE,
+the full-size corpora); :mod:`~recipes.reproduce.report` (``docs/reproduction.md``).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import importlib
 
 #: table name -> the module that defines it (its ``TABLE``)
 TABLE_MODULES = {
-    "mt-en-de": "recipes.reproduce.mt_en_de",
-    "mt-en-fr": "recipes.reproduce.mt_en_fr",
-    "lm-ptb": "recipes.reproduce.lm_ptb",
-    "lm-wt2": "recipes.reproduce.lm_wt2",
-    "lm-1b": "recipes.reproduce.lm_1b",
-    "lm-gpt2": "recipes.reproduce.lm_gpt2",
+    "mt-en-de": "recipes.reproduce.tables.mt_en_de",
+    "mt-en-fr": "recipes.reproduce.tables.mt_en_fr",
+    "lm-ptb": "recipes.reproduce.tables.lm_ptb",
+    "lm-wt2": "recipes.reproduce.tables.lm_wt2",
+    "lm-1b": "recipes.reproduce.tables.lm_1b",
+    "lm-gpt2": "recipes.reproduce.tables.lm_gpt2",
 }
 
 

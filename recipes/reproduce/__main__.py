@@ -18,7 +18,7 @@ import sys
 from typing import List, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
-from recipes.reproduce.translation import MINI_BPE
+from recipes.reproduce.tables.translation import MINI_BPE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")

@@ -3,7 +3,7 @@
     python -m recipes.reproduce.lm_pilot [--arms softmax-adam mos-4-ntasgd ...] [--out results/reproduce/lm-ptb-pilot]
     python -m recipes.reproduce.lm_pilot --collect [--commit]
 
-Four arms train the table's mini AWD-LSTM (``recipes.reproduce.language_model``'s ``MINI_MODEL``, the papers'
+Four arms train the table's mini AWD-LSTM (``recipes.reproduce.tables.language_model``'s ``MINI_MODEL``, the papers'
 protocol, ``train.txt`` / ``valid.txt`` / ``test.txt``) for a fixed number of epochs, seed 1, no early stopping:
 
 * ``softmax-adam``, ``mos-4-adam``: Adam at the mini grid's centre (5e-3);
@@ -35,8 +35,8 @@ from typing import Any, Dict
 
 from recipes.reproduce.engine import results as R
 from recipes.reproduce.engine import sweep as S
-from recipes.reproduce.language_model import LM_HEAD_OPTIONS, MINI_OPTIMIZERS, PPL
-from recipes.reproduce.lm_ptb import TABLE
+from recipes.reproduce.tables.language_model import LM_HEAD_OPTIONS, MINI_OPTIMIZERS, PPL
+from recipes.reproduce.tables.lm_ptb import TABLE
 from recipes.reproduce.engine.runner import Runner, cpu_seconds, parse_train_wall, shell_line
 from recipes.reproduce.engine.table import DOCS
 from recipes.reproduce.engine.variants import resolve

@@ -2,7 +2,7 @@
 
     python -m recipes.reproduce.protocols [--seeds 3] [--epochs 5] [--out results/protocols]
 
-For each seed, the mini ``lm-ptb`` softmax cell (``recipes.reproduce.language_model``'s ``MINI_MODEL``, Adam, the
+For each seed, the mini ``lm-ptb`` softmax cell (``recipes.reproduce.tables.language_model``'s ``MINI_MODEL``, Adam, the
 table's data: train.txt trains, valid.txt validates, test.txt tests; the committed study ran before PTB's train split
 was here, when the first 90% of valid.txt trained and its last 10% validated) is trained
 twice, the same seed: with fairseq's ``language_modeling`` blocks of 70 tokens (what the mini tables run) and with
@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from typing import Dict, List
 
 from recipes.reproduce.engine import results as R
-from recipes.reproduce.lm_ptb import TABLE
+from recipes.reproduce.tables.lm_ptb import TABLE
 from recipes.reproduce.engine.runner import Runner, relative_paths, shell_line
 from recipes.reproduce.engine.table import DOCS
 from recipes.reproduce.engine.variants import resolve

@@ -111,7 +111,7 @@ def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> Dic
     import shutil
 
     from recipes.reproduce.data import prepare as D
-    from recipes.reproduce.translation import corpus_bleu
+    from recipes.reproduce.tables.translation import corpus_bleu
 
     table = get_table(obj["table"])
     testsets = list(D.MULTI30K_TESTS)

@@ -1,5 +1,5 @@
 """The full-size translation tables' WMT data, prepared on a machine with internet (the ``--dry-run`` plan that
-trains on it is :func:`recipes.reproduce.translation.full_plan`).
+trains on it is :func:`recipes.reproduce.tables.translation.full_plan`).
 
 Data, once, on a machine with internet (then copy ``DATA/wmt16-en-de`` / ``DATA/wmt14-en-fr`` to the cluster)::
 

@@ -5,7 +5,7 @@ settings (emsize 280, nhid 960, nhidlast 620, batch 12, bptt 70, lr 20, NT-ASGD)
 tokens), chosen on valid.txt, scored on test.txt, a scaled-down AWD-LSTM with the optimiser its pilot chose
 (:mod:`recipes.reproduce.lm_pilot`)."""
 
-from recipes.reproduce.language_model import LanguageModelTable
+from recipes.reproduce.tables.language_model import LanguageModelTable
 
 TABLE = LanguageModelTable(
     name="lm-ptb",

@@ -4,7 +4,7 @@ batch 15 in small batches of 5, bptt 70, windows capped at 90, lr 15, NT-ASGD). 
 PLIF on AWD-LSTM), trained on the first 5,488 lines of train.txt (300,000 tokens of its 2,088,628, for the budget),
 the vocabulary of the whole train split (33,278 words), chosen on valid.txt, scored on test.txt."""
 
-from recipes.reproduce.language_model import LanguageModelTable
+from recipes.reproduce.tables.language_model import LanguageModelTable
 
 TABLE = LanguageModelTable(
     name="lm-wt2",

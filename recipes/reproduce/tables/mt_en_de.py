@@ -3,7 +3,7 @@ MoS-9 29.5, Mixtape 29.3). Mini: Multi30k English -> German on a CPU. Full: the 
 embedding 1024, inner 4096, 16 heads, dropout 0.3, attention dropout 0.15, Mixtape gate dropout 0.2, learning
 rate 2.5 with 16k warm-up, 300k updates) on WMT'16 En-De training data, newstest2013 / newstest2014."""
 
-from recipes.reproduce.translation import TranslationTable, paper_schedule, paper_transformer
+from recipes.reproduce.tables.translation import TranslationTable, paper_schedule, paper_transformer
 
 TABLE = TranslationTable(
     name="mt-en-de",

@@ -4,7 +4,7 @@ vocabulary over 0.8B training words is no job for a 2-core CPU, and a mini versi
 nothing about this table that ``lm-ptb`` does not. ``--scale full --dry-run`` prints the commands and the
 parameter counts (``head_awd_lstm_lm_1b``)."""
 
-from recipes.reproduce.language_model import LanguageModelTable
+from recipes.reproduce.tables.language_model import LanguageModelTable
 
 MOS_SIZES = ["--emsize", "920", "--nhidlast", "920"]
 

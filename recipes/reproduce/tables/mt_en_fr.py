@@ -3,7 +3,7 @@ MoS-9 42.1, Mixtape 43.9). Mini: Multi30k English -> French on a CPU. Full: the 
 embedding 2048, inner 8192, 16 heads, dropout 0.25, attention and Mixtape gate dropout 0.15, learning rate 2.0
 with 16k warm-up, 1.2M updates) on WMT'14 En-Fr (36M pairs), newstest2013 / newstest2014."""
 
-from recipes.reproduce.translation import TranslationTable, paper_schedule, paper_transformer
+from recipes.reproduce.tables.translation import TranslationTable, paper_schedule, paper_transformer
 
 TABLE = TranslationTable(
     name="mt-en-fr",

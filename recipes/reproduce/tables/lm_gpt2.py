@@ -26,8 +26,8 @@ from typing import Any, Dict, List, Optional
 
 from hf_heads.core.config import SPEC_VERSION
 from recipes.reproduce.engine import results as R
-from recipes.reproduce.language_model import LM_HEAD_OPTIONS, prepare_mini_corpus
-from recipes.reproduce.lm_wt2 import TABLE as WT2
+from recipes.reproduce.tables.language_model import LM_HEAD_OPTIONS, prepare_mini_corpus
+from recipes.reproduce.tables.lm_wt2 import TABLE as WT2
 from recipes.reproduce.engine.runner import Runner, parse_train_wall, shell_line
 from recipes.reproduce.engine.table import Table
 from recipes.reproduce.engine.variants import MIXTAPE_FORMS, Variant, resolve
