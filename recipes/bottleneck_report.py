@@ -23,7 +23,7 @@ import os
 from typing import Dict, List
 
 from recipes import upgrade_table
-from recipes.reproduce import stats as S
+from recipes.common import stats as S
 
 PRIMARY = ("mos-4", "mixtape")
 BASELINE = "softmax"

@@ -14,7 +14,7 @@ learning rate is chosen on a tuning seed (seed 0: its own task and initialisatio
 past an end that was best, up to 3 times); the chosen rates
 then train ``--seeds`` other seeds (1..S), each seed one task and one initialisation shared by both forms, so the
 forms are compared seed by seed: the mean paired difference of KL (nn.Linear minus scaled), its 95% interval, the
-paired t-test and the sign test (:mod:`recipes.reproduce.stats`), Holm-adjusted over the optimizers. Every run is
+paired t-test and the sign test (:mod:`recipes.common.stats`), Holm-adjusted over the optimizers. Every run is
 kept in ``OUT/results.json`` as it finishes (a rerun continues); ``OUT/results.md`` has the tables.
 
     python -m recipes.mixtape_forms --out results/mixtape_forms       # 2 optimizers x 2 forms, 4 rates, 5 seeds
@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from recipes import synthetic_bottleneck as sb
-from recipes.reproduce import stats
+from recipes.common import stats
 
 #: the two forms, by the name the tables give them: ``scaled_input`` of each
 FORMS = {"scaled": True, "nn.Linear": False}

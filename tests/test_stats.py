@@ -1,4 +1,4 @@
-"""The paired statistics of the reproduced tables (recipes/reproduce/stats.py) against hand-checked examples and
+"""The paired statistics of the reproduced tables (recipes/common/stats.py) against hand-checked examples and
 scipy's own tests."""
 
 import math
@@ -7,7 +7,7 @@ import pytest
 
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy not installed: run `make install` (recipes extra)")
 
-from recipes.reproduce.stats import holm, paired  # noqa: E402
+from recipes.common.stats import holm, paired  # noqa: E402
 
 
 def test_paired_t_by_hand():
@@ -60,7 +60,7 @@ def test_detectable_difference_has_the_stated_power_by_simulation():
     import torch
     from scipy import stats as sps
 
-    from recipes.reproduce.stats import detectable
+    from recipes.common.stats import detectable
 
     assert detectable(None, 5, 0.05) is None and detectable(1.0, 1, 0.05) is None
     with pytest.raises(ValueError, match="alpha"):

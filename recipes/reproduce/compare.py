@@ -3,10 +3,10 @@ learning-rate sweep, the comparison at equal training seconds, and the compute s
 
 * :func:`family`: every head against softmax on every split (and the two forms of Mixtape against each other, and the
   mixtures against a size-matched softmax), each over the seeds both have (seed K of two heads shares the data
-  order and the shared layers' initialisation), by :func:`recipes.reproduce.stats.paired`. The test splits'
+  order and the shared layers' initialisation), by :func:`recipes.common.stats.paired`. The test splits'
   p-values are Holm-adjusted together; the valid split chose every rate and checkpoint, so its differences are
   biased and are described, not tested (in the family they would only cost power). Each test comparison also gets
-  the difference it could detect (:func:`recipes.reproduce.stats.detectable`, 80% power at ``0.05 / m``, Holm's
+  the difference it could detect (:func:`recipes.common.stats.detectable`, 80% power at ``0.05 / m``, Holm's
   first step over the ``m`` test comparisons).
 * :func:`reading`: the sentences the report prints, which follow the adjusted tests: a difference is called one only
   where its Holm-adjusted p is below 0.05; otherwise "no significant difference".
@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from recipes.reproduce import stats
+from recipes.common import stats
 from recipes.reproduce.engine import sweep as S
 
 ALPHA = 0.05

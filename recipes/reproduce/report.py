@@ -27,7 +27,7 @@ from recipes.reproduce.engine import results as R
 from recipes.reproduce.engine import sweep as S
 from recipes.reproduce.engine.costs import GRID
 from recipes.reproduce.engine.runner import canonical_paths, cpu_seconds, parse_train_wall
-from recipes.reproduce.stats import paired
+from recipes.common.stats import paired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(ROOT, "docs")
