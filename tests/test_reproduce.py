@@ -740,7 +740,7 @@ def test_training_time_from_fairseq_and_from_the_finetuning_recipe():
 
 
 def test_protocols_summary_and_report_section():
-    from recipes.reproduce import protocols
+    from recipes.reproduce.studies import protocols
 
     cells = [
         {
@@ -762,7 +762,7 @@ def test_protocols_summary_and_report_section():
 
 @pytest.mark.slow  # two tiny trainings and twelve fairseq-eval-lm runs: about 2 minutes
 def test_protocols_recipe_trains_both_ways_and_scores_each_checkpoint_three_ways(tmp_path):
-    from recipes.reproduce import protocols
+    from recipes.reproduce.studies import protocols
 
     assert protocols.main(["--seeds", "1", "--epochs", "1", "--limit", "120", "--out", str(tmp_path), "--quiet"]) == 0
     result = json.load(open(tmp_path / "protocols.json"))
@@ -808,9 +808,9 @@ def test_runner_records_the_cpu_time_of_each_process(tmp_path, monkeypatch):
 
 
 def test_pilot_collects_its_arms_and_the_report_shows_them(tmp_path):
-    """``python -m recipes.reproduce.lm_pilot --collect``: the finished arms, their CPU time and the decision, into
-    the json the report's pilot section reads (no training here: the arms' records are made up)."""
-    from recipes.reproduce import lm_pilot
+    """``python -m recipes.reproduce.studies.lm_pilot --collect``: the finished arms, their CPU time and the decision,
+    into the json the report's pilot section reads (no training here: the arms' records are made up)."""
+    from recipes.reproduce.studies import lm_pilot
 
     out = tmp_path / "pilot"
     for arm, ppl in (("softmax-adam", 140.0), ("softmax-ntasgd", 150.0)):

@@ -357,7 +357,7 @@ def parameters_line(cells: List[Dict[str, Any]]) -> str:
 
 
 def pilot_section(docs_dir: str) -> str:
-    """The lm-ptb pilot (``docs/reproduction/lm-ptb-pilot.json``, :mod:`recipes.reproduce.lm_pilot`): each arm's
+    """The lm-ptb pilot (``docs/reproduction/lm-ptb-pilot.json``, :mod:`recipes.reproduce.studies.lm_pilot`): each arm's
     valid / test perplexity, its valid perplexity per epoch, its CPU time; the probes' epoch costs; or ""."""
     pilot = R.load_json(os.path.join(docs_dir, "reproduction", "lm-ptb-pilot.json"))
     if not pilot or not pilot.get("arms"):
@@ -366,7 +366,7 @@ def pilot_section(docs_dir: str) -> str:
         "### lm-ptb pilot: the optimiser and the cost of an epoch",
         "",
         "Seed 1 of softmax and MoS-4 on PTB's train split, the table's mini model, a fixed number of epochs, no "
-        "early stopping (`python -m recipes.reproduce.lm_pilot`). NT-ASGD is validated and scored on its "
+        "early stopping (`python -m recipes.reproduce.studies.lm_pilot`). NT-ASGD is validated and scored on its "
         "averages once averaging starts; its non-monotone trigger needs more than 5 validations, so within a "
         "pilot it is forced (`--asgd-from-epoch`, as MoS's finetune stage starts it): the best case for "
         "NT-ASGD at this budget.",
@@ -840,9 +840,9 @@ def written_reading(src: str, table: str, cells: int) -> str:
 
 
 def protocols_section(obj: Dict[str, Any]) -> str:
-    """The papers' training protocol against fairseq's blocks (``python -m recipes.reproduce.protocols``): the
+    """The papers' training protocol against fairseq's blocks (``python -m recipes.reproduce.studies.protocols``): the
     perplexities of every (trained on, scored) pair, and the paired per-seed differences that matter."""
-    from recipes.reproduce import protocols
+    from recipes.reproduce.studies import protocols
 
     cells = obj["cells"]
     by = {(c["protocol"], c["seed"]): c["ppl"] for c in cells}
