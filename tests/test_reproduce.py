@@ -19,7 +19,7 @@ pytest.importorskip("sentencepiece", reason="sentencepiece not installed: run `m
 
 from recipes.reproduce import __main__ as cli  # noqa: E402
 from recipes.reproduce.engine import costs as C  # noqa: E402
-from recipes.reproduce import report  # noqa: E402
+from recipes.reproduce.report import collect, layout, page, sections, sentences  # noqa: E402
 from recipes.reproduce.engine import results as R  # noqa: E402
 from recipes.reproduce.tables.translation import hypotheses  # noqa: E402
 
@@ -105,12 +105,12 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
         "--user-dir",
     ):
         assert needle in commands
-    # a new machine: the committed table file (report.collect) brings the finished cells back
+    # a new machine: the committed table file (collect.collect) brings the finished cells back
     docs = tmp_path / "docs"
     recorded = R.load_cell(str(table), "mixtape", 1, 0.003)["train_wall_s"]
     with open(table / "mixtape" / "lr0.003" / "seed1" / "train.log", "a") as f:  # a resumed process's clock restarts
         f.write('| train | {"epoch": 9, "train_wall": "0.5"}\n')
-    report.collect(str(tmp_path), str(docs))
+    collect.collect(str(tmp_path), str(docs))
     committed = json.load(open(docs / "reproduction" / "mt-en-de.json"))
     assert [c["train_wall_s"] for c in committed["cells"] if c["head"] == "mixtape"] == [recorded + 0.5]
     # the hypotheses are committed and scored case-insensitively too (as published Multi30k numbers are)
@@ -123,7 +123,7 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
         "seeds": [1],
         "values": [corpus_bleu([h.upper() for h in hyps], [r.lower() for r in refs], lowercase=True)],
     }
-    assert "BLEU lowercased (sacrebleu -lc" in report.build_report(str(docs))
+    assert "BLEU lowercased (sacrebleu -lc" in page.build_report(str(docs))
     same = ["The cat sat on the mat today ."]
     assert corpus_bleu(same, [same[0].lower()], lowercase=True) == 100.0 > corpus_bleu(same, [same[0].lower()])
     for line in [c for cell in committed["cells"] for c in cell["commands"]] + [
@@ -208,8 +208,8 @@ def test_costs_of_heads_added_later_merge_beside_the_measured_ones():
     assert merged["added"]["mixtape-unscaled"]["softmax_seconds"] == {"out_bsz": 4.0}
     assert merged["added"]["mixtape-unscaled"]["command"] == "added-cmd"  # rows of later runs name it too
     assert "mixtape-unscaled" not in measured["ratios"]  # the measured table is left as it was
-    assert "mixtape-unscaled: added to the table later" in report._added_heads(merged)
-    assert report._added_heads(measured) == ""
+    assert "mixtape-unscaled: added to the table later" in sentences.added_heads(merged)
+    assert sentences.added_heads(measured) == ""
 
 
 def test_full_size_dry_runs_count_the_papers_parameters(tmp_path, capsys):
@@ -304,7 +304,7 @@ def test_report_from_a_fixture(tmp_path):
         str(docs / "reproduction" / "mt-en-de.json"),
         {"table": "mt-en-de", "description": "En-De", "rows": _fixture_rows(), "cells": cells, "costs": None},
     )
-    text = report.build_report(str(docs))
+    text = page.build_report(str(docs))
     assert text == (docs / "reproduction.md").read_text()
     assert "| softmax | 31.00 ± 1.00 | 3 | 29.0 |" in text and "| mixtape | 31.50 ± 1.00 | 3 | 29.3 |" in text
     # the wording follows the Holm-adjusted paired tests: mos-4 (+5.0, +4.2, +2.8 over 3 seeds) passes, mixtape not
@@ -377,14 +377,14 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     # each row's paper number from the paper whose model it trains: softmax the PLIF paper's AWD-LSTM (valid / test)
     assert next(r for r in rows if r["head"] == "softmax" and r["split"] == "test")["paper"] == 58.37
     assert next(r for r in rows if r["head"] == "softmax" and r["split"] == "valid")["paper"] == 60.83
-    table = report.score_table(rows, {"*": "Mixtape T3", "softmax": "PLIF"}, cli.get_table("lm-ptb").paper)
+    table = layout.score_table(rows, {"*": "Mixtape T3", "softmax": "PLIF"}, cli.get_table("lm-ptb").paper)
     assert "| 60.83 / 58.37 (PLIF) |" in table and "| - / 56.37 (Mixtape T3) |" in table
     # every recorded command redoes its own cell: its directories are the cell's
     for head in ("softmax", "mixtape"):
         record = json.load(open(tmp_path / "lm-ptb" / "cells" / f"{head}-lr0.005-seed1.json"))
         assert all(f"/lm-ptb/{head}/lr0.005/seed1/" in c for c in record["commands"]), record["commands"]
-    assert report.misrecorded([record], "lm-ptb") == ""
-    assert "mixtape-unscaled seed 2 name another cell's directory" in report.misrecorded(
+    assert sentences.misrecorded([record], "lm-ptb") == ""
+    assert "mixtape-unscaled seed 2 name another cell's directory" in sentences.misrecorded(
         [{**record, "head": "mixtape-unscaled", "seed": 2}], "lm-ptb"
     )
     assert next(r for r in rows if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.1  # the LM setting
@@ -631,7 +631,7 @@ def test_report_shows_the_full_size_plan(tmp_path):
         str(docs / "reproduction" / "lm-1b.json"),
         {"table": "lm-1b", "description": "1B", "rows": [], "cells": [], "costs": None, "plan": plan},
     )
-    text = report.build_report(str(docs))
+    text = page.build_report(str(docs))
     assert "parameters per head: softmax 19.6M, mixtape 21.7M. a note." in text
     assert "fairseq-train bin --output-head h11" in text and "h12" not in text and "every command in the json" in text
     assert "full only" in text
@@ -663,7 +663,7 @@ def test_report_shows_the_full_size_plan(tmp_path):
         },
     )
     R.save_json(str(tmp_path / "results" / "lm-ptb" / "plan.json"), plan)
-    report.collect(str(tmp_path / "results"), str(docs))
+    collect.collect(str(tmp_path / "results"), str(docs))
     kept = R.load_json(str(docs / "reproduction" / "lm-ptb.json"))
     assert kept["notes"] == "How these rows ran." and kept["rows"] == [row] and kept["plan"]["note"] == "a note."
 
@@ -684,8 +684,8 @@ def test_full_size_data_scripts_stop_offline_naming_what_they_need(tmp_path, mon
 def test_timing_noise_is_the_largest_gap_between_the_twin_tables():
     ratios = lambda mos, plif: {"softmax": {"out": 1.0}, "mos-4": {"out": mos}, "plif": {"out": plif}}  # noqa: E731
     objs = {"mt-en-de": {"costs": {"ratios": ratios(2.0, 1.5)}}, "mt-en-fr": {"costs": {"ratios": ratios(2.2, 1.0)}}}
-    assert "up to 50% (plif, out: 1.50x and 1.00x)" in report.timing_noise(objs)
-    assert report.timing_noise({"mt-en-de": objs["mt-en-de"]}) == ""  # one table: no evidence
+    assert "up to 50% (plif, out: 1.50x and 1.00x)" in sentences.timing_noise(objs)
+    assert sentences.timing_noise({"mt-en-de": objs["mt-en-de"]}) == ""  # one table: no evidence
 
 
 def test_a_cell_directory_left_by_other_settings_is_cleared(tmp_path):
@@ -718,9 +718,9 @@ def test_score_table_gives_the_papers_number_per_split_where_they_differ():
         scale="mini",
         command="fairseq-train ...",
     )
-    text = report.score_table([row("valid", 60.83), row("test", 59.19)])
+    text = layout.score_table([row("valid", 60.83), row("test", 59.19)])
     assert "paper (full scale; valid / test) |" in text and "| 2 | 60.8 / 59.2 |" in text
-    assert "| 2 | 29.0 |" in report.score_table([row("valid", 29.0), row("test", 29.0)])  # one number for both
+    assert "| 2 | 29.0 |" in layout.score_table([row("valid", 29.0), row("test", 29.0)])  # one number for both
 
 
 def test_training_time_from_fairseq_and_from_the_finetuning_recipe():
@@ -754,7 +754,7 @@ def test_protocols_summary_and_report_section():
     lines = protocols.summary(cells)
     assert len(lines) == 2 + len(protocols.PROTOCOLS) * len(protocols.SCORINGS)
     assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in lines
-    text = report.protocols_section({"table": "lm-ptb", "description": "d", "cells": cells})
+    text = sections.protocols_section({"table": "lm-ptb", "description": "d", "cells": cells})
     assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in text
     assert "stateful minus stateless, valid: +1.00 [+1.00, +1.00], p = 0.0e+00" in text
     assert "each scored as it trained, test: +2.00 [+2.00, +2.00]" in text and "(per seed +2.00, +2.00)" in text
@@ -838,7 +838,7 @@ def test_pilot_collects_its_arms_and_the_report_shows_them(tmp_path):
     assert lm_pilot.switch_epoch(4) == 2 and lm_pilot.switch_epoch(2) == 1
     docs = tmp_path / "docs"
     R.save_json(str(docs / "reproduction" / "lm-ptb-pilot.json"), result)
-    text = report.pilot_section(str(docs))
+    text = sections.pilot_section(str(docs))
     assert "| softmax-ntasgd | 0.005 | 2 | 1 | 181.0, 147.0 | 150.00 | 150.00 | 0.50 |" in text
     assert "mos-4 15.5 min" in text and "1.00 core-hours of training" in text and "**Decision.**" in text
-    assert report.pilot_section(str(tmp_path / "nowhere")) == ""
+    assert sections.pilot_section(str(tmp_path / "nowhere")) == ""

@@ -94,8 +94,8 @@ def _row(head, split, values):
 
 
 def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_against_the_matched_softmax():
-    from recipes.reproduce import compare as C
-    from recipes.reproduce import report
+    from recipes.reproduce.report import compare as C
+    from recipes.reproduce.report import sentences
     from recipes.reproduce.tables.lm_ptb import TABLE
 
     rows = [_row("softmax", s, [100.0, 102.0, 98.0, 101.0, 99.0]) for s in ("valid", "test")]
@@ -113,22 +113,22 @@ def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_agains
     assert "(valid: described)" in text and "detectable (80% power)" in text
     assert "described, not tested" in C.reading(family, "ppl")
     # the papers' claims on our scale, and which of them the seeds cannot test
-    claims = report.claims_for(TABLE, family, rows)
+    claims = sentences.claims_for(TABLE, family, rows)
     plif = next(c for c in tests if c.head == "plif" and c.baseline == "softmax")
     assert claims[("plif", "softmax", "test")] == pytest.approx((57.25 / 58.37 - 1) * 100.0)
     assert ("mos-4", "softmax-matched", "test") in claims and ("softmax-matched", "softmax", "test") not in claims
-    sentence = report.untestable_claims(family, claims, TABLE)
+    sentence = sentences.untestable_claims(family, claims, TABLE)
     assert (abs(claims[("plif", "softmax", "test")]) < plif.detectable) == ("plif - softmax on test" in sentence)
 
 
 def test_cap_sentence_says_at_the_cap_with_the_last_epochs_slope():
-    from recipes.reproduce import report
+    from recipes.reproduce.report import sentences
 
     def cell(stopped, losses):
         return {"stopped": stopped, "curve": [{"epoch": i + 1, "loss": x, "nll_loss": x} for i, x in enumerate(losses)]}
 
     capped = [cell("max_epochs", [6.0, 5.5, 5.3, 5.2]), cell("max_epochs", [6.0, 5.6, 5.4, 5.36])]
-    text = report.cap_sentence(capped + [cell("patience", [6.0, 5.0, 5.1, 5.2])])
+    text = sentences.cap_sentence(capped + [cell("patience", [6.0, 5.0, 5.1, 5.2])])
     assert text.startswith("2 of the 3 cells of the rows stopped at the cap (4 epochs)") and "not converged" in text
     assert "-0.120 bits an epoch over the last two epochs (median; from -0.150 to -0.120)" in text
-    assert report.cap_sentence(capped[:1] + [cell("patience", [6, 5, 5.1, 5.2])] * 2) == ""  # most by patience
+    assert sentences.cap_sentence(capped[:1] + [cell("patience", [6, 5, 5.1, 5.2])] * 2) == ""  # most by patience

@@ -237,7 +237,7 @@ def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(
     """--lr-from TABLE: one rate per head, the one TABLE's sweep chose (no grid, no growth), marked in sweep.json and
     in the report's sweep table; a head TABLE never swept, or a table named twice, is an error naming the fix; a run
     of some heads keeps the other heads' sweep entries."""
-    from recipes.reproduce import compare as C
+    from recipes.reproduce.report import compare as C
     from recipes.reproduce.__main__ import parse_args
 
     R.save_json(
@@ -306,7 +306,7 @@ def _cell(head, seed, lr, losses, wall, threads=1, **extra):
 
 
 def test_sweep_table_equal_compute_and_cpu_hours():
-    from recipes.reproduce import compare as C
+    from recipes.reproduce.report import compare as C
 
     sweep = {
         "softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
@@ -367,7 +367,7 @@ def test_sweep_table_equal_compute_and_cpu_hours():
 
 
 def test_bootstrap_of_every_head_and_seed_against_softmax():
-    from recipes.reproduce import compare as C
+    from recipes.reproduce.report import compare as C
 
     import random
 
@@ -387,7 +387,7 @@ def test_bootstrap_of_every_head_and_seed_against_softmax():
 def test_report_section_of_a_swept_table(tmp_path):
     """The report shows the sweep, the CPU-hours, the Holm family with the bootstrap column and the equal-compute
     table for a table whose json has a sweep (lm-ptb's numbers, made up)."""
-    from recipes.reproduce import report
+    from recipes.reproduce.report import page
 
     sweep = {
         "softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
@@ -427,12 +427,12 @@ def test_report_section_of_a_swept_table(tmp_path):
         },
     )
     (tmp_path / "reproduction" / "lm-ptb-reading.md").write_text("<!-- cells: 10 -->\nMixtape is ahead\nof softmax.\n")
-    text = report.build_report(str(tmp_path))
+    text = page.build_report(str(tmp_path))
     assert "**Reading.** Mixtape is ahead of softmax.\n" in text  # written for the 10 cells there are
     (tmp_path / "reproduction" / "lm-ptb-reading.md").write_text("<!-- cells: 8 -->\nMixtape is ahead.")
-    assert "Mixtape is ahead. *(Written when 8 cells had finished; 10 have now" in report.build_report(str(tmp_path))
+    assert "Mixtape is ahead. *(Written when 8 cells had finished; 10 have now" in page.build_report(str(tmp_path))
     (tmp_path / "reproduction" / "lm-ptb-reading.md").unlink()
-    text = report.build_report(str(tmp_path))
+    text = page.build_report(str(tmp_path))
     assert "**Reading.**" not in text
     assert (
         "| mixtape | 4.303 (ep 2, patience) | 4.305 (ep 2, patience) | **4.010 (ep 2, patience)** | 0.01 (an end"
@@ -452,20 +452,20 @@ def test_report_section_of_a_swept_table(tmp_path):
         if c["lr"] == {"softmax": 0.005, "mixtape": 0.01}[c["head"]] and c["seed"] < 3:
             c["cpu_s"] = 60.0 * c["seed"]
     R.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"), obj)
-    text = report.build_report(str(tmp_path))
+    text = page.build_report(str(tmp_path))
     assert "not inflated by the jobs beside it): softmax 1.5 (2 of 3 seeds), mixtape 1.5 (2 of 3 seeds)." in text
     for c in obj["cells"]:  # a run too short for fairseq to log a wall time (0.0) still has its CPU time
         if c["head"] == "softmax":
             c["train_wall_s"] = 0.0
     R.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"), obj)
-    text = report.build_report(str(tmp_path))
+    text = page.build_report(str(tmp_path))
     assert ": mixtape 1.3." in text and "): softmax 1.5 (2 of 3 seeds), mixtape 1.5 (2 of 3 seeds)." in text
 
 
 def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
     """Cells moved aside when a table's mini settings changed: their CPU time where recorded, else their training
     seconds (a resumed run's every process) times their threads, in their own row and in the total."""
-    from recipes.reproduce import report
+    from recipes.reproduce.report import collect, page
     from recipes.reproduce.engine import runner as RN
 
     aside = tmp_path / "mt-en-de-4096"
@@ -482,7 +482,7 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
     R.save_json(
         str(aside / "cells" / "softmax-lr0.01-seed1.json"), {"head": "softmax", "seed": 1, "lr": 0.01, "threads": 2}
     )
-    entry = report.set_aside(str(aside), "mt-en-de", "4096-token batches", str(tmp_path))
+    entry = collect.set_aside(str(aside), "mt-en-de", "4096-token batches", str(tmp_path))
     assert entry["cells"] == 2 and entry["total"] == pytest.approx(0.2 + 1.5) and entry["wall"] == pytest.approx(1.5)
     sweep = {"softmax": {"rates": [0.005], "chosen": 0.005}}
     R.save_json(
@@ -497,14 +497,14 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
             "cells": [_cell("softmax", 1, 0.005, [5, 4.2], 1800)],
         },
     )
-    text = report.build_report(str(tmp_path))
+    text = page.build_report(str(tmp_path))
     assert "| mt-en-de, set aside: 4096-token batches | 2 | - | - / - / 1.7 | 1.5 |" in text
     assert (
         "In all 2.7 of the 40 CPU-core-hours planned (7%); the tables' own cells took 1.0 (2% of the plan), the "
         "cells set aside 1.7. 2.5 of them are wall-clock bounds"
     ) in text
     with pytest.raises(SystemExit, match="no cell's train.log"):
-        report.set_aside(str(tmp_path / "empty"), "mt-en-de", "x", str(tmp_path))
+        collect.set_aside(str(tmp_path / "empty"), "mt-en-de", "x", str(tmp_path))
 
 
 def test_patience_zero_trains_the_table_cap_without_early_stopping():
@@ -603,9 +603,9 @@ def test_a_new_machine_restores_only_the_cells_of_the_protocol_the_table_runs_no
 
 
 def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path):
-    """A machine may end mid-sweep: its finished cells are committed (report.collect from sweep.json, before any
+    """A machine may end mid-sweep: its finished cells are committed (collect.collect from sweep.json, before any
     results.json) and reported as a running sweep; the rows of a replaced protocol are not kept beside it."""
-    from recipes.reproduce import report
+    from recipes.reproduce.report import collect, page
 
     docs = tmp_path / "docs"
     R.save_json(
@@ -642,10 +642,10 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
             "commands": ["fairseq-train x"],
         },
     )
-    report.collect(str(tmp_path / "results"), str(docs))
+    collect.collect(str(tmp_path / "results"), str(docs))
     obj = R.load_json(str(docs / "reproduction" / "lm-ptb.json"))
     assert obj["rows"] == [] and [c["lr"] for c in obj["cells"]] == [0.0025] and obj["notes"] != "Old."
-    text = report.build_report(str(docs))
+    text = page.build_report(str(docs))
     assert "Scale: **mini, learning-rate sweep running (no head has its rate and seeds yet)**" in text
     assert "| softmax | 4.500 (ep 2, patience) | - | - | not yet (sweep running) |" in text
     assert "no finished cells yet" not in text
@@ -657,7 +657,7 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
 def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
     """mt-en-de's sweep spans machines: seed 1's hypotheses are committed under the cell's name while its head's
     rate is open, come back with the cell on the next machine, and become HEAD-seed1 once the rate is chosen there."""
-    from recipes.reproduce import report
+    from recipes.reproduce.report import collect
 
     docs = tmp_path / "docs"
     hyps = {
@@ -686,13 +686,13 @@ def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
     (first / "softmax" / "lr0.005" / "seed1").mkdir(parents=True)
     for testset, text in hyps.items():
         (first / "softmax" / "lr0.005" / "seed1" / f"{testset}.hyp").write_text(text)
-    report.collect(str(tmp_path / "first"), str(docs))
+    collect.collect(str(tmp_path / "first"), str(docs))
     committed = docs / "reproduction" / "hyps" / "mt-en-de"
     assert sorted(p.name for p in committed.iterdir()) == [f"softmax-lr0.005-seed1.{t}.hyp" for t in sorted(hyps)]
     second = machine("second", 0.005)  # the next machine chose 0.005 after training 0.01
     assert R.restore_cells(str(second), str(docs / "reproduction" / "mt-en-de.json"), lambda m: None) == 1
     assert (second / "softmax" / "lr0.005" / "seed1" / "test_2017_flickr.hyp").read_text() == hyps["test_2017_flickr"]
-    report.collect(str(tmp_path / "second"), str(docs))
+    collect.collect(str(tmp_path / "second"), str(docs))
     assert sorted(p.name for p in committed.iterdir()) == [f"softmax-seed1.{t}.hyp" for t in sorted(hyps)]
     assert R.load_json(str(docs / "reproduction" / "mt-en-de.json"))["lowercased"]["softmax"]["test_2016_flickr"][
         "values"
@@ -702,11 +702,11 @@ def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
 def test_valid_loss_plot_uses_the_clock_of_the_equal_compute_table():
     """The plot's seconds are CPU seconds (logged seconds scaled by the cell's CPU time) when every cell recorded
     its CPU time, as the equal-compute table's; wall-clock otherwise, and said so on the axis."""
-    from recipes.reproduce import report
+    from recipes.reproduce.report import plots
 
     a = _cell("softmax", 1, 0.005, [5, 4.2, 4.3], 10, cpu_s=15.0)  # 30 logged seconds, half a core: 15 CPU-s
     b = _cell("mixtape", 1, 0.01, [5, 4.0, 4.1], 20, cpu_s=60.0)  # 60 logged seconds, all CPU
-    points, label = report.curves_to_plot([a, b])
+    points, label = plots.curves_to_plot([a, b])
     assert [p["seconds"] for p in points[0]] == [5.0, 10.0, 15.0] and [p["seconds"] for p in points[1]] == [
         20.0,
         40.0,
@@ -714,17 +714,18 @@ def test_valid_loss_plot_uses_the_clock_of_the_equal_compute_table():
     ]
     assert label.startswith("training CPU seconds") and [p["loss"] for p in points[0]] == [5, 4.2, 4.3]
     del b["cpu_s"]  # one cell without its CPU time: every cell on the logged wall-clock
-    points, label = report.curves_to_plot([a, b])
+    points, label = plots.curves_to_plot([a, b])
     assert [p["seconds"] for p in points[0]] == [10, 20, 30] and "wall-clock" in label
     old = {"head": "softmax", "seed": 1, "lr": None, "valid_curve": [[10, 5.0], [20, 4.5]]}  # no logged curve
-    assert report.curves_to_plot([old])[0] == [[{"updates": 10, "loss": 5.0}, {"updates": 20, "loss": 4.5}]]
+    assert plots.curves_to_plot([old])[0] == [[{"updates": 10, "loss": 5.0}, {"updates": 20, "loss": 4.5}]]
 
 
 def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     """A mixture's label-smoothed valid loss can be below softmax's while its NLL is above (the smoothing also
     rewards the probability a head leaves on every word, more of it in a mixture's tail): the equal-compute table
     pairs the NLL, the sweep table shows both, and a table without label smoothing shows the loss alone."""
-    from recipes.reproduce import compare as C, report
+    from recipes.reproduce.report import compare as C
+    from recipes.reproduce.report import sections
 
     def cell(head, losses, nlls):
         curve = [
@@ -758,9 +759,9 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     assert C.rates_by_nll([softmax, mos, disagrees], wide) == {"mos-4": 0.005}
     # the report says the NLL check's outcome where a rate was chosen here, and says nothing where all were borrowed
     obj = {"table": "mt-en-fr", "description": "d", "rows": [], "cells": [softmax, mos, disagrees], "sweep": wide}
-    assert "would choose another rate for mos-4 (0.005)" in report.table_section(obj, str(tmp_path))
+    assert "would choose another rate for mos-4 (0.005)" in sections.table_section(obj, str(tmp_path))
     borrowed = {h: {**s, "from": "mt-en-de"} for h, s in sweep.items()}
-    text = report.table_section({**obj, "cells": [softmax, mos], "sweep": borrowed}, str(tmp_path))
+    text = sections.table_section({**obj, "cells": [softmax, mos], "sweep": borrowed}, str(tmp_path))
     assert "Not swept here" in text and "The NLL of the same checkpoints" not in text
     plain = [{**c, "curve": [{**p, "nll_loss": p["loss"]} for p in c["curve"]]} for c in (softmax, mos)]
     plain = [{**c, "best": S.best_point(c["curve"])} for c in plain]

@@ -1,0 +1,168 @@
+"""Collecting the tables' results into the committed json (``docs/reproduction/TABLE.json``), the hypotheses
+beside them, the cells a table set aside, and which cells a table reports."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any, Dict, List
+
+from recipes.reproduce import TABLE_MODULES, get_table
+from recipes.reproduce.report import compare as C
+from recipes.reproduce.engine import results as R
+from recipes.reproduce.engine.runner import canonical_paths, cpu_seconds, parse_train_wall
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+DOCS = os.path.join(ROOT, "docs")
+
+
+def collect(results_dir: str, docs_dir: str) -> List[str]:
+    """Copy every table's results under ``results_dir`` into ``docs_dir/reproduction/TABLE.json`` (commands with
+    :func:`canonical_paths`; each cell's training time read again from its train.log when it is there)."""
+    written = []
+    for table in TABLE_MODULES:
+        table_dir = os.path.join(results_dir, table)
+        path = os.path.join(table_dir, "results.json")
+        plan_path = os.path.join(table_dir, "plan.json")
+        out = os.path.join(docs_dir, "reproduction", f"{table}.json")
+        sweep_here = R.load_json(os.path.join(table_dir, "sweep.json"))  # written after every cell of a sweep
+        if not os.path.isfile(path) and not os.path.isfile(plan_path) and not sweep_here:
+            continue
+        before = json.load(open(out)) if os.path.isfile(out) else {}
+        costs_path = os.path.join(table_dir, "costs.json")
+        sweep = sweep_here or before.get("sweep")
+        # the committed cost columns stand only for the model they timed: not across a change of mini protocol
+        kept = before.get("costs") if bool(before.get("sweep")) == bool(sweep) else None
+        costs = json.load(open(costs_path)) if os.path.isfile(costs_path) else kept
+        cells = list(R.cells(table_dir)) or before.get("cells", [])  # whole records: a new machine resumes from them
+        for c in cells:
+            c["commands"] = [canonical_paths(line, table) for line in c["commands"]]
+            log = os.path.join(R.cell_dir(table_dir, c["head"], c["seed"], c.get("lr")), "train.log")
+            if os.path.isfile(log):  # read again: a record written before a resumed run's every process counted
+                with open(log) as f:
+                    text = f.read()
+                c["train_wall_s"], c["cpu_s"] = parse_train_wall(text), cpu_seconds(log, text)
+        # a sweep still running has no rows yet: the committed rows of an earlier protocol do not stand beside it
+        rows = R.load_rows(path) if os.path.isfile(path) else ([] if sweep_here else before.get("rows", []))
+        for r in rows:
+            r["command"] = canonical_paths(r["command"], table)
+        plan = json.load(open(plan_path)) if os.path.isfile(plan_path) else before.get("plan")
+        if plan:
+            plan["commands"] = [canonical_paths(line, table) for line in plan["commands"]]
+        # rows kept from the committed json keep the notes that describe how they ran (a full-size plan alone
+        # rewrites only the plan)
+        notes = (
+            getattr(get_table(table), "report_notes", "") if os.path.isfile(path) or sweep_here else before.get("notes")
+        )
+        obj = {
+            "table": table,
+            "description": get_table(table).description,
+            **({"notes": notes} if notes is not None else {}),
+            "rows": rows,
+            "cells": cells,
+            "costs": costs,
+            "plan": plan,
+            **({"sweep": sweep} if sweep else {}),
+        }
+        if sweep and get_table(table).metric == "bleu":
+            committed = commit_hypotheses(table_dir, obj, docs_dir)
+            for key in ("bootstrap", "lowercased"):
+                obj[key] = committed.get(key) or before.get(key)
+        R.save_json(out, obj)
+        written.append(out)
+    return written
+
+
+def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> Dict[str, Any]:
+    """Copy the hypotheses of a translation table's chosen cells to ``docs/reproduction/hyps/TABLE/`` (one file per
+    head, seed and test set: ``HEAD-seedK.TESTSET.hyp``) and score them against the run's references:
+    ``{"bootstrap": sacrebleu's paired bootstrap records, "lowercased": {head: {testset: {"seeds", "values"}}}}``
+    (case-insensitive BLEU, as published Multi30k systems are scored); {} when the run's files are not here. The
+    seed-1 cells of a head whose sweep is still running are kept too, under their cell's name
+    (``HEAD-lrRATE-seed1.TESTSET.hyp``, :func:`results.cell_name`), until the rate is chosen: the chosen one then
+    becomes ``HEAD-seed1`` even when its machine is gone (:func:`results.restore_hypotheses` brings them back)."""
+    import shutil
+
+    from recipes.reproduce.data import prepare as D
+    from recipes.reproduce.tables.translation import corpus_bleu
+
+    table = get_table(obj["table"])
+    testsets = list(D.MULTI30K_TESTS)
+    refs_dir = os.path.join(table_dir, "data", "raw")
+    if not os.path.isdir(refs_dir):
+        return {}
+    sweep = obj.get("sweep") or {}
+    running = [c for c in obj.get("cells", []) if c["head"] in sweep and sweep[c["head"]]["chosen"] is None]
+    out_dir = os.path.join(docs_dir, "reproduction", "hyps", obj["table"])
+    os.makedirs(out_dir, exist_ok=True)
+    for c in running:
+        for testset, path in C.hyp_files(table_dir, [c], testsets).get(c["head"], {}).get(c["seed"], {}).items():
+            shutil.copyfile(path, os.path.join(out_dir, f"{R.cell_name(c['head'], c['seed'], c['lr'])}.{testset}.hyp"))
+    for head, entry in sweep.items():  # a chosen head's sweep files are no longer needed
+        if entry["chosen"] is not None:
+            for path in glob.glob(os.path.join(out_dir, glob.escape(f"{head}-lr") + "*")):
+                os.remove(path)
+    cells = chosen_cells(obj)
+    files = C.hyp_files(table_dir, cells, testsets)
+    hyps: Dict[str, Dict[int, Dict[str, List[str]]]] = {}
+    for head, by_seed in files.items():
+        for seed, by_set in by_seed.items():
+            for testset, path in by_set.items():
+                shutil.copyfile(path, os.path.join(out_dir, f"{head}-seed{seed}.{testset}.hyp"))
+                hyps.setdefault(head, {}).setdefault(seed, {})[testset] = D.read_lines(path)
+    refs = {t: D.read_lines(os.path.join(refs_dir, f"{t}.{table.tgt}")) for t in testsets}
+    scores = {c["head"]: {} for c in cells}
+    for c in cells:
+        scores[c["head"]][c["seed"]] = c.get("bleu", {})
+    lowercased: Dict[str, Dict[str, Dict[str, list]]] = {}
+    for head, by_seed in hyps.items():
+        for seed in sorted(by_seed):
+            for testset, lines in by_seed[seed].items():
+                entry = lowercased.setdefault(head, {}).setdefault(testset, {"seeds": [], "values": []})
+                entry["seeds"].append(seed)
+                entry["values"].append(corpus_bleu(lines, refs[testset], lowercase=True))
+    return {"bootstrap": C.bootstrap(hyps, refs, scores), "lowercased": lowercased}
+
+
+def chosen_cells(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The cells a table's rows come from: at each head's chosen learning rate (``obj["sweep"]``), or every cell of
+    a table without a sweep."""
+    chosen = {h: s["chosen"] for h, s in (obj.get("sweep") or {}).items()}
+    return [c for c in obj.get("cells", []) if c["head"] not in chosen or c.get("lr") == chosen[c["head"]]]
+
+
+#: the training compute of cells set aside when a table's mini settings changed, in ``docs/reproduction/``:
+#: ``{name: {"table", "reason", "cells", "total", "wall"}}`` (:func:`set_aside`); the Compute section counts it
+SET_ASIDE = "compute-set-aside.json"
+
+
+def set_aside(cells_dir: str, table: str, reason: str, docs_dir: str = DOCS) -> Dict[str, Any]:
+    """Count the training CPU-core-hours of every cell under ``cells_dir`` (a table's results moved aside when its
+    mini settings changed: the new settings train them again) as :func:`.compare.cpu_hours` counts
+    a cell (measured CPU time, else training seconds times threads: one where no record says), and keep the count in
+    ``docs_dir/reproduction/`` (:data:`SET_ASIDE`) under the directory's name, so the Compute section keeps counting
+    what they cost; returns the entry."""
+    threads = {
+        os.path.join(R.cell_dir(cells_dir, c["head"], c["seed"], c.get("lr")), "train.log"): c.get("threads")
+        for c in R.cells(cells_dir)
+    }
+    entry = {"table": table, "reason": reason, "cells": 0, "total": 0.0, "wall": 0.0}
+    for log in sorted(glob.glob(os.path.join(cells_dir, "**", "train.log"), recursive=True)):
+        with open(log) as f:
+            text = f.read()
+        cell = {"cpu_s": cpu_seconds(log, text), "train_wall_s": parse_train_wall(text), "threads": threads.get(log)}
+        hours = C.cell_cpu_hours(cell)
+        entry["cells"] += 1
+        entry["total"] += hours
+        entry["wall"] += hours if cell["cpu_s"] is None else 0.0
+    if not entry["cells"]:
+        raise SystemExit(f"--set-aside {cells_dir}: no cell's train.log under it")
+    path = os.path.join(docs_dir, "reproduction", SET_ASIDE)
+    kept = R.load_json(path) or {}
+    kept[os.path.basename(os.path.normpath(cells_dir))] = entry
+    R.save_json(path, kept)
+    return entry

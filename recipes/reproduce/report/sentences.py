@@ -1,0 +1,210 @@
+"""The report's sentences built from the numbers: what the seeds, caps, claims, parameters and timings say, each a
+function of the json alone."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List
+
+from recipes.reproduce.report import compare as C
+from recipes.reproduce.engine import results as R
+from recipes.reproduce.engine import sweep as S
+from recipes.reproduce.report.layout import mean_std, score_rows
+
+
+def lowercased_line(lowercased: Dict[str, Dict[str, Dict[str, list]]]) -> str:
+    """The sentence under a translation table: each head's case-insensitive BLEU per test set (mean ± sample std
+    over its seeds), the scoring of the published Multi30k numbers in the table's note; "" without any."""
+    import statistics
+
+    parts = []
+    for head, by_set in lowercased.items():
+        scores = []
+        for testset, entry in by_set.items():
+            values = entry["values"]
+            std = statistics.stdev(values) if len(values) > 1 else None
+            scores.append(f"{testset} {mean_std(statistics.fmean(values), std)}")
+        parts.append(f"{head} {', '.join(scores)} ({len(next(iter(by_set.values()))['values'])} seeds)")
+    if not parts:
+        return ""
+    return (
+        "BLEU lowercased (sacrebleu -lc on the committed hypotheses; published Multi30k systems are scored "
+        "case-insensitively): " + "; ".join(parts) + "."
+    )
+
+
+def misrecorded(cells: List[Dict[str, Any]], table: str) -> str:
+    """The sentence on cells whose recorded commands name another cell's directory (recorded by an earlier version;
+    replaying them would resume or overwrite that cell), or ""."""
+    wrong = sorted(
+        {
+            (c["head"], c["seed"])
+            for c in cells
+            if c.get("commands") and f"/{R.cell_dir('', c['head'], c['seed'], c.get('lr'))}/" not in c["commands"][0]
+        }
+    )
+    if not wrong:
+        return ""
+    cells_text = ", ".join(f"{h} seed {s}" for h, s in wrong)
+    return (
+        f" The recorded commands of {cells_text} name another cell's directory (an earlier version recorded "
+        f"them): rerun such a cell with `python -m recipes.reproduce {table} --heads HEAD` instead of replaying "
+        f"its command."
+    )
+
+
+def worst_seeds(rows: List[Dict[str, Any]]) -> str:
+    """Which seed scores worst for each head with several seeds, on each validation split (or the first split):
+    whether a bad seed is bad for every head, from the numbers."""
+    rows = score_rows(rows)
+    splits = list(dict.fromkeys(r["split"] for r in rows))
+    out = []
+    for split in [s for s in splits if "valid" in s] or splits[:1]:
+        higher = rows[0]["metric"] != "ppl"
+        worst = {
+            r["head"]: r["seeds"][r["values"].index((min if higher else max)(r["values"]))]
+            for r in rows
+            if r["split"] == split and len(r["values"]) > 1 and r.get("seeds")
+        }
+        if len(worst) < 2:
+            continue
+        seeds = set(worst.values())
+        out.append(
+            f"Worst seed on {split}: seed {seeds.pop()} for every head."
+            if len(seeds) == 1
+            else f"Worst seed on {split}: " + ", ".join(f"{h} {s}" for h, s in worst.items()) + "."
+        )
+    return " ".join(out)
+
+
+def claims_for(table, comparisons: List["C.Comparison"], rows: List[Dict[str, Any]]) -> Dict[tuple, float]:
+    """The paper's difference for each test comparison of a head with a claim (``table.paper_claims``: its relative
+    difference from softmax in its paper) against softmax or the size-matched softmax: the same relative difference at
+    our baseline's mean, so it reads on our scale."""
+    claims = getattr(table, "paper_claims", None) or {}
+    means = {(r["head"], r["split"]): r["mean"] for r in score_rows(rows)}
+    out = {}
+    for c in comparisons:
+        claim = claims.get(c.head)
+        base = means.get((c.baseline, c.split))
+        if claim and base is not None and C.is_test(c.split) and c.baseline in ("softmax", C.MATCHED):
+            out[(c.head, c.baseline, c.split)] = claim["relative"] * base
+    return out
+
+
+def untestable_claims(comparisons: List["C.Comparison"], claims: Dict[tuple, float], table) -> str:
+    """The sentence on the papers' claims smaller than what the table detects (80% power), or ""."""
+    small = [
+        c
+        for c in comparisons
+        if (c.head, c.baseline, c.split) in claims
+        and c.detectable is not None
+        and abs(claims[(c.head, c.baseline, c.split)]) < c.detectable
+    ]
+    if not small:
+        return ""
+    sources = getattr(table, "paper_claims", {})
+    return (
+        "The table cannot test these papers' claims (the claimed difference, at our baseline's perplexity, is "
+        "below what its seeds detect with 80% power at Holm's first level): "
+        + "; ".join(
+            f"{c.head} - {c.baseline} on {c.split}: claimed {claims[(c.head, c.baseline, c.split)]:+.2f} "
+            f"({sources[c.head]['source']}), detectable ±{c.detectable:.2f}"
+            for c in small
+        )
+        + "."
+    )
+
+
+def cap_sentence(cells: List[Dict[str, Any]]) -> str:
+    """Where the epoch cap, not patience, ended most of the rows' cells: how many, and the valid loss's slope over
+    their last two epochs (bits per epoch, the median; negative: still falling), or ""."""
+    capped = [c for c in cells if c.get("stopped") in ("max_epochs", "max_updates") and len(c.get("curve") or []) >= 3]
+    if not cells or 2 * len(capped) <= len(cells):
+        return ""
+    slopes = sorted((S.nll(c["curve"][-1]) - S.nll(c["curve"][-3])) / 2 for c in capped)
+    cap = max(c["curve"][-1]["epoch"] for c in capped)
+    median = slopes[len(slopes) // 2]
+    return (
+        f"{len(capped)} of the {len(cells)} cells of the rows stopped at the cap ({cap} epochs), not by patience: "
+        f"the numbers are at the cap, not converged; their valid NLL still moved {median:+.3f} bits an epoch over "
+        f"the last two epochs (median; from {slopes[0]:+.3f} to {slopes[-1]:+.3f})."
+    )
+
+
+def parameters_line(cells: List[Dict[str, Any]]) -> str:
+    """Each row's parameter count (from its cells' checkpoints), or ""."""
+    counts = {c["head"]: c["parameters"] for c in cells if c.get("parameters")}
+    if not counts:
+        return ""
+    return "Parameters per row: " + ", ".join(f"{h} {n / 1e6:.2f}M" for h, n in counts.items()) + "."
+
+
+#: two tables whose mini models have the same sizes: how far their cost ratios differ shows the timing noise
+TWIN_COST_TABLES = ("mt-en-de", "mt-en-fr")
+
+
+def timing_noise(objs: Dict[str, Dict[str, Any]]) -> str:
+    """A sentence on how far one timing run can be trusted: the largest gap between the cost ratios of
+    :data:`TWIN_COST_TABLES` (same model sizes, so a gap is noise), or "" until both are measured."""
+    a, b = ((objs.get(t) or {}).get("costs") or {} for t in TWIN_COST_TABLES)
+    if not a or not b:
+        return ""
+    gaps = [
+        (abs(a["ratios"][h][k] / b["ratios"][h][k] - 1), h, k)
+        for h in a["ratios"]
+        if h in b["ratios"]
+        for k in a["ratios"][h]
+        if h != "softmax" and k in b["ratios"][h]
+    ]
+    gap, head, key = max(gaps)
+    return (
+        f"{' and '.join(TWIN_COST_TABLES)} time mini models of the same sizes and their ratios differ by up "
+        f"to {gap:.0%} ({head}, {key}: {a['ratios'][head][key]:.2f}x and {b['ratios'][head][key]:.2f}x): read "
+        f"smaller differences as noise."
+    )
+
+
+def added_heads(costs: Dict[str, Any]) -> str:
+    """The sentence on heads timed after the table's cost run (:func:`recipes.reproduce.engine.costs.merge_costs`)."""
+    added = list(costs.get("added") or {})
+    if not added:
+        return ""
+    return (
+        f" {', '.join(added)}: added to the table later, timed beside softmax again in a run of "
+        f"{'its' if len(added) == 1 else 'their'} own (ratios to that run's softmax; the budget is that run's)."
+    )
+
+
+def minutes_by_head(cells: List[Dict[str, Any]], key: str) -> Dict[str, List[float]]:
+    """``{head: [minutes]}``: each cell's ``key`` (seconds) in minutes, for the cells that recorded one."""
+    out: Dict[str, List[float]] = {}
+    for c in cells:
+        if c.get(key):
+            out.setdefault(c["head"], []).append(c[key] / 60)
+    return out
+
+
+#: the first line of a table's reading (``docs/reproduction/TABLE-reading.md``): how many cells it was written for
+READING_CELLS = re.compile(r"<!--\s*cells:\s*(\d+)\s*-->")
+
+
+def written_reading(src: str, table: str, cells: int) -> str:
+    """The paragraph a person wrote on what ``table``'s numbers mean (``src/TABLE-reading.md``; "" without one): the
+    report's "What it shows" follows the tests, this one says what they mean for the papers' claims. Its first line
+    ``<!-- cells: N -->`` says how many cells had finished when it was written; with more or fewer now, the report
+    says so, since the numbers it discusses may have moved."""
+    path = os.path.join(src, f"{table}-reading.md")
+    if not os.path.isfile(path):
+        return ""
+    with open(path) as f:
+        text = f.read().strip()
+    m = READING_CELLS.match(text)
+    body = " ".join(text[m.end() :].split()) if m else " ".join(text.split())
+    if m and int(m.group(1)) != cells:
+        body += (
+            f" *(Written when {m.group(1)} cells had finished; {cells} have now: the numbers above may have "
+            f"moved since.)*"
+        )
+    return body
