@@ -59,7 +59,7 @@ def joint_command(table, variant, d: int, seed: int, save_dir: str, args, table_
 
 
 def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -> Dict[str, Any]:
-    from recipes.reproduce.engine import results as R
+    from recipes.reproduce.engine import results as result_files
     from recipes.reproduce.engine.runner import cpu_seconds, shell_line, training_done
 
     name = f"{variant.name}-d{d}-s{seed}"
@@ -82,14 +82,14 @@ def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -
         "command": shell_line(train),
     }
     log(f"{name}: valid {ppl['valid']:.2f}, test {ppl['test']:.2f} perplexity")
-    R.save_json(os.path.join(args.out, "cells", f"{name}.json"), record)
+    result_files.save_json(os.path.join(args.out, "cells", f"{name}.json"), record)
     return record
 
 
 def main(argv=None, log=print) -> List[Dict[str, Any]]:
     args = parse_args(argv)
     from recipes.reproduce import get_table
-    from recipes.reproduce.engine import results as R
+    from recipes.reproduce.engine import results as result_files
     from recipes.reproduce.__main__ import parse_args as table_parse_args
     from recipes.reproduce.engine.runner import Runner
 
@@ -103,7 +103,7 @@ def main(argv=None, log=print) -> List[Dict[str, Any]]:
             for variant in variants:
                 path = os.path.join(args.out, "cells", f"{variant.name}-d{d}-s{seed}.json")
                 if os.path.exists(path):
-                    records.append(R.load_json(path))
+                    records.append(result_files.load_json(path))
                 else:
                     records.append(run_cell(table, variant, d, seed, args, table_args, runner, log))
     return records

@@ -26,7 +26,7 @@ from torch import nn
 
 import hf_heads
 from hf_heads.hf.upgrade import States, nll_per_block, train_epoch, train_head_on_states
-from recipes.reproduce.engine import results as R
+from recipes.reproduce.engine import results as result_files
 
 #: the heads of the map, as the issue names them (library defaults otherwise; Mixtape in its default form)
 HEADS = {
@@ -80,7 +80,8 @@ def cached_features(args, split: str) -> States:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         states = trunk_features(args.trunk, args.data, split, STREAMS[split])
         torch.save(
-            {"states": states.states, "targets": states.targets, "trunk_md5": R.file_md5(args.trunk)}, path + ".tmp"
+            {"states": states.states, "targets": states.targets, "trunk_md5": result_files.file_md5(args.trunk)},
+            path + ".tmp",
         )
         os.replace(path + ".tmp", path)
     saved = torch.load(path)
@@ -176,8 +177,8 @@ def choose_rate(args, name: str, data, log=print) -> float:
         path = os.path.join(args.out, "rates", f"{name}-d{args.rate_d}-lr{lr:g}.json")
         if not os.path.exists(path):
             cell = run_cell(args, name, args.rate_d, 1, lr, data, log)
-            R.save_json(path, cell)
-        losses[lr] = R.load_json(path)["valid_nll"]
+            result_files.save_json(path, cell)
+        losses[lr] = result_files.load_json(path)["valid_nll"]
     best = min(losses, key=losses.get)
     log(
         f"{name}: learning rate {best:g} (valid NLL at d={args.rate_d}: "
@@ -250,23 +251,23 @@ def main(argv=None, log=print) -> Dict:
     args.vocab = len(Dictionary.load(os.path.join(args.data, "dict.txt")))
     meta = {
         "trunk": args.trunk,
-        "trunk_md5": R.file_md5(args.trunk),
+        "trunk_md5": result_files.file_md5(args.trunk),
         "tokens": {s: len(d) for s, d in data.items()},
         "width": width,
         "vocab": args.vocab,
         "trunk_nll": trunk_nll(args.trunk, data),
         "args": {k: v for k, v in vars(args).items() if k != "vocab"},
     }
-    R.save_json(os.path.join(args.out, "meta.json"), meta)
+    result_files.save_json(os.path.join(args.out, "meta.json"), meta)
     rates = {h: choose_rate(args, h, data, log) for h in args.heads}
-    R.save_json(os.path.join(args.out, "rates.json"), rates)
+    result_files.save_json(os.path.join(args.out, "rates.json"), rates)
     results = []
     for i, (h, d, s) in enumerate(cells, 1):
         path = os.path.join(args.out, "cells", f"{h}-d{d}-s{s}.json")
         if not os.path.exists(path):
             log(f"cell {i}/{len(cells)}: {h} d={d} seed {s}")
-            R.save_json(path, run_cell(args, h, d, s, rates[h], data, log))
-        results.append(R.load_json(path))
+            result_files.save_json(path, run_cell(args, h, d, s, rates[h], data, log))
+        results.append(result_files.load_json(path))
     return {"meta": meta, "rates": rates, "cells": results}
 
 

@@ -23,7 +23,7 @@ import os
 from typing import Dict, List
 
 from recipes import upgrade_table
-from recipes.common import stats as S
+from recipes.common import stats as paired_stats
 
 PRIMARY = ("mos-4", "mixtape")
 BASELINE = "softmax"
@@ -93,12 +93,12 @@ def paired_rows(obj: Dict) -> List[Dict]:
         for d in dims:
             seeds = sorted(s for (h, dd, s) in cells if h == head and dd == d and (BASELINE, d, s) in cells)
             if seeds:
-                p = S.paired(
+                p = paired_stats.paired(
                     [cells[(head, d, s)]["test_nll"] for s in seeds],
                     [cells[(BASELINE, d, s)]["test_nll"] for s in seeds],
                 )
                 rows.append({"head": head, "d": d, "seeds": len(seeds), "paired": p})
-    for row, adjusted in zip(rows, S.holm([r["paired"].p for r in rows])):
+    for row, adjusted in zip(rows, paired_stats.holm([r["paired"].p for r in rows])):
         row["holm"] = adjusted
     return rows
 
@@ -133,7 +133,7 @@ def slope_test(obj: Dict) -> List[Dict]:
                 "intercept": fit.intercept,
             }
         )
-    for row, adjusted in zip(out, S.holm([r["p"] for r in out])):
+    for row, adjusted in zip(out, paired_stats.holm([r["p"] for r in out])):
         row["holm"] = adjusted
     return out
 
@@ -253,7 +253,7 @@ def page(obj: Dict, png: str) -> str:
         else:
             lines.append(
                 f"| {s['head']} | {s['points']} | {s['slope']:+.4f} [{s['low']:+.4f}, {s['high']:+.4f}] | "
-                f"{S.format_p(s['p'])} | {S.format_p(s['holm'])} |"
+                f"{paired_stats.format_p(s['p'])} | {paired_stats.format_p(s['holm'])} |"
             )
     lines += [
         "",
@@ -268,8 +268,8 @@ def page(obj: Dict, png: str) -> str:
         p = r["paired"]
         ci = f"[{p.low:+.4f}, {p.high:+.4f}]" if p.low is not None else "(one seed)"
         lines.append(
-            f"| {r['head']} | {r['d']} | {r['seeds']} | {p.mean:+.4f} {ci} | {S.format_p(p.p)} | "
-            f"{S.format_p(r['holm'])} |"
+            f"| {r['head']} | {r['d']} | {r['seeds']} | {p.mean:+.4f} {ci} | {paired_stats.format_p(p.p)} | "
+            f"{paired_stats.format_p(r['holm'])} |"
         )
     lines += [
         "",
@@ -351,12 +351,12 @@ def upgrade_rows(up: Dict) -> List[Dict]:
                 continue
             seeds = sorted(s for (r, s) in cells if r == row and (control, s) in cells)
             if seeds:
-                p = S.paired(
+                p = paired_stats.paired(
                     [math.log(cells[(row, s)]["after"]["test"]["ppl"]) for s in seeds],
                     [math.log(cells[(control, s)]["after"]["test"]["ppl"]) for s in seeds],
                 )
                 rows.append({"row": row, "control": control, "seeds": len(seeds), "paired": p})
-    for row, adjusted in zip(rows, S.holm([r["paired"].p for r in rows])):
+    for row, adjusted in zip(rows, paired_stats.holm([r["paired"].p for r in rows])):
         row["holm"] = adjusted
     return rows
 
@@ -441,7 +441,7 @@ def upgrade_section(up: Dict) -> List[str]:
         ci = f"[{p.low:+.4f}, {p.high:+.4f}]" if p.low is not None else "(one seed)"
         lines.append(
             f"| {names[r['row']]} | {names[r['control']].split(' ')[0]} | {r['seeds']} | {p.mean:+.4f} {ci} | "
-            f"{S.format_p(p.p)} | {S.format_p(r['holm'])} |"
+            f"{paired_stats.format_p(p.p)} | {paired_stats.format_p(r['holm'])} |"
         )
     return lines + [""]
 

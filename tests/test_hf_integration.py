@@ -259,17 +259,17 @@ def test_a_causal_head_model_of_a_seq2seq_family_does_not_take_over_auto_seq2seq
 def test_output_head_specs_carry_a_version_and_old_ones_get_the_old_defaults(tmp_path):
     """A config's output_head stores only the options its user gave: new configs carry the spec version, a config
     saved before versions is read as version 1, and a default changed since comes back at its old value."""
-    from hf_heads.core import config as C
+    from hf_heads.core.config import SPEC_VERSION
 
     cfg = hf_heads.head_config(transformers.GPT2Config(**GPT2_SIZES), "mixtape", num_gates=2)
-    assert cfg.output_head["version"] == C.SPEC_VERSION
+    assert cfg.output_head["version"] == SPEC_VERSION
     same = transformers.AutoConfig.for_model(
         "softmax-heads",
         base_model_type="gpt2",
         output_head={"name": "mixtape", "options": {"num_gates": 2}},
         **GPT2_SIZES,
     )
-    assert same.output_head["version"] == C.SPEC_VERSION
+    assert same.output_head["version"] == SPEC_VERSION
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     model.save_pretrained(tmp_path)
     ids = torch.arange(8)[None]
@@ -277,7 +277,7 @@ def test_output_head_specs_carry_a_version_and_old_ones_get_the_old_defaults(tmp
     assert reloaded.get_output_embeddings().config.scaled_input is False
     torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["output_head"]["version"] == C.SPEC_VERSION
+    assert saved["output_head"]["version"] == SPEC_VERSION
     del saved["output_head"]["version"]  # as a model saved before specs had versions
     (tmp_path / "config.json").write_text(json.dumps(saved))
     assert transformers.AutoConfig.from_pretrained(tmp_path).output_head["version"] == 1

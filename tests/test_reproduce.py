@@ -18,9 +18,9 @@ pytest.importorskip("fairseq", reason="fairseq not installed: run `make install`
 pytest.importorskip("sentencepiece", reason="sentencepiece not installed: run `make install` (the reproduce extra)")
 
 from recipes.reproduce import __main__ as cli  # noqa: E402
-from recipes.reproduce.engine import costs as C  # noqa: E402
+from recipes.reproduce.engine import costs as cost_columns  # noqa: E402
 from recipes.reproduce.report import collect, layout, page, sections, sentences  # noqa: E402
-from recipes.reproduce.engine import results as R  # noqa: E402
+from recipes.reproduce.engine import results as result_files  # noqa: E402
 from recipes.reproduce.tables.translation import hypotheses  # noqa: E402
 
 SPLITS = {"train": 200, "val": 20, "test_2016_flickr": 9, "test_2017_flickr": 7}
@@ -83,7 +83,7 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
         (h, t) for h in ("softmax", "mixtape") for t in ("test_2016_flickr", "test_2017_flickr")
     }
     for r in rows:
-        assert set(R.ROW_KEYS) <= set(r) and r["table"] == "mt-en-de" and r["scale"] == "mini"
+        assert set(result_files.ROW_KEYS) <= set(r) and r["table"] == "mt-en-de" and r["scale"] == "mini"
     for r in bleu:
         assert len(r["values"]) == 1 and r["seeds"] == [1] and 0.0 <= r["mean"] <= 100.0 and r["std"] is None
         assert r["paper"] == {"softmax": 29.0, "mixtape": 29.3}[r["head"]]  # the paper's WMT'14 En-De BLEU
@@ -107,7 +107,7 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
         assert needle in commands
     # a new machine: the committed table file (collect.collect) brings the finished cells back
     docs = tmp_path / "docs"
-    recorded = R.load_cell(str(table), "mixtape", 1, 0.003)["train_wall_s"]
+    recorded = result_files.load_cell(str(table), "mixtape", 1, 0.003)["train_wall_s"]
     with open(table / "mixtape" / "lr0.003" / "seed1" / "train.log", "a") as f:  # a resumed process's clock restarts
         f.write('| train | {"epoch": 9, "train_wall": "0.5"}\n')
     collect.collect(str(tmp_path), str(docs))
@@ -135,12 +135,12 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
         in committed["cells"][0]["commands"][0] + committed["cells"][1]["commands"][0]
     )
     shutil.rmtree(table / "cells")  # a new machine: the records and hypotheses come back from the committed files
-    softmax_hyp = os.path.join(R.cell_dir(str(table), "softmax", 1, 0.003), "test_2016_flickr.hyp")
+    softmax_hyp = os.path.join(result_files.cell_dir(str(table), "softmax", 1, 0.003), "test_2016_flickr.hyp")
     os.remove(softmax_hyp)
-    assert R.restore_cells(str(table), str(docs / "reproduction" / "mt-en-de.json"), log=lambda m: None) == 2
+    assert result_files.restore_cells(str(table), str(docs / "reproduction" / "mt-en-de.json"), log=lambda m: None) == 2
     assert open(softmax_hyp).read() == hyp
     # resume: finished cells are skipped, nothing is retrained
-    cell = R.cell_path(str(table), "mixtape", 1, 0.003)
+    cell = result_files.cell_path(str(table), "mixtape", 1, 0.003)
     before = os.path.getmtime(cell)
     logs = []
     again = cli.main(
@@ -181,9 +181,9 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
         "rounds": 1,
         "memory_repeats": 1,
     }
-    memory = C.measure_memory(spec)
+    memory = cost_columns.measure_memory(spec)
     assert set(memory["batch"]) == {"softmax", "mixtape"} and memory["batch"]["softmax"]["all"] >= 16
-    costs = C.measure(spec, memory, log=lambda m: None)
+    costs = cost_columns.measure(spec, memory, log=lambda m: None)
     assert costs["ratios"]["softmax"]["time_all_layers_same_bsz"] == 1.0
     assert costs["ratios"]["mixtape"]["time_out_layer_same_bsz"] > 0
 
@@ -201,7 +201,9 @@ def test_costs_of_heads_added_later_merge_beside_the_measured_ones():
         }
 
     measured = run(["softmax", "mixtape"], 2.0, 3.0)
-    merged = C.merge_costs(measured, run(["softmax", "mixtape-unscaled"], 4.0, 8.0), ["mixtape-unscaled"], "added-cmd")
+    merged = cost_columns.merge_costs(
+        measured, run(["softmax", "mixtape-unscaled"], 4.0, 8.0), ["mixtape-unscaled"], "added-cmd"
+    )
     assert merged["ratios"]["mixtape-unscaled"]["time_out_layer_same_bsz"] == 2.0  # to its own run's softmax
     assert merged["ratios"]["mixtape"] == measured["ratios"]["mixtape"]
     assert merged["seconds"]["softmax"]["out_bsz"] == 2.0
@@ -262,7 +264,7 @@ def test_hypotheses_are_read_in_source_order():
 
 def _fixture_rows():
     def row(head, split, values, paper, metric="bleu"):
-        return R.make_row(
+        return result_files.make_row(
             table="mt-en-de",
             dataset="multi30k",
             split=split,
@@ -300,7 +302,7 @@ def test_report_from_a_fixture(tmp_path):
         }
         for s in (1, 2, 3)
     ]
-    R.save_json(
+    result_files.save_json(
         str(docs / "reproduction" / "mt-en-de.json"),
         {"table": "mt-en-de", "description": "En-De", "rows": _fixture_rows(), "cells": cells, "costs": None},
     )
@@ -412,7 +414,7 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     # the rows' sizes are recorded, and seed 1 of softmax (the bottleneck map's trunk) keeps its checkpoint by md5
     softmax = json.load(open(tmp_path / "lm-ptb" / "cells" / "softmax-lr0.005-seed1.json"))
     assert len(softmax["checkpoint"]["md5"]) == 32  # the tied embedding / softmax weight counted once:
-    assert softmax["parameters"] == C.count_parameters(shlex.split(softmax["commands"][0])[1:])
+    assert softmax["parameters"] == cost_columns.count_parameters(shlex.split(softmax["commands"][0])[1:])
     assert (tmp_path / "lm-ptb" / "softmax" / "lr0.005" / "seed1" / "checkpoints" / "checkpoint_best.pt").is_file()
     assert not (tmp_path / "lm-ptb" / "mixtape" / "lr0.005" / "seed1" / "checkpoints").exists()
 
@@ -627,7 +629,7 @@ def test_report_shows_the_full_size_plan(tmp_path):
         "note": "a note.",
         "paper": {"softmax": {"test": 42.77}, "mixtape": {"test": 36.52}},
     }
-    R.save_json(
+    result_files.save_json(
         str(docs / "reproduction" / "lm-1b.json"),
         {"table": "lm-1b", "description": "1B", "rows": [], "cells": [], "costs": None, "plan": plan},
     )
@@ -637,7 +639,7 @@ def test_report_shows_the_full_size_plan(tmp_path):
     assert "full only" in text
     assert "| softmax | 19.6M | 42.77 |" in text and "| mixtape | 21.7M | 36.52 |" in text
     # a new plan alone (no results.json) rewrites the plan, not the notes of the rows committed beside it
-    row = R.make_row(
+    row = result_files.make_row(
         table="lm-ptb",
         dataset="ptb",
         split="test",
@@ -650,7 +652,7 @@ def test_report_shows_the_full_size_plan(tmp_path):
         scale="mini",
         command="fairseq-train x",
     )
-    R.save_json(
+    result_files.save_json(
         str(docs / "reproduction" / "lm-ptb.json"),
         {
             "table": "lm-ptb",
@@ -662,9 +664,9 @@ def test_report_shows_the_full_size_plan(tmp_path):
             "plan": None,
         },
     )
-    R.save_json(str(tmp_path / "results" / "lm-ptb" / "plan.json"), plan)
+    result_files.save_json(str(tmp_path / "results" / "lm-ptb" / "plan.json"), plan)
     collect.collect(str(tmp_path / "results"), str(docs))
-    kept = R.load_json(str(docs / "reproduction" / "lm-ptb.json"))
+    kept = result_files.load_json(str(docs / "reproduction" / "lm-ptb.json"))
     assert kept["notes"] == "How these rows ran." and kept["rows"] == [row] and kept["plan"]["note"] == "a note."
 
 
@@ -705,7 +707,7 @@ def test_a_cell_directory_left_by_other_settings_is_cleared(tmp_path):
 
 
 def test_score_table_gives_the_papers_number_per_split_where_they_differ():
-    row = lambda split, paper: R.make_row(
+    row = lambda split, paper: result_files.make_row(
         table="lm-ptb",
         dataset="ptb",
         split=split,
@@ -814,7 +816,7 @@ def test_pilot_collects_its_arms_and_the_report_shows_them(tmp_path):
 
     out = tmp_path / "pilot"
     for arm, ppl in (("softmax-adam", 140.0), ("softmax-ntasgd", 150.0)):
-        R.save_json(
+        result_files.save_json(
             str(out / arm / "record.json"),
             {
                 "arm": arm,
@@ -830,14 +832,14 @@ def test_pilot_collects_its_arms_and_the_report_shows_them(tmp_path):
                 "commands": [],
             },
         )
-    R.save_json(str(out / "probes" / "probes.json"), {"mos-4": {"tokens_per_s": 1000.0, "epoch_s": 930.0}})
+    result_files.save_json(str(out / "probes" / "probes.json"), {"mos-4": {"tokens_per_s": 1000.0, "epoch_s": 930.0}})
     from types import SimpleNamespace
 
     result = lm_pilot.collect(SimpleNamespace(out=str(out), commit=False))
     assert set(result["arms"]) == {"softmax-adam", "softmax-ntasgd"} and result["cpu_s"]["training"] == 3600.0
     assert lm_pilot.switch_epoch(4) == 2 and lm_pilot.switch_epoch(2) == 1
     docs = tmp_path / "docs"
-    R.save_json(str(docs / "reproduction" / "lm-ptb-pilot.json"), result)
+    result_files.save_json(str(docs / "reproduction" / "lm-ptb-pilot.json"), result)
     text = sections.pilot_section(str(docs))
     assert "| softmax-ntasgd | 0.005 | 2 | 1 | 181.0, 147.0 | 150.00 | 150.00 | 0.50 |" in text
     assert "mos-4 15.5 min" in text and "1.00 core-hours of training" in text and "**Decision.**" in text

@@ -94,7 +94,7 @@ def _row(head, split, values):
 
 
 def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_against_the_matched_softmax():
-    from recipes.reproduce.report import compare as C
+    from recipes.reproduce.report import compare as head_comparison
     from recipes.reproduce.report import sentences
     from recipes.reproduce.tables.lm_ptb import TABLE
 
@@ -102,16 +102,16 @@ def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_agains
     rows += [_row("softmax-matched", s, [99.0, 101.5, 97.0, 100.5, 98.0]) for s in ("valid", "test")]
     rows += [_row("mos-4", s, [96.0, 99.5, 94.0, 97.0, 96.5]) for s in ("valid", "test")]
     rows += [_row("plif", s, [99.9, 101.5, 98.2, 100.4, 98.9]) for s in ("valid", "test")]
-    family = C.family(rows)
+    family = head_comparison.family(rows)
     pairs = {(c.head, c.baseline, c.split) for c in family}
     assert ("mos-4", "softmax-matched", "test") in pairs and ("plif", "softmax-matched", "test") not in pairs
     tests = [c for c in family if c.split == "test"]
     assert [c.holm for c in tests] == pytest.approx(holm([c.result.p for c in tests]))  # a family of 4, not 8
     assert all(c.holm is None and c.detectable is None for c in family if c.split == "valid")
     assert all(c.detectable > 0 for c in tests)
-    text = C.family_table(family, "ppl")
+    text = head_comparison.family_table(family, "ppl")
     assert "(valid: described)" in text and "detectable (80% power)" in text
-    assert "described, not tested" in C.reading(family, "ppl")
+    assert "described, not tested" in head_comparison.reading(family, "ppl")
     # the papers' claims on our scale, and which of them the seeds cannot test
     claims = sentences.claims_for(TABLE, family, rows)
     plif = next(c for c in tests if c.head == "plif" and c.baseline == "softmax")

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from recipes.reproduce.engine import results as R
-from recipes.reproduce.engine import sweep as S
+from recipes.reproduce.engine import results as result_files
+from recipes.reproduce.engine import sweep as sweep_rules
 
 
 def _log(points, walls):
@@ -30,7 +30,7 @@ def _log(points, walls):
 
 def test_curve_sums_the_training_seconds_and_keeps_the_last_line_of_a_resumed_epoch():
     text = _log([(1, 10, 5.0), (2, 20, 4.0)], [30, 20]) + _log([(2, 20, 4.5), (3, 30, 3.5)], [25, 10])
-    curve = S.parse_curve(text)
+    curve = sweep_rules.parse_curve(text)
     assert [p["epoch"] for p in curve] == [1, 2, 3]
     assert [p["loss"] for p in curve] == [5.0, 4.5, 3.5]  # epoch 2 again after a resume: its last line counts
     assert [p["seconds"] for p in curve] == [30.0, 55.0, 65.0]
@@ -38,30 +38,32 @@ def test_curve_sums_the_training_seconds_and_keeps_the_last_line_of_a_resumed_ep
 
 
 def test_stopping_rule_patience_and_cap():
-    rule = S.StopRule(patience=2, max_epochs=5)
+    rule = sweep_rules.StopRule(patience=2, max_epochs=5)
     curve = [{"epoch": e, "loss": loss} for e, loss in enumerate([5.0, 4.0, 4.1, 4.0], 1)]
-    assert S.best_point(curve)["epoch"] == 2  # a tie keeps the first best, as fairseq's checkpoint_best
-    assert S.stopped(curve, rule) == "patience"  # epochs 3 and 4 did not improve on 4.0
-    assert S.stopped(curve[:3], rule) is None
+    assert sweep_rules.best_point(curve)["epoch"] == 2  # a tie keeps the first best, as fairseq's checkpoint_best
+    assert sweep_rules.stopped(curve, rule) == "patience"  # epochs 3 and 4 did not improve on 4.0
+    assert sweep_rules.stopped(curve[:3], rule) is None
     improving = [{"epoch": e, "loss": 10.0 - e} for e in range(1, 6)]
-    assert S.stopped(improving, rule) == "max_epochs" and S.stopped(improving[:4], rule) is None
+    assert sweep_rules.stopped(improving, rule) == "max_epochs" and sweep_rules.stopped(improving[:4], rule) is None
     assert rule.fairseq_args() == ["--max-epoch", "5", "--patience", "2"]
     with pytest.raises(ValueError, match="patience must be >= 1"):
-        S.StopRule(patience=0, max_epochs=5)
+        sweep_rules.StopRule(patience=0, max_epochs=5)
 
 
 def test_the_rate_of_the_lowest_valid_loss_is_chosen_and_the_grid_grows_past_a_best_end():
-    assert S.grid(0.005, 2.0) == [0.0025, 0.005, 0.01]
-    assert S.choose_lr({0.0025: 4.2, 0.005: 4.1, 0.01: 4.3}) == 0.005
-    assert S.choose_lr({0.0025: 4.1, 0.005: 4.1}) == 0.0025  # a tie: the smaller rate
+    assert sweep_rules.grid(0.005, 2.0) == [0.0025, 0.005, 0.01]
+    assert sweep_rules.choose_lr({0.0025: 4.2, 0.005: 4.1, 0.01: 4.3}) == 0.005
+    assert sweep_rules.choose_lr({0.0025: 4.1, 0.005: 4.1}) == 0.0025  # a tie: the smaller rate
     rates = [0.0025, 0.005, 0.01]
-    assert S.extend_grid(rates, {0.0025: 4.2, 0.005: 4.1, 0.01: 4.3}, 2.0, 5) is None  # inside: done
-    assert S.extend_grid(rates, {0.0025: 4.2, 0.005: 4.1, 0.01: 4.0}, 2.0, 5) == 0.02
-    assert S.extend_grid(rates, {0.0025: 4.0, 0.005: 4.1, 0.01: 4.3}, 2.0, 5) == 0.00125
-    assert S.extend_grid(rates, {0.0025: 4.0, 0.005: 4.1}, 2.0, 5) is None  # a cell is missing: wait for it
-    assert S.extend_grid(rates + [0.02, 0.04], {r: 5.0 - r for r in rates + [0.02, 0.04]}, 2.0, 5) is None  # cap
+    assert sweep_rules.extend_grid(rates, {0.0025: 4.2, 0.005: 4.1, 0.01: 4.3}, 2.0, 5) is None  # inside: done
+    assert sweep_rules.extend_grid(rates, {0.0025: 4.2, 0.005: 4.1, 0.01: 4.0}, 2.0, 5) == 0.02
+    assert sweep_rules.extend_grid(rates, {0.0025: 4.0, 0.005: 4.1, 0.01: 4.3}, 2.0, 5) == 0.00125
+    assert sweep_rules.extend_grid(rates, {0.0025: 4.0, 0.005: 4.1}, 2.0, 5) is None  # a cell is missing: wait for it
+    assert (
+        sweep_rules.extend_grid(rates + [0.02, 0.04], {r: 5.0 - r for r in rates + [0.02, 0.04]}, 2.0, 5) is None
+    )  # cap
     with pytest.raises(ValueError, match="no finished sweep cell"):
-        S.choose_lr({})
+        sweep_rules.choose_lr({})
 
 
 def test_loss_within_a_time_budget():
@@ -70,8 +72,8 @@ def test_loss_within_a_time_budget():
         {"epoch": 2, "seconds": 60.0, "loss": 4.0},
         {"epoch": 3, "seconds": 90.0, "loss": 4.2},
     ]
-    assert S.within(curve, "seconds", 65.0) == 4.0 and S.within(curve, "seconds", 200.0) == 4.0
-    assert S.within(curve, "seconds", 10.0) is None
+    assert sweep_rules.within(curve, "seconds", 65.0) == 4.0 and sweep_rules.within(curve, "seconds", 200.0) == 4.0
+    assert sweep_rules.within(curve, "seconds", 10.0) is None
 
 
 class FakeTable:
@@ -83,7 +85,7 @@ class FakeTable:
 
         class Fake(Table):
             name, metric, description = "fake", "bleu", "fake table"
-            mini_stop = S.StopRule(patience=2, max_epochs=4)
+            mini_stop = sweep_rules.StopRule(patience=2, max_epochs=4)
             mini_lr = 0.005
             cost_columns = False
             trained, scored, sweep_seen = [], [], []
@@ -118,9 +120,9 @@ class FakeTable:
 
             def train_cell(self, runner, prepared, variant, seed, args, table_dir, label, lr=None):
                 self.trained.append((variant.name, lr, seed))
-                self.sweep_seen.append(R.load_json(table_dir + "/sweep.json"))
+                self.sweep_seen.append(result_files.load_json(table_dir + "/sweep.json"))
                 loss = 4.0 + abs(lr - best[variant.name]) * 100 + seed / 100
-                log = R.cell_dir(table_dir, variant.name, seed, lr) + "/train.log"
+                log = result_files.cell_dir(table_dir, variant.name, seed, lr) + "/train.log"
                 with open(log, "w") as f:
                     f.write(
                         _log(
@@ -194,7 +196,7 @@ def test_table_sweeps_every_head_then_trains_the_seeds_at_the_chosen_rate_and_re
         "mixtape": {"rates": [0.0025, 0.005, 0.01, 0.02], "chosen": 0.01},
     }
     assert {r["head"]: r["seeds"] for r in rows} == {"softmax": [1, 2, 3], "mixtape": [1, 2]}
-    record = R.load_cell(str(tmp_path / "fake"), "mixtape", 2, 0.01)
+    record = result_files.load_cell(str(tmp_path / "fake"), "mixtape", 2, 0.01)
     assert record["best"]["epoch"] == 2 and record["stopped"] == "patience" and record["bleu"] == {"test": 30.0 - 4.02}
     assert record["curve"][-1]["seconds"] == 40.0
     # a rerun trains and scores nothing again
@@ -237,10 +239,10 @@ def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(
     """--lr-from TABLE: one rate per head, the one TABLE's sweep chose (no grid, no growth), marked in sweep.json and
     in the report's sweep table; a head TABLE never swept, or a table named twice, is an error naming the fix; a run
     of some heads keeps the other heads' sweep entries."""
-    from recipes.reproduce.report import compare as C
+    from recipes.reproduce.report import compare as head_comparison
     from recipes.reproduce.__main__ import parse_args
 
-    R.save_json(
+    result_files.save_json(
         str(tmp_path / "mt-en-de" / "sweep.json"),
         {"softmax": {"rates": [0.005, 0.01], "chosen": 0.01}, "mixtape": {"rates": [0.005, 0.01], "chosen": 0.005}},
     )
@@ -258,11 +260,11 @@ def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(
     assert sweep["softmax"] == {"rates": [0.01], "chosen": 0.01, "from": "mt-en-de"}
     # the borrowed rate is chosen before the first cell trains: a report of the run so far shows it, not "running"
     assert table.sweep_seen[0] == sweep
-    assert "| 0.01 (mt-en-de's choice, not swept here) |" in C.sweep_table(
-        [R.load_cell(str(tmp_path / "fake"), "softmax", 1, 0.01)], {"softmax": sweep["softmax"]}
+    assert "| 0.01 (mt-en-de's choice, not swept here) |" in head_comparison.sweep_table(
+        [result_files.load_cell(str(tmp_path / "fake"), "softmax", 1, 0.01)], {"softmax": sweep["softmax"]}
     )
     # a head the source table has not chosen a rate for
-    R.save_json(str(tmp_path / "mt-en-de" / "sweep.json"), {"softmax": {"rates": [0.01], "chosen": 0.01}})
+    result_files.save_json(str(tmp_path / "mt-en-de" / "sweep.json"), {"softmax": {"rates": [0.01], "chosen": 0.01}})
     with pytest.raises(
         SystemExit,
         match=r"has no rate chosen for mixtape; run `python -m recipes.reproduce "
@@ -270,12 +272,14 @@ def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(
     ):
         table.run(_args(tmp_path, lr_from="mt-en-de"), log=lambda m: None)
     # earlier heads' entries stay when a run names fewer heads: in sweep.json and in results.json
-    R.save_json(str(tmp_path / "fake" / "sweep.json"), {**sweep, "mos-4": {"rates": [0.005], "chosen": 0.005}})
-    rows = R.load_rows(str(tmp_path / "fake" / "results.json"))
-    R.save_json(str(tmp_path / "fake" / "results.json"), [{**rows[0], "head": "mos-4"}] + rows)
+    result_files.save_json(
+        str(tmp_path / "fake" / "sweep.json"), {**sweep, "mos-4": {"rates": [0.005], "chosen": 0.005}}
+    )
+    rows = result_files.load_rows(str(tmp_path / "fake" / "results.json"))
+    result_files.save_json(str(tmp_path / "fake" / "results.json"), [{**rows[0], "head": "mos-4"}] + rows)
     again = table.run(_args(tmp_path), log=lambda m: None)
     assert set(json.load(open(tmp_path / "fake" / "sweep.json"))) == {"softmax", "mixtape", "mos-4"}
-    assert R.load_rows(str(tmp_path / "fake" / "results.json")) == [{**rows[0], "head": "mos-4"}] + again
+    assert result_files.load_rows(str(tmp_path / "fake" / "results.json")) == [{**rows[0], "head": "mos-4"}] + again
     assert {r["head"] for r in again} == {"softmax", "mixtape"}  # this run's rows replace theirs
     for argv, message in (
         (["mt-en-fr", "--lr-from", "mt-en-fr"], "names the table itself"),
@@ -297,7 +301,7 @@ def _cell(head, seed, lr, losses, wall, threads=1, **extra):
         "seed": seed,
         "lr": lr,
         "curve": curve,
-        "best": S.best_point(curve),
+        "best": sweep_rules.best_point(curve),
         "stopped": "patience",
         "train_wall_s": wall * len(losses),
         "threads": threads,
@@ -306,7 +310,7 @@ def _cell(head, seed, lr, losses, wall, threads=1, **extra):
 
 
 def test_sweep_table_equal_compute_and_cpu_hours():
-    from recipes.reproduce.report import compare as C
+    from recipes.reproduce.report import compare as head_comparison
 
     sweep = {
         "softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
@@ -322,52 +326,56 @@ def test_sweep_table_equal_compute_and_cpu_hours():
         _cell("softmax", 2, 0.005, [5, 4.25, 4.3, 4.4], 10),
         _cell("mixtape", 2, 0.01, [5, 4.0, 4.1, 4.2], 20),
     ]
-    table = C.sweep_table(cells, sweep)
+    table = head_comparison.sweep_table(cells, sweep)
     assert (
         "| mixtape | 4.600 (ep 2, patience) | 4.300 (ep 2, patience) | **4.000 (ep 3, patience)** | 0.01 (an end"
         in table
     )
     assert "| softmax | 4.500 (ep 2, patience) | **4.200 (ep 2, patience)** | 4.400 (ep 2, patience) | 0.005 |" in table
-    spent = C.cpu_hours(cells, sweep)
+    spent = head_comparison.cpu_hours(cells, sweep)
     assert spent["chosen"] == pytest.approx((40 + 100 + 40 + 80) / 3600) and spent["total"] == pytest.approx(
         sum(c["train_wall_s"] for c in cells) / 3600
     )
     # a cell whose CPU time was recorded counts it, not its (shared-core) wall-clock times threads
     measured = [{**c, "cpu_s": 3.6} if c["head"] == "mixtape" else c for c in cells]
-    spent = C.cpu_hours(measured, sweep)
+    spent = head_comparison.cpu_hours(measured, sweep)
     assert spent["total"] == pytest.approx((4 * 3.6 + 40 + 40 + 40 + 40) / 3600)
-    assert spent["wall"] == pytest.approx(160 / 3600) and C.cell_cpu_hours(measured[-1]) == pytest.approx(0.001)
+    assert spent["wall"] == pytest.approx(160 / 3600) and head_comparison.cell_cpu_hours(measured[-1]) == pytest.approx(
+        0.001
+    )
     chosen = [c for c in cells if c["lr"] == sweep[c["head"]]["chosen"]]
-    (row,) = C.equal_compute(chosen)
+    (row,) = head_comparison.equal_compute(chosen)
     # softmax trains 4 epochs: 40 updates, 40 s (seeds 1 and 2); mixtape (20 s an epoch) within 40 s: 4.1 (seed 1,
     # epoch 2), 4.0 (seed 2); within 40 updates: 4.0 and 4.0
     assert row["head"] == "mixtape" and row["seeds"] == 2 and row["seconds"]["softmax"] == 40
     assert row["seconds"]["diff"].mean == pytest.approx(((4.1 - 4.2) + (4.0 - 4.25)) / 2)
     assert row["updates"]["diff"].mean == pytest.approx(((4.0 - 4.2) + (4.0 - 4.25)) / 2)
     assert row["head_seconds_to_best"] == pytest.approx((60 + 40) / 2)
-    assert "| mixtape | 2 | 40 | -0.225 [" in C.equal_compute_table([row])
-    assert "| 40 | -0.175 [" in C.equal_compute_table([row])
+    assert "| mixtape | 2 | 40 | -0.225 [" in head_comparison.equal_compute_table([row])
+    assert "| 40 | -0.175 [" in head_comparison.equal_compute_table([row])
     # the same bill by the measured cost per update: mixtape at 2x a softmax update gets 20 updates (epoch 2)
-    (costed,) = C.equal_compute(chosen, {"mixtape": 2.0})
+    (costed,) = head_comparison.equal_compute(chosen, {"mixtape": 2.0})
     assert costed["cost"]["diff"].mean == pytest.approx(((4.1 - 4.2) + (4.0 - 4.25)) / 2)
     assert costed["cost"]["ratio"] == 2.0 and costed["updates"] == row["updates"]
-    assert "| 20 (2.00x a softmax update) | -0.175 [" in C.equal_compute_table([costed])
-    assert "cost" not in row and "a softmax update" not in C.equal_compute_table([row])
-    assert row["clock"] == "wall" and "training seconds (mean)" in C.equal_compute_table([row])
+    assert "| 20 (2.00x a softmax update) | -0.175 [" in head_comparison.equal_compute_table([costed])
+    assert "cost" not in row and "a softmax update" not in head_comparison.equal_compute_table([row])
+    assert row["clock"] == "wall" and "training seconds (mean)" in head_comparison.equal_compute_table([row])
     # with every cell's CPU time recorded the bill is CPU seconds: softmax had its core to itself (40 CPU-s in its
     # 40 logged s), mixtape shared one (100 / 80 logged s, 40 CPU-s): in softmax's 40 CPU-s it ran every epoch and
     # reached its best, 4.0, in both seeds (epoch 3 at 24 CPU-s, epoch 2 at 20)
     timed = [{**c, "cpu_s": 40.0} for c in chosen]
-    (cpu_row,) = C.equal_compute(timed)
+    (cpu_row,) = head_comparison.equal_compute(timed)
     assert cpu_row["clock"] == "cpu" and cpu_row["seconds"]["softmax"] == pytest.approx(40.0)
     assert cpu_row["seconds"]["diff"].mean == pytest.approx(((4.0 - 4.2) + (4.0 - 4.25)) / 2)
     assert cpu_row["updates"] == row["updates"] and cpu_row["head_seconds_to_best"] == pytest.approx((24 + 20) / 2)
-    assert "within softmax's training CPU seconds (mean)" in C.equal_compute_table([cpu_row])
-    assert C.equal_compute(timed[:-1] + [{**chosen[-1]}])[0]["clock"] == "wall"  # one cell without: wall-clock
+    assert "within softmax's training CPU seconds (mean)" in head_comparison.equal_compute_table([cpu_row])
+    assert (
+        head_comparison.equal_compute(timed[:-1] + [{**chosen[-1]}])[0]["clock"] == "wall"
+    )  # one cell without: wall-clock
 
 
 def test_bootstrap_of_every_head_and_seed_against_softmax():
-    from recipes.reproduce.report import compare as C
+    from recipes.reproduce.report import compare as head_comparison
 
     import random
 
@@ -377,10 +385,10 @@ def test_bootstrap_of_every_head_and_seed_against_softmax():
     bad = [r if i % 2 else "x y z" for i, r in enumerate(refs)]
     hyps = {"softmax": {1: {"t": bad}, 2: {"t": good}}, "mixtape": {1: {"t": good}, 2: {"t": good}}}
     scores = {"softmax": {1: {"t": 40.0}, 2: {"t": 70.0}}, "mixtape": {1: {"t": 70.0}, 2: {"t": 70.0}}}
-    out = C.bootstrap(hyps, {"t": refs}, scores, samples=200)
+    out = head_comparison.bootstrap(hyps, {"t": refs}, scores, samples=200)
     assert [(b["head"], b["seed"], b["delta"]) for b in out] == [("mixtape", 1, 30.0), ("mixtape", 2, 0.0)]
     assert out[0]["p"] < 0.05  # a real difference
-    table = C.family_table([], "bleu", out)
+    table = head_comparison.family_table([], "bleu", out)
     assert table == ""  # no paired rows: nothing to print
 
 
@@ -399,7 +407,7 @@ def test_report_section_of_a_swept_table(tmp_path):
         cells.append(_cell("softmax", s, 0.005, [5, 4.2 + s / 100, 4.3, 4.4], 10, ppl={"test": 100.0 + s}))
         cells.append(_cell("mixtape", s, 0.01, [5, 4.0 + s / 100, 4.1, 4.2], 20, ppl={"test": 90.0 + s}))
     rows = [
-        R.make_row(
+        result_files.make_row(
             table="lm-ptb",
             dataset="ptb",
             split="test",
@@ -414,7 +422,7 @@ def test_report_section_of_a_swept_table(tmp_path):
         )
         for h, b in (("softmax", 100.0), ("mixtape", 90.0))
     ]
-    R.save_json(
+    result_files.save_json(
         str(tmp_path / "reproduction" / "lm-ptb.json"),
         {
             "table": "lm-ptb",
@@ -447,17 +455,17 @@ def test_report_section_of_a_swept_table(tmp_path):
     # a cell's training time: the chosen rate's seeds (40 s), not the sweep's other rates (120 s)
     assert "minutes, mean over the seeds that logged one; " in text and ": softmax 0.7, mixtape 1.3." in text
     assert "CPU time of a cell's training" not in text  # none recorded
-    obj = R.load_json(str(tmp_path / "reproduction" / "lm-ptb.json"))
+    obj = result_files.load_json(str(tmp_path / "reproduction" / "lm-ptb.json"))
     for c in obj["cells"]:
         if c["lr"] == {"softmax": 0.005, "mixtape": 0.01}[c["head"]] and c["seed"] < 3:
             c["cpu_s"] = 60.0 * c["seed"]
-    R.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"), obj)
+    result_files.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"), obj)
     text = page.build_report(str(tmp_path))
     assert "not inflated by the jobs beside it): softmax 1.5 (2 of 3 seeds), mixtape 1.5 (2 of 3 seeds)." in text
     for c in obj["cells"]:  # a run too short for fairseq to log a wall time (0.0) still has its CPU time
         if c["head"] == "softmax":
             c["train_wall_s"] = 0.0
-    R.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"), obj)
+    result_files.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"), obj)
     text = page.build_report(str(tmp_path))
     assert ": mixtape 1.3." in text and "): softmax 1.5 (2 of 3 seeds), mixtape 1.5 (2 of 3 seeds)." in text
 
@@ -469,23 +477,23 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
     from recipes.reproduce.engine import runner as RN
 
     aside = tmp_path / "mt-en-de-4096"
-    measured = R.cell_dir(str(aside), "softmax", 1, 0.02)
-    logged = R.cell_dir(str(aside), "softmax", 1, 0.01)
+    measured = result_files.cell_dir(str(aside), "softmax", 1, 0.02)
+    logged = result_files.cell_dir(str(aside), "softmax", 1, 0.01)
     for d in (measured, logged):
         (tmp_path / d).mkdir(parents=True)
     epoch = '| INFO | train | {"epoch": %d, "train_wall": "%d"}\n'
     with open(f"{measured}/train.log", "w") as f:
         f.write("$ fairseq-train a\n" + epoch % (1, 100))
-    R.save_json(RN.cpu_path(f"{measured}/train.log"), [{"pid": 1, "cpu_s": 720.0, "finished": False}])
+    result_files.save_json(RN.cpu_path(f"{measured}/train.log"), [{"pid": 1, "cpu_s": 720.0, "finished": False}])
     with open(f"{logged}/train.log", "w") as f:  # two processes: 1800 s + 900 s, two threads by its record
         f.write("$ fairseq-train a\n" + epoch % (1, 900) + epoch % (2, 1800) + "$ fairseq-train a\n" + epoch % (3, 900))
-    R.save_json(
+    result_files.save_json(
         str(aside / "cells" / "softmax-lr0.01-seed1.json"), {"head": "softmax", "seed": 1, "lr": 0.01, "threads": 2}
     )
     entry = collect.set_aside(str(aside), "mt-en-de", "4096-token batches", str(tmp_path))
     assert entry["cells"] == 2 and entry["total"] == pytest.approx(0.2 + 1.5) and entry["wall"] == pytest.approx(1.5)
     sweep = {"softmax": {"rates": [0.005], "chosen": 0.005}}
-    R.save_json(
+    result_files.save_json(
         str(tmp_path / "reproduction" / "lm-ptb.json"),
         {
             "table": "lm-ptb",
@@ -530,13 +538,15 @@ def test_a_cell_made_before_a_default_changed_counts_with_the_old_default():
 
     base = {"table": "lm-ptb", "head": "mixtape", "seed": 1, "lr": 0.01, "stop": {"patience": 3}}
     old = {**base, "registry_head": "mixtape", "options": {"num_gates": 4}}  # no "spec_version": version 1
-    assert R.same_config(old, {**base, "options": {"num_gates": 4, "scaled_input": True}})
-    assert not R.same_config(old, {**base, "options": {"num_gates": 4, "scaled_input": False}})
-    assert not R.same_config(old, {**base, "options": {"num_gates": 4}})  # today's default is the other form
+    assert result_files.same_config(old, {**base, "options": {"num_gates": 4, "scaled_input": True}})
+    assert not result_files.same_config(old, {**base, "options": {"num_gates": 4, "scaled_input": False}})
+    assert not result_files.same_config(old, {**base, "options": {"num_gates": 4}})  # today's default is the other form
     new = {**old, "spec_version": SPEC_VERSION}
-    assert R.same_config(new, {**base, "options": {"num_gates": 4}})
-    assert not R.same_config(new, {**base, "options": {"num_gates": 4, "scaled_input": True}})
-    assert not R.same_config({**old, "lr": 0.02}, {**base, "options": {"num_gates": 4, "scaled_input": True}})
+    assert result_files.same_config(new, {**base, "options": {"num_gates": 4}})
+    assert not result_files.same_config(new, {**base, "options": {"num_gates": 4, "scaled_input": True}})
+    assert not result_files.same_config(
+        {**old, "lr": 0.02}, {**base, "options": {"num_gates": 4, "scaled_input": True}}
+    )
 
 
 def test_a_new_machine_restores_only_the_cells_of_the_protocol_the_table_runs_now(tmp_path):
@@ -563,7 +573,7 @@ def test_a_new_machine_restores_only_the_cells_of_the_protocol_the_table_runs_no
     committed = tmp_path / "lm-ptb.json"
 
     def row(head, ppl):
-        return R.make_row(
+        return result_files.make_row(
             table="lm-ptb",
             dataset="ptb",
             split="test",
@@ -586,20 +596,25 @@ def test_a_new_machine_restores_only_the_cells_of_the_protocol_the_table_runs_no
         )
     )
     run = tmp_path / "run"
-    R.save_json(str(run / "results.json"), [row("mixtape-unscaled", 305.0)])  # this machine's own row stays
-    assert R.restore_cells(str(run), str(committed), lambda m: None, wanted=lambda r: table.current(r, args)) == 2
+    result_files.save_json(str(run / "results.json"), [row("mixtape-unscaled", 305.0)])  # this machine's own row stays
+    assert (
+        result_files.restore_cells(str(run), str(committed), lambda m: None, wanted=lambda r: table.current(r, args))
+        == 2
+    )
     assert sorted(f.name for f in (run / "cells").iterdir()) == [
         "mixtape-unscaled-lr0.005-seed1.json",
         "softmax-lr0.005-seed1.json",
     ]
     # the rows and sweep entries of the heads that came back whole (softmax's has a replaced seed-2 cell: not whole)
-    assert [(r["head"], r["values"]) for r in R.load_rows(str(run / "results.json"))] == [("mixtape-unscaled", [305.0])]
-    assert R.load_json(str(run / "sweep.json")) == {"mixtape-unscaled": sweep["mixtape-unscaled"]}
+    assert [(r["head"], r["values"]) for r in result_files.load_rows(str(run / "results.json"))] == [
+        ("mixtape-unscaled", [305.0])
+    ]
+    assert result_files.load_json(str(run / "sweep.json")) == {"mixtape-unscaled": sweep["mixtape-unscaled"]}
     (run / "results.json").unlink()
     committed.write_text(json.dumps({**json.loads(committed.read_text()), "cells": current + [old_mixtape]}))
-    R.restore_cells(str(run), str(committed), lambda m: None, wanted=lambda r: table.current(r, args))
-    assert [r["head"] for r in R.load_rows(str(run / "results.json"))] == ["softmax", "mixtape-unscaled"]
-    assert sorted(R.load_json(str(run / "sweep.json"))) == ["mixtape-unscaled", "softmax"]
+    result_files.restore_cells(str(run), str(committed), lambda m: None, wanted=lambda r: table.current(r, args))
+    assert [r["head"] for r in result_files.load_rows(str(run / "results.json"))] == ["softmax", "mixtape-unscaled"]
+    assert sorted(result_files.load_json(str(run / "sweep.json"))) == ["mixtape-unscaled", "softmax"]
 
 
 def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path):
@@ -608,7 +623,7 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
     from recipes.reproduce.report import collect, page
 
     docs = tmp_path / "docs"
-    R.save_json(
+    result_files.save_json(
         str(docs / "reproduction" / "lm-ptb.json"),
         {
             "table": "lm-ptb",
@@ -617,7 +632,7 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
             "cells": [],
             "costs": None,
             "rows": [
-                R.make_row(
+                result_files.make_row(
                     table="lm-ptb",
                     dataset="ptb",
                     split="test",
@@ -632,9 +647,9 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
         },
     )
     table_dir = tmp_path / "results" / "lm-ptb"
-    R.save_json(str(table_dir / "sweep.json"), {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": None}})
-    R.save_json(
-        R.cell_path(str(table_dir), "softmax", 1, 0.0025),
+    result_files.save_json(str(table_dir / "sweep.json"), {"softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": None}})
+    result_files.save_json(
+        result_files.cell_path(str(table_dir), "softmax", 1, 0.0025),
         {
             "table": "lm-ptb",
             **_cell("softmax", 1, 0.0025, [5, 4.5, 4.6, 4.7], 10),
@@ -643,7 +658,7 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
         },
     )
     collect.collect(str(tmp_path / "results"), str(docs))
-    obj = R.load_json(str(docs / "reproduction" / "lm-ptb.json"))
+    obj = result_files.load_json(str(docs / "reproduction" / "lm-ptb.json"))
     assert obj["rows"] == [] and [c["lr"] for c in obj["cells"]] == [0.0025] and obj["notes"] != "Old."
     text = page.build_report(str(docs))
     assert "Scale: **mini, learning-rate sweep running (no head has its rate and seeds yet)**" in text
@@ -651,7 +666,10 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
     assert "no finished cells yet" not in text
     assert "| lm-ptb | 1 | 0 | 0.0 / 0.0 / 0.0 | 0.0 |" in text  # counted as the sweep's
     # and a new machine restores it: the cell of the running sweep comes back
-    assert R.restore_cells(str(tmp_path / "again"), str(docs / "reproduction" / "lm-ptb.json"), lambda m: None) == 1
+    assert (
+        result_files.restore_cells(str(tmp_path / "again"), str(docs / "reproduction" / "lm-ptb.json"), lambda m: None)
+        == 1
+    )
 
 
 def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
@@ -670,12 +688,12 @@ def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
         for testset, text in hyps.items():
             (table_dir / "data" / "raw").mkdir(parents=True, exist_ok=True)
             (table_dir / "data" / "raw" / f"{testset}.de").write_text(text)
-        R.save_json(str(table_dir / "sweep.json"), {"softmax": {"rates": [0.005, 0.01], "chosen": chosen}})
+        result_files.save_json(str(table_dir / "sweep.json"), {"softmax": {"rates": [0.005, 0.01], "chosen": chosen}})
         return table_dir
 
     first = machine("first", None)
-    R.save_json(
-        R.cell_path(str(first), "softmax", 1, 0.005),
+    result_files.save_json(
+        result_files.cell_path(str(first), "softmax", 1, 0.005),
         {
             "table": "mt-en-de",
             **_cell("softmax", 1, 0.005, [5, 4.5, 4.6], 10),
@@ -690,13 +708,13 @@ def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
     committed = docs / "reproduction" / "hyps" / "mt-en-de"
     assert sorted(p.name for p in committed.iterdir()) == [f"softmax-lr0.005-seed1.{t}.hyp" for t in sorted(hyps)]
     second = machine("second", 0.005)  # the next machine chose 0.005 after training 0.01
-    assert R.restore_cells(str(second), str(docs / "reproduction" / "mt-en-de.json"), lambda m: None) == 1
+    assert result_files.restore_cells(str(second), str(docs / "reproduction" / "mt-en-de.json"), lambda m: None) == 1
     assert (second / "softmax" / "lr0.005" / "seed1" / "test_2017_flickr.hyp").read_text() == hyps["test_2017_flickr"]
     collect.collect(str(tmp_path / "second"), str(docs))
     assert sorted(p.name for p in committed.iterdir()) == [f"softmax-seed1.{t}.hyp" for t in sorted(hyps)]
-    assert R.load_json(str(docs / "reproduction" / "mt-en-de.json"))["lowercased"]["softmax"]["test_2016_flickr"][
-        "values"
-    ] == [100.0]
+    assert result_files.load_json(str(docs / "reproduction" / "mt-en-de.json"))["lowercased"]["softmax"][
+        "test_2016_flickr"
+    ]["values"] == [100.0]
 
 
 def test_valid_loss_plot_uses_the_clock_of_the_equal_compute_table():
@@ -724,7 +742,7 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     """A mixture's label-smoothed valid loss can be below softmax's while its NLL is above (the smoothing also
     rewards the probability a head leaves on every word, more of it in a mixture's tail): the equal-compute table
     pairs the NLL, the sweep table shows both, and a table without label smoothing shows the loss alone."""
-    from recipes.reproduce.report import compare as C
+    from recipes.reproduce.report import compare as head_comparison
     from recipes.reproduce.report import sections
 
     def cell(head, losses, nlls):
@@ -737,26 +755,26 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
             "seed": 1,
             "lr": 0.005,
             "curve": curve,
-            "best": S.best_point(curve),
+            "best": sweep_rules.best_point(curve),
             "stopped": "patience",
         }
 
     softmax = cell("softmax", [4.0, 3.6, 3.7], [2.6, 2.2, 2.25])
     mos = cell("mos-4", [3.9, 3.5, 3.55], [2.7, 2.35, 2.3])  # 0.1 lower loss, 0.1 higher lowest NLL (epoch 3)
-    (row,) = C.equal_compute([softmax, mos])
+    (row,) = head_comparison.equal_compute([softmax, mos])
     assert row["updates"]["diff"].mean == pytest.approx(0.1) and row["seconds"]["diff"].mean == pytest.approx(0.1)
     assert row["head_seconds_to_best"] == 20.0  # the scored checkpoint: the lowest loss, epoch 2
     sweep = {h: {"rates": [0.005], "chosen": 0.005} for h in ("softmax", "mos-4")}
-    table = C.sweep_table([softmax, mos], sweep)
+    table = head_comparison.sweep_table([softmax, mos], sweep)
     assert "**3.600, NLL 2.200 (ep 2, patience)**" in table and "**3.500, NLL 2.350 (ep 2, patience)**" in table
-    assert S.label_smoothed([softmax, mos])
-    assert C.rates_by_nll([softmax, mos], sweep) == {}
+    assert sweep_rules.label_smoothed([softmax, mos])
+    assert head_comparison.rates_by_nll([softmax, mos], sweep) == {}
     # MoS-4 at 0.01: the lower best loss (3.45 against 0.005's 3.5), chosen; its checkpoint's NLL lower too, or not
     wide = {**sweep, "mos-4": {"rates": [0.005, 0.01], "chosen": 0.01}}
     agrees = {**cell("mos-4", [3.8, 3.45, 3.5], [2.5, 2.30, 2.31]), "lr": 0.01}
-    assert C.rates_by_nll([softmax, mos, agrees], wide) == {}
+    assert head_comparison.rates_by_nll([softmax, mos, agrees], wide) == {}
     disagrees = {**cell("mos-4", [3.8, 3.45, 3.5], [2.5, 2.40, 2.45]), "lr": 0.01}
-    assert C.rates_by_nll([softmax, mos, disagrees], wide) == {"mos-4": 0.005}
+    assert head_comparison.rates_by_nll([softmax, mos, disagrees], wide) == {"mos-4": 0.005}
     # the report says the NLL check's outcome where a rate was chosen here, and says nothing where all were borrowed
     obj = {"table": "mt-en-fr", "description": "d", "rows": [], "cells": [softmax, mos, disagrees], "sweep": wide}
     assert "would choose another rate for mos-4 (0.005)" in sections.table_section(obj, str(tmp_path))
@@ -764,6 +782,10 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     text = sections.table_section({**obj, "cells": [softmax, mos], "sweep": borrowed}, str(tmp_path))
     assert "Not swept here" in text and "The NLL of the same checkpoints" not in text
     plain = [{**c, "curve": [{**p, "nll_loss": p["loss"]} for p in c["curve"]]} for c in (softmax, mos)]
-    plain = [{**c, "best": S.best_point(c["curve"])} for c in plain]
-    assert "**3.600 (ep 2, patience)**" in C.sweep_table(plain, sweep) and not S.label_smoothed(plain)
-    assert C.equal_compute(plain)[0]["updates"]["diff"].mean == pytest.approx(-0.1)  # no smoothing: the loss
+    plain = [{**c, "best": sweep_rules.best_point(c["curve"])} for c in plain]
+    assert "**3.600 (ep 2, patience)**" in head_comparison.sweep_table(plain, sweep) and not sweep_rules.label_smoothed(
+        plain
+    )
+    assert head_comparison.equal_compute(plain)[0]["updates"]["diff"].mean == pytest.approx(
+        -0.1
+    )  # no smoothing: the loss

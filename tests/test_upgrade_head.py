@@ -227,7 +227,7 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     nll = {k: math.log(c["after"]["test"]["ppl"]) for k, c in result["cells"].items()}
     expected = sum(nll[f"mos-3-seed{s}"] - nll[f"softmax-seed{s}"] for s in (1, 2)) / 2
     assert rows[("mos-3", "softmax")]["paired"].mean == pytest.approx(expected)
-    holm = bottleneck_report.S.holm([r["paired"].p for r in bottleneck_report.upgrade_rows(up)])
+    holm = bottleneck_report.paired_stats.holm([r["paired"].p for r in bottleneck_report.upgrade_rows(up)])
     assert [r["holm"] for r in bottleneck_report.upgrade_rows(up)] == holm
     text = "\n".join(bottleneck_report.upgrade_section(up))
     assert "SmolLM2-135M-Instruct" in text and "Q4_1" in text and "| MoS-3 | (a) | 2 |" in text

@@ -50,19 +50,18 @@ class MixtapeConfig(ContextConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        n = self.head_name
-        k = self.num_gates
-        check_type(n, "num_gates", k, isinstance(k, int) and not isinstance(k, bool), "an integer")
-        check_option(
-            n, "num_gates", k, 1 <= k <= 1024 and (k & (k - 1)) == 0, "a power of two in [1, 1024] (1, 2, 4, 8, ...)"
-        )
-        check_float(n, "frequent_fraction", self.frequent_fraction, 0.0, 1.0, lo_open=True)
-        check_int(n, "gate_embedding_size", self.gate_embedding_size, 1)
-        check_float(n, "gate_noise", self.gate_noise, 0.0, math.inf, hi_open=True)
-        check_float(n, "gate_dropout", self.gate_dropout, 0.0, 1.0, hi_open=True)
-        check_bool(n, "gate_weight_norm", self.gate_weight_norm)
+        head = self.head_name
+        gates = self.num_gates
+        check_type(head, "num_gates", gates, isinstance(gates, int) and not isinstance(gates, bool), "an integer")
+        power_of_two = 1 <= gates <= 1024 and (gates & (gates - 1)) == 0
+        check_option(head, "num_gates", gates, power_of_two, "a power of two in [1, 1024] (1, 2, 4, 8, ...)")
+        check_float(head, "frequent_fraction", self.frequent_fraction, 0.0, 1.0, lo_open=True)
+        check_int(head, "gate_embedding_size", self.gate_embedding_size, 1)
+        check_float(head, "gate_noise", self.gate_noise, 0.0, math.inf, hi_open=True)
+        check_float(head, "gate_dropout", self.gate_dropout, 0.0, 1.0, hi_open=True)
+        check_bool(head, "gate_weight_norm", self.gate_weight_norm)
         if self.scaled_input is not None:
-            check_bool(n, "scaled_input", self.scaled_input)
+            check_bool(head, "scaled_input", self.scaled_input)
 
     @property
     def num_frequent(self) -> int:

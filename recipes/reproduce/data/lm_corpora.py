@@ -23,7 +23,7 @@ import subprocess
 import sys
 from typing import Dict
 
-from recipes.reproduce.data import prepare as D
+from recipes.reproduce.data import prepare as data_prep
 from recipes.reproduce.engine.runner import tool
 
 CORPORA: Dict[str, Dict] = {
@@ -58,12 +58,12 @@ def full_dir(data: str, corpus: str) -> str:
 def prepare(corpus: str, data: str) -> str:
     """Download, (lower-case,) and binarise one corpus into :func:`full_dir`; returns the directory."""
     spec = CORPORA[corpus]
-    D.require_internet(f"the full {corpus} data", [spec["url"]])
+    data_prep.require_internet(f"the full {corpus} data", [spec["url"]])
     out = full_dir(data, corpus)
     downloads, raw = os.path.join(out, "downloads"), os.path.join(out, "raw")
     os.makedirs(raw, exist_ok=True)
-    archive = D.download(spec["url"], downloads)
-    D.extract(archive, downloads)
+    archive = data_prep.download(spec["url"], downloads)
+    data_prep.extract(archive, downloads)
     for split, pattern in spec["files"].items():
         paths = sorted(glob.glob(os.path.join(downloads, "**", pattern), recursive=True))
         if not paths:

@@ -23,7 +23,7 @@ import os
 import subprocess
 from typing import Any, Dict
 
-from recipes.reproduce.data import prepare as D
+from recipes.reproduce.data import prepare as data_prep
 from recipes.reproduce.engine.runner import tool
 
 CORPORA = {
@@ -68,7 +68,7 @@ def prepared_full(table, args) -> Dict[str, Any]:
     directory = data_dir(args, table)
     bin_dir = os.path.join(directory, "bin")
     if not os.path.isfile(os.path.join(bin_dir, f"dict.{table.tgt}.txt")):
-        raise D.missing_files_error(
+        raise data_prep.missing_files_error(
             bin_dir,
             [f"dict.{table.src}.txt", f"dict.{table.tgt}.txt"],
             f"{table.name} --scale full (prepare the data first, on a machine with internet: "
@@ -81,7 +81,7 @@ def prepare(pair: str, data: str, max_words: int = 250, ratio: float = 1.5) -> s
     """Download, clean, BPE and binarise one WMT pair into ``data/<dir>``; return the directory."""
     src, tgt = pair.split("-")
     spec = CORPORA[pair]
-    D.require_internet(f"WMT {pair} data", spec["urls"])
+    data_prep.require_internet(f"WMT {pair} data", spec["urls"])
     import sacrebleu  # noqa: F401  (the test sets come through its command line)
 
     out = os.path.join(data, spec["dir"])
@@ -89,31 +89,31 @@ def prepare(pair: str, data: str, max_words: int = 250, ratio: float = 1.5) -> s
     for d in (raw, bpe, downloads):
         os.makedirs(d, exist_ok=True)
     for url in spec["urls"]:
-        D.extract(D.download(url, downloads), downloads)
+        data_prep.extract(data_prep.download(url, downloads), downloads)
     train = {src: [], tgt: []}
     for stem in spec["files"]:
-        a = D.read_lines(D.find_file(downloads, f"{stem}.{src}"))
-        b = D.read_lines(D.find_file(downloads, f"{stem}.{tgt}"))
+        a = data_prep.read_lines(data_prep.find_file(downloads, f"{stem}.{src}"))
+        b = data_prep.read_lines(data_prep.find_file(downloads, f"{stem}.{tgt}"))
         for x, y in zip(a, b):
             nx, ny = len(x.split()), len(y.split())
             if 0 < nx <= max_words and 0 < ny <= max_words and max(nx, ny) <= ratio * min(nx, ny):
                 train[src].append(x)
                 train[tgt].append(y)
     for lang in (src, tgt):
-        D.write_lines(os.path.join(raw, f"train.{lang}"), train[lang])
+        data_prep.write_lines(os.path.join(raw, f"train.{lang}"), train[lang])
     for split, test in (("valid", "wmt13"), (TESTSET, "wmt14/full")):
         for lang, side in ((src, "src"), (tgt, "ref")):
             text = subprocess.run(
                 ["sacrebleu", "-t", test, "-l", pair, "--echo", side], capture_output=True, text=True, check=True
             ).stdout.splitlines()
-            D.write_lines(os.path.join(raw, f"{split}.{lang}"), text)
+            data_prep.write_lines(os.path.join(raw, f"{split}.{lang}"), text)
     sample = train[src][:: max(1, len(train[src]) // 2_000_000)] + train[tgt][:: max(1, len(train[tgt]) // 2_000_000)]
-    model = D.learn_bpe(sample, os.path.join(out, "spm"), spec["bpe"])
+    model = data_prep.learn_bpe(sample, os.path.join(out, "spm"), spec["bpe"])
     for split in ("train", "valid", TESTSET):
         for lang in (src, tgt):
-            D.write_lines(
+            data_prep.write_lines(
                 os.path.join(bpe, f"{split}.{lang}"),
-                D.encode(model, D.read_lines(os.path.join(raw, f"{split}.{lang}"))),
+                data_prep.encode(model, data_prep.read_lines(os.path.join(raw, f"{split}.{lang}"))),
             )
     subprocess.run(
         [

@@ -18,8 +18,8 @@ import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 from hf_heads.core.config import SPEC_VERSION
-from recipes.reproduce.engine import results as R
-from recipes.reproduce.engine import sweep as S
+from recipes.reproduce.engine import results as result_files
+from recipes.reproduce.engine import sweep as sweep_rules
 from recipes.reproduce.engine.runner import ROOT, Runner, canonical_paths, cpu_seconds, parse_train_wall
 from recipes.reproduce.engine.variants import Variant
 
@@ -123,7 +123,7 @@ class Table:
         kept = self.kept_checkpoint(table_dir, variant, seed, lr)
         if kept:
             record["checkpoint"] = kept
-        R.save_json(R.cell_path(table_dir, variant.name, seed, lr), record)
+        result_files.save_json(result_files.cell_path(table_dir, variant.name, seed, lr), record)
         if not args.keep_checkpoints and not kept:
             self.remove_checkpoints(table_dir, variant, seed, lr)
         return record
@@ -139,14 +139,14 @@ class Table:
         path = os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_best.pt")
         if not os.path.isfile(path):
             return None
-        return {"path": canonical_paths(path, self.name), "md5": R.file_md5(path)}
+        return {"path": canonical_paths(path, self.name), "md5": result_files.file_md5(path)}
 
     def remove_checkpoints(self, table_dir: str, variant: Variant, seed: int, lr: Optional[float] = None) -> None:
         """Remove what a scored cell no longer needs (its checkpoints)."""
         shutil.rmtree(self.checkpoint_dir(table_dir, variant, seed, lr), ignore_errors=True)
 
     def checkpoint_dir(self, table_dir: str, variant: Variant, seed: int, lr: Optional[float] = None) -> str:
-        return os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), "checkpoints")
+        return os.path.join(result_files.cell_dir(table_dir, variant.name, seed, lr), "checkpoints")
 
     def trained_record(
         self,
@@ -163,13 +163,13 @@ class Table:
         stays until scored)."""
         with open(log_path) as f:
             log_text = f.read()
-        curve = S.parse_curve(log_text)
+        curve = sweep_rules.parse_curve(log_text)
         record = {
             **self.cell_config(variant, seed, args, lr),
             "registry_head": variant.head,
             "spec_version": SPEC_VERSION,
             "curve": curve,
-            "best": S.best_point(curve),
+            "best": sweep_rules.best_point(curve),
             "train_wall_s": parse_train_wall(log_text),
             "cpu_s": cpu_seconds(log_path, log_text),
             "threads": int(os.environ.get("OMP_NUM_THREADS") or torch_threads()),
@@ -177,8 +177,8 @@ class Table:
         }
         rule = self.stop_rule(args)
         if rule is not None:
-            record["stopped"] = S.stopped(curve, rule) or "max_updates"
-        R.save_json(R.cell_path(table_dir, variant.name, seed, lr), record)
+            record["stopped"] = sweep_rules.stopped(curve, rule) or "max_updates"
+        result_files.save_json(result_files.cell_path(table_dir, variant.name, seed, lr), record)
         last = os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_last.pt")
         if os.path.exists(last) and not args.keep_checkpoints:
             os.remove(last)
@@ -186,18 +186,18 @@ class Table:
 
     # -- the stopping rule and the learning-rate sweep (mini) ------------------------------------
     #: the mini cells' stopping rule (None: a fixed number of updates, as at full size)
-    mini_stop: Optional[S.StopRule] = None
+    mini_stop: Optional[sweep_rules.StopRule] = None
     #: the centre of a mini table's learning-rate grid, the factor between its rates, and how far it may grow
     mini_lr: Optional[float] = None
     lr_factor: float = 2.0
     max_rates: int = 5
 
-    def stop_rule(self, args) -> Optional[S.StopRule]:
+    def stop_rule(self, args) -> Optional[sweep_rules.StopRule]:
         """The stopping rule of this run's cells (``--patience`` / ``--max-epochs`` override the table's), or None
         (full size, or ``--patience 0``: a fixed number of epochs)."""
         if args.scale != "mini" or self.mini_stop is None or getattr(args, "patience", None) == 0:
             return None
-        return S.StopRule(
+        return sweep_rules.StopRule(
             getattr(args, "patience", None) or self.mini_stop.patience,
             getattr(args, "max_epochs", None) or self.mini_stop.max_epochs,
         )
@@ -213,7 +213,7 @@ class Table:
         return args.scale == "mini" and self.mini_lr is not None
 
     def lr_grid(self, args) -> List[float]:
-        return list(getattr(args, "lrs", None) or S.grid(self.mini_lr, self.lr_factor))
+        return list(getattr(args, "lrs", None) or sweep_rules.grid(self.mini_lr, self.lr_factor))
 
     def borrowed_rates(self, variants: Sequence[Variant], args) -> Dict[str, float]:
         """``--lr-from TABLE``: ``{head: the rate TABLE's sweep chose}`` from ``OUT/TABLE/sweep.json``; a head TABLE
@@ -222,7 +222,7 @@ class Table:
         # a rate the source borrowed itself was not chosen on its valid split; None: its sweep is still running
         chosen = {
             h: s["chosen"]
-            for h, s in (R.load_json(os.path.join(args.out, source, "sweep.json")) or {}).items()
+            for h, s in (result_files.load_json(os.path.join(args.out, source, "sweep.json")) or {}).items()
             if "from" not in s and s["chosen"] is not None
         }
         missing = [v.name for v in variants if v.name not in chosen]
@@ -254,10 +254,10 @@ class Table:
         sweep_path = os.path.join(table_dir, "sweep.json")
 
         def save_sweep():  # after every cell: a sweep cut short is committed (and reported) as far as it went
-            R.save_json(
+            result_files.save_json(
                 sweep_path,
                 {
-                    **(R.load_json(sweep_path) or {}),
+                    **(result_files.load_json(sweep_path) or {}),
                     **{
                         v.name: {
                             "rates": sorted(rates[v.name]),
@@ -276,12 +276,13 @@ class Table:
                     save_sweep()
             for v in [v for v in variants if v.name not in chosen]:
                 losses = self.sweep_losses(table_dir, v, rates[v.name], args)
-                more = S.extend_grid(rates[v.name], losses, self.lr_factor, max_rates)
+                more = sweep_rules.extend_grid(rates[v.name], losses, self.lr_factor, max_rates)
                 if more is None:
-                    chosen[v.name] = S.choose_lr(losses)
+                    chosen[v.name] = sweep_rules.choose_lr(losses)
                     log(
-                        f"{self.name} {v.name}: learning rate {S.rate_key(chosen[v.name])} (best valid loss of "
-                        + ", ".join(f"{S.rate_key(lr)}: {loss:.3f}" for lr, loss in sorted(losses.items()))
+                        f"{self.name} {v.name}: learning rate {sweep_rules.rate_key(chosen[v.name])} (best valid "
+                        "loss of "
+                        + ", ".join(f"{sweep_rules.rate_key(lr)}: {loss:.3f}" for lr, loss in sorted(losses.items()))
                         + ")"
                     )
                 else:
@@ -293,7 +294,7 @@ class Table:
                     self.remove_checkpoints(table_dir, v, 1, lr)
         todo = sorted(((v, s) for v in variants for s in self.seeds_for(v, args)), key=lambda c: c[1])
         for i, (v, seed) in enumerate(todo, 1):
-            label = f"{self.name} cell {i}/{len(todo)} {v.name} lr {S.rate_key(chosen[v.name])} seed {seed}"
+            label = f"{self.name} cell {i}/{len(todo)} {v.name} lr {sweep_rules.rate_key(chosen[v.name])} seed {seed}"
             self.run_or_skip(runner, prepared, v, seed, args, table_dir, label, chosen[v.name], log)
             self.save_rows(table_dir, variants, self.rows(table_dir, variants, args, rates=chosen))
         return chosen
@@ -307,9 +308,11 @@ class Table:
         record = self.kept(table_dir, variant, seed, args, lr, "curve")
         if record is not None:
             return record
-        label = f"{self.name} sweep {variant.name} lr {S.rate_key(lr)} seed {seed}"
+        label = f"{self.name} sweep {variant.name} lr {sweep_rules.rate_key(lr)} seed {seed}"
         self.start_cell(table_dir, variant, seed, args, log, lr)
-        log(f"{label}: training ({os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), 'train.log')})")
+        log(
+            f"{label}: training ({os.path.join(result_files.cell_dir(table_dir, variant.name, seed, lr), 'train.log')})"
+        )
         record = self.run_cell(runner, prepared, variant, seed, args, table_dir, label, lr)
         best = record["best"] or {}
         log(
@@ -333,24 +336,28 @@ class Table:
     ) -> None:
         """Mark the cell's directory with its settings; a directory left by an interrupted run of other settings
         (its checkpoints would resume the wrong model) is cleared first."""
-        cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
+        cell_dir = result_files.cell_dir(table_dir, variant.name, seed, lr)
         marker = os.path.join(cell_dir, "cell-config.json")
         config = self.cell_config(variant, seed, args, lr)
-        previous = R.load_json(marker)
-        if previous is not None and R.same_config(previous, config):
+        previous = result_files.load_json(marker)
+        if previous is not None and result_files.same_config(previous, config):
             return  # the same settings: an interrupted run resumes
         if previous is not None:
             log(f"{self.name} {variant.name} seed {seed}: {cell_dir} was left by a run of other settings: cleared")
             shutil.rmtree(cell_dir)
-        R.save_json(marker, config)
+        result_files.save_json(marker, config)
 
     def kept(
         self, table_dir: str, variant: Variant, seed: int, args, lr: Optional[float], key: str
     ) -> Optional[Dict[str, Any]]:
         """The kept record of a cell made with this run's settings that holds ``key`` (``"curve"``: trained,
         :attr:`metric`: scored), or None."""
-        record = R.load_cell(table_dir, variant.name, seed, lr)
-        if record is None or key not in record or not R.same_config(record, self.cell_config(variant, seed, args, lr)):
+        record = result_files.load_cell(table_dir, variant.name, seed, lr)
+        if (
+            record is None
+            or key not in record
+            or not result_files.same_config(record, self.cell_config(variant, seed, args, lr))
+        ):
             return None
         return record
 
@@ -361,7 +368,7 @@ class Table:
             variant = self.variants(argparse.Namespace(**{**vars(args), "heads": [record["head"]]}))[0]
         except (KeyError, ValueError, SystemExit):  # a head no longer known
             return False
-        return R.same_config(record, self.cell_config(variant, record["seed"], args, record.get("lr")))
+        return result_files.same_config(record, self.cell_config(variant, record["seed"], args, record.get("lr")))
 
     def finished(self, table_dir: str, variant: Variant, seed: int, args, lr: Optional[float] = None) -> bool:
         return self.kept(table_dir, variant, seed, args, lr, self.metric) is not None
@@ -379,12 +386,13 @@ class Table:
         log=print,
     ) -> None:
         if self.finished(table_dir, variant, seed, args, lr):
-            log(
-                f"{label}: done ({os.path.relpath(R.cell_path(table_dir, variant.name, seed, lr), table_dir)}), skipped"
-            )
+            path = result_files.cell_path(table_dir, variant.name, seed, lr)
+            log(f"{label}: done ({os.path.relpath(path, table_dir)}), skipped")
             return
         self.start_cell(table_dir, variant, seed, args, log, lr)
-        log(f"{label}: training ({os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), 'train.log')})")
+        log(
+            f"{label}: training ({os.path.join(result_files.cell_dir(table_dir, variant.name, seed, lr), 'train.log')})"
+        )
         record = self.run_cell(runner, prepared, variant, seed, args, table_dir, label, lr)
         log(f"{label}: {self.metric} " + ", ".join(f"{t} {b:.2f}" for t, b in record[self.metric].items()))
 
@@ -400,7 +408,7 @@ class Table:
         runner = Runner(table_dir, log=log, progress=not args.quiet)
         prepared = self.prepare(runner, args, table_dir)
         if args.out == DEFAULT_OUT:  # continue from the committed cells of another machine
-            R.restore_cells(
+            result_files.restore_cells(
                 table_dir,
                 os.path.join(DOCS, "reproduction", f"{self.name}.json"),
                 log,
@@ -417,9 +425,9 @@ class Table:
                 self.save_rows(table_dir, variants, self.rows(table_dir, variants, args))  # so far
         costs = None
         if self.cost_columns and not args.no_costs and args.scale == "mini":
-            from recipes.reproduce.engine import costs as C
+            from recipes.reproduce.engine.costs import table_costs
 
-            costs = C.table_costs(runner, self, prepared, variants, args, table_dir, log)
+            costs = table_costs(runner, self, prepared, variants, args, table_dir, log)
         rows = self.rows(table_dir, variants, args, costs, rates)
         self.save_rows(table_dir, variants, rows)
         return rows
@@ -430,8 +438,8 @@ class Table:
         not (a table run head by head, ``--heads A`` then ``--heads B``, keeps both)."""
         path = os.path.join(table_dir, "results.json")
         names = {v.name for v in variants}
-        kept = [r for r in (R.load_rows(path) if os.path.isfile(path) else []) if r["head"] not in names]
-        R.save_json(path, kept + rows)
+        kept = [r for r in (result_files.load_rows(path) if os.path.isfile(path) else []) if r["head"] not in names]
+        result_files.save_json(path, kept + rows)
 
     def command_for(self, split: str, record: Dict[str, Any]) -> str:
         """The command of a finished cell ``record`` that made the scores of ``split`` (default: its first, the
@@ -446,7 +454,7 @@ class Table:
         for variant in variants:
             lr = (rates or {}).get(variant.name)
             records = [
-                R.load_cell(table_dir, variant.name, s, lr)
+                result_files.load_cell(table_dir, variant.name, s, lr)
                 for s in self.seeds_for(variant, args)
                 if self.finished(table_dir, variant, s, args, lr)
             ]
@@ -454,7 +462,7 @@ class Table:
                 continue
             for split in records[0][self.metric]:
                 rows.append(
-                    R.make_row(
+                    result_files.make_row(
                         table=self.name,
                         dataset=self.dataset(args),
                         split=split,
@@ -470,7 +478,7 @@ class Table:
                 )
             for metric, cost in (costs or {}).get(variant.name, {}).items():
                 rows.append(
-                    R.make_row(
+                    result_files.make_row(
                         table=self.name,
                         dataset=self.dataset(args),
                         split="train",

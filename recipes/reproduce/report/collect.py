@@ -9,8 +9,8 @@ import os
 from typing import Any, Dict, List
 
 from recipes.reproduce import TABLE_MODULES, get_table
-from recipes.reproduce.report import compare as C
-from recipes.reproduce.engine import results as R
+from recipes.reproduce.report import compare as head_comparison
+from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.engine.runner import canonical_paths, cpu_seconds, parse_train_wall
 
 
@@ -29,7 +29,9 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         path = os.path.join(table_dir, "results.json")
         plan_path = os.path.join(table_dir, "plan.json")
         out = os.path.join(docs_dir, "reproduction", f"{table}.json")
-        sweep_here = R.load_json(os.path.join(table_dir, "sweep.json"))  # written after every cell of a sweep
+        sweep_here = result_files.load_json(
+            os.path.join(table_dir, "sweep.json")
+        )  # written after every cell of a sweep
         if not os.path.isfile(path) and not os.path.isfile(plan_path) and not sweep_here:
             continue
         before = json.load(open(out)) if os.path.isfile(out) else {}
@@ -38,16 +40,18 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         # the committed cost columns stand only for the model they timed: not across a change of mini protocol
         kept = before.get("costs") if bool(before.get("sweep")) == bool(sweep) else None
         costs = json.load(open(costs_path)) if os.path.isfile(costs_path) else kept
-        cells = list(R.cells(table_dir)) or before.get("cells", [])  # whole records: a new machine resumes from them
+        cells = list(result_files.cells(table_dir)) or before.get(
+            "cells", []
+        )  # whole records: a new machine resumes from them
         for c in cells:
             c["commands"] = [canonical_paths(line, table) for line in c["commands"]]
-            log = os.path.join(R.cell_dir(table_dir, c["head"], c["seed"], c.get("lr")), "train.log")
+            log = os.path.join(result_files.cell_dir(table_dir, c["head"], c["seed"], c.get("lr")), "train.log")
             if os.path.isfile(log):  # read again: a record written before a resumed run's every process counted
                 with open(log) as f:
                     text = f.read()
                 c["train_wall_s"], c["cpu_s"] = parse_train_wall(text), cpu_seconds(log, text)
         # a sweep still running has no rows yet: the committed rows of an earlier protocol do not stand beside it
-        rows = R.load_rows(path) if os.path.isfile(path) else ([] if sweep_here else before.get("rows", []))
+        rows = result_files.load_rows(path) if os.path.isfile(path) else ([] if sweep_here else before.get("rows", []))
         for r in rows:
             r["command"] = canonical_paths(r["command"], table)
         plan = json.load(open(plan_path)) if os.path.isfile(plan_path) else before.get("plan")
@@ -72,7 +76,7 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
             committed = commit_hypotheses(table_dir, obj, docs_dir)
             for key in ("bootstrap", "lowercased"):
                 obj[key] = committed.get(key) or before.get(key)
-        R.save_json(out, obj)
+        result_files.save_json(out, obj)
         written.append(out)
     return written
 
@@ -87,11 +91,11 @@ def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> Dic
     becomes ``HEAD-seed1`` even when its machine is gone (:func:`results.restore_hypotheses` brings them back)."""
     import shutil
 
-    from recipes.reproduce.data import prepare as D
+    from recipes.reproduce.data import prepare as data_prep
     from recipes.reproduce.tables.translation import corpus_bleu
 
     table = get_table(obj["table"])
-    testsets = list(D.MULTI30K_TESTS)
+    testsets = list(data_prep.MULTI30K_TESTS)
     refs_dir = os.path.join(table_dir, "data", "raw")
     if not os.path.isdir(refs_dir):
         return {}
@@ -100,21 +104,25 @@ def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> Dic
     out_dir = os.path.join(docs_dir, "reproduction", "hyps", obj["table"])
     os.makedirs(out_dir, exist_ok=True)
     for c in running:
-        for testset, path in C.hyp_files(table_dir, [c], testsets).get(c["head"], {}).get(c["seed"], {}).items():
-            shutil.copyfile(path, os.path.join(out_dir, f"{R.cell_name(c['head'], c['seed'], c['lr'])}.{testset}.hyp"))
+        for testset, path in (
+            head_comparison.hyp_files(table_dir, [c], testsets).get(c["head"], {}).get(c["seed"], {}).items()
+        ):
+            shutil.copyfile(
+                path, os.path.join(out_dir, f"{result_files.cell_name(c['head'], c['seed'], c['lr'])}.{testset}.hyp")
+            )
     for head, entry in sweep.items():  # a chosen head's sweep files are no longer needed
         if entry["chosen"] is not None:
             for path in glob.glob(os.path.join(out_dir, glob.escape(f"{head}-lr") + "*")):
                 os.remove(path)
     cells = chosen_cells(obj)
-    files = C.hyp_files(table_dir, cells, testsets)
+    files = head_comparison.hyp_files(table_dir, cells, testsets)
     hyps: Dict[str, Dict[int, Dict[str, List[str]]]] = {}
     for head, by_seed in files.items():
         for seed, by_set in by_seed.items():
             for testset, path in by_set.items():
                 shutil.copyfile(path, os.path.join(out_dir, f"{head}-seed{seed}.{testset}.hyp"))
-                hyps.setdefault(head, {}).setdefault(seed, {})[testset] = D.read_lines(path)
-    refs = {t: D.read_lines(os.path.join(refs_dir, f"{t}.{table.tgt}")) for t in testsets}
+                hyps.setdefault(head, {}).setdefault(seed, {})[testset] = data_prep.read_lines(path)
+    refs = {t: data_prep.read_lines(os.path.join(refs_dir, f"{t}.{table.tgt}")) for t in testsets}
     scores = {c["head"]: {} for c in cells}
     for c in cells:
         scores[c["head"]][c["seed"]] = c.get("bleu", {})
@@ -125,7 +133,7 @@ def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> Dic
                 entry = lowercased.setdefault(head, {}).setdefault(testset, {"seeds": [], "values": []})
                 entry["seeds"].append(seed)
                 entry["values"].append(corpus_bleu(lines, refs[testset], lowercase=True))
-    return {"bootstrap": C.bootstrap(hyps, refs, scores), "lowercased": lowercased}
+    return {"bootstrap": head_comparison.bootstrap(hyps, refs, scores), "lowercased": lowercased}
 
 
 def chosen_cells(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -147,22 +155,22 @@ def set_aside(cells_dir: str, table: str, reason: str, docs_dir: str = DOCS) -> 
     ``docs_dir/reproduction/`` (:data:`SET_ASIDE`) under the directory's name, so the Compute section keeps counting
     what they cost; returns the entry."""
     threads = {
-        os.path.join(R.cell_dir(cells_dir, c["head"], c["seed"], c.get("lr")), "train.log"): c.get("threads")
-        for c in R.cells(cells_dir)
+        os.path.join(result_files.cell_dir(cells_dir, c["head"], c["seed"], c.get("lr")), "train.log"): c.get("threads")
+        for c in result_files.cells(cells_dir)
     }
     entry = {"table": table, "reason": reason, "cells": 0, "total": 0.0, "wall": 0.0}
     for log in sorted(glob.glob(os.path.join(cells_dir, "**", "train.log"), recursive=True)):
         with open(log) as f:
             text = f.read()
         cell = {"cpu_s": cpu_seconds(log, text), "train_wall_s": parse_train_wall(text), "threads": threads.get(log)}
-        hours = C.cell_cpu_hours(cell)
+        hours = head_comparison.cell_cpu_hours(cell)
         entry["cells"] += 1
         entry["total"] += hours
         entry["wall"] += hours if cell["cpu_s"] is None else 0.0
     if not entry["cells"]:
         raise SystemExit(f"--set-aside {cells_dir}: no cell's train.log under it")
     path = os.path.join(docs_dir, "reproduction", SET_ASIDE)
-    kept = R.load_json(path) or {}
+    kept = result_files.load_json(path) or {}
     kept[os.path.basename(os.path.normpath(cells_dir))] = entry
-    R.save_json(path, kept)
+    result_files.save_json(path, kept)
     return entry

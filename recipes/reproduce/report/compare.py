@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from recipes.common import stats
-from recipes.reproduce.engine import sweep as S
+from recipes.reproduce.engine import sweep as sweep_rules
 
 ALPHA = 0.05
 #: the comparisons of a table beside "each head against softmax": (head, baseline)
@@ -213,7 +213,7 @@ def equal_compute(
     logged = [c for c in cells if c.get("curve")]
     curves, clock = on_one_clock(logged)
     by = {
-        (c["head"], c["seed"]): {**c, "curve": p, "best": S.best_point(p)} if clock == "cpu" else c
+        (c["head"], c["seed"]): {**c, "curve": p, "best": sweep_rules.best_point(p)} if clock == "cpu" else c
         for c, p in zip(logged, curves)
     }
     out = []
@@ -223,7 +223,7 @@ def equal_compute(
             continue
         row: Dict[str, Any] = {"head": head, "seeds": len(seeds), "clock": clock}
         ratio = (cost_ratio or {}).get(head)
-        lowest = {s: min(S.nll(p) for p in by[("softmax", s)]["curve"]) for s in seeds}  # softmax's, per seed
+        lowest = {s: min(sweep_rules.nll(p) for p in by[("softmax", s)]["curve"]) for s in seeds}  # softmax's, per seed
         for key in ("updates", "seconds") + (("cost",) if ratio else ()):
             budgets, diffs = [], []
             measure = "updates" if key == "cost" else key  # the curve's axis the budget is counted on
@@ -235,7 +235,9 @@ def equal_compute(
                 budgets.append(budget)
                 if key == "cost":
                     budget /= ratio  # the updates the head affords for softmax's bill
-                reached = S.within(by[(head, s)]["curve"], measure, budget, S.nll)  # read as `lowest` is
+                reached = sweep_rules.within(
+                    by[(head, s)]["curve"], measure, budget, sweep_rules.nll
+                )  # read as `lowest` is
                 diffs.append(None if reached is None else reached - lowest[s])
             known = [d for d in diffs if d is not None]
             row[key] = {
@@ -319,7 +321,7 @@ def equal_compute_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def _loss_and_nll(point: Mapping[str, float]) -> str:
     """``3.521`` or, where the loss is label-smoothed (it differs from the NLL), ``3.521, NLL 2.339``."""
-    nll = S.nll(point)
+    nll = sweep_rules.nll(point)
     return f"{point['loss']:.3f}" + (f", NLL {nll:.3f}" if nll != point["loss"] else "")
 
 
@@ -333,7 +335,7 @@ def sweep_table(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[
     rates = sorted({lr for s in sweep.values() for lr in s["rates"]})
     by = {(c["head"], c.get("lr")): c for c in cells if c["seed"] == 1 and c.get("best")}
     lines = [
-        "| head | " + " | ".join(f"lr {S.rate_key(lr)}" for lr in rates) + " | chosen |",
+        "| head | " + " | ".join(f"lr {sweep_rules.rate_key(lr)}" for lr in rates) + " | chosen |",
         "|---|" + "---|" * (len(rates) + 1),
     ]
     for head, s in sweep.items():
@@ -352,7 +354,7 @@ def sweep_table(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[
             if s["chosen"] in (min(s["rates"]), max(s["rates"]))
             else ""
         )
-        lines.append(f"| {head} | " + " | ".join(cols) + f" | {S.rate_key(s['chosen'])}{edge} |")
+        lines.append(f"| {head} | " + " | ".join(cols) + f" | {sweep_rules.rate_key(s['chosen'])}{edge} |")
     return "\n".join(lines) + "\n"
 
 
@@ -365,13 +367,13 @@ def rates_by_nll(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping
         if s["chosen"] is None or s.get("from"):
             continue
         best = {
-            c["lr"]: S.nll(c["best"])
+            c["lr"]: sweep_rules.nll(c["best"])
             for c in cells
             if c["head"] == head and c["seed"] == 1 and c.get("best") and c.get("lr") in s["rates"]
         }
         if not best:
             continue
-        by_nll = S.choose_lr(best)
+        by_nll = sweep_rules.choose_lr(best)
         if by_nll != s["chosen"]:
             out[head] = by_nll
     return out
@@ -406,11 +408,11 @@ def hyp_files(
     table_dir: str, cells: Sequence[Mapping[str, Any]], testsets: Sequence[str]
 ) -> Dict[str, Dict[int, Dict[str, str]]]:
     """``{head: {seed: {testset: path}}}`` of the hypotheses of finished cells under ``table_dir``."""
-    from recipes.reproduce.engine import results as R
+    from recipes.reproduce.engine import results as result_files
 
     out: Dict[str, Dict[int, Dict[str, str]]] = {}
     for c in cells:
-        cell_dir = R.cell_dir(table_dir, c["head"], c["seed"], c.get("lr"))
+        cell_dir = result_files.cell_dir(table_dir, c["head"], c["seed"], c.get("lr"))
         for t in testsets:
             path = os.path.join(cell_dir, f"{t}.hyp")
             if os.path.isfile(path):

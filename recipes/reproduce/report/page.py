@@ -19,7 +19,7 @@ import os
 from typing import Dict, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
-from recipes.reproduce.engine import results as R
+from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.report.collect import DOCS, collect, SET_ASIDE, set_aside
 from recipes.reproduce.report.sentences import timing_noise
 from recipes.reproduce.report.sections import (
@@ -44,10 +44,10 @@ def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -
             with open(path) as f:
                 objs[table] = json.load(f)
     noise = timing_noise(objs)
-    budget = budget_section(objs, R.load_json(os.path.join(src, SET_ASIDE)))
+    budget = budget_section(objs, result_files.load_json(os.path.join(src, SET_ASIDE)))
     if budget:
         sections.append(budget)
-    retrained = train_split_budget(objs, R.load_json(os.path.join(src, "lm-ptb-pilot.json")))
+    retrained = train_split_budget(objs, result_files.load_json(os.path.join(src, "lm-ptb-pilot.json")))
     if retrained:
         sections.append(retrained if budget else "## Compute\n\n" + retrained)
     for table, obj in objs.items():

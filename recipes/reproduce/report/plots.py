@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List
 
-from recipes.reproduce.report import compare as C
-from recipes.reproduce.engine import sweep as S
+from recipes.reproduce.report import compare as head_comparison
+from recipes.reproduce.engine import sweep as sweep_rules
 from recipes.reproduce.report.collect import chosen_cells
 from recipes.reproduce.report.layout import METRIC_NAMES, score_rows
 
@@ -15,7 +15,7 @@ def curves_to_plot(cells: List[Dict[str, Any]]) -> tuple:
     """``(points of each cell, the seconds axis' label)`` for the valid-loss plot: the seconds are the clock of the
     equal-compute table (:func:`compare.on_one_clock`): CPU seconds where every cell recorded its CPU time, else the
     logged wall-clock seconds; a cell with no logged curve gives its ``valid_curve`` by updates."""
-    curves, clock = C.on_one_clock(cells)
+    curves, clock = head_comparison.on_one_clock(cells)
     points = [p or [{"updates": u, "loss": loss} for u, loss in c["valid_curve"]] for c, p in zip(cells, curves)]
     label = (
         "training CPU seconds (logged seconds scaled by the cell's CPU time)"
@@ -76,19 +76,19 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
                     if points:
                         ax.plot(
                             [p[x_key] for p in points],
-                            [S.nll(p) for p in points],
+                            [sweep_rules.nll(p) for p in points],
                             color=f"C{i}",
                             alpha=0.8,
                             label=head if j == 0 else None,
                         )
                         best = min(points, key=lambda p: p["loss"])  # the scored checkpoint
-                        ax.plot([best[x_key]], [S.nll(best)], "o", color=f"C{i}", ms=3)
+                        ax.plot([best[x_key]], [sweep_rules.nll(best)], "o", color=f"C{i}", ms=3)
             ax.set_xlabel(x_label)
             ax.set_ylabel("valid NLL (bits per token)")
             ax.legend(fontsize=8)
         fig.suptitle(
             f"{obj['table']}: validation NLL, every seed at the head's chosen rate (dots: the checkpoint "
-            + ("the label-smoothed loss picks)" if S.label_smoothed(curves) else "scored)"),
+            + ("the label-smoothed loss picks)" if sweep_rules.label_smoothed(curves) else "scored)"),
             fontsize=10,
         )
         save(fig, f"{obj['table']}-valid-loss.png")

@@ -8,9 +8,9 @@ from collections import Counter
 from typing import Any, Dict, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
-from recipes.reproduce.report import compare as C
-from recipes.reproduce.engine import results as R
-from recipes.reproduce.engine import sweep as S
+from recipes.reproduce.report import compare as head_comparison
+from recipes.reproduce.engine import results as result_files
+from recipes.reproduce.engine import sweep as sweep_rules
 from recipes.reproduce.engine.costs import GRID
 from recipes.common.stats import paired
 from recipes.reproduce.report.collect import chosen_cells
@@ -138,9 +138,9 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
                 "",
             ]
     sweep = obj.get("sweep") or {}
-    smoothed = S.label_smoothed(cells)
+    smoothed = sweep_rules.label_smoothed(cells)
     if sweep:
-        spent = C.cpu_hours(cells, sweep)
+        spent = head_comparison.cpu_hours(cells, sweep)
         lines += [
             "Learning rate per head: best valid loss of seed 1 at every rate ("
             + (
@@ -150,14 +150,14 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
             )
             + "epoch of the best, why it stopped; bold: the chosen rate, chosen on valid only):",
             "",
-            C.sweep_table(cells, sweep),
+            head_comparison.sweep_table(cells, sweep),
         ]
         if smoothed and any(not s.get("from") for s in sweep.values()):  # a borrowed rate was checked where swept
-            moved = C.rates_by_nll(cells, sweep)
+            moved = head_comparison.rates_by_nll(cells, sweep)
             lines += [
                 (
                     "The NLL of the same checkpoints would choose another rate for "
-                    + ", ".join(f"{h} ({S.rate_key(lr)})" for h, lr in moved.items())
+                    + ", ".join(f"{h} ({sweep_rules.rate_key(lr)})" for h, lr in moved.items())
                     if moved
                     else "The NLL of the same checkpoints chooses the same rate for every head whose sweep is done"
                 )
@@ -178,7 +178,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
             "",
         ]
     scores = score_rows(rows)
-    comparisons = C.family(rows)
+    comparisons = head_comparison.family(rows)
     if comparisons:
         metric = scores[0]["metric"]
         claims = claims_for(table, comparisons, rows) if table is not None else {}
@@ -190,7 +190,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
             + ("; paper's difference: the paper's relative difference at our baseline's mean" if claims else "")
             + "):",
             "",
-            C.family_table(
+            head_comparison.family_table(
                 comparisons, metric, obj.get("bootstrap") if metric == "bleu" else None, claims if claims else None
             ),
         ]
@@ -198,7 +198,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
         if untestable:
             lines += [untestable, ""]
     ratios = {h: r["time_all_layers_same_bsz"] for h, r in ((obj.get("costs") or {}).get("ratios") or {}).items()}
-    compute = C.equal_compute(scored, ratios)
+    compute = head_comparison.equal_compute(scored, ratios)
     if compute:
         seconds = (
             "CPU seconds (each cell's logged seconds scaled by its recorded CPU time over them, which takes "
@@ -227,10 +227,12 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
             )
             + "):",
             "",
-            C.equal_compute_table(compute),
+            head_comparison.equal_compute_table(compute),
         ]
     text = " ".join(
-        t for t in (C.reading(comparisons, scores[0]["metric"]) if comparisons else "", worst_seeds(rows)) if t
+        t
+        for t in (head_comparison.reading(comparisons, scores[0]["metric"]) if comparisons else "", worst_seeds(rows))
+        if t
     )
     if text:
         lines += ["**What it shows.** " + text, ""]
@@ -280,7 +282,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
 def pilot_section(docs_dir: str) -> str:
     """The lm-ptb pilot (``docs/reproduction/lm-ptb-pilot.json``, :mod:`recipes.reproduce.studies.lm_pilot`): each arm's
     valid / test perplexity, its valid perplexity per epoch, its CPU time; the probes' epoch costs; or ""."""
-    pilot = R.load_json(os.path.join(docs_dir, "reproduction", "lm-ptb-pilot.json"))
+    pilot = result_files.load_json(os.path.join(docs_dir, "reproduction", "lm-ptb-pilot.json"))
     if not pilot or not pilot.get("arms"):
         return ""
     lines = [
@@ -410,7 +412,7 @@ def budget_section(objs: Dict[str, Dict[str, Any]], aside: Optional[Dict[str, Di
     ]
     total = wall = 0.0
     for table, obj in swept.items():
-        spent, chosen = C.cpu_hours(obj["cells"], obj["sweep"]), chosen_cells(obj)
+        spent, chosen = head_comparison.cpu_hours(obj["cells"], obj["sweep"]), chosen_cells(obj)
         total, wall = total + spent["total"], wall + spent["wall"]
         lines.append(
             f"| {table} | {len(obj['cells']) - len(chosen)} | {len(chosen)} | {spent['sweep']:.1f} / "
@@ -466,7 +468,7 @@ def train_split_budget(objs: Dict[str, Dict[str, Any]], pilot: Optional[Dict[str
     for table, obj in objs.items():
         cells = [c for c in obj.get("cells", []) if train_split(c)]
         if cells:  # lm-gpt2's cells record no CPU time: their training seconds (one thread each) stand in
-            parts.append((table, len(cells), sum(C.cell_cpu_hours(c) for c in cells)))
+            parts.append((table, len(cells), sum(head_comparison.cell_cpu_hours(c) for c in cells)))
     if not parts:
         return ""
     total = sum(hours for _, _, hours in parts)

@@ -7,9 +7,9 @@ import os
 import re
 from typing import Any, Dict, List
 
-from recipes.reproduce.report import compare as C
-from recipes.reproduce.engine import results as R
-from recipes.reproduce.engine import sweep as S
+from recipes.reproduce.report import compare as head_comparison
+from recipes.reproduce.engine import results as result_files
+from recipes.reproduce.engine import sweep as sweep_rules
 from recipes.reproduce.report.layout import mean_std, score_rows
 
 
@@ -41,7 +41,8 @@ def misrecorded(cells: List[Dict[str, Any]], table: str) -> str:
         {
             (c["head"], c["seed"])
             for c in cells
-            if c.get("commands") and f"/{R.cell_dir('', c['head'], c['seed'], c.get('lr'))}/" not in c["commands"][0]
+            if c.get("commands")
+            and f"/{result_files.cell_dir('', c['head'], c['seed'], c.get('lr'))}/" not in c["commands"][0]
         }
     )
     if not wrong:
@@ -78,7 +79,9 @@ def worst_seeds(rows: List[Dict[str, Any]]) -> str:
     return " ".join(out)
 
 
-def claims_for(table, comparisons: List["C.Comparison"], rows: List[Dict[str, Any]]) -> Dict[tuple, float]:
+def claims_for(
+    table, comparisons: List["head_comparison.Comparison"], rows: List[Dict[str, Any]]
+) -> Dict[tuple, float]:
     """The paper's difference for each test comparison of a head with a claim (``table.paper_claims``: its relative
     difference from softmax in its paper) against softmax or the size-matched softmax: the same relative difference at
     our baseline's mean, so it reads on our scale."""
@@ -88,12 +91,17 @@ def claims_for(table, comparisons: List["C.Comparison"], rows: List[Dict[str, An
     for c in comparisons:
         claim = claims.get(c.head)
         base = means.get((c.baseline, c.split))
-        if claim and base is not None and C.is_test(c.split) and c.baseline in ("softmax", C.MATCHED):
+        if (
+            claim
+            and base is not None
+            and head_comparison.is_test(c.split)
+            and c.baseline in ("softmax", head_comparison.MATCHED)
+        ):
             out[(c.head, c.baseline, c.split)] = claim["relative"] * base
     return out
 
 
-def untestable_claims(comparisons: List["C.Comparison"], claims: Dict[tuple, float], table) -> str:
+def untestable_claims(comparisons: List["head_comparison.Comparison"], claims: Dict[tuple, float], table) -> str:
     """The sentence on the papers' claims smaller than what the table detects (80% power), or ""."""
     small = [
         c
@@ -123,7 +131,7 @@ def cap_sentence(cells: List[Dict[str, Any]]) -> str:
     capped = [c for c in cells if c.get("stopped") in ("max_epochs", "max_updates") and len(c.get("curve") or []) >= 3]
     if not cells or 2 * len(capped) <= len(cells):
         return ""
-    slopes = sorted((S.nll(c["curve"][-1]) - S.nll(c["curve"][-3])) / 2 for c in capped)
+    slopes = sorted((sweep_rules.nll(c["curve"][-1]) - sweep_rules.nll(c["curve"][-3])) / 2 for c in capped)
     cap = max(c["curve"][-1]["epoch"] for c in capped)
     median = slopes[len(slopes) // 2]
     return (

@@ -34,8 +34,8 @@ import sys
 from types import SimpleNamespace
 from typing import Any, Dict
 
-from recipes.reproduce.engine import results as R
-from recipes.reproduce.engine import sweep as S
+from recipes.reproduce.engine import results as result_files
+from recipes.reproduce.engine import sweep as sweep_rules
 from recipes.reproduce.tables.language_model import LM_HEAD_OPTIONS, MINI_OPTIMIZERS, PPL
 from recipes.reproduce.tables.lm_ptb import TABLE
 from recipes.reproduce.engine.runner import Runner, cpu_seconds, parse_train_wall, shell_line
@@ -92,7 +92,7 @@ def run_arm(runner: Runner, bin_dir: str, arm: str, args) -> Dict[str, Any]:
     cell = os.path.join(args.out, arm)
     done = os.path.join(cell, "record.json")
     if os.path.isfile(done):
-        return R.load_json(done)
+        return result_files.load_json(done)
     save_dir = os.path.join(cell, "checkpoints")
     train = TABLE.train_command(
         bin_dir, variant, 1, save_dir, table_args(epochs, args.data), lr=lr, optimizer=optimizer
@@ -124,13 +124,13 @@ def run_arm(runner: Runner, bin_dir: str, arm: str, args) -> Dict[str, Any]:
         "epochs": epochs,
         "seed": 1,
         "averaging_from_epoch": int(averaging.group(1)) if averaging else None,
-        "curve": S.parse_curve(text),
+        "curve": sweep_rules.parse_curve(text),
         "train_wall_s": parse_train_wall(text),
         "cpu_s": cpu_seconds(log_path, text),
         "ppl": ppl,
         "commands": commands,
     }
-    R.save_json(done, record)
+    result_files.save_json(done, record)
     shutil.rmtree(save_dir, ignore_errors=True)
     if os.path.exists(os.path.join(cell, "averaged.pt")):
         os.remove(os.path.join(cell, "averaged.pt"))
@@ -142,7 +142,7 @@ def run_probes(runner: Runner, bin_dir: str, args, train_tokens: int) -> Dict[st
     epoch's cost from it."""
     done = os.path.join(args.out, "probes", "probes.json")
     if os.path.isfile(done):
-        return R.load_json(done)
+        return result_files.load_json(done)
     out: Dict[str, Any] = {}
     for variant in TABLE.variants(SimpleNamespace(scale="mini", heads=None)):
         cell = os.path.join(args.out, "probes", variant.name)
@@ -159,7 +159,7 @@ def run_probes(runner: Runner, bin_dir: str, args, train_tokens: int) -> Dict[st
             "epoch_s": round(train_tokens / wps, 1) if wps else None,
             "command": shell_line(cmd),
         }
-    R.save_json(done, out)
+    result_files.save_json(done, out)
     return out
 
 
@@ -175,13 +175,13 @@ def logged_cpu_s(pattern: str) -> float:
 def collect(args) -> Dict[str, Any]:
     """``OUT/pilot.json`` (and, with ``--commit``, the committed copy): every finished arm, the probes, the data's
     token counts, the CPU time of the arms' training, of their scoring and of the probes, and :data:`DECISION`."""
-    arms = {arm: R.load_json(os.path.join(args.out, arm, "record.json")) for arm in ARMS}
+    arms = {arm: result_files.load_json(os.path.join(args.out, arm, "record.json")) for arm in ARMS}
     result = {
         "arms": {a: r for a, r in arms.items() if r},
         "epochs": EPOCHS,
         "rates": {f"{h}-{o}": lr for (h, o), lr in RATES.items()},
-        "probes": R.load_json(os.path.join(args.out, "probes", "probes.json")),
-        "data": R.load_json(os.path.join(args.out, "data", "tokens.json")),
+        "probes": result_files.load_json(os.path.join(args.out, "probes", "probes.json")),
+        "data": result_files.load_json(os.path.join(args.out, "data", "tokens.json")),
         "cpu_s": {
             "training": sum(r.get("cpu_s") or 0.0 for r in arms.values() if r),
             "scoring": logged_cpu_s(os.path.join(args.out, "*", "eval-*.log")),
@@ -189,9 +189,9 @@ def collect(args) -> Dict[str, Any]:
         },
         "decision": DECISION,
     }
-    R.save_json(os.path.join(args.out, "pilot.json"), result)
+    result_files.save_json(os.path.join(args.out, "pilot.json"), result)
     if args.commit:
-        R.save_json(COMMITTED, result)
+        result_files.save_json(COMMITTED, result)
     return result
 
 
@@ -215,7 +215,7 @@ def main(argv=None) -> None:
         return
     runner = Runner(args.out, progress=not args.quiet)
     prepared = TABLE.prepare(runner, table_args(1, args.data), args.out)
-    tokens = R.load_json(os.path.join(args.out, "data", "tokens.json"))
+    tokens = result_files.load_json(os.path.join(args.out, "data", "tokens.json"))
     for arm in args.arms:
         if arm == "probes":
             print(json.dumps(run_probes(runner, prepared["bin"], args, tokens["train"])), file=sys.stderr)

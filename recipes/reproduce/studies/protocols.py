@@ -25,7 +25,7 @@ import statistics
 from types import SimpleNamespace
 from typing import Dict, List
 
-from recipes.reproduce.engine import results as R
+from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.tables.lm_ptb import TABLE
 from recipes.reproduce.engine.runner import Runner, relative_paths, shell_line
 from recipes.reproduce.engine.table import DOCS
@@ -41,13 +41,16 @@ def run_cell(runner: Runner, bin_dir: str, protocol: str, seed: int, args, out: 
     """Train one (protocol, seed) cell and score its best checkpoint every way; returns its record."""
     cell_dir = os.path.join(out, "cells", f"{protocol}-seed{seed}")
     path = os.path.join(out, "cells", f"{protocol}-seed{seed}.json")
-    record = R.load_json(path)
+    record = result_files.load_json(path)
     if record is not None and record.get("epochs") == args.epochs:
         return record
     marker = os.path.join(cell_dir, "cell-config.json")
-    if R.load_json(marker) != {"epochs": args.epochs, "limit": args.limit}:  # else: fairseq resumes checkpoint_last
+    if result_files.load_json(marker) != {
+        "epochs": args.epochs,
+        "limit": args.limit,
+    }:  # else: fairseq resumes checkpoint_last
         shutil.rmtree(cell_dir, ignore_errors=True)
-        R.save_json(marker, {"epochs": args.epochs, "limit": args.limit})
+        result_files.save_json(marker, {"epochs": args.epochs, "limit": args.limit})
     variant = resolve(["softmax"], {})[0]
     table_args = SimpleNamespace(scale="mini", max_updates=args.epochs, limit=args.limit, patience=0)
     save_dir = os.path.join(cell_dir, "checkpoints")
@@ -78,7 +81,7 @@ def run_cell(runner: Runner, bin_dir: str, protocol: str, seed: int, args, out: 
         "ppl": ppl,
         "commands": [relative_paths(c) for c in commands],
     }
-    R.save_json(path, record)
+    result_files.save_json(path, record)
     shutil.rmtree(save_dir, ignore_errors=True)
     return record
 
@@ -126,10 +129,10 @@ def main(argv=None) -> int:
         for protocol in PROTOCOLS
     ]
     result = {"table": "lm-ptb", "description": __doc__.split("\n\n")[2].replace("\n", " "), "cells": records}
-    R.save_json(os.path.join(out, "protocols.json"), result)
+    result_files.save_json(os.path.join(out, "protocols.json"), result)
     print("\n".join(summary(records)))
     if args.commit:
-        R.save_json(os.path.join(DOCS, "reproduction", "lm-ptb-protocols.json"), result)
+        result_files.save_json(os.path.join(DOCS, "reproduction", "lm-ptb-protocols.json"), result)
     return 0
 
 

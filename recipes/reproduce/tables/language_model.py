@@ -24,8 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from recipes.reproduce.data import prepare as D
-from recipes.reproduce.engine import results as R
+from recipes.reproduce.data import prepare as data_prep
+from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.data.lm_corpora import CORPORA as LM_CORPORA, full_dir
 from recipes.reproduce.engine.runner import PLUGIN, Runner, shell_line, tool, training_done
 from recipes.reproduce.engine.sweep import StopRule
@@ -125,7 +125,7 @@ def prepare_mini_corpus(runner: Runner, args, table_dir: str, corpus: str, limit
     raw = os.path.join(prep, "raw")
     marker = os.path.join(prep, "corpus.json")
     wanted = {"corpus": corpus, "limit": limit, "eval_limit": eval_limit, "train": "train.txt"}
-    if R.load_json(marker) != wanted:
+    if result_files.load_json(marker) != wanted:
         if os.path.isdir(prep):
             shutil.rmtree(prep)
         lines = (["--limit", str(limit)] if limit else []) + (["--eval-limit", str(eval_limit)] if eval_limit else [])
@@ -149,7 +149,7 @@ def prepare_mini_corpus(runner: Runner, args, table_dir: str, corpus: str, limit
             + (f" (first {limit} lines)" if limit else "")
             + ", valid.txt, test.txt",
         )
-        R.save_json(marker, wanted)
+        result_files.save_json(marker, wanted)
     return raw
 
 
@@ -460,7 +460,7 @@ class LanguageModelTable(Table):
         if args.scale == "full":
             bin_dir = os.path.join(full_dir(args.data, self.corpus), "bin")
             if not os.path.isfile(os.path.join(bin_dir, "dict.txt")):
-                raise D.missing_files_error(
+                raise data_prep.missing_files_error(
                     bin_dir,
                     ["dict.txt"],
                     f"{self.name} --scale full (prepare the data "
@@ -492,7 +492,7 @@ class LanguageModelTable(Table):
                 os.path.join(prep, "prepare.log"),
                 "data",
             )
-            R.save_json(done, {"limit": self.lines(args)})
+            result_files.save_json(done, {"limit": self.lines(args)})
         return {"bin": bin_dir}
 
     def plan(self, variants, args, table_dir: str, log=print) -> Dict[str, Any]:
@@ -554,7 +554,7 @@ class LanguageModelTable(Table):
             "note": note,
             "paper": {h: by_split for h, by_split in paper.items() if by_split},
         }
-        R.save_json(os.path.join(table_dir, "plan.json"), result)
+        result_files.save_json(os.path.join(table_dir, "plan.json"), result)
         return result
 
     # -- one cell ----------------------------------------------------------------------------
@@ -569,7 +569,7 @@ class LanguageModelTable(Table):
         label: str,
         lr: Optional[float] = None,
     ) -> Dict[str, Any]:
-        cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
+        cell_dir = result_files.cell_dir(table_dir, variant.name, seed, lr)
         save_dir = self.checkpoint_dir(table_dir, variant, seed, lr)
         log_path = os.path.join(cell_dir, "train.log")
         train = self.train_command(prepared["bin"], variant, seed, save_dir, args, lr)
@@ -584,7 +584,7 @@ class LanguageModelTable(Table):
         best = os.path.join(save_dir, "checkpoint_best.pt")
         if os.path.isfile(best):  # the row's size, as the report states it
             record["parameters"] = checkpoint_parameters(best)
-            R.save_json(R.cell_path(table_dir, variant.name, seed, lr), record)
+            result_files.save_json(result_files.cell_path(table_dir, variant.name, seed, lr), record)
         return record
 
     def averages(self, args) -> bool:
@@ -616,7 +616,7 @@ class LanguageModelTable(Table):
     ):
         """Perplexity of the averaged weights (NT-ASGD) or the best checkpoint (Adam) on valid and test."""
         lr = record.get("lr") if args.scale == "mini" else None
-        cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
+        cell_dir = result_files.cell_dir(table_dir, variant.name, seed, lr)
         scored = (
             os.path.join(cell_dir, "averaged.pt")
             if self.averages(args)
@@ -642,6 +642,6 @@ class LanguageModelTable(Table):
 
     def remove_checkpoints(self, table_dir: str, variant: Variant, seed: int, lr: Optional[float] = None) -> None:
         super().remove_checkpoints(table_dir, variant, seed, lr)
-        averaged = os.path.join(R.cell_dir(table_dir, variant.name, seed, lr), "averaged.pt")
+        averaged = os.path.join(result_files.cell_dir(table_dir, variant.name, seed, lr), "averaged.pt")
         if os.path.exists(averaged):
             os.remove(averaged)

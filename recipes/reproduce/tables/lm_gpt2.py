@@ -25,7 +25,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from hf_heads.core.config import SPEC_VERSION
-from recipes.reproduce.engine import results as R
+from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.tables.language_model import LM_HEAD_OPTIONS, prepare_mini_corpus
 from recipes.reproduce.tables.lm_wt2 import TABLE as WT2
 from recipes.reproduce.engine.runner import Runner, parse_train_wall, shell_line
@@ -253,7 +253,7 @@ class HFLanguageModelTable(Table):
             "its head's extra parameters to 135M. torchrun --nproc_per_node gpu starts one process per GPU of the "
             "machine (--nnodes for more machines); --batch-size is per process.",
         }
-        R.save_json(os.path.join(table_dir, "plan.json"), result)
+        result_files.save_json(os.path.join(table_dir, "plan.json"), result)
         return result
 
     # -- one cell ------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ class HFLanguageModelTable(Table):
         label: str,
         lr: Optional[float] = None,
     ):
-        cell_dir = R.cell_dir(table_dir, variant.name, seed)
+        cell_dir = result_files.cell_dir(table_dir, variant.name, seed)
         log_path = os.path.join(cell_dir, "train.log")
         scores, commands = {}, []
         for model in self.models(args):
@@ -280,7 +280,7 @@ class HFLanguageModelTable(Table):
             else:
                 runner.run(cmd, log_path, f"{label} {model}", comment=f"{label}: {model}")
                 result = json.load(open(done))
-                R.save_json(done, {**result, "command": shell_line(cmd)})
+                result_files.save_json(done, {**result, "command": shell_line(cmd)})
             result = json.load(open(done))
             scores[f"{model} valid"] = result["valid_ppl_after"]
             scores[f"{model} test"] = result["test_ppl"]
@@ -295,7 +295,7 @@ class HFLanguageModelTable(Table):
             "train_wall_s": wall,
             "commands": commands,
         }
-        R.save_json(R.cell_path(table_dir, variant.name, seed), record)
+        result_files.save_json(result_files.cell_path(table_dir, variant.name, seed), record)
         return record
 
 

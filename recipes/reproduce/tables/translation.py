@@ -24,8 +24,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from recipes.reproduce.data import prepare as D
-from recipes.reproduce.engine import results as R
+from recipes.reproduce.data import prepare as data_prep
+from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.data import wmt
 from recipes.reproduce.engine.costs import count_parameters
 from recipes.reproduce.engine.runner import PLUGIN, Runner, shell_line, tool, training_done
@@ -317,11 +317,11 @@ class TranslationTable(Table):
         """Multi30k -> raw references, BPE, ``fairseq-preprocess`` (skipped when done)."""
         prep = os.path.join(table_dir, "data")
         bin_dir = os.path.join(prep, "bin")
-        D.multi30k_files(args.data, [self.src, self.tgt])  # a clear stop before anything else
-        tests = list(D.MULTI30K_TESTS)
+        data_prep.multi30k_files(args.data, [self.src, self.tgt])  # a clear stop before anything else
+        tests = list(data_prep.MULTI30K_TESTS)
         done = os.path.join(prep, "done.json")
         wanted = {"tests": tests, "bpe_size": args.bpe_size, "limit": args.limit}
-        if R.load_json(done) != wanted:  # not prepared, or with another BPE size or limit: made again
+        if result_files.load_json(done) != wanted:  # not prepared, or with another BPE size or limit: made again
             limit = ["--limit", str(args.limit)] if args.limit else []
             runner.run(
                 [
@@ -369,7 +369,7 @@ class TranslationTable(Table):
                 os.path.join(prep, "prepare.log"),
                 "data",
             )
-            R.save_json(done, wanted)
+            result_files.save_json(done, wanted)
         # fairseq names the test sets test, test1, ...
         subsets = {t: ("test" if i == 0 else f"test{i}") for i, t in enumerate(tests)}
         return {"bin": bin_dir, "raw": os.path.join(prep, "raw"), "subsets": subsets}
@@ -403,7 +403,7 @@ class TranslationTable(Table):
         label: str,
         lr: Optional[float] = None,
     ) -> Dict[str, Any]:
-        cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
+        cell_dir = result_files.cell_dir(table_dir, variant.name, seed, lr)
         log_path = os.path.join(cell_dir, "train.log")
         train = self.train_command(
             prepared["bin"], variant, seed, self.checkpoint_dir(table_dir, variant, seed, lr), args, lr
@@ -425,7 +425,7 @@ class TranslationTable(Table):
     ):
         """Translate every test set with the best checkpoint (``TESTSET.hyp``, detokenized) and score it."""
         lr = record.get("lr") if args.scale == "mini" else None
-        cell_dir = R.cell_dir(table_dir, variant.name, seed, lr)
+        cell_dir = result_files.cell_dir(table_dir, variant.name, seed, lr)
         checkpoint = os.path.join(self.checkpoint_dir(table_dir, variant, seed, lr), "checkpoint_best.pt")
         bleu, commands = {}, []
         for testset, subset in prepared["subsets"].items():
@@ -437,14 +437,14 @@ class TranslationTable(Table):
                 comment=f"{label}: translate {testset} (hypotheses: H-lines, detokenized)",
             )
             hyps = hypotheses(out)
-            refs = D.read_lines(os.path.join(prepared["raw"], f"{testset}.{self.tgt}"))
+            refs = data_prep.read_lines(os.path.join(prepared["raw"], f"{testset}.{self.tgt}"))
             if len(hyps) != len(refs):
                 raise SystemExit(
                     f"cell {label}: {len(hyps)} hypotheses for {len(refs)} references of {testset}; "
                     f"see {os.path.join(cell_dir, f'generate-{testset}.log')}"
                 )
             hyp_path = os.path.join(cell_dir, f"{testset}.hyp")
-            D.write_lines(hyp_path, hyps)
+            data_prep.write_lines(hyp_path, hyps)
             ref_path = os.path.join(prepared["raw"], f"{testset}.{self.tgt}")
             score_cmd = ["sacrebleu", ref_path, "-i", hyp_path, "-m", "bleu", "-b", "-w", "2"]
             runner.record(score_cmd, comment=f"{label}: score {testset}")
@@ -519,7 +519,7 @@ def full_plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any
         for v in variants:
             seeds = table.seeds_for(v, args)
             for seed in seeds:
-                cell = R.cell_dir(table_dir, v.name, seed)
+                cell = result_files.cell_dir(table_dir, v.name, seed)
                 train = table.train_command(bin_dir, v, seed, os.path.join(cell, "checkpoints"), args)
                 gen = table.generate_command(
                     bin_dir, os.path.join(cell, "checkpoints", "checkpoint_best.pt"), "test", args
@@ -543,5 +543,5 @@ def full_plan(table, variants, args, table_dir: str, log=print) -> Dict[str, Any
         "gives no k); its GPU count comes from fairseq (all visible GPUs); the paper's batch of 4096 "
         "tokens is per GPU (--max-tokens 4096). " + FULL_MIXTAPE_NOTE,
     }
-    R.save_json(os.path.join(table_dir, "plan.json"), result)
+    result_files.save_json(os.path.join(table_dir, "plan.json"), result)
     return result
