@@ -25,7 +25,7 @@ CASES = pytest.mark.parametrize("case", HEAD_CASES, ids=[c.id for c in HEAD_CASE
 FP32 = dict(rtol=1e-5, atol=1e-5)
 #: gradients sum over tokens and vocabulary: a little looser
 FP32_GRAD = dict(rtol=1e-4, atol=1e-5)
-#: the head's math runs in float32 under autocast (hf_heads.core.functional.fp32_math): against fp32 on the same
+#: the head's math runs in float32 under autocast (hf_heads.core.functional.autocast_off): against fp32 on the same
 #: (rounded) inputs only the order of float32 sums differs
 AUTOCAST = dict(rtol=1e-4, atol=1e-4)
 #: a whole model under autocast against fp32: its trunk runs in low precision (bf16 keeps 8 bits of mantissa)

@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 
 
-def fp32_math(t: torch.Tensor):
-    """Context in which autocast is off on ``t``'s device, so head math stays in float32.
+def autocast_off(t: torch.Tensor):
+    """Context in which autocast is off on ``t``'s device, so head math stays in the dtype it is given (float32 as
+    :func:`compute_dtype` chooses it, float64 for float64 inputs).
 
     bf16/fp16 models feed low-precision hidden states; logits of a large vocabulary overflow
-    fp16 and lose ranks in bf16, so every head does its output math in float32.
+    fp16 and lose ranks in bf16, so every head does its output math in float32 (or float64).
     """
     if not values_known(t):  # autocast has no meta device
         return contextlib.nullcontext()
@@ -56,10 +57,10 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear_full_precision(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x @ weight^T + bias`` in float32 (float64 for float64 ``x``), whatever the parameters' dtype."""
     dt = compute_dtype(x)
-    with fp32_math(x):
+    with autocast_off(x):
         return F.linear(x.to(dt), weight.to(dt), None if bias is None else bias.to(dt))
 
 

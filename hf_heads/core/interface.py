@@ -124,7 +124,7 @@ class OutputHead(VocabularyMixin, nn.Module):
         """Normalised log-probabilities, shape ``[..., vocab_size]``: float32 for float32, bf16 and
         fp16 inputs (the head math runs in float32), float64 for float64 inputs."""
         h = self._flat_hidden(hidden)
-        with ops.fp32_math(h):
+        with ops.autocast_off(h):
             return self.log_probs_2d(h).view(*hidden.shape[:-1], self.config.vocab_size)
 
     def loss(
@@ -164,7 +164,7 @@ class OutputHead(VocabularyMixin, nn.Module):
         if reduction != "none" and self.lean_loss_active() and (h.requires_grad or params):
             loss, nll = lean.loss_and_nll(self, h, t, valid, float(label_smoothing), params)
             return (loss, nll) if reduction == "sum" else (loss / valid.sum(), nll / valid.sum())
-        with ops.fp32_math(h):
+        with ops.autocast_off(h):
             nll = loss = h.new_zeros(t.shape)
             if ops.compiling() and not (self.has_aux_loss and self.training):
                 # torch.compile: every row (ignored ones scored as id 0, then zeroed), as selecting the valid rows
@@ -206,7 +206,7 @@ class OutputHead(VocabularyMixin, nn.Module):
         h = self._flat_hidden(hidden)
         t = ops.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
         valid = t != ignore_index
-        with ops.fp32_math(h):
+        with ops.autocast_off(h):
             lp = lean.token_log_probs(self, h[valid], t[valid], float(temperature))
         return h.new_zeros(t.shape).masked_scatter(valid, lp).view(target.shape)
 
@@ -282,7 +282,7 @@ class OutputHead(VocabularyMixin, nn.Module):
     def _output_logits(self, context: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
         """float32 ``context @ W[rows]^T + b[rows]`` (autocast off, so the math stays fp32)."""
         b = None if self.bias is None else self.bias[rows]
-        return ops.linear_fp32(context, self.weight[rows], b)
+        return ops.linear_full_precision(context, self.weight[rows], b)
 
 
 class SingleSoftmaxHead(OutputHead):
@@ -304,7 +304,7 @@ class SingleSoftmaxHead(OutputHead):
     def topk(self, hidden: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
         check_int(self.head_name, "k", k, 1, self.config.vocab_size)
         h = self._flat_hidden(hidden)
-        with ops.fp32_math(h):
+        with ops.autocast_off(h):
             s = self.scores_2d(h)
             top, idx = s.topk(k, dim=-1)
             lp = top - torch.logsumexp(s, dim=-1, keepdim=True)

@@ -96,7 +96,7 @@ def _loss_and_nll(
     head, h: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, label_smoothing: float, params
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Summed ``(loss, nll)`` of ``head`` on the valid tokens by :class:`ChunkedNLL`, as ``loss_and_nll``."""
-    with functional.fp32_math(h):
+    with functional.autocast_off(h):
         everything = not functional.values_known(valid) or bool(valid.all())
         return ChunkedNLL.apply(
             head,
@@ -163,26 +163,26 @@ def softmax_rows(
     in that dtype and keep float32 results (:func:`hf_heads.core.functional.product`).
     """
     n, k, d = x.shape
-    lo = 0 if prefix is None or prefix_ids is not None else prefix.shape[1]
-    low = head.lean_product_dtype if head.lean_product_dtype not in (None, x.dtype) else None
-    w = head.weight[lo:].to(low or x.dtype)
-    b = None if head.bias is None else head.bias[lo:].to(x.dtype)
+    prefix_width = 0 if prefix is None or prefix_ids is not None else prefix.shape[1]
+    product_dtype = head.lean_product_dtype if head.lean_product_dtype not in (None, x.dtype) else None  # None: x.dtype
+    w = head.weight[prefix_width:].to(product_dtype or x.dtype)
+    b = None if head.bias is None else head.bias[prefix_width:].to(x.dtype)
     rows = x.reshape(n * k, d)
-    logits = None if low and not lo else x.new_empty(n * k, head.config.vocab_size)
-    if lo:
-        logits[:, :lo] = prefix
-    if low:
-        z = functional.product(rows, w.t(), low)
+    logits = None if product_dtype and not prefix_width else x.new_empty(n * k, head.config.vocab_size)
+    if prefix_width:
+        logits[:, :prefix_width] = prefix
+    if product_dtype:
+        z = functional.product(rows, w.t(), product_dtype)
         if b is not None:
             z += b
-        if lo:
-            logits[:, lo:] = z
+        if prefix_width:
+            logits[:, prefix_width:] = z
         else:
             logits = z
     elif b is None:
-        torch.mm(rows, w.t(), out=logits[:, lo:])
+        torch.mm(rows, w.t(), out=logits[:, prefix_width:])
     else:
-        torch.addmm(b, rows, w.t(), out=logits[:, lo:])
+        torch.addmm(b, rows, w.t(), out=logits[:, prefix_width:])
     if prefix_ids is not None:
         logits.index_copy_(1, prefix_ids, prefix)
     scores, back = (logits, None) if transform is None else transform(logits)
@@ -192,7 +192,7 @@ def softmax_rows(
     t = target.repeat_interleave(k)[:, None] if k > 1 else target[:, None]
     logp_t = logp.gather(1, t).squeeze(1)
     if log_prior is None:
-        nll, weight, grad_prior = -logp_t, None, None
+        nll, resp_rows, grad_prior = -logp_t, None, None
         loss = (
             nll
             if not label_smoothing
@@ -205,30 +205,30 @@ def softmax_rows(
         total = torch.logsumexp(joint, dim=1)
         nll = loss = -total
         resp = (joint - total[:, None]).exp()  # posterior responsibilities of the components
-        weight, grad_prior = resp.reshape(-1, 1), -resp
+        resp_rows, grad_prior = resp.reshape(-1, 1), -resp
     grad = logp.exp_()  # softmax, in place
-    if weight is None:  # smoothed: softmax - (1 - e) onehot - e / V
+    if resp_rows is None:  # smoothed: softmax - (1 - e) onehot - e / V
         if label_smoothing:
             grad.sub_(label_smoothing / head.config.vocab_size)
         grad.scatter_add_(1, t, grad.new_full(t.shape, label_smoothing - 1.0))
     else:
-        grad.mul_(weight).scatter_add_(1, t, -weight)
+        grad.mul_(resp_rows).scatter_add_(1, t, -resp_rows)
     if back is not None:
         grad = back(grad)
     if prefix_ids is not None:  # the prefix ids' logits did not come from the product
         grad_prefix = grad.index_select(1, prefix_ids)
         grad_lin = grad.index_fill_(1, prefix_ids, 0.0)
     else:
-        grad_prefix = None if prefix is None else grad[:, :lo]
-        grad_lin = grad if prefix is None else grad[:, lo:]
-    grad_x = (functional.product(grad_lin, w, low) if low else grad_lin @ w).view(n, k, d)
+        grad_prefix = None if prefix is None else grad[:, :prefix_width]
+        grad_lin = grad if prefix is None else grad[:, prefix_width:]
+    grad_x = (functional.product(grad_lin, w, product_dtype) if product_dtype else grad_lin @ w).view(n, k, d)
     if head.weight in grads:
-        if low:
-            grads[head.weight][lo:] += functional.product(grad_lin.t(), rows, low)
+        if product_dtype:
+            grads[head.weight][prefix_width:] += functional.product(grad_lin.t(), rows, product_dtype)
         else:
-            grads[head.weight][lo:].addmm_(grad_lin.t(), rows)
+            grads[head.weight][prefix_width:].addmm_(grad_lin.t(), rows)
     if head.bias is not None and head.bias in grads:
-        grads[head.bias][lo:] += grad_lin.sum(0)
+        grads[head.bias][prefix_width:] += grad_lin.sum(0)
     return loss, nll, grad_x, grad_prior, grad_prefix
 
 

@@ -98,7 +98,7 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
         check_int(self.head_name, "k", k, 1, self.config.vocab_size)
         h = self._flat_hidden(hidden)
         lps, idxs, stats = [], [], []
-        with ops.fp32_math(h):
+        with ops.autocast_off(h):
             for g in h:
                 lp, idx, st = self._bandit_topk(g, k)
                 lps.append(lp)

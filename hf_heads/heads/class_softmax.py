@@ -183,7 +183,7 @@ class ClassSoftmaxHead(OutputHead):
 
     def class_log_probs(self, x: torch.Tensor) -> torch.Tensor:
         """``log p(c | g)`` ``[N, C]`` for (dropped-out) hidden states ``x`` ``[N, d]``."""
-        return torch.log_softmax(ops.linear_fp32(x, self.class_proj.weight, self.class_proj.bias), dim=-1)
+        return torch.log_softmax(ops.linear_full_precision(x, self.class_proj.weight, self.class_proj.bias), dim=-1)
 
     def _per_class(self):
         """``(weights, biases)``: the rows of every class, as views. ``split`` has one backward for all
@@ -230,7 +230,7 @@ class ClassSoftmaxHead(OutputHead):
             r = order[lo:hi]
             rows.append(r)
             within.append(
-                F.cross_entropy(ops.linear_fp32(x[r], ws[c], bs[c]), target_rank[r] - start, reduction="none")
+                F.cross_entropy(ops.linear_full_precision(x[r], ws[c], bs[c]), target_rank[r] - start, reduction="none")
             )
         if rows:
             nll = nll.index_add(0, torch.cat(rows), torch.cat(within))
@@ -249,7 +249,7 @@ class ClassSoftmaxHead(OutputHead):
         c = self.config
         check_int(self.head_name, "k", k, 1, c.vocab_size)
         h = self._flat_hidden(hidden)
-        with ops.fp32_math(h):
+        with ops.autocast_off(h):
             x = self.dropout(h)
             class_lp = self.class_log_probs(x)
             if c.search_classes >= c.num_classes:
@@ -291,7 +291,7 @@ class ClassSoftmaxHead(OutputHead):
             start, end = self.spans[c]
             lp = class_lp[r, c][:, None]
             if end - start > 1:  # a one-token class needs no token logit: p(x | c) = 1
-                lp = torch.log_softmax(ops.linear_fp32(x[r], ws[c], bs[c]), dim=-1) + lp
+                lp = torch.log_softmax(ops.linear_full_precision(x[r], ws[c], bs[c]), dim=-1) + lp
             top, pos = lp.topk(min(k, end - start), dim=-1)
             cand_lp[r, s, : top.shape[1]] = top
             cand_idx[r, s, : top.shape[1]] = pos + start

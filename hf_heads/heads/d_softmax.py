@@ -210,7 +210,7 @@ class DSoftmaxHead(SingleSoftmaxHead):
         bias = self.bias if bias is None else bias  # the bias in band (frequency rank) order
         logits = torch.cat(
             [
-                ops.linear_fp32(x[:, c0:c1], w, None if bias is None else bias[r0:r1])
+                ops.linear_full_precision(x[:, c0:c1], w, None if bias is None else bias[r0:r1])
                 for w, ((r0, r1), (c0, c1)) in zip(self.band_weights, self.bands)
             ],
             dim=-1,

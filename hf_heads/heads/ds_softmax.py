@@ -196,9 +196,9 @@ class DSSoftmaxHead(OutputHead):
         training = self.training and torch.is_grad_enabled()
         if training:
             self._count_step()
-        logits = ops.linear_fp32(hidden, self.gate.weight)
+        logits = ops.linear_full_precision(hidden, self.gate.weight)
         if self.training and self.config.gate_noise:
-            std = F.softplus(ops.linear_fp32(hidden, self.noise.weight)) + 0.01
+            std = F.softplus(ops.linear_full_precision(hidden, self.noise.weight)) + 0.01
             logits = logits + torch.randn_like(logits) * std
         dead = self.dead_experts()
         if dead is not None:
@@ -229,7 +229,7 @@ class DSSoftmaxHead(OutputHead):
         ws, bs = self._per_expert()
         parts = []
         for e, lo, hi in groups:
-            z = ops.linear_fp32(xs[lo:hi], ws[e], bs[e]) * self.mask[e].to(xs.dtype)
+            z = ops.linear_full_precision(xs[lo:hi], ws[e], bs[e]) * self.mask[e].to(xs.dtype)
             parts.append(z * gs[lo:hi, None])
         return torch.cat(parts)[torch.argsort(order)]
 
@@ -260,7 +260,7 @@ class DSSoftmaxHead(OutputHead):
         ``bs`` (:meth:`_per_expert`), so gradients reach them."""
         idx = self.mask[e].nonzero().squeeze(1)
         b = None if bs[e] is None else bs[e][idx]
-        return idx, torch.log_softmax(ops.linear_fp32(x, ws[e][idx], b) * gate[:, None], dim=-1)
+        return idx, torch.log_softmax(ops.linear_full_precision(x, ws[e][idx], b) * gate[:, None], dim=-1)
 
     def _sparse_topk(self, h: torch.Tensor, k: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """The inference fast path (no grad, evaluation mode): route, then score only the chosen
@@ -268,7 +268,7 @@ class DSSoftmaxHead(OutputHead):
         tables, gate_weight, dead = self._inference_tables()
         if h.shape[0] == 1:
             return self._sparse_topk_one(h[0], k, tables, gate_weight, dead)
-        with torch.no_grad(), ops.fp32_math(h):
+        with torch.no_grad(), ops.autocast_off(h):
             expert, gate = self._route(h)
             order, groups = ops.group_rows(expert)
             if any(tables[e][0].numel() < k for e, _, _ in groups):

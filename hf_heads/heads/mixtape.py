@@ -223,8 +223,8 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         ctx = self.contexts(g)
         if k == 1:
             return ctx, None, None, ctx[:, 0]
-        shared = ops.linear_fp32(g, self.shared_gate.weight)
-        gate_ctx = torch.tanh(ops.linear_fp32(g, self._gate_weight(), self.gate_proj.bias))
+        shared = ops.linear_full_precision(g, self.shared_gate.weight)
+        gate_ctx = torch.tanh(ops.linear_full_precision(g, self._gate_weight(), self.gate_proj.bias))
         gate_ctx = self.gate_dropout(gate_ctx.view(-1, k - 1, c.gate_embedding_size))
         # one shared prior -> mix the contexts first (scalar mixture)
         shared_prior = ops.sigmoid_tree_log_priors(self._noisy(shared)).exp()  # [N, K]

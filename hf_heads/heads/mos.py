@@ -58,7 +58,7 @@ class MoSHead(ContextHead):
         return logits, None
 
     def _contexts_and_log_priors(self, hidden: torch.Tensor):
-        log_prior = torch.log_softmax(ops.linear_fp32(hidden, self.prior_proj.weight), dim=-1)
+        log_prior = torch.log_softmax(ops.linear_full_precision(hidden, self.prior_proj.weight), dim=-1)
         return self.contexts(hidden), log_prior
 
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
