@@ -83,6 +83,20 @@ def by_key(cells: List[Dict]) -> Dict:
     return {(c["head"], c["d"], c["seed"]): c for c in cells}
 
 
+def with_holm(rows: List[Dict], p_of) -> List[Dict]:
+    """``rows`` with ``"holm"``: the Holm-adjusted p-value of ``p_of(row)`` over all of them (one family)."""
+    for row, adjusted in zip(rows, paired_stats.holm([p_of(r) for r in rows])):
+        row["holm"] = adjusted
+    return rows
+
+
+def paired_cells(row: Dict) -> str:
+    """A paired row's ``mean [95% CI] | paired t p | Holm p`` table cells."""
+    p = row["paired"]
+    ci = f"[{p.low:+.4f}, {p.high:+.4f}]" if p.low is not None else "(one seed)"
+    return f"{p.mean:+.4f} {ci} | {paired_stats.format_p(p.p)} | {paired_stats.format_p(row['holm'])}"
+
+
 def paired_rows(obj: Dict) -> List[Dict]:
     """Every (head, d) against softmax at the same d, seed by seed, on test NLL; Holm over all of them."""
     cells = by_key(obj["cells"])
@@ -98,9 +112,7 @@ def paired_rows(obj: Dict) -> List[Dict]:
                     [cells[(BASELINE, d, s)]["test_nll"] for s in seeds],
                 )
                 rows.append({"head": head, "d": d, "seeds": len(seeds), "paired": p})
-    for row, adjusted in zip(rows, paired_stats.holm([r["paired"].p for r in rows])):
-        row["holm"] = adjusted
-    return rows
+    return with_holm(rows, lambda r: r["paired"].p)
 
 
 def slope_test(obj: Dict) -> List[Dict]:
@@ -133,9 +145,7 @@ def slope_test(obj: Dict) -> List[Dict]:
                 "intercept": fit.intercept,
             }
         )
-    for row, adjusted in zip(out, paired_stats.holm([r["p"] for r in out])):
-        row["holm"] = adjusted
-    return out
+    return with_holm(out, lambda r: r["p"])
 
 
 def mean_sd(values: List[float]) -> str:
@@ -265,12 +275,7 @@ def page(obj: Dict, png: str) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        p = r["paired"]
-        ci = f"[{p.low:+.4f}, {p.high:+.4f}]" if p.low is not None else "(one seed)"
-        lines.append(
-            f"| {r['head']} | {r['d']} | {r['seeds']} | {p.mean:+.4f} {ci} | {paired_stats.format_p(p.p)} | "
-            f"{paired_stats.format_p(r['holm'])} |"
-        )
+        lines.append(f"| {r['head']} | {r['d']} | {r['seeds']} | {paired_cells(r)} |")
     lines += [
         "",
         f"![{os.path.basename(png)}]({os.path.basename(png)})",
@@ -356,9 +361,7 @@ def upgrade_rows(up: Dict) -> List[Dict]:
                     [math.log(cells[(control, s)]["after"]["test"]["ppl"]) for s in seeds],
                 )
                 rows.append({"row": row, "control": control, "seeds": len(seeds), "paired": p})
-    for row, adjusted in zip(rows, paired_stats.holm([r["paired"].p for r in rows])):
-        row["holm"] = adjusted
-    return rows
+    return with_holm(rows, lambda r: r["paired"].p)
 
 
 def upgrade_section(up: Dict) -> List[str]:
@@ -437,12 +440,7 @@ def upgrade_section(up: Dict) -> List[str]:
         "|---|---|---|---|---|---|",
     ]
     for r in upgrade_rows(up):
-        p = r["paired"]
-        ci = f"[{p.low:+.4f}, {p.high:+.4f}]" if p.low is not None else "(one seed)"
-        lines.append(
-            f"| {names[r['row']]} | {names[r['control']].split(' ')[0]} | {r['seeds']} | {p.mean:+.4f} {ci} | "
-            f"{paired_stats.format_p(p.p)} | {paired_stats.format_p(r['holm'])} |"
-        )
+        lines.append(f"| {names[r['row']]} | {names[r['control']].split(' ')[0]} | {r['seeds']} | {paired_cells(r)} |")
     return lines + [""]
 
 
