@@ -195,7 +195,7 @@ CCE = "Cut Cross-Entropy"
 SAME_LOSS = ("softmax (ours)", TORCH_LCE, LIGER, CCE)
 
 
-#: heads whose lean loss goes through :func:`hf_heads.core.lean.softmax_rows`, where ``lean_product_dtype`` acts
+#: heads whose lean loss goes through :func:`hf_heads.core.ops.softmax_rows`, where ``lean_product_dtype`` acts
 LOW_PRODUCT_HEADS = ("softmax", "sigsoftmax", "plif", "mixtape", "mos")
 
 

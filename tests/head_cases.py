@@ -13,7 +13,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from hf_heads.core.functional import piecewise_linear_increasing_reference
+from hf_heads.core.ops import piecewise_linear_increasing_reference
 
 HIDDEN, VOCAB = 6, 11
 

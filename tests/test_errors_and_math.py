@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hf_heads
-from hf_heads.core import functional as ops
+from hf_heads.core import ops
 
 BAD_OPTIONS = [
     ("softmax", "hidden_size", 0, "integer in [1"),

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import functional as ops
+from . import functional, ops
 from . import lean
 from .config import HeadConfig, check_float, check_int
 from .vocabulary import VocabularyMixin
@@ -124,7 +124,7 @@ class OutputHead(VocabularyMixin, nn.Module):
         """Normalised log-probabilities, shape ``[..., vocab_size]``: float32 for float32, bf16 and
         fp16 inputs (the head math runs in float32), float64 for float64 inputs."""
         h = self._flat_hidden(hidden)
-        with ops.autocast_off(h):
+        with functional.autocast_off(h):
             return self.log_probs_2d(h).view(*hidden.shape[:-1], self.config.vocab_size)
 
     def loss(
@@ -158,15 +158,15 @@ class OutputHead(VocabularyMixin, nn.Module):
             raise ValueError(f"{self.head_name}: reduction={reduction!r}; allowed: 'mean', 'sum', 'none'")
         check_float(self.head_name, "label_smoothing", label_smoothing, 0.0, 1.0)
         h = self._flat_hidden(hidden)
-        t = ops.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
+        t = functional.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
         valid = t != ignore_index
         params = [p for p in self.parameters() if p.requires_grad]
         if reduction != "none" and self.lean_loss_active() and (h.requires_grad or params):
             loss, nll = lean.loss_and_nll(self, h, t, valid, float(label_smoothing), params)
             return (loss, nll) if reduction == "sum" else (loss / valid.sum(), nll / valid.sum())
-        with ops.autocast_off(h):
+        with functional.autocast_off(h):
             nll = loss = h.new_zeros(t.shape)
-            if ops.compiling() and not (self.has_aux_loss and self.training):
+            if functional.compiling() and not (self.has_aux_loss and self.training):
                 # torch.compile: every row (ignored ones scored as id 0, then zeroed), as selecting the valid rows
                 # (a data-dependent shape) would break the graph; rows are independent, so valid rows are unchanged.
                 # Not for a head whose training forward keeps routing statistics (DS-Softmax): padding would count
@@ -174,7 +174,7 @@ class OutputHead(VocabularyMixin, nn.Module):
                 same = loss is nll
                 nll = nll.masked_fill(~valid, 0.0)
                 loss = nll if same else loss.masked_fill(~valid, 0.0)
-            elif not ops.values_known(valid):  # the meta device: shapes only, every row scored
+            elif not functional.values_known(valid):  # the meta device: shapes only, every row scored
                 loss, nll = self._loss_and_nll_2d(h, t, label_smoothing)
             elif bool(valid.any()):
                 loss_part, nll_part = self._loss_and_nll_2d(h[valid], t[valid], label_smoothing)
@@ -194,7 +194,7 @@ class OutputHead(VocabularyMixin, nn.Module):
             return nll, nll
         lp = self.log_probs_2d(hidden)
         nll = -lp.gather(1, target[:, None]).squeeze(1)
-        return ops.smoothed_loss(nll, lp.sum(1), label_smoothing, self.config.vocab_size), nll
+        return functional.smoothed_loss(nll, lp.sum(1), label_smoothing, self.config.vocab_size), nll
 
     def token_log_probs(
         self, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, temperature: float = 1.0
@@ -204,9 +204,9 @@ class OutputHead(VocabularyMixin, nn.Module):
         ``softmax(log p / T)``. Memory-lean in training (:func:`hf_heads.core.lean.token_log_probs`)."""
         check_float(self.head_name, "temperature", temperature, 0.0, math.inf, lo_open=True, hi_open=True)
         h = self._flat_hidden(hidden)
-        t = ops.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
+        t = functional.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
         valid = t != ignore_index
-        with ops.autocast_off(h):
+        with functional.autocast_off(h):
             lp = lean.token_log_probs(self, h[valid], t[valid], float(temperature))
         return h.new_zeros(t.shape).masked_scatter(valid, lp).view(target.shape)
 
@@ -231,7 +231,7 @@ class OutputHead(VocabularyMixin, nn.Module):
         None); the gradient of the summed loss with respect to every parameter in ``grads`` is added to
         ``grads[param]`` (float accumulators). The loss is the NLL, label-smoothed as in :meth:`loss`. This
         default runs autograd on :meth:`nll_2d` (:meth:`log_probs_2d` with label smoothing); heads override
-        it with hand-written gradients for their V-wide part (:func:`hf_heads.core.lean.softmax_rows`) and
+        it with hand-written gradients for their V-wide part (:func:`hf_heads.core.ops.softmax_rows`) and
         autograd for the rest (:func:`hf_heads.core.lean.backprop`). Tests hold every override to the reference
         path.
         """
@@ -277,12 +277,12 @@ class OutputHead(VocabularyMixin, nn.Module):
             )
         if not hidden.is_floating_point():
             raise ValueError(f"{self.head_name}: hidden has dtype {hidden.dtype}; expected a floating-point tensor")
-        return hidden.reshape(-1, self.config.hidden_size).to(ops.compute_dtype(hidden))
+        return hidden.reshape(-1, self.config.hidden_size).to(functional.compute_dtype(hidden))
 
     def _output_logits(self, context: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
         """float32 ``context @ W[rows]^T + b[rows]`` (autocast off, so the math stays fp32)."""
         b = None if self.bias is None else self.bias[rows]
-        return ops.linear_full_precision(context, self.weight[rows], b)
+        return functional.linear_full_precision(context, self.weight[rows], b)
 
 
 class SingleSoftmaxHead(OutputHead):
@@ -304,7 +304,7 @@ class SingleSoftmaxHead(OutputHead):
     def topk(self, hidden: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
         check_int(self.head_name, "k", k, 1, self.config.vocab_size)
         h = self._flat_hidden(hidden)
-        with ops.autocast_off(h):
+        with functional.autocast_off(h):
             s = self.scores_2d(h)
             top, idx = s.topk(k, dim=-1)
             lp = top - torch.logsumexp(s, dim=-1, keepdim=True)
@@ -332,7 +332,7 @@ class LinearScoresHead(SingleSoftmaxHead):
     def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0):
         with torch.enable_grad():
             x = self.dropout(hidden)
-        loss, nll, grad_x, _, _ = lean.softmax_rows(
+        loss, nll, grad_x, _, _ = ops.softmax_rows(
             self,
             x.detach()[:, None],
             target,

@@ -1,7 +1,6 @@
 """The memory-lean training loss, the whole engine: chunk sizing, the autograd function over token chunks, and the
-pieces a head's :meth:`OutputHead.lean_nll_chunk` calls (:func:`softmax_rows`, the V-wide softmaxes forward and
-backward by hand; :func:`backprop`, autograd for the rest; :func:`autograd_chunk`, the default that runs autograd on
-the head's reference math).
+pieces a head's :meth:`OutputHead.lean_nll_chunk` calls besides the ops of :mod:`hf_heads.core.ops` (:func:`backprop`,
+autograd for the rest; :func:`autograd_chunk`, the default that runs autograd on the head's reference math).
 
 :meth:`OutputHead.loss` takes this path in training (``head.lean_loss`` on, grad enabled): no ``[tokens, V]`` (or
 ``[tokens, K, V]``) activation is kept for backward; tests hold every head's chunk to its plain-autograd loss.
@@ -9,7 +8,7 @@ the head's reference math).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -130,106 +129,6 @@ def backprop(
         if g is not None:
             grads[p] += g
     return grad_h
-
-
-def softmax_rows(
-    head,
-    x: torch.Tensor,
-    target: torch.Tensor,
-    grads: Dict[nn.Parameter, torch.Tensor],
-    log_prior: Optional[torch.Tensor] = None,
-    transform: Optional[Callable] = None,
-    prefix: Optional[torch.Tensor] = None,
-    prefix_ids: Optional[torch.Tensor] = None,
-    label_smoothing: float = 0.0,
-):
-    """The V-wide part of the lean loss of ``head`` (its ``weight`` W and ``bias`` b), forward and backward by
-    hand, for K softmaxes per token.
-
-    Component k of token i: ``log_softmax(f([prefix_i, x_ik W[S:]^T + b[S:]]))`` (S = prefix width, 0 by
-    default; f = ``transform``, elementwise, identity by default), mixed with ``log_prior`` ``[n, K]``
-    in log space when given (K must be 1 otherwise). ``x`` ``[n, K, d]`` is detached.
-
-    ``label_smoothing`` (one softmax only: no ``log_prior``) smooths the loss as in :meth:`OutputHead.loss`.
-    ``prefix_ids`` (S ids): the prefix holds the logits of these ids instead of the first S (every id's
-    logit comes from the product then, and the prefix overwrites theirs).
-
-    Returns ``(loss [n], nll [n], grad_x [n, K, d], grad_log_prior [n, K] or None, grad_prefix [n, S] or
-    None)`` and adds the gradients of W and b to ``grads``. ``transform(logits)`` returns ``(scores, back)`` with
-    ``back(grad_scores) -> grad_logits`` (None for the identity). The gradient of the logits is
-    ``r_ik (softmax - onehot)`` (r: the components' posterior responsibilities), made in place in the
-    log-softmax; the weight gradient accumulates straight into ``grads`` with ``addmm_``. With
-    ``head.lean_product_dtype`` set, the three V-wide products (logits, ``grad_x``, W's gradient) take their operands
-    in that dtype and keep float32 results (:func:`hf_heads.core.functional.product`).
-    """
-    n, k, d = x.shape
-    prefix_width = 0 if prefix is None or prefix_ids is not None else prefix.shape[1]
-    product_dtype = head.lean_product_dtype if head.lean_product_dtype not in (None, x.dtype) else None  # None: x.dtype
-    w = head.weight[prefix_width:].to(product_dtype or x.dtype)
-    b = None if head.bias is None else head.bias[prefix_width:].to(x.dtype)
-    rows = x.reshape(n * k, d)
-    logits = None if product_dtype and not prefix_width else x.new_empty(n * k, head.config.vocab_size)
-    if prefix_width:
-        logits[:, :prefix_width] = prefix
-    if product_dtype:
-        z = functional.product(rows, w.t(), product_dtype)
-        if b is not None:
-            z += b
-        if prefix_width:
-            logits[:, prefix_width:] = z
-        else:
-            logits = z
-    elif b is None:
-        torch.mm(rows, w.t(), out=logits[:, prefix_width:])
-    else:
-        torch.addmm(b, rows, w.t(), out=logits[:, prefix_width:])
-    if prefix_ids is not None:
-        logits.index_copy_(1, prefix_ids, prefix)
-    scores, back = (logits, None) if transform is None else transform(logits)
-    del logits
-    logp = torch.log_softmax(scores, dim=1)
-    del scores
-    t = target.repeat_interleave(k)[:, None] if k > 1 else target[:, None]
-    logp_t = logp.gather(1, t).squeeze(1)
-    if log_prior is None:
-        nll, resp_rows, grad_prior = -logp_t, None, None
-        loss = (
-            nll
-            if not label_smoothing
-            else functional.smoothed_loss(nll, logp.sum(1), label_smoothing, head.config.vocab_size)
-        )
-    else:
-        if label_smoothing:
-            raise ValueError(f"{head.head_name}: label smoothing of a mixture is not done by hand here")
-        joint = logp_t.view(n, k) + log_prior
-        total = torch.logsumexp(joint, dim=1)
-        nll = loss = -total
-        resp = (joint - total[:, None]).exp()  # posterior responsibilities of the components
-        resp_rows, grad_prior = resp.reshape(-1, 1), -resp
-    grad = logp.exp_()  # softmax, in place
-    if resp_rows is None:  # smoothed: softmax - (1 - e) onehot - e / V
-        if label_smoothing:
-            grad.sub_(label_smoothing / head.config.vocab_size)
-        grad.scatter_add_(1, t, grad.new_full(t.shape, label_smoothing - 1.0))
-    else:
-        grad.mul_(resp_rows).scatter_add_(1, t, -resp_rows)
-    if back is not None:
-        grad = back(grad)
-    if prefix_ids is not None:  # the prefix ids' logits did not come from the product
-        grad_prefix = grad.index_select(1, prefix_ids)
-        grad_lin = grad.index_fill_(1, prefix_ids, 0.0)
-    else:
-        grad_prefix = None if prefix is None else grad[:, :prefix_width]
-        grad_lin = grad if prefix is None else grad[:, prefix_width:]
-    grad_x = (functional.product(grad_lin, w, product_dtype) if product_dtype else grad_lin @ w).view(n, k, d)
-    if head.weight in grads:
-        if product_dtype:
-            grads[head.weight][prefix_width:] += functional.product(grad_lin.t(), rows, product_dtype)
-        else:
-            grads[head.weight][prefix_width:].addmm_(grad_lin.t(), rows)
-    if head.bias is not None and head.bias in grads:
-        grads[head.bias][prefix_width:] += grad_lin.sum(0)
-    return loss, nll, grad_x, grad_prior, grad_prefix
 
 
 def _target_log_probs_2d(head, hidden: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -33,7 +33,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from ..core import functional as ops
+from ..core import functional
 from ..core import HeadConfig, SingleSoftmaxHead, check_float, check_int, option, register_head
 
 
@@ -98,7 +98,7 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
         check_int(self.head_name, "k", k, 1, self.config.vocab_size)
         h = self._flat_hidden(hidden)
         lps, idxs, stats = [], [], []
-        with ops.autocast_off(h):
+        with functional.autocast_off(h):
             for g in h:
                 lp, idx, st = self._bandit_topk(g, k)
                 lps.append(lp)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import functional as ops
+from ..core import functional
 from ..core import HeadConfig, OutputHead, check_int, check_option, option, register_head
 
 
@@ -183,7 +183,9 @@ class ClassSoftmaxHead(OutputHead):
 
     def class_log_probs(self, x: torch.Tensor) -> torch.Tensor:
         """``log p(c | g)`` ``[N, C]`` for (dropped-out) hidden states ``x`` ``[N, d]``."""
-        return torch.log_softmax(ops.linear_full_precision(x, self.class_proj.weight, self.class_proj.bias), dim=-1)
+        return torch.log_softmax(
+            functional.linear_full_precision(x, self.class_proj.weight, self.class_proj.bias), dim=-1
+        )
 
     def _per_class(self):
         """``(weights, biases)``: the rows of every class, as views. ``split`` has one backward for all
@@ -218,7 +220,7 @@ class ClassSoftmaxHead(OutputHead):
         x = self.dropout(hidden)
         target_class = self.class_tables(target.device)[0][target]
         nll = -self.class_log_probs(x).gather(1, target_class[:, None]).squeeze(1)
-        order, groups = ops.group_rows(target_class)
+        order, groups = functional.group_rows(target_class)
         ranks = self.ranks()
         target_rank = target if ranks is None else ranks[target]
         ws, bs = self._per_class()
@@ -230,7 +232,9 @@ class ClassSoftmaxHead(OutputHead):
             r = order[lo:hi]
             rows.append(r)
             within.append(
-                F.cross_entropy(ops.linear_full_precision(x[r], ws[c], bs[c]), target_rank[r] - start, reduction="none")
+                F.cross_entropy(
+                    functional.linear_full_precision(x[r], ws[c], bs[c]), target_rank[r] - start, reduction="none"
+                )
             )
         if rows:
             nll = nll.index_add(0, torch.cat(rows), torch.cat(within))
@@ -249,7 +253,7 @@ class ClassSoftmaxHead(OutputHead):
         c = self.config
         check_int(self.head_name, "k", k, 1, c.vocab_size)
         h = self._flat_hidden(hidden)
-        with ops.autocast_off(h):
+        with functional.autocast_off(h):
             x = self.dropout(h)
             class_lp = self.class_log_probs(x)
             if c.search_classes >= c.num_classes:
@@ -283,7 +287,7 @@ class ClassSoftmaxHead(OutputHead):
         pair_class = order[rows, slots]
         cand_lp = x.new_full((n, width, k), float("-inf"))
         cand_idx = torch.zeros(n, width, k, dtype=torch.long, device=x.device)
-        by_class, groups = ops.group_rows(pair_class)
+        by_class, groups = functional.group_rows(pair_class)
         ws, bs = self._per_class()
         for c, lo, hi in groups:
             sel = by_class[lo:hi]
@@ -291,7 +295,7 @@ class ClassSoftmaxHead(OutputHead):
             start, end = self.spans[c]
             lp = class_lp[r, c][:, None]
             if end - start > 1:  # a one-token class needs no token logit: p(x | c) = 1
-                lp = torch.log_softmax(ops.linear_full_precision(x[r], ws[c], bs[c]), dim=-1) + lp
+                lp = torch.log_softmax(functional.linear_full_precision(x[r], ws[c], bs[c]), dim=-1) + lp
             top, pos = lp.topk(min(k, end - start), dim=-1)
             cand_lp[r, s, : top.shape[1]] = top
             cand_idx[r, s, : top.shape[1]] = pos + start

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..core import functional as ops
+from ..core import functional
 from ..core import HeadConfig, OutputHead, check_bool, check_option, option
 
 CONTEXT_ACTIVATIONS = ("tanh", "identity")
@@ -67,7 +67,7 @@ class ContextHead(OutputHead):
         """``[N, K, d]`` context vectors (after dropout) from hidden states already multiplied by
         ``context_input_scale``."""
         c = self.config
-        h = ops.linear_full_precision(scaled_hidden, self.context_proj.weight, self.context_proj.bias)
+        h = functional.linear_full_precision(scaled_hidden, self.context_proj.weight, self.context_proj.bias)
         if c.context_activation == "tanh":
             h = torch.tanh(h)
         return self.dropout(h.view(-1, self.num_contexts, c.embedding_size))

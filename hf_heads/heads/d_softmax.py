@@ -25,7 +25,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..core import functional as ops
+from ..core import functional
 from ..core import HeadConfig, SingleSoftmaxHead, check_option, option, register_head
 
 _DEFAULT_BANDS = 3
@@ -210,7 +210,7 @@ class DSoftmaxHead(SingleSoftmaxHead):
         bias = self.bias if bias is None else bias  # the bias in band (frequency rank) order
         logits = torch.cat(
             [
-                ops.linear_full_precision(x[:, c0:c1], w, None if bias is None else bias[r0:r1])
+                functional.linear_full_precision(x[:, c0:c1], w, None if bias is None else bias[r0:r1])
                 for w, ((r0, r1), (c0, c1)) in zip(self.band_weights, self.bands)
             ],
             dim=-1,

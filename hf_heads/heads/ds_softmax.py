@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import functional as ops
+from ..core import functional
 from ..core import HeadConfig, OutputHead, check_bool, check_float, check_int, check_option, option, register_head
 
 _NORM_EPS = 1e-12  # inside the sqrt of the group norms: sqrt'(0) is infinite
@@ -186,7 +186,7 @@ class DSSoftmaxHead(OutputHead):
 
         def build():
             dead = ~self.mask.any(dim=1)
-            return dead if ops.values_known(dead) and bool(dead.any()) else None
+            return dead if functional.values_known(dead) and bool(dead.any()) else None
 
         return self._cached("dead", (self.mask,), build)
 
@@ -196,9 +196,9 @@ class DSSoftmaxHead(OutputHead):
         training = self.training and torch.is_grad_enabled()
         if training:
             self._count_step()
-        logits = ops.linear_full_precision(hidden, self.gate.weight)
+        logits = functional.linear_full_precision(hidden, self.gate.weight)
         if self.training and self.config.gate_noise:
-            std = F.softplus(ops.linear_full_precision(hidden, self.noise.weight)) + 0.01
+            std = F.softplus(functional.linear_full_precision(hidden, self.noise.weight)) + 0.01
             logits = logits + torch.randn_like(logits) * std
         dead = self.dead_experts()
         if dead is not None:
@@ -224,12 +224,12 @@ class DSSoftmaxHead(OutputHead):
     # -- training-mode logits (every class; pruned ones at 0) ------------------------
     def _dense_logits(self, hidden: torch.Tensor, expert: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         x = self.dropout(hidden)
-        order, groups = ops.group_rows(expert)
+        order, groups = functional.group_rows(expert)
         xs, gs = x[order], gate[order]
         ws, bs = self._per_expert()
         parts = []
         for e, lo, hi in groups:
-            z = ops.linear_full_precision(xs[lo:hi], ws[e], bs[e]) * self.mask[e].to(xs.dtype)
+            z = functional.linear_full_precision(xs[lo:hi], ws[e], bs[e]) * self.mask[e].to(xs.dtype)
             parts.append(z * gs[lo:hi, None])
         return torch.cat(parts)[torch.argsort(order)]
 
@@ -245,7 +245,7 @@ class DSSoftmaxHead(OutputHead):
         cache check per inference call)."""
 
         def build():
-            dt = ops.compute_dtype(self.weight)
+            dt = functional.compute_dtype(self.weight)
             tables = []
             for e in range(self.config.num_experts):
                 idx = self.mask[e].nonzero().squeeze(1)
@@ -260,7 +260,7 @@ class DSSoftmaxHead(OutputHead):
         ``bs`` (:meth:`_per_expert`), so gradients reach them."""
         idx = self.mask[e].nonzero().squeeze(1)
         b = None if bs[e] is None else bs[e][idx]
-        return idx, torch.log_softmax(ops.linear_full_precision(x, ws[e][idx], b) * gate[:, None], dim=-1)
+        return idx, torch.log_softmax(functional.linear_full_precision(x, ws[e][idx], b) * gate[:, None], dim=-1)
 
     def _sparse_topk(self, h: torch.Tensor, k: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """The inference fast path (no grad, evaluation mode): route, then score only the chosen
@@ -268,9 +268,9 @@ class DSSoftmaxHead(OutputHead):
         tables, gate_weight, dead = self._inference_tables()
         if h.shape[0] == 1:
             return self._sparse_topk_one(h[0], k, tables, gate_weight, dead)
-        with torch.no_grad(), ops.autocast_off(h):
+        with torch.no_grad(), functional.autocast_off(h):
             expert, gate = self._route(h)
-            order, groups = ops.group_rows(expert)
+            order, groups = functional.group_rows(expert)
             if any(tables[e][0].numel() < k for e, _, _ in groups):
                 return None
             lp_out = h.new_empty(h.shape[0], k)
@@ -315,7 +315,7 @@ class DSSoftmaxHead(OutputHead):
         expert, gate = self._route(hidden)
         if self.training:
             return torch.log_softmax(self._dense_logits(hidden, expert, gate), dim=-1)
-        order, groups = ops.group_rows(expert)
+        order, groups = functional.group_rows(expert)
         ws, bs = self._per_expert()
         out = hidden.new_full((hidden.shape[0], self.config.vocab_size), float("-inf"))
         for e, lo, hi in groups:

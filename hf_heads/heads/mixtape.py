@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..core import functional as ops
+from ..core import functional, ops
 from ..core import lean
 from ..core import (
     SingleSoftmaxHead,
@@ -188,7 +188,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
 
         def build():
             ids = self.frequency_order[: self.config.num_frequent]
-            if not ops.values_known(ids) or bool((ids == torch.arange(len(ids), device=ids.device)).all()):
+            if not functional.values_known(ids) or bool((ids == torch.arange(len(ids), device=ids.device)).all()):
                 return None
             return ids.clone()
 
@@ -223,8 +223,8 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         ctx = self.contexts(g)
         if k == 1:
             return ctx, None, None, ctx[:, 0]
-        shared = ops.linear_full_precision(g, self.shared_gate.weight)
-        gate_ctx = torch.tanh(ops.linear_full_precision(g, self._gate_weight(), self.gate_proj.bias))
+        shared = functional.linear_full_precision(g, self.shared_gate.weight)
+        gate_ctx = torch.tanh(functional.linear_full_precision(g, self._gate_weight(), self.gate_proj.bias))
         gate_ctx = self.gate_dropout(gate_ctx.view(-1, k - 1, c.gate_embedding_size))
         # one shared prior -> mix the contexts first (scalar mixture)
         shared_prior = ops.sigmoid_tree_log_priors(self._noisy(shared)).exp()  # [N, K]
@@ -276,7 +276,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             ctx, shared, gate_ctx, mixed = self._gate_inputs(hidden)
         small = [] if shared is None else [ctx, gate_ctx, shared]  # one gate: a plain softmax over h_1
         freq, back = self._lean_frequent_logits(*(t.detach() for t in small), grads) if small else (None, None)
-        loss, nll, grad_mixed, _, grad_freq = lean.softmax_rows(
+        loss, nll, grad_mixed, _, grad_freq = ops.softmax_rows(
             self,
             mixed.detach()[:, None],
             target,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..core import functional as ops
+from ..core import functional, ops
 from ..core import lean
 from ..core import check_int, option, register_head
 from .contexts import ContextConfig, ContextHead
@@ -58,7 +58,7 @@ class MoSHead(ContextHead):
         return logits, None
 
     def _contexts_and_log_priors(self, hidden: torch.Tensor):
-        log_prior = torch.log_softmax(ops.linear_full_precision(hidden, self.prior_proj.weight), dim=-1)
+        log_prior = torch.log_softmax(functional.linear_full_precision(hidden, self.prior_proj.weight), dim=-1)
         return self.contexts(hidden), log_prior
 
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -82,7 +82,7 @@ class MoSHead(ContextHead):
             return super().lean_nll_chunk(hidden, target, grads, label_smoothing)
         with torch.enable_grad():
             ctx, log_prior = self._contexts_and_log_priors(hidden)
-        loss, nll, grad_ctx, grad_prior, _ = lean.softmax_rows(
+        loss, nll, grad_ctx, grad_prior, _ = ops.softmax_rows(
             self,
             ctx.detach(),
             target,

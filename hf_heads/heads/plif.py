@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import functional as ops
+from ..core import ops
 from ..core import lean
 from ..core import HeadConfig, LinearScoresHead, check_float, check_int, option, register_head
 from .mos import MoSConfig, MoSHead
