@@ -134,6 +134,7 @@ class OutputHead(VocabularyMixin, nn.Module):
         ignore_index: int = -100,
         reduction: str = "mean",
         label_smoothing: float = 0.0,
+        impl: str = "auto",
     ) -> torch.Tensor:
         """Negative log-likelihood of ``target`` (shape ``hidden.shape[:-1]``).
 
@@ -141,8 +142,15 @@ class OutputHead(VocabularyMixin, nn.Module):
         reduction=...)``: ``"mean"`` averages over non-ignored tokens, ``"sum"`` adds them,
         ``"none"`` returns one value per position (0 at ignored positions). With ``label_smoothing`` = e
         (``F.cross_entropy``'s convention) each token's loss is ``(1 - e) nll - (e / V) sum_v log p_v``.
+
+        ``impl`` says which path computes it, the same numbers either way: ``"reference"``, autograd on the head's
+        math (:meth:`nll_2d` / :meth:`log_probs_2d`); ``"lean"``, the memory-lean loss (:mod:`hf_heads.core.lean`:
+        token chunks whose gradients are made in the forward pass, no ``[tokens, V]`` activation kept; ``"mean"`` or
+        ``"sum"`` only, and not for a head with ``lean_loss = False``); ``"auto"``, the lean loss when
+        :meth:`lean_loss_active` (``lean_loss`` on, training mode, grad enabled), something needs a gradient and the
+        reduction is not ``"none"``, else the reference.
         """
-        return self.loss_and_nll(hidden, target, ignore_index, reduction, label_smoothing)[0]
+        return self.loss_and_nll(hidden, target, ignore_index, reduction, label_smoothing, impl)[0]
 
     def loss_and_nll(
         self,
@@ -151,6 +159,7 @@ class OutputHead(VocabularyMixin, nn.Module):
         ignore_index: int = -100,
         reduction: str = "mean",
         label_smoothing: float = 0.0,
+        impl: str = "auto",
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(loss, nll)``: :meth:`loss` and the plain NLL with the same reduction, from one pass (what a
         trainer logs next to a label-smoothed loss). The NLL carries no gradient on the lean path."""
@@ -161,8 +170,9 @@ class OutputHead(VocabularyMixin, nn.Module):
         t = functional.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
         valid = t != ignore_index
         params = [p for p in self.parameters() if p.requires_grad]
-        if reduction != "none" and self.lean_loss_active() and (h.requires_grad or params):
-            loss, nll = lean.loss_and_nll(self, h, t, valid, float(label_smoothing), params)
+        if self._lean_path(impl, reduction, h.requires_grad or bool(params)):
+            chunk = self.lean_chunk_tokens()
+            loss, nll = lean.loss_and_nll(self.lean_nll_chunk, h, t, valid, chunk, float(label_smoothing), params)
             return (loss, nll) if reduction == "sum" else (loss / valid.sum(), nll / valid.sum())
         with functional.autocast_off(h):
             nll = loss = h.new_zeros(t.shape)
@@ -186,6 +196,23 @@ class OutputHead(VocabularyMixin, nn.Module):
             return loss.sum(), nll.sum()
         return loss.sum() / valid.sum(), nll.sum() / valid.sum()  # nan when every target is ignored, like F.nll_loss
 
+    def _lean_path(self, impl: str, reduction: str, needs_grad: bool) -> bool:
+        """Whether :meth:`loss_and_nll` with ``impl`` takes the memory-lean path (see :meth:`loss`)."""
+        if impl == "auto":
+            return reduction != "none" and needs_grad and self.lean_loss_active()
+        if impl == "reference":
+            return False
+        if impl != "lean":
+            raise ValueError(f"{self.head_name}: impl={impl!r}; allowed: 'auto', 'lean', 'reference'")
+        if not self.lean_loss:
+            raise ValueError(
+                f"{self.head_name}: impl='lean', but this head has lean_loss = False (its training forward keeps state "
+                f"that chunks would count more than once); use impl='reference' or 'auto'"
+            )
+        if reduction == "none":
+            raise ValueError(f"{self.head_name}: impl='lean' sums over tokens: reduction 'mean' or 'sum', not 'none'")
+        return True
+
     def _loss_and_nll_2d(self, hidden: torch.Tensor, target: torch.Tensor, label_smoothing: float):
         """Per-token ``(loss, nll)`` for valid targets; the same tensor twice without label smoothing (then
         via :meth:`nll_2d`, which may skip the full log-probs)."""
@@ -201,22 +228,40 @@ class OutputHead(VocabularyMixin, nn.Module):
     ) -> torch.Tensor:
         """``log p(target)`` at every position (shape ``target.shape``, 0 where ``target == ignore_index``),
         differentiable: for losses that weight tokens themselves (TRL's). At ``temperature`` T the distribution is
-        ``softmax(log p / T)``. Memory-lean in training (:func:`hf_heads.core.lean.token_log_probs`)."""
+        ``softmax(log p / T)``. Memory-lean in training (:meth:`lean_loss_active`): the rows go in chunks of
+        :meth:`lean_chunk_tokens`, each under ``torch.utils.checkpoint``
+        (:func:`hf_heads.core.lean.checkpointed_chunks`).
+        A head with ``lean_loss = False`` (DS-Softmax, whose training forward records routing statistics that a
+        recomputation would count twice) takes one plain pass instead."""
         check_float(self.head_name, "temperature", temperature, 0.0, math.inf, lo_open=True, hi_open=True)
         h = self._flat_hidden(hidden)
         t = functional.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
         valid = t != ignore_index
         with functional.autocast_off(h):
-            lp = lean.token_log_probs(self, h[valid], t[valid], float(temperature))
+            if self.lean_loss_active():
+                chunk = self.lean_chunk_tokens()
+                lp = lean.checkpointed_chunks(self._target_log_probs, h[valid], t[valid], chunk, float(temperature))
+            else:
+                lp = self._target_log_probs(h[valid], t[valid], float(temperature))
         return h.new_zeros(t.shape).masked_scatter(valid, lp).view(target.shape)
+
+    def _target_log_probs(self, hidden: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``log p(target)`` per row, the head's reference math; at ``temperature`` T the distribution is ``p^(1/T)``
+        renormalised (``log_softmax(log p / T)``: the head's log-probs stand where a softmax's logits would)."""
+        if temperature == 1.0:
+            return -self.nll_2d(hidden, target)
+        lp = torch.log_softmax(self.log_probs_2d(hidden) / temperature, dim=-1)
+        return lp.gather(1, target[:, None]).squeeze(1)
 
     def lean_loss_active(self) -> bool:
         """Whether :meth:`loss` takes the memory-lean path now: ``lean_loss`` on, training mode, grad enabled."""
         return self.lean_loss and self.training and torch.is_grad_enabled()
 
     def lean_chunk_tokens(self) -> int:
-        """Tokens per chunk of the memory-lean training loss (:func:`hf_heads.core.lean.chunk_tokens`)."""
-        return lean.chunk_tokens(self)
+        """Tokens per chunk of the memory-lean training loss (:func:`hf_heads.core.lean.chunk_tokens` for this head's
+        vocabulary, ``lean_width``, ``lean_rows`` and device)."""
+        device = next(self.parameters()).device
+        return lean.chunk_tokens(self.config.vocab_size, self.lean_width, self.lean_rows, device)
 
     def lean_nll_chunk(
         self,
@@ -235,7 +280,10 @@ class OutputHead(VocabularyMixin, nn.Module):
         autograd for the rest (:func:`hf_heads.core.lean.backprop`). Tests hold every override to the reference
         path.
         """
-        return lean.autograd_chunk(self, hidden, target, grads, label_smoothing)
+        with torch.enable_grad():
+            loss, nll = self._loss_and_nll_2d(hidden, target, label_smoothing)
+            loss = loss.sum()
+        return loss.detach(), nll.sum().detach(), lean.backprop([loss], [torch.ones_like(loss)], hidden, grads)
 
     def aux_loss(self) -> torch.Tensor:
         """Scalar regulariser to add to the training loss; 0 for heads without one."""
@@ -278,6 +326,12 @@ class OutputHead(VocabularyMixin, nn.Module):
         if not hidden.is_floating_point():
             raise ValueError(f"{self.head_name}: hidden has dtype {hidden.dtype}; expected a floating-point tensor")
         return hidden.reshape(-1, self.config.hidden_size).to(functional.compute_dtype(hidden))
+
+    def _output_grads(self, grads: Dict[nn.Parameter, torch.Tensor]) -> Dict[str, Any]:
+        """:func:`hf_heads.core.ops.softmax_rows`'s keywords for the output layer's gradient accumulators in
+        ``grads`` (None for a parameter not there) and the head's ``lean_product_dtype``."""
+        bias = None if self.bias is None else grads.get(self.bias)
+        return {"grad_weight": grads.get(self.weight), "grad_bias": bias, "product_dtype": self.lean_product_dtype}
 
     def _output_logits(self, context: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
         """float32 ``context @ W[rows]^T + b[rows]`` (autocast off, so the math stays fp32)."""
@@ -333,10 +387,11 @@ class LinearScoresHead(SingleSoftmaxHead):
         with torch.enable_grad():
             x = self.dropout(hidden)
         loss, nll, grad_x, _, _ = ops.softmax_rows(
-            self,
+            self.weight,
+            self.bias,
             x.detach()[:, None],
             target,
-            grads,
+            **self._output_grads(grads),
             transform=lambda z: self.lean_score_transform(z, grads),
             label_smoothing=label_smoothing,
         )

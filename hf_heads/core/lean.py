@@ -1,14 +1,16 @@
-"""The memory-lean training loss, the whole engine: chunk sizing, the autograd function over token chunks, and the
-pieces a head's :meth:`OutputHead.lean_nll_chunk` calls besides the ops of :mod:`hf_heads.core.ops` (:func:`backprop`,
-autograd for the rest; :func:`autograd_chunk`, the default that runs autograd on the head's reference math).
+"""The memory-lean training loss's engine, which knows no head: chunk sizing (:func:`chunk_tokens`), the autograd
+function over token chunks (:class:`ChunkedNLL`, driven by a head's chunk function), autograd from a chunk's small
+outputs into its inputs and parameters (:func:`backprop`) and the checkpointed chunk map of per-token log-probs
+(:func:`checkpointed_chunks`). The V-wide math a head's chunk runs by hand is in :mod:`hf_heads.core.ops`.
 
-:meth:`OutputHead.loss` takes this path in training (``head.lean_loss`` on, grad enabled): no ``[tokens, V]`` (or
-``[tokens, K, V]``) activation is kept for backward; tests hold every head's chunk to its plain-autograd loss.
+:meth:`OutputHead.loss` takes this path in training (``impl="auto"``: ``head.lean_loss`` on, training mode, grad
+enabled) or when asked (``impl="lean"``): no ``[tokens, V]`` (or ``[tokens, K, V]``) activation is kept for backward;
+tests hold every head's chunk to its plain-autograd loss.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -28,34 +30,20 @@ LEAN_CHUNK_ELEMENTS_GPU = 2**26
 LEAN_MIN_CHUNK_GPU = 1024
 
 
-def chunk_tokens(head) -> int:
-    """Tokens per chunk of ``head``'s lean loss: about ``LEAN_CHUNK_ELEMENTS`` values in all the V-wide tensors of a
-    chunk (``head.lean_width`` per token), at least ``LEAN_MIN_CHUNK`` matrix-product rows (``head.lean_rows`` per
-    token); ``LEAN_CHUNK_ELEMENTS_GPU`` and ``LEAN_MIN_CHUNK_GPU`` when the head is on a CUDA device."""
-    gpu = next(head.parameters()).device.type == "cuda"
-    elements, rows = (LEAN_CHUNK_ELEMENTS_GPU, LEAN_MIN_CHUNK_GPU) if gpu else (LEAN_CHUNK_ELEMENTS, LEAN_MIN_CHUNK)
-    return max(-(-rows // head.lean_rows), elements // (head.config.vocab_size * head.lean_width))
-
-
-def autograd_chunk(
-    head,
-    hidden: torch.Tensor,
-    target: torch.Tensor,
-    grads: Dict[nn.Parameter, torch.Tensor],
-    label_smoothing: float = 0.0,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """The default chunk: autograd on the head's reference math (:meth:`OutputHead.nll_2d`, or its log-probs with
-    label smoothing); see :meth:`OutputHead.lean_nll_chunk` for the contract."""
-    with torch.enable_grad():
-        loss, nll = head._loss_and_nll_2d(hidden, target, label_smoothing)
-        loss = loss.sum()
-    return loss.detach(), nll.sum().detach(), backprop([loss], [torch.ones_like(loss)], hidden, grads)
+def chunk_tokens(vocab_size: int, width: int, rows: int, device: torch.device) -> int:
+    """Tokens per chunk of a lean loss over ``vocab_size`` ids: about ``LEAN_CHUNK_ELEMENTS`` values in all the V-wide
+    tensors of a chunk (``width`` per token), at least ``LEAN_MIN_CHUNK`` matrix-product rows (``rows`` per token);
+    ``LEAN_CHUNK_ELEMENTS_GPU`` and ``LEAN_MIN_CHUNK_GPU`` on a CUDA ``device``."""
+    gpu = torch.device(device).type == "cuda"
+    elements, min_rows = (LEAN_CHUNK_ELEMENTS_GPU, LEAN_MIN_CHUNK_GPU) if gpu else (LEAN_CHUNK_ELEMENTS, LEAN_MIN_CHUNK)
+    return max(-(-min_rows // rows), elements // (vocab_size * width))
 
 
 class ChunkedNLL(torch.autograd.Function):
-    """Summed loss (and NLL) of ``head`` over token chunks, each chunk's gradients computed in the forward pass.
+    """Summed loss (and NLL) over token chunks, each chunk's gradients computed in the forward pass.
 
-    Forward: for every chunk of ``chunk`` tokens, :meth:`OutputHead.lean_nll_chunk` returns the chunk's summed
+    Forward: for every chunk of ``chunk`` tokens, ``chunk_fn(hidden, target, grads, label_smoothing)`` (a head's
+    :meth:`OutputHead.lean_nll_chunk`) returns the chunk's summed
     loss (label-smoothed or not), its NLL and the loss's gradient with respect to the chunk's hidden states,
     and adds the parameter gradients to float accumulators; nothing of the chunk is kept, so peak memory is one
     chunk's V-wide tensors instead of the whole batch's. Backward: the stored gradients times the incoming scalar
@@ -65,7 +53,7 @@ class ChunkedNLL(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, head, hidden, target, chunk, label_smoothing, *params):
+    def forward(ctx, chunk_fn, hidden, target, chunk, label_smoothing, *params):
         want_h = hidden.requires_grad
         grad_h = torch.zeros_like(hidden) if want_h else None
         # float accumulators (float64 for float64 math) whatever the parameters' dtype
@@ -73,7 +61,7 @@ class ChunkedNLL(torch.autograd.Function):
         total, total_nll = hidden.new_zeros(()), hidden.new_zeros(())  # hidden is in the compute dtype already
         for start in range(0, hidden.shape[0], chunk):
             h = hidden[start : start + chunk].detach().requires_grad_(want_h)
-            loss, nll, got = head.lean_nll_chunk(h, target[start : start + chunk], grads, label_smoothing)
+            loss, nll, got = chunk_fn(h, target[start : start + chunk], grads, label_smoothing)
             total += loss
             total_nll += nll
             if want_h:
@@ -92,16 +80,22 @@ class ChunkedNLL(torch.autograd.Function):
 
 
 def _loss_and_nll(
-    head, h: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, label_smoothing: float, params
+    chunk_fn: Callable,
+    h: torch.Tensor,
+    t: torch.Tensor,
+    valid: torch.Tensor,
+    chunk: int,
+    label_smoothing: float,
+    params,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Summed ``(loss, nll)`` of ``head`` on the valid tokens by :class:`ChunkedNLL`, as ``loss_and_nll``."""
+    """Summed ``(loss, nll)`` of the valid tokens by :class:`ChunkedNLL`, as ``loss_and_nll``."""
     with functional.autocast_off(h):
         everything = not functional.values_known(valid) or bool(valid.all())
         return ChunkedNLL.apply(
-            head,
+            chunk_fn,
             h if everything else h[valid],
             t if everything else t[valid],
-            head.lean_chunk_tokens(),
+            chunk,
             label_smoothing,
             *params,
         )
@@ -131,43 +125,22 @@ def backprop(
     return grad_h
 
 
-def _target_log_probs_2d(head, hidden: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``log p(target)`` per row, the head's reference math; at ``temperature`` T the distribution is ``p^(1/T)``
-    renormalised (``log_softmax(log p / T)``: the head's log-probs stand where a softmax's logits would)."""
-    if temperature == 1.0:
-        return -head.nll_2d(hidden, target)
-    lp = torch.log_softmax(head.log_probs_2d(hidden) / temperature, dim=-1)
-    return lp.gather(1, target[:, None]).squeeze(1)
-
-
-def token_log_probs(head, hidden: torch.Tensor, target: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """``log p(target)`` of every row of ``hidden`` ``[N, d1]`` (valid targets only), differentiable, for callers that
-    weight tokens themselves (TRL's losses). In training (:meth:`OutputHead.lean_loss_active`) the rows go in chunks
-    of :func:`chunk_tokens`, each under ``torch.utils.checkpoint``: no chunk's V-wide tensors are kept for backward,
-    which makes them again, one chunk at a time, with the random state of the forward (dropout and gate noise draw
-    the same values). A head that opts out of the lean loss (``lean_loss = False``: DS-Softmax, whose training
-    forward records routing statistics, which a recomputation would count twice) takes one plain pass instead."""
+def checkpointed_chunks(fn: Callable, hidden: torch.Tensor, target: torch.Tensor, chunk: int, *args) -> torch.Tensor:
+    """``fn(hidden_rows, target_rows, *args)`` (one value per row) over chunks of ``chunk`` rows, each under
+    ``torch.utils.checkpoint``: no chunk's V-wide tensors are kept for backward, which makes them again, one chunk at a
+    time, with the random state of the forward (dropout and gate noise draw the same values). The lean path of
+    :meth:`OutputHead.token_log_probs`."""
     from torch.utils.checkpoint import checkpoint
 
-    if not head.lean_loss_active():
-        return _target_log_probs_2d(head, hidden, target, temperature)
-    chunk = head.lean_chunk_tokens()
     parts = [
-        checkpoint(
-            _target_log_probs_2d,
-            head,
-            hidden[start : start + chunk],
-            target[start : start + chunk],
-            temperature,
-            use_reentrant=False,
-        )
+        checkpoint(fn, hidden[start : start + chunk], target[start : start + chunk], *args, use_reentrant=False)
         for start in range(0, hidden.shape[0], chunk)
     ]
     return torch.cat(parts) if parts else hidden.new_zeros(0)
 
 
 def __getattr__(name: str):
-    """``loss_and_nll(head, h, t, valid, label_smoothing, params)``: the summed ``(loss, nll)`` of ``head`` on the
+    """``loss_and_nll(chunk_fn, h, t, valid, chunk, label_smoothing, params)``: the summed ``(loss, nll)`` of the
     valid tokens by :class:`ChunkedNLL`. Always eager: under torch.compile the graph breaks around this call, since
     the chunks run autograd inside a custom autograd.Function's forward, which dynamo cannot trace. Built on first
     use, because ``torch.compiler.disable`` imports dynamo, which sets ``TORCHINDUCTOR_CACHE_DIR`` in the process

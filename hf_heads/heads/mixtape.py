@@ -277,10 +277,11 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         small = [] if shared is None else [ctx, gate_ctx, shared]  # one gate: a plain softmax over h_1
         freq, back = self._lean_frequent_logits(*(t.detach() for t in small), grads) if small else (None, None)
         loss, nll, grad_mixed, _, grad_freq = ops.softmax_rows(
-            self,
+            self.weight,
+            self.bias,
             mixed.detach()[:, None],
             target,
-            grads,
+            **self._output_grads(grads),
             prefix=freq,
             prefix_ids=self.frequent_ids(),
             label_smoothing=label_smoothing,
@@ -309,30 +310,13 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         gates += self.gate_bias.to(ctx.dtype).t()
         if self.training and c.gate_noise > 0:
             gates.add_(torch.randn_like(gates), alpha=c.gate_noise)
-        sig = gates.sigmoid_()
-        # bottom-up: level of depth t has gates 2^t - 1 ... 2^(t+1) - 2 over the values of the level below
-        levels, values, width = [], [comp[:, j] for j in range(k)], k // 2
-        while width:
-            levels.append((width - 1, values))
-            values = [torch.lerp(values[2 * i + 1], values[2 * i], sig[:, width - 1 + i]) for i in range(width)]
-            width //= 2
-        z = values[0]
+        z, tree = ops.sigmoid_tree_mix(comp, gates)
         if self.bias is not None:
             z = z + self._frequent_rows(self.bias, ctx.dtype)
 
         def back(grad_z):
-            grad_gates = torch.empty_like(sig)
-            grad_values = [grad_z]
-            for first, below in reversed(levels):
-                nxt = []
-                for i, dm in enumerate(grad_values):
-                    p = sig[:, first + i]
-                    left, right = below[2 * i], below[2 * i + 1]
-                    d_left = dm * p
-                    grad_gates[:, first + i] = (left - right).mul_(d_left).mul_(1 - p)  # dm (a - b) p (1 - p)
-                    nxt += [d_left, dm - d_left]
-                grad_values = nxt
-            grad_comp = torch.stack(grad_values, dim=1).view(n * k, s)
+            grad_comp, grad_gates = ops.sigmoid_tree_mix_backward(tree, grad_z)
+            grad_comp = grad_comp.view(n * k, s)
             grad_gates_2d = grad_gates.view(n * (k - 1), s)
             if self.weight in grads:
                 if ids is None:

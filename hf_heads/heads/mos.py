@@ -83,10 +83,11 @@ class MoSHead(ContextHead):
         with torch.enable_grad():
             ctx, log_prior = self._contexts_and_log_priors(hidden)
         loss, nll, grad_ctx, grad_prior, _ = ops.softmax_rows(
-            self,
+            self.weight,
+            self.bias,
             ctx.detach(),
             target,
-            grads,
+            **self._output_grads(grads),
             log_prior=log_prior.detach(),
             transform=lambda z: self.lean_component_scores(z, grads),
         )

@@ -56,14 +56,13 @@ class PiecewiseLinearIncreasing(nn.Module):
         in ``grad``) after handing the slope parameters' gradient to ``backprop(outputs, grad_outputs)``."""
         with torch.enable_grad():
             slopes = self.slopes(z.dtype)
-        num_knots = slopes.shape[0]
-        bins, frac = ops.plif_bins(z, num_knots, self.knot_range)
-        out, slope_at = ops.plif_values(bins, frac, slopes.detach(), self.knot_range)
+        out, saved = ops.plif_forward(z, slopes.detach(), self.knot_range)
 
         def back(grad: torch.Tensor) -> torch.Tensor:
-            if slopes.requires_grad:
-                backprop([slopes], [ops.plif_slope_grads(grad, bins, frac, num_knots, self.knot_range)])
-            return grad.mul_(slope_at)
+            grad_z, grad_slopes = ops.plif_backward(saved, grad, slopes_grad=slopes.requires_grad)
+            if grad_slopes is not None:
+                backprop([slopes], [grad_slopes])
+            return grad_z
 
         return out, back
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from ..core import HeadConfig, LinearScoresHead, register_head
+from ..core import HeadConfig, ops, LinearScoresHead, register_head
 
 
 @dataclass
@@ -29,10 +28,7 @@ class SigsoftmaxHead(LinearScoresHead):
     lean_width = 3  # logits, scores, log-softmax
 
     def score_transform(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits + F.logsigmoid(logits)
+        return ops.sigsoftmax_scores(logits)
 
     def lean_score_transform(self, logits, grads):
-        def back(grad):  # d/dz (z + logsigmoid(z)) = 1 + sigmoid(-z)
-            return grad.mul_(logits.neg_().sigmoid_().add_(1.0))
-
-        return self.score_transform(logits), back
+        return ops.sigsoftmax_scores(logits), lambda grad: ops.sigsoftmax_backward(logits, grad)

@@ -1,23 +1,34 @@
-"""The V-wide math of the heads with hand-written gradients, as functions of tensors: the softmax rows of the
-memory-lean loss (:mod:`.softmax_rows`), Mixtape's sigmoid tree (:mod:`.sigmoid_tree`), PLIF's piecewise-linear
-increasing map (:mod:`.plif`). The heads compose them; :mod:`hf_heads.core.lean` holds the chunk loop."""
+"""The V-wide math of the heads with hand-written gradients, as functions of tensors (weights, biases, inputs,
+targets; no module): the softmax rows of the memory-lean loss (:mod:`.softmax_rows`), Mixtape's sigmoid tree
+(:mod:`.sigmoid_tree`), PLIF's piecewise-linear increasing map (:mod:`.plif`), sigsoftmax's score map
+(:mod:`.sigsoftmax`). Each forward has its backward beside it, tested against autograd in float64
+(tests/test_ops.py). The heads compose them; :mod:`hf_heads.core.lean` holds the chunk loop."""
 
 from .plif import (
     piecewise_linear_increasing,
     piecewise_linear_increasing_reference,
+    plif_backward,
     plif_bins,
+    plif_forward,
     plif_slope_grads,
     plif_values,
 )
-from .sigmoid_tree import sigmoid_tree_log_priors
+from .sigmoid_tree import sigmoid_tree_log_priors, sigmoid_tree_mix, sigmoid_tree_mix_backward
+from .sigsoftmax import sigsoftmax_backward, sigsoftmax_scores
 from .softmax_rows import softmax_rows
 
 __all__ = [
     "piecewise_linear_increasing",
     "piecewise_linear_increasing_reference",
+    "plif_backward",
     "plif_bins",
+    "plif_forward",
     "plif_slope_grads",
     "plif_values",
     "sigmoid_tree_log_priors",
+    "sigmoid_tree_mix",
+    "sigmoid_tree_mix_backward",
+    "sigsoftmax_backward",
+    "sigsoftmax_scores",
     "softmax_rows",
 ]

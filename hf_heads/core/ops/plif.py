@@ -1,9 +1,10 @@
-"""PLIF's piecewise-linear increasing map (Ganea et al. 2019): bins, values, slope gradients, the autograd
-function and the O(T) reference."""
+"""PLIF's piecewise-linear increasing map (Ganea et al. 2019): bins, values, slope gradients; the forward /
+backward pair the memory-lean loss calls (:func:`plif_forward`, :func:`plif_backward`), the autograd function the
+reference math calls (:func:`piecewise_linear_increasing`) and the O(T) reference."""
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -41,6 +42,23 @@ def plif_slope_grads(
     at_bin = g.new_zeros(num_knots).scatter_add_(0, flat, (grad_out * frac).reshape(-1))
     above = per_bin.flip(0).cumsum(0).flip(0) - per_bin
     return (above + at_bin).mul_(step)
+
+
+def plif_forward(z: torch.Tensor, slopes: torch.Tensor, knot_range: float) -> Tuple[torch.Tensor, tuple]:
+    """``(f(z), saved)`` for :func:`plif_backward`: the bins, positions and slope of every element of ``z``."""
+    bins, frac = plif_bins(z, slopes.shape[0], knot_range)
+    out, slope_at = plif_values(bins, frac, slopes, knot_range)
+    return out, (bins, frac, slope_at, slopes.shape[0], knot_range)
+
+
+def plif_backward(
+    saved: tuple, grad_out: torch.Tensor, slopes_grad: bool = True
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(grad_z, grad_slopes)`` of ``sum(grad_out * f(z))`` for the ``f(z)`` of :func:`plif_forward` that returned
+    ``saved``; ``grad_z`` is made in place in ``grad_out``; ``grad_slopes`` None unless ``slopes_grad``."""
+    bins, frac, slope_at, num_knots, knot_range = saved
+    grad_slopes = plif_slope_grads(grad_out, bins, frac, num_knots, knot_range) if slopes_grad else None
+    return grad_out.mul_(slope_at), grad_slopes
 
 
 class _PiecewiseLinearIncreasing(torch.autograd.Function):

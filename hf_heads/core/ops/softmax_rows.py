@@ -1,52 +1,57 @@
-"""The V-wide softmaxes of the memory-lean loss, forward and backward by hand."""
+"""The V-wide softmaxes of the memory-lean loss, forward and backward by hand, as a function of tensors."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
-from torch import nn
 
 from .. import functional
 
 
 def softmax_rows(
-    head,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
     x: torch.Tensor,
     target: torch.Tensor,
-    grads: Dict[nn.Parameter, torch.Tensor],
+    *,
+    grad_weight: Optional[torch.Tensor] = None,
+    grad_bias: Optional[torch.Tensor] = None,
     log_prior: Optional[torch.Tensor] = None,
     transform: Optional[Callable] = None,
     prefix: Optional[torch.Tensor] = None,
     prefix_ids: Optional[torch.Tensor] = None,
     label_smoothing: float = 0.0,
-):
-    """The V-wide part of the lean loss of ``head`` (its ``weight`` W and ``bias`` b), forward and backward by
-    hand, for K softmaxes per token.
+    product_dtype: Optional[torch.dtype] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Loss and gradients of K softmaxes per token over ``weight`` W ``[V, d]`` and ``bias`` b ``[V]`` (or None),
+    forward and backward in one call: nothing V-wide outlives it.
 
     Component k of token i: ``log_softmax(f([prefix_i, x_ik W[S:]^T + b[S:]]))`` (S = prefix width, 0 by
     default; f = ``transform``, elementwise, identity by default), mixed with ``log_prior`` ``[n, K]``
-    in log space when given (K must be 1 otherwise). ``x`` ``[n, K, d]`` is detached.
+    in log space when given (K must be 1 otherwise). ``x`` ``[n, K, d]`` carries no graph.
 
-    ``label_smoothing`` (one softmax only: no ``log_prior``) smooths the loss as in :meth:`OutputHead.loss`.
+    ``label_smoothing`` (one softmax only: no ``log_prior``) smooths the loss as ``F.cross_entropy`` does.
     ``prefix_ids`` (S ids): the prefix holds the logits of these ids instead of the first S (every id's
     logit comes from the product then, and the prefix overwrites theirs).
 
     Returns ``(loss [n], nll [n], grad_x [n, K, d], grad_log_prior [n, K] or None, grad_prefix [n, S] or
-    None)`` and adds the gradients of W and b to ``grads``. ``transform(logits)`` returns ``(scores, back)`` with
+    None)``, the gradients of the summed loss, and adds those of W and b to the float accumulators ``grad_weight``
+    and ``grad_bias`` (skipped where None). ``transform(logits)`` returns ``(scores, back)`` with
     ``back(grad_scores) -> grad_logits`` (None for the identity). The gradient of the logits is
     ``r_ik (softmax - onehot)`` (r: the components' posterior responsibilities), made in place in the
-    log-softmax; the weight gradient accumulates straight into ``grads`` with ``addmm_``. With
-    ``head.lean_product_dtype`` set, the three V-wide products (logits, ``grad_x``, W's gradient) take their operands
+    log-softmax; the weight gradient accumulates straight into ``grad_weight`` with ``addmm_``. With
+    ``product_dtype`` (bf16 / fp16) the three V-wide products (logits, ``grad_x``, W's gradient) take their operands
     in that dtype and keep float32 results (:func:`hf_heads.core.functional.product`).
     """
     n, k, d = x.shape
+    vocab_size = weight.shape[0]
     prefix_width = 0 if prefix is None or prefix_ids is not None else prefix.shape[1]
-    product_dtype = head.lean_product_dtype if head.lean_product_dtype not in (None, x.dtype) else None  # None: x.dtype
-    w = head.weight[prefix_width:].to(product_dtype or x.dtype)
-    b = None if head.bias is None else head.bias[prefix_width:].to(x.dtype)
+    product_dtype = product_dtype if product_dtype not in (None, x.dtype) else None  # None: x.dtype
+    w = weight[prefix_width:].to(product_dtype or x.dtype)
+    b = None if bias is None else bias[prefix_width:].to(x.dtype)
     rows = x.reshape(n * k, d)
-    logits = None if product_dtype and not prefix_width else x.new_empty(n * k, head.config.vocab_size)
+    logits = None if product_dtype and not prefix_width else x.new_empty(n * k, vocab_size)
     if prefix_width:
         logits[:, :prefix_width] = prefix
     if product_dtype:
@@ -71,14 +76,10 @@ def softmax_rows(
     logp_t = logp.gather(1, t).squeeze(1)
     if log_prior is None:
         nll, resp_rows, grad_prior = -logp_t, None, None
-        loss = (
-            nll
-            if not label_smoothing
-            else functional.smoothed_loss(nll, logp.sum(1), label_smoothing, head.config.vocab_size)
-        )
+        loss = nll if not label_smoothing else functional.smoothed_loss(nll, logp.sum(1), label_smoothing, vocab_size)
     else:
         if label_smoothing:
-            raise ValueError(f"{head.head_name}: label smoothing of a mixture is not done by hand here")
+            raise ValueError("softmax_rows: label smoothing of a mixture (log_prior given) is not done by hand")
         joint = logp_t.view(n, k) + log_prior
         total = torch.logsumexp(joint, dim=1)
         nll = loss = -total
@@ -87,7 +88,7 @@ def softmax_rows(
     grad = logp.exp_()  # softmax, in place
     if resp_rows is None:  # smoothed: softmax - (1 - e) onehot - e / V
         if label_smoothing:
-            grad.sub_(label_smoothing / head.config.vocab_size)
+            grad.sub_(label_smoothing / vocab_size)
         grad.scatter_add_(1, t, grad.new_full(t.shape, label_smoothing - 1.0))
     else:
         grad.mul_(resp_rows).scatter_add_(1, t, -resp_rows)
@@ -100,11 +101,11 @@ def softmax_rows(
         grad_prefix = None if prefix is None else grad[:, :prefix_width]
         grad_lin = grad if prefix is None else grad[:, prefix_width:]
     grad_x = (functional.product(grad_lin, w, product_dtype) if product_dtype else grad_lin @ w).view(n, k, d)
-    if head.weight in grads:
+    if grad_weight is not None:
         if product_dtype:
-            grads[head.weight][prefix_width:] += functional.product(grad_lin.t(), rows, product_dtype)
+            grad_weight[prefix_width:] += functional.product(grad_lin.t(), rows, product_dtype)
         else:
-            grads[head.weight][prefix_width:].addmm_(grad_lin.t(), rows)
-    if head.bias is not None and head.bias in grads:
-        grads[head.bias][prefix_width:] += grad_lin.sum(0)
+            grad_weight[prefix_width:].addmm_(grad_lin.t(), rows)
+    if grad_bias is not None:
+        grad_bias[prefix_width:] += grad_lin.sum(0)
     return loss, nll, grad_x, grad_prior, grad_prefix
