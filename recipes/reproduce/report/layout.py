@@ -96,3 +96,35 @@ def cost_table(rows: List[Dict[str, Any]]) -> str:
             )
         lines.append(f"| {head} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def paper_plan_table(plan: Dict[str, Any]) -> List[str]:
+    """The paper's numbers beside each head's full-size parameters (for a table with no rows of ours)."""
+    paper = plan.get("paper") or {}
+    splits = sorted({split for by_split in paper.values() for split in by_split})
+    lines = [
+        "| head | parameters (ours) | " + " | ".join(f"paper {s}" for s in splits) + " |",
+        "|---|---|" + "---|" * len(splits),
+    ]
+    lines += [
+        f"| {h} | {n / 1e6:.1f}M | " + " | ".join(str(paper.get(h, {}).get(s, "-")) for s in splits) + " |"
+        for h, n in plan["parameters"].items()
+    ]
+    return lines + [""]
+
+
+def plan_block(commands: List[str]) -> List[str]:
+    """The full-size plan's first :data:`MAX_PLAN_LINES` commands as a code block."""
+    more = ["# ... (every command in the json)"] if len(commands) > MAX_PLAN_LINES else []
+    return ["```", *commands[:MAX_PLAN_LINES], *more, "```", ""]
+
+
+def first_commands(rows: List[Dict[str, Any]]) -> List[str]:
+    """The first seed's command of each head (one per model where a cell trains several) as a code block."""
+    lines = ["Commands (first seed of each head; every seed in the json):", "", "```"]
+    seen = set()
+    for r in score_rows(rows):
+        if r["command"] not in seen:
+            seen.add(r["command"])
+            lines.append(r["command"])
+    return lines + ["```", ""]

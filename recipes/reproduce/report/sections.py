@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce.report import compare as head_comparison
@@ -14,19 +14,8 @@ from recipes.reproduce.engine import sweep as sweep_rules
 from recipes.reproduce.engine.costs import GRID
 from recipes.common.stats import paired
 from recipes.reproduce.report.collect import chosen_cells
-from recipes.reproduce.report.layout import MAX_PLAN_LINES, score_rows, score_table, cost_table
-from recipes.reproduce.report.sentences import (
-    lowercased_line,
-    misrecorded,
-    worst_seeds,
-    claims_for,
-    untestable_claims,
-    cap_sentence,
-    parameters_line,
-    added_heads,
-    minutes_by_head,
-    written_reading,
-)
+from recipes.reproduce.report import layout, sentences
+from recipes.reproduce.report.layout import score_rows, score_table, cost_table
 from recipes.reproduce.report.plots import plots
 
 
@@ -52,231 +41,124 @@ sacrebleu's paired bootstrap (1,000 resamplings) also tests every seed on its ow
 
 
 def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str = "") -> str:
+    """One table's section, in the order the page shows its parts: scale and scores, times, costs, the learning-rate
+    sweep, the paired comparisons, equal compute, what the tests show and the written reading, the plots, the
+    full-size plan and the commands. The sentences come from :mod:`.sentences`, the markdown tables from
+    :mod:`.layout`; this function only orders them. ``notes`` follow the scale; ``noise``, the cost sentence."""
     rows = obj["rows"]
-    full_only = not rows and obj["table"] in TABLE_MODULES and "mini" not in get_table(obj["table"]).scales
-    if rows:
-        scale = rows[0]["scale"]
-    else:
-        scale = (
-            "full only (the plan below; nothing run here)"
-            if full_only
-            else "mini, learning-rate sweep running (no head has its rate and seeds yet)"
-            if obj.get("sweep")
-            else "mini, no cell finished yet"
-        )
+    table = get_table(obj["table"]) if obj["table"] in TABLE_MODULES else None
+    full_only = not rows and table is not None and "mini" not in table.scales
     cells = obj.get("cells") or []
     scored = chosen_cells(obj)  # the cells of the rows: the sweep's other rates stop elsewhere
-    done = "".join(
-        f" {t}"
-        for t in (
-            f"Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else "",
-            parameters_line(scored),
-            cap_sentence(scored),
-        )
-        if t
-    )
-    done += misrecorded(cells, obj["table"])
-    table = get_table(obj["table"]) if obj["table"] in TABLE_MODULES else None
-    sources = getattr(table, "paper_source", None)
     lines = [
         f"## {obj['table']}: {obj['description']}",
         "",
-        f"Scale: **{scale}**. {notes}{done}".rstrip(),
+        f"Scale: **{sentences.scale_phrase(obj, full_only)}**. {notes}"
+        f"{sentences.finished_sentences(cells, scored, obj['table'])}".rstrip(),
         "",
-        *(
-            []
-            if full_only or (obj.get("sweep") and not rows)  # a running sweep: its table below
-            else [score_table(rows, sources, getattr(table, "paper", None))]
-        ),
     ]
-    lowercased = lowercased_line(obj.get("lowercased") or {})
+    if not (full_only or (obj.get("sweep") and not rows)):  # a running sweep: its table below
+        lines.append(score_table(rows, getattr(table, "paper_source", None), getattr(table, "paper", None)))
+    lowercased = sentences.lowercased_line(obj.get("lowercased") or {})
     if lowercased:
         lines += [lowercased, ""]
-    walls = minutes_by_head(scored, "train_wall_s")
-    if walls and rows:
-        seeds = Counter(c["head"] for c in scored)
-        times = ", ".join(
-            f"{h} {sum(v) / len(v):.1f}"
-            + (f" ({len(v)} of its {seeds[h]} seeds logged a time)" if len(v) < seeds[h] else "")
-            for h, v in walls.items()
-        )
-        lines += [
-            "Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over the seeds that "
-            f"logged one; one thread each, two to five cells at a time on the 2 cores): {times}.",
-            "",
-        ]
-        cpu = minutes_by_head(scored, "cpu_s")
-        if cpu:  # what the cells cost, whatever else ran beside them
-            lines += [
-                "CPU time of a cell's training (user + system, minutes, mean over the seeds that recorded it; "
-                "unlike the wall-clock above, not inflated by the jobs beside it): "
-                + ", ".join(f"{h} {sum(v) / len(v):.1f} ({len(v)} of {seeds[h]} seeds)" for h, v in cpu.items())
-                + ".",
-                "",
-            ]
-    costs = cost_table(rows)
-    if costs:
-        lines += [
-            "Training time as a ratio to softmax (the paper's cost columns; ours on the mini model, CPU):",
-            "",
-            costs,
-        ]
-        c = obj.get("costs") or {}
-        if c:
-            batches = ", ".join(
-                f"{h} {b['all'] or 'none'}/{b['out'] or 'none'}" for h, b in c["same_mem_batch"].items()
-            )
-            unit = c.get("unit", "sentences")
-            lines += [
-                f"Same batch: {c['batch']} {unit}. Same memory: softmax's peak at {c['batch']} {unit} "
-                f"x {c['budget_factor']} (all layers {c['budget_bytes']['all'] / 2**20:.0f} MiB, output "
-                f"layer {c['budget_bytes']['out'] / 2**20:.0f} MiB); largest batch that fits, all layers / "
-                f"output layer: {batches} (none: not even {min(GRID)} fit); time per sequence at that batch. "
-                f"{c['threads']} thread"
-                f"{'s' if c['threads'] != 1 else ''}, one timing run per head on a 2-core machine shared "
-                f"with the training runs.{added_heads(c)} {noise}".rstrip(),
-                "",
-            ]
-    sweep = obj.get("sweep") or {}
-    smoothed = sweep_rules.label_smoothed(cells)
-    if sweep:
-        spent = head_comparison.cpu_hours(cells, sweep)
-        lines += [
-            "Learning rate per head: best valid loss of seed 1 at every rate ("
-            + (
-                "the label-smoothed loss the cells train and stop on, then the NLL of that checkpoint; "
-                if smoothed
-                else ""
-            )
-            + "epoch of the best, why it stopped; bold: the chosen rate, chosen on valid only):",
-            "",
-            head_comparison.sweep_table(cells, sweep),
-        ]
-        if smoothed and any(not s.get("from") for s in sweep.values()):  # a borrowed rate was checked where swept
-            moved = head_comparison.rates_by_nll(cells, sweep)
-            lines += [
-                (
-                    "The NLL of the same checkpoints would choose another rate for "
-                    + ", ".join(f"{h} ({sweep_rules.rate_key(lr)})" for h, lr in moved.items())
-                    if moved
-                    else "The NLL of the same checkpoints chooses the same rate for every head whose sweep is done"
-                )
-                + ".",
-                "",
-            ]
-        borrowed = sorted({s["from"] for s in sweep.values() if s.get("from")})
-        if borrowed:
-            lines += [
-                f"Not swept here: the heads marked with {' / '.join(borrowed)}'s choice train at the rate that "
-                f"table's sweep chose on its own valid split (`--lr-from`), a cut to fit the compute budget; "
-                f"their rate may not be this table's best.",
-                "",
-            ]
-        lines += [
-            f"Compute: {spent['total']:.1f} CPU-core-hours of training for this table ({spent['sweep']:.1f} in "
-            f"the rates not chosen, {spent['chosen']:.1f} in the chosen rates' seeds; scoring excluded).",
-            "",
-        ]
-    scores = score_rows(rows)
+    lines += _time_lines(rows, scored) + _cost_lines(obj, noise) + _sweep_lines(obj)
     comparisons = head_comparison.family(rows)
-    if comparisons:
-        metric = scores[0]["metric"]
-        claims = claims_for(table, comparisons, rows) if table is not None else {}
-        lines += [
-            "Paired comparisons (head minus baseline, same seeds; Holm-adjusted over this table's test "
-            "comparisons; the valid split chose every rate and checkpoint, so its rows are described, not "
-            "tested; detectable: the smallest true difference each test comparison finds with 80% power at "
-            "0.05 / m, from its seeds' paired spread"
-            + ("; paper's difference: the paper's relative difference at our baseline's mean" if claims else "")
-            + "):",
-            "",
-            head_comparison.family_table(
-                comparisons, metric, obj.get("bootstrap") if metric == "bleu" else None, claims if claims else None
-            ),
-        ]
-        untestable = untestable_claims(comparisons, claims, table)
-        if untestable:
-            lines += [untestable, ""]
-    ratios = {h: r["time_all_layers_same_bsz"] for h, r in ((obj.get("costs") or {}).get("ratios") or {}).items()}
-    compute = head_comparison.equal_compute(scored, ratios)
-    if compute:
-        seconds = (
-            "CPU seconds (each cell's logged seconds scaled by its recorded CPU time over them, which takes "
-            "out the waiting for a core shared with other jobs; a cell's validations included)"
-            if compute[0]["clock"] == "cpu"
-            else "seconds (wall-clock on one core each, beside other jobs on a shared 2-core machine, so they "
-            "carry noise)"
-        )
-        lines += [
-            "Equal compute: each head's lowest valid NLL (bits per token"
-            + (
-                "; not the label-smoothed loss the cells train and stop on, which also rewards the probability "
-                "a head leaves on every word of the vocabulary, more of it in a mixture's tail than in one "
-                "softmax's"
-                if smoothed
-                else ""
-            )
-            + ") within the updates, and within the training "
-            f"{seconds}, that softmax's cell of the same seed took to its stop, against softmax's lowest "
-            "(negative: the head gets lower for the same number of steps / the same bill"
-            + (
-                "; the cost column divides softmax's updates by the head's time per update measured in one "
-                "benchmark process (the cost table above), the same bill without that noise"
-                if ratios
-                else ""
-            )
-            + "):",
-            "",
-            head_comparison.equal_compute_table(compute),
-        ]
-    text = " ".join(
+    lines += _comparison_lines(obj, comparisons, table) + _equal_compute_lines(obj, scored)
+    shown = " ".join(
         t
-        for t in (head_comparison.reading(comparisons, scores[0]["metric"]) if comparisons else "", worst_seeds(rows))
+        for t in (
+            head_comparison.reading(comparisons, score_rows(rows)[0]["metric"]) if comparisons else "",
+            sentences.worst_seeds(rows),
+        )
         if t
     )
-    if text:
-        lines += ["**What it shows.** " + text, ""]
-    reading = written_reading(out_dir, obj["table"], len(cells))
+    if shown:
+        lines += ["**What it shows.** " + shown, ""]
+    reading = sentences.written_reading(out_dir, obj["table"], len(cells))
     if reading:
         lines += ["**Reading.** " + reading, ""]
     for name in plots(obj, out_dir):
         lines += [f"![{name}](reproduction/{name})", ""]
     plan = obj.get("plan")
     if plan:
-        counts = ", ".join(f"{h} {n / 1e6:.1f}M" for h, n in plan["parameters"].items())
-        lines += [
-            f"**Full size** (`python -m recipes.reproduce {obj['table']} --scale full --dry-run`; GPUs, not run "
-            f"here): parameters per head: {counts}. {plan.get('note', '')}".rstrip(),
-            "",
-        ]
-        paper = plan.get("paper") or {}
-        if paper and not rows:  # nothing of ours to put the paper's numbers beside: show them with the plan
-            splits = sorted({split for by_split in paper.values() for split in by_split})
-            lines += [
-                "| head | parameters (ours) | " + " | ".join(f"paper {s}" for s in splits) + " |",
-                "|---|---|" + "---|" * len(splits),
-            ]
-            lines += [
-                f"| {h} | {n / 1e6:.1f}M | " + " | ".join(str(paper.get(h, {}).get(s, "-")) for s in splits) + " |"
-                for h, n in plan["parameters"].items()
-            ]
-            lines.append("")
-        lines += [
-            "```",
-            *plan["commands"][:MAX_PLAN_LINES],
-            *(["# ... (every command in the json)"] if len(plan["commands"]) > MAX_PLAN_LINES else []),
-            "```",
-            "",
-        ]
+        lines += [sentences.full_size_sentence(obj["table"], plan), ""]
+        if plan.get("paper") and not rows:  # nothing of ours to put the paper's numbers beside: show them here
+            lines += layout.paper_plan_table(plan)
+        lines += layout.plan_block(plan["commands"])
     if rows:
-        lines += ["Commands (first seed of each head; every seed in the json):", "", "```"]
-        seen = set()
-        for r in score_rows(rows):
-            if r["command"] not in seen:  # one per head, one per model where a cell trains several
-                seen.add(r["command"])
-                lines.append(r["command"])
-        lines += ["```", ""]
+        lines += layout.first_commands(rows)
     return "\n".join(lines)
+
+
+def _time_lines(rows: List[Dict[str, Any]], scored: List[Dict[str, Any]]) -> List[str]:
+    """The training time of a cell (wall-clock, then CPU) per head, when the rows' cells logged one."""
+    walls = sentences.minutes_by_head(scored, "train_wall_s")
+    if not (walls and rows):
+        return []
+    seeds = Counter(c["head"] for c in scored)
+    lines = [sentences.training_time_sentence(walls, seeds), ""]
+    cpu = sentences.minutes_by_head(scored, "cpu_s")
+    if cpu:  # what the cells cost, whatever else ran beside them
+        lines += [sentences.cpu_time_sentence(cpu, seeds), ""]
+    return lines
+
+
+def _cost_lines(obj: Dict[str, Any], noise: str) -> List[str]:
+    """The cost table (time ratios to softmax) and the same-memory sentence under it."""
+    costs = cost_table(obj["rows"])
+    if not costs:
+        return []
+    lines = ["Training time as a ratio to softmax (the paper's cost columns; ours on the mini model, CPU):", "", costs]
+    if obj.get("costs"):
+        lines += [sentences.same_memory_sentence(obj["costs"], noise, min(GRID)), ""]
+    return lines
+
+
+def _sweep_lines(obj: Dict[str, Any]) -> List[str]:
+    """The learning-rate sweep: its table, the NLL's choice where the cells train on a smoothed loss, the rates
+    borrowed from another table, and the compute spent."""
+    sweep = obj.get("sweep") or {}
+    if not sweep:
+        return []
+    cells = obj.get("cells") or []
+    smoothed = sweep_rules.label_smoothed(cells)
+    lines = [sentences.sweep_intro(smoothed), "", head_comparison.sweep_table(cells, sweep)]
+    if smoothed and any(not s.get("from") for s in sweep.values()):  # a borrowed rate was checked where swept
+        lines += [sentences.nll_rate_sentence(head_comparison.rates_by_nll(cells, sweep)), ""]
+    borrowed = sorted({s["from"] for s in sweep.values() if s.get("from")})
+    if borrowed:
+        lines += [sentences.borrowed_sentence(borrowed), ""]
+    return lines + [sentences.compute_sentence(head_comparison.cpu_hours(cells, sweep)), ""]
+
+
+def _comparison_lines(obj: Dict[str, Any], comparisons, table) -> List[str]:
+    """The paired comparisons' table (Holm over the test rows, the detectable difference, the paper's claims) and
+    the claims it cannot test."""
+    if not comparisons:
+        return []
+    rows = obj["rows"]
+    metric = score_rows(rows)[0]["metric"]
+    claims = sentences.claims_for(table, comparisons, rows) if table is not None else {}
+    bootstrap = obj.get("bootstrap") if metric == "bleu" else None
+    lines = [
+        sentences.comparisons_intro(bool(claims)),
+        "",
+        head_comparison.family_table(comparisons, metric, bootstrap, claims if claims else None),
+    ]
+    untestable = sentences.untestable_claims(comparisons, claims, table)
+    return lines + ([untestable, ""] if untestable else [])
+
+
+def _equal_compute_lines(obj: Dict[str, Any], scored: List[Dict[str, Any]]) -> List[str]:
+    """Each head's lowest valid NLL within softmax's updates and CPU seconds, against softmax's."""
+    ratios = {h: r["time_all_layers_same_bsz"] for h, r in ((obj.get("costs") or {}).get("ratios") or {}).items()}
+    compute = head_comparison.equal_compute(scored, ratios)
+    if not compute:
+        return []
+    smoothed = sweep_rules.label_smoothed(obj.get("cells") or [])
+    intro = sentences.equal_compute_intro(compute[0]["clock"], smoothed, bool(ratios))
+    return [intro, "", head_comparison.equal_compute_table(compute)]
 
 
 def pilot_section(docs_dir: str) -> str:

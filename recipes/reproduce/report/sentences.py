@@ -216,3 +216,153 @@ def written_reading(src: str, table: str, cells: int) -> str:
             f"moved since.)*"
         )
     return body
+
+
+def scale_phrase(obj: Dict[str, Any], full_only: bool) -> str:
+    """What the section's **Scale** says: the rows' scale, or why there are no rows yet."""
+    if obj["rows"]:
+        return obj["rows"][0]["scale"]
+    if full_only:
+        return "full only (the plan below; nothing run here)"
+    if obj.get("sweep"):
+        return "mini, learning-rate sweep running (no head has its rate and seeds yet)"
+    return "mini, no cell finished yet"
+
+
+def finished_sentences(cells: List[Dict[str, Any]], scored: List[Dict[str, Any]], table: str) -> str:
+    """The sentences after **Scale**: cells finished, parameters per row, the cap, misrecorded commands."""
+    done = "".join(
+        f" {t}"
+        for t in (
+            f"Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else "",
+            parameters_line(scored),
+            cap_sentence(scored),
+        )
+        if t
+    )
+    return done + misrecorded(cells, table)
+
+
+def training_time_sentence(walls: Dict[str, List[float]], seeds: Dict[str, int]) -> str:
+    """Each head's mean wall-clock minutes a cell (``walls`` from :func:`minutes_by_head`, ``seeds`` cells a head)."""
+    times = ", ".join(
+        f"{h} {sum(v) / len(v):.1f}"
+        + (f" ({len(v)} of its {seeds[h]} seeds logged a time)" if len(v) < seeds[h] else "")
+        for h, v in walls.items()
+    )
+    return (
+        "Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over the seeds that "
+        f"logged one; one thread each, two to five cells at a time on the 2 cores): {times}."
+    )
+
+
+def cpu_time_sentence(cpu: Dict[str, List[float]], seeds: Dict[str, int]) -> str:
+    """Each head's mean CPU minutes a cell: what the cells cost, whatever else ran beside them."""
+    return (
+        "CPU time of a cell's training (user + system, minutes, mean over the seeds that recorded it; "
+        "unlike the wall-clock above, not inflated by the jobs beside it): "
+        + ", ".join(f"{h} {sum(v) / len(v):.1f} ({len(v)} of {seeds[h]} seeds)" for h, v in cpu.items())
+        + "."
+    )
+
+
+def same_memory_sentence(c: Dict[str, Any], noise: str, grid_min: int) -> str:
+    """The sentence under the cost table: the batch, the memory budget, each head's largest batch within it."""
+    batches = ", ".join(f"{h} {b['all'] or 'none'}/{b['out'] or 'none'}" for h, b in c["same_mem_batch"].items())
+    unit = c.get("unit", "sentences")
+    return (
+        f"Same batch: {c['batch']} {unit}. Same memory: softmax's peak at {c['batch']} {unit} "
+        f"x {c['budget_factor']} (all layers {c['budget_bytes']['all'] / 2**20:.0f} MiB, output "
+        f"layer {c['budget_bytes']['out'] / 2**20:.0f} MiB); largest batch that fits, all layers / "
+        f"output layer: {batches} (none: not even {grid_min} fit); time per sequence at that batch. "
+        f"{c['threads']} thread"
+        f"{'s' if c['threads'] != 1 else ''}, one timing run per head on a 2-core machine shared "
+        f"with the training runs.{added_heads(c)} {noise}"
+    ).rstrip()
+
+
+def sweep_intro(smoothed: bool) -> str:
+    """The line above the learning-rate table."""
+    return (
+        "Learning rate per head: best valid loss of seed 1 at every rate ("
+        + ("the label-smoothed loss the cells train and stop on, then the NLL of that checkpoint; " if smoothed else "")
+        + "epoch of the best, why it stopped; bold: the chosen rate, chosen on valid only):"
+    )
+
+
+def nll_rate_sentence(moved: Dict[str, float]) -> str:
+    """Whether the NLL of the same checkpoints would choose other rates than the label-smoothed loss did."""
+    return (
+        "The NLL of the same checkpoints would choose another rate for "
+        + ", ".join(f"{h} ({sweep_rules.rate_key(lr)})" for h, lr in moved.items())
+        if moved
+        else "The NLL of the same checkpoints chooses the same rate for every head whose sweep is done"
+    ) + "."
+
+
+def borrowed_sentence(borrowed: List[str]) -> str:
+    """The heads that train at another table's rate (``--lr-from``)."""
+    return (
+        f"Not swept here: the heads marked with {' / '.join(borrowed)}'s choice train at the rate that "
+        f"table's sweep chose on its own valid split (`--lr-from`), a cut to fit the compute budget; "
+        f"their rate may not be this table's best."
+    )
+
+
+def compute_sentence(spent: Dict[str, float]) -> str:
+    """The table's training CPU-hours, in the rates not chosen and in the chosen rates' seeds."""
+    return (
+        f"Compute: {spent['total']:.1f} CPU-core-hours of training for this table ({spent['sweep']:.1f} in "
+        f"the rates not chosen, {spent['chosen']:.1f} in the chosen rates' seeds; scoring excluded)."
+    )
+
+
+def comparisons_intro(with_claims: bool) -> str:
+    """The line above the paired comparisons' table."""
+    return (
+        "Paired comparisons (head minus baseline, same seeds; Holm-adjusted over this table's test "
+        "comparisons; the valid split chose every rate and checkpoint, so its rows are described, not "
+        "tested; detectable: the smallest true difference each test comparison finds with 80% power at "
+        "0.05 / m, from its seeds' paired spread"
+        + ("; paper's difference: the paper's relative difference at our baseline's mean" if with_claims else "")
+        + "):"
+    )
+
+
+def equal_compute_intro(clock: str, smoothed: bool, with_ratios: bool) -> str:
+    """The line above the equal-compute table (``clock``: "cpu" or wall-clock seconds)."""
+    seconds = (
+        "CPU seconds (each cell's logged seconds scaled by its recorded CPU time over them, which takes "
+        "out the waiting for a core shared with other jobs; a cell's validations included)"
+        if clock == "cpu"
+        else "seconds (wall-clock on one core each, beside other jobs on a shared 2-core machine, so they carry noise)"
+    )
+    return (
+        "Equal compute: each head's lowest valid NLL (bits per token"
+        + (
+            "; not the label-smoothed loss the cells train and stop on, which also rewards the probability "
+            "a head leaves on every word of the vocabulary, more of it in a mixture's tail than in one "
+            "softmax's"
+            if smoothed
+            else ""
+        )
+        + ") within the updates, and within the training "
+        f"{seconds}, that softmax's cell of the same seed took to its stop, against softmax's lowest "
+        "(negative: the head gets lower for the same number of steps / the same bill"
+        + (
+            "; the cost column divides softmax's updates by the head's time per update measured in one "
+            "benchmark process (the cost table above), the same bill without that noise"
+            if with_ratios
+            else ""
+        )
+        + "):"
+    )
+
+
+def full_size_sentence(table: str, plan: Dict[str, Any]) -> str:
+    """The **Full size** line: the dry run's command and each head's parameters, with the plan's note."""
+    counts = ", ".join(f"{h} {n / 1e6:.1f}M" for h, n in plan["parameters"].items())
+    return (
+        f"**Full size** (`python -m recipes.reproduce {table} --scale full --dry-run`; GPUs, not run "
+        f"here): parameters per head: {counts}. {plan.get('note', '')}"
+    ).rstrip()
