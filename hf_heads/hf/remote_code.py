@@ -53,14 +53,17 @@ def flat_name(module: str) -> str:
 
 
 def _package_modules(root: str) -> Dict[str, str]:
-    """``{dotted module name: file}`` of the modules a saved model needs."""
+    """``{dotted module name: file}`` of the modules a saved model needs (sub-packages included, e.g. core.ops)."""
     modules = {}
     for package in PACKAGES:
-        folder = os.path.join(root, package)
-        for file in sorted(os.listdir(folder)):
-            if file.endswith(".py"):
-                name = f"hf_heads.{package}" + ("" if file == "__init__.py" else "." + file[:-3])
-                modules[name] = os.path.join(folder, file)
+        top = os.path.join(root, package)
+        for folder, subfolders, files in os.walk(top):
+            subfolders[:] = sorted(d for d in subfolders if os.path.isfile(os.path.join(folder, d, "__init__.py")))
+            rel = os.path.relpath(folder, top)
+            dotted = ".".join(["hf_heads", package, *([] if rel == "." else rel.split(os.sep))])
+            for file in sorted(files):
+                if file.endswith(".py"):
+                    modules[dotted + ("" if file == "__init__.py" else "." + file[:-3])] = os.path.join(folder, file)
     for module in HF_MODULES:
         modules[f"hf_heads.hf.{module}"] = os.path.join(root, "hf", module + ".py")
     return modules
