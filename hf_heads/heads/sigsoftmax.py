@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core import HeadConfig, ops, LinearScoresHead, register_head
+from ..core import HeadConfig, LinearScoresHead, ops, register_head
 
 
 @dataclass

@@ -62,13 +62,15 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     lowercased = sentences.lowercased_line(obj.get("lowercased") or {})
     if lowercased:
         lines += [lowercased, ""]
-    lines += _time_lines(rows, scored) + _cost_lines(obj, noise) + _sweep_lines(obj)
+    smoothed = sweep_rules.label_smoothed(cells)  # the cells train and stop on a label-smoothed loss
+    lines += _time_lines(rows, scored) + _cost_lines(obj, noise) + _sweep_lines(obj, smoothed)
     comparisons = head_comparison.family(rows)
-    lines += _comparison_lines(obj, comparisons, table) + _equal_compute_lines(obj, scored)
+    metric = score_rows(rows)[0]["metric"] if comparisons else None
+    lines += _comparison_lines(obj, comparisons, metric, table) + _equal_compute_lines(obj, scored, smoothed)
     shown = " ".join(
         t
         for t in (
-            head_comparison.reading(comparisons, score_rows(rows)[0]["metric"]) if comparisons else "",
+            head_comparison.reading(comparisons, metric) if comparisons else "",
             sentences.worst_seeds(rows),
         )
         if t
@@ -115,14 +117,13 @@ def _cost_lines(obj: Dict[str, Any], noise: str) -> List[str]:
     return lines
 
 
-def _sweep_lines(obj: Dict[str, Any]) -> List[str]:
-    """The learning-rate sweep: its table, the NLL's choice where the cells train on a smoothed loss, the rates
-    borrowed from another table, and the compute spent."""
+def _sweep_lines(obj: Dict[str, Any], smoothed: bool) -> List[str]:
+    """The learning-rate sweep: its table, the NLL's choice where the cells train on a smoothed loss (``smoothed``),
+    the rates borrowed from another table, and the compute spent."""
     sweep = obj.get("sweep") or {}
     if not sweep:
         return []
     cells = obj.get("cells") or []
-    smoothed = sweep_rules.label_smoothed(cells)
     lines = [sentences.sweep_intro(smoothed), "", head_comparison.sweep_table(cells, sweep)]
     if smoothed and any(not s.get("from") for s in sweep.values()):  # a borrowed rate was checked where swept
         lines += [sentences.nll_rate_sentence(head_comparison.rates_by_nll(cells, sweep)), ""]
@@ -132,13 +133,12 @@ def _sweep_lines(obj: Dict[str, Any]) -> List[str]:
     return lines + [sentences.compute_sentence(head_comparison.cpu_hours(cells, sweep)), ""]
 
 
-def _comparison_lines(obj: Dict[str, Any], comparisons, table) -> List[str]:
+def _comparison_lines(obj: Dict[str, Any], comparisons, metric: Optional[str], table) -> List[str]:
     """The paired comparisons' table (Holm over the test rows, the detectable difference, the paper's claims) and
-    the claims it cannot test."""
+    the claims it cannot test; ``metric``: the rows' score ("bleu" or "ppl")."""
     if not comparisons:
         return []
     rows = obj["rows"]
-    metric = score_rows(rows)[0]["metric"]
     claims = sentences.claims_for(table, comparisons, rows) if table is not None else {}
     bootstrap = obj.get("bootstrap") if metric == "bleu" else None
     lines = [
@@ -150,13 +150,12 @@ def _comparison_lines(obj: Dict[str, Any], comparisons, table) -> List[str]:
     return lines + ([untestable, ""] if untestable else [])
 
 
-def _equal_compute_lines(obj: Dict[str, Any], scored: List[Dict[str, Any]]) -> List[str]:
+def _equal_compute_lines(obj: Dict[str, Any], scored: List[Dict[str, Any]], smoothed: bool) -> List[str]:
     """Each head's lowest valid NLL within softmax's updates and CPU seconds, against softmax's."""
     ratios = {h: r["time_all_layers_same_bsz"] for h, r in ((obj.get("costs") or {}).get("ratios") or {}).items()}
     compute = head_comparison.equal_compute(scored, ratios)
     if not compute:
         return []
-    smoothed = sweep_rules.label_smoothed(obj.get("cells") or [])
     intro = sentences.equal_compute_intro(compute[0]["clock"], smoothed, bool(ratios))
     return [intro, "", head_comparison.equal_compute_table(compute)]
 
