@@ -9,6 +9,10 @@ stopping rule on valid, and scores test at the best epoch; a second run of the s
 epochs measures the lowest train NLL the head reaches (what it can express, apart from generalisation), and the
 singular values of its log-probability matrix on valid contexts give its numerical rank.
 
+Resumable: a rerun reads the cells already saved, and a cell that stopped halfway goes on from its training
+checkpoint (``OUT/partial/``, saved every 10 minutes and after every epoch; removed when the cell is saved). The
+seed-1 cell at ``--rate-d`` is the chosen rate's cell of the rate search, not trained twice.
+
     python -m recipes.bottleneck_map --trunk CKPT --data BIN --out results/bottleneck_map      # resumable
     python -m recipes.bottleneck_map --plan ...                                                 # cells, cost
 """
@@ -130,7 +134,7 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
     torch.manual_seed(seed)
     module = ProjectedHead(width, d, vocab, head, options)
     out["parameters"] = sum(p.numel() for p in module.parameters())
-    start = time.process_time()
+    checkpoint = os.path.join(args.out, "partial", f"{name}-d{d}-s{seed}-lr{lr:g}.pt")
     out["curve"] = train_head_on_states(
         module,
         data["train"],
@@ -142,8 +146,10 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
         seed=seed,
         progress=not args.quiet,
         log=lambda *_: None,
+        checkpoint=checkpoint,
+        checkpoint_seconds=600,
     )
-    out["cpu_s"] = time.process_time() - start
+    out["cpu_s"] = out["curve"][-1]["cpu_seconds"]  # over every start of a resumed run
     out["valid_nll"] = train_nll(module, data["valid"])
     out["test_nll"] = train_nll(module, data["test"])
     out["stopped"] = "patience" if len(out["curve"]) - 1 < args.max_epochs else "max_epochs"
@@ -162,6 +168,7 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
     out["floor_curve"] = floors
     out["train_nll_floor"] = min(floors)
     out["floor_cpu_s"] = time.process_time() - start
+    os.remove(checkpoint)  # the cell is whole: its caller saves it
     log(
         f"{name} d={d} seed {seed}: test NLL {out['test_nll']:.4f} (ppl {math.exp(out['test_nll']):.1f}), train NLL "
         f"floor {out['train_nll_floor']:.4f}, rank {out['spectrum']['rank']}, {out['cpu_s'] + out['floor_cpu_s']:.0f} "
@@ -235,7 +242,8 @@ def main(argv=None, log=print) -> Dict:
     if args.plan:
         log(
             f"{len(cells)} cells ({len(args.heads)} heads x {len(args.dims)} d x {args.seeds} seeds) and "
-            f"{len(args.heads) * len(args.rates)} rate cells at d={args.rate_d}"
+            f"{len(args.heads) * len(args.rates)} rate cells at d={args.rate_d} (the chosen rate's cell is the seed-1 "
+            f"cell at d={args.rate_d}: {len(cells) + len(args.heads) * (len(args.rates) - 1)} trainings in all)"
         )
         return {"cells": cells}
     data = {split: cached_features(args, split) for split in STREAMS}
@@ -264,6 +272,9 @@ def main(argv=None, log=print) -> Dict:
     results = []
     for i, (h, d, s) in enumerate(cells, 1):
         path = os.path.join(args.out, "cells", f"{h}-d{d}-s{s}.json")
+        chosen = os.path.join(args.out, "rates", f"{h}-d{d}-lr{rates[h]:g}.json")
+        if not os.path.exists(path) and s == 1 and os.path.exists(chosen):
+            result_files.save_json(path, result_files.load_json(chosen))  # the rate cell is this cell, run already
         if not os.path.exists(path):
             log(f"cell {i}/{len(cells)}: {h} d={d} seed {s}")
             result_files.save_json(path, run_cell(args, h, d, s, rates[h], data, log))

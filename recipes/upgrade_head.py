@@ -8,7 +8,9 @@ with the model frozen, and report perplexity before / after with an interval; sa
 The head starts at the pretrained ``lm_head`` (MoS / Mixtape with identity contexts, PLIF at its identity), so the
 "before" numbers are the pretrained model's; ``--head softmax`` fine-tunes the pretrained softmax the same way (the
 control for domain adaptation alone). The states are cached under ``--cache-dir`` (resumable; the same folder serves
-every head of the same model and text). The library part is :mod:`hf_heads.hf.upgrade`.
+every head of the same model and text). The training is resumable too: its state goes to ``OUTPUT_DIR/train-state.pt``
+every ``--checkpoint-minutes`` and after every epoch, and a rerun of the same command goes on from there. The library
+part is :mod:`hf_heads.hf.upgrade`.
 """
 
 from __future__ import annotations
@@ -66,6 +68,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--patience", type=int, default=2, help="stop when valid NLL has not improved for this many epochs")
     p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per head training step")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--checkpoint-minutes",
+        type=float,
+        default=10.0,
+        help="save the head's training state to OUTPUT_DIR/train-state.pt this often (and after every epoch): a "
+        "rerun with the same options goes on from it; removed once results.json is written",
+    )
     p.add_argument("--output-dir", default="results/upgrade_head")
     p.add_argument("--no-save", action="store_true", help="write only OUTPUT_DIR/results.json, not the model")
     p.add_argument("--no-progress", action="store_true")
@@ -78,6 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             )
     if not args.lr > 0:
         p.error(f"--lr={args.lr} is out of range; allowed: a number > 0")
+    if not args.checkpoint_minutes >= 0:
+        p.error(f"--checkpoint-minutes={args.checkpoint_minutes} is out of range; allowed: a number >= 0")
     if args.residual_mlp is not None:
         text = args.residual_mlp
         if not (text.isdigit() and int(text) > 0) and not (
@@ -148,7 +159,7 @@ def main(argv=None, log=print) -> Dict:
             f"parameters added)"
         )
     torch.manual_seed(args.seed)
-    start = time.perf_counter()
+    checkpoint = os.path.join(args.output_dir, "train-state.pt")
     curve = upgrade.train_head_on_states(
         head,
         data["train"],
@@ -160,8 +171,9 @@ def main(argv=None, log=print) -> Dict:
         seed=args.seed,
         progress=progress,
         log=log,
+        checkpoint=checkpoint,
+        checkpoint_seconds=60 * args.checkpoint_minutes,
     )
-    train_seconds = time.perf_counter() - start
     start_ppl = math.exp(curve[0]["valid_nll"])
     if abs(start_ppl / before["valid"]["ppl"] - 1) > 1e-4:
         log(
@@ -196,7 +208,7 @@ def main(argv=None, log=print) -> Dict:
         "after": after,
         "curve": curve,
         "cache_seconds": cache_seconds,
-        "train_seconds": train_seconds,
+        "train_seconds": curve[-1]["seconds"],  # wall time of the training, validation included
         # CPU time of the training steps alone (validation apart), per 1k training tokens seen
         "train_cpu_ms_per_1k_tokens": 1e6
         * sum(c["train_cpu_seconds"] for c in epochs)
@@ -211,6 +223,7 @@ def main(argv=None, log=print) -> Dict:
         "batch_tokens": args.batch_tokens,
     }
     finetune_hf.save_outputs(model, tokenizer, result, args, log)
+    os.remove(checkpoint)
     return result
 
 

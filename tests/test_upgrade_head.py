@@ -146,6 +146,32 @@ def test_the_softmax_control_and_the_cache_serve_every_head(pretrained):
         )
 
 
+def test_a_stopped_upgrade_goes_on_from_its_checkpoint(pretrained, monkeypatch):
+    """The command stopped mid-training (here after 5 of its steps) and run again ends as the unbroken run does; the
+    training state is in OUTPUT_DIR/train-state.pt until results.json is written, then removed."""
+    tmp_path, files = pretrained
+    whole = run(tmp_path, files, "mos", "--no-save")
+    step = torch.optim.Adam.step
+    calls = {"n": 0}
+
+    def stopping(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise KeyboardInterrupt
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", stopping)
+    argv = ("--no-save", "--checkpoint-minutes", "0", "--output-dir", str(tmp_path / "stopped"))
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, files, "mos", *argv)
+    assert (tmp_path / "stopped" / "train-state.pt").exists() and not (tmp_path / "stopped" / "results.json").exists()
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    again = run(tmp_path, files, "mos", *argv)
+    assert again["after"] == whole["after"]
+    assert [c["valid_nll"] for c in again["curve"]] == [c["valid_nll"] for c in whole["curve"]]
+    assert not (tmp_path / "stopped" / "train-state.pt").exists() and (tmp_path / "stopped" / "results.json").exists()
+
+
 def test_a_head_that_does_not_start_at_the_pretrained_model_is_named(pretrained):
     """MoS without its identity start is not the pretrained model at step 0: the recipe says so."""
     from recipes import upgrade_head
@@ -165,6 +191,77 @@ def test_train_head_on_states_names_a_bad_option():
     data = upgrade.States(torch.zeros(6, 4), torch.zeros(6, dtype=torch.long), 3)
     with pytest.raises(ValueError, match=r"^train_head_on_states: patience=0; allowed: an integer >= 1$"):
         upgrade.train_head_on_states(head, data, data, patience=0, log=lambda *_: None)
+
+
+def _states(seed, n=600, d=6, vocab=12):
+    g = torch.Generator().manual_seed(seed)
+    states = torch.randn(n, d, generator=g)
+    targets = (states[:, :2].sum(1) > 0).long() * 5 + torch.randint(0, 5, (n,), generator=g)
+    return upgrade.States(states, targets, 20)
+
+
+def _mixture(seed=0):
+    torch.manual_seed(seed)  # MoS with dropout on its contexts: the global random state is part of the run
+    return hf_heads.build_head("mos", hidden_size=6, vocab_size=12, num_components=3, dropout=0.3)
+
+
+@pytest.mark.parametrize("stop_at", [3, 10, 11, 17])  # mid-epoch 1, the last step of epoch 1, epoch 2's first, later
+def test_train_head_on_states_resumes_step_for_step(tmp_path, monkeypatch, stop_at):
+    """A run stopped after any step and started again from its checkpoint ends bitwise where the unbroken run ends
+    (weights, Adam's state via the weights, the curve's losses); the finished file is returned without training."""
+    train, valid = _states(0), _states(1, n=200)
+    options = dict(lr=3e-2, max_epochs=3, patience=3, batch_tokens=64, seed=5, progress=False, log=lambda *_: None)
+    whole = _mixture()
+    curve = upgrade.train_head_on_states(whole, train, valid, **options)  # 10 steps an epoch
+    path = str(tmp_path / "run.pt")
+    steps = {"n": 0}
+    step = torch.optim.Adam.step
+
+    def stopping(self, *a, **k):
+        if steps["n"] == stop_at:
+            raise KeyboardInterrupt
+        steps["n"] += 1
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        upgrade.train_head_on_states(_mixture(), train, valid, checkpoint=path, checkpoint_seconds=0, **options)
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    torch.manual_seed(123)  # another process: its own random state, restored from the file
+    lines = []
+    resumed = _mixture(seed=9)  # other starting weights: the checkpoint's replace them
+    again = upgrade.train_head_on_states(resumed, train, valid, checkpoint=path, **{**options, "log": lines.append})
+    assert lines[0].startswith(f"{path}: going on from epoch {stop_at // 10 + 1}, step {stop_at % 10}")
+    for name, tensor in whole.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], tensor), name
+    assert [c["valid_nll"] for c in again] == [c["valid_nll"] for c in curve]
+    assert [c["train_nll"] for c in again[1:]] == [c["train_nll"] for c in curve[1:]]
+    assert [c.get("best", False) for c in again] == [c.get("best", False) for c in curve]
+    assert all(b["cpu_seconds"] >= a["cpu_seconds"] for a, b in zip(again, again[1:]))
+    # the finished run is in the file: a rerun returns it and trains nothing
+    monkeypatch.setattr(torch.optim.Adam, "step", stopping)
+    steps["n"], lines[:] = stop_at, []
+    third = _mixture(seed=4)
+    fourth = upgrade.train_head_on_states(third, train, valid, checkpoint=path, **{**options, "log": lines.append})
+    assert [{**c, "train_nll": 0} for c in fourth] == [{**c, "train_nll": 0} for c in again]  # nan != nan
+    assert lines == [
+        f"{path}: the finished run (best epoch {[c.get('best', False) for c in curve].index(True)}), not trained again"
+    ]
+    assert all(torch.equal(third.state_dict()[k], v) for k, v in whole.state_dict().items())
+
+
+def test_train_head_on_states_refuses_another_runs_checkpoint(tmp_path):
+    train, valid = _states(0), _states(1, n=200)
+    path = str(tmp_path / "run.pt")
+    options = dict(max_epochs=1, batch_tokens=64, progress=False, log=lambda *_: None, checkpoint=path)
+    upgrade.train_head_on_states(_mixture(), train, valid, lr=1e-2, **options)
+    with pytest.raises(ValueError, match=r"run.pt is the checkpoint of another run \(\{'lr': \(0.01, 0.02\)\}"):
+        upgrade.train_head_on_states(_mixture(), train, valid, lr=2e-2, **options)
+    other = hf_heads.build_head("softmax", hidden_size=6, vocab_size=12)
+    with pytest.raises(ValueError, match="'parameters': 'other names or shapes'"):
+        upgrade.train_head_on_states(other, train, valid, lr=1e-2, **options)
+    with pytest.raises(ValueError, match=r"^train_head_on_states: checkpoint_seconds=-1; allowed: a number >= 0$"):
+        upgrade.train_head_on_states(other, train, valid, checkpoint_seconds=-1, **options)
 
 
 def test_the_more_parameters_control_starts_at_the_softmax_and_adds_what_mos_adds(pretrained):

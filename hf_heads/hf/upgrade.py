@@ -3,10 +3,10 @@
 The LM's body runs once over the text (:func:`cache_states`: the states its ``lm_head`` reads, in shards on disk,
 resumable); a head started at the pretrained ``lm_head`` (:func:`hf_heads.swap_head`; MoS / Mixtape with identity
 contexts, PLIF at its identity, so step 0 is the pretrained model) then trains on them alone
-(:func:`train_head_on_states`: Adam, validated after every epoch, the best epoch kept, stopped by patience), and
-:func:`nll_per_block` scores it. Only the head changes, so the upgraded model is the pretrained body with the new
-head: ``save_pretrained`` saves it (with the head's code, so it also loads with ``trust_remote_code=True`` where
-softmax-heads is not installed). ``python -m recipes.upgrade_head`` is the command.
+(:func:`train_head_on_states`: Adam, validated after every epoch, the best epoch kept, stopped by patience,
+resumable from a checkpoint), and :func:`nll_per_block` scores it. Only the head changes, so the upgraded model is the
+pretrained body with the new head: ``save_pretrained`` saves it (with the head's code, so it also loads with
+``trust_remote_code=True`` where softmax-heads is not installed). ``python -m recipes.upgrade_head`` is the command.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -152,23 +152,36 @@ def train_epoch(
     batch_tokens: int,
     progress: bool = False,
     desc: str = "epoch",
+    *,
+    skip: int = 0,
+    total: float = 0.0,
+    count: int = 0,
+    after_step: Optional[Callable[[int, float, int], None]] = None,
 ) -> float:
     """One epoch of ``optimizer`` on ``head`` (its loss plus ``aux_loss()``) over ``train``'s states, shuffled by
-    ``order``, ``batch_tokens`` a step; returns the epoch's mean training loss."""
+    ``order``, ``batch_tokens`` a step; returns the epoch's mean training loss.
+
+    To go on with an epoch that stopped: ``order`` as it was at the epoch's start, ``skip`` the steps already taken and
+    ``total`` / ``count`` the summed loss and tokens of those steps. ``after_step(steps, total, count)`` is called after
+    every step (:func:`train_head_on_states` saves its checkpoints there)."""
     from tqdm.auto import tqdm
 
     device = next(head.parameters()).device
     head.train()
-    total, count = 0.0, 0
-    for index in tqdm(
-        torch.randperm(len(train), generator=order).split(batch_tokens), desc=desc, disable=not progress, leave=False
-    ):
+    batches = torch.randperm(len(train), generator=order).split(batch_tokens)
+    bar = tqdm(total=len(batches), initial=skip, desc=desc, disable=not progress, leave=False)
+    for step in range(skip, len(batches)):
+        index = batches[step]
         loss = head.loss(train.states[index].to(device, torch.float32), train.targets[index].to(device))
         total += float(loss.detach()) * index.numel()
         count += index.numel()
         (loss + head.aux_loss()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        bar.update()
+        if after_step is not None:
+            after_step(step + 1, total, count)
+    bar.close()
     return total / count
 
 
@@ -183,13 +196,23 @@ def train_head_on_states(
     seed: int = 0,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    checkpoint: Optional[str] = None,
+    checkpoint_seconds: float = 600.0,
 ) -> List[Dict[str, float]]:
     """Adam on the head's parameters over ``train``'s states (shuffled by a generator of ``seed``, ``batch_tokens`` a
     step; the loss is the head's :meth:`~OutputHead.loss`, plus its ``aux_loss()``), validated on ``valid`` after every
     epoch; stops when the valid NLL has not improved for ``patience`` epochs or after ``max_epochs``, and loads the
     best epoch's weights (epoch 0, the start, included). Returns the curve: ``{"epoch", "train_nll", "valid_nll",
-    "seconds", "train_cpu_seconds"}`` per epoch (``seconds``: wall time since the start, validation included;
-    ``train_cpu_seconds``: this process's CPU time in the epoch's training steps alone, every thread counted)."""
+    "seconds", "train_cpu_seconds", "cpu_seconds"}`` per epoch (``seconds``: wall time since the start, validation
+    included; ``train_cpu_seconds``: this process's CPU time in the epoch's training steps alone, every thread
+    counted; ``cpu_seconds``: this process's CPU time since the start, validation included).
+
+    **Resumable** with ``checkpoint`` (a file path): the head, Adam's state, the shuffling generator, torch's random
+    state, the best epoch's weights and the curve are saved there (atomically) every ``checkpoint_seconds`` of wall
+    time and after every epoch, so a run that stopped goes on from its last save, step for step as if it had not
+    stopped (a test checks the weights bitwise). When training ends the file holds the finished run, and a rerun
+    returns it without training: delete it once its results are saved. A checkpoint of another run (other settings,
+    data sizes or parameters) is refused with ``ValueError``."""
     import time
 
     for name, value, low in (
@@ -199,26 +222,117 @@ def train_head_on_states(
     ):
         if not isinstance(value, int) or value < low:
             raise ValueError(f"train_head_on_states: {name}={value!r}; allowed: an integer >= {low}")
+    if not checkpoint_seconds >= 0:
+        raise ValueError(f"train_head_on_states: checkpoint_seconds={checkpoint_seconds!r}; allowed: a number >= 0")
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=lr)
     order = torch.Generator().manual_seed(seed)
-    best = float(nll_per_block(head, valid).mean())
-    best_epoch, best_state = 0, {k: v.detach().clone() for k, v in head.state_dict().items()}
-    curve = [{"epoch": 0, "train_nll": float("nan"), "valid_nll": best, "seconds": 0.0, "train_cpu_seconds": 0.0}]
-    log(f"epoch 0 (the start): valid NLL {best:.4f} (perplexity {math.exp(best):.2f})")
-    start = time.perf_counter()
-    for epoch in range(1, max_epochs + 1):
-        cpu = time.process_time()
-        train_nll = train_epoch(head, train, optimizer, order, batch_tokens, progress, f"epoch {epoch}")
-        cpu = time.process_time() - cpu
+    run = {
+        "lr": lr,
+        "max_epochs": max_epochs,
+        "patience": patience,
+        "batch_tokens": batch_tokens,
+        "seed": seed,
+        "train_tokens": len(train),
+        "valid_tokens": len(valid),
+        "parameters": [[k, list(v.shape)] for k, v in head.state_dict().items()],
+    }
+    saved = _load_checkpoint(checkpoint, run) if checkpoint else None
+    wall, cpu = time.perf_counter(), time.process_time()
+    if saved is not None and saved["finished"]:
+        head.load_state_dict(saved["head"])
+        head.eval()
+        log(f"{checkpoint}: the finished run (best epoch {saved['best_epoch']}), not trained again")
+        return saved["curve"]
+    if saved is None:
+        best = float(nll_per_block(head, valid).mean())
+        best_epoch, best_state = 0, {k: v.detach().clone() for k, v in head.state_dict().items()}
+        curve = [
+            {
+                "epoch": 0,
+                "train_nll": float("nan"),
+                "valid_nll": best,
+                "seconds": 0.0,
+                "train_cpu_seconds": 0.0,
+                "cpu_seconds": time.process_time() - cpu,
+            }
+        ]
+        log(f"epoch 0 (the start): valid NLL {best:.4f} (perplexity {math.exp(best):.2f})")
+        first, skip, total, count, epoch_cpu, offset = 1, 0, 0.0, 0, 0.0, {"seconds": 0.0, "cpu_seconds": 0.0}
+        epoch_order = order.get_state()
+    else:
+        head.load_state_dict(saved["head"])
+        optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["rng"])
+        best, best_epoch, best_state, curve = saved["best"], saved["best_epoch"], saved["best_state"], saved["curve"]
+        first, skip, total, count = saved["epoch"], saved["step"], saved["total"], saved["count"]
+        epoch_cpu, offset, epoch_order = saved["epoch_cpu"], saved["offset"], saved["order"]
+        log(f"{checkpoint}: going on from epoch {first}, step {skip} (best so far: epoch {best_epoch}, {best:.4f})")
+
+    def elapsed() -> Dict[str, float]:  # wall and CPU time since the start, over every start of a resumed run
+        return {
+            "seconds": offset["seconds"] + time.perf_counter() - wall,
+            "cpu_seconds": offset["cpu_seconds"] + time.process_time() - cpu,
+        }
+
+    state = {"epoch": first, "last_save": time.perf_counter(), "epoch_cpu_start": time.process_time() - epoch_cpu}
+
+    def save(finished: bool, epoch: int, step: int, total: float, count: int, epoch_order) -> None:
+        started = time.process_time()
+        blob = {
+            "run": run,
+            "finished": finished,
+            "head": head.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": torch.get_rng_state(),
+            "order": epoch_order,
+            "epoch": epoch,
+            "step": step,
+            "total": total,
+            "count": count,
+            "epoch_cpu": time.process_time() - state["epoch_cpu_start"],
+            "offset": elapsed(),
+            "best": best,
+            "best_epoch": best_epoch,
+            "best_state": best_state,
+            "curve": curve,
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(checkpoint)), exist_ok=True)
+        torch.save(blob, checkpoint + ".tmp")
+        os.replace(checkpoint + ".tmp", checkpoint)  # the file is one whole save or the one before
+        state["last_save"] = time.perf_counter()
+        state["epoch_cpu_start"] += time.process_time() - started  # an epoch's training CPU leaves its saves out
+
+    def after_step(step: int, total: float, count: int) -> None:
+        if checkpoint and time.perf_counter() - state["last_save"] >= checkpoint_seconds:
+            save(False, state["epoch"], step, total, count, epoch_order)
+
+    for epoch in range(first, max_epochs + 1):
+        state["epoch"] = epoch
+        order.set_state(epoch_order)
+        train_nll = train_epoch(
+            head,
+            train,
+            optimizer,
+            order,
+            batch_tokens,
+            progress,
+            f"epoch {epoch}",
+            skip=skip,
+            total=total,
+            count=count,
+            after_step=after_step,
+        )
+        train_cpu = time.process_time() - state["epoch_cpu_start"]
+        skip, total, count = 0, 0.0, 0
         valid_nll = float(nll_per_block(head, valid).mean())
         curve.append(
             {
                 "epoch": epoch,
                 "train_nll": train_nll,
                 "valid_nll": valid_nll,
-                "seconds": time.perf_counter() - start,
-                "train_cpu_seconds": cpu,
+                "train_cpu_seconds": train_cpu,
+                **elapsed(),
             }
         )
         log(
@@ -230,10 +344,33 @@ def train_head_on_states(
             best_state = {k: v.detach().clone() for k, v in head.state_dict().items()}
         elif epoch - best_epoch >= patience:
             break
+        epoch_order = order.get_state()
+        state["epoch_cpu_start"] = time.process_time()
+        if checkpoint and epoch < max_epochs:
+            save(False, epoch + 1, 0, 0.0, 0, epoch_order)
     head.load_state_dict(best_state)
     head.eval()
     curve[best_epoch]["best"] = True
+    if checkpoint:
+        save(True, state["epoch"], 0, 0.0, 0, order.get_state())
     return curve
+
+
+def _load_checkpoint(path: str, run: Dict) -> Optional[Dict]:
+    """The checkpoint of :func:`train_head_on_states` at ``path`` if there is one, refused unless it is ``run``'s."""
+    if not os.path.exists(path):
+        return None
+    saved = torch.load(path, weights_only=True)
+    if saved.get("run") != run:
+        theirs = saved.get("run") or {}
+        diff = {k: (theirs.get(k), v) for k, v in run.items() if theirs.get(k) != v and k != "parameters"}
+        if theirs.get("parameters") != run["parameters"]:
+            diff["parameters"] = "other names or shapes"
+        raise ValueError(
+            f"train_head_on_states: {path} is the checkpoint of another run ({diff}, as (saved, now)); delete it to "
+            f"start over"
+        )
+    return saved
 
 
 class ResidualMLP(nn.Module):
