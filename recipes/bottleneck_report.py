@@ -456,12 +456,12 @@ def main(argv=None, log=print) -> str:
     args = p.parse_args(argv)
     path = os.path.join(args.docs, "bottleneck_map.json")
     if not args.no_collect:
+        obj = collect(  # before the file is opened: a collection that fails leaves the committed json as it was
+            args.results,
+            args.joint if os.path.isdir(args.joint) else "",
+            args.upgrade if os.path.isdir(args.upgrade) else "",
+        )
         with open(path, "w") as f:
-            obj = collect(
-                args.results,
-                args.joint if os.path.isdir(args.joint) else "",
-                args.upgrade if os.path.isdir(args.upgrade) else "",
-            )
             json.dump(obj, f, indent=1)
         log(f"collected {path}")
     with open(path) as f:

@@ -212,3 +212,15 @@ def test_the_joint_check_runs_end_to_end_and_resumes(data, tmp_path):
         assert head.weight.shape[1] == 4 and head.config.hidden_size == 4  # the head reads 4 units, untied
         assert head.weight.data_ptr() != models[0].decoder.embed_tokens.weight.data_ptr()
     assert bottleneck_joint.main(argv, log=lambda *_: None) == records  # finished cells are read, not rerun
+
+
+def test_a_collection_without_cells_leaves_the_committed_page_json_as_it_was(tmp_path):
+    from recipes import bottleneck_report
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "bottleneck_map.json").write_text('{"committed": true}')
+    (tmp_path / "run").mkdir()
+    with pytest.raises(SystemExit, match="no cells"):
+        bottleneck_report.main(["--results", str(tmp_path / "run"), "--docs", str(docs)], log=lambda *_: None)
+    assert (docs / "bottleneck_map.json").read_text() == '{"committed": true}'
