@@ -132,7 +132,14 @@ def main(argv=None, log=print) -> Dict:
     # "before" is the pretrained model: its own lm_head on the same states. The new head starts there (MoS / Mixtape
     # with identity contexts, PLIF at its identity, the MLP's output at 0): the curve's epoch 0 checks it on valid
     scored = [s for s in data if s != "train"]
-    before = {s: upgrade.perplexity_interval(upgrade.nll_per_block(_plain_head(model), data[s])) for s in scored}
+    # (built whether or not its scores are kept: the new head's random parts are drawn after it, as in every cell)
+    pretrained = upgrade.pretrained_head(model)
+    before = {
+        s: upgrade.perplexity_interval(
+            upgrade.pretrained_nll_per_block(pretrained, data[s], os.path.join(cache_root, s))
+        )
+        for s in scored
+    }
     for s in scored:
         log(f"{s} perplexity before (the pretrained model): {_fmt(before[s])}")
     # per-word perplexity: the same NLL over the words of the scored text (whitespace-split, as lm-eval's wikitext)
@@ -225,20 +232,6 @@ def main(argv=None, log=print) -> Dict:
     finetune_hf.save_outputs(model, tokenizer, result, args, log)
     os.remove(checkpoint)
     return result
-
-
-def _plain_head(model):
-    """The model's own ``lm_head`` as a softmax head over the same states (no copy of its weight)."""
-    weight = model.get_output_embeddings().weight
-    bias = getattr(model.get_output_embeddings(), "bias", None)
-    return hf_heads.build_head(
-        "softmax",
-        hidden_size=weight.shape[1],
-        vocab_size=weight.shape[0],
-        weight=weight.detach(),
-        bias=None if bias is None else bias.detach(),
-        use_bias=bias is not None,
-    ).to(weight.device)
 
 
 def _per_word(ppl: float, tokens: int, words: int) -> float:

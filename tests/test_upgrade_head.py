@@ -172,6 +172,27 @@ def test_a_stopped_upgrade_goes_on_from_its_checkpoint(pretrained, monkeypatch):
     assert not (tmp_path / "stopped" / "train-state.pt").exists() and (tmp_path / "stopped" / "results.json").exists()
 
 
+def test_the_pretrained_score_is_kept_beside_the_states_for_that_lm_head_only(pretrained, monkeypatch):
+    """The "before" of every head on the same states is scored once (pretrained_nll.pt beside the cached states) and
+    equals the model's own loss; a model with another lm_head is scored again."""
+    tmp_path, _ = pretrained
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "pre").eval()
+    ids = torch.randint(4, 44, (3, 16), generator=torch.Generator().manual_seed(0))
+    folder = str(tmp_path / "states")
+    data = upgrade.cache_states(model, ids, folder, progress=False)
+    first = upgrade.pretrained_nll_per_block(upgrade.pretrained_head(model), data, folder)
+    with torch.no_grad():
+        torch.testing.assert_close(first.mean().float(), model(input_ids=ids, labels=ids).loss, rtol=1e-4, atol=1e-4)
+    scored = upgrade.nll_per_block
+    monkeypatch.setattr(upgrade, "nll_per_block", lambda *a, **k: pytest.fail("scored again"))
+    assert torch.equal(upgrade.pretrained_nll_per_block(upgrade.pretrained_head(model), data, folder), first)
+    monkeypatch.setattr(upgrade, "nll_per_block", scored)
+    upgrade.untie_output_embedding(model)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)
+    assert not torch.equal(upgrade.pretrained_nll_per_block(upgrade.pretrained_head(model), data, folder), first)
+
+
 def test_a_head_that_does_not_start_at_the_pretrained_model_is_named(pretrained):
     """MoS without its identity start is not the pretrained model at step 0: the recipe says so."""
     from recipes import upgrade_head

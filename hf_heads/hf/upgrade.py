@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import nn
 
-from ..core.interface import OutputHead
+from ..core import OutputHead, build_head
 
 
 @dataclass
@@ -131,6 +131,40 @@ def nll_per_block(head: OutputHead, data: States, batch_tokens: int = 8192) -> t
     )
     head.train(was)
     return nll.view(-1, data.block_tokens).mean(1)
+
+
+def pretrained_head(model) -> OutputHead:
+    """The model's own ``lm_head`` as a softmax head over the states it reads (its weight shared, not copied)."""
+    out = model.get_output_embeddings()
+    bias = getattr(out, "bias", None)
+    return build_head(
+        "softmax",
+        hidden_size=out.weight.shape[1],
+        vocab_size=out.weight.shape[0],
+        weight=out.weight.detach(),
+        bias=None if bias is None else bias.detach(),
+        use_bias=bias is not None,
+    ).to(out.weight.device)
+
+
+def pretrained_nll_per_block(head: OutputHead, data: States, folder: str) -> torch.Tensor:
+    """:func:`nll_per_block` of ``head``, the model's own ``lm_head`` (:func:`pretrained_head`), on ``data`` (the
+    states :func:`cache_states` wrote to ``folder``), kept in ``folder/pretrained_nll.pt`` beside them: every head
+    trained on the same states is compared with the same "before", scored once. The file names the head it scored (a
+    digest of its weight and bias): another head's scores are not read, they are replaced."""
+    digest = hashlib.sha1()
+    for tensor in (head.weight, head.bias):
+        if tensor is not None:
+            digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    path = os.path.join(folder, "pretrained_nll.pt")
+    if os.path.exists(path):
+        saved = torch.load(path)
+        if saved["lm_head"] == digest.hexdigest() and saved["block_nll"].numel() * data.block_tokens == len(data):
+            return saved["block_nll"]
+    block_nll = nll_per_block(head, data)
+    torch.save({"lm_head": digest.hexdigest(), "block_nll": block_nll}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return block_nll
 
 
 def perplexity_interval(block_nll: torch.Tensor, level: float = 0.95) -> Dict[str, float]:
