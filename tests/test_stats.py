@@ -132,3 +132,16 @@ def test_cap_sentence_says_at_the_cap_with_the_last_epochs_slope():
     assert text.startswith("2 of the 3 cells of the rows stopped at the cap (4 epochs)") and "not converged" in text
     assert "-0.120 bits an epoch over the last two epochs (median; from -0.150 to -0.120)" in text
     assert sentences.cap_sentence(capped[:1] + [cell("patience", [6, 5, 5.1, 5.2])] * 2) == ""  # most by patience
+
+
+def test_a_difference_that_rounds_to_zero_keeps_two_significant_digits():
+    from recipes.common.stats import format_diff
+
+    assert [format_diff(x) for x in (-1.4249, 0.0, 0.005, -0.00137, 2.3e-5)] == [
+        "-1.42",
+        "+0.00",
+        "+0.01",
+        "-0.0014",
+        "+2.3e-05",
+    ]
+    assert format_diff(0.00093, sign=False) == "0.00093" and format_diff(0.42, sign=False) == "0.42"

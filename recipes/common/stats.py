@@ -58,6 +58,14 @@ def format_p(p: Optional[float]) -> str:
     return f"{p:.2f}" if p >= 0.1 else f"{p:.4f}" if p >= 0.001 else f"{p:.1e}"
 
 
+def format_diff(x: float, sign: bool = True) -> str:
+    """A difference as the report writes it: 2 decimals, or 2 significant digits when it is not 0 but would round to
+    0.00 there (a significant -0.0004 is not shown as -0.00); ``sign``: with its + or -."""
+    if x != 0 and abs(x) < 0.005:
+        return f"{x:+.2g}" if sign else f"{x:.2g}"
+    return f"{x:+.2f}" if sign else f"{x:.2f}"
+
+
 def paired(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> Paired:
     """The paired comparison of ``a`` and ``b`` (the same seeds, in the same order)."""
     if len(a) != len(b) or not a:

@@ -109,12 +109,12 @@ def family_table(
     ]
     for c in comparisons:
         r = c.result
-        ci = "-" if r.low is None else f"[{r.low:+.2f}, {r.high:+.2f}]"
+        ci = "-" if r.low is None else f"[{stats.format_diff(r.low)}, {stats.format_diff(r.high)}]"
         holm = stats.format_p(c.holm) if is_test(c.split) else "(valid: described)"
         row = (
-            f"| {c.head} - {c.baseline} | {c.split} | {r.n} | {r.mean:+.2f} {ci} | {stats.format_p(r.p)} | "
-            f"{holm} | {stats.format_p(r.p_sign)} | "
-            + (f"±{c.detectable:.2f} |" if c.detectable is not None else "- |")
+            f"| {c.head} - {c.baseline} | {c.split} | {r.n} | {stats.format_diff(r.mean)} {ci} | "
+            f"{stats.format_p(r.p)} | {holm} | {stats.format_p(r.p_sign)} | "
+            + (f"±{stats.format_diff(c.detectable, sign=False)} |" if c.detectable is not None else "- |")
         )
         if claimed:
             claim = claims.get((c.head, c.baseline, c.split))
@@ -143,19 +143,19 @@ def reading(comparisons: Sequence[Comparison], metric: str) -> str:
         for c in significant:
             better = (c.result.mean > 0) == higher
             parts.append(
-                f"{'better' if better else 'worse'} on {c.split} ({c.result.mean:+.2f} {unit}, "
+                f"{'better' if better else 'worse'} on {c.split} ({stats.format_diff(c.result.mean)} {unit}, "
                 f"Holm p = {stats.format_p(c.holm)}, {c.result.n} seeds)"
             )
         rest = [c.split for c in mine if c not in significant and c not in untestable]
         if rest:
-            spread = ", ".join(f"{c.result.mean:+.2f}" for c in mine if c.split in rest)
+            spread = ", ".join(stats.format_diff(c.result.mean) for c in mine if c.split in rest)
             plural = "s" if len(rest) > 1 else ""
             parts.append(f"no significant difference on {', '.join(rest)} (mean difference{plural} {spread})")
         if untestable:
             parts.append(f"one seed on {', '.join(c.split for c in untestable)}: not tested")
         if described:
             parts.append(
-                ", ".join(f"{c.result.mean:+.2f} on {c.split}" for c in described)
+                ", ".join(f"{stats.format_diff(c.result.mean)} on {c.split}" for c in described)
                 + " (described, not tested: the split chose the rates and checkpoints)"
             )
         out.append(f"{head} against {base}: " + "; ".join(parts) + ".")
