@@ -789,3 +789,18 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     assert head_comparison.equal_compute(plain)[0]["updates"]["diff"].mean == pytest.approx(
         -0.1
     )  # no smoothing: the loss
+
+
+def test_the_scale_line_says_which_heads_have_their_rate_while_others_sweep():
+    from recipes.reproduce.report.sentences import scale_phrase
+
+    row = {"scale": "mini"}
+    sweep = {"softmax": {"chosen": 0.0025}, "mos-4": {"chosen": 0.0025}, "plif": {"chosen": None}}
+    assert scale_phrase({"rows": [row], "sweep": sweep}, False) == (
+        "mini, running: the rate chosen for softmax, mos-4, whose seeds train; the learning-rate sweep of plif running"
+    )
+    sweep["plif"]["chosen"] = 0.005
+    assert scale_phrase({"rows": [row], "sweep": sweep}, False) == "mini"
+    assert scale_phrase({"rows": [], "sweep": {"plif": {"chosen": None}}}, False).startswith(
+        "mini, learning-rate sweep"
+    )

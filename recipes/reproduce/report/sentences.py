@@ -219,9 +219,18 @@ def written_reading(src: str, table: str, cells: int) -> str:
 
 
 def scale_phrase(obj: Dict[str, Any], full_only: bool) -> str:
-    """What the section's **Scale** says: the rows' scale, or why there are no rows yet."""
+    """What the section's **Scale** says: the rows' scale (and, while some heads are still sweeping, which heads have
+    their rate), or why there are no rows yet."""
+    sweep = obj.get("sweep") or {}
+    waiting = [h for h, s in sweep.items() if s.get("chosen") is None]
     if obj["rows"]:
-        return obj["rows"][0]["scale"]
+        if not waiting:
+            return obj["rows"][0]["scale"]
+        chosen = [h for h in sweep if h not in waiting]
+        return (
+            f"{obj['rows'][0]['scale']}, running: the rate chosen for {', '.join(chosen)}, whose seeds train; the "
+            f"learning-rate sweep of {', '.join(waiting)} running"
+        )
     if full_only:
         return "full only (the plan below; nothing run here)"
     if obj.get("sweep"):
