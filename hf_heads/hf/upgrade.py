@@ -102,8 +102,7 @@ def cache_states(
             for i in range(0, part.shape[0], batch_size):
                 out = body(model)(input_ids=part[i : i + batch_size].to(device)).last_hidden_state
                 hs.append(out[:, :-1].reshape(-1, out.shape[-1]).to("cpu", dtype))
-            torch.save({"states": torch.cat(hs), "targets": part[:, 1:].reshape(-1).clone()}, path + ".tmp")
-            os.replace(path + ".tmp", path)  # a shard is there whole or not at all
+            _save_whole({"states": torch.cat(hs), "targets": part[:, 1:].reshape(-1).clone()}, path)
         shard = torch.load(path)
         parts_h.append(shard["states"])
         parts_t.append(shard["targets"])
@@ -162,8 +161,7 @@ def pretrained_nll_per_block(head: OutputHead, data: States, folder: str) -> tor
         if saved["lm_head"] == digest.hexdigest() and saved["block_nll"].numel() * data.block_tokens == len(data):
             return saved["block_nll"]
     block_nll = nll_per_block(head, data)
-    torch.save({"lm_head": digest.hexdigest(), "block_nll": block_nll}, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    _save_whole({"lm_head": digest.hexdigest(), "block_nll": block_nll}, path)
     return block_nll
 
 
@@ -332,8 +330,7 @@ def train_head_on_states(
             "curve": curve,
         }
         os.makedirs(os.path.dirname(os.path.abspath(checkpoint)), exist_ok=True)
-        torch.save(blob, checkpoint + ".tmp")
-        os.replace(checkpoint + ".tmp", checkpoint)  # the file is one whole save or the one before
+        _save_whole(blob, checkpoint)
         state["last_save"] = time.perf_counter()
         state["epoch_cpu_start"] += time.process_time() - started  # an epoch's training CPU leaves its saves out
 
@@ -388,6 +385,13 @@ def train_head_on_states(
     if checkpoint:
         save(True, state["epoch"], 0, 0.0, 0, order.get_state())
     return curve
+
+
+def _save_whole(obj, path: str) -> None:
+    """``torch.save`` through a temporary file: ``path`` holds the whole new object or, if the process stops while
+    writing, what it held before (a cache shard, a score, a training checkpoint)."""
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)
 
 
 def _load_checkpoint(path: str, run: Dict) -> Optional[Dict]:
