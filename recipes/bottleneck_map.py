@@ -5,9 +5,9 @@ train split, its checkpoint kept by ``python -m recipes.reproduce lm-ptb``). Its
 token of train / valid / test are computed once, as the papers score (the LSTM state carried along 20 / 10 / 1
 streams), and cached. Every cell then trains a learned projection of the features to ``d`` dimensions (the same
 form for every head: ``nn.Linear(width, d)``) and a head on it, on a stated prefix of the train features, to the
-stopping rule on valid, and scores test at the best epoch; a second run of the same cell to a fixed number of
-epochs measures the lowest train NLL the head reaches (what it can express, apart from generalisation), and the
-singular values of its log-probability matrix on valid contexts give its numerical rank.
+stopping rule on valid, and scores test at the best epoch; the singular values of its log-probability matrix on valid
+contexts give its numerical rank; and for the first ``--floor-seeds`` seeds a second run of the same cell to a fixed
+number of epochs measures the lowest train NLL the head reaches (what it can express, apart from generalisation).
 
 Resumable: a rerun reads the cells already saved, and a cell that stopped halfway goes on from its training
 checkpoint (``OUT/partial/``, saved every 10 minutes and after every epoch; removed when the cell is saved). The
@@ -126,8 +126,8 @@ def train_nll(module: ProjectedHead, data: States) -> float:
 
 
 def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, States], log=print) -> Dict:
-    """One cell: trained to the stopping rule (test at the best epoch), then a second run to the fixed budget for the
-    train-NLL floor, and the spectrum at the stopping rule's weights."""
+    """One cell: trained to the stopping rule (test at the best epoch), the spectrum at the stopping rule's weights,
+    and for seeds up to ``--floor-seeds`` a second run to the fixed budget for the train-NLL floor."""
     head, options = HEADS[name]
     width, vocab = data["train"].states.shape[1], args.vocab
     out = {"head": name, "d": d, "seed": seed, "lr": lr, "train_tokens": len(data["train"])}
@@ -154,7 +154,22 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
     out["test_nll"] = train_nll(module, data["test"])
     out["stopped"] = "patience" if len(out["curve"]) - 1 < args.max_epochs else "max_epochs"
     out["spectrum"] = spectrum(module, data["valid"].states[: args.spectrum_contexts])
-    # the floor: the same cell from the same start, trained on train to a fixed budget; train NLL after every epoch
+    if seed <= args.floor_seeds:
+        out.update(floor_run(args, name, d, seed, lr, data))
+    os.remove(checkpoint)  # the cell is whole: its caller saves it
+    floor = f"train NLL floor {out['train_nll_floor']:.4f}, " if "train_nll_floor" in out else ""
+    log(
+        f"{name} d={d} seed {seed}: test NLL {out['test_nll']:.4f} (ppl {math.exp(out['test_nll']):.1f}), {floor}"
+        f"rank {out['spectrum']['rank']}, {out['cpu_s'] + out.get('floor_cpu_s', 0):.0f} CPU s"
+    )
+    return out
+
+
+def floor_run(args, name: str, d: int, seed: int, lr: float, data: Dict[str, States]) -> Dict:
+    """The train-NLL floor: the cell from the same start, trained on train for ``--floor-epochs`` (past the stopping
+    rule), its NLL on the first ``--floor-sample`` train tokens after every epoch, and the lowest of them."""
+    head, options = HEADS[name]
+    width, vocab = data["train"].states.shape[1], args.vocab
     torch.manual_seed(seed)
     floor = ProjectedHead(width, d, vocab, head, options)
     optimizer = torch.optim.Adam(floor.parameters(), lr=lr)
@@ -165,16 +180,7 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
     for _ in range(args.floor_epochs):
         train_epoch(floor, data["train"], optimizer, order, args.batch_tokens)
         floors.append(train_nll(floor, sample))
-    out["floor_curve"] = floors
-    out["train_nll_floor"] = min(floors)
-    out["floor_cpu_s"] = time.process_time() - start
-    os.remove(checkpoint)  # the cell is whole: its caller saves it
-    log(
-        f"{name} d={d} seed {seed}: test NLL {out['test_nll']:.4f} (ppl {math.exp(out['test_nll']):.1f}), train NLL "
-        f"floor {out['train_nll_floor']:.4f}, rank {out['spectrum']['rank']}, {out['cpu_s'] + out['floor_cpu_s']:.0f} "
-        f"CPU s"
-    )
-    return out
+    return {"floor_curve": floors, "train_nll_floor": min(floors), "floor_cpu_s": time.process_time() - start}
 
 
 def choose_rate(args, name: str, data, log=print) -> float:
@@ -211,6 +217,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-epochs", type=int, default=20)
     p.add_argument("--patience", type=int, default=2)
     p.add_argument("--floor-epochs", type=int, default=10, help="the fixed budget of the train-NLL floor run")
+    p.add_argument(
+        "--floor-seeds",
+        type=int,
+        default=1,
+        help="seeds 1..N also get the train-NLL floor run (it costs about as much as the cell's own training)",
+    )
     p.add_argument("--floor-sample", type=int, default=50_000, help="train tokens the floor's NLL is measured on")
     p.add_argument("--batch-tokens", type=int, default=2048)
     p.add_argument("--spectrum-contexts", type=int, default=2000, help="valid contexts of the log-prob matrix")
@@ -223,6 +235,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "max_epochs",
         "patience",
         "floor_epochs",
+        "floor_seeds",
         "floor_sample",
         "batch_tokens",
         "spectrum_contexts",
@@ -240,10 +253,13 @@ def main(argv=None, log=print) -> Dict:
     args = parse_args(argv)
     cells = [(h, d, s) for s in range(1, args.seeds + 1) for d in args.dims for h in args.heads]
     if args.plan:
+        floor_cells = [c for c in cells if c[2] <= args.floor_seeds]
+        floors = "seed 1" if args.floor_seeds == 1 else f"seeds 1-{min(args.floor_seeds, args.seeds)}"
         log(
             f"{len(cells)} cells ({len(args.heads)} heads x {len(args.dims)} d x {args.seeds} seeds) and "
             f"{len(args.heads) * len(args.rates)} rate cells at d={args.rate_d} (the chosen rate's cell is the seed-1 "
-            f"cell at d={args.rate_d}: {len(cells) + len(args.heads) * (len(args.rates) - 1)} trainings in all)"
+            f"cell at d={args.rate_d}: {len(cells) + len(args.heads) * (len(args.rates) - 1)} trainings in all); the "
+            f"floor runs: every rate cell and the {len(floor_cells)} cells of {floors}"
         )
         return {"cells": cells}
     data = {split: cached_features(args, split) for split in STREAMS}

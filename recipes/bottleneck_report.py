@@ -157,14 +157,14 @@ def mean_sd(values: List[float]) -> str:
 
 
 def table(obj: Dict, value, digits_note: str) -> List[str]:
-    """A heads x d table of ``value(cell)`` (mean ± sd over seeds, n seeds)."""
+    """A heads x d table of ``value(cell)`` (mean ± sd over seeds, n seeds); cells whose value is None are left out."""
     heads = list(dict.fromkeys(c["head"] for c in obj["cells"]))
     dims = sorted({c["d"] for c in obj["cells"]})
     lines = ["| head | " + " | ".join(f"d = {d}" for d in dims) + " |", "|---|" + "---|" * len(dims)]
     for h in heads:
         row = []
         for d in dims:
-            vals = [value(c) for c in obj["cells"] if c["head"] == h and c["d"] == d]
+            vals = [v for c in obj["cells"] if c["head"] == h and c["d"] == d and (v := value(c)) is not None]
             row.append(f"{mean_sd(vals)} ({len(vals)})" if vals else "-")
         lines.append(f"| {h} | " + " | ".join(row) + " |")
     return lines + ["", digits_note, ""]
@@ -226,9 +226,9 @@ def page(obj: Dict, png: str) -> str:
         f"{a['max_epochs']}) and scores test ({meta['tokens']['test']:,} tokens) at the best epoch. Seeds "
         f"{', '.join(map(str, seeds))}, fixed before the runs. The train-NLL floor: the same cell trained from the "
         f"same start for {a['floor_epochs']} epochs, its lowest NLL on the first {a['floor_sample']:,} train "
-        f"tokens. The spectrum: singular values of the log-probability matrix of the stopping rule's weights on "
-        f"the first {a['spectrum_contexts']:,} valid contexts; numerical rank above max(shape) x eps(float32) x "
-        f"the largest.",
+        f"tokens ({floor_seeds(a)}). The spectrum: singular values of the log-probability matrix of the stopping "
+        f"rule's weights on the first {a['spectrum_contexts']:,} valid contexts; numerical rank above max(shape) x "
+        f"eps(float32) x the largest.",
         "",
         f"Cells finished: {len(obj['cells'])} of the {len(a['heads']) * len(a['dims']) * a['seeds']} planned "
         f"({len(a['heads'])} heads x {len(a['dims'])} d x {a['seeds']} seeds)"
@@ -284,8 +284,9 @@ def page(obj: Dict, png: str) -> str:
         "",
     ]
     lines += table(
-        obj, lambda c: c["train_nll_floor"], "Lowest train NLL (nats) in the fixed budget, mean ± sd (seeds)."
+        obj, lambda c: c.get("train_nll_floor"), "Lowest train NLL (nats) in the fixed budget, mean ± sd (seeds)."
     )
+    lines += floor_slope(obj)
     lines += ["## Numerical rank of the log-probability matrix", ""]
     lines += table(
         obj,
@@ -297,15 +298,43 @@ def page(obj: Dict, png: str) -> str:
     lines += ["## Cost", ""]
     lines += table(
         obj,
-        lambda c: (c["cpu_s"] + c["floor_cpu_s"]) / 60,
-        "CPU minutes per cell (stopping-rule run and floor run), mean ± sd (seeds).",
+        lambda c: (c["cpu_s"] + c.get("floor_cpu_s", 0)) / 60,
+        "CPU minutes per cell (stopping-rule run, and the floor run where it ran), mean ± sd (seeds).",
     )
-    total = sum(c["cpu_s"] + c["floor_cpu_s"] for c in obj["cells"] + obj["rate_cells"]) / 3600
+    total = sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + obj["rate_cells"]) / 3600
     lines += [
         f"In all {total:.1f} CPU-core-hours of cells ({len(obj['cells'])} cells, {len(obj['rate_cells'])} rate cells).",
         "",
     ]
     return "\n".join(lines)
+
+
+def floor_seeds(args: Dict) -> str:
+    """Which seeds the floor ran for, in words (``--floor-seeds``; maps run before the option had every seed)."""
+    n = min(args.get("floor_seeds", args["seeds"]), args["seeds"])
+    if n == args["seeds"]:
+        return "every seed"
+    return "seed 1 only, to fit the budget" if n == 1 else f"seeds 1-{n} only, to fit the budget"
+
+
+def floor_slope(obj: Dict) -> List[str]:
+    """Whether the floor runs were still learning when their budget ended: the last epoch's drop of each floor curve."""
+    drops = sorted(
+        (c["floor_curve"][-2] - c["floor_curve"][-1], c["head"], c["d"], c["seed"])
+        for c in obj["cells"]
+        if len(c.get("floor_curve", [])) > 1
+    )
+    if not drops:
+        return []
+    falling = [x for x in drops if x[0] > 0.01]
+    top = drops[-1]
+    return [
+        f"At the budget's end the floor was still falling by more than 0.01 nats an epoch in {len(falling)} of "
+        f"{len(drops)} cells (the last epoch's drop: median {drops[len(drops) // 2][0]:.4f}, largest {top[0]:.4f} "
+        f"for {top[1]} at d = {top[2]}, seed {top[3]}): where it was, the floor is an upper bound on what the head "
+        "can reach, not its limit.",
+        "",
+    ]
 
 
 def joint_section(obj: Dict) -> List[str]:
