@@ -9,8 +9,8 @@ stopping rule on valid, and scores test at the best epoch; the singular values o
 contexts give its numerical rank; and for the first ``--floor-seeds`` seeds a second run of the same cell to a fixed
 number of epochs measures the lowest train NLL the head reaches (what it can express, apart from generalisation).
 
-Resumable: a rerun reads the cells already saved, and a cell that stopped halfway goes on from its training
-checkpoint (``OUT/partial/``, saved every 10 minutes and after every epoch; removed when the cell is saved). The
+Resumable: a rerun reads the cells already saved, and a cell that stopped halfway goes on from its training (or floor
+run's) checkpoint (``OUT/partial/``, saved every 10 minutes and after every epoch; removed when the cell is saved). The
 seed-1 cell at ``--rate-d`` is the chosen rate's cell of the rate search, not trained twice.
 
     python -m recipes.bottleneck_map --trunk CKPT --data BIN --out results/bottleneck_map      # resumable
@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import time
 from typing import Dict
 
 import torch
 from torch import nn
 
 import hf_heads
-from hf_heads.hf.upgrade import States, nll_per_block, train_epoch, train_head_on_states
+from hf_heads.hf.upgrade import States, nll_per_block, train_head_on_states
 from recipes.reproduce.engine import results as result_files
 
 #: the heads of the map, as the issue names them (library defaults otherwise; Mixtape in its default form)
@@ -134,7 +133,7 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
     torch.manual_seed(seed)
     module = ProjectedHead(width, d, vocab, head, options)
     out["parameters"] = sum(p.numel() for p in module.parameters())
-    checkpoint = os.path.join(args.out, "partial", f"{name}-d{d}-s{seed}-lr{lr:g}.pt")
+    checkpoint = cell_checkpoint(args, name, d, seed, lr)
     out["curve"] = train_head_on_states(
         module,
         data["train"],
@@ -156,6 +155,7 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
     out["spectrum"] = spectrum(module, data["valid"].states[: args.spectrum_contexts])
     if seed <= args.floor_seeds:
         out.update(floor_run(args, name, d, seed, lr, data))
+        os.remove(floor_checkpoint(args, name, d, seed, lr))
     os.remove(checkpoint)  # the cell is whole: its caller saves it
     floor = f"train NLL floor {out['train_nll_floor']:.4f}, " if "train_nll_floor" in out else ""
     log(
@@ -167,20 +167,36 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
 
 def floor_run(args, name: str, d: int, seed: int, lr: float, data: Dict[str, States]) -> Dict:
     """The train-NLL floor: the cell from the same start, trained on train for ``--floor-epochs`` (past the stopping
-    rule), its NLL on the first ``--floor-sample`` train tokens after every epoch, and the lowest of them."""
+    rule), its NLL on the first ``--floor-sample`` train tokens after every epoch, and the lowest of them. Resumable
+    like the cell's own training (``OUT/partial/...-floor.pt``; the caller removes it once the cell is saved)."""
     head, options = HEADS[name]
-    width, vocab = data["train"].states.shape[1], args.vocab
     torch.manual_seed(seed)
-    floor = ProjectedHead(width, d, vocab, head, options)
-    optimizer = torch.optim.Adam(floor.parameters(), lr=lr)
-    order = torch.Generator().manual_seed(seed)
+    floor = ProjectedHead(data["train"].states.shape[1], d, args.vocab, head, options)
     sample = States(data["train"].states[: args.floor_sample], data["train"].targets[: args.floor_sample], 1)
-    floors = []
-    start = time.process_time()
-    for _ in range(args.floor_epochs):
-        train_epoch(floor, data["train"], optimizer, order, args.batch_tokens)
-        floors.append(train_nll(floor, sample))
-    return {"floor_curve": floors, "train_nll_floor": min(floors), "floor_cpu_s": time.process_time() - start}
+    curve = train_head_on_states(  # "valid" is the train sample, and patience never ends the run before the budget
+        floor,
+        data["train"],
+        sample,
+        lr=lr,
+        max_epochs=args.floor_epochs,
+        patience=args.floor_epochs,
+        batch_tokens=args.batch_tokens,
+        seed=seed,
+        progress=not args.quiet,
+        log=lambda *_: None,
+        checkpoint=floor_checkpoint(args, name, d, seed, lr),
+        checkpoint_seconds=600,
+    )
+    floors = [c["valid_nll"] for c in curve[1:]]
+    return {"floor_curve": floors, "train_nll_floor": min(floors), "floor_cpu_s": curve[-1]["cpu_seconds"]}
+
+
+def cell_checkpoint(args, name: str, d: int, seed: int, lr: float) -> str:
+    return os.path.join(args.out, "partial", f"{name}-d{d}-s{seed}-lr{lr:g}.pt")
+
+
+def floor_checkpoint(args, name: str, d: int, seed: int, lr: float) -> str:
+    return cell_checkpoint(args, name, d, seed, lr)[: -len(".pt")] + "-floor.pt"
 
 
 def choose_rate(args, name: str, data, log=print) -> float:

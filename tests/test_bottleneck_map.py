@@ -233,3 +233,51 @@ def test_a_collection_without_cells_leaves_the_committed_page_json_as_it_was(tmp
     with pytest.raises(SystemExit, match="no cells"):
         bottleneck_report.main(["--results", str(tmp_path / "run"), "--docs", str(docs)], log=lambda *_: None)
     assert (docs / "bottleneck_map.json").read_text() == '{"committed": true}'
+
+
+def test_the_floor_run_is_the_plain_training_loop_and_goes_on_after_a_stop(tmp_path, monkeypatch):
+    """The floor run (resumable through ``train_head_on_states``) gives bitwise the floor curve of the plain loop it
+    replaced (seed, Adam, the shuffling generator, the train sample's NLL after every epoch), so floors measured
+    before and after the change are one measure; stopped mid-run, a rerun goes on to the same curve."""
+    import argparse
+
+    from hf_heads.hf.upgrade import States, train_epoch
+
+    g = torch.Generator().manual_seed(0)
+    states = torch.randn(640, 6, generator=g)
+    targets = (states[:, :2].sum(1) > 0).long() * 5 + torch.randint(0, 5, (640,), generator=g)
+    data = {"train": States(states, targets, 1)}
+    args = argparse.Namespace(
+        out=str(tmp_path), vocab=12, floor_epochs=3, floor_sample=200, batch_tokens=64, quiet=True
+    )
+    name, seed, lr, d = "mos-4", 2, 3e-2, 3
+    # the reference: the loop the floor ran as before it was resumable
+    torch.manual_seed(seed)
+    head, options = bottleneck_map.HEADS[name]
+    module = bottleneck_map.ProjectedHead(6, d, 12, head, options)
+    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+    order = torch.Generator().manual_seed(seed)
+    sample = States(states[:200], targets[:200], 1)
+    reference = []
+    for _ in range(3):
+        train_epoch(module, data["train"], optimizer, order, 64)
+        reference.append(bottleneck_map.train_nll(module, sample))
+
+    steps, step = {"n": 0}, torch.optim.Adam.step
+
+    def stopping(self, *a, **k):
+        if steps["n"] == 14:  # in the second epoch (10 steps an epoch)
+            raise KeyboardInterrupt
+        steps["n"] += 1
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        bottleneck_map.floor_run(args, name, d, seed, lr, data)
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    checkpoint = tmp_path / "partial" / "mos-4-d3-s2-lr0.03-floor.pt"
+    assert checkpoint.exists() and torch.load(checkpoint, weights_only=False)["epoch"] == 2
+    torch.manual_seed(99)  # another process's random state: the checkpoint's is restored
+    floor = bottleneck_map.floor_run(args, name, d, seed, lr, data)
+    assert floor["floor_curve"] == reference and floor["train_nll_floor"] == min(reference)
+    assert floor["floor_cpu_s"] > 0
