@@ -127,27 +127,12 @@ def train_nll(module: ProjectedHead, data: States) -> float:
 def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, States], log=print) -> Dict:
     """One cell: trained to the stopping rule (test at the best epoch), the spectrum at the stopping rule's weights,
     and for seeds up to ``--floor-seeds`` a second run to the fixed budget for the train-NLL floor."""
-    head, options = HEADS[name]
-    width, vocab = data["train"].states.shape[1], args.vocab
     out = {"head": name, "d": d, "seed": seed, "lr": lr, "train_tokens": len(data["train"])}
-    torch.manual_seed(seed)
-    module = ProjectedHead(width, d, vocab, head, options)
-    out["parameters"] = sum(p.numel() for p in module.parameters())
     checkpoint = cell_checkpoint(args, name, d, seed, lr)
-    out["curve"] = train_head_on_states(
-        module,
-        data["train"],
-        data["valid"],
-        lr=lr,
-        max_epochs=args.max_epochs,
-        patience=args.patience,
-        batch_tokens=args.batch_tokens,
-        seed=seed,
-        progress=not args.quiet,
-        log=lambda *_: None,
-        checkpoint=checkpoint,
-        checkpoint_seconds=600,
+    module, out["curve"] = trained(
+        args, name, d, seed, lr, data["train"], data["valid"], args.max_epochs, args.patience, checkpoint
     )
+    out["parameters"] = sum(p.numel() for p in module.parameters())
     out["cpu_s"] = out["curve"][-1]["cpu_seconds"]  # over every start of a resumed run
     out["valid_nll"] = train_nll(module, data["valid"])
     out["test_nll"] = train_nll(module, data["test"])
@@ -169,26 +154,35 @@ def floor_run(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Sta
     """The train-NLL floor: the cell from the same start, trained on train for ``--floor-epochs`` (past the stopping
     rule), its NLL on the first ``--floor-sample`` train tokens after every epoch, and the lowest of them. Resumable
     like the cell's own training (``OUT/partial/...-floor.pt``; the caller removes it once the cell is saved)."""
+    sample = States(data["train"].states[: args.floor_sample], data["train"].targets[: args.floor_sample], 1)
+    # "valid" is the train sample, and a patience of the whole budget never ends the run before it
+    checkpoint = floor_checkpoint(args, name, d, seed, lr)
+    _, curve = trained(args, name, d, seed, lr, data["train"], sample, args.floor_epochs, args.floor_epochs, checkpoint)
+    floors = [c["valid_nll"] for c in curve[1:]]
+    return {"floor_curve": floors, "train_nll_floor": min(floors), "floor_cpu_s": curve[-1]["cpu_seconds"]}
+
+
+def trained(args, name, d, seed, lr, train: States, valid: States, epochs: int, patience: int, checkpoint: str):
+    """``(module, curve)``: the head ``name`` on a projection to ``d``, built from ``seed`` and trained by
+    :func:`train_head_on_states` for at most ``epochs``, resumable from ``checkpoint``."""
     head, options = HEADS[name]
     torch.manual_seed(seed)
-    floor = ProjectedHead(data["train"].states.shape[1], d, args.vocab, head, options)
-    sample = States(data["train"].states[: args.floor_sample], data["train"].targets[: args.floor_sample], 1)
-    curve = train_head_on_states(  # "valid" is the train sample, and patience never ends the run before the budget
-        floor,
-        data["train"],
-        sample,
+    module = ProjectedHead(train.states.shape[1], d, args.vocab, head, options)
+    curve = train_head_on_states(
+        module,
+        train,
+        valid,
         lr=lr,
-        max_epochs=args.floor_epochs,
-        patience=args.floor_epochs,
+        max_epochs=epochs,
+        patience=patience,
         batch_tokens=args.batch_tokens,
         seed=seed,
         progress=not args.quiet,
         log=lambda *_: None,
-        checkpoint=floor_checkpoint(args, name, d, seed, lr),
+        checkpoint=checkpoint,
         checkpoint_seconds=600,
     )
-    floors = [c["valid_nll"] for c in curve[1:]]
-    return {"floor_curve": floors, "train_nll_floor": min(floors), "floor_cpu_s": curve[-1]["cpu_seconds"]}
+    return module, curve
 
 
 def cell_checkpoint(args, name: str, d: int, seed: int, lr: float) -> str:
