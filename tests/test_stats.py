@@ -50,6 +50,8 @@ def test_holm_by_hand():
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert holm([0.5, None, 0.01]) == [pytest.approx(0.5), None, pytest.approx(0.02)]
     assert holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
+    with pytest.raises(ValueError, match="NaN"):  # sorted with the others, a NaN would reorder the family silently
+        holm([0.01, float("nan"), 0.03])
 
 
 def test_detectable_difference_has_the_stated_power_by_simulation():

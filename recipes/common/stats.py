@@ -95,7 +95,10 @@ def paired(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> Paire
 
 
 def holm(pvalues: Sequence[Optional[float]]) -> List[Optional[float]]:
-    """Holm's step-down adjusted p-values of a family (None stays None and does not count in the family)."""
+    """Holm's step-down adjusted p-values of a family (None stays None and does not count in the family; a NaN, which
+    cannot be ranked, is refused)."""
+    if any(p is not None and math.isnan(p) for p in pvalues):
+        raise ValueError(f"holm: a p-value is NaN (a test on NaN scores?): {list(pvalues)}")
     known = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
     m = len(known)
     adjusted: List[Optional[float]] = [None] * len(pvalues)

@@ -1,0 +1,116 @@
+"""The bottleneck map's page (``python -m recipes.bottleneck_report``): its primary test by hand, its families and
+what it leaves out, on made-up cells (no training)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from recipes import bottleneck_report
+
+
+def _cell(head, d, seed, test_nll, **extra):
+    cell = {
+        "head": head,
+        "d": d,
+        "seed": seed,
+        "lr": 1e-2,
+        "test_nll": test_nll,
+        "valid_nll": test_nll + 0.05,
+        "cpu_s": 60.0,
+        "stopped": "patience",
+        "parameters": 1000 + d,
+        "spectrum": {"rank": d + 2, "top": [1.0 / (i + 1) for i in range(d + 10)]},
+    }
+    return {**cell, **extra}
+
+
+def _map(cells):
+    args = {
+        "heads": ["softmax", "mos-4", "mixtape"],
+        "dims": [4, 16, 64],
+        "seeds": 3,
+        "rates": [1e-3, 1e-2],
+        "rate_d": 16,
+        "batch_tokens": 2048,
+        "patience": 2,
+        "max_epochs": 20,
+        "floor_epochs": 10,
+        "floor_seeds": 1,
+        "floor_sample": 50_000,
+        "spectrum_contexts": 2000,
+    }
+    meta = {
+        "trunk": "t.pt",
+        "trunk_md5": "0",
+        "width": 200,
+        "vocab": 100,
+        "tokens": {"train": 1000, "valid": 100, "test": 100},
+        "args": args,
+    }
+    rates = {"softmax": 1e-2, "mos-4": 1e-2, "mixtape": 1e-2}
+    rate_cells = [
+        _cell(h, 16, 1, 5.0, lr=lr, cpu_s=3600.0 if lr == 1e-2 else 1800.0)
+        for h in ("softmax", "mos-4", "mixtape")
+        for lr in (1e-3, 1e-2)
+    ]
+    return {"meta": meta, "rates": rates, "rate_cells": rate_cells, "cells": cells}
+
+
+# head - softmax per (d, seed): MoS's gain shrinks with d; a per-d offset shared by the seeds at that d
+DIFFS = {4: [-0.30, -0.25, -0.32], 16: [-0.12, -0.15, -0.10], 64: [0.01, -0.02, 0.0]}
+
+
+def _cells():
+    cells = []
+    for d, diffs in DIFFS.items():
+        for seed, diff in enumerate(diffs, 1):
+            base = 5.0 + 0.01 * seed - 0.1 * math.log2(d)
+            cells += [_cell("softmax", d, seed, base), _cell("mos-4", d, seed, base + diff)]
+            if d != 64:  # Mixtape at two d values: no slope to test
+                cells.append(_cell("mixtape", d, seed, base + 0.01))
+    return cells
+
+
+def test_the_primary_test_fits_the_per_d_means_with_d_as_the_unit():
+    """The slope of the per-d mean difference on log2 d, by hand: least squares over 3 points, t on 1 degree of
+    freedom (not 7: the three seeds at one d are not independent points); Holm over both heads, Mixtape's missing
+    test counting as p = 1."""
+    from scipy import stats as scipy_stats
+
+    slopes = {r["head"]: r for r in bottleneck_report.slope_test(_map(_cells()))}
+    x = [2.0, 4.0, 6.0]  # log2 of 4, 16, 64
+    y = [sum(DIFFS[d]) / 3 for d in (4, 16, 64)]
+    mx, my = sum(x) / 3, sum(y) / 3
+    sxx = sum((a - mx) ** 2 for a in x)
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
+    resid = [b - (my + slope * (a - mx)) for a, b in zip(x, y)]
+    se = math.sqrt(sum(r * r for r in resid) / 1 / sxx)
+    p = 2 * scipy_stats.t.sf(abs(slope / se), 1)
+    mos = slopes["mos-4"]
+    assert mos["slope"] == pytest.approx(slope) and mos["df"] == 1 and mos["p"] == pytest.approx(p)
+    q = scipy_stats.t.ppf(0.975, 1)
+    assert (mos["low"], mos["high"]) == pytest.approx((slope - q * se, slope + q * se))
+    assert mos["holm"] == pytest.approx(min(1.0, 2 * p))  # a family of two, Mixtape's place taken by p = 1
+    assert slopes["mixtape"]["slope"] is None and slopes["mixtape"]["dims"] == [4, 16]
+    # pooling the 9 (d, seed) points as independent would claim 7 degrees of freedom and a smaller p
+    pooled = scipy_stats.linregress([math.log2(d) for d in DIFFS for _ in range(3)], sum(DIFFS.values(), []))
+    assert pooled.pvalue < p
+
+
+def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once():
+    """A cell with a NaN score is named and left out (a NaN would reorder Holm's family); the missing cells are named;
+    the chosen rate's cell, also the seed-1 cell at --rate-d, is counted once in the cost; cells without a floor run
+    leave the floor table empty, not zero."""
+    cells = _cells() + [_cell("mixtape", 64, 1, float("nan"))]
+    text = bottleneck_report.page(_map(cells), "/tmp/x.png")
+    assert "Diverged (a non-finite valid or test NLL, left out of every table and test): mixtape d=64 seed 1." in text
+    assert "| mixtape | 2 | 3 | too few d values (3 needed) | - | - | - |" in text
+    assert "| mos-4 | 3 | 3 | " in text and "Holm over the 5 rows with at least two seeds" in text
+    assert "mixtape d=64 seed 2" in text.split("not finished")[1]  # the missing cells are named
+    # 25 cells of 1 CPU-minute, the diverged one too, and 3 rate cells of 30 (the 3 chosen rate cells are seed-1
+    # cells, counted there; counted twice, the total would be 4.9)
+    assert "In all 1.9 CPU-core-hours of cells (25 cells and the 6 rate cells" in text
+    assert "Chosen at an end of the grid" in text and "mos-4 (0.01)" in text
+    assert "- (0) |" not in text and "| mos-4 | - | - | - |" in text.split("## What each head can express")[1]
