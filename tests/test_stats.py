@@ -113,6 +113,9 @@ def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_agains
     assert all(c.detectable > 0 for c in tests)
     text = head_comparison.family_table(family, "ppl")
     assert "(valid: described)" in text and "detectable (80% power)" in text
+    for line in text.splitlines():  # a valid row gives its difference and interval, no p-value to read as a test
+        if "| valid |" in line:
+            assert line.endswith("| - | (valid: described) | - | - |"), line
     assert "described, not tested" in head_comparison.reading(family, "ppl")
     # the papers' claims on our scale, and which of them the seeds cannot test
     claims = sentences.claims_for(TABLE, family, rows)
@@ -121,6 +124,16 @@ def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_agains
     assert ("mos-4", "softmax-matched", "test") in claims and ("softmax-matched", "softmax", "test") not in claims
     sentence = sentences.untestable_claims(family, claims, TABLE)
     assert (abs(claims[("plif", "softmax", "test")]) < plif.detectable) == ("plif - softmax on test" in sentence)
+    # the translation tables state theirs too, in BLEU (En-Fr's MoS number is another system's: no claim)
+    from recipes.reproduce.tables.mt_en_de import TABLE as EN_DE
+    from recipes.reproduce.tables.mt_en_fr import TABLE as EN_FR
+
+    bleu = [_row(h, "test_2016_flickr", [30.0 + i + b for i in range(3)]) for h, b in (("softmax", 0), ("mos-4", -2))]
+    mt = head_comparison.family(bleu)
+    assert sentences.claims_for(EN_DE, mt, bleu)[("mos-4", "softmax", "test_2016_flickr")] == pytest.approx(
+        (29.5 / 29.0 - 1) * 31.0
+    )
+    assert "mos-4" not in EN_FR.paper_claims and "mixtape-unscaled" in EN_FR.paper_claims
 
 
 def test_cap_sentence_says_at_the_cap_with_the_last_epochs_slope():
@@ -132,7 +145,9 @@ def test_cap_sentence_says_at_the_cap_with_the_last_epochs_slope():
     capped = [cell("max_epochs", [6.0, 5.5, 5.3, 5.2]), cell("max_epochs", [6.0, 5.6, 5.4, 5.36])]
     text = sentences.cap_sentence(capped + [cell("patience", [6.0, 5.0, 5.1, 5.2])])
     assert text.startswith("2 of the 3 cells of the rows stopped at the cap (4 epochs)") and "not converged" in text
-    assert "-0.120 bits an epoch over the last two epochs (median; from -0.150 to -0.120)" in text
+    # the median of an even count is the mean of the middle two (not the upper one, -0.120)
+    assert "-0.135 bits an epoch over the last two epochs (median; from -0.150 to -0.120)" in text
+    assert [sentences.bits(x) for x in (-0.0123, -0.0003, 0.0)] == ["-0.012", "-0.0003", "+0.000"]  # not -0.000
     assert sentences.cap_sentence(capped[:1] + [cell("patience", [6, 5, 5.1, 5.2])] * 2) == ""  # most by patience
 
 

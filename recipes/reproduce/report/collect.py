@@ -58,10 +58,9 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         if plan:
             plan["commands"] = [canonical_paths(line, table) for line in plan["commands"]]
         # rows kept from the committed json keep the notes that describe how they ran (a full-size plan alone
-        # rewrites only the plan)
-        notes = (
-            getattr(get_table(table), "report_notes", "") if os.path.isfile(path) or sweep_here else before.get("notes")
-        )
+        # rewrites only the plan); a table with neither rows nor cells has only the settings it will run with
+        fresh = os.path.isfile(path) or sweep_here or not (rows or cells)
+        notes = getattr(get_table(table), "report_notes", "") if fresh else before.get("notes")
         obj = {
             "table": table,
             "description": get_table(table).description,

@@ -92,14 +92,14 @@ def family_table(
     """Markdown: one line per comparison (mean difference, 95% interval, paired t p, Holm p over the test
     comparisons, sign test; the difference detectable with 80% power; ``claims``: the paper's difference for
     ``(head, baseline, split)`` where it claims one; for BLEU the seeds where sacrebleu's paired bootstrap finds
-    p < 0.05 for and against the head). Valid rows are descriptive: no Holm p."""
+    p < 0.05 for and against the head). Valid rows are descriptive: their difference and interval, no p-value."""
     if not comparisons:
         return ""
     unit = "BLEU" if metric == "bleu" else "perplexity"
     claimed = claims is not None
     header = (
         f"| comparison | split | seeds | mean difference ({unit}) [95% CI] | paired t p | Holm p (test) | "
-        f"sign test p | detectable (80% power) |"
+        f"sign test p (not adjusted) | detectable (80% power) |"
         + (" paper's difference |" if claimed else "")
         + (" bootstrap p < 0.05 (seeds: head better / worse) |" if boot is not None else "")
     )
@@ -110,10 +110,15 @@ def family_table(
     for c in comparisons:
         r = c.result
         ci = "-" if r.low is None else f"[{stats.format_diff(r.low)}, {stats.format_diff(r.high)}]"
-        holm = stats.format_p(c.holm) if is_test(c.split) else "(valid: described)"
+        test = is_test(c.split)
+        p, holm, sign = (
+            (stats.format_p(r.p), stats.format_p(c.holm), stats.format_p(r.p_sign))
+            if test
+            else ("-", "(valid: described)", "-")
+        )
         row = (
             f"| {c.head} - {c.baseline} | {c.split} | {r.n} | {stats.format_diff(r.mean)} {ci} | "
-            f"{stats.format_p(r.p)} | {holm} | {stats.format_p(r.p_sign)} | "
+            f"{p} | {holm} | {sign} | "
             + (f"±{stats.format_diff(c.detectable, sign=False)} |" if c.detectable is not None else "- |")
         )
         if claimed:
@@ -156,7 +161,7 @@ def reading(comparisons: Sequence[Comparison], metric: str) -> str:
         if described:
             parts.append(
                 ", ".join(f"{stats.format_diff(c.result.mean)} on {c.split}" for c in described)
-                + " (described, not tested: the split chose the rates and checkpoints)"
+                + " (described, not tested: each table's family is its test comparisons)"
             )
         out.append(f"{head} against {base}: " + "; ".join(parts) + ".")
     return " ".join(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 from typing import Any, Dict, List
 
 from recipes.reproduce.report import compare as head_comparison
@@ -16,7 +17,6 @@ from recipes.reproduce.report.layout import mean_std, score_rows
 def lowercased_line(lowercased: Dict[str, Dict[str, Dict[str, list]]]) -> str:
     """The sentence under a translation table: each head's case-insensitive BLEU per test set (mean ± sample std
     over its seeds), the scoring of the published Multi30k numbers in the table's note; "" without any."""
-    import statistics
 
     parts = []
     for head, by_set in lowercased.items():
@@ -114,7 +114,8 @@ def untestable_claims(comparisons: List["head_comparison.Comparison"], claims: D
         return ""
     sources = getattr(table, "paper_claims", {})
     return (
-        "The table cannot test these papers' claims (the claimed difference, at our baseline's perplexity, is "
+        f"The table cannot test these papers' claims (the claimed difference, at our baseline's "
+        f"{'BLEU' if getattr(table, 'metric', 'ppl') == 'bleu' else 'perplexity'}, is "
         "below what its seeds detect with 80% power at Holm's first level): "
         + "; ".join(
             f"{c.head} - {c.baseline} on {c.split}: claimed {claims[(c.head, c.baseline, c.split)]:+.2f} "
@@ -125,6 +126,11 @@ def untestable_claims(comparisons: List["head_comparison.Comparison"], claims: D
     )
 
 
+def bits(x: float) -> str:
+    """A small signed number of bits: 3 decimals, or 2 significant digits where those would read +-0.000."""
+    return f"{x:+.2g}" if x != 0 and abs(x) < 0.0005 else f"{x:+.3f}"
+
+
 def cap_sentence(cells: List[Dict[str, Any]]) -> str:
     """Where the epoch cap, not patience, ended most of the rows' cells: how many, and the valid loss's slope over
     their last two epochs (bits per epoch, the median; negative: still falling), or ""."""
@@ -133,11 +139,10 @@ def cap_sentence(cells: List[Dict[str, Any]]) -> str:
         return ""
     slopes = sorted((sweep_rules.nll(c["curve"][-1]) - sweep_rules.nll(c["curve"][-3])) / 2 for c in capped)
     cap = max(c["curve"][-1]["epoch"] for c in capped)
-    median = slopes[len(slopes) // 2]
     return (
         f"{len(capped)} of the {len(cells)} cells of the rows stopped at the cap ({cap} epochs), not by patience: "
-        f"the numbers are at the cap, not converged; their valid NLL still moved {median:+.3f} bits an epoch over "
-        f"the last two epochs (median; from {slopes[0]:+.3f} to {slopes[-1]:+.3f})."
+        f"the numbers are at the cap, not converged; their valid NLL still moved {bits(statistics.median(slopes))} "
+        f"bits an epoch over the last two epochs (median; from {bits(slopes[0])} to {bits(slopes[-1])})."
     )
 
 
@@ -238,12 +243,19 @@ def scale_phrase(obj: Dict[str, Any], full_only: bool) -> str:
     return "mini, no cell finished yet"
 
 
+def models_line(cells: List[Dict[str, Any]]) -> str:
+    """Which models the cells ran (tables of several models, lm-gpt2), or ""."""
+    models = sorted({m for c in cells for m in c.get("models") or []})
+    return f"Models run: {', '.join(models)} (the table's other models have no cells here)." if models else ""
+
+
 def finished_sentences(cells: List[Dict[str, Any]], scored: List[Dict[str, Any]], table: str) -> str:
     """The sentences after **Scale**: cells finished, parameters per row, the cap, misrecorded commands."""
     done = "".join(
         f" {t}"
         for t in (
             f"Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else "",
+            models_line(cells),
             parameters_line(scored),
             cap_sentence(scored),
         )
@@ -330,8 +342,8 @@ def comparisons_intro(with_claims: bool) -> str:
     """The line above the paired comparisons' table."""
     return (
         "Paired comparisons (head minus baseline, same seeds; Holm-adjusted over this table's test "
-        "comparisons; the valid split chose every rate and checkpoint, so its rows are described, not "
-        "tested; detectable: the smallest true difference each test comparison finds with 80% power at "
+        "comparisons; valid rows are described, not tested, as valid chose the rates and checkpoints where the "
+        "table chooses any; detectable: the smallest true difference each test comparison finds with 80% power at "
         "0.05 / m, from its seeds' paired spread"
         + ("; paper's difference: the paper's relative difference at our baseline's mean" if with_claims else "")
         + "):"

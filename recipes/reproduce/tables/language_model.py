@@ -264,7 +264,8 @@ class LanguageModelTable(Table):
             f"state carried over the split, 10 streams valid / 1 test); an AWD-LSTM of {' '.join(MINI_MODEL)}"
             + (f" ({sized})" if sized else "")
             + f", {' '.join(MINI_OPTIMIZERS[self.mini_optimizer])} "
-            f"(the pilot's choice), {self.mini_stop.describe()}. {MIXTAPE_FORMS}"
+            f"(the pilot's choice), {self.mini_stop.describe()}."
+            + (f" {MIXTAPE_FORMS}" if any(h.startswith("mixtape") for h in self.mini_heads) else "")
         )
 
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:

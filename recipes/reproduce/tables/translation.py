@@ -199,6 +199,9 @@ class TranslationTable(Table):
     gate_dropout: float
     full_data: str
     full_heads: List[str] = field(default_factory=lambda: ["softmax", "mos-9", "mixtape"])
+    #: the paper's claimed difference per mini row, as the LM tables give theirs: ``{row: {"relative": head / softmax
+    #: - 1 in the paper, "source": where}}`` (the report sets it, at our softmax's BLEU, beside what the seeds detect)
+    paper_claims: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     #: seeds of each mini head (at its chosen learning rate; the sweep's seed-1 cell is the first): Mixtape's are
     #: the library's default form's (mixtape-unscaled), Mesh TensorFlow's form (the `mixtape` row) has its sweep's
     mini_seeds: Dict[str, int] = field(default_factory=lambda: {"softmax": 3, "mixtape-unscaled": 3, "mos-4": 3})
