@@ -760,6 +760,7 @@ def test_protocols_summary_and_report_section():
     assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in text
     assert "stateful minus stateless, valid: +1.00 [+1.00, +1.00], p = 0.0e+00" in text
     assert "each scored as it trained, test: +2.00 [+2.00, +2.00]" in text and "(per seed +2.00, +2.00)" in text
+    assert "Holm-adjusted over these 4 comparisons" in text and ", Holm p = 0.0e+00 (per seed" in text
 
 
 @pytest.mark.slow  # two tiny trainings and twelve fairseq-eval-lm runs: about 2 minutes

@@ -12,7 +12,7 @@ from recipes.reproduce.report import compare as head_comparison
 from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.engine import sweep as sweep_rules
 from recipes.reproduce.engine.costs import GRID
-from recipes.common.stats import paired
+from recipes.common.stats import format_p, holm, paired
 from recipes.reproduce.report.collect import chosen_cells
 from recipes.reproduce.report import layout, sentences
 from recipes.reproduce.report.layout import score_rows, score_table, cost_table
@@ -251,11 +251,18 @@ def protocols_section(obj: Dict[str, Any]) -> str:
                 first = [by[(a[0], s)][a[1]][split] for s in both]
                 second = [by[(b[0], s)][b[1]][split] for s in both]
                 per_seed = ", ".join(f"{x - y:+.2f}" for x, y in zip(first, second))
-                pairs.append(f"{label}, {split}: {paired(first, second).describe()} (per seed {per_seed})")
+                pairs.append((f"{label}, {split}", paired(first, second), per_seed))
     if pairs:
+        adjusted = holm([r.p for _, r, _ in pairs])
         lines += [
             "Paired differences of perplexity (negative: the first is better; mean, 95% interval, paired "
-            "t-test): " + "; ".join(pairs) + ".",
+            f"t-test, and its p Holm-adjusted over these {sum(a is not None for a in adjusted)} comparisons, one "
+            "family; nothing here was chosen on valid): "
+            + "; ".join(
+                f"{what}: {r.describe()}, Holm p = {format_p(a)} (per seed {per_seed})"
+                for (what, r, per_seed), a in zip(pairs, adjusted)
+            )
+            + ".",
             "",
         ]
     return "\n".join(lines)
