@@ -256,7 +256,7 @@ def page(obj: Dict, png: str) -> str:
         "",
         "## How",
         "",
-        f"The trunk: `{meta['trunk']}` (md5 `{meta['trunk_md5']}`), frozen; its last layer's {meta['width']} "
+        f"The trunk: `{portable(meta['trunk'])}` (md5 `{meta['trunk_md5']}`), frozen; its last layer's {meta['width']} "
         f"features of every token, read as the papers score (the LSTM state carried along 20 / 10 / 1 streams "
         f"for train / valid / test, windows of 70)"
         + (
@@ -375,6 +375,7 @@ def page(obj: Dict, png: str) -> str:
     )
     lines += joint_section(obj)
     lines += upgrade_section(obj.get("upgrade") or {})
+    lines += commands_section(obj)
     lines += ["## Cost", ""]
     lines += table(
         obj, lambda c: c["cpu_s"] / 60, "CPU minutes of the stopping-rule run per cell (validation included)."
@@ -387,6 +388,75 @@ def page(obj: Dict, png: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def portable(path: str) -> str:
+    """A results path as the commands write it from the repository's root (``results/...``), wherever it ran."""
+    mark = "results" + os.sep
+    return path[path.index(mark) :] if mark in path else path
+
+
+def commands_section(obj: Dict) -> List[str]:
+    """The commands that rerun every number of the page, from the repository's root, with the options the cells
+    recorded (every option of the map written out; the joint check and the upgrade table at what their cells ran)."""
+    a = obj["meta"]["args"]
+    trunk = portable(obj["meta"]["trunk"])
+
+    def word(v) -> str:
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    flags = []
+    for key in (
+        "heads",
+        "dims",
+        "seeds",
+        "rates",
+        "rate_d",
+        "train_tokens",
+        "max_epochs",
+        "patience",
+        "floor_epochs",
+        "floor_seeds",
+        "floor_sample",
+        "batch_tokens",
+        "spectrum_contexts",
+    ):
+        if key in a:
+            values = a[key] if isinstance(a[key], list) else [a[key]]
+            flags.append(f"--{key.replace('_', '-')} " + " ".join(word(v) for v in values))
+    lines = [
+        "## Commands",
+        "",
+        "From the repository's root (`make install` first); each is resumable and reads the cells already saved:",
+        "",
+        "```bash",
+        "# the trunk: lm-ptb's seed-1 softmax cell at its chosen rate (the table keeps its best checkpoint)",
+        "python -m recipes.reproduce lm-ptb --scale mini --heads softmax --seeds 1",
+        f"python -m recipes.bottleneck_map --trunk {trunk} --data {portable(a['data'])} \\",
+        "    --out results/bottleneck_map " + " ".join(flags),
+    ]
+    joint = obj.get("joint") or []
+    if joint:
+        caps, lrs = sorted({c["epoch_cap"] for c in joint}), sorted({c["lr"] for c in joint})
+        lines.append(
+            f"python -m recipes.bottleneck_joint --bin {portable(a['data'])} --out results/bottleneck_joint "
+            f"--heads {' '.join(dict.fromkeys(c['head'] for c in joint))} "
+            f"--dims {' '.join(str(d) for d in sorted({c['d'] for c in joint}))} "
+            f"--seeds {max(c['seed'] for c in joint)} --epochs {caps[-1]} --lr {lrs[-1]:g}"
+        )
+    up = obj.get("upgrade") or {}
+    if up.get("pilot") or up.get("cells"):
+        lines += [
+            "python -m recipes.upgrade_table --out results/upgrade_table --data ../shared/data/wikitext-2"
+            "   # --dry-run: every upgrade_head command",
+        ]
+    lines += [
+        "python -m recipes.bottleneck_report --results results/bottleneck_map --joint results/bottleneck_joint \\",
+        "    --upgrade results/upgrade_table",
+        "```",
+        "",
+    ]
+    return lines
 
 
 def finite(obj: Dict):

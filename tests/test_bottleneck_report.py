@@ -40,9 +40,10 @@ def _map(cells):
         "floor_seeds": 1,
         "floor_sample": 50_000,
         "spectrum_contexts": 2000,
+        "data": "/elsewhere/results/reproduce/lm-ptb/data/bin",
     }
     meta = {
-        "trunk": "t.pt",
+        "trunk": "/elsewhere/results/reproduce/lm-ptb/softmax/lr0.01/seed1/checkpoints/checkpoint_best.pt",
         "trunk_md5": "0",
         "width": 200,
         "vocab": 100,
@@ -113,4 +114,8 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     # cells, counted there; counted twice, the total would be 4.9)
     assert "In all 1.9 CPU-core-hours of cells (25 cells and the 6 rate cells" in text
     assert "Chosen at an end of the grid" in text and "mos-4 (0.01)" in text
+    # the commands rerun it from the repository's root with every option the map recorded
+    commands = text.split("## Commands")[1].split("## Cost")[0]
+    assert "--trunk results/reproduce/lm-ptb/softmax/lr0.01/seed1/checkpoints/checkpoint_best.pt" in commands
+    assert "--dims 4 16 64 --seeds 3 --rates 0.001 0.01 --rate-d 16" in commands and "--floor-seeds 1" in commands
     assert "- (0) |" not in text and "| mos-4 | - | - | - |" in text.split("## What each head can express")[1]
