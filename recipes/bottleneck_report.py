@@ -689,7 +689,8 @@ def upgrade_section(up: Dict) -> List[str]:
     lines += [
         "",
         "Paired on seeds, test NLL (nats), row minus control; Holm over every comparison of this table (test only: "
-        "valid chose the rates and epochs):",
+        "valid chose the rates and epochs). The seeds vary the new head's random parts and the batch order; every "
+        "cell shares the model and the test text, so the intervals are over training seeds, not over text:",
         "",
         "| row | control | seeds | mean [95% CI] | paired t p | Holm p |",
         "|---|---|---|---|---|---|",
