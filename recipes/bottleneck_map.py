@@ -211,6 +211,21 @@ def choose_rate(args, name: str, data, log=print) -> float:
     return best
 
 
+#: the options that count something (integers >= 1)
+COUNTS = (
+    "seeds",
+    "rate_d",
+    "train_tokens",
+    "max_epochs",
+    "patience",
+    "floor_epochs",
+    "floor_seeds",
+    "floor_sample",
+    "batch_tokens",
+    "spectrum_contexts",
+)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -239,18 +254,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plan", action="store_true", help="print the cells and stop")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    for key in (
-        "seeds",
-        "train_tokens",
-        "max_epochs",
-        "patience",
-        "floor_epochs",
-        "floor_seeds",
-        "floor_sample",
-        "batch_tokens",
-        "spectrum_contexts",
-        "rate_d",
-    ):
+    for key in COUNTS:
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')}={getattr(args, key)} is out of range; allowed: an integer >= 1")
     for d in args.dims:

@@ -26,7 +26,7 @@ import os
 import statistics
 from typing import Dict, List
 
-from recipes import upgrade_table
+from recipes import bottleneck_map, upgrade_table
 from recipes.common import stats as paired_stats
 
 PRIMARY = ("mos-4", "mixtape")
@@ -406,21 +406,7 @@ def commands_section(obj: Dict) -> List[str]:
         return f"{v:g}" if isinstance(v, float) else str(v)
 
     flags = []
-    for key in (
-        "heads",
-        "dims",
-        "seeds",
-        "rates",
-        "rate_d",
-        "train_tokens",
-        "max_epochs",
-        "patience",
-        "floor_epochs",
-        "floor_seeds",
-        "floor_sample",
-        "batch_tokens",
-        "spectrum_contexts",
-    ):
+    for key in ("heads", "dims", "rates") + bottleneck_map.COUNTS:
         if key in a:
             values = a[key] if isinstance(a[key], list) else [a[key]]
             flags.append(f"--{key.replace('_', '-')} " + " ".join(word(v) for v in values))

@@ -117,5 +117,5 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     # the commands rerun it from the repository's root with every option the map recorded
     commands = text.split("## Commands")[1].split("## Cost")[0]
     assert "--trunk results/reproduce/lm-ptb/softmax/lr0.01/seed1/checkpoints/checkpoint_best.pt" in commands
-    assert "--dims 4 16 64 --seeds 3 --rates 0.001 0.01 --rate-d 16" in commands and "--floor-seeds 1" in commands
+    assert "--dims 4 16 64 --rates 0.001 0.01 --seeds 3 --rate-d 16" in commands and "--floor-seeds 1" in commands
     assert "- (0) |" not in text and "| mos-4 | - | - | - |" in text.split("## What each head can express")[1]
