@@ -11,7 +11,8 @@ number of epochs measures the lowest train NLL the head reaches (what it can exp
 
 Resumable: a rerun reads the cells already saved, and a cell that stopped halfway goes on from its training (or floor
 run's) checkpoint (``OUT/partial/``, saved every 10 minutes and after every epoch; removed when the cell is saved). The
-seed-1 cell at ``--rate-d`` is the chosen rate's cell of the rate search, not trained twice.
+seed-1 cell at ``--rate-d`` is the chosen rate's cell of the rate search, not trained twice (its floor run is measured
+then: the rates not chosen have none).
 
     python -m recipes.bottleneck_map --trunk CKPT --data BIN --out results/bottleneck_map      # resumable
     python -m recipes.bottleneck_map --plan ...                                                 # cells, cost
@@ -124,9 +125,11 @@ def train_nll(module: ProjectedHead, data: States) -> float:
     return float(nll_per_block(module, data).mean())
 
 
-def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, States], log=print) -> Dict:
+def run_cell(
+    args, name: str, d: int, seed: int, lr: float, data: Dict[str, States], log=print, floor: bool = True
+) -> Dict:
     """One cell: trained to the stopping rule (test at the best epoch), the spectrum at the stopping rule's weights,
-    and for seeds up to ``--floor-seeds`` a second run to the fixed budget for the train-NLL floor."""
+    and (``floor``) for seeds up to ``--floor-seeds`` a second run to the fixed budget for the train-NLL floor."""
     out = {"head": name, "d": d, "seed": seed, "lr": lr, "train_tokens": len(data["train"])}
     checkpoint = cell_checkpoint(args, name, d, seed, lr)
     module, out["curve"] = trained(
@@ -136,11 +139,10 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
     out["cpu_s"] = out["curve"][-1]["cpu_seconds"]  # over every start of a resumed run
     out["valid_nll"] = train_nll(module, data["valid"])
     out["test_nll"] = train_nll(module, data["test"])
-    out["stopped"] = "patience" if len(out["curve"]) - 1 < args.max_epochs else "max_epochs"
+    out["stopped"] = ended_by(out["curve"], args.max_epochs, args.patience)
     out["spectrum"] = spectrum(module, data["valid"].states[: args.spectrum_contexts])
-    if seed <= args.floor_seeds:
+    if floor and seed <= args.floor_seeds:
         out.update(floor_run(args, name, d, seed, lr, data))
-        os.remove(floor_checkpoint(args, name, d, seed, lr))
     os.remove(checkpoint)  # the cell is whole: its caller saves it
     floor = f"train NLL floor {out['train_nll_floor']:.4f}, " if "train_nll_floor" in out else ""
     log(
@@ -153,13 +155,25 @@ def run_cell(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Stat
 def floor_run(args, name: str, d: int, seed: int, lr: float, data: Dict[str, States]) -> Dict:
     """The train-NLL floor: the cell from the same start, trained on train for ``--floor-epochs`` (past the stopping
     rule), its NLL on the first ``--floor-sample`` train tokens after every epoch, and the lowest of them. Resumable
-    like the cell's own training (``OUT/partial/...-floor.pt``; the caller removes it once the cell is saved)."""
+    like the cell's own training (``OUT/partial/...-floor.pt``, removed once the floor is measured)."""
     sample = States(data["train"].states[: args.floor_sample], data["train"].targets[: args.floor_sample], 1)
     # "valid" is the train sample, and a patience of the whole budget never ends the run before it
     checkpoint = floor_checkpoint(args, name, d, seed, lr)
     _, curve = trained(args, name, d, seed, lr, data["train"], sample, args.floor_epochs, args.floor_epochs, checkpoint)
     floors = [c["valid_nll"] for c in curve[1:]]
-    return {"floor_curve": floors, "train_nll_floor": min(floors), "floor_cpu_s": curve[-1]["cpu_seconds"]}
+    os.remove(checkpoint)  # the floor is in hand: its caller saves it with the cell
+    return {
+        "floor_curve": floors,
+        "train_nll_floor": min((f for f in floors if math.isfinite(f)), default=math.nan),
+        "floor_cpu_s": curve[-1]["cpu_seconds"],
+    }
+
+
+def ended_by(curve, max_epochs: int, patience: int) -> str:
+    """``"max_epochs"`` when the cap ended the run while its valid NLL had improved within the last ``patience``
+    epochs, else ``"patience"`` (the rule fired, at the cap or before it)."""
+    best = next(c["epoch"] for c in curve if c.get("best"))
+    return "max_epochs" if len(curve) - 1 >= max_epochs and max_epochs - best < patience else "patience"
 
 
 def trained(args, name, d, seed, lr, train: States, valid: States, epochs: int, patience: int, checkpoint: str):
@@ -199,7 +213,7 @@ def choose_rate(args, name: str, data, log=print) -> float:
     for lr in args.rates:
         path = os.path.join(args.out, "rates", f"{name}-d{args.rate_d}-lr{lr:g}.json")
         if not os.path.exists(path):
-            cell = run_cell(args, name, args.rate_d, 1, lr, data, log)
+            cell = run_cell(args, name, args.rate_d, 1, lr, data, log, floor=False)  # the chosen one's comes later
             result_files.save_json(path, cell)
         losses[lr] = result_files.load_json(path)["valid_nll"]
     best = min(losses, key=losses.get)
@@ -273,7 +287,7 @@ def main(argv=None, log=print) -> Dict:
             f"{len(cells)} cells ({len(args.heads)} heads x {len(args.dims)} d x {args.seeds} seeds) and "
             f"{len(args.heads) * len(args.rates)} rate cells at d={args.rate_d} (the chosen rate's cell is the seed-1 "
             f"cell at d={args.rate_d}: {len(cells) + len(args.heads) * (len(args.rates) - 1)} trainings in all); the "
-            f"floor runs: every rate cell and the {len(floor_cells)} cells of {floors}"
+            f"floor runs: the {len(floor_cells)} cells of {floors} (a rate cell's only where its rate is chosen)"
         )
         return {"cells": cells}
     data = {split: cached_features(args, split) for split in STREAMS}
@@ -304,7 +318,10 @@ def main(argv=None, log=print) -> Dict:
         path = os.path.join(args.out, "cells", f"{h}-d{d}-s{s}.json")
         chosen = os.path.join(args.out, "rates", f"{h}-d{d}-lr{rates[h]:g}.json")
         if not os.path.exists(path) and s == 1 and os.path.exists(chosen):
-            result_files.save_json(path, result_files.load_json(chosen))  # the rate cell is this cell, run already
+            cell = result_files.load_json(chosen)  # the rate cell is this cell, run already: its floor only
+            if s <= args.floor_seeds and "train_nll_floor" not in cell:
+                cell.update(floor_run(args, h, d, s, rates[h], data))
+            result_files.save_json(path, cell)
         if not os.path.exists(path):
             log(f"cell {i}/{len(cells)}: {h} d={d} seed {s}")
             result_files.save_json(path, run_cell(args, h, d, s, rates[h], data, log))

@@ -274,7 +274,7 @@ def page(obj: Dict, png: str) -> str:
         "weights and the batch order, while every cell shares the one trunk and the one test set, so the intervals "
         "below are over training seeds, not over trunks or text. The train-NLL floor: the same cell trained from "
         f"the same start for {a['floor_epochs']} epochs, its lowest NLL on the first {a['floor_sample']:,} train "
-        f"tokens ({floor_seeds(a)}). The spectrum: singular values of the log-probability matrix of the stopping "
+        f"tokens ({floor_seeds(obj)}). The spectrum: singular values of the log-probability matrix of the stopping "
         f"rule's weights on the first {a['spectrum_contexts']:,} valid contexts; numerical rank above max(shape) x "
         f"eps(float32) x the largest.",
         "",
@@ -406,6 +406,7 @@ def commands_section(obj: Dict) -> List[str]:
         return f"{v:g}" if isinstance(v, float) else str(v)
 
     flags = []
+    a = {**a, "floor_seeds": a.get("floor_seeds", a["seeds"])}  # a run before the option floored every seed
     for key in ("heads", "dims", "rates") + bottleneck_map.COUNTS:
         if key in a:
             values = a[key] if isinstance(a[key], list) else [a[key]]
@@ -452,8 +453,10 @@ def finite(obj: Dict):
 
 
 def cells_cpu_hours(obj: Dict) -> float:
-    """CPU-hours of the map's cells and rate cells, the chosen rate's cell once (it is also a seed-1 cell)."""
-    chosen = {(h, obj["meta"]["args"]["rate_d"], lr) for h, lr in obj["rates"].items()}
+    """CPU-hours of the map's cells and rate cells, a chosen rate's cell once (it is also a seed-1 cell, once that has
+    been saved; its floor run, measured then, is the seed-1 cell's)."""
+    copied = {(c["head"], c["d"], c["lr"]) for c in obj["cells"] if c["seed"] == 1}
+    chosen = {(h, obj["meta"]["args"]["rate_d"], lr) for h, lr in obj["rates"].items()} & copied
     rate_cells = [c for c in obj["rate_cells"] if (c["head"], c["d"], c["lr"]) not in chosen]
     return sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + rate_cells) / 3600
 
@@ -476,7 +479,7 @@ def rate_section(obj: Dict) -> List[str]:
             ("-" if lr not in by_lr else f"**{by_lr[lr]:.4f}**" if lr == chosen else f"{by_lr[lr]:.4f}") for lr in grid
         ]
         lines.append(f"| {head} | " + " | ".join(row) + " |")
-        if chosen in (grid[0], grid[-1]):
+        if len(grid) > 1 and chosen in (grid[0], grid[-1]):
             ends.append(f"{head} ({chosen:g})")
     lines.append("")
     if ends:
@@ -488,26 +491,30 @@ def rate_section(obj: Dict) -> List[str]:
 
 
 def stopped_sentence(obj: Dict) -> List[str]:
-    """How many cells the epoch cap ended, per head (their numbers are at the cap, not at the stopping rule)."""
-    cap = obj["meta"]["args"]["max_epochs"]
+    """How many cells the epoch cap ended while their valid NLL was still improving, per head (read from each curve:
+    the best epoch within the last ``patience`` epochs of a run that reached the cap)."""
+    a = obj["meta"]["args"]
     counts = []
     for head in dict.fromkeys(c["head"] for c in obj["cells"]):
         mine = [c for c in obj["cells"] if c["head"] == head]
-        counts.append(f"{head} {sum(c['stopped'] == 'max_epochs' for c in mine)} of {len(mine)}")
-    patience = obj["meta"]["args"]["patience"]
+        capped = sum(bottleneck_map.ended_by(c["curve"], a["max_epochs"], a["patience"]) == "max_epochs" for c in mine)
+        counts.append(f"{head} {capped} of {len(mine)}")
     return [
-        f"Cells the {cap}-epoch cap ended (valid NLL improved within their last {patience} epochs; numbers at the "
-        f"cap): {', '.join(counts)}.",
+        f"Cells the {a['max_epochs']}-epoch cap ended while their valid NLL still improved (best epoch within the "
+        f"last {a['patience']}; test scored at that epoch, under a cap, not at a converged one): {', '.join(counts)}.",
         "",
     ]
 
 
-def floor_seeds(args: Dict) -> str:
-    """Which seeds the floor ran for, in words (``--floor-seeds``; maps run before the option had every seed)."""
-    n = min(args.get("floor_seeds", args["seeds"]), args["seeds"])
-    if n == args["seeds"]:
+def floor_seeds(obj: Dict) -> str:
+    """Which seeds' cells have a floor run, in words (read from the cells: ``--floor-seeds`` of the run)."""
+    seeds = sorted({c["seed"] for c in obj["cells"]})
+    floored = sorted({c["seed"] for c in obj["cells"] if "floor_curve" in c})
+    if floored == seeds:
         return "every seed"
-    return "seed 1 only, to fit the budget" if n == 1 else f"seeds 1-{n} only, to fit the budget"
+    if not floored:
+        return "no cell has one yet"
+    return f"seed{'s' if len(floored) > 1 else ''} {', '.join(map(str, floored))} only, to fit the budget"
 
 
 def floor_slope(obj: Dict) -> List[str]:
@@ -515,7 +522,7 @@ def floor_slope(obj: Dict) -> List[str]:
     drops = sorted(
         (c["floor_curve"][-2] - c["floor_curve"][-1], c["head"], c["d"], c["seed"])
         for c in obj["cells"]
-        if len(c.get("floor_curve", [])) > 1
+        if len(c.get("floor_curve", [])) > 1 and all(math.isfinite(v) for v in c["floor_curve"][-2:])
     )
     if not drops:
         return []
@@ -709,7 +716,8 @@ def main(argv=None, log=print) -> str:
     with open(path) as f:
         obj = json.load(f)
     png = os.path.join(args.docs, "bottleneck_map.png")
-    plot(obj, paired_rows(obj), png)
+    shown, _ = finite(obj)
+    plot(shown, paired_rows(shown), png)
     text = page(obj, png)
     with open(os.path.join(args.docs, "bottleneck_map.md"), "w") as f:
         f.write(text + "\n")

@@ -101,9 +101,13 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     assert set(result["rates"]) == {"softmax", "mos-4"} and set(result["rates"].values()) <= {1e-2, 3e-2}
     # 4 rate cells, then 8 cells less the two that are the chosen rates' cells (seed 1 at --rate-d): 10 trainings
     assert len(ran) == 10 and ran.count(("softmax", 2, 1)) == ran.count(("mos-4", 2, 1)) == 2
+    floor = ("floor_curve", "train_nll_floor", "floor_cpu_s")
+    for path in (tmp_path / "rates").iterdir():  # a rate cell has no floor run: only the chosen one gets it, later
+        assert not set(floor) & set(json.loads(path.read_text())), path
     for head in ("softmax", "mos-4"):
         rate_cell = json.loads((tmp_path / "rates" / f"{head}-d2-lr{result['rates'][head]:g}.json").read_text())
-        assert rate_cell == next(c for c in result["cells"] if (c["head"], c["d"], c["seed"]) == (head, 2, 1))
+        cell = next(c for c in result["cells"] if (c["head"], c["d"], c["seed"]) == (head, 2, 1))
+        assert rate_cell == {k: v for k, v in cell.items() if k not in floor} and set(floor) <= set(cell)
     assert not list((tmp_path / "partial").iterdir())  # each cell's training checkpoint goes once the cell is whole
     cells = {(c["head"], c["d"]): c for c in result["cells"]}
     assert len(result["cells"]) == 8 and set(cells) == {("softmax", 2), ("softmax", 8), ("mos-4", 2), ("mos-4", 8)}

@@ -22,6 +22,7 @@ def _cell(head, d, seed, test_nll, **extra):
         "stopped": "patience",
         "parameters": 1000 + d,
         "spectrum": {"rank": d + 2, "top": [1.0 / (i + 1) for i in range(d + 10)]},
+        "curve": [{"epoch": e, **({"best": True} if e == 5 else {})} for e in range(8)],  # patience ended it
     }
     return {**cell, **extra}
 
@@ -100,6 +101,16 @@ def test_the_primary_test_fits_the_per_d_means_with_d_as_the_unit():
     assert pooled.pvalue < p
 
 
+def test_cells_the_cap_ended_are_read_from_their_curves():
+    """A run that reached the cap counts as ended by it only where its best epoch is within the last ``patience``
+    epochs: patience firing exactly at the cap is patience."""
+    cells = _cells()
+    cap = [{"epoch": e, **({"best": True} if e == best else {})} for best in (20, 18) for e in range(21)]
+    cells[1]["curve"], cells[3]["curve"] = cap[:21], cap[21:]  # two MoS-4 cells: best at 20, best at 18
+    text = "\n".join(bottleneck_report.stopped_sentence(_map(cells)))
+    assert "still improved (best epoch within the last 2;" in text and "softmax 0 of 9, mos-4 1 of 9" in text
+
+
 def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once():
     """A cell with a NaN score is named and left out (a NaN would reorder Holm's family); the missing cells are named;
     the chosen rate's cell, also the seed-1 cell at --rate-d, is counted once in the cost; cells without a floor run
@@ -119,3 +130,16 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     assert "--trunk results/reproduce/lm-ptb/softmax/lr0.01/seed1/checkpoints/checkpoint_best.pt" in commands
     assert "--dims 4 16 64 --rates 0.001 0.01 --seeds 3 --rate-d 16" in commands and "--floor-seeds 1" in commands
     assert "- (0) |" not in text and "| mos-4 | - | - | - |" in text.split("## What each head can express")[1]
+
+
+def test_the_command_writes_page_and_plots_around_a_diverged_cell(tmp_path):
+    """``python -m recipes.bottleneck_report --no-collect``: a NaN cell among paired seeds is left out of the plot's
+    tests too (a NaN p-value would stop Holm), and both plots are written."""
+    import json
+
+    cells = _cells()
+    cells[2]["test_nll"] = float("nan")  # mixtape d=4 seed 1, beside two paired seeds
+    (tmp_path / "bottleneck_map.json").write_text(json.dumps(_map(cells)))
+    text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
+    assert "Diverged (a non-finite valid or test NLL" in text and "| mixtape | 4 | 2 |" in text
+    assert (tmp_path / "bottleneck_map.png").exists() and (tmp_path / "bottleneck_map-spectra.png").exists()
