@@ -636,7 +636,8 @@ def upgrade_section(up: Dict) -> List[str]:
         lines += [
             f"**Rate pilot** (seed 0, one epoch over the first {p0['tokens']['train']:,} train tokens, valid NLL "
             f"on the first {p0['tokens']['valid']:,} valid tokens; the pretrained model scores "
-            f"{math.log(p0['pretrained_ppl']['valid']):.4f}); each row's rate is its lowest:",
+            f"{math.log(p0['pretrained_ppl']['valid']):.4f}); each row's rate is its lowest (a row best at an end of "
+            "the grid also tried a step past it):",
             "",
             "| row | " + " | ".join(f"lr {r:g}" for r in rates) + " |",
             "|---|" + "---|" * len(rates),
@@ -647,7 +648,8 @@ def upgrade_section(up: Dict) -> List[str]:
             best = min(by_lr, key=by_lr.get)
             cells = [(f"**{by_lr[r]:.4f}**" if r == best else f"{by_lr[r]:.4f}") if r in by_lr else "-" for r in rates]
             lines.append(f"| {names[row]} | " + " | ".join(cells) + " |")
-            if len(rates) > 1 and best in (rates[0], rates[-1]):
+            mine = sorted(by_lr)  # the row's own grid: the pilot's rates and any tried past an end
+            if len(mine) > 1 and best in (mine[0], mine[-1]):
                 ends.append(f"{names[row]} ({best:g})")
         lines.append("")
         if ends:

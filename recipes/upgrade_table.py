@@ -10,7 +10,8 @@ controls (a) the pretrained softmax fine-tuned the same way (domain adaptation a
 residual MLP with as many parameters as MoS-3 adds (more parameters, not more rank). Fixed before the runs:
 
 * **the rate pilot**: each row at every ``--rates`` value, seed 0 (not a table seed), one epoch over the first
-  ``--pilot-tokens`` train tokens, validated on the first ``--pilot-valid-tokens`` valid tokens; a row's rate is the
+  ``--pilot-tokens`` train tokens, validated on the first ``--pilot-valid-tokens`` valid tokens; a row whose best rate
+  is at an end of the grid tries up to ``--extra-rates`` more, a grid step past that end each; a row's rate is the
   one with the lowest valid NLL after that epoch (``OUT/rates.json``);
 * **the table**: each row at its rate, seeds ``--seeds``, on the first ``--train-tokens`` train tokens, at most
   ``--max-epochs`` epochs (patience 1), the best epoch by valid NLL on the first ``--valid-tokens`` valid tokens,
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 from typing import Dict, List, Optional
@@ -64,6 +66,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), help="the rows to run")
     p.add_argument("--rates", nargs="+", type=float, default=[1e-4, 3e-4, 1e-3], help="the pilot's learning rates")
+    p.add_argument(
+        "--extra-rates",
+        type=int,
+        default=1,
+        help="a row whose best pilot rate is at an end of the grid gets up to this many more, a grid step past it",
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="the table's seeds (not 0: the pilot's)")
     p.add_argument("--pilot-tokens", type=int, default=100_000, help="train tokens of the rate pilot")
     p.add_argument("--pilot-valid-tokens", type=int, default=25_000, help="valid tokens of the rate pilot")
@@ -75,6 +83,8 @@ def parse_args(argv=None):
     for flag in ("pilot_tokens", "pilot_valid_tokens", "train_tokens", "valid_tokens", "max_epochs"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} is out of range; allowed: an integer >= 1")
+    if args.extra_rates < 0:
+        p.error(f"--extra-rates={args.extra_rates} is out of range; allowed: an integer >= 0")
     if PILOT_SEED in args.seeds:
         p.error(f"--seeds {args.seeds}: seed {PILOT_SEED} is the rate pilot's; the table's seeds must differ from it")
     if any(not r > 0 for r in args.rates):
@@ -158,12 +168,31 @@ def run_cell(argv: List[str], dry_run: bool, log) -> Optional[Dict]:
     return upgrade_head.main(argv, log=log)
 
 
+def best_rate(cells: Dict[float, Dict]) -> float:
+    """The rate whose pilot cell has the lowest valid NLL after its epoch (a diverged, non-finite one never)."""
+    scores = {lr: cell["curve"][1]["valid_nll"] for lr, cell in cells.items()}
+    finite = {lr: v for lr, v in scores.items() if math.isfinite(v)}
+    if not finite:
+        raise SystemExit(f"every pilot rate diverged: {scores}")
+    return min(finite, key=finite.get)
+
+
+def past_the_end(rates: List[float], best: float) -> Optional[float]:
+    """The rate one grid step past the end of ``rates`` that ``best`` sits at (the step: the ratio of that end's two
+    rates, to the 6 digits of its command line), or None when ``best`` is inside the grid or the grid has one rate."""
+    grid = sorted(rates)
+    if len(grid) < 2 or grid[0] < best < grid[-1]:
+        return None
+    step = grid[-1] / grid[-2] if best == grid[-1] else grid[0] / grid[1]
+    return float(f"{best * step:g}")  # as its command line and folder write it
+
+
 def choose_rates(pilot: Dict[str, Dict[float, Dict]]) -> Dict[str, Dict]:
     """Per row, the pilot rate with the lowest valid NLL after its epoch: ``{row: {"lr", "valid_nll": {lr: nll}}}``."""
     chosen = {}
     for row, cells in pilot.items():
         scores = {lr: cell["curve"][1]["valid_nll"] for lr, cell in cells.items()}
-        chosen[row] = {"lr": min(scores, key=scores.get), "valid_nll": {f"{lr:g}": v for lr, v in scores.items()}}
+        chosen[row] = {"lr": best_rate(cells), "valid_nll": {f"{lr:g}": v for lr, v in sorted(scores.items())}}
     return chosen
 
 
@@ -179,8 +208,17 @@ def main(argv=None, log=print) -> Dict:
         for row in args.rows:
             for seed in args.seeds:
                 run_cell(table_argv(args, row, "RATE", seed), True, log)
-        log(f"the table's rate per row: the pilot's best ({', '.join(f'{r:g}' for r in args.rates)}) on valid")
+        log(
+            f"the table's rate per row: the pilot's best ({', '.join(f'{r:g}' for r in args.rates)}) on valid, a row "
+            f"whose best is at an end of the grid tried up to {args.extra_rates} grid step(s) past it first"
+        )
         return {}
+    for row in args.rows:  # a best rate at an end of the grid: one step past it, up to --extra-rates times
+        for _ in range(args.extra_rates):
+            lr = past_the_end(list(pilot[row]), best_rate(pilot[row]))
+            if lr is None:
+                break
+            pilot[row][lr] = run_cell(pilot_argv(args, row, lr), False, log)
     rates = choose_rates(pilot)
     with open(os.path.join(args.out, "rates.json"), "w") as f:
         json.dump(rates, f, indent=1)

@@ -318,6 +318,7 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     out = tmp_path / "table"
     argv = ["--model", str(tmp_path / "pre"), "--data", str(tmp_path), "--out", str(out)]
     argv += ["--rows", "softmax", "softmax-mlp", "mos-3", "--rates", "1e-3", "3e-2", "--seeds", "1", "2"]
+    argv += ["--extra-rates", "0"]  # (tested below: a grid of two rates puts every best at an end)
     argv += ["--pilot-tokens", "1024", "--pilot-valid-tokens", "256", "--train-tokens", "2048", "--valid-tokens", "512"]
     argv += ["--block-size", "32", "--batch-tokens", "256"]  # passed on to recipes.upgrade_head
     result = upgrade_table.main(argv, log=lambda *_: None)
@@ -369,3 +370,48 @@ def upgrade_head_module():
     from recipes import upgrade_head
 
     return upgrade_head
+
+
+def test_a_pilot_rate_at_an_end_of_the_grid_is_tried_one_step_past_it(tmp_path, monkeypatch):
+    """recipes.upgrade_table: a row whose best pilot rate is the grid's top (bottom) tries the rate a grid step
+    above (below) it, again while that one is best, up to --extra-rates; a row best inside the grid tries none; a
+    diverged (NaN) rate is never chosen."""
+    import math
+
+    from recipes import upgrade_table
+
+    best = {"softmax": 3e-3, "mos-3": 3e-4, "plif": 1e-5}  # each row's valid NLL is lowest at this rate
+    ran = []
+
+    def fake(argv, dry_run, log):
+        out = argv[argv.index("--output-dir") + 1]
+        row = next(r for r in best if f"/{r}-" in out)
+        lr = float(argv[argv.index("--lr") + 1])
+        if "/rates/" in out:  # the pilot's cells (the table's are under cells/)
+            ran.append((row, lr))
+        nll = math.nan if lr > 1e-2 else abs(math.log(lr / best[row]))
+        return {"curve": [{"valid_nll": 9.0}, {"valid_nll": nll}], "lr": lr}
+
+    monkeypatch.setattr(upgrade_table, "run_cell", fake)
+    (tmp_path / "data").mkdir()
+    for split in ("train", "valid", "test"):
+        (tmp_path / "data" / f"{split}.txt").write_text("x\n")
+    argv = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--rows", *best, "--seeds", "1"]
+    (tmp_path / "out").mkdir()
+    result = upgrade_table.main(argv + ["--rates", "1e-4", "3e-4", "1e-3", "--extra-rates", "2"], log=lambda *_: None)
+    extra = {row: sorted(lr for r, lr in ran if r == row and lr not in (1e-4, 3e-4, 1e-3)) for row in best}
+    assert extra["mos-3"] == []  # best inside the grid
+    # 3.3e-3 best, so one more: 1.1e-2 diverges (NaN), never chosen
+    assert extra["softmax"] == pytest.approx([1e-3 * 10 / 3, 1e-3 * (10 / 3) ** 2], rel=1e-5)
+    assert extra["plif"] == pytest.approx([1e-4 / 9, 1e-4 / 3], rel=1e-5)  # down twice: the cap of 2
+    rates = json.loads((tmp_path / "out" / "rates.json").read_text())
+    assert rates["softmax"]["lr"] == pytest.approx(1e-3 * 10 / 3, rel=1e-5) and rates["mos-3"]["lr"] == 3e-4
+    assert result["rates"]["plif"]["lr"] == pytest.approx(1e-4 / 9, rel=1e-5)
+    with pytest.raises(SystemExit):
+        upgrade_table.parse_args(argv + ["--extra-rates", "-1"])
+    assert (
+        upgrade_table.best_rate(
+            {1e-3: {"curve": [{}, {"valid_nll": math.nan}]}, 1e-4: {"curve": [{}, {"valid_nll": 5.0}]}}
+        )
+        == 1e-4
+    )
