@@ -29,6 +29,19 @@ MIXTAPE_FORMS = (
 )
 
 
+def mixtape_forms(rows: Sequence[str]) -> str:
+    """The note on Mixtape's forms for a table with these ``rows``: both forms (:data:`MIXTAPE_FORMS`), the default
+    form alone, or "" without a Mixtape row."""
+    if "mixtape" in rows:
+        return MIXTAPE_FORMS
+    if "mixtape-unscaled" in rows:
+        return (
+            "`mixtape-unscaled` is torch's `nn.Linear` form of Mixtape's projections, the library's default since "
+            "head spec version 2 (Mesh TensorFlow's form, `scaled_input=True`, has no row here)."
+        )
+    return ""
+
+
 def full_mixtape_form(optimizer: str, slower: str) -> str:
     """Why a full-size plan runs Mixtape in torch's nn.Linear form (in the note of every plan with a Mixtape row):
     under ``optimizer`` Mesh TensorFlow's form moves its projections about ``slower`` times more slowly."""

@@ -30,7 +30,7 @@ from recipes.reproduce.data.lm_corpora import CORPORA as LM_CORPORA, full_dir
 from recipes.reproduce.engine.runner import PLUGIN, Runner, shell_line, tool, training_done
 from recipes.reproduce.engine.sweep import StopRule
 from recipes.reproduce.engine.table import Table
-from recipes.reproduce.engine.variants import MIXTAPE_FORMS, Variant, full_mixtape_form, resolve
+from recipes.reproduce.engine.variants import Variant, full_mixtape_form, mixtape_forms, resolve
 
 #: the mini AWD-LSTM: smaller layers, half the MoS settings' dropouts (set for the earlier valid-split tables, kept)
 MINI_MODEL = [
@@ -265,7 +265,7 @@ class LanguageModelTable(Table):
             + (f" ({sized})" if sized else "")
             + f", {' '.join(MINI_OPTIMIZERS[self.mini_optimizer])} "
             f"(the pilot's choice), {self.mini_stop.describe()}."
-            + (f" {MIXTAPE_FORMS}" if any(h.startswith("mixtape") for h in self.mini_heads) else "")
+            + (f" {mixtape_forms(self.mini_heads)}" if mixtape_forms(self.mini_heads) else "")
         )
 
     def paper_for(self, variant: Variant, split: str) -> Optional[float]:
