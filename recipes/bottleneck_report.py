@@ -49,11 +49,12 @@ def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
 
     cells = [small(load(p)) for p in sorted(glob.glob(os.path.join(results, "cells", "*.json")))]
     rate_cells = [small(load(p)) for p in sorted(glob.glob(os.path.join(results, "rates", "*.json")))]
-    if not cells:
+    if not cells and not rate_cells:
         raise SystemExit(f"{results}: no cells (run python -m recipes.bottleneck_map first)")
+    rates = os.path.join(results, "rates.json")  # written once every head has chosen
     return {
         "meta": load(os.path.join(results, "meta.json")),
-        "rates": load(os.path.join(results, "rates.json")),
+        "rates": load(rates) if os.path.exists(rates) else {},
         "rate_cells": rate_cells,
         "cells": cells,
         "joint": [load(p) for p in sorted(glob.glob(os.path.join(joint, "cells", "*.json")))] if joint else [],
@@ -245,8 +246,8 @@ def page(obj: Dict, png: str) -> str:
     spent = cells_cpu_hours(obj)  # every cell's cost, the diverged ones' too
     obj, diverged = finite(obj)
     rows, slopes = paired_rows(obj), slope_test(obj)
-    seeds = sorted({c["seed"] for c in obj["cells"]})
-    planned = {(h, d, s) for h in a["heads"] for d in a["dims"] for s in range(1, a["seeds"] + 1)}
+    seeds = list(range(1, a["seeds"] + 1))
+    planned = {(h, d, s) for h in a["heads"] for d in a["dims"] for s in seeds}
     missing = planned - set(by_key(obj["cells"])) - {(c["head"], c["d"], c["seed"]) for c in diverged}
     lines = [
         "# Does breaking the softmax bottleneck pay, and where? A map over the head's input width",
@@ -283,6 +284,8 @@ def page(obj: Dict, png: str) -> str:
         + (
             "."
             if not missing
+            else f"; the rate cells at d = {a['rate_d']} run first, and the seed cells after every head's rate."
+            if not obj["cells"]
             else f"; {len(missing)} not finished, and every table below holds the cells so far (missing: "
             + ", ".join(f"{h} d={d} seed {s}" for h, d, s in sorted(missing)[:8])
             + (", ..." if len(missing) > 8 else "")
@@ -298,6 +301,14 @@ def page(obj: Dict, png: str) -> str:
         "",
     ]
     lines += rate_section(obj)
+    if not obj["cells"]:  # the rate cells so far, the joint check and the upgrade table: no map yet
+        return "\n".join(
+            lines
+            + joint_section(obj)
+            + upgrade_section(obj.get("upgrade") or {})
+            + commands_section(obj)
+            + ["## Cost", "", f"In all {spent:.1f} CPU-core-hours of rate cells so far.", ""]
+        )
     lines += ["## Test perplexity", ""]
     lines += table(obj, lambda c: math.exp(c["test_nll"]), "Mean ± sd over seeds (seeds).")
     lines += stopped_sentence(obj)
@@ -472,15 +483,24 @@ def rate_section(obj: Dict) -> List[str]:
         "| head | " + " | ".join(f"{lr:g}" for lr in grid) + " |",
         "|---|" + "---|" * len(grid),
     ]
-    ends = []
-    for head, chosen in obj["rates"].items():
+    ends, known = [], {}
+    for head in a["heads"]:
         by_lr = {c["lr"]: c["valid_nll"] for c in obj["rate_cells"] if c["head"] == head and c["d"] == a["rate_d"]}
+        if not by_lr:
+            continue
+        whole = set(grid) <= set(by_lr)  # every rate run: the choice is made (rates.json follows every head's)
+        chosen = obj["rates"].get(head, min(by_lr, key=by_lr.get) if whole else None)
+        if chosen is not None:
+            known[head] = chosen
         row = [
             ("-" if lr not in by_lr else f"**{by_lr[lr]:.4f}**" if lr == chosen else f"{by_lr[lr]:.4f}") for lr in grid
         ]
         lines.append(f"| {head} | " + " | ".join(row) + " |")
         if len(grid) > 1 and chosen in (grid[0], grid[-1]):
             ends.append(f"{head} ({chosen:g})")
+    waiting = [h for h in a["heads"] if h not in known]
+    if waiting:
+        lines += ["", f"Not chosen yet (their rate cells run): {', '.join(waiting)}."]
     lines.append("")
     if ends:
         lines += [
@@ -510,6 +530,9 @@ def floor_seeds(obj: Dict) -> str:
     """Which seeds' cells have a floor run, in words (read from the cells: ``--floor-seeds`` of the run)."""
     seeds = sorted({c["seed"] for c in obj["cells"]})
     floored = sorted({c["seed"] for c in obj["cells"] if "floor_curve" in c})
+    if not seeds:
+        n = obj["meta"]["args"].get("floor_seeds", obj["meta"]["args"]["seeds"])
+        return f"planned for seed{'s 1-' if n > 1 else ' '}{n}"
     if floored == seeds:
         return "every seed"
     if not floored:
@@ -728,7 +751,8 @@ def main(argv=None, log=print) -> str:
         obj = json.load(f)
     png = os.path.join(args.docs, "bottleneck_map.png")
     shown, _ = finite(obj)
-    plot(shown, paired_rows(shown), png)
+    if shown["cells"]:
+        plot(shown, paired_rows(shown), png)
     text = page(obj, png)
     with open(os.path.join(args.docs, "bottleneck_map.md"), "w") as f:
         f.write(text + "\n")

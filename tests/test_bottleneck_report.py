@@ -143,3 +143,34 @@ def test_the_command_writes_page_and_plots_around_a_diverged_cell(tmp_path):
     text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
     assert "Diverged (a non-finite valid or test NLL" in text and "| mixtape | 4 | 2 |" in text
     assert (tmp_path / "bottleneck_map.png").exists() and (tmp_path / "bottleneck_map-spectra.png").exists()
+
+
+def test_before_the_seed_cells_the_page_shows_the_rate_search_and_no_empty_map(tmp_path):
+    """With rate cells only (the map's first stage), the page gives the rates run so far (a head whose grid is whole
+    has its rate before rates.json exists), says the seed cells follow, and writes no empty tables or plots."""
+    import json
+
+    obj = _map([])
+    obj["rates"] = {}
+    obj["rate_cells"] = [c for c in obj["rate_cells"] if c["head"] != "mixtape" or c["lr"] == 1e-3]
+    obj["rate_cells"][0]["valid_nll"] = 4.9  # softmax at 1e-3: its grid is whole, so its rate is known
+    (tmp_path / "bottleneck_map.json").write_text(json.dumps(obj))
+    text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
+    assert "Cells finished: 0 of the 27 planned (3 heads x 3 d x 3 seeds); the rate cells at d = 16 run first" in text
+    assert "| softmax | **4.9000** | 5.0500 |" in text and "| mixtape | 5.0500 | - |" in text
+    assert "Not chosen yet (their rate cells run): mixtape." in text and "Seeds 1, 2, 3, fixed" in text
+    assert "## Test perplexity" not in text and "| head |  |" not in text and "## Commands" in text
+    assert not (tmp_path / "bottleneck_map.png").exists()
+
+
+def test_the_committed_page_is_what_its_committed_json_gives(tmp_path):
+    """docs/bottleneck_map.md is generated: rebuilt from docs/bottleneck_map.json it comes out the same, so a change
+    of the generator lands with the page it writes."""
+    import os
+    import shutil
+
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+    shutil.copy(os.path.join(docs, "bottleneck_map.json"), tmp_path / "bottleneck_map.json")
+    text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
+    with open(os.path.join(docs, "bottleneck_map.md")) as f:
+        assert text + "\n" == f.read()

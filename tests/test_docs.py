@@ -16,7 +16,10 @@ from hf_heads.docs import heads_table
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
 MARKDOWN = ["README.md"] + sorted(f"docs/{name}" for name in os.listdir(DOCS) if name.endswith(".md"))
-GENERATED = {"docs/reproduction.md"}  # written by `python -m recipes.reproduce.report`; holds no Python blocks
+GENERATED = {  # written by a command (no Python blocks): recipes.reproduce.report, recipes.bottleneck_report
+    "docs/reproduction.md",
+    "docs/bottleneck_map.md",
+}
 NOT_RUN = re.compile(r"^<!--\s*snippet:\s*not run\s*(?:—|–|-|:)\s*(?P<reason>.*\S)\s*-->\s*$")
 SNIPPET_TIMEOUT_S = 240
 
