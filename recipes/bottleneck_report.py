@@ -492,12 +492,27 @@ def rate_section(obj: Dict) -> List[str]:
         chosen = obj["rates"].get(head, min(by_lr, key=by_lr.get) if whole else None)
         if chosen is not None:
             known[head] = chosen
+        capped = {
+            c["lr"]
+            for c in obj["rate_cells"]
+            if c["head"] == head
+            and c["d"] == a["rate_d"]
+            and bottleneck_map.ended_by(c["curve"], a["max_epochs"], a["patience"]) == "max_epochs"
+        }
         row = [
-            ("-" if lr not in by_lr else f"**{by_lr[lr]:.4f}**" if lr == chosen else f"{by_lr[lr]:.4f}") for lr in grid
+            "-"
+            if lr not in by_lr
+            else (f"**{by_lr[lr]:.4f}**" if lr == chosen else f"{by_lr[lr]:.4f}") + (" (cap)" if lr in capped else "")
+            for lr in grid
         ]
         lines.append(f"| {head} | " + " | ".join(row) + " |")
         if len(grid) > 1 and chosen in (grid[0], grid[-1]):
             ends.append(f"{head} ({chosen:g})")
+    lines += [
+        "",
+        f"Bold: the head's rate, the grid's lowest valid NLL (once every rate has run). (cap): the {a['max_epochs']}-"
+        f"epoch cap ended the cell while its valid NLL still improved (best epoch within the last {a['patience']}).",
+    ]
     waiting = [h for h in a["heads"] if h not in known]
     if waiting:
         lines += ["", f"Not chosen yet (their rate cells run): {', '.join(waiting)}."]
@@ -575,8 +590,9 @@ def joint_section(obj: Dict) -> List[str]:
         "## Trained jointly with the trunk",
         "",
         "The lm-ptb table's AWD-LSTM trained whole, its last layer of d units read by an untied head "
-        f"(`python -m recipes.bottleneck_joint`: Adam {rates}, at most {caps} epochs, the table's stopping rule "
-        "within them: numbers at that cap), beside the frozen-trunk cell of the same head, d and seed. Test "
+        f"(`python -m recipes.bottleneck_joint`: Adam {rates}, {caps} epochs, the table's patience of 3 unable to "
+        "fire within them; the best epoch's checkpoint by valid loss scored), beside the frozen-trunk cell of the "
+        "same head, d and seed. Test "
         "perplexity; the difference is head minus softmax in test NLL (nats) at the same d and seed:",
         "",
         "| head | d | seed | jointly | frozen trunk | joint diff | frozen diff | joint CPU minutes |",
@@ -659,8 +675,8 @@ def upgrade_section(up: Dict) -> List[str]:
         lines += [
             f"**Rate pilot** (seed 0, one epoch over the first {p0['tokens']['train']:,} train tokens, valid NLL "
             f"on the first {p0['tokens']['valid']:,} valid tokens; the pretrained model scores "
-            f"{math.log(p0['pretrained_ppl']['valid']):.4f}); each row's rate is its lowest (a row best at an end of "
-            "the grid also tried a step past it):",
+            f"{math.log(p0['pretrained_ppl']['valid']):.4f}); each row's rate is its lowest (once the grid is done, "
+            "`upgrade_table` tries a row best at an end of it one step past that end):",
             "",
             "| row | " + " | ".join(f"lr {r:g}" for r in rates) + " |",
             "|---|" + "---|" * len(rates),

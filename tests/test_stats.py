@@ -122,6 +122,12 @@ def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_agains
     plif = next(c for c in tests if c.head == "plif" and c.baseline == "softmax")
     assert claims[("plif", "softmax", "test")] == pytest.approx((57.25 / 58.37 - 1) * 100.0)
     assert ("mos-4", "softmax-matched", "test") in claims and ("softmax-matched", "softmax", "test") not in claims
+    assert "mos-4: Mixtape T3: MoS-3 57.62 vs softmax 59.19 (-2.7%)" in sentences.claim_sources(claims, TABLE)
+    assert (
+        sentences.scored_part([{"ppl": {"test": 1.0}}, {"curve": []}])
+        == ", 1 of them scored so far (a cell is " + ("scored right after its training)")
+        and sentences.scored_part([{"ppl": {"test": 1.0}}]) == ""
+    )
     sentence = sentences.untestable_claims(family, claims, TABLE)
     assert (abs(claims[("plif", "softmax", "test")]) < plif.detectable) == ("plif - softmax on test" in sentence)
     # the translation tables state theirs too, in BLEU (En-Fr's MoS number is another system's: no claim)

@@ -146,8 +146,12 @@ def _comparison_lines(obj: Dict[str, Any], comparisons, metric: Optional[str], t
         "",
         head_comparison.family_table(comparisons, metric, bootstrap, claims if claims else None),
     ]
+    sources = sentences.claim_sources(claims, table)
     untestable = sentences.untestable_claims(comparisons, claims, table)
-    return lines + ([untestable, ""] if untestable else [])
+    for sentence in (sources, untestable):
+        if sentence:
+            lines += [sentence, ""]
+    return lines
 
 
 def _equal_compute_lines(obj: Dict[str, Any], scored: List[Dict[str, Any]], smoothed: bool) -> List[str]:
@@ -257,7 +261,7 @@ def protocols_section(obj: Dict[str, Any]) -> str:
         lines += [
             "Paired differences of perplexity (negative: the first is better; mean, 95% interval, paired "
             f"t-test, and its p Holm-adjusted over these {sum(a is not None for a in adjusted)} comparisons, one "
-            "family; nothing here was chosen on valid): "
+            "family; valid chose only each run's best checkpoint): "
             + "; ".join(
                 f"{what}: {r.describe()}, Holm p = {format_p(a)} (per seed {per_seed})"
                 for (what, r, per_seed), a in zip(pairs, adjusted)

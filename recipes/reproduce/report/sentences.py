@@ -101,6 +101,19 @@ def claims_for(
     return out
 
 
+def claim_sources(claims: Dict[tuple, float], table) -> str:
+    """Where the paper's-difference column comes from: each claimed head's source and relative difference, or ""."""
+    sources = getattr(table, "paper_claims", None) or {}
+    heads = list(dict.fromkeys(head for head, _, _ in claims))
+    if not heads:
+        return ""
+    return (
+        "The paper's differences come from: "
+        + "; ".join(f"{h}: {sources[h]['source']} ({sources[h]['relative']:+.1%})" for h in heads if h in sources)
+        + " (each paper against its own softmax; scaled to our baseline's mean)."
+    )
+
+
 def untestable_claims(comparisons: List["head_comparison.Comparison"], claims: Dict[tuple, float], table) -> str:
     """The sentence on the papers' claims smaller than what the table detects (80% power), or ""."""
     small = [
@@ -243,6 +256,14 @@ def scale_phrase(obj: Dict[str, Any], full_only: bool) -> str:
     return "mini, no cell finished yet"
 
 
+def scored_part(cells: List[Dict[str, Any]]) -> str:
+    """ ", N of them scored (...)" where some trained cells have no scores yet, else ""."""
+    scored = sum(1 for c in cells if c.get("ppl") or c.get("bleu") or c.get("scores"))
+    if scored == len(cells):
+        return ""
+    return f", {scored} of them scored so far (a cell is scored right after its training)"
+
+
 def models_line(cells: List[Dict[str, Any]]) -> str:
     """Which models the cells ran (tables of several models, lm-gpt2), or ""."""
     models = sorted({m for c in cells for m in c.get("models") or []})
@@ -254,7 +275,9 @@ def finished_sentences(cells: List[Dict[str, Any]], scored: List[Dict[str, Any]]
     done = "".join(
         f" {t}"
         for t in (
-            f"Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})." if cells else "",
+            f"Cells finished: {len(cells)} ({', '.join(sorted({c['head'] for c in cells}))})" + scored_part(cells) + "."
+            if cells
+            else "",
             models_line(cells),
             parameters_line(scored),
             cap_sentence(scored),
