@@ -325,9 +325,8 @@ def page(obj: Dict, png: str) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in slopes:
-        seeds_per_d = "-".join(str(n) for n in (r["seeds"][0], r["seeds"][-1])) if r["seeds"] else "0"
-        if r["seeds"] and r["seeds"][0] == r["seeds"][-1]:
-            seeds_per_d = str(r["seeds"][0])
+        low, high = (r["seeds"][0], r["seeds"][-1]) if r["seeds"] else (0, 0)
+        seeds_per_d = str(low) if low == high else f"{low}-{high}"
         if r["slope"] is None:
             lines.append(
                 f"| {r['head']} | {len(r['dims'])} | {seeds_per_d} | too few d values (3 needed) | - | - | - |"
