@@ -23,6 +23,7 @@ import glob
 import json
 import math
 import os
+import re
 import statistics
 from typing import Dict, List
 
@@ -585,13 +586,20 @@ def joint_section(obj: Dict) -> List[str]:
     trained = {(c["head"], c["d"], c["seed"]): c for c in joint}
     caps = ", ".join(str(cap) for cap in sorted({c["epoch_cap"] for c in joint}))
     rates = ", ".join(f"{lr:g}" for lr in sorted({c["lr"] for c in joint}))
+    found = [re.search(r"--patience (\d+)", c.get("command", "")) for c in joint]
+    patience = sorted({int(m.group(1)) for m in found if m})
+    stop = (
+        f"the table's patience of {patience[0]} unable to fire within them"
+        if len(patience) == 1 and all(patience[0] >= c["epoch_cap"] for c in joint)
+        else "within them the table's stopping rule"
+        + (f" (patience {', '.join(map(str, patience))})" if patience else "")
+    )
     lines = [
         "## Trained jointly with the trunk",
         "",
         "The lm-ptb table's AWD-LSTM trained whole, its last layer of d units read by an untied head "
-        f"(`python -m recipes.bottleneck_joint`: Adam {rates}, {caps} epochs, the table's patience of 3 unable to "
-        "fire within them; the best epoch's checkpoint by valid loss scored), beside the frozen-trunk cell of the "
-        "same head, d and seed. Test "
+        f"(`python -m recipes.bottleneck_joint`: Adam {rates}, {caps} epochs, {stop}; the best epoch's checkpoint "
+        "by valid loss scored), beside the frozen-trunk cell of the same head, d and seed. Test "
         "perplexity; the difference is head minus softmax in test NLL (nats) at the same d and seed:",
         "",
         "| head | d | seed | jointly | frozen trunk | joint diff | frozen diff | joint CPU minutes |",

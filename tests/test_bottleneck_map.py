@@ -150,6 +150,7 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     joint.mkdir(parents=True)
     for head, test_ppl in (("softmax", 100.0), ("mos-4", 90.0)):
         cell = {"head": head, "d": 2, "seed": 1, "lr": 0.0025, "epoch_cap": 3, "ppl": {"valid": 1.0, "test": test_ppl}}
+        cell["command"] = "fairseq-train bin --patience 3 --max-epoch 3"
         (joint / f"{head}-d2-s1.json").write_text(json.dumps(cell))
     text = bottleneck_report.main(
         ["--results", str(tmp_path), "--docs", str(docs), "--joint", str(tmp_path / "joint")], log=lambda *_: None
@@ -158,7 +159,7 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     frozen_diff = cells[("mos-4", 2, 1)]["test_nll"] - cells[("softmax", 2, 1)]["test_nll"]
     frozen_ppl = math.exp(cells[("mos-4", 2, 1)]["test_nll"])
     assert f"| mos-4 | 2 | 1 | 90.00 | {frozen_ppl:.2f} | {math.log(0.9):+.4f} | {frozen_diff:+.4f} |" in text
-    assert "Adam 0.0025, 3 epochs" in text
+    assert "Adam 0.0025, 3 epochs, the table's patience of 3 unable to fire within them" in text
     # resumable: a rerun reads every cell and rate it finds
     monkeypatch.setattr(bottleneck_map, "run_cell", lambda *a, **k: pytest.fail("a finished cell ran again"))
     again = bottleneck_map.main(argv, log=lambda *_: None)

@@ -174,3 +174,27 @@ def test_the_committed_page_is_what_its_committed_json_gives(tmp_path):
     text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
     with open(os.path.join(docs, "bottleneck_map.md")) as f:
         assert text + "\n" == f.read()
+
+
+def test_the_joint_check_says_whether_its_stopping_rule_could_fire():
+    """The joint cells' patience is read from their commands: at or above the epoch cap it cannot fire."""
+    obj = _map(_cells())
+
+    def joint(cap, patience):
+        return [
+            {
+                "head": h,
+                "d": 4,
+                "seed": 1,
+                "lr": 0.0025,
+                "epoch_cap": cap,
+                "ppl": {"valid": 1.0, "test": p},
+                "command": f"fairseq-train bin --patience {patience} --max-epoch {cap}",
+            }
+            for h, p in (("softmax", 100.0), ("mos-4", 90.0))
+        ]
+
+    text = "\n".join(bottleneck_report.joint_section({**obj, "joint": joint(3, 3)}))
+    assert "3 epochs, the table's patience of 3 unable to fire within them;" in text
+    text = "\n".join(bottleneck_report.joint_section({**obj, "joint": joint(8, 3)}))
+    assert "8 epochs, within them the table's stopping rule (patience 3);" in text
