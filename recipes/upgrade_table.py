@@ -33,6 +33,8 @@ import os
 import shlex
 from typing import Dict, List, Optional
 
+from recipes.reproduce.engine import sweep as sweep_rules
+
 #: row -> the options of recipes.upgrade_head that make it (MoS gets K = 3 from upgrade_head's default for pretrained
 #: models; Mixtape and PLIF their library defaults)
 ROWS: Dict[str, List[str]] = {
@@ -168,23 +170,18 @@ def run_cell(argv: List[str], dry_run: bool, log) -> Optional[Dict]:
     return upgrade_head.main(argv, log=log)
 
 
+def pilot_losses(cells: Dict[float, Dict]) -> Dict[float, float]:
+    """``{rate: valid NLL after the pilot's epoch}``, a diverged (non-finite) one as infinity, never the best; a row
+    whose every rate diverged is refused."""
+    scores = {lr: cell["curve"][1]["valid_nll"] for lr, cell in cells.items()}
+    if not any(math.isfinite(v) for v in scores.values()):
+        raise SystemExit(f"every pilot rate diverged: {scores}")
+    return {lr: v if math.isfinite(v) else math.inf for lr, v in scores.items()}
+
+
 def best_rate(cells: Dict[float, Dict]) -> float:
     """The rate whose pilot cell has the lowest valid NLL after its epoch (a diverged, non-finite one never)."""
-    scores = {lr: cell["curve"][1]["valid_nll"] for lr, cell in cells.items()}
-    finite = {lr: v for lr, v in scores.items() if math.isfinite(v)}
-    if not finite:
-        raise SystemExit(f"every pilot rate diverged: {scores}")
-    return min(finite, key=finite.get)
-
-
-def past_the_end(rates: List[float], best: float) -> Optional[float]:
-    """The rate one grid step past the end of ``rates`` that ``best`` sits at (the step: the ratio of that end's two
-    rates, to the 6 digits of its command line), or None when ``best`` is inside the grid or the grid has one rate."""
-    grid = sorted(rates)
-    if len(grid) < 2 or grid[0] < best < grid[-1]:
-        return None
-    step = grid[-1] / grid[-2] if best == grid[-1] else grid[0] / grid[1]
-    return float(f"{best * step:g}")  # as its command line and folder write it
+    return sweep_rules.choose_lr(pilot_losses(cells))
 
 
 def choose_rates(pilot: Dict[str, Dict[float, Dict]]) -> Dict[str, Dict]:
@@ -213,11 +210,10 @@ def main(argv=None, log=print) -> Dict:
             f"whose best is at an end of the grid tried up to {args.extra_rates} grid step(s) past it first"
         )
         return {}
-    for row in args.rows:  # a best rate at an end of the grid: one step past it, up to --extra-rates times
-        for _ in range(args.extra_rates):
-            lr = past_the_end(list(pilot[row]), best_rate(pilot[row]))
-            if lr is None:
-                break
+    for row in args.rows:  # a best rate at an end of the grid: a grid step past it, up to --extra-rates times
+        most = len(pilot[row]) + args.extra_rates
+        while (more := sweep_rules.extend_grid(list(pilot[row]), pilot_losses(pilot[row]), None, most)) is not None:
+            lr = float(f"{more:g}")  # as its command line and folder write it
             pilot[row][lr] = run_cell(pilot_argv(args, row, lr), False, log)
     rates = choose_rates(pilot)
     with open(os.path.join(args.out, "rates.json"), "w") as f:

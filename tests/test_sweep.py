@@ -58,6 +58,11 @@ def test_the_rate_of_the_lowest_valid_loss_is_chosen_and_the_grid_grows_past_a_b
     assert sweep_rules.extend_grid(rates, {0.0025: 4.2, 0.005: 4.1, 0.01: 4.3}, 2.0, 5) is None  # inside: done
     assert sweep_rules.extend_grid(rates, {0.0025: 4.2, 0.005: 4.1, 0.01: 4.0}, 2.0, 5) == 0.02
     assert sweep_rules.extend_grid(rates, {0.0025: 4.0, 0.005: 4.1, 0.01: 4.3}, 2.0, 5) == 0.00125
+    # no factor: the grid's own step at the end the best sits at (1e-4 / 3e-4 / 1e-3: x10/3 up, /3 down)
+    uneven = [1e-4, 3e-4, 1e-3]
+    assert sweep_rules.extend_grid(uneven, {1e-4: 5, 3e-4: 4, 1e-3: 3}, None, 5) == pytest.approx(1e-3 * 10 / 3)
+    assert sweep_rules.extend_grid(uneven, {1e-4: 3, 3e-4: 4, 1e-3: 5}, None, 5) == pytest.approx(1e-4 / 3)
+    assert sweep_rules.extend_grid([1e-3], {1e-3: 3}, None, 5) is None  # one rate: no step to take
     assert sweep_rules.extend_grid(rates, {0.0025: 4.0, 0.005: 4.1}, 2.0, 5) is None  # a cell is missing: wait for it
     assert (
         sweep_rules.extend_grid(rates + [0.02, 0.04], {r: 5.0 - r for r in rates + [0.02, 0.04]}, 2.0, 5) is None

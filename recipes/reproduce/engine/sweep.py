@@ -114,17 +114,20 @@ def choose_lr(best_losses: Mapping[float, float]) -> float:
 
 
 def extend_grid(
-    rates: Sequence[float], best_losses: Mapping[float, float], factor: float, max_rates: int
+    rates: Sequence[float], best_losses: Mapping[float, float], factor: Optional[float], max_rates: int
 ) -> Optional[float]:
     """The next rate to try when the best so far is the smallest or largest tried (``best / factor`` or
-    ``best * factor``), or None: the best is inside the grid, a cell is missing, or ``max_rates`` are tried."""
+    ``best * factor``; ``factor`` None: the grid's own step at that end, the ratio of its two end rates), or None:
+    the best is inside the grid, a cell is missing, or ``max_rates`` are tried."""
     if len(rates) >= max_rates or any(lr not in best_losses for lr in rates):
         return None
-    best = choose_lr(best_losses)
-    if best == max(rates):
-        return best * factor
-    if best == min(rates):
-        return best / factor
+    best, grid = choose_lr(best_losses), sorted(rates)
+    if len(grid) < 2 and factor is None:
+        return None
+    if best == grid[-1]:
+        return best * (factor or grid[-1] / grid[-2])
+    if best == grid[0]:
+        return best / (factor or grid[1] / grid[0])
     return None
 
 
