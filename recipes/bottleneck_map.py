@@ -144,9 +144,9 @@ def run_cell(
     if floor and seed <= args.floor_seeds:
         out.update(floor_run(args, name, d, seed, lr, data))
     os.remove(checkpoint)  # the cell is whole: its caller saves it
-    floor = f"train NLL floor {out['train_nll_floor']:.4f}, " if "train_nll_floor" in out else ""
+    floor_text = f"train NLL floor {out['train_nll_floor']:.4f}, " if "train_nll_floor" in out else ""
     log(
-        f"{name} d={d} seed {seed}: test NLL {out['test_nll']:.4f} (ppl {math.exp(out['test_nll']):.1f}), {floor}"
+        f"{name} d={d} seed {seed}: test NLL {out['test_nll']:.4f} (ppl {math.exp(out['test_nll']):.1f}), {floor_text}"
         f"rank {out['spectrum']['rank']}, {out['cpu_s'] + out.get('floor_cpu_s', 0):.0f} CPU s"
     )
     return out

@@ -83,6 +83,11 @@ def family(rows: Sequence[Mapping[str, Any]]) -> List[Comparison]:
     return out
 
 
+def metric_unit(metric: str) -> str:
+    """How the report names a table's score in its sentences and headers: BLEU or perplexity."""
+    return "BLEU" if metric == "bleu" else "perplexity"
+
+
 def family_table(
     comparisons: Sequence[Comparison],
     metric: str,
@@ -95,7 +100,7 @@ def family_table(
     p < 0.05 for and against the head). Valid rows are descriptive: their difference and interval, no p-value."""
     if not comparisons:
         return ""
-    unit = "BLEU" if metric == "bleu" else "perplexity"
+    unit = metric_unit(metric)
     claimed = claims is not None
     header = (
         f"| comparison | split | seeds | mean difference ({unit}) [95% CI] | paired t p | Holm p (test) | "
@@ -136,7 +141,7 @@ def family_table(
 def reading(comparisons: Sequence[Comparison], metric: str) -> str:
     """One sentence per head: where its difference with the baseline is significant after Holm, and where not."""
     higher = metric != "ppl"
-    unit = "BLEU" if metric == "bleu" else "perplexity"
+    unit = metric_unit(metric)
     out = []
     for head, base in dict.fromkeys((c.head, c.baseline) for c in comparisons):
         mine = [c for c in comparisons if c.head == head and c.baseline == base]

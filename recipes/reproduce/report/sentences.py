@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 from recipes.reproduce.report import compare as head_comparison
 from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.engine import sweep as sweep_rules
-from recipes.reproduce.report.layout import mean_std, score_rows
+from recipes.reproduce.report.layout import SCORES, mean_std, score_rows
 
 
 def lowercased_line(lowercased: Dict[str, Dict[str, Dict[str, list]]]) -> str:
@@ -128,7 +128,7 @@ def untestable_claims(comparisons: List["head_comparison.Comparison"], claims: D
     sources = getattr(table, "paper_claims", {})
     return (
         f"The table cannot test these papers' claims (the claimed difference, at our baseline's "
-        f"{'BLEU' if getattr(table, 'metric', 'ppl') == 'bleu' else 'perplexity'}, is "
+        f"{head_comparison.metric_unit(getattr(table, 'metric', 'ppl'))}, is "
         "below what its seeds detect with 80% power at Holm's first level): "
         + "; ".join(
             f"{c.head} - {c.baseline} on {c.split}: claimed {claims[(c.head, c.baseline, c.split)]:+.2f} "
@@ -258,7 +258,7 @@ def scale_phrase(obj: Dict[str, Any], full_only: bool) -> str:
 
 def scored_part(cells: List[Dict[str, Any]]) -> str:
     """ ", N of them scored (...)" where some trained cells have no scores yet, else ""."""
-    scored = sum(1 for c in cells if c.get("ppl") or c.get("bleu") or c.get("scores"))
+    scored = sum(1 for c in cells if any(c.get(metric) for metric in SCORES))
     if scored == len(cells):
         return ""
     return f", {scored} of them scored so far (a cell is scored right after its training)"
