@@ -718,10 +718,13 @@ def upgrade_section(up: Dict) -> List[str]:
         f"tokens, {c0['words']['test']:,} words). The pretrained model scores test "
         f"{c0['before']['test']['ppl']:.2f} per token, {c0['before']['test']['word_ppl']:.2f} per word. CPU "
         "milliseconds per 1k tokens: training steps (validation apart) and scoring, the head alone on cached "
-        "states.",
+        "states; the whole model at inference, the upgraded model's CPU time over the pretrained one's, both timed "
+        f"in the cell's process on the first {c0['inference_costs']['tokens']:,} test tokens (the body's forward, "
+        f"{mean_sd([c['inference_costs']['body_ms'] for c in cells])} ms / 1k over the cells, and each head).",
         "",
-        "| row | lr | parameters added | test ppl / token | test ppl / word | train ms / 1k | score ms / 1k |",
-        "|---|---|---|---|---|---|---|",
+        "| row | lr | parameters added | test ppl / token | test ppl / word | train ms / 1k | score ms / 1k | "
+        "model at inference (x pretrained) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     base_params = {c["seed"]: c["head_parameters"] for c in cells if c["row"] == "softmax"}
     for row in [r for r in upgrade_table.ROWS if any(c["row"] == r for c in cells)]:
@@ -734,7 +737,8 @@ def upgrade_section(up: Dict) -> List[str]:
             f"{mean_sd([c['after']['test']['ppl'] for c in mine])} ({len(mine)}) | "
             f"{mean_sd([c['after']['test']['word_ppl'] for c in mine])} | "
             f"{mean_sd([c['train_cpu_ms_per_1k_tokens'] for c in mine])} | "
-            f"{mean_sd([c['inference_cpu_ms_per_1k_tokens'] for c in mine])} |"
+            f"{mean_sd([c['inference_cpu_ms_per_1k_tokens'] for c in mine])} | "
+            f"{mean_sd([c['inference_costs']['ratio'] for c in mine], 3)} |"
         )
     lines += [
         "",

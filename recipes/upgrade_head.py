@@ -62,6 +62,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-test-tokens", type=finetune_hf.token_limit, default=None, help="default: all")
     p.add_argument("--block-size", type=int, default=128, help="tokens per block the model reads")
     p.add_argument("--batch-size", type=int, default=8, help="blocks per forward pass while caching")
+    p.add_argument(
+        "--cost-blocks",
+        type=int,
+        default=16,
+        help="test blocks (else valid) on which the body's and the heads' inference CPU time is measured",
+    )
     p.add_argument("--cache-dir", default=None, help="where the states go (default: OUTPUT_DIR/../states-cache)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate for the head")
     p.add_argument("--max-epochs", type=int, default=10, help="epochs over the cached train states at most")
@@ -79,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-save", action="store_true", help="write only OUTPUT_DIR/results.json, not the model")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    for flag in ("block_size", "batch_size", "max_epochs", "patience", "batch_tokens"):
+    for flag in ("block_size", "batch_size", "cost_blocks", "max_epochs", "patience", "batch_tokens"):
         if getattr(args, flag) < (2 if flag == "block_size" else 1):
             p.error(
                 f"--{flag.replace('_', '-')}={getattr(args, flag)} is out of range; allowed: an integer >= "
@@ -200,6 +206,12 @@ def main(argv=None, log=print) -> Dict:
         )
     epochs = curve[1:]
     timed = "test" if "test" in scored else "valid"
+    costs = inference_costs(model, pretrained, head, blocks[timed], data[timed], args.cost_blocks, args.batch_size)
+    log(
+        f"inference, CPU ms per 1k {timed} tokens ({costs['tokens']:,} tokens): the body {costs['body_ms']:.1f}, "
+        f"the pretrained head {costs['pretrained_head_ms']:.1f}, this head {costs['head_ms']:.1f}; the upgraded "
+        f"model {costs['ratio']:.3f}x the pretrained one"
+    )
     result = {
         "model": args.model,
         "head": args.head,
@@ -222,6 +234,8 @@ def main(argv=None, log=print) -> Dict:
         / max(1, len(data["train"]) * len(epochs)),
         # CPU time of scoring (the head alone, on cached states), per 1k tokens of the test split (else valid)
         "inference_cpu_ms_per_1k_tokens": 1e6 * inference_cpu[timed] / len(data[timed]),
+        # the whole model at inference: the body's forward and each head, timed on the same blocks in this process
+        "inference_costs": costs,
         "threads": torch.get_num_threads(),
         "head_parameters": sum(p.numel() for p in head.parameters()),
         "lr": args.lr,
@@ -232,6 +246,41 @@ def main(argv=None, log=print) -> Dict:
     finetune_hf.save_outputs(model, tokenizer, result, args, log)
     os.remove(checkpoint)
     return result
+
+
+@torch.no_grad()
+def inference_costs(model, pretrained, head, blocks: torch.Tensor, data, n_blocks: int, batch_size: int) -> Dict:
+    """CPU milliseconds per 1k tokens at inference on the first ``n_blocks`` of ``blocks`` (token ids ``[B, L]``,
+    ``data`` their cached states): the frozen body's forward (``batch_size`` blocks a pass), the pretrained head and
+    ``head`` scoring the body's states, each timed once after a warm-up pass, in this process and thread. ``ratio``:
+    the upgraded model (body + ``head``) over the pretrained one (body + its own ``lm_head``), what upgrading the
+    head costs a user at inference."""
+    n = min(n_blocks, blocks.shape[0])
+    device = next(model.parameters()).device
+
+    def first(k: int):
+        return upgrade.States(
+            data.states[: k * data.block_tokens], data.targets[: k * data.block_tokens], data.block_tokens
+        )
+
+    def run_body(k: int):
+        for i in range(0, k, batch_size):
+            upgrade.body(model)(input_ids=blocks[i : min(i + batch_size, k)].to(device))
+
+    def timed(fn) -> float:
+        fn(1)  # warm-up on one block
+        start = time.process_time()
+        fn(n)
+        return 1e6 * (time.process_time() - start) / len(first(n))
+
+    out = {
+        "tokens": len(first(n)),
+        "body_ms": timed(run_body),
+        "pretrained_head_ms": timed(lambda k: upgrade.nll_per_block(pretrained, first(k))),
+        "head_ms": timed(lambda k: upgrade.nll_per_block(head, first(k))),
+    }
+    out["ratio"] = (out["body_ms"] + out["head_ms"]) / (out["body_ms"] + out["pretrained_head_ms"])
+    return out
 
 
 def _per_word(ppl: float, tokens: int, words: int) -> float:

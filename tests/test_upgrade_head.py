@@ -109,6 +109,11 @@ def test_upgrade_starts_at_the_pretrained_model_trains_only_the_head_and_saves_i
         assert result["words"][split] == after["blocks"] * 32
         assert after["word_ppl"] == pytest.approx(after["ppl"], rel=1e-9)
     assert result["train_cpu_ms_per_1k_tokens"] > 0 and result["inference_cpu_ms_per_1k_tokens"] > 0
+    costs = result["inference_costs"]  # the whole model's inference, timed on the first --cost-blocks test blocks
+    assert costs["tokens"] == min(16, result["after"]["test"]["blocks"]) * 31
+    assert costs["ratio"] == pytest.approx(
+        (costs["body_ms"] + costs["head_ms"]) / (costs["body_ms"] + costs["pretrained_head_ms"])
+    )
     assert result["curve"][0]["epoch"] == 0 and sum(1 for c in result["curve"] if c.get("best")) == 1
     # the saved model: the pretrained body unchanged (its tied embedding untied, not trained), the new head trained
     original = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "pre")
@@ -353,6 +358,11 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     # the model each cell recorded, named as it is (SmolLM2's Q4_1 caveat only for SmolLM2), and step 0 checked
     assert "The model is `pre`." in text and "Q4_1" not in text and "| MoS-3 | (a) | 2 |" in text
     assert "step 0 scored as the pretrained model in every cell" in text and "with Adam; one thread." in text
+    # the whole model's inference cost, upgraded over pretrained, timed in each cell: its mean over the row's seeds
+    table = text.split("| row | lr | parameters added")[1]
+    mos_row = next(line for line in table.splitlines() if line.startswith("| MoS-3 |"))
+    ratios = [result["cells"][f"mos-3-seed{s}"]["inference_costs"]["ratio"] for s in (1, 2)]
+    assert mos_row.endswith(f"| {bottleneck_report.mean_sd(ratios, 3)} |") and "x pretrained" in table
     ends = text.split("Chosen at an end of the grid")[1].split("\n")[0]  # a grid of two rates: every choice an end
     names = bottleneck_report.upgrade_table.ROW_NAMES
     assert all(f"{names[r]} ({result['rates'][r]['lr']:g})" in ends for r in table_rows)
