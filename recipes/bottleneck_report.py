@@ -259,8 +259,9 @@ def page(obj: Dict, png: str) -> str:
         "## How",
         "",
         f"The trunk: `{portable(meta['trunk'])}` (md5 `{meta['trunk_md5']}`), frozen; its last layer's {meta['width']} "
-        f"features of every token, read as the papers score (the LSTM state carried along 20 / 10 / 1 streams "
-        f"for train / valid / test, windows of 70)"
+        f"features of every token, read as the papers score (the LSTM state carried along "
+        f"{' / '.join(str(n) for n in bottleneck_map.STREAMS.values())} streams for "
+        f"{' / '.join(bottleneck_map.STREAMS)}, windows of {bottleneck_map.BPTT})"
         + (
             f"; the trunk's own head scores valid {math.exp(meta['trunk_nll']['valid']):.2f}, "
             f"test {math.exp(meta['trunk_nll']['test']):.2f} perplexity"
