@@ -6,13 +6,15 @@ token of train / valid / test are computed once, as the papers score (the LSTM s
 streams), and cached. Every cell then trains a learned projection of the features to ``d`` dimensions (the same
 form for every head: ``nn.Linear(width, d)``) and a head on it, on a stated prefix of the train features, to the
 stopping rule on valid, and scores test at the best epoch; the singular values of its log-probability matrix on valid
-contexts give its numerical rank; and for the first ``--floor-seeds`` seeds a second run of the same cell to a fixed
-number of epochs measures the lowest train NLL the head reaches (what it can express, apart from generalisation).
+contexts (computed in float64) give its numerical rank; and for the first ``--floor-seeds`` seeds the cell's weights
+at the stopping rule train on for ``--floor-epochs`` more epochs, valid unseen, to measure the lowest train NLL the head
+reaches past its stopping rule (what it can express, apart from generalisation).
 
 Resumable: a rerun reads the cells already saved, and a cell that stopped halfway goes on from its training (or floor
 run's) checkpoint (``OUT/partial/``, saved every 10 minutes and after every epoch; removed when the cell is saved). The
-seed-1 cell at ``--rate-d`` is the chosen rate's cell of the rate search, not trained twice (its floor run is measured
-then: the rates not chosen have none).
+seed-1 cell at ``--rate-d`` is the chosen rate's cell of the rate search, not trained twice (a rate cell keeps its
+stopping-rule weights, ``OUT/rates/*.pt``, and its floor run goes on from them once its rate is chosen: the rates not
+chosen have none).
 
     python -m recipes.bottleneck_map --trunk CKPT --data BIN --out results/bottleneck_map      # resumable
     python -m recipes.bottleneck_map --plan ...                                                 # cells, cost
@@ -21,9 +23,10 @@ then: the rates not chosen have none).
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import os
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from torch import nn
@@ -112,13 +115,24 @@ class ProjectedHead(nn.Module):
 
 @torch.no_grad()
 def spectrum(module: ProjectedHead, features: torch.Tensor) -> Dict:
-    """Singular values of the log-probability matrix ``[contexts, V]`` (float64) and its numerical rank (singular
-    values above ``max(shape) * eps(float32) * s_max``, numpy's default tolerance at the precision computed)."""
-    module.eval()
-    lp = module.log_probs(features.float()).double()
+    """The singular values (all, largest first) of the module's log-probability matrix ``[contexts, V]``, computed in
+    float64 (a float64 copy of the module on the features), and its numerical rank as ``numpy.linalg.matrix_rank``
+    counts it: singular values above ``max(shape) * eps(float64) * s_max``. (In float32 the rounding noise of a
+    softmax's matrix past its rank is ~1e-4 of 6e4, and that tolerance, ~1e-3 of s_max, counts a mixture's real tail as
+    zero.) ``beyond_bound``: the share of the squared singular values past the first ``d + 2``, a softmax's rank bound
+    (rounding only, for a softmax), a measure with no threshold."""
+    exact = copy.deepcopy(module).double().eval()
+    lp = exact.log_probs(features.double())
     s = torch.linalg.svdvals(lp)
-    tol = max(lp.shape) * torch.finfo(torch.float32).eps * float(s[0])
-    return {"rank": int((s > tol).sum()), "contexts": lp.shape[0], "top": [float(v) for v in s[:300]]}
+    tol = max(lp.shape) * torch.finfo(torch.float64).eps * float(s[0])
+    bound = module.projection.out_features + 2
+    return {
+        "rank": int((s > tol).sum()),
+        "tolerance": tol,
+        "beyond_bound": float((s[bound:] ** 2).sum() / (s**2).sum()),
+        "contexts": lp.shape[0],
+        "top": [float(v) for v in s],
+    }
 
 
 def train_nll(module: ProjectedHead, data: States) -> float:
@@ -126,10 +140,11 @@ def train_nll(module: ProjectedHead, data: States) -> float:
 
 
 def run_cell(
-    args, name: str, d: int, seed: int, lr: float, data: Dict[str, States], log=print, floor: bool = True
+    args, name: str, d: int, seed: int, lr: float, data: Dict[str, States], log=print, keep: Optional[str] = None
 ) -> Dict:
     """One cell: trained to the stopping rule (test at the best epoch), the spectrum at the stopping rule's weights,
-    and (``floor``) for seeds up to ``--floor-seeds`` a second run to the fixed budget for the train-NLL floor."""
+    and for seeds up to ``--floor-seeds`` the floor run from those weights; or (``keep``, a rate cell) those weights
+    saved to ``keep`` instead, for the floor run its rate's cell gets once chosen."""
     out = {"head": name, "d": d, "seed": seed, "lr": lr, "train_tokens": len(data["train"])}
     checkpoint = cell_checkpoint(args, name, d, seed, lr)
     module, out["curve"] = trained(
@@ -141,8 +156,11 @@ def run_cell(
     out["test_nll"] = train_nll(module, data["test"])
     out["stopped"] = ended_by(out["curve"], args.max_epochs, args.patience)
     out["spectrum"] = spectrum(module, data["valid"].states[: args.spectrum_contexts])
-    if floor and seed <= args.floor_seeds:
-        out.update(floor_run(args, name, d, seed, lr, data))
+    if keep:
+        os.makedirs(os.path.dirname(keep), exist_ok=True)
+        torch.save(module.state_dict(), keep)
+    elif seed <= args.floor_seeds:
+        out.update(floor_run(args, name, d, seed, lr, data, module.state_dict()))
     os.remove(checkpoint)  # the cell is whole: its caller saves it
     floor_text = f"train NLL floor {out['train_nll_floor']:.4f}, " if "train_nll_floor" in out else ""
     log(
@@ -152,21 +170,53 @@ def run_cell(
     return out
 
 
-def floor_run(args, name: str, d: int, seed: int, lr: float, data: Dict[str, States]) -> Dict:
-    """The train-NLL floor: the cell from the same start, trained on train for ``--floor-epochs`` (past the stopping
-    rule), its NLL on the first ``--floor-sample`` train tokens after every epoch, and the lowest of them. Resumable
-    like the cell's own training (``OUT/partial/...-floor.pt``, removed once the floor is measured)."""
+def floor_run(args, name: str, d: int, seed: int, lr: float, data: Dict[str, States], start: Dict) -> Dict:
+    """The train-NLL floor: the cell's weights at its stopping rule (``start``) trained on for ``--floor-epochs`` more
+    epochs on train (a fresh Adam at the cell's rate, the cell's seed; valid unseen), past the stopping rule however
+    the cell ended; its NLL on the first ``--floor-sample`` train tokens at the start and after every epoch, and the
+    lowest of them. Resumable like the cell's own training (``OUT/partial/...-floor.pt``, removed once the floor is
+    measured)."""
     sample = States(data["train"].states[: args.floor_sample], data["train"].targets[: args.floor_sample], 1)
     # "valid" is the train sample, and a patience of the whole budget never ends the run before it
     checkpoint = floor_checkpoint(args, name, d, seed, lr)
-    _, curve = trained(args, name, d, seed, lr, data["train"], sample, args.floor_epochs, args.floor_epochs, checkpoint)
-    floors = [c["valid_nll"] for c in curve[1:]]
+    _, curve = trained(
+        args, name, d, seed, lr, data["train"], sample, args.floor_epochs, args.floor_epochs, checkpoint, start
+    )
+    floors = [c["valid_nll"] for c in curve]
     os.remove(checkpoint)  # the floor is in hand: its caller saves it with the cell
     return {
         "floor_curve": floors,
         "train_nll_floor": min((f for f in floors if math.isfinite(f)), default=math.nan),
         "floor_cpu_s": curve[-1]["cpu_seconds"],
     }
+
+
+def chosen_floor(args, name: str, d: int, lr: float, data: Dict[str, States], cell: Dict, weights: str, log) -> Dict:
+    """The floor run of a chosen rate's cell (seed 1), from the stopping-rule weights it kept (``weights``). A rate cell
+    run before cells kept them is trained again first (its seed, step for step the same run: a changed curve is
+    named) and its spectrum measured again as :func:`spectrum` measures now; that training counts in
+    ``floor_cpu_s``."""
+    extra, more = 0.0, {}
+    if os.path.exists(weights):
+        start = torch.load(weights)
+    else:
+        checkpoint = cell_checkpoint(args, name, d, 1, lr)
+        module, curve = trained(
+            args, name, d, 1, lr, data["train"], data["valid"], args.max_epochs, args.patience, checkpoint
+        )
+        os.remove(checkpoint)
+        if [c["valid_nll"] for c in curve] != [c["valid_nll"] for c in cell["curve"]]:
+            log(f"{name} d={d} seed 1: trained again for its floor, its valid curve differs from the rate cell's")
+            more["floor_start_differs"] = True
+        start, extra = module.state_dict(), curve[-1]["cpu_seconds"]
+    if "beyond_bound" not in cell["spectrum"]:
+        head, options = HEADS[name]
+        module = ProjectedHead(data["train"].states.shape[1], d, args.vocab, head, options)
+        module.load_state_dict(start)
+        more["spectrum"] = spectrum(module, data["valid"].states[: args.spectrum_contexts])
+    floor = floor_run(args, name, d, 1, lr, data, start)
+    floor["floor_cpu_s"] += extra
+    return {**more, **floor}
 
 
 def ended_by(curve, max_epochs: int, patience: int) -> str:
@@ -176,12 +226,27 @@ def ended_by(curve, max_epochs: int, patience: int) -> str:
     return "max_epochs" if len(curve) - 1 >= max_epochs and max_epochs - best < patience else "patience"
 
 
-def trained(args, name, d, seed, lr, train: States, valid: States, epochs: int, patience: int, checkpoint: str):
-    """``(module, curve)``: the head ``name`` on a projection to ``d``, built from ``seed`` and trained by
-    :func:`train_head_on_states` for at most ``epochs``, resumable from ``checkpoint``."""
+def trained(
+    args,
+    name,
+    d,
+    seed,
+    lr,
+    train: States,
+    valid: States,
+    epochs: int,
+    patience: int,
+    checkpoint: str,
+    start: Optional[Dict] = None,
+):
+    """``(module, curve)``: the head ``name`` on a projection to ``d``, built from ``seed`` (its weights then set to
+    ``start`` if given) and trained by :func:`train_head_on_states` for at most ``epochs``, resumable from
+    ``checkpoint``."""
     head, options = HEADS[name]
     torch.manual_seed(seed)
     module = ProjectedHead(train.states.shape[1], d, args.vocab, head, options)
+    if start is not None:
+        module.load_state_dict(start)
     curve = train_head_on_states(
         module,
         train,
@@ -212,8 +277,8 @@ def choose_rate(args, name: str, data, log=print) -> float:
     losses = {}
     for lr in args.rates:
         path = os.path.join(args.out, "rates", f"{name}-d{args.rate_d}-lr{lr:g}.json")
-        if not os.path.exists(path):
-            cell = run_cell(args, name, args.rate_d, 1, lr, data, log, floor=False)  # the chosen one's comes later
+        if not os.path.exists(path):  # the chosen one's floor comes later, from the weights kept
+            cell = run_cell(args, name, args.rate_d, 1, lr, data, log, keep=path[: -len(".json")] + ".pt")
             result_files.save_json(path, cell)
         losses[lr] = result_files.load_json(path)["valid_nll"]
     best = min(losses, key=losses.get)
@@ -309,6 +374,7 @@ def main(argv=None, log=print) -> Dict:
         "vocab": args.vocab,
         "trunk_nll": trunk_nll(args.trunk, data),
         "args": {k: v for k, v in vars(args).items() if k != "vocab"},
+        "threads": torch.get_num_threads(),
     }
     result_files.save_json(os.path.join(args.out, "meta.json"), meta)
     rates = {h: choose_rate(args, h, data, log) for h in args.heads}
@@ -320,7 +386,7 @@ def main(argv=None, log=print) -> Dict:
         if not os.path.exists(path) and s == 1 and os.path.exists(chosen):
             cell = result_files.load_json(chosen)  # the rate cell is this cell, run already: its floor only
             if s <= args.floor_seeds and "train_nll_floor" not in cell:
-                cell.update(floor_run(args, h, d, s, rates[h], data))
+                cell.update(chosen_floor(args, h, d, rates[h], data, cell, chosen[: -len(".json")] + ".pt", log))
             result_files.save_json(path, cell)
         if not os.path.exists(path):
             log(f"cell {i}/{len(cells)}: {h} d={d} seed {s}")

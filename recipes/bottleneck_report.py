@@ -237,6 +237,14 @@ def plot(obj: Dict, rows: List[Dict], path: str) -> None:
     plt.close(fig)
 
 
+def per_stream(split: str, tokens: int) -> str:
+    """Where the first ``tokens`` of a split's cached features come from: the cache holds them window by window,
+    every stream's tokens of a window together, so a prefix is about the same number of tokens from the start of every
+    stream (contiguous, spread over the split)."""
+    streams = bottleneck_map.STREAMS[split]
+    return f"about the first {tokens / streams:,.0f} tokens of each of the {streams} streams"
+
+
 def spectra_png(png: str) -> str:
     return png[: -len(".png")] + "-spectra.png"
 
@@ -270,16 +278,21 @@ def page(obj: Dict, png: str) -> str:
         )
         + ". "
         f"Each cell trains `nn.Linear({meta['width']}, d)` and a head over the {meta['vocab']:,}-word vocabulary "
-        f"on the first {meta['tokens']['train']:,} train tokens (Adam, {a['batch_tokens']} tokens a step), "
+        f"on the first {meta['tokens']['train']:,} train tokens in the cache's order "
+        f"({per_stream('train', meta['tokens']['train'])}; Adam, {a['batch_tokens']} tokens a step), "
         f"validates after every epoch, stops after {a['patience']} epochs without improvement (at most "
         f"{a['max_epochs']}) and scores test ({meta['tokens']['test']:,} tokens) at the best epoch. Seeds "
         f"{', '.join(map(str, seeds))}, fixed before the runs; they vary the projection's and the head's starting "
         "weights and the batch order, while every cell shares the one trunk and the one test set, so the intervals "
-        "below are over training seeds, not over trunks or text. The train-NLL floor: the same cell trained from "
-        f"the same start for {a['floor_epochs']} epochs, its lowest NLL on the first {a['floor_sample']:,} train "
-        f"tokens ({floor_seeds(obj)}). The spectrum: singular values of the log-probability matrix of the stopping "
-        f"rule's weights on the first {a['spectrum_contexts']:,} valid contexts; numerical rank above max(shape) x "
-        f"eps(float32) x the largest.",
+        "below are over training seeds, not over trunks or text. The train-NLL floor: the cell's weights at its "
+        f"stopping rule trained on for {a['floor_epochs']} more epochs on train (a fresh Adam at the cell's rate, "
+        "valid unseen: past the stopping rule however the cell ended), its lowest NLL on the first "
+        f"{a['floor_sample']:,} train tokens ({per_stream('train', a['floor_sample'])}) at that start and after "
+        f"every epoch ({floor_seeds(obj)}). The spectrum: singular values of the log-probability matrix of the "
+        f"stopping rule's weights on the first {a['spectrum_contexts']:,} valid contexts "
+        f"({per_stream('valid', a['spectrum_contexts'])}) x the {meta['vocab']:,} words, computed in float64; "
+        "numerical rank as `numpy.linalg.matrix_rank` counts it (singular values above max(shape) x eps(float64) x "
+        "the largest).",
         "",
         f"Cells finished: {len(obj['cells'])} of the {len(planned)} planned ({len(a['heads'])} heads x "
         f"{len(a['dims'])} d x {a['seeds']} seeds)"
@@ -512,7 +525,10 @@ def rate_section(obj: Dict) -> List[str]:
     lines += [
         "",
         f"Bold: the head's rate, the grid's lowest valid NLL (once every rate has run). (cap): the {a['max_epochs']}-"
-        f"epoch cap ended the cell while its valid NLL still improved (best epoch within the last {a['patience']}).",
+        f"epoch cap ended the cell while its valid NLL still improved (best epoch within the last {a['patience']}). "
+        f"The chosen rate's cell is the head's seed-1 cell at d = {a['rate_d']} (not trained twice): of the grid's "
+        "cells it is the one with the lowest valid NLL, so that point's valid score, not its test score, is picked "
+        "with the rate.",
     ]
     waiting = [h for h in a["heads"] if h not in known]
     if waiting:

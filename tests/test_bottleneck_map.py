@@ -102,8 +102,9 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     # 4 rate cells, then 8 cells less the two that are the chosen rates' cells (seed 1 at --rate-d): 10 trainings
     assert len(ran) == 10 and ran.count(("softmax", 2, 1)) == ran.count(("mos-4", 2, 1)) == 2
     floor = ("floor_curve", "train_nll_floor", "floor_cpu_s")
-    for path in (tmp_path / "rates").iterdir():  # a rate cell has no floor run: only the chosen one gets it, later
+    for path in (tmp_path / "rates").glob("*.json"):  # a rate cell has no floor run: only the chosen one gets it, later
         assert not set(floor) & set(json.loads(path.read_text())), path
+        assert path.with_suffix(".pt").exists()  # ... from the stopping-rule weights the rate cell keeps
     for head in ("softmax", "mos-4"):
         rate_cell = json.loads((tmp_path / "rates" / f"{head}-d2-lr{result['rates'][head]:g}.json").read_text())
         cell = next(c for c in result["cells"] if (c["head"], c["d"], c["seed"]) == (head, 2, 1))
@@ -115,7 +116,7 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     for c in result["cells"]:
         assert c["curve"][0]["epoch"] == 0 and math.isfinite(c["test_nll"])
         if c["seed"] == 1:  # --floor-seeds 1: the floor run for seed 1 only
-            assert len(c["floor_curve"]) == 2 and c["train_nll_floor"] == min(c["floor_curve"])
+            assert len(c["floor_curve"]) == 3 and c["train_nll_floor"] == min(c["floor_curve"])  # start + 2 epochs
         else:
             assert "floor_curve" not in c and "floor_cpu_s" not in c
     # a softmax over d = 2 projected features: log p = W h + b - log Z(h), a matrix of rank at most d + 2
@@ -139,7 +140,7 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     assert "## Learning rates (valid NLL at d = 2, seed 1)" in text and (docs / "bottleneck_map-spectra.png").exists()
     spectrum = json.loads((docs / "bottleneck_map.json").read_text())["cells"][0]["spectrum"]["top"]
     assert 0 < len(spectrum) <= 2 + 10
-    assert "train tokens (seed 1 only, to fit the budget)" in text
+    assert "streams) at that start and after every epoch (seed 1 only, to fit the budget)" in text
     floors = text.split("## What each head can express")[1].split("## Numerical rank")[0]
     assert "| softmax | " in floors and floors.count(" (1) |") == 4  # one seed per (head, d), not two
     assert "the floor was still falling by more than 0.01 nats an epoch in" in floors and "of 4 cells" in floors
@@ -164,6 +165,22 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     monkeypatch.setattr(bottleneck_map, "run_cell", lambda *a, **k: pytest.fail("a finished cell ran again"))
     again = bottleneck_map.main(argv, log=lambda *_: None)
     assert again["cells"] == result["cells"]
+    # a chosen rate cell run before rate cells kept their weights: trained again (the same run, step for step) for
+    # its floor, and its spectrum measured as spectrum() measures now
+    rate = tmp_path / "rates" / f"softmax-d2-lr{result['rates']['softmax']:g}.json"
+    old = json.loads(rate.read_text())
+    del old["spectrum"]["beyond_bound"]
+    rate.write_text(json.dumps(old))
+    rate.with_suffix(".pt").unlink()
+    (tmp_path / "cells" / "softmax-d2-s1.json").unlink()
+    lines = []
+    retrained = bottleneck_map.main(argv, log=lines.append)["cells"]
+    before, after = (
+        next(c for c in r if (c["head"], c["d"], c["seed"]) == ("softmax", 2, 1)) for r in (result["cells"], retrained)
+    )
+    assert after["floor_curve"] == before["floor_curve"] and after["spectrum"] == before["spectrum"]
+    assert after["floor_cpu_s"] > before["floor_cpu_s"] and "floor_start_differs" not in after
+    assert not [line for line in lines if "differs" in line]
 
 
 def test_map_refuses_a_d_above_the_features_width(trunk, tmp_path):
@@ -242,10 +259,10 @@ def test_a_collection_without_cells_leaves_the_committed_page_json_as_it_was(tmp
     assert (docs / "bottleneck_map.json").read_text() == '{"committed": true}'
 
 
-def test_the_floor_run_is_the_plain_training_loop_and_goes_on_after_a_stop(tmp_path, monkeypatch):
-    """The floor run (resumable through ``train_head_on_states``) gives bitwise the floor curve of the plain loop it
-    replaced (seed, Adam, the shuffling generator, the train sample's NLL after every epoch), so floors measured
-    before and after the change are one measure; stopped mid-run, a rerun goes on to the same curve."""
+def test_the_floor_run_goes_on_from_the_cells_weights_as_the_plain_loop_and_after_a_stop(tmp_path, monkeypatch):
+    """The floor run (resumable through ``train_head_on_states``) gives bitwise the floor curve of the plain loop: the
+    cell's stopping-rule weights trained on with a fresh Adam at its rate, shuffled by its seed, the train sample's NLL
+    at the start and after every epoch; stopped mid-run, a rerun goes on to the same curve."""
     import argparse
 
     from hf_heads.hf.upgrade import States, train_epoch
@@ -258,14 +275,17 @@ def test_the_floor_run_is_the_plain_training_loop_and_goes_on_after_a_stop(tmp_p
         out=str(tmp_path), vocab=12, floor_epochs=3, floor_sample=200, batch_tokens=64, quiet=True
     )
     name, seed, lr, d = "mos-4", 2, 3e-2, 3
-    # the reference: the loop the floor ran as before it was resumable
-    torch.manual_seed(seed)
     head, options = bottleneck_map.HEADS[name]
+    torch.manual_seed(7)  # the cell's weights at its stopping rule (here: other weights than the seed's own)
+    start = bottleneck_map.ProjectedHead(6, d, 12, head, options).state_dict()
+    # the reference: the plain loop
+    torch.manual_seed(seed)
     module = bottleneck_map.ProjectedHead(6, d, 12, head, options)
+    module.load_state_dict(start)
     optimizer = torch.optim.Adam(module.parameters(), lr=lr)
     order = torch.Generator().manual_seed(seed)
     sample = States(states[:200], targets[:200], 1)
-    reference = []
+    reference = [bottleneck_map.train_nll(module, sample)]
     for _ in range(3):
         train_epoch(module, data["train"], optimizer, order, 64)
         reference.append(bottleneck_map.train_nll(module, sample))
@@ -280,11 +300,11 @@ def test_the_floor_run_is_the_plain_training_loop_and_goes_on_after_a_stop(tmp_p
 
     monkeypatch.setattr(torch.optim.Adam, "step", stopping)
     with pytest.raises(KeyboardInterrupt):
-        bottleneck_map.floor_run(args, name, d, seed, lr, data)
+        bottleneck_map.floor_run(args, name, d, seed, lr, data, start)
     monkeypatch.setattr(torch.optim.Adam, "step", step)
     checkpoint = tmp_path / "partial" / "mos-4-d3-s2-lr0.03-floor.pt"
     assert checkpoint.exists() and torch.load(checkpoint, weights_only=False)["epoch"] == 2
     torch.manual_seed(99)  # another process's random state: the checkpoint's is restored
-    floor = bottleneck_map.floor_run(args, name, d, seed, lr, data)
+    floor = bottleneck_map.floor_run(args, name, d, seed, lr, data, start)
     assert floor["floor_curve"] == reference and floor["train_nll_floor"] == min(reference)
     assert floor["floor_cpu_s"] > 0
