@@ -170,8 +170,9 @@ def mean_sd(values: List[float], digits: int = 2) -> str:
     return f"{m:,.{digits}f} ± {sd:,.{digits}f}"
 
 
-def table(obj: Dict, value, digits_note: str, digits: int = 2) -> List[str]:
-    """A heads x d table of ``value(cell)`` (mean ± sd over seeds, n seeds); cells whose value is None are left out."""
+def table(obj: Dict, value, digits_note: str, digits: int = 2, mark=None) -> List[str]:
+    """A heads x d table of ``value(cell)`` (mean ± sd over seeds, n seeds); cells whose value is None are left out;
+    ``mark(cells)``, a note after an entry from its cells."""
     heads = list(dict.fromkeys(c["head"] for c in obj["cells"]))
     dims = sorted({c["d"] for c in obj["cells"]})
     lines = ["| head | " + " | ".join(f"d = {d}" for d in dims) + " |", "|---|" + "---|" * len(dims)]
@@ -179,25 +180,44 @@ def table(obj: Dict, value, digits_note: str, digits: int = 2) -> List[str]:
         row = []
         for d in dims:
             vals = [v for c in obj["cells"] if c["head"] == h and c["d"] == d and (v := value(c)) is not None]
-            row.append(f"{mean_sd(vals, digits)} ({len(vals)})" if vals else "-")
+            mine = [c for c in obj["cells"] if c["head"] == h and c["d"] == d and value(c) is not None]
+            row.append(f"{mean_sd(vals, digits)} ({len(vals)}){mark(mine) if mark else ''}" if vals else "-")
         lines.append(f"| {h} | " + " | ".join(row) + " |")
     return lines + ["", digits_note, ""]
 
 
 def plot(obj: Dict, rows: List[Dict], path: str) -> None:
-    """The paired differences per d (``path``), and seed 1's normalised spectra (:func:`spectra_png` of it)."""
+    """The paired differences per d (``path``; each head's points a little apart on the d axis, the primary test's
+    fitted lines dashed), and seed 1's normalised spectra (:func:`spectra_png` of it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for head in sorted({r["head"] for r in rows}):
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    heads = sorted({r["head"] for r in rows})
+    fits = {f["head"]: f for f in slope_test(obj) if f["slope"] is not None}
+    for i, head in enumerate(heads):
         mine = [r for r in rows if r["head"] == head]
         spread = [r for r in mine if r["paired"].low is not None]
-        line = ax.plot([r["d"] for r in mine], [r["paired"].mean for r in mine], marker="o", label=head)[0]
+        shift = 2 ** (0.06 * (i - (len(heads) - 1) / 2))  # apart on the log axis, so the intervals do not overlap
+
+        def x(r, shift=shift):
+            return r["d"] * shift
+
+        line = ax.plot([x(r) for r in mine], [r["paired"].mean for r in mine], marker="o", label=head)[0]
+        if head in fits:
+            f = fits[head]
+            ax.plot(
+                f["dims"],
+                [f["intercept"] + f["slope"] * math.log2(d) for d in f["dims"]],
+                ls="--",
+                lw=1,
+                color=line.get_color(),
+                label=f"{head}: slope {f['slope']:+.4f} / doubling, Holm p {paired_stats.format_p(f['holm'])}",
+            )
         ax.errorbar(
-            [r["d"] for r in spread],
+            [x(r) for r in spread],
             [r["paired"].mean for r in spread],
             yerr=[
                 [r["paired"].mean - r["paired"].low for r in spread],
@@ -211,7 +231,11 @@ def plot(obj: Dict, rows: List[Dict], path: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("d (the projection's width)")
     ax.set_ylabel("test NLL, head - softmax (nats; < 0: head better)")
-    ax.set_title("Head - softmax per d: mean over seeds, 95% intervals (none for one seed)", fontsize=9)
+    ax.set_title(
+        "Head - softmax per d: mean over seeds, 95% t intervals per d (not adjusted; none for one seed);\n"
+        "dashed: the primary test's least-squares line on log2 d",
+        fontsize=8,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -307,9 +331,8 @@ def page(obj: Dict, png: str) -> str:
             + ")."
         )
         + (
-            " Diverged (a non-finite valid or test NLL, left out of every table and test): "
-            + ", ".join(f"{c['head']} d={c['d']} seed {c['seed']}" for c in diverged)
-            + "."
+            " Diverged (a non-finite valid or test NLL, or no epoch better than the untrained start; left out of every "
+            "table and test): " + ", ".join(f"{c['head']} d={c['d']} seed {c['seed']}" for c in diverged) + "."
             if diverged
             else ""
         ),
@@ -325,7 +348,14 @@ def page(obj: Dict, png: str) -> str:
             + ["## Cost", "", f"In all {spent:.1f} CPU-core-hours of rate cells so far.", ""]
         )
     lines += ["## Test perplexity", ""]
-    lines += table(obj, lambda c: math.exp(c["test_nll"]), "Mean ± sd over seeds (seeds).")
+    lines += table(
+        obj,
+        lambda c: math.exp(c["test_nll"]),
+        f"Mean ± sd over seeds (seeds); cap k: k of them ended by the {a['max_epochs']}-epoch cap while their valid "
+        "NLL still improved (scored under the cap: where the counts differ between heads or d, how far the cells "
+        "trained may differ too).",
+        mark=lambda mine: f" cap {n}" if (n := capped(obj, mine)) else "",
+    )
     lines += stopped_sentence(obj)
     lines += [
         "## The primary test: does the head's difference from softmax change with d?",
@@ -406,6 +436,14 @@ def page(obj: Dict, png: str) -> str:
         obj, lambda c: c["cpu_s"] / 60, "CPU minutes of the stopping-rule run per cell (validation included)."
     )
     lines += table(obj, lambda c: c["floor_cpu_s"] / 60 if "floor_cpu_s" in c else None, "CPU minutes of a floor run.")
+    threads = f"{meta['threads']} thread(s)" if "threads" in meta else "the threads of its run"
+    lines += table(
+        obj,
+        train_ms_per_1k,
+        "CPU milliseconds per 1k tokens of the training steps alone (validation apart), over the cell's epochs: the "
+        f"heads' cost at equal work, {threads}, measured while other runs shared the machine's cores.",
+        0,
+    )
     lines += [
         f"In all {spent:.1f} CPU-core-hours of cells ({len(obj['cells']) + len(diverged)} cells and the "
         f"{len(obj['rate_cells'])} rate cells, each chosen rate's cell counted once: it is also the seed-1 cell at d = "
@@ -472,8 +510,13 @@ def commands_section(obj: Dict) -> List[str]:
 
 
 def finite(obj: Dict):
-    """``(obj, diverged)``: ``obj`` with only the cells whose valid and test NLL are finite, and the others."""
-    ok = [c for c in obj["cells"] if math.isfinite(c["test_nll"]) and math.isfinite(c["valid_nll"])]
+    """``(obj, diverged)``: ``obj`` with only the cells whose valid and test NLL are finite and whose training improved
+    on its untrained start (a run that diverges keeps its epoch-0 weights, finite but untrained), and the others."""
+    ok = [
+        c
+        for c in obj["cells"]
+        if math.isfinite(c["test_nll"]) and math.isfinite(c["valid_nll"]) and not c["curve"][0].get("best")
+    ]
     return {**obj, "cells": ok}, [c for c in obj["cells"] if c not in ok]
 
 
@@ -542,6 +585,18 @@ def rate_section(obj: Dict) -> List[str]:
     return lines
 
 
+def train_ms_per_1k(cell: Dict) -> float:
+    """CPU milliseconds per 1k training tokens of a cell's training steps alone (its curve's ``train_cpu_seconds``)."""
+    epochs = cell["curve"][1:]
+    return 1e6 * sum(e["train_cpu_seconds"] for e in epochs) / (cell["train_tokens"] * len(epochs))
+
+
+def capped(obj: Dict, cells: List[Dict]) -> int:
+    """How many of ``cells`` the epoch cap ended while their valid NLL still improved."""
+    a = obj["meta"]["args"]
+    return sum(bottleneck_map.ended_by(c["curve"], a["max_epochs"], a["patience"]) == "max_epochs" for c in cells)
+
+
 def stopped_sentence(obj: Dict) -> List[str]:
     """How many cells the epoch cap ended while their valid NLL was still improving, per head (read from each curve:
     the best epoch within the last ``patience`` epochs of a run that reached the cap)."""
@@ -549,8 +604,7 @@ def stopped_sentence(obj: Dict) -> List[str]:
     counts = []
     for head in dict.fromkeys(c["head"] for c in obj["cells"]):
         mine = [c for c in obj["cells"] if c["head"] == head]
-        capped = sum(bottleneck_map.ended_by(c["curve"], a["max_epochs"], a["patience"]) == "max_epochs" for c in mine)
-        counts.append(f"{head} {capped} of {len(mine)}")
+        counts.append(f"{head} {capped(obj, mine)} of {len(mine)}")
     return [
         f"Cells the {a['max_epochs']}-epoch cap ended while their valid NLL still improved (best epoch within the "
         f"last {a['patience']}; test scored at that epoch, under a cap, not at a converged one): {', '.join(counts)}.",
@@ -616,8 +670,10 @@ def joint_section(obj: Dict) -> List[str]:
         "",
         "The lm-ptb table's AWD-LSTM trained whole, its last layer of d units read by an untied head "
         f"(`python -m recipes.bottleneck_joint`: Adam {rates}, {caps} epochs, {stop}; the best epoch's checkpoint "
-        "by valid loss scored), beside the frozen-trunk cell of the same head, d and seed. Test "
-        "perplexity; the difference is head minus softmax in test NLL (nats) at the same d and seed:",
+        "by valid loss scored), beside the frozen-trunk cell of the same head, d and seed. Not the frozen cells' "
+        "form: here the recurrent layer itself has d units (no projection), trained for fewer epochs, one run per "
+        "head and d: a description, with no interval or test. Test perplexity; the difference is head minus softmax "
+        "in test NLL (nats) at the same d and seed:",
         "",
         "| head | d | seed | jointly | frozen trunk | joint diff | frozen diff | joint CPU minutes |",
         "|---|---|---|---|---|---|---|---|",
@@ -731,9 +787,12 @@ def upgrade_section(up: Dict) -> List[str]:
         f"**The table**: seeds {', '.join(map(str, seeds))} (fixed before the runs), the first "
         f"{c0['tokens']['train']:,} train tokens, at most {', '.join(map(str, caps))} epochs (patience 1), the best "
         f"epoch by valid NLL on the first {c0['tokens']['valid']:,} valid tokens ({at_cap} of {len(cells)} cells "
-        f"best at the cap: numbers at that cap), scored on the whole test file ({c0['tokens']['test']:,} predicted "
-        f"tokens, {c0['words']['test']:,} words). The pretrained model scores test "
-        f"{c0['before']['test']['ppl']:.2f} per token, {c0['before']['test']['word_ppl']:.2f} per word. CPU "
+        f"best at the cap: numbers at that cap), scored on the test file cut into blocks of {c0['block_size']} tokens, "
+        "each read alone (no context carried from the block before, so a block's first token is not predicted; the "
+        f"last partial block left out): {c0['tokens']['test']:,} predicted tokens, {c0['words']['test']:,} words "
+        "(per-word perplexity: the same total NLL, mean token NLL x the blocks' tokens, over their words). Not "
+        "comparable with a published perplexity scored with longer or carried context. The pretrained model scores "
+        f"test {c0['before']['test']['ppl']:.2f} per token, {c0['before']['test']['word_ppl']:.2f} per word. CPU "
         "milliseconds per 1k tokens: training steps (validation apart) and scoring, the head alone on cached "
         "states; the whole model at inference, the upgraded model's CPU time over the pretrained one's, both timed "
         f"in the cell's process on the first {c0['inference_costs']['tokens']:,} test tokens (the body's forward, "

@@ -22,7 +22,11 @@ def _cell(head, d, seed, test_nll, **extra):
         "stopped": "patience",
         "parameters": 1000 + d,
         "spectrum": {"rank": d + 2, "top": [1.0 / (i + 1) for i in range(d + 10)]},
-        "curve": [{"epoch": e, **({"best": True} if e == 5 else {})} for e in range(8)],  # patience ended it
+        "train_tokens": 1000,
+        # patience ended it; 0.5 CPU-s of training steps an epoch
+        "curve": [
+            {"epoch": e, "train_cpu_seconds": 0.5 * (e > 0), **({"best": True} if e == 5 else {})} for e in range(8)
+        ],
     }
     return {**cell, **extra}
 
@@ -105,25 +109,40 @@ def test_cells_the_cap_ended_are_read_from_their_curves():
     """A run that reached the cap counts as ended by it only where its best epoch is within the last ``patience``
     epochs: patience firing exactly at the cap is patience."""
     cells = _cells()
-    cap = [{"epoch": e, **({"best": True} if e == best else {})} for best in (20, 18) for e in range(21)]
+    cap = [
+        {"epoch": e, "train_cpu_seconds": 0.5, **({"best": True} if e == best else {})}
+        for best in (20, 18)
+        for e in range(21)
+    ]
     cells[1]["curve"], cells[3]["curve"] = cap[:21], cap[21:]  # two MoS-4 cells: best at 20, best at 18
     text = "\n".join(bottleneck_report.stopped_sentence(_map(cells)))
     assert "still improved (best epoch within the last 2;" in text and "softmax 0 of 9, mos-4 1 of 9" in text
+    # ... and marked where they are, per head and d, in the test table
+    tests = bottleneck_report.page(_map(cells), "/tmp/x.png").split("## Test perplexity")[1].strip().split("\n\n")[0]
+    mos = next(line for line in tests.splitlines() if line.startswith("| mos-4 |"))
+    assert mos.count(" cap 1 |") == 1 and " cap " not in tests.split("| mos-4 |")[0]
 
 
 def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once():
     """A cell with a NaN score is named and left out (a NaN would reorder Holm's family); the missing cells are named;
     the chosen rate's cell, also the seed-1 cell at --rate-d, is counted once in the cost; cells without a floor run
     leave the floor table empty, not zero."""
-    cells = _cells() + [_cell("mixtape", 64, 1, float("nan"))]
+    never = [{"epoch": e, "train_cpu_seconds": 0.5 * (e > 0), **({"best": True} if e == 0 else {})} for e in range(3)]
+    cells = _cells() + [_cell("mixtape", 64, 1, float("nan")), _cell("mixtape", 64, 2, 4.0, curve=never)]
     text = bottleneck_report.page(_map(cells), "/tmp/x.png")
-    assert "Diverged (a non-finite valid or test NLL, left out of every table and test): mixtape d=64 seed 1." in text
+    # the second never improved on its untrained start (a run that diverges keeps those weights): finite, left out
+    assert (
+        "Diverged (a non-finite valid or test NLL, or no epoch better than the untrained start; left out of every "
+        "table and test): mixtape d=64 seed 1, mixtape d=64 seed 2." in text
+    )
     assert "| mixtape | 2 | 3 | too few d values (3 needed) | - | - | - |" in text
     assert "| mos-4 | 3 | 3 | " in text and "Holm over the 5 rows with at least two seeds" in text
-    assert "mixtape d=64 seed 2" in text.split("not finished")[1]  # the missing cells are named
+    assert "mixtape d=64 seed 3" in text.split("not finished")[1]  # the missing cells are named
     # 25 cells of 1 CPU-minute, the diverged one too, and 3 rate cells of 30 (the 3 chosen rate cells are seed-1
     # cells, counted there; counted twice, the total would be 4.9)
-    assert "In all 1.9 CPU-core-hours of cells (25 cells and the 6 rate cells" in text
+    assert "In all 1.9 CPU-core-hours of cells (26 cells and the 6 rate cells" in text
+    # the heads' cost at equal work: 0.5 CPU-s an epoch of 1,000 tokens
+    assert "| softmax | 500 ± 0 (3) | 500 ± 0 (3) | 500 ± 0 (3) |" in text.split("CPU minutes of a floor run.")[1]
     assert "Chosen at an end of the grid" in text and "mos-4 (0.01)" in text
     # the commands rerun it from the repository's root with every option the map recorded
     commands = text.split("## Commands")[1].split("## Cost")[0]
@@ -142,6 +161,7 @@ def test_the_command_writes_page_and_plots_around_a_diverged_cell(tmp_path):
     (tmp_path / "bottleneck_map.json").write_text(json.dumps(_map(cells)))
     text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
     assert "Diverged (a non-finite valid or test NLL" in text and "| mixtape | 4 | 2 |" in text
+    assert "dashed: the primary test" not in text  # (the plot's title, not the page's)
     assert (tmp_path / "bottleneck_map.png").exists() and (tmp_path / "bottleneck_map-spectra.png").exists()
 
 
