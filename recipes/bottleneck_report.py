@@ -411,7 +411,15 @@ def page(obj: Dict, png: str) -> str:
     lines += table(
         obj,
         lambda c: c["spectrum"]["rank"],
-        "Mean ± sd (seeds); a softmax over d inputs has rank at most d + 2 (W h, the bias, the normaliser).",
+        "Mean ± sd (seeds); a softmax over d inputs has rank at most d + 2 (W h, the bias, the normaliser). The rank "
+        f"counts at most the {a['spectrum_contexts']:,} contexts.",
+        1,
+    )
+    lines += table(
+        obj,
+        lambda c: math.log10(max(c["spectrum"]["beyond_bound"], 1e-300)) if "beyond_bound" in c["spectrum"] else None,
+        "With no threshold: log10 of the share of the squared singular values past the first d + 2 (a softmax's "
+        "bound, so rounding alone for a softmax, about -30 in float64); mean ± sd (seeds).",
         1,
     )
     lines += [

@@ -122,7 +122,9 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     # a softmax over d = 2 projected features: log p = W h + b - log Z(h), a matrix of rank at most d + 2
     for c in result["cells"]:
         if c["head"] == "softmax":
-            assert c["spectrum"]["rank"] <= c["d"] + 2
+            assert c["spectrum"]["rank"] <= c["d"] + 2 and c["spectrum"]["beyond_bound"] < 1e-20  # rounding only
+        else:  # MoS's log-probabilities are not linear in the features: energy past the bound, well above rounding
+            assert c["spectrum"]["beyond_bound"] > 1e-12
     assert max(c["spectrum"]["rank"] for c in result["cells"]) > 4  # the measure is not stuck at the d = 2 bound
     # the page: the primary test's slope (4 paired points for MoS-4; Mixtape did not run), the tables, the plot
     from recipes import bottleneck_report
@@ -144,6 +146,7 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     floors = text.split("## What each head can express")[1].split("## Numerical rank")[0]
     assert "| softmax | " in floors and floors.count(" (1) |") == 4  # one seed per (head, d), not two
     assert "the floor was still falling by more than 0.01 nats an epoch in" in floors and "of 4 cells" in floors
+    assert "With no threshold: log10 of the share of the squared singular values past the first d + 2" in text
     assert "## The primary test" in text and "| mos-4 | 8 | 2 |" in text and (docs / "bottleneck_map.png").exists()
     assert "## Trained jointly" not in text  # no joint cells: no section
     # the joint-training check beside the frozen cells of the same head, d and seed
