@@ -14,7 +14,7 @@ Resumable: a rerun reads the cells already saved, and a cell that stopped halfwa
 run's) checkpoint (``OUT/partial/``, saved every 10 minutes and after every epoch; removed when the cell is saved). The
 seed-1 cell at ``--rate-d`` is the chosen rate's cell of the rate search, not trained twice (a rate cell keeps its
 stopping-rule weights, ``OUT/rates/*.pt``, and its floor run goes on from them once its rate is chosen: the rates not
-chosen have none).
+chosen have none; a rate cell run before rate cells kept their weights is run again as the seed-1 cell).
 
     python -m recipes.bottleneck_map --trunk CKPT --data BIN --out results/bottleneck_map      # resumable
     python -m recipes.bottleneck_map --plan ...                                                 # cells, cost
@@ -191,34 +191,6 @@ def floor_run(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Sta
     }
 
 
-def chosen_floor(args, name: str, d: int, lr: float, data: Dict[str, States], cell: Dict, weights: str, log) -> Dict:
-    """The floor run of a chosen rate's cell (seed 1), from the stopping-rule weights it kept (``weights``). A rate cell
-    run before cells kept them is trained again first (its seed, step for step the same run: a changed curve is
-    named) and its spectrum measured again as :func:`spectrum` measures now; that training counts in
-    ``floor_cpu_s``."""
-    extra, more = 0.0, {}
-    if os.path.exists(weights):
-        start = torch.load(weights)
-    else:
-        checkpoint = cell_checkpoint(args, name, d, 1, lr)
-        module, curve = trained(
-            args, name, d, 1, lr, data["train"], data["valid"], args.max_epochs, args.patience, checkpoint
-        )
-        os.remove(checkpoint)
-        if [c["valid_nll"] for c in curve] != [c["valid_nll"] for c in cell["curve"]]:
-            log(f"{name} d={d} seed 1: trained again for its floor, its valid curve differs from the rate cell's")
-            more["floor_start_differs"] = True
-        start, extra = module.state_dict(), curve[-1]["cpu_seconds"]
-    if "beyond_bound" not in cell["spectrum"]:
-        head, options = HEADS[name]
-        module = ProjectedHead(data["train"].states.shape[1], d, args.vocab, head, options)
-        module.load_state_dict(start)
-        more["spectrum"] = spectrum(module, data["valid"].states[: args.spectrum_contexts])
-    floor = floor_run(args, name, d, 1, lr, data, start)
-    floor["floor_cpu_s"] += extra
-    return {**more, **floor}
-
-
 def ended_by(curve, max_epochs: int, patience: int) -> str:
     """``"max_epochs"`` when the cap ended the run while its valid NLL had improved within the last ``patience``
     epochs, else ``"patience"`` (the rule fired, at the cap or before it)."""
@@ -385,8 +357,17 @@ def main(argv=None, log=print) -> Dict:
         chosen = os.path.join(args.out, "rates", f"{h}-d{d}-lr{rates[h]:g}.json")
         if not os.path.exists(path) and s == 1 and os.path.exists(chosen):
             cell = result_files.load_json(chosen)  # the rate cell is this cell, run already: its floor only
-            if s <= args.floor_seeds and "train_nll_floor" not in cell:
-                cell.update(chosen_floor(args, h, d, rates[h], data, cell, chosen[: -len(".json")] + ".pt", log))
+            weights = chosen[: -len(".json")] + ".pt"
+            if not os.path.exists(weights) or "beyond_bound" not in cell["spectrum"]:
+                # a rate cell of the map's first code (its floor from a fresh start, its spectrum in float32, its
+                # weights not kept): this cell runs again whole, as every cell now runs (the rate cell stays the
+                # search's record, and its cost counts too)
+                log(
+                    f"cell {i}/{len(cells)}: {h} d={d} seed {s} (its rate cell ran before the cells kept their weights)"
+                )
+                cell = {**run_cell(args, h, d, s, rates[h], data, log), "rate_cell_trained_again": True}
+            elif s <= args.floor_seeds and "train_nll_floor" not in cell:
+                cell.update(floor_run(args, h, d, s, rates[h], data, torch.load(weights)))
             result_files.save_json(path, cell)
         if not os.path.exists(path):
             log(f"cell {i}/{len(cells)}: {h} d={d} seed {s}")

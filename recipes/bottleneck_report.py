@@ -179,8 +179,8 @@ def table(obj: Dict, value, digits_note: str, digits: int = 2, mark=None) -> Lis
     for h in heads:
         row = []
         for d in dims:
-            vals = [v for c in obj["cells"] if c["head"] == h and c["d"] == d and (v := value(c)) is not None]
-            mine = [c for c in obj["cells"] if c["head"] == h and c["d"] == d and value(c) is not None]
+            valued = [(c, v) for c in obj["cells"] if c["head"] == h and c["d"] == d and (v := value(c)) is not None]
+            vals, mine = [v for _, v in valued], [c for c, _ in valued]
             row.append(f"{mean_sd(vals, digits)} ({len(vals)}){mark(mine) if mark else ''}" if vals else "-")
         lines.append(f"| {h} | " + " | ".join(row) + " |")
     return lines + ["", digits_note, ""]
@@ -530,8 +530,11 @@ def finite(obj: Dict):
 
 def cells_cpu_hours(obj: Dict) -> float:
     """CPU-hours of the map's cells and rate cells, a chosen rate's cell once (it is also a seed-1 cell, once that has
-    been saved; its floor run, measured then, is the seed-1 cell's)."""
-    copied = {(c["head"], c["d"], c["lr"]) for c in obj["cells"] if c["seed"] == 1}
+    been saved; its floor run, measured then, is the seed-1 cell's; a seed-1 cell its rate cell was run again for
+    counts apart from it)."""
+    copied = {
+        (c["head"], c["d"], c["lr"]) for c in obj["cells"] if c["seed"] == 1 and not c.get("rate_cell_trained_again")
+    }
     chosen = {(h, obj["meta"]["args"]["rate_d"], lr) for h, lr in obj["rates"].items()} & copied
     rate_cells = [c for c in obj["rate_cells"] if (c["head"], c["d"], c["lr"]) not in chosen]
     return sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + rate_cells) / 3600
@@ -594,8 +597,11 @@ def rate_section(obj: Dict) -> List[str]:
 
 
 def train_ms_per_1k(cell: Dict) -> float:
-    """CPU milliseconds per 1k training tokens of a cell's training steps alone (its curve's ``train_cpu_seconds``)."""
+    """CPU milliseconds per 1k training tokens of a cell's training steps alone (its curve's ``train_cpu_seconds``;
+    None for a cell whose curve has none)."""
     epochs = cell["curve"][1:]
+    if not epochs or any("train_cpu_seconds" not in e for e in epochs):
+        return None
     return 1e6 * sum(e["train_cpu_seconds"] for e in epochs) / (cell["train_tokens"] * len(epochs))
 
 

@@ -252,9 +252,9 @@ def main(argv=None, log=print) -> Dict:
 def inference_costs(model, pretrained, head, blocks: torch.Tensor, data, n_blocks: int, batch_size: int) -> Dict:
     """CPU milliseconds per 1k tokens at inference on the first ``n_blocks`` of ``blocks`` (token ids ``[B, L]``,
     ``data`` their cached states): the frozen body's forward (``batch_size`` blocks a pass), the pretrained head and
-    ``head`` scoring the body's states, each timed once after a warm-up pass, in this process and thread. ``ratio``:
-    the upgraded model (body + ``head``) over the pretrained one (body + its own ``lm_head``), what upgrading the
-    head costs a user at inference."""
+    ``head`` scoring the body's states, each timed once after a warm-up pass on one block, in this process (every
+    thread of it counted). ``ratio``: the upgraded model (body + ``head``) over the pretrained one (body + its own
+    ``lm_head``), what upgrading the head costs a user at inference."""
     n = min(n_blocks, blocks.shape[0])
     device = next(model.parameters()).device
 

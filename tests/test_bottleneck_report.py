@@ -9,6 +9,8 @@ import pytest
 
 from recipes import bottleneck_report
 
+paired_p = bottleneck_report.paired_stats.format_p
+
 
 def _cell(head, d, seed, test_nll, **extra):
     cell = {
@@ -151,17 +153,33 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     assert "- (0) |" not in text and "| mos-4 | - | - | - |" in text.split("## What each head can express")[1]
 
 
-def test_the_command_writes_page_and_plots_around_a_diverged_cell(tmp_path):
+def test_the_command_writes_page_and_plots_around_a_diverged_cell(tmp_path, monkeypatch):
     """``python -m recipes.bottleneck_report --no-collect``: a NaN cell among paired seeds is left out of the plot's
-    tests too (a NaN p-value would stop Holm), and both plots are written."""
+    tests too (a NaN p-value would stop Holm), both plots are written, and the differences' plot draws the primary
+    test's line of each head it fits, with its slope and Holm p."""
     import json
 
+    from matplotlib.axes import Axes
+
+    dashed, plot = [], Axes.plot
+    monkeypatch.setattr(
+        Axes,
+        "plot",
+        lambda self, *a, **k: (dashed.append((k["label"], a)) if k.get("ls") == "--" else None) or plot(self, *a, **k),
+    )
     cells = _cells()
     cells[2]["test_nll"] = float("nan")  # mixtape d=4 seed 1, beside two paired seeds
     (tmp_path / "bottleneck_map.json").write_text(json.dumps(_map(cells)))
     text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
     assert "Diverged (a non-finite valid or test NLL" in text and "| mixtape | 4 | 2 |" in text
     assert "dashed: the primary test" not in text  # (the plot's title, not the page's)
+    fits = {f["head"]: f for f in bottleneck_report.slope_test(bottleneck_report.finite(_map(cells))[0])}
+    fitted = [h for h in sorted(fits) if fits[h]["slope"] is not None]
+    assert "mos-4" in fitted and [label for label, _ in dashed] == [
+        f"{h}: slope {fits[h]['slope']:+.4f} / doubling, Holm p {paired_p(fits[h]['holm'])}" for h in fitted
+    ]
+    x, y = dashed[fitted.index("mos-4")][1]  # mos-4's line through its fit at each d
+    assert y == pytest.approx([fits["mos-4"]["intercept"] + fits["mos-4"]["slope"] * math.log2(d) for d in x])
     assert (tmp_path / "bottleneck_map.png").exists() and (tmp_path / "bottleneck_map-spectra.png").exists()
 
 

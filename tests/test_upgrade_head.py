@@ -135,6 +135,39 @@ def test_upgrade_starts_at_the_pretrained_model_trains_only_the_head_and_saves_i
     assert saved["after"]["test"]["ppl"] == result["after"]["test"]["ppl"]
 
 
+def test_inference_costs_time_the_body_and_each_head_on_the_same_blocks():
+    """What an upgrade costs at inference: the body's forward on the first n blocks, the pretrained head and the new
+    head each scoring those blocks' states (every one after a warm-up on one block), the ratio of the sums."""
+    from recipes.upgrade_head import inference_costs
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=30, n_positions=16, n_embd=8, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    blocks = torch.randint(0, 30, (5, 9))
+    states = upgrade.States(torch.randn(5 * 8, 8), blocks[:, 1:].reshape(-1), 8)
+
+    class Seen(torch.nn.Module):  # a head that counts the tokens it scores
+        def __init__(self, head):
+            super().__init__()
+            self.head, self.tokens = head, 0
+
+        def loss(self, hidden, target, reduction="mean"):
+            self.tokens += target.numel()
+            return self.head.loss(hidden, target, reduction=reduction)
+
+    read = []
+    upgrade.body(model).register_forward_pre_hook(lambda m, a, k: read.append(k["input_ids"].numel()), with_kwargs=True)
+    pretrained = Seen(upgrade.pretrained_head(model))
+    new = Seen(hf_heads.build_head("mos", hidden_size=8, vocab_size=30, num_components=2))
+    costs = inference_costs(model, pretrained, new, blocks, states, n_blocks=3, batch_size=2)
+    assert costs["tokens"] == 3 * 8 and pretrained.tokens == new.tokens == (1 + 3) * 8
+    assert sum(read) == (1 + 3) * 9 and read == [9, 18, 9]  # the warm-up block, then 3 blocks 2 at a time
+    assert min(costs["body_ms"], costs["pretrained_head_ms"], costs["head_ms"]) > 0
+    assert costs["ratio"] == pytest.approx(
+        (costs["body_ms"] + costs["head_ms"]) / (costs["body_ms"] + costs["pretrained_head_ms"])
+    )
+
+
 def test_the_softmax_control_and_the_cache_serve_every_head(pretrained):
     """--head softmax fine-tunes the pretrained softmax the same way (the control for domain adaptation); the states
     cached by the first run serve the second (the same blocks and weights), and a cache of other blocks is refused."""
