@@ -806,6 +806,18 @@ def test_the_scale_line_says_which_heads_have_their_rate_while_others_sweep():
     )
     sweep["plif"]["chosen"] = 0.005
     assert scale_phrase({"rows": [row], "sweep": sweep}, False) == "mini"
+    # every rate chosen: the seed cells fixed before the runs that are still to train (a row per split and head)
+    rows = [{"scale": "mini", "head": h, "seeds": s} for h, s in (("softmax", [1, 2]), ("mos-4", [1]))] * 2
+    planned = {"softmax": 3, "mos-4": 3, "plif": 1}
+    assert scale_phrase({"rows": rows, "sweep": sweep, "seeds_planned": planned}, False) == (
+        "mini, running: every head's rate chosen; 4 of the 7 seed cells fixed before the runs still train"
+    )
+    rows += [
+        {"scale": "mini", "head": "mos-4", "seeds": [1, 2, 3]},
+        {"scale": "mini", "head": "softmax", "seeds": [1, 2, 3]},
+    ]
+    rows = rows[-2:] + [{"scale": "mini", "head": "plif", "seeds": [1]}]
+    assert scale_phrase({"rows": rows, "sweep": sweep, "seeds_planned": planned}, False) == "mini"
     assert scale_phrase({"rows": [], "sweep": {"plif": {"chosen": None}}}, False).startswith(
         "mini, learning-rate sweep"
     )

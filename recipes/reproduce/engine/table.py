@@ -54,6 +54,11 @@ class Table:
     def seeds_for(self, variant: Variant, args) -> List[int]:
         raise NotImplementedError
 
+    def mini_seed_count(self, head: str) -> int:
+        """How many seeds ``head`` trains at the mini scale, fixed before the runs (the table's ``mini_seeds``; 1 for a
+        head it does not name)."""
+        return getattr(self, "mini_seeds", {}).get(head, 1)
+
     def prepare(self, runner: Runner, args, table_dir: str) -> Dict[str, Any]:
         raise NotImplementedError
 

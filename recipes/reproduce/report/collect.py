@@ -69,7 +69,12 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
             "cells": cells,
             "costs": costs,
             "plan": plan,
-            **({"sweep": sweep} if sweep else {}),
+            # a swept table's seeds per head, fixed before the runs: what the report says is still to run
+            **(
+                {"sweep": sweep, "seeds_planned": {h: get_table(table).mini_seed_count(h) for h in sweep}}
+                if sweep
+                else {}
+            ),
         }
         if sweep and get_table(table).metric == "bleu":
             committed = commit_hypotheses(table_dir, obj, docs_dir)

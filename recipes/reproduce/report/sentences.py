@@ -238,12 +238,21 @@ def written_reading(src: str, table: str, cells: int) -> str:
 
 def scale_phrase(obj: Dict[str, Any], full_only: bool) -> str:
     """What the section's **Scale** says: the rows' scale (and, while some heads are still sweeping, which heads have
-    their rate), or why there are no rows yet."""
+    their rate; once none is, how many of the seed cells fixed before the runs are still to train), or why there are
+    no rows yet."""
     sweep = obj.get("sweep") or {}
     waiting = [h for h, s in sweep.items() if s.get("chosen") is None]
     if obj["rows"]:
         if not waiting:
-            return obj["rows"][0]["scale"]
+            planned = obj.get("seeds_planned") or {}
+            have = {r["head"]: len(r["seeds"]) for r in obj["rows"]} if planned else {}
+            left = sum(max(0, n - have.get(h, 0)) for h, n in planned.items())
+            if not left:
+                return obj["rows"][0]["scale"]
+            return (
+                f"{obj['rows'][0]['scale']}, running: every head's rate chosen; {left} of the "
+                f"{sum(planned.values())} seed cells fixed before the runs still train"
+            )
         chosen = [h for h in sweep if h not in waiting]
         return (
             f"{obj['rows'][0]['scale']}, running: the rate chosen for {', '.join(chosen)}, whose seeds train; the "

@@ -225,7 +225,7 @@ class TranslationTable(Table):
         return resolve(names, self.head_options(args.scale))
 
     def seeds_for(self, variant: Variant, args) -> List[int]:
-        n = args.seeds if args.seeds else (self.mini_seeds.get(variant.name, 1) if args.scale == "mini" else 1)
+        n = args.seeds if args.seeds else (self.mini_seed_count(variant.name) if args.scale == "mini" else 1)
         return list(range(1, n + 1))
 
     # -- commands ----------------------------------------------------------------------------
