@@ -244,13 +244,20 @@ def floor_checkpoint(args, name: str, d: int, seed: int, lr: float) -> str:
     return cell_checkpoint(args, name, d, seed, lr)[: -len(".pt")] + "-floor.pt"
 
 
+def rate_cell_path(args, name: str, d: int, lr: float, suffix: str = ".json") -> str:
+    """A rate cell's record (``.json``) or its kept stopping-rule weights (``.pt``), under ``OUT/rates/``."""
+    return os.path.join(args.out, "rates", f"{name}-d{d}-lr{lr:g}{suffix}")
+
+
 def choose_rate(args, name: str, data, log=print) -> float:
     """The head's learning rate: the grid's best valid NLL at ``--rate-d``, seed 1 (cells under ``rates/``)."""
     losses = {}
     for lr in args.rates:
-        path = os.path.join(args.out, "rates", f"{name}-d{args.rate_d}-lr{lr:g}.json")
+        path = rate_cell_path(args, name, args.rate_d, lr)
         if not os.path.exists(path):  # the chosen one's floor comes later, from the weights kept
-            cell = run_cell(args, name, args.rate_d, 1, lr, data, log, keep=path[: -len(".json")] + ".pt")
+            cell = run_cell(
+                args, name, args.rate_d, 1, lr, data, log, keep=rate_cell_path(args, name, args.rate_d, lr, ".pt")
+            )
             result_files.save_json(path, cell)
         losses[lr] = result_files.load_json(path)["valid_nll"]
     best = min(losses, key=losses.get)
@@ -354,10 +361,10 @@ def main(argv=None, log=print) -> Dict:
     results = []
     for i, (h, d, s) in enumerate(cells, 1):
         path = os.path.join(args.out, "cells", f"{h}-d{d}-s{s}.json")
-        chosen = os.path.join(args.out, "rates", f"{h}-d{d}-lr{rates[h]:g}.json")
+        chosen = rate_cell_path(args, h, d, rates[h])
         if not os.path.exists(path) and s == 1 and os.path.exists(chosen):
             cell = result_files.load_json(chosen)  # the rate cell is this cell, run already: its floor only
-            weights = chosen[: -len(".json")] + ".pt"
+            weights = rate_cell_path(args, h, d, rates[h], ".pt")
             if not os.path.exists(weights) or "beyond_bound" not in cell["spectrum"]:
                 # a rate cell of the map's first code (its floor from a fresh start, its spectrum in float32, its
                 # weights not kept): this cell runs again whole, as every cell now runs (the rate cell stays the

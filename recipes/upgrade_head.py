@@ -256,6 +256,7 @@ def inference_costs(model, pretrained, head, blocks: torch.Tensor, data, n_block
     thread of it counted). ``ratio``: the upgraded model (body + ``head``) over the pretrained one (body + its own
     ``lm_head``), what upgrading the head costs a user at inference."""
     n = min(n_blocks, blocks.shape[0])
+    tokens = n * data.block_tokens
     device = next(model.parameters()).device
 
     def first(k: int):
@@ -271,10 +272,10 @@ def inference_costs(model, pretrained, head, blocks: torch.Tensor, data, n_block
         fn(1)  # warm-up on one block
         start = time.process_time()
         fn(n)
-        return 1e6 * (time.process_time() - start) / len(first(n))
+        return 1e6 * (time.process_time() - start) / tokens
 
     out = {
-        "tokens": len(first(n)),
+        "tokens": tokens,
         "body_ms": timed(run_body),
         "pretrained_head_ms": timed(lambda k: upgrade.nll_per_block(pretrained, first(k))),
         "head_ms": timed(lambda k: upgrade.nll_per_block(head, first(k))),
