@@ -685,8 +685,8 @@ def joint_section(obj: Dict) -> List[str]:
         "The lm-ptb table's AWD-LSTM trained whole, its last layer of d units read by an untied head "
         f"(`python -m recipes.bottleneck_joint`: Adam {rates}, {caps} epochs, {stop}; the best epoch's checkpoint "
         "by valid loss scored), beside the frozen-trunk cell of the same head, d and seed. Not the frozen cells' "
-        "form: here the recurrent layer itself has d units (no projection), trained for fewer epochs, one run per "
-        "head and d: a description, with no interval or test. Test perplexity; the difference is head minus softmax "
+        "form: here the recurrent layer itself has d units (no projection), the whole model trains, one run per head "
+        "and d: a description, with no interval or test. Test perplexity; the difference is head minus softmax "
         "in test NLL (nats) at the same d and seed:",
         "",
         "| head | d | seed | jointly | frozen trunk | joint diff | frozen diff | joint CPU minutes |",
