@@ -186,9 +186,9 @@ def table(obj: Dict, value, digits_note: str, digits: int = 2, mark=None) -> Lis
     return lines + ["", digits_note, ""]
 
 
-def plot(obj: Dict, rows: List[Dict], path: str) -> None:
-    """The paired differences per d (``path``; each head's points a little apart on the d axis, the primary test's
-    fitted lines dashed), and seed 1's normalised spectra (:func:`spectra_png` of it)."""
+def plot(obj: Dict, rows: List[Dict], slopes: List[Dict], path: str) -> None:
+    """The paired differences per d (``path``; each head's points a little apart on the d axis, ``slopes``: the
+    primary test's fitted lines, dashed), and seed 1's normalised spectra (:func:`spectra_png` of it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -196,7 +196,7 @@ def plot(obj: Dict, rows: List[Dict], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     heads = sorted({r["head"] for r in rows})
-    fits = {f["head"]: f for f in slope_test(obj) if f["slope"] is not None}
+    fits = {f["head"]: f for f in slopes if f["slope"] is not None}
     for i, head in enumerate(heads):
         mine = [r for r in rows if r["head"] == head]
         spread = [r for r in mine if r["paired"].low is not None]
@@ -273,12 +273,16 @@ def spectra_png(png: str) -> str:
     return png[: -len(".png")] + "-spectra.png"
 
 
-def page(obj: Dict, png: str) -> str:
+def page(obj: Dict, png: str, draw: bool = False) -> str:
+    """The page's markdown from the collected json ``obj``; with ``draw``, also its plots (:func:`plot`, at ``png``),
+    from the same rows and fits the page prints."""
     meta = obj["meta"]
     a = meta["args"]
     spent = cells_cpu_hours(obj)  # every cell's cost, the diverged ones' too
     obj, diverged = finite(obj)
     rows, slopes = paired_rows(obj), slope_test(obj)
+    if draw and obj["cells"]:
+        plot(obj, rows, slopes, png)
     seeds = list(range(1, a["seeds"] + 1))
     planned = {(h, d, s) for h in a["heads"] for d in a["dims"] for s in seeds}
     missing = planned - set(by_key(obj["cells"])) - {(c["head"], c["d"], c["seed"]) for c in diverged}
@@ -867,10 +871,7 @@ def main(argv=None, log=print) -> str:
     with open(path) as f:
         obj = json.load(f)
     png = os.path.join(args.docs, "bottleneck_map.png")
-    shown, _ = finite(obj)
-    if shown["cells"]:
-        plot(shown, paired_rows(shown), png)
-    text = page(obj, png)
+    text = page(obj, png, draw=True)
     with open(os.path.join(args.docs, "bottleneck_map.md"), "w") as f:
         f.write(text + "\n")
     log(f"wrote {os.path.join(args.docs, 'bottleneck_map.md')}")
