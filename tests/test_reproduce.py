@@ -316,7 +316,7 @@ def test_report_from_a_fixture(tmp_path):
     assert "| mos-4 - softmax | test_2016_flickr | 3 | +4.00 [+1.23, +6.77] | 0.0249 | 0.0497 | 0.25 |" in text
     assert "2.50x / 2.70x" in text
     assert (
-        "mean over the seeds that logged one; one thread each, two to five cells at a time on the 2 cores): "
+        "mean over the seeds that logged one; other runs shared the machine's 2 cores, so it is no measure of cost): "
         "softmax 2.0, mixtape 2.0 (1 of its 3 seeds logged a time)."
     ) in text
     assert "Worst seed on test_2016_flickr:" in text and "name another cell's directory" not in text
@@ -758,9 +758,11 @@ def test_protocols_summary_and_report_section():
     assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in lines
     text = sections.protocols_section({"table": "lm-ptb", "description": "d", "cells": cells})
     assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in text
-    assert "stateful minus stateless, valid: +1.00 [+1.00, +1.00], p = 0.0e+00" in text
+    # valid chose the checkpoints: described; the test comparisons are the Holm family
+    assert "stateful minus stateless, valid: +1.00 [+1.00, +1.00], described (per seed +1.00, +1.00)" in text
+    assert "stateful minus stateless, test: +1.00 [+1.00, +1.00], p = 0.0e+00" in text
     assert "each scored as it trained, test: +2.00 [+2.00, +2.00]" in text and "(per seed +2.00, +2.00)" in text
-    assert "Holm-adjusted over these 4 comparisons" in text and ", Holm p = 0.0e+00 (per seed" in text
+    assert "Holm-adjusted over the 2 test comparisons" in text and ", Holm p = 0.0e+00 (per seed" in text
 
 
 @pytest.mark.slow  # two tiny trainings and twelve fairseq-eval-lm runs: about 2 minutes

@@ -82,6 +82,13 @@ def test_detectable_difference_has_the_stated_power_by_simulation():
 
     assert rejected(delta) == pytest.approx(0.8, abs=0.015)
     assert rejected(delta / 2) < 0.4 and rejected(0.0) == pytest.approx(alpha, abs=0.005)
+    # two seeds (one degree of freedom), where scipy's non-central t gives NaN for large non-centralities: the search
+    # must not stop there (it once returned 5.4 sd, proportional to nothing; 80% power needs ~34.6 sd)
+    n = 2
+    delta = detectable(1.0, n, alpha)
+    q = sps.t.ppf(1 - alpha / 2, n - 1)
+    assert detectable(0.37, n, alpha) == pytest.approx(0.37 * delta) and delta > 30
+    assert rejected(delta) == pytest.approx(0.8, abs=0.015)
 
 
 def _row(head, split, values):
@@ -122,7 +129,8 @@ def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_agains
     plif = next(c for c in tests if c.head == "plif" and c.baseline == "softmax")
     assert claims[("plif", "softmax", "test")] == pytest.approx((57.25 / 58.37 - 1) * 100.0)
     assert ("mos-4", "softmax-matched", "test") in claims and ("softmax-matched", "softmax", "test") not in claims
-    assert "mos-4: Mixtape T3: MoS-3 57.62 vs softmax 59.19 (-2.7%)" in sentences.claim_sources(claims, TABLE)
+    sources = sentences.claim_sources(claims, TABLE)
+    assert "mos-4: Mixtape T3: MoS-3 57.62 vs softmax 59.19; MoS-4 lies between MoS-3 and MoS-5" in sources
     assert (
         sentences.scored_part([{"ppl": {"test": 1.0}}, {"curve": []}])
         == ", 1 of them scored so far (a cell is " + ("scored right after its training)")
@@ -142,6 +150,31 @@ def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_agains
     assert "mos-4" not in EN_FR.paper_claims and "mixtape-unscaled" in EN_FR.paper_claims
 
 
+def test_family_with_planned_seeds_keeps_its_size_while_seeds_are_missing():
+    """With the seeds fixed before the runs, Holm's m counts every planned test comparison (the untestable ones
+    enter as p = 1), so adjusted p-values and detectable differences do not shrink while rows wait for seeds; the
+    table and the reading say how many of the planned seeds a comparison has."""
+    from recipes.reproduce.report import compare as head_comparison
+
+    rows = [_row("softmax", s, [100.0, 102.0, 98.0]) for s in ("valid", "test")]
+    rows += [_row("mos-4", s, [96.0, 99.5, 94.5]) for s in ("valid", "test")]
+    rows += [_row("plif", s, [99.0]) for s in ("valid", "test")]
+    planned = {"softmax": 5, "mos-4": 5, "plif": 5, "sigsoftmax": 3}  # 3 test comparisons will be testable
+    mos = next(c for c in head_comparison.family(rows) if c.head == "mos-4" and c.split == "test")
+    fixed = head_comparison.family(rows, planned)
+    mos_fixed = next(c for c in fixed if c.head == "mos-4" and c.split == "test")
+    assert mos.holm == pytest.approx(mos.result.p)  # alone in the family of what can be tested today
+    assert mos_fixed.holm == pytest.approx(min(1.0, 3 * mos.result.p))
+    assert mos_fixed.detectable > mos.detectable  # at 0.05 / 3, not 0.05
+    assert mos_fixed.planned == 5 and head_comparison.seeds_of(mos_fixed) == "3 of 5"
+    assert "| mos-4 - softmax | test | 3 of 5 |" in head_comparison.family_table(fixed, "ppl")
+    text = head_comparison.reading(fixed, "ppl")
+    assert "no significant difference yet on test (mean difference -3.33 over 3 of 5 seeds, where the test detects" in (
+        text
+    )
+    assert "one seed (of 5 planned) on test: not tested" in text
+
+
 def test_cap_sentence_says_at_the_cap_with_the_last_epochs_slope():
     from recipes.reproduce.report import sentences
 
@@ -152,7 +185,7 @@ def test_cap_sentence_says_at_the_cap_with_the_last_epochs_slope():
     text = sentences.cap_sentence(capped + [cell("patience", [6.0, 5.0, 5.1, 5.2])])
     assert text.startswith("2 of the 3 cells of the rows stopped at the cap (4 epochs)") and "not converged" in text
     # the median of an even count is the mean of the middle two (not the upper one, -0.120)
-    assert "-0.135 bits an epoch over the last two epochs (median; from -0.150 to -0.120)" in text
+    assert "-0.135 bits an epoch over the last two epochs (median; from -0.150 to -0.120; -8.9% perplexity" in text
     assert [sentences.bits(x) for x in (-0.0123, -0.0003, 0.0)] == ["-0.012", "-0.0003", "+0.000"]  # not -0.000
     assert sentences.cap_sentence(capped[:1] + [cell("patience", [6, 5, 5.1, 5.2])] * 2) == ""  # most by patience
 

@@ -7,7 +7,7 @@ learning-rate sweep, the comparison at equal training seconds, and the compute s
   p-values are Holm-adjusted together; the valid split chose every rate and checkpoint, so its differences are
   biased and are described, not tested (in the family they would only cost power). Each test comparison also gets
   the difference it could detect (:func:`recipes.common.stats.detectable`, 80% power at ``0.05 / m``, Holm's
-  first step over the ``m`` test comparisons).
+  first step over the ``m`` test comparisons; with the seeds fixed before the runs, ``m`` counts the planned ones).
 * :func:`reading`: the sentences the report prints, which follow the adjusted tests: a difference is called one only
   where its Holm-adjusted p is below 0.05; otherwise "no significant difference".
 * :func:`bootstrap`: sacrebleu's paired bootstrap for every BLEU comparison and seed, from the hypotheses.
@@ -48,36 +48,53 @@ class Comparison:
     result: stats.Paired
     holm: Optional[float] = None  # Holm-adjusted p within the table's test family (None: valid, or untestable)
     detectable: Optional[float] = None  # smallest difference the test detects with 80% power at 0.05 / m
+    planned: Optional[int] = None  # the seeds the two heads were to share, fixed before the runs (None: not fixed)
 
 
 def _score_rows(rows):
     return [r for r in rows if r["metric"] in ("bleu", "ppl")]
 
 
-def family(rows: Sequence[Mapping[str, Any]]) -> List[Comparison]:
+def _pairs(heads: Sequence[str]) -> List[Tuple[str, str]]:
+    """The (head, baseline) comparisons of a table with these heads: each against softmax, :data:`EXTRA_PAIRS`, and
+    the mixtures against :data:`MATCHED` where the table has it."""
+    pairs = [(h, "softmax") for h in heads if h != "softmax"] + [p for p in EXTRA_PAIRS if set(p) <= set(heads)]
+    if MATCHED in heads:
+        pairs += [(h, MATCHED) for h in heads if h.startswith(("mos", "mixtape"))]
+    return pairs
+
+
+def family(rows: Sequence[Mapping[str, Any]], planned: Optional[Mapping[str, int]] = None) -> List[Comparison]:
     """Every head against softmax (and :data:`EXTRA_PAIRS`, and the mixtures against :data:`MATCHED`) per split, paired
-    by seed; the test splits' comparisons Holm-adjusted together, the valid split's described only."""
+    by seed; the test splits' comparisons Holm-adjusted together, the valid split's described only.
+
+    ``planned`` (``{head: seeds}``, fixed before the runs) fixes the family too: its ``m`` counts every test comparison
+    of the planned heads that will have two seeds or more, those not yet testable entering Holm as p = 1, so a
+    comparison's adjusted p and detectable difference do not shrink while others wait for their seeds."""
     rows = _score_rows(rows)
     by = {(r["head"], r["split"]): dict(zip(r["seeds"], r["values"])) for r in rows}
     heads = list(dict.fromkeys(r["head"] for r in rows))
     splits = list(dict.fromkeys(r["split"] for r in rows))
-    pairs = [(h, "softmax") for h in heads if h != "softmax"] + [p for p in EXTRA_PAIRS if set(p) <= set(heads)]
-    if MATCHED in heads:
-        pairs += [(h, MATCHED) for h in heads if h.startswith(("mos", "mixtape"))]
     out = []
-    for head, base in pairs:
+    for head, base in _pairs(heads):
         for split in splits:
             a, b = by.get((head, split)), by.get((base, split))
             if not a or not b:
                 continue
             seeds = sorted(set(a) & set(b))
             if seeds:
-                out.append(
-                    Comparison(head, base, split, seeds, stats.paired([a[s] for s in seeds], [b[s] for s in seeds]))
-                )
+                c = Comparison(head, base, split, seeds, stats.paired([a[s] for s in seeds], [b[s] for s in seeds]))
+                if planned and head in planned and base in planned:
+                    c.planned = min(planned[head], planned[base])
+                out.append(c)
     tested = [c for c in out if is_test(c.split)]
-    size = sum(c.result.p is not None for c in tested)
-    for c, p in zip(tested, stats.holm([c.result.p for c in tested])):
+    pvalues = [c.result.p for c in tested]
+    size = sum(p is not None for p in pvalues)
+    if planned:
+        will_test = [(h, b) for h, b in _pairs(list(planned)) if min(planned[h], planned[b]) >= 2]
+        size = max(size, len(will_test) * sum(is_test(s) for s in splits))
+    adjusted = stats.holm(pvalues + [1.0] * (size - sum(p is not None for p in pvalues)))
+    for c, p in zip(tested, adjusted):
         c.holm = p
         c.detectable = stats.detectable(c.result.std, c.result.n, ALPHA / size, POWER) if size else None
     return out
@@ -122,7 +139,7 @@ def family_table(
             else ("-", "(valid: described)", "-")
         )
         row = (
-            f"| {c.head} - {c.baseline} | {c.split} | {r.n} | {stats.format_diff(r.mean)} {ci} | "
+            f"| {c.head} - {c.baseline} | {c.split} | {seeds_of(c)} | {stats.format_diff(r.mean)} {ci} | "
             f"{p} | {holm} | {sign} | "
             + (f"±{stats.format_diff(c.detectable, sign=False)} |" if c.detectable is not None else "- |")
         )
@@ -136,6 +153,11 @@ def family_table(
             row += f" {better} / {worse} of {len(mine)} |" if mine else " - |"
         lines.append(row)
     return "\n".join(lines) + "\n"
+
+
+def seeds_of(c: Comparison) -> str:
+    """A comparison's seeds as the report prints them: ``"2"``, or ``"2 of 5"`` while planned seeds are to come."""
+    return f"{c.result.n} of {c.planned}" if c.planned and c.result.n < c.planned else str(c.result.n)
 
 
 def reading(comparisons: Sequence[Comparison], metric: str) -> str:
@@ -156,19 +178,31 @@ def reading(comparisons: Sequence[Comparison], metric: str) -> str:
                 f"{'better' if better else 'worse'} on {c.split} ({stats.format_diff(c.result.mean)} {unit}, "
                 f"Holm p = {stats.format_p(c.holm)}, {c.result.n} seeds)"
             )
-        rest = [c.split for c in mine if c not in significant and c not in untestable]
-        if rest:
-            spread = ", ".join(stats.format_diff(c.result.mean) for c in mine if c.split in rest)
-            plural = "s" if len(rest) > 1 else ""
-            parts.append(f"no significant difference on {', '.join(rest)} (mean difference{plural} {spread})")
+        rest = [c for c in mine if c not in significant and c not in untestable]
+        waiting = [c for c in rest if c.planned and c.result.n < c.planned]  # tested on the seeds so far
+        done = [c for c in rest if c not in waiting]
+        if done:
+            spread = ", ".join(stats.format_diff(c.result.mean) for c in done)
+            plural = "s" if len(done) > 1 else ""
+            parts.append(
+                f"no significant difference on {', '.join(c.split for c in done)} (mean difference{plural} {spread})"
+            )
+        for c in waiting:  # what the test could detect with the seeds it has
+            parts.append(
+                f"no significant difference yet on {c.split} (mean difference {stats.format_diff(c.result.mean)} "
+                f"over {seeds_of(c)} seeds, where the test detects ±{stats.format_diff(c.detectable, sign=False)} "
+                f"with 80% power)"
+            )
         if untestable:
-            parts.append(f"one seed on {', '.join(c.split for c in untestable)}: not tested")
+            so_far = f" (of {untestable[0].planned} planned)" if untestable[0].planned else ""
+            parts.append(f"one seed{so_far} on {', '.join(c.split for c in untestable)}: not tested")
         if described:
             parts.append(
-                ", ".join(f"{stats.format_diff(c.result.mean)} on {c.split}" for c in described)
-                + " (described, not tested: each table's family is its test comparisons)"
+                ", ".join(f"{stats.format_diff(c.result.mean)} on {c.split}" for c in described) + " (described)"
             )
         out.append(f"{head} against {base}: " + "; ".join(parts) + ".")
+    if any(not is_test(c.split) for c in comparisons):
+        out.append("Valid differences are described, not tested: the valid split chose each rate and checkpoint.")
     return " ".join(out)
 
 

@@ -35,10 +35,11 @@ def score_table(
     rows: List[Dict[str, Any]],
     sources: Optional[Dict[str, str]] = None,
     paper: Optional[Dict[str, Dict[str, float]]] = None,
+    planned: Optional[Dict[str, int]] = None,
 ) -> str:
     """Markdown table: one line per head, one column per split (mean ± std, n seeds), the paper's number. With
     ``sources`` (head -> paper, ``"*"`` for the others) and the table's ``paper`` numbers: each row's from its paper,
-    named."""
+    named. With ``planned`` (``{head: seeds}`` fixed before the runs), a row short of its seeds says ``n of N``."""
     rows = score_rows(rows)
     if not rows:
         return "_no finished cells yet_\n"
@@ -72,7 +73,9 @@ def score_table(
         cells = [mean_std(by_split[s]["mean"], by_split[s]["std"]) if s in by_split else "-" for s in splits]
         paper = " / ".join(papers[head]) if per_split else papers[head][0]
         paper += f" ({labels[head]})" if labels.get(head) else ""
-        lines.append(f"| {head} | " + " | ".join(cells) + f" | {len(any_row['values'])} | {paper} |")
+        n, of = len(any_row["values"]), (planned or {}).get(head)
+        seeds = f"{n} of {of}" if of and n < of else str(n)
+        lines.append(f"| {head} | " + " | ".join(cells) + f" | {seeds} | {paper} |")
     return "\n".join(lines) + "\n"
 
 

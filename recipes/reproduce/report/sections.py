@@ -12,7 +12,7 @@ from recipes.reproduce.report import compare as head_comparison
 from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.engine import sweep as sweep_rules
 from recipes.reproduce.engine.costs import GRID
-from recipes.common.stats import format_p, holm, paired
+from recipes.common.stats import format_diff, format_p, holm, paired
 from recipes.reproduce.report.collect import chosen_cells
 from recipes.reproduce.report import layout, sentences
 from recipes.reproduce.report.layout import score_rows, score_table, cost_table
@@ -58,13 +58,17 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
         "",
     ]
     if not (full_only or (obj.get("sweep") and not rows)):  # a running sweep: its table below
-        lines.append(score_table(rows, getattr(table, "paper_source", None), getattr(table, "paper", None)))
+        lines.append(
+            score_table(
+                rows, getattr(table, "paper_source", None), getattr(table, "paper", None), obj.get("seeds_planned")
+            )
+        )
     lowercased = sentences.lowercased_line(obj.get("lowercased") or {})
     if lowercased:
         lines += [lowercased, ""]
     smoothed = sweep_rules.label_smoothed(cells)  # the cells train and stop on a label-smoothed loss
     lines += _time_lines(rows, scored) + _cost_lines(obj, noise) + _sweep_lines(obj, smoothed)
-    comparisons = head_comparison.family(rows)
+    comparisons = head_comparison.family(rows, obj.get("seeds_planned"))
     metric = score_rows(rows)[0]["metric"] if comparisons else None
     lines += _comparison_lines(obj, comparisons, metric, table) + _equal_compute_lines(obj, scored, smoothed)
     shown = " ".join(
@@ -176,8 +180,10 @@ def pilot_section(docs_dir: str) -> str:
         "Seed 1 of softmax and MoS-4 on PTB's train split, the table's mini model, a fixed number of epochs, no "
         "early stopping (`python -m recipes.reproduce.studies.lm_pilot`). NT-ASGD is validated and scored on its "
         "averages once averaging starts; its non-monotone trigger needs more than 5 validations, so within a "
-        "pilot it is forced (`--asgd-from-epoch`, as MoS's finetune stage starts it): the best case for "
-        "NT-ASGD at this budget.",
+        "pilot it is forced (`--asgd-from-epoch`, as MoS's finetune stage starts it): the arms show what SGD at the "
+        "papers' rates with averaging forced this early reaches (other rates and later averaging were not tried). "
+        "The NT-ASGD arms' valid / test ppl columns come from checkpoints that held the SGD iterate in the tied "
+        "weight (see the decision below); their last per-epoch validation is the average's.",
         "",
         "| arm | lr | epochs | averaging from epoch | valid ppl per epoch | valid ppl | test ppl | CPU h |",
         "|---|---|---|---|---|---|---|---|",
@@ -256,14 +262,18 @@ def protocols_section(obj: Dict[str, Any]) -> str:
                 second = [by[(b[0], s)][b[1]][split] for s in both]
                 per_seed = ", ".join(f"{x - y:+.2f}" for x, y in zip(first, second))
                 pairs.append((f"{label}, {split}", paired(first, second), per_seed))
-    if pairs:
-        adjusted = holm([r.p for _, r, _ in pairs])
+    if pairs:  # the test comparisons are one Holm family; valid chose each run's checkpoint: described only
+        tested = [r.p if what.endswith("test") else None for what, r, _ in pairs]
+        adjusted = holm(tested)
         lines += [
-            "Paired differences of perplexity (negative: the first is better; mean, 95% interval, paired "
-            f"t-test, and its p Holm-adjusted over these {sum(a is not None for a in adjusted)} comparisons, one "
-            "family; valid chose only each run's best checkpoint): "
+            "Paired differences of perplexity (negative: the first is better; mean, 95% interval; on test a paired "
+            f"t-test, its p Holm-adjusted over the {sum(a is not None for a in adjusted)} test comparisons; valid, "
+            "which chose each run's best checkpoint, described only): "
             + "; ".join(
                 f"{what}: {r.describe()}, Holm p = {format_p(a)} (per seed {per_seed})"
+                if a is not None
+                else f"{what}: {format_diff(r.mean)} [{format_diff(r.low)}, {format_diff(r.high)}], described "
+                f"(per seed {per_seed})"
                 for (what, r, per_seed), a in zip(pairs, adjusted)
             )
             + ".",
@@ -320,7 +330,8 @@ def budget_section(objs: Dict[str, Dict[str, Any]], aside: Optional[Dict[str, Di
     over = total - MINI_BUDGET_HOURS
     lines += [
         "",
-        f"In all {total:.1f} of the {MINI_BUDGET_HOURS:.0f} CPU-core-hours planned"
+        f"In all {total:.1f} of the {MINI_BUDGET_HOURS:.0f} CPU-core-hours planned for these tables (a plan before, "
+        "and apart from, the train splits' below)"
         + (f": over the plan by {over:.1f}" if over > 0 else f" ({100 * total / MINI_BUDGET_HOURS:.0f}%)")
         + (
             f"; the tables' own cells took {kept:.1f} ({100 * kept / MINI_BUDGET_HOURS:.0f}% of the plan), the "
@@ -342,6 +353,8 @@ def budget_section(objs: Dict[str, Dict[str, Any]], aside: Optional[Dict[str, Di
 #: the training compute planned for the perplexity tables on the train splits (the pilot, lm-ptb, lm-wt2, lm-gpt2's
 #: rerun with the seeded batch order)
 TRAIN_SPLIT_BUDGET_HOURS = 40.0
+#: the tables of that plan, trained on the train splits
+TRAIN_SPLIT_TABLES = ("lm-ptb", "lm-wt2", "lm-gpt2")
 
 
 def train_split(cell: Dict[str, Any]) -> bool:
@@ -364,6 +377,8 @@ def train_split_budget(objs: Dict[str, Dict[str, Any]], pilot: Optional[Dict[str
     if not parts:
         return ""
     total = sum(hours for _, _, hours in parts)
+    left = [(table, *cells_to_train(obj)) for table, obj in objs.items() if obj.get("seeds_planned")]
+    left = [(table, n, hours) for table, n, hours in left if n]
     lines = [
         "### The perplexity tables on the train splits",
         "",
@@ -374,6 +389,34 @@ def train_split_budget(objs: Dict[str, Dict[str, Any]], pilot: Optional[Dict[str
         "|---|---|---|",
     ]
     lines += [f"| {name} | {n} | {hours:.1f} |" for name, n, hours in parts]
+    lines += [
+        f"| {table}, seed cells still to train (estimated: its head's mean cell so far) | {n} | ~{hours:.1f} |"
+        for table, n, hours in left
+    ]
     share = 100 * total / TRAIN_SPLIT_BUDGET_HOURS
-    lines += ["", f"In all {total:.1f} of {TRAIN_SPLIT_BUDGET_HOURS:.0f} ({share:.0f}%).", ""]
+    projected = total + sum(hours for _, _, hours in left)
+    waiting = [t for t in TRAIN_SPLIT_TABLES if t in objs and not any(train_split(c) for c in objs[t].get("cells", []))]
+    lines += [
+        "",
+        f"In all {total:.1f} of {TRAIN_SPLIT_BUDGET_HOURS:.0f} ({share:.0f}%) spent"
+        + (f"; with the seed cells still to train, about {projected:.1f}" if left else "")
+        + (f"; not started: {', '.join(waiting)}" if waiting else "")
+        + ".",
+        "",
+    ]
     return "\n".join(lines)
+
+
+def cells_to_train(obj: Dict[str, Any]) -> tuple:
+    """``(cells, CPU-core-hours)``: the seed cells fixed before the runs (``obj["seeds_planned"]``) that have not
+    finished, and their cost estimated from each head's finished cells at its chosen rate (a head with none yet
+    counts its cells, not their hours)."""
+    chosen = chosen_cells(obj)
+    cells = hours = 0
+    for head, planned in obj["seeds_planned"].items():
+        mine = [c for c in chosen if c["head"] == head]
+        missing = max(0, planned - len(mine))
+        cells += missing
+        if mine:
+            hours += missing * sum(head_comparison.cell_cpu_hours(c) for c in mine) / len(mine)
+    return cells, hours

@@ -115,28 +115,43 @@ def claim_sources(claims: Dict[tuple, float], table) -> str:
 
 
 def untestable_claims(comparisons: List["head_comparison.Comparison"], claims: Dict[tuple, float], table) -> str:
-    """The sentence on the papers' claims smaller than what the table detects (80% power), or ""."""
+    """The sentence on the papers' claims smaller than what the table detects (80% power), and on those whose
+    comparison has too few of its planned seeds for a test yet; or ""."""
+    claimed = [c for c in comparisons if (c.head, c.baseline, c.split) in claims]
     small = [
-        c
-        for c in comparisons
-        if (c.head, c.baseline, c.split) in claims
-        and c.detectable is not None
-        and abs(claims[(c.head, c.baseline, c.split)]) < c.detectable
+        c for c in claimed if c.detectable is not None and abs(claims[(c.head, c.baseline, c.split)]) < c.detectable
     ]
-    if not small:
-        return ""
+    waiting = [c for c in claimed if c.detectable is None and c.planned and head_comparison.is_test(c.split)]
     sources = getattr(table, "paper_claims", {})
-    return (
-        f"The table cannot test these papers' claims (the claimed difference, at our baseline's "
-        f"{head_comparison.metric_unit(getattr(table, 'metric', 'ppl'))}, is "
-        "below what its seeds detect with 80% power at Holm's first level): "
-        + "; ".join(
-            f"{c.head} - {c.baseline} on {c.split}: claimed {claims[(c.head, c.baseline, c.split)]:+.2f} "
-            f"({sources[c.head]['source']}), detectable ±{c.detectable:.2f}"
-            for c in small
+    out = []
+    if small:
+        out.append(
+            f"The table cannot test these papers' claims (the claimed difference, at our baseline's "
+            f"{head_comparison.metric_unit(getattr(table, 'metric', 'ppl'))}, is "
+            "below what its seeds detect with 80% power at Holm's first level): "
+            + "; ".join(
+                f"{c.head} - {c.baseline} on {c.split}: claimed {claims[(c.head, c.baseline, c.split)]:+.2f} "
+                f"({sources[c.head]['source']}), detectable ±{c.detectable:.2f}"
+                + (
+                    " with " + head_comparison.seeds_of(c) + " seeds so far"
+                    if " of " in head_comparison.seeds_of(c)
+                    else ""
+                )
+                for c in small
+            )
+            + "."
         )
-        + "."
-    )
+    if waiting:
+        out.append(
+            "Not yet tested, with one of their planned seeds: "
+            + "; ".join(
+                f"{c.head} - {c.baseline} on {c.split} (claimed {claims[(c.head, c.baseline, c.split)]:+.2f}, "
+                f"1 of {c.planned} seeds)"
+                for c in waiting
+            )
+            + "."
+        )
+    return " ".join(out)
 
 
 def bits(x: float) -> str:
@@ -155,7 +170,8 @@ def cap_sentence(cells: List[Dict[str, Any]]) -> str:
     return (
         f"{len(capped)} of the {len(cells)} cells of the rows stopped at the cap ({cap} epochs), not by patience: "
         f"the numbers are at the cap, not converged; their valid NLL still moved {bits(statistics.median(slopes))} "
-        f"bits an epoch over the last two epochs (median; from {bits(slopes[0])} to {bits(slopes[-1])})."
+        f"bits an epoch over the last two epochs (median; from {bits(slopes[0])} to {bits(slopes[-1])}; "
+        f"{100 * (2 ** statistics.median(slopes) - 1):+.1f}% perplexity an epoch at the median)."
     )
 
 
@@ -164,7 +180,18 @@ def parameters_line(cells: List[Dict[str, Any]]) -> str:
     counts = {c["head"]: c["parameters"] for c in cells if c.get("parameters")}
     if not counts:
         return ""
-    return "Parameters per row: " + ", ".join(f"{h} {n / 1e6:.2f}M" for h, n in counts.items()) + "."
+    mos = next((h for h in counts if h.startswith("mos")), None)
+    sized = [h for h in counts if mos and (h.startswith("mixtape") or h == head_comparison.MATCHED)]
+    return (
+        "Parameters per row: "
+        + ", ".join(f"{h} {n / 1e6:.2f}M" for h, n in counts.items())
+        + (
+            f" (of {mos}'s count: " + ", ".join(f"{h} {100 * counts[h] / counts[mos]:.1f}%" for h in sized) + ")"
+            if sized
+            else ""
+        )
+        + "."
+    )
 
 
 #: two tables whose mini models have the same sizes: how far their cost ratios differ shows the timing noise
@@ -304,8 +331,8 @@ def training_time_sentence(walls: Dict[str, List[float]], seeds: Dict[str, int])
         for h, v in walls.items()
     )
     return (
-        "Training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over the seeds that "
-        f"logged one; one thread each, two to five cells at a time on the 2 cores): {times}."
+        "Wall-clock training time of a cell (fairseq's train_wall or the recipe's, minutes, mean over the seeds that "
+        f"logged one; other runs shared the machine's 2 cores, so it is no measure of cost): {times}."
     )
 
 
@@ -400,7 +427,9 @@ def equal_compute_intro(clock: str, smoothed: bool, with_ratios: bool) -> str:
             else ""
         )
         + ") within the updates, and within the training "
-        f"{seconds}, that softmax's cell of the same seed took to its stop, against softmax's lowest "
+        f"{seconds}, that softmax's cell of the same seed took to its stop, against softmax's lowest; a head is "
+        "read at its last validation within that budget, so a head validated once an epoch may be read up to an "
+        "epoch short of it "
         "(negative: the head gets lower for the same number of steps / the same bill"
         + (
             "; the cost column divides softmax's updates by the head's time per update measured in one "

@@ -12,7 +12,7 @@ protocol, ``train.txt`` / ``valid.txt`` / ``test.txt``) for a fixed number of ep
   MoS), validated and scored on the averages once averaging starts. The non-monotone trigger (``--nonmono 5``)
   cannot fire within a pilot's few epochs (it needs more than 5 validations), so averaging is forced from the end
   of epoch :func:`switch_epoch` (``--asgd-from-epoch``, as MoS's finetune stage starts it): the arm shows what
-  SGD plus averaging reaches at this budget, the best case for NT-ASGD here.
+  SGD at the papers' rates with averaging forced this early reaches (not other rates, nor later averaging).
 
 softmax trains :data:`EPOCHS` ``["softmax"]`` epochs, MoS-4 fewer (its epoch costs about 3 of softmax's): each arm is
 about half an hour of one thread. ``probes`` times every head of the table (its sized rows included): a short
