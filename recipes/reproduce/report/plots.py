@@ -53,12 +53,26 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
                     continue
                 ax.bar(i, r["mean"], color="C0" if head == "softmax" else "C1", alpha=0.5)
                 ax.plot([i] * len(r["values"]), r["values"], "k.", ms=6)
-            ax.set_xticks(range(len(heads)), heads, rotation=30, ha="right")
+            planned = obj.get("seeds_planned") or {}
+            counts = {r["head"]: len(r["values"]) for r in rows if r["split"] == split}
+            ax.set_xticks(
+                range(len(heads)),
+                [
+                    f"{h} ({counts.get(h, 0)} of {planned[h]})" if counts.get(h, 0) < planned.get(h, 0) else h
+                    for h in heads
+                ],
+                rotation=30,
+                ha="right",
+            )
             ax.set_title(split, fontsize=9)
             ax.set_ylabel(METRIC_NAMES.get(rows[0]["metric"], rows[0]["metric"]))
             lo = min(v for r in rows if r["split"] == split for v in r["values"])
             ax.set_ylim(max(0.0, lo - 3), None)
-        fig.suptitle(f"{table}: per head (bars: mean, dots: seeds)", fontsize=10)
+        fig.suptitle(
+            f"{table}: per head (bars: mean, dots: seeds; (n of N): seeds so far of those planned;\n"
+            "the axis starts just below the lowest seed, not at 0)",
+            fontsize=9,
+        )
         save(fig, f"{table}-scores.png")
     curves = [c for c in chosen_cells(obj) if c.get("curve") or c.get("valid_curve")]
     if curves:
