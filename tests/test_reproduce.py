@@ -847,3 +847,19 @@ def test_pilot_collects_its_arms_and_the_report_shows_them(tmp_path):
     assert "| softmax-ntasgd | 0.005 | 2 | 1 | 181.0, 147.0 | 150.00 | 150.00 | 0.50 |" in text
     assert "mos-4 15.5 min" in text and "1.00 core-hours of training" in text and "**Decision.**" in text
     assert sections.pilot_section(str(tmp_path / "nowhere")) == ""
+
+
+WT2_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
+WT2_TRAIN = os.path.join(WT2_TRAIN, "wikitext-2", "train.txt")
+
+
+@pytest.mark.skipif(not os.path.isfile(WT2_TRAIN), reason=f"WikiText-2 not found at {WT2_TRAIN} (the shared data)")
+def test_lm_wt2_mini_states_its_prefix_in_tokens_and_its_seeds():
+    """The tokens the report states for lm-wt2's prefix are those of its first ``mini_lines`` lines (one <eos> a
+    line), and the notes name the seeds fixed before the runs."""
+    table = cli.get_table("lm-wt2")
+    with open(WT2_TRAIN) as f:
+        tokens = sum(len(line.split()) + 1 for _, line in zip(range(table.mini_lines), f))
+    assert tokens == table.mini_tokens == 300_000
+    assert "(300,000 tokens with their <eos>)" in table.report_notes
+    assert "Seeds per head, fixed before the runs: softmax 3, plif 3." in table.report_notes

@@ -203,6 +203,8 @@ class LanguageModelTable(Table):
     paper_claims: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     #: lines of train.txt the mini cells train on (0: all of it; valid.txt and test.txt are read whole)
     mini_lines: int = 0
+    #: the tokens of those lines, one <eos> a line (what the report states; a test counts them in the data)
+    mini_tokens: int = 0
     #: the heads of ``--scale mini`` (variant names)
     mini_heads: List[str] = field(default_factory=lambda: list(MINI_HEADS))
     #: seeds of each mini head at its chosen learning rate, fixed before the runs (others 1)
@@ -255,7 +257,12 @@ class LanguageModelTable(Table):
     def report_notes(self) -> str:
         if "mini" not in self.scales:
             return ""
-        train = f"the first {self.mini_lines} lines of train.txt" if self.mini_lines else "train.txt"
+        train = (
+            f"the first {self.mini_lines} lines of train.txt ({self.mini_tokens:,} tokens with their <eos>)"
+            if self.mini_lines
+            else "train.txt"
+        )
+        seeds = ", ".join(f"{h} {n}" for h, n in self.mini_seeds.items())
         sized = "; ".join(f"{name}: {' '.join(options)}" for name, options in self.mini_model_options.items())
         return (
             f"Mini: {train} trains, valid.txt validates (the rate, the checkpoint, the stopping rule), test.txt "
@@ -264,7 +271,7 @@ class LanguageModelTable(Table):
             f"state carried over the split, 10 streams valid / 1 test); an AWD-LSTM of {' '.join(MINI_MODEL)}"
             + (f" ({sized})" if sized else "")
             + f", {' '.join(MINI_OPTIMIZERS[self.mini_optimizer])} "
-            f"(the pilot's choice), {self.mini_stop.describe()}."
+            f"(the pilot's choice), {self.mini_stop.describe()}. Seeds per head, fixed before the runs: {seeds}."
             + (f" {mixtape_forms(self.mini_heads)}" if mixtape_forms(self.mini_heads) else "")
         )
 

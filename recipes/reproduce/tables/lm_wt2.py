@@ -23,7 +23,8 @@ TABLE = LanguageModelTable(
     full_awd={"arch": "head_awd_lstm_lm_awd_wt2", "batch": 80, "lr": 30.0},
     # Mixtape sized to MoS-15's 34.9M parameters through its last LSTM layer (650 -> 803 units): 100.0%
     full_model_options={"mixtape": ["--nhidlast", "803"]},
-    mini_lines=5488,  # 300,000 tokens with one <eos> a line
+    mini_lines=5488,
+    mini_tokens=300_000,
     # PLIF's claim (65.22 -> 64.86 test): softmax and PLIF, 3 seeds each, fixed before the runs
     mini_heads=["softmax", "plif"],
     mini_seeds={"softmax": 3, "plif": 3},
