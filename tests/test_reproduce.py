@@ -668,6 +668,12 @@ def test_report_shows_the_full_size_plan(tmp_path):
     collect.collect(str(tmp_path / "results"), str(docs))
     kept = result_files.load_json(str(docs / "reproduction" / "lm-ptb.json"))
     assert kept["notes"] == "How these rows ran." and kept["rows"] == [row] and kept["plan"]["note"] == "a note."
+    # two workers write results.json in the order their heads finish: the json keeps the table's order, softmax first
+    rows = [{**row, "head": h} for h in ("softmax-matched", "plif", "softmax", "mos-4")]
+    result_files.save_json(str(tmp_path / "results" / "lm-ptb" / "results.json"), rows)
+    collect.collect(str(tmp_path / "results"), str(docs))
+    kept = result_files.load_json(str(docs / "reproduction" / "lm-ptb.json"))
+    assert [r["head"] for r in kept["rows"]] == ["softmax", "softmax-matched", "mos-4", "plif"]
 
 
 def test_full_size_data_scripts_stop_offline_naming_what_they_need(tmp_path, monkeypatch):

@@ -54,6 +54,9 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
         rows = result_files.load_rows(path) if os.path.isfile(path) else ([] if sweep_here else before.get("rows", []))
         for r in rows:
             r["command"] = canonical_paths(r["command"], table)
+        # the table's own head order (softmax first), not the order in which runs of its heads happened to finish
+        order = {h: i for i, h in enumerate(getattr(get_table(table), "mini_heads", None) or [])}
+        rows.sort(key=lambda r: order.get(r["head"], len(order)))
         plan = json.load(open(plan_path)) if os.path.isfile(plan_path) else before.get("plan")
         if plan:
             plan["commands"] = [canonical_paths(line, table) for line in plan["commands"]]
