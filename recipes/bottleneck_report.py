@@ -12,8 +12,9 @@ minus softmax, at the same d and seed), averaged over the seeds at each d, regre
 slope, its 95% interval and its two-sided p-value (t with the number of d values - 2 degrees of freedom: d is the unit,
 as the seeds at one d share the trunk, the test set and the rate, so a d's departure from the line is common to its
 seeds), Holm-adjusted over the two heads (a head without enough d values counts in the family as p = 1). Per (head,
-d), the paired differences are described with their intervals and paired t-tests, Holm-adjusted over those rows
-(one family; the upgrade table's comparisons are another).
+d), the paired differences are described with their intervals and paired t-tests, Holm-adjusted over every planned
+(head, d) pair, those without two seeds yet counting as p = 1 (one family; the upgrade table's comparisons are
+another).
 """
 
 from __future__ import annotations
@@ -89,9 +90,13 @@ def by_key(cells: List[Dict]) -> Dict:
     return {(c["head"], c["d"], c["seed"]): c for c in cells}
 
 
-def with_holm(rows: List[Dict], p_of) -> List[Dict]:
-    """``rows`` with ``"holm"``: the Holm-adjusted p-value of ``p_of(row)`` over all of them (one family)."""
-    for row, adjusted in zip(rows, paired_stats.holm([p_of(r) for r in rows])):
+def with_holm(rows: List[Dict], p_of, planned: int = 0) -> List[Dict]:
+    """``rows`` with ``"holm"``: the Holm-adjusted p-value of ``p_of(row)`` over all of them (one family). With
+    ``planned``, the family has that many comparisons however many have run (those not yet testable enter as
+    p = 1), so an adjusted p does not shrink while other comparisons wait for their cells."""
+    pvalues = [p_of(r) for r in rows]
+    pvalues += [1.0] * max(0, planned - sum(p is not None for p in pvalues))
+    for row, adjusted in zip(rows, paired_stats.holm(pvalues)):
         row["holm"] = adjusted
     return rows
 
@@ -104,7 +109,8 @@ def paired_cells(row: Dict) -> str:
 
 
 def paired_rows(obj: Dict) -> List[Dict]:
-    """Every (head, d) against softmax at the same d, seed by seed, on test NLL; Holm over all of them."""
+    """Every (head, d) against softmax at the same d, seed by seed, on test NLL; Holm over all of them, the planned
+    (head, d) pairs of the run's arguments counted whether or not their cells have finished."""
     cells = by_key(obj["cells"])
     heads = sorted({c["head"] for c in obj["cells"]} - {BASELINE})
     dims = sorted({c["d"] for c in obj["cells"]})
@@ -118,7 +124,8 @@ def paired_rows(obj: Dict) -> List[Dict]:
                     [cells[(BASELINE, d, s)]["test_nll"] for s in seeds],
                 )
                 rows.append({"head": head, "d": d, "seeds": len(seeds), "paired": p})
-    return with_holm(rows, lambda r: r["paired"].p)
+    a = obj["meta"]["args"]
+    return with_holm(rows, lambda r: r["paired"].p, len(set(a["heads"]) - {BASELINE}) * len(a["dims"]))
 
 
 def slope_test(obj: Dict) -> List[Dict]:
@@ -387,12 +394,13 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
                 f"{paired_stats.format_p(r['holm'])} |"
             )
     tested = sum(1 for r in rows if r["paired"].p is not None)
+    family = len(set(a["heads"]) - {BASELINE}) * len(a["dims"])
     lines += [
         "",
         "## Paired differences per d",
         "",
-        f"Test NLL, head minus softmax at the same d and seed (nats); Holm over the {tested} rows with at least two "
-        "seeds (one family):",
+        f"Test NLL, head minus softmax at the same d and seed (nats); Holm over the {family} planned (head, d) "
+        f"comparisons, one family, {tested} of them with two seeds or more so far (the others count as p = 1):",
         "",
         "| head | d | seeds | mean [95% CI] | paired t p | Holm p |",
         "|---|---|---|---|---|---|",
@@ -714,22 +722,28 @@ UPGRADE_CONTROLS = ("softmax", "softmax-mlp")
 
 def upgrade_rows(up: Dict) -> List[Dict]:
     """The upgrade table's paired test comparisons, seed by seed on test NLL: every row against control (a) (the
-    fine-tuned softmax) and the heads also against control (b) (the size-matched MLP); Holm over all of them."""
+    fine-tuned softmax) and the heads also against control (b) (the size-matched MLP); Holm over all of them, every
+    comparison of the rows the run planned (those of its rate pilot, rates or cells) counted whether or not its cells
+    have finished."""
     cells = {(c["row"], c["seed"]): c for c in up.get("cells", [])}
     rows = []
-    order = [r for r in upgrade_table.ROWS if any(k[0] == r for k in cells)]
-    for row in order:
-        for control in UPGRADE_CONTROLS:
-            if row == control or (row in UPGRADE_CONTROLS and control == "softmax-mlp"):
-                continue
-            seeds = sorted(s for (r, s) in cells if r == row and (control, s) in cells)
-            if seeds:
-                p = paired_stats.paired(
-                    [math.log(cells[(row, s)]["after"]["test"]["ppl"]) for s in seeds],
-                    [math.log(cells[(control, s)]["after"]["test"]["ppl"]) for s in seeds],
-                )
-                rows.append({"row": row, "control": control, "seeds": len(seeds), "paired": p})
-    return with_holm(rows, lambda r: r["paired"].p)
+    run = {c["row"] for c in up.get("pilot", []) + up.get("cells", [])} | set(up.get("rates") or {})
+    planned = [
+        (row, control)
+        for row in upgrade_table.ROWS
+        if row in run
+        for control in UPGRADE_CONTROLS
+        if control in run and not (row == control or (row in UPGRADE_CONTROLS and control == "softmax-mlp"))
+    ]
+    for row, control in planned:
+        seeds = sorted(s for (r, s) in cells if r == row and (control, s) in cells)
+        if seeds:
+            p = paired_stats.paired(
+                [math.log(cells[(row, s)]["after"]["test"]["ppl"]) for s in seeds],
+                [math.log(cells[(control, s)]["after"]["test"]["ppl"]) for s in seeds],
+            )
+            rows.append({"row": row, "control": control, "seeds": len(seeds), "paired": p})
+    return with_holm(rows, lambda r: r["paired"].p, len(planned))
 
 
 def upgrade_section(up: Dict) -> List[str]:
@@ -836,7 +850,8 @@ def upgrade_section(up: Dict) -> List[str]:
         )
     lines += [
         "",
-        "Paired on seeds, test NLL (nats), row minus control; Holm over every comparison of this table (test only: "
+        "Paired on seeds, test NLL (nats), row minus control; Holm over every planned comparison of this table, "
+        "those not yet run counting as p = 1 (test only: "
         "valid chose the rates and epochs). The seeds vary the new head's random parts and the batch order; every "
         "cell shares the model and the test text, so the intervals are over training seeds, not over text:",
         "",

@@ -138,7 +138,13 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
         "table and test): mixtape d=64 seed 1, mixtape d=64 seed 2." in text
     )
     assert "| mixtape | 2 | 3 | too few d values (3 needed) | - | - | - |" in text
-    assert "| mos-4 | 3 | 3 | " in text and "Holm over the 5 rows with at least two seeds" in text
+    assert "| mos-4 | 3 | 3 | " in text
+    # the family is the 6 planned (head, d) pairs, the one with a single finite seed counting as p = 1
+    assert "Holm over the 6 planned (head, d) comparisons, one family, 5 of them with two seeds or more" in text
+    rows = bottleneck_report.paired_rows(bottleneck_report.finite(_map(cells))[0])
+    pvalues = [r["paired"].p for r in rows]
+    expected = bottleneck_report.paired_stats.holm(pvalues + [1.0] * (6 - sum(p is not None for p in pvalues)))
+    assert [r["holm"] for r in rows] == expected[: len(rows)]
     assert "mixtape d=64 seed 3" in text.split("not finished")[1]  # the missing cells are named
     # 25 cells of 1 CPU-minute, the diverged one too, and 3 rate cells of 30 (the 3 chosen rate cells are seed-1
     # cells, counted there; counted twice, the total would be 4.9)
