@@ -769,6 +769,9 @@ def test_protocols_summary_and_report_section():
     assert "stateful minus stateless, test: +1.00 [+1.00, +1.00], p = 0.0e+00" in text
     assert "each scored as it trained, test: +2.00 [+2.00, +2.00]" in text and "(per seed +2.00, +2.00)" in text
     assert "Holm-adjusted over the 2 test comparisons" in text and ", Holm p = 0.0e+00 (per seed" in text
+    # the heading names the data the study trained on, where its json says
+    titled = sections.protocols_section({"table": "lm-ptb", "description": "d", "data": "valid.txt", "cells": cells})
+    assert "against fairseq's blocks, trained on valid.txt\n" in titled and ", trained on" not in text
 
 
 @pytest.mark.slow  # two tiny trainings and twelve fairseq-eval-lm runs: about 2 minutes

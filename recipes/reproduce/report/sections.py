@@ -235,7 +235,8 @@ def protocols_section(obj: Dict[str, Any]) -> str:
     by = {(c["protocol"], c["seed"]): c["ppl"] for c in cells}
     seeds = sorted({s for (_, s) in by})
     lines = [
-        f"### {obj['table']}: the papers' protocol (streams, carried state) against fairseq's blocks",
+        f"### {obj['table']}: the papers' protocol (streams, carried state) against fairseq's blocks"
+        + (f", trained on {obj['data']}" if obj.get("data") else ""),
         "",
         obj["description"],
         "",

@@ -129,7 +129,12 @@ def main(argv=None) -> int:
         for seed in range(1, args.seeds + 1)
         for protocol in PROTOCOLS
     ]
-    result = {"table": "lm-ptb", "description": __doc__.split("\n\n")[2].replace("\n", " "), "cells": records}
+    result = {
+        "table": "lm-ptb",
+        "description": __doc__.split("\n\n")[2].replace("\n", " "),
+        "data": "PTB's train split",  # what the cells trained on (the committed study: 90% of valid.txt)
+        "cells": records,
+    }
     result_files.save_json(os.path.join(out, "protocols.json"), result)
     print("\n".join(summary(records)))
     if args.commit:
