@@ -305,7 +305,8 @@ def budget_section(objs: Dict[str, Dict[str, Any]], aside: Optional[Dict[str, Di
         "## Compute",
         "",
         "Training CPU-core-hours of the tables run with the stopping rule and a learning rate "
-        "per head: the CPU time (user + system) of each cell's training processes, as the recipes record it beside "
+        f"per head (their plan of {MINI_BUDGET_HOURS:.0f}, before and apart from the train splits' below): the "
+        "CPU time (user + system) of each cell's training processes, as the recipes record it beside "
         "the training log; a cell trained before they recorded it counts its training seconds times its threads, "
         "an upper bound, since its core was shared (scoring and timing excluded):",
         "",
@@ -331,8 +332,7 @@ def budget_section(objs: Dict[str, Dict[str, Any]], aside: Optional[Dict[str, Di
     over = total - MINI_BUDGET_HOURS
     lines += [
         "",
-        f"In all {total:.1f} of the {MINI_BUDGET_HOURS:.0f} CPU-core-hours planned for these tables (a plan before, "
-        "and apart from, the train splits' below)"
+        f"In all {total:.1f} of the {MINI_BUDGET_HOURS:.0f} CPU-core-hours planned"
         + (f": over the plan by {over:.1f}" if over > 0 else f" ({100 * total / MINI_BUDGET_HOURS:.0f}%)")
         + (
             f"; the tables' own cells took {kept:.1f} ({100 * kept / MINI_BUDGET_HOURS:.0f}% of the plan), the "
