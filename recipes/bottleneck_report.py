@@ -65,8 +65,8 @@ def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
 
 
 def collect_upgrade(folder: str) -> Dict:
-    """``python -m recipes.upgrade_table``'s pilot and table cells (each named by its row, from its folder) and the
-    rates it chose."""
+    """``python -m recipes.upgrade_table``'s pilot and table cells (each named by its row, from its folder), the
+    rates it chose and the options it ran with (``meta``, where recorded)."""
 
     def cells(stage):
         out = []
@@ -77,13 +77,16 @@ def collect_upgrade(folder: str) -> Dict:
             out.append(cell)
         return out
 
-    rates = os.path.join(folder, "rates.json")
-    if os.path.exists(rates):
-        with open(rates) as f:
-            rates = json.load(f)
-    else:
-        rates = {}
-    return {"rates": rates, "pilot": cells("rates"), "cells": cells("cells")}
+    def load(name):
+        path = os.path.join(folder, name)
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            return json.load(f)
+
+    out = {"rates": load("rates.json"), "pilot": cells("rates"), "cells": cells("cells")}
+    meta = load("meta.json")  # the run's options (a run before it recorded them has none)
+    return {**out, "meta": meta} if meta else out
 
 
 def by_key(cells: List[Dict]) -> Dict:
@@ -112,7 +115,10 @@ def paired_rows(obj: Dict) -> List[Dict]:
     """Every (head, d) against softmax at the same d, seed by seed, on test NLL; Holm over all of them, the planned
     (head, d) pairs of the run's arguments counted whether or not their cells have finished."""
     cells = by_key(obj["cells"])
-    heads = sorted({c["head"] for c in obj["cells"]} - {BASELINE})
+    present = {c["head"] for c in obj["cells"]} - {BASELINE}
+    heads = [h for h in obj["meta"]["args"]["heads"] if h in present] + sorted(
+        present - set(obj["meta"]["args"]["heads"])
+    )
     dims = sorted({c["d"] for c in obj["cells"]})
     rows = []
     for head in heads:
@@ -177,18 +183,24 @@ def mean_sd(values: List[float], digits: int = 2) -> str:
     return f"{m:,.{digits}f} ± {sd:,.{digits}f}"
 
 
-def table(obj: Dict, value, digits_note: str, digits: int = 2, mark=None) -> List[str]:
-    """A heads x d table of ``value(cell)`` (mean ± sd over seeds, n seeds); cells whose value is None are left out;
-    ``mark(cells)``, a note after an entry from its cells."""
-    heads = list(dict.fromkeys(c["head"] for c in obj["cells"]))
-    dims = sorted({c["d"] for c in obj["cells"]})
+def table(obj: Dict, value, digits_note: str, digits: int = 2, mark=None, diverged=()) -> List[str]:
+    """A heads x d table of ``value(cell)`` (mean ± sd over seeds, n seeds), its rows and columns the run's planned
+    heads (softmax first, as the run names them) and d values, ``-`` where none has finished; cells whose value is
+    None are left out; ``mark(cells)``, a note after an entry from its cells; ``diverged``, cells left out of it,
+    counted in their entry."""
+    a = obj["meta"]["args"]
+    present = {c["head"] for c in obj["cells"]} | {c["head"] for c in diverged}
+    heads = [h for h in a["heads"] if h in present] + sorted(present - set(a["heads"]))
+    dims = sorted(set(a["dims"]) | {c["d"] for c in obj["cells"]})
     lines = ["| head | " + " | ".join(f"d = {d}" for d in dims) + " |", "|---|" + "---|" * len(dims)]
     for h in heads:
         row = []
         for d in dims:
             valued = [(c, v) for c in obj["cells"] if c["head"] == h and c["d"] == d and (v := value(c)) is not None]
             vals, mine = [v for _, v in valued], [c for c, _ in valued]
-            row.append(f"{mean_sd(vals, digits)} ({len(vals)}){mark(mine) if mark else ''}" if vals else "-")
+            lost = sum(1 for c in diverged if c["head"] == h and c["d"] == d)
+            entry = f"{mean_sd(vals, digits)} ({len(vals)}){mark(mine) if mark else ''}" if vals else "-"
+            row.append(entry + (f" diverged {lost}" if lost else ""))
         lines.append(f"| {h} | " + " | ".join(row) + " |")
     return lines + ["", digits_note, ""]
 
@@ -221,7 +233,8 @@ def plot(obj: Dict, rows: List[Dict], slopes: List[Dict], path: str) -> None:
                 ls="--",
                 lw=1,
                 color=line.get_color(),
-                label=f"{head}: slope {f['slope']:+.4f} / doubling, Holm p {paired_stats.format_p(f['holm'])}",
+                label=f"{head}: slope {f['slope']:+.4f} / doubling, Holm p {paired_stats.format_p(f['holm'])}"
+                + ("" if f.get("complete", True) else " (interim)"),
             )
         ax.errorbar(
             [x(r) for r in spread],
@@ -285,14 +298,16 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
     from the same rows and fits the page prints."""
     meta = obj["meta"]
     a = meta["args"]
-    spent = cells_cpu_hours(obj)  # every cell's cost, the diverged ones' too
+    full = obj  # every cell, the diverged ones too: what the cost counts
     obj, diverged = finite(obj)
     rows, slopes = paired_rows(obj), slope_test(obj)
-    if draw and obj["cells"]:
-        plot(obj, rows, slopes, png)
     seeds = list(range(1, a["seeds"] + 1))
     planned = {(h, d, s) for h in a["heads"] for d in a["dims"] for s in seeds}
     missing = planned - set(by_key(obj["cells"])) - {(c["head"], c["d"], c["seed"]) for c in diverged}
+    for r in slopes:  # the primary test is the fit once every planned cell of the head and softmax has run
+        r["complete"] = not any(h in (r["head"], BASELINE) for h, _, _ in missing)
+    if draw and obj["cells"]:
+        plot(obj, rows, slopes, png)
     lines = [
         "# Does breaking the softmax bottleneck pay, and where? A map over the head's input width",
         "",
@@ -337,8 +352,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
             else f"; the rate cells at d = {a['rate_d']} run first, and the seed cells after every head's rate."
             if not obj["cells"]
             else f"; {len(missing)} not finished, and every table below holds the cells so far (missing: "
-            + ", ".join(f"{h} d={d} seed {s}" for h, d, s in sorted(missing)[:8])
-            + (", ..." if len(missing) > 8 else "")
+            + missing_summary(missing, a)
             + ")."
         )
         + (
@@ -356,7 +370,8 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
             + joint_section(obj)
             + upgrade_section(obj.get("upgrade") or {})
             + commands_section(obj)
-            + ["## Cost", "", f"In all {spent:.1f} CPU-core-hours of rate cells so far.", ""]
+            + ["## Cost", ""]
+            + budget_lines(full, missing)
         )
     lines += ["## Test perplexity", ""]
     lines += table(
@@ -364,8 +379,10 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         lambda c: math.exp(c["test_nll"]),
         f"Mean ± sd over seeds (seeds); cap k: k of them ended by the {a['max_epochs']}-epoch cap while their valid "
         "NLL still improved (scored under the cap: where the counts differ between heads or d, how far the cells "
-        "trained may differ too).",
+        "trained may differ too); diverged k: k cells left out (no epoch better than the untrained start, or a "
+        "non-finite NLL), so the entry and every test at that d rest on the other seeds.",
         mark=lambda mine: f" cap {n}" if (n := capped(obj, mine)) else "",
+        diverged=diverged,
     )
     lines += stopped_sentence(obj)
     lines += [
@@ -382,17 +399,26 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
     ]
     for r in slopes:
         low, high = (r["seeds"][0], r["seeds"][-1]) if r["seeds"] else (0, 0)
-        seeds_per_d = str(low) if low == high else f"{low}-{high}"
+        seeds_per_d = (str(low) if low == high else f"{low}-{high}") + (f" of {a['seeds']}" if low < a["seeds"] else "")
+        dims = (", ".join(map(str, r["dims"])) or "none") + (
+            f" ({len(r['dims'])} of {len(a['dims'])})" if len(r["dims"]) < len(a["dims"]) else ""
+        )
         if r["slope"] is None:
-            lines.append(
-                f"| {r['head']} | {len(r['dims'])} | {seeds_per_d} | too few d values (3 needed) | - | - | - |"
-            )
+            lines.append(f"| {r['head']} | {dims} | {seeds_per_d} | too few d values (3 needed) | - | - | - |")
         else:
             lines.append(
-                f"| {r['head']} | {len(r['dims'])} | {seeds_per_d} | {r['slope']:+.4f} [{r['low']:+.4f}, "
+                f"| {r['head']} | {dims} | {seeds_per_d} | {r['slope']:+.4f} [{r['low']:+.4f}, "
                 f"{r['high']:+.4f}] | {r['df']} | {paired_stats.format_p(r['p'])} | "
                 f"{paired_stats.format_p(r['holm'])} |"
             )
+    interim = [r["head"] for r in slopes if not r["complete"]]
+    if interim:
+        lines += [
+            "",
+            f"**Interim** for {', '.join(interim)}: a fit to the cells finished so far, not the primary test, which "
+            f"is the fit once every planned cell of the head and of softmax (d = {', '.join(map(str, a['dims']))}, "
+            f"{a['seeds']} seeds) has run (a diverged cell leaves its d with fewer seeds).",
+        ]
     tested = sum(1 for r in rows if r["paired"].p is not None)
     family = len(set(a["heads"]) - {BASELINE}) * len(a["dims"])
     lines += [
@@ -434,14 +460,14 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         "bound, so rounding alone for a softmax, about -30 in float64); mean ± sd (seeds).",
         1,
     )
-    lines += [
-        f"![{os.path.basename(spectra)}]({os.path.basename(spectra)})",
-        "",
-        "Seed 1's singular values, each divided by its largest, per d (the d + 10 largest are kept in the json).",
-        "",
-        "## Parameters",
-        "",
-    ]
+    if any(c["seed"] == 1 for c in obj["cells"]):  # the plot draws seed 1's spectra
+        lines += [
+            f"![{os.path.basename(spectra)}]({os.path.basename(spectra)})",
+            "",
+            "Seed 1's singular values, each divided by its largest, per d (the json keeps them all).",
+            "",
+        ]
+    lines += ["## Parameters", ""]
     lines += table(
         obj,
         lambda c: c["parameters"] if c["seed"] == 1 else None,
@@ -461,16 +487,93 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         obj,
         train_ms_per_1k,
         "CPU milliseconds per 1k tokens of the training steps alone (validation apart), over the cell's epochs: the "
-        f"heads' cost at equal work, {threads}, measured while other runs shared the machine's cores.",
+        f"heads' cost at equal work, {threads} (what else ran on the machine is not recorded: compare the heads "
+        "within this table, not with other machines).",
         0,
     )
-    lines += [
-        f"In all {spent:.1f} CPU-core-hours of cells ({len(obj['cells']) + len(diverged)} cells and the "
-        f"{len(obj['rate_cells'])} rate cells, each chosen rate's cell counted once: it is also the seed-1 cell at d = "
-        f"{a['rate_d']}).",
+    lines += budget_lines(full, missing)
+    return "\n".join(lines)
+
+
+#: the issue's CPU-core-hour budgets: part 1 (the map, its rate cells and the joint check), part 2 (the upgrade table)
+BUDGET_HOURS = {"map": 25.0, "upgrade": 15.0}
+
+
+def budget_lines(obj: Dict, missing) -> List[str]:
+    """What each part has cost so far (CPU-core-hours; ``obj`` with every cell, the diverged too), against its budget,
+    and the map's cells still to run (``missing``) estimated from the finished ones."""
+    a = obj["meta"]["args"]
+    spent = cells_cpu_hours(obj)
+    joint = sum(c.get("cpu_seconds", 0.0) for c in obj.get("joint") or []) / 3600
+    up = obj.get("upgrade") or {}
+
+    def hours(cell):  # a cell run before its curve recorded the whole process's CPU time: its training steps only
+        return cell["curve"][-1].get("cpu_seconds", sum(e.get("train_cpu_seconds", 0.0) for e in cell["curve"])) / 3600
+
+    pilot, table_cells = (sum(hours(c) for c in up.get(k, [])) for k in ("pilot", "cells"))
+    partial = sum(1 for k in ("pilot", "cells") for c in up.get(k, []) if "cpu_seconds" not in c["curve"][-1])
+    cost = {}  # per missing cell: the mean of the head's finished cells at that d, else at any d, else its rate cells
+    for h, d, s in missing:
+        like = [c for c in obj["cells"] if c["head"] == h and c["d"] == d] or [
+            c for c in obj["cells"] if c["head"] == h
+        ]
+        like = like or [c for c in obj["rate_cells"] if c["head"] == h]
+        if like:
+            floor = (
+                sum(c.get("floor_cpu_s", 0.0) for c in like) / len(like) if s <= a.get("floor_seeds", a["seeds"]) else 0
+            )
+            cost[(h, d, s)] = (sum(c["cpu_s"] for c in like) / len(like) + floor) / 3600
+    unknown = len(missing) - len(cost)
+    lines = [
+        f"Part 1 (the map and the joint check), of the {BUDGET_HOURS['map']:.0f} CPU-core-hours planned: "
+        f"{spent + joint:.1f} so far ({spent:.1f} in {len(obj['cells'])} cells and {len(obj['rate_cells'])} rate "
+        f"cells, each chosen rate's cell counted once: it is also the seed-1 cell at d = {a['rate_d']}"
+        + (f"; {joint:.1f} in the joint check's {len(obj['joint'])} runs)" if obj.get("joint") else ")")
+        + (
+            f"; still to run: {len(missing)} cell{'s' if len(missing) != 1 else ''}, about {sum(cost.values()):.1f} "
+            f"for the {len(cost)} of them with "
+            "cells of their head to estimate from (the mean of its finished cells at that d, else at any d, else its "
+            "rate cells)" + (f", {unknown} with none yet" if unknown else "")
+            if missing
+            else ""
+        )
+        + ".",
         "",
     ]
-    return "\n".join(lines)
+    if not (up.get("pilot") or up.get("cells")):
+        return lines
+    return lines + [
+        f"Part 2 (the upgrade table), of the {BUDGET_HOURS['upgrade']:.0f} CPU-core-hours planned: "
+        f"{pilot + table_cells:.1f} so far ({pilot:.1f} in the rate "
+        f"pilot's {len(up.get('pilot', []))} cells, {table_cells:.1f} in the table's {len(up.get('cells', []))}; "
+        "caching the model's states not counted"
+        + (
+            f"; {partial} cells ran before the whole run's CPU time was recorded: their training steps only"
+            if partial
+            else ""
+        )
+        + ").",
+        "",
+    ]
+
+
+def missing_summary(missing, a: Dict) -> str:
+    """The planned cells not finished, seed by seed: a whole seed in a word, else each head's d values."""
+    parts = []
+    for seed in sorted({s for _, _, s in missing}):
+        mine = [(h, d) for h, d, s in missing if s == seed]
+        if len(mine) == len(a["heads"]) * len(a["dims"]):
+            parts.append(f"seed {seed}, every cell")
+            continue
+        by_head = {h: sorted(d for hh, d in mine if hh == h) for h in a["heads"] if any(hh == h for hh, _ in mine)}
+        parts.append(
+            f"seed {seed}: "
+            + ", ".join(
+                f"{h} " + ("every d" if len(ds) == len(a["dims"]) else "d=" + "/".join(map(str, ds)))
+                for h, ds in by_head.items()
+            )
+        )
+    return "; ".join(parts)
 
 
 def portable(path: str) -> str:
@@ -517,8 +620,12 @@ def commands_section(obj: Dict) -> List[str]:
     up = obj.get("upgrade") or {}
     if up.get("pilot") or up.get("cells"):
         lines += [
-            "python -m recipes.upgrade_table --out results/upgrade_table --data ../shared/data/wikitext-2"
-            "   # --dry-run: every upgrade_head command",
+            (
+                upgrade_table.command_line(up["meta"])
+                if up.get("meta")
+                else "python -m recipes.upgrade_table --out results/upgrade_table --data ../shared/data/wikitext-2"
+            )
+            + "   # --dry-run: every upgrade_head command",
         ]
     lines += [
         "python -m recipes.bottleneck_report --results results/bottleneck_map --joint results/bottleneck_joint \\",
@@ -594,7 +701,19 @@ def rate_section(obj: Dict) -> List[str]:
         f"epoch cap ended the cell while its valid NLL still improved (best epoch within the last {a['patience']}). "
         f"The chosen rate's cell is the head's seed-1 cell at d = {a['rate_d']} (not trained twice): of the grid's "
         "cells it is the one with the lowest valid NLL, so that point's valid score, not its test score, is picked "
-        "with the rate.",
+        "with the rate"
+        + (
+            f"; except for {', '.join(again)}, whose rate cell ran under the map's first code (its floor from a fresh "
+            "start, its spectrum in float32) and was trained again whole as the seed-1 cell."
+            if (
+                again := [
+                    c["head"]
+                    for c in obj["cells"]
+                    if c["seed"] == 1 and c["d"] == a["rate_d"] and c.get("rate_cell_trained_again")
+                ]
+            )
+            else "."
+        ),
     ]
     waiting = [h for h in a["heads"] if h not in known]
     if waiting:
@@ -639,17 +758,14 @@ def stopped_sentence(obj: Dict) -> List[str]:
 
 
 def floor_seeds(obj: Dict) -> str:
-    """Which seeds' cells have a floor run, in words (read from the cells: ``--floor-seeds`` of the run)."""
-    seeds = sorted({c["seed"] for c in obj["cells"]})
-    floored = sorted({c["seed"] for c in obj["cells"] if "floor_curve" in c})
-    if not seeds:
-        n = obj["meta"]["args"].get("floor_seeds", obj["meta"]["args"]["seeds"])
-        return f"planned for seed{'s 1-' if n > 1 else ' '}{n}"
-    if floored == seeds:
-        return "every seed"
-    if not floored:
-        return "no cell has one yet"
-    return f"seed{'s' if len(floored) > 1 else ''} {', '.join(map(str, floored))} only, to fit the budget"
+    """Which seeds' cells get a floor run (``--floor-seeds`` of the run), in words, with how many of them have run."""
+    a = obj["meta"]["args"]
+    n = min(a.get("floor_seeds", a["seeds"]), a["seeds"])  # a run before the option floored every seed
+    which = f"seed{'s 1-' if n > 1 else ' '}{n}" + (f" of the {a['seeds']}" if n < a["seeds"] else ", every seed")
+    due = [c for c in obj["cells"] if c["seed"] <= n]
+    have = sum(1 for c in due if "floor_curve" in c)
+    total = len(a["heads"]) * len(a["dims"]) * n
+    return f"{which}; {have} of the {total} planned floors so far" if due and have < total else which
 
 
 def floor_slope(obj: Dict) -> List[str]:
@@ -697,9 +813,14 @@ def joint_section(obj: Dict) -> List[str]:
         "The lm-ptb table's AWD-LSTM trained whole, its last layer of d units read by an untied head "
         f"(`python -m recipes.bottleneck_joint`: Adam {rates}, {caps} epochs, {stop}; the best epoch's checkpoint "
         "by valid loss scored), beside the frozen-trunk cell of the same head, d and seed. Not the frozen cells' "
-        "form: here the recurrent layer itself has d units (no projection), the whole model trains, one run per head "
-        "and d: a description, with no interval or test. Test perplexity; the difference is head minus softmax "
-        "in test NLL (nats) at the same d and seed:",
+        "form: here the recurrent layer itself has d units (no projection), the whole model trains; "
+        + (
+            "one run per head and d: a description, with no interval or test"
+            if len({c["seed"] for c in joint}) == 1
+            else f"seeds {', '.join(map(str, sorted({c['seed'] for c in joint})))}, each row a run: a description, "
+            "with no test"
+        )
+        + ". Test perplexity; the difference is head minus softmax in test NLL (nats) at the same d and seed:",
         "",
         "| head | d | seed | jointly | frozen trunk | joint diff | frozen diff | joint CPU minutes |",
         "|---|---|---|---|---|---|---|---|",
@@ -788,21 +909,35 @@ def upgrade_section(up: Dict) -> List[str]:
             f"**Rate pilot** (seed 0, one epoch over the first {p0['tokens']['train']:,} train tokens, valid NLL "
             f"on the first {p0['tokens']['valid']:,} valid tokens; the pretrained model scores "
             f"{math.log(p0['pretrained_ppl']['valid']):.4f}); each row's rate is its lowest (once the grid is done, "
-            "`upgrade_table` tries a row best at an end of it one step past that end):",
+            "`upgrade_table` tries a row best at an end of it one step past that end; bold: the rate it chose):",
             "",
             "| row | " + " | ".join(f"lr {r:g}" for r in rates) + " |",
             "|---|" + "---|" * len(rates),
         ]
         ends = []
+        chosen_rates = {row: r["lr"] for row, r in (up.get("rates") or {}).items()}
         for row in [r for r in upgrade_table.ROWS if any(c["row"] == r for c in pilot)]:
             by_lr = {c["lr"]: c["curve"][1]["valid_nll"] for c in pilot if c["row"] == row}
-            best = min(by_lr, key=by_lr.get)
-            cells = [(f"**{by_lr[r]:.4f}**" if r == best else f"{by_lr[r]:.4f}") if r in by_lr else "-" for r in rates]
+            best = chosen_rates.get(row)  # bold once upgrade_table has chosen (its whole grid run)
+            cells = [
+                "-"
+                if r not in by_lr
+                else "diverged"
+                if not math.isfinite(by_lr[r])
+                else f"**{by_lr[r]:.4f}**"
+                if r == best
+                else f"{by_lr[r]:.4f}"
+                for r in rates
+            ]
             lines.append(f"| {names[row]} | " + " | ".join(cells) + " |")
             mine = sorted(by_lr)  # the row's own grid: the pilot's rates and any tried past an end
-            if len(mine) > 1 and best in (mine[0], mine[-1]):
+            if best is not None and len(mine) > 1 and best in (mine[0], mine[-1]):
                 ends.append(f"{names[row]} ({best:g})")
+        planned_rows = (up.get("meta") or {}).get("args", {}).get("rows", [])
+        waiting = [names[r] for r in planned_rows if r not in chosen_rates]
         lines.append("")
+        if waiting:
+            lines += [f"Rate not chosen yet (its pilot cells run): {', '.join(waiting)}.", ""]
         if ends:
             lines += [
                 "Chosen at an end of the grid, so a rate beyond it might have done better: " + ", ".join(ends) + ".",
@@ -815,8 +950,19 @@ def upgrade_section(up: Dict) -> List[str]:
     caps = sorted({c["max_epochs"] for c in cells})
     at_cap = sum(1 for c in cells if next(e["epoch"] for e in c["curve"] if e.get("best")) == c["max_epochs"])
     seeds = sorted({c["seed"] for c in cells})
+    meta = (up.get("meta") or {}).get("args", {})
+    planned = meta.get("seeds", seeds)
+    not_run = [names[r] for r in meta.get("rows", []) if not any(c["row"] == r for c in cells)]
     lines += [
-        f"**The table**: seeds {', '.join(map(str, seeds))} (fixed before the runs), the first "
+        f"**The table**: seeds {', '.join(map(str, planned))}, fixed before the runs"
+        + (
+            f" ({len(cells)} of the {len(planned) * len(meta.get('rows', []))} planned cells so far"
+            + (f"; not run yet: {', '.join(not_run)}" if not_run else "")
+            + ")"
+            if meta and len(cells) < len(planned) * len(meta["rows"])
+            else ""
+        )
+        + ", the first "
         f"{c0['tokens']['train']:,} train tokens, at most {', '.join(map(str, caps))} epochs (patience 1), the best "
         f"epoch by valid NLL on the first {c0['tokens']['valid']:,} valid tokens ({at_cap} of {len(cells)} cells "
         f"best at the cap: numbers at that cap), scored on the test file cut into blocks of {c0['block_size']} tokens, "
@@ -842,7 +988,7 @@ def upgrade_section(up: Dict) -> List[str]:
         lines.append(
             f"| {names[row]} | {rates} | "
             f"{', '.join(f'{a:,}' for a in added) or '-'} | "
-            f"{mean_sd([c['after']['test']['ppl'] for c in mine])} ({len(mine)}) | "
+            f"{mean_sd([c['after']['test']['ppl'] for c in mine])} ({seeds_so_far(len(mine), len(planned))}) | "
             f"{mean_sd([c['after']['test']['word_ppl'] for c in mine])} | "
             f"{mean_sd([c['train_cpu_ms_per_1k_tokens'] for c in mine])} | "
             f"{mean_sd([c['inference_cpu_ms_per_1k_tokens'] for c in mine])} | "
@@ -858,9 +1004,20 @@ def upgrade_section(up: Dict) -> List[str]:
         "| row | control | seeds | mean [95% CI] | paired t p | Holm p |",
         "|---|---|---|---|---|---|",
     ]
-    for r in upgrade_rows(up):
-        lines.append(f"| {names[r['row']]} | {names[r['control']].split(' ')[0]} | {r['seeds']} | {paired_cells(r)} |")
+    paired = upgrade_rows(up)
+    for r in paired:
+        lines.append(
+            f"| {names[r['row']]} | {names[r['control']].split(' ')[0]} | {seeds_so_far(r['seeds'], len(planned))} | "
+            f"{paired_cells(r)} |"
+        )
+    if not paired:
+        lines += ["| no comparison yet (a row and its control share no seed) | | | | | |"]
     return lines + [""]
+
+
+def seeds_so_far(n: int, planned: int) -> str:
+    """A count of seeds as the page prints it: ``2``, or ``2 of 3`` while planned seeds are to come."""
+    return f"{n} of {planned}" if n < planned else str(n)
 
 
 def main(argv=None, log=print) -> str:

@@ -53,6 +53,20 @@ ROW_NAMES = {
     "plif": "PLIF",
 }
 PILOT_SEED = 0
+#: the options a run records in ``OUT/meta.json`` (with the options it passed on to upgrade_head): what the page
+#: reads for the seeds and rows planned and for the command that reruns the table
+META_OPTIONS = (
+    "model",
+    "rows",
+    "rates",
+    "extra_rates",
+    "seeds",
+    "pilot_tokens",
+    "pilot_valid_tokens",
+    "train_tokens",
+    "valid_tokens",
+    "max_epochs",
+)
 
 
 def parse_args(argv=None):
@@ -193,8 +207,25 @@ def choose_rates(pilot: Dict[str, Dict[float, Dict]]) -> Dict[str, Dict]:
     return chosen
 
 
+def command_line(meta: Dict) -> str:
+    """The command that reruns a recorded run (``OUT/meta.json``) from the repository's root, every recorded option
+    written out, the options passed on to upgrade_head after them."""
+    a = meta["args"]
+    words = ["python -m recipes.upgrade_table --out results/upgrade_table --data ../shared/data/wikitext-2"]
+    for key in META_OPTIONS:
+        values = a[key] if isinstance(a[key], list) else [a[key]]
+        words.append(
+            f"--{key.replace('_', '-')} " + " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+        )
+    return " ".join(words + [shlex.quote(w) for w in meta.get("passed", [])])
+
+
 def main(argv=None, log=print) -> Dict:
     args = parse_args(argv)
+    if not args.dry_run:  # what the page reads: the rows and seeds planned, the options of the rerun command
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "meta.json"), "w") as f:
+            json.dump({"args": {k: getattr(args, k) for k in META_OPTIONS}, "passed": args.passed}, f, indent=1)
     pilot: Dict[str, Dict[float, Dict]] = {row: {} for row in args.rows}
     for row in args.rows:
         for lr in args.rates:

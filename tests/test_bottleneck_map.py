@@ -137,12 +137,13 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     }
     # two d values: the primary test (d the unit, tested by hand in test_bottleneck_report.py) needs three
     assert slopes["mos-4"]["dims"] == [2, 8] and slopes["mos-4"]["slope"] is None
-    assert "| mos-4 | 2 | 2 | too few d values (3 needed) |" in text and "| mixtape | 0 | 0 | too few d values" in text
+    assert "| mos-4 | 2, 8 | 2 | too few d values (3 needed) |" in text
+    assert "| mixtape | none (0 of 2) | 0 of 2 | too few d values" in text  # a primary head this run left out
     assert "Cells finished: 8 of the 8 planned (2 heads x 2 d x 2 seeds)." in text
     assert "## Learning rates (valid NLL at d = 2, seed 1)" in text and (docs / "bottleneck_map-spectra.png").exists()
     spectrum = json.loads((docs / "bottleneck_map.json").read_text())["cells"][0]["spectrum"]["top"]
     assert 0 < len(spectrum) <= 2 + 10
-    assert "streams) at that start and after every epoch (seed 1 only, to fit the budget)" in text
+    assert "streams) at that start and after every epoch (seed 1 of the 2)" in text
     floors = text.split("## What each head can express")[1].split("## Numerical rank")[0]
     assert "| softmax | " in floors and floors.count(" (1) |") == 4  # one seed per (head, d), not two
     assert "the floor was still falling by more than 0.01 nats an epoch in" in floors and "of 4 cells" in floors

@@ -137,18 +137,22 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
         "Diverged (a non-finite valid or test NLL, or no epoch better than the untrained start; left out of every "
         "table and test): mixtape d=64 seed 1, mixtape d=64 seed 2." in text
     )
-    assert "| mixtape | 2 | 3 | too few d values (3 needed) | - | - | - |" in text
-    assert "| mos-4 | 3 | 3 | " in text
+    assert "| mixtape | 4, 16 (2 of 3) | 3 | too few d values (3 needed) | - | - | - |" in text
+    assert "**Interim** for mixtape: a fit to the cells finished so far, not the primary test" in text
+    assert "| d = 64 |" in text and "- diverged 2 |" in text  # the planned d column, its diverged cells counted
+    assert "(missing: seed 3: mixtape d=64)" in text
+    assert "| mos-4 | 4, 16, 64 | 3 | " in text
     # the family is the 6 planned (head, d) pairs, the one with a single finite seed counting as p = 1
     assert "Holm over the 6 planned (head, d) comparisons, one family, 5 of them with two seeds or more" in text
     rows = bottleneck_report.paired_rows(bottleneck_report.finite(_map(cells))[0])
     pvalues = [r["paired"].p for r in rows]
     expected = bottleneck_report.paired_stats.holm(pvalues + [1.0] * (6 - sum(p is not None for p in pvalues)))
     assert [r["holm"] for r in rows] == expected[: len(rows)]
-    assert "mixtape d=64 seed 3" in text.split("not finished")[1]  # the missing cells are named
     # 25 cells of 1 CPU-minute, the diverged one too, and 3 rate cells of 30 (the 3 chosen rate cells are seed-1
     # cells, counted there; counted twice, the total would be 4.9)
-    assert "In all 1.9 CPU-core-hours of cells (26 cells and the 6 rate cells" in text
+    # the cell still to run (mixtape d=64 seed 3) estimated from its head's cells at that d: the two diverged, 1 minute
+    assert "still to run: 1 cell, about 0.0 for the 1 of them with cells of their head" in text
+    assert "1.9 so far (1.9 in 26 cells and 6 rate cells, each chosen rate's cell counted once" in text
     # the heads' cost at equal work: 0.5 CPU-s an epoch of 1,000 tokens
     assert "| softmax | 500 ± 0 (3) | 500 ± 0 (3) | 500 ± 0 (3) |" in text.split("CPU minutes of a floor run.")[1]
     assert "Chosen at an end of the grid" in text and "mos-4 (0.01)" in text

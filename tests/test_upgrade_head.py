@@ -407,6 +407,16 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     row, seed = up["cells"][0]["row"], up["cells"][0]["seed"]
     assert f"step 0 should score as the pretrained model, but did not in {row} seed {seed}" in text
     assert "| (b) softmax + residual MLP (MoS-3's added parameters) |" in text
+    # the run's options (OUT/meta.json): the rerun command with every one, passed options last; the seeds planned
+    assert up["meta"]["args"]["seeds"] == [1, 2] and up["meta"]["passed"] == argv[-4:]
+    command = bottleneck_report.upgrade_table.command_line(up["meta"])
+    assert "--rows softmax softmax-mlp mos-3 --rates 0.001 0.03" in command and command.endswith(" ".join(argv[-4:]))
+    assert "--seeds 1 2 " in command and "--max-epochs 2" in command
+    # a table short of its seeds says so: the seed-2 cells gone, each row and comparison has "1 of 2"
+    up["cells"] = [c for c in up["cells"] if c["seed"] == 1]
+    text = "\n".join(bottleneck_report.upgrade_section(up))
+    assert "seeds 1, 2, fixed before the runs (3 of the 6 planned cells so far)" in text and "(1 of 2) |" in text
+    assert "| MoS-3 | (a) | 1 of 2 |" in text
 
 
 def upgrade_head_module():
