@@ -676,7 +676,8 @@ def rate_section(obj: Dict) -> List[str]:
         if not by_lr:
             continue
         whole = set(grid) <= set(by_lr)  # every rate run: the choice is made (rates.json follows every head's)
-        chosen = obj["rates"].get(head, min(by_lr, key=by_lr.get) if whole else None)
+        lowest = min(by_lr, key=lambda lr: by_lr[lr] if math.isfinite(by_lr[lr]) else math.inf)
+        chosen = obj["rates"].get(head, lowest if whole else None)
         if chosen is not None:
             known[head] = chosen
         capped = {
