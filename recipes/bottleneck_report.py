@@ -938,7 +938,7 @@ def upgrade_section(up: Dict) -> List[str]:
         waiting = [names[r] for r in planned_rows if r not in chosen_rates]
         lines.append("")
         if waiting:
-            lines += [f"Rate not chosen yet (its pilot cells run): {', '.join(waiting)}.", ""]
+            lines += [f"Rates not chosen yet (the pilot still runs): {', '.join(waiting)}.", ""]
         if ends:
             lines += [
                 "Chosen at an end of the grid, so a rate beyond it might have done better: " + ", ".join(ends) + ".",
