@@ -97,11 +97,14 @@ def with_holm(rows: List[Dict], p_of, planned: int = 0) -> List[Dict]:
     """``rows`` with ``"holm"``: the Holm-adjusted p-value of ``p_of(row)`` over all of them (one family). With
     ``planned``, the family has that many comparisons however many have run (those not yet testable enter as
     p = 1), so an adjusted p does not shrink while other comparisons wait for their cells."""
-    pvalues = [p_of(r) for r in rows]
-    pvalues += [1.0] * max(0, planned - sum(p is not None for p in pvalues))
-    for row, adjusted in zip(rows, paired_stats.holm(pvalues)):
+    for row, adjusted in zip(rows, paired_stats.holm([p_of(r) for r in rows], planned)):
         row["holm"] = adjusted
     return rows
+
+
+def planned_order(a: Dict, present) -> List[str]:
+    """The heads of ``present`` in the order the run's arguments ``a`` name them (softmax first), any others after."""
+    return [h for h in a["heads"] if h in present] + sorted(set(present) - set(a["heads"]))
 
 
 def paired_cells(row: Dict) -> str:
@@ -115,10 +118,7 @@ def paired_rows(obj: Dict) -> List[Dict]:
     """Every (head, d) against softmax at the same d, seed by seed, on test NLL; Holm over all of them, the planned
     (head, d) pairs of the run's arguments counted whether or not their cells have finished."""
     cells = by_key(obj["cells"])
-    present = {c["head"] for c in obj["cells"]} - {BASELINE}
-    heads = [h for h in obj["meta"]["args"]["heads"] if h in present] + sorted(
-        present - set(obj["meta"]["args"]["heads"])
-    )
+    heads = planned_order(obj["meta"]["args"], {c["head"] for c in obj["cells"]} - {BASELINE})
     dims = sorted({c["d"] for c in obj["cells"]})
     rows = []
     for head in heads:
@@ -169,9 +169,8 @@ def slope_test(obj: Dict) -> List[Dict]:
                 means=dict(zip(row["dims"], y)),
             )
         out.append(row)
-    adjusted = paired_stats.holm([r["p"] if r["p"] is not None else 1.0 for r in out])
-    for r, a in zip(out, adjusted):
-        r["holm"] = a if r["p"] is not None else None
+    for r, a in zip(out, paired_stats.holm([r["p"] for r in out], len(out))):  # a head without a test: p = 1
+        r["holm"] = a
     return out
 
 
@@ -189,8 +188,7 @@ def table(obj: Dict, value, digits_note: str, digits: int = 2, mark=None, diverg
     None are left out; ``mark(cells)``, a note after an entry from its cells; ``diverged``, cells left out of it,
     counted in their entry."""
     a = obj["meta"]["args"]
-    present = {c["head"] for c in obj["cells"]} | {c["head"] for c in diverged}
-    heads = [h for h in a["heads"] if h in present] + sorted(present - set(a["heads"]))
+    heads = planned_order(a, {c["head"] for c in obj["cells"]} | {c["head"] for c in diverged})
     dims = sorted(set(a["dims"]) | {c["d"] for c in obj["cells"]})
     lines = ["| head | " + " | ".join(f"d = {d}" for d in dims) + " |", "|---|" + "---|" * len(dims)]
     for h in heads:
@@ -989,7 +987,8 @@ def upgrade_section(up: Dict) -> List[str]:
         lines.append(
             f"| {names[row]} | {rates} | "
             f"{', '.join(f'{a:,}' for a in added) or '-'} | "
-            f"{mean_sd([c['after']['test']['ppl'] for c in mine])} ({seeds_so_far(len(mine), len(planned))}) | "
+            f"{mean_sd([c['after']['test']['ppl'] for c in mine])} "
+            f"({paired_stats.format_seeds(len(mine), len(planned))}) | "
             f"{mean_sd([c['after']['test']['word_ppl'] for c in mine])} | "
             f"{mean_sd([c['train_cpu_ms_per_1k_tokens'] for c in mine])} | "
             f"{mean_sd([c['inference_cpu_ms_per_1k_tokens'] for c in mine])} | "
@@ -1008,17 +1007,13 @@ def upgrade_section(up: Dict) -> List[str]:
     paired = upgrade_rows(up)
     for r in paired:
         lines.append(
-            f"| {names[r['row']]} | {names[r['control']].split(' ')[0]} | {seeds_so_far(r['seeds'], len(planned))} | "
+            f"| {names[r['row']]} | {names[r['control']].split(' ')[0]} | "
+            f"{paired_stats.format_seeds(r['seeds'], len(planned))} | "
             f"{paired_cells(r)} |"
         )
     if not paired:
         lines += ["| no comparison yet (a row and its control share no seed) | | | | | |"]
     return lines + [""]
-
-
-def seeds_so_far(n: int, planned: int) -> str:
-    """A count of seeds as the page prints it: ``2``, or ``2 of 3`` while planned seeds are to come."""
-    return f"{n} of {planned}" if n < planned else str(n)
 
 
 def main(argv=None, log=print) -> str:

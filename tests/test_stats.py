@@ -50,6 +50,9 @@ def test_holm_by_hand():
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert holm([0.5, None, 0.01]) == [pytest.approx(0.5), None, pytest.approx(0.02)]
     assert holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
+    # a planned family of 4 with two p-values so far: the missing two count as p = 1, last in the ranking
+    assert holm([0.01, None, 0.03], size=4) == [pytest.approx(0.04), None, pytest.approx(0.09)]
+    assert holm([0.01, 0.03], size=1) == pytest.approx([0.02, 0.03])  # never smaller than the p-values it has
     with pytest.raises(ValueError, match="NaN"):  # sorted with the others, a NaN would reorder the family silently
         holm([0.01, float("nan"), 0.03])
 

@@ -68,6 +68,12 @@ def format_diff(x: float, sign: bool = True) -> str:
     return f"{x:+.2f}" if sign else f"{x:.2f}"
 
 
+def format_seeds(n: int, planned: Optional[int] = None) -> str:
+    """A count of seeds as the reports print it: ``"2"``, or ``"2 of 5"`` while seeds fixed before the runs are to
+    come."""
+    return f"{n} of {planned}" if planned and n < planned else str(n)
+
+
 def paired(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> Paired:
     """The paired comparison of ``a`` and ``b`` (the same seeds, in the same order)."""
     if len(a) != len(b) or not a:
@@ -96,13 +102,14 @@ def paired(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> Paire
     return Paired(n, mean, std, mean - q * se, mean + q * se, t, p, float(p_sign), positive)
 
 
-def holm(pvalues: Sequence[Optional[float]]) -> List[Optional[float]]:
+def holm(pvalues: Sequence[Optional[float]], size: int = 0) -> List[Optional[float]]:
     """Holm's step-down adjusted p-values of a family (None stays None and does not count in the family; a NaN, which
-    cannot be ranked, is refused)."""
+    cannot be ranked, is refused). ``size``: the family's planned size, when some of its comparisons have no p-value
+    yet; they count as p = 1 (last in the ranking), so an adjusted p does not shrink while they wait."""
     if any(p is not None and math.isnan(p) for p in pvalues):
         raise ValueError(f"holm: a p-value is NaN (a test on NaN scores?): {list(pvalues)}")
     known = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
-    m = len(known)
+    m = max(len(known), size)
     adjusted: List[Optional[float]] = [None] * len(pvalues)
     running = 0.0
     for rank, (p, i) in enumerate(known):

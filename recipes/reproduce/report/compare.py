@@ -88,13 +88,11 @@ def family(rows: Sequence[Mapping[str, Any]], planned: Optional[Mapping[str, int
                     c.planned = min(planned[head], planned[base])
                 out.append(c)
     tested = [c for c in out if is_test(c.split)]
-    pvalues = [c.result.p for c in tested]
-    size = sum(p is not None for p in pvalues)
+    size = sum(c.result.p is not None for c in tested)
     if planned:
         will_test = [(h, b) for h, b in _pairs(list(planned)) if min(planned[h], planned[b]) >= 2]
         size = max(size, len(will_test) * sum(is_test(s) for s in splits))
-    adjusted = stats.holm(pvalues + [1.0] * (size - sum(p is not None for p in pvalues)))
-    for c, p in zip(tested, adjusted):
+    for c, p in zip(tested, stats.holm([c.result.p for c in tested], size)):
         c.holm = p
         c.detectable = stats.detectable(c.result.std, c.result.n, ALPHA / size, POWER) if size else None
     return out
@@ -157,7 +155,7 @@ def family_table(
 
 def seeds_of(c: Comparison) -> str:
     """A comparison's seeds as the report prints them: ``"2"``, or ``"2 of 5"`` while planned seeds are to come."""
-    return f"{c.result.n} of {c.planned}" if c.planned and c.result.n < c.planned else str(c.result.n)
+    return stats.format_seeds(c.result.n, c.planned)
 
 
 def reading(comparisons: Sequence[Comparison], metric: str) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from recipes.common.stats import format_seeds
+
 
 METRIC_NAMES = {
     "bleu": "BLEU",
@@ -73,8 +75,7 @@ def score_table(
         cells = [mean_std(by_split[s]["mean"], by_split[s]["std"]) if s in by_split else "-" for s in splits]
         paper = " / ".join(papers[head]) if per_split else papers[head][0]
         paper += f" ({labels[head]})" if labels.get(head) else ""
-        n, of = len(any_row["values"]), (planned or {}).get(head)
-        seeds = f"{n} of {of}" if of and n < of else str(n)
+        seeds = format_seeds(len(any_row["values"]), (planned or {}).get(head))
         lines.append(f"| {head} | " + " | ".join(cells) + f" | {seeds} | {paper} |")
     return "\n".join(lines) + "\n"
 

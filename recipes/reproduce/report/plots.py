@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List
 
+from recipes.common.stats import format_seeds
 from recipes.reproduce.report import compare as head_comparison
 from recipes.reproduce.engine import sweep as sweep_rules
 from recipes.reproduce.report.collect import chosen_cells
@@ -58,7 +59,9 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
             ax.set_xticks(
                 range(len(heads)),
                 [
-                    f"{h} ({counts.get(h, 0)} of {planned[h]})" if counts.get(h, 0) < planned.get(h, 0) else h
+                    h
+                    if counts.get(h, 0) >= planned.get(h, 0)
+                    else f"{h} ({format_seeds(counts.get(h, 0), planned[h])})"
                     for h in heads
                 ],
                 rotation=30,
