@@ -17,6 +17,7 @@ stopping-rule weights, ``OUT/rates/*.pt``, and its floor run goes on from them o
 chosen have none; a rate cell run before rate cells kept their weights is run again as the seed-1 cell).
 
     python -m recipes.bottleneck_map --trunk CKPT --data BIN --out results/bottleneck_map      # resumable
+    python -m recipes.bottleneck_map ... --restore docs/bottleneck_map.json    # a new machine: the committed cells
     python -m recipes.bottleneck_map --plan ...                                                 # cells, cost
 """
 
@@ -309,6 +310,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--floor-sample", type=int, default=50_000, help="train tokens the floor's NLL is measured on")
     p.add_argument("--batch-tokens", type=int, default=2048)
     p.add_argument("--spectrum-contexts", type=int, default=2000, help="valid contexts of the log-prob matrix")
+    p.add_argument(
+        "--restore",
+        metavar="PAGE_JSON",
+        help="first copy the cells committed in PAGE_JSON (docs/bottleneck_map.json) into --out when they came from "
+        "this trunk (its valid and test NLL equal to 1e-9 nats: a trunk trained again, bit for bit) and the same "
+        "options: a new machine goes on from them",
+    )
     p.add_argument("--plan", action="store_true", help="print the cells and stop")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
@@ -319,6 +327,58 @@ def parse_args(argv=None) -> argparse.Namespace:
         if d < 1:
             p.error(f"--dims {d} is out of range; allowed: integers >= 1")
     return args
+
+
+#: the options a committed cell must share with this run to stand for the cell it would make
+CELL_OPTIONS = (
+    "rates",
+    "rate_d",
+    "train_tokens",
+    "max_epochs",
+    "patience",
+    "floor_epochs",
+    "floor_sample",
+    "batch_tokens",
+    "spectrum_contexts",
+)
+
+
+def restore(args, meta: Dict, log=print) -> int:
+    """Copy the rate cells and cells committed in ``args.restore`` (the page's json) into ``args.out`` where it has
+    none, when they came from the same trunk (its valid and test NLL on the cached features equal to 1e-9 nats: a
+    trunk trained again with the same seed, bit for bit, on another machine) and the same :data:`CELL_OPTIONS`;
+    returns how many it copied. A committed rate cell comes back without its weights: the seed-1 cell at its chosen
+    rate is then trained again whole (see :func:`main`)."""
+    if not args.restore:
+        return 0
+    committed = result_files.load_json(args.restore) or {}
+    before = committed.get("meta") or {}
+    same_trunk = all(
+        abs(before.get("trunk_nll", {}).get(s, math.inf) - meta["trunk_nll"][s]) <= 1e-9 for s in ("valid", "test")
+    )
+    if not same_trunk:
+        log(
+            f"--restore {args.restore}: its cells came from another trunk (valid / test NLL "
+            f"{before.get('trunk_nll')} there, {meta['trunk_nll']} here); nothing restored"
+        )
+        return 0
+    differ = [k for k in CELL_OPTIONS if before.get("args", {}).get(k) != getattr(args, k)]
+    if differ:
+        log(f"--restore {args.restore}: its cells ran with other {', '.join(differ)}; nothing restored")
+        return 0
+    copied = 0
+    for cell in committed.get("rate_cells", []):
+        path = rate_cell_path(args, cell["head"], cell["d"], cell["lr"])
+        if cell["head"] in args.heads and not os.path.exists(path):
+            result_files.save_json(path, cell)
+            copied += 1
+    for cell in committed.get("cells", []):
+        path = os.path.join(args.out, "cells", f"{cell['head']}-d{cell['d']}-s{cell['seed']}.json")
+        if cell["head"] in args.heads and cell["d"] in args.dims and not os.path.exists(path):
+            result_files.save_json(path, cell)
+            copied += 1
+    log(f"restored {copied} cell(s) from {args.restore} (the same trunk)")
+    return copied
 
 
 def main(argv=None, log=print) -> Dict:
@@ -356,6 +416,7 @@ def main(argv=None, log=print) -> Dict:
         "threads": torch.get_num_threads(),
     }
     result_files.save_json(os.path.join(args.out, "meta.json"), meta)
+    restore(args, meta, log)
     rates = {h: choose_rate(args, h, data, log) for h in args.heads}
     result_files.save_json(os.path.join(args.out, "rates.json"), rates)
     results = []

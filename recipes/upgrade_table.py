@@ -4,6 +4,7 @@ read, not rerun).
 
     python -m recipes.upgrade_table --out results/upgrade_table              # the rate pilot, then the table
     python -m recipes.upgrade_table --out results/upgrade_table --dry-run    # the plan: every command, nothing run
+    python -m recipes.upgrade_table --out results/upgrade_table --restore docs/bottleneck_map.json  # a new machine
 
 The rows: MoS-3, Mixtape (the library's default form) and PLIF, each started at the pretrained ``lm_head``; the
 controls (a) the pretrained softmax fine-tuned the same way (domain adaptation alone) and (b) that softmax behind a
@@ -94,6 +95,13 @@ def parse_args(argv=None):
     p.add_argument("--train-tokens", type=int, default=200_000, help="train tokens of the table")
     p.add_argument("--valid-tokens", type=int, default=50_000, help="valid tokens of the table (the stopping rule)")
     p.add_argument("--max-epochs", type=int, default=2, help="the table's epoch cap (patience 1)")
+    p.add_argument(
+        "--restore",
+        metavar="PAGE_JSON",
+        help="first copy the cells committed in PAGE_JSON (docs/bottleneck_map.json) that this run would make (the "
+        "same model, tokens and passed options; a table cell also at the rate chosen now) into --out: a new machine "
+        "goes on from them instead of training them again",
+    )
     p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
     args, passed = p.parse_known_args(argv)
     for flag in ("pilot_tokens", "pilot_valid_tokens", "train_tokens", "valid_tokens", "max_epochs"):
@@ -220,12 +228,55 @@ def command_line(meta: Dict) -> str:
     return " ".join(words + [shlex.quote(w) for w in meta.get("passed", [])])
 
 
+#: the options a committed cell of each stage must share with this run to stand for the cell it would make
+STAGE_OPTIONS = {
+    "pilot": ("model", "pilot_tokens", "pilot_valid_tokens"),
+    "cells": ("model", "train_tokens", "valid_tokens", "max_epochs"),
+}
+
+
+def restore(args, stage: str, rates: Optional[Dict[str, Dict]] = None, log=print) -> int:
+    """Copy the ``stage`` cells (``"pilot"`` or ``"cells"``) committed in ``args.restore`` (the page's json, its
+    ``upgrade`` part) into ``args.out`` where this run has none, when the committed run's options of that stage and
+    its passed options equal this run's (a table cell also needs its rate to be ``rates``' choice for its row);
+    returns how many it copied."""
+    if not args.restore:
+        return 0
+    with open(args.restore) as f:
+        committed = json.load(f).get("upgrade") or {}
+    meta = committed.get("meta") or {}
+    same = meta.get("passed") == args.passed and all(
+        meta.get("args", {}).get(k) == getattr(args, k) for k in STAGE_OPTIONS[stage]
+    )
+    if not same:
+        log(f"--restore {args.restore}: its {stage} ran with other options; nothing restored")
+        return 0
+    copied = 0
+    for cell in committed.get(stage, []):
+        row = cell["row"]
+        if row not in args.rows or (
+            stage == "cells" and (cell["lr"] != rates[row]["lr"] or cell["seed"] not in args.seeds)
+        ):
+            continue
+        name = f"{row}-lr{cell['lr']:g}" if stage == "pilot" else f"{row}-seed{cell['seed']}"
+        path = os.path.join(args.out, "rates" if stage == "pilot" else "cells", name, "results.json")
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                json.dump({k: v for k, v in cell.items() if k != "row"}, f, indent=1)
+            copied += 1
+    if copied:
+        log(f"restored {copied} {stage} cell(s) from {args.restore}")
+    return copied
+
+
 def main(argv=None, log=print) -> Dict:
     args = parse_args(argv)
     if not args.dry_run:  # what the page reads: the rows and seeds planned, the options of the rerun command
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "meta.json"), "w") as f:
             json.dump({"args": {k: getattr(args, k) for k in META_OPTIONS}, "passed": args.passed}, f, indent=1)
+        restore(args, "pilot", log=log)
     pilot: Dict[str, Dict[float, Dict]] = {row: {} for row in args.rows}
     for row in args.rows:
         for lr in args.rates:
@@ -250,6 +301,7 @@ def main(argv=None, log=print) -> Dict:
     with open(os.path.join(args.out, "rates.json"), "w") as f:
         json.dump(rates, f, indent=1)
     log("rates chosen on valid: " + ", ".join(f"{row} {r['lr']:g}" for row, r in rates.items()))
+    restore(args, "cells", rates, log)
     cells = {}
     for seed in args.seeds:  # seed by seed: a stopped run leaves whole seeds of every row
         for row in args.rows:

@@ -165,6 +165,22 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     frozen_ppl = math.exp(cells[("mos-4", 2, 1)]["test_nll"])
     assert f"| mos-4 | 2 | 1 | 90.00 | {frozen_ppl:.2f} | {math.log(0.9):+.4f} | {frozen_diff:+.4f} |" in text
     assert "Adam 0.0025, 3 epochs, the table's patience of 3 unable to fire within them" in text
+    # a new machine: --restore copies the committed cells into a fresh --out when the trunk is the same, none runs
+    page, fresh = docs / "bottleneck_map.json", argv[: argv.index("--out") + 1] + [str(tmp_path / "fresh")]
+    fresh += argv[argv.index("--out") + 2 :]
+    monkeypatch.setattr(bottleneck_map, "run_cell", lambda *a, **k: pytest.fail("a committed cell ran again"))
+    restored = bottleneck_map.main(fresh + ["--restore", str(page)], log=lambda *_: None)
+    key = lambda c: (c["head"], c["d"], c["seed"])  # noqa: E731
+    assert json.dumps(sorted(restored["cells"], key=key), sort_keys=True) == json.dumps(
+        sorted(json.loads(page.read_text())["cells"], key=key), sort_keys=True
+    )
+    other = bottleneck_map.parse_args(fresh + ["--restore", str(page), "--out", str(tmp_path / "other")])
+    lines = []  # another trunk (its NLL differs), or other options: nothing comes back
+    nll = restored["meta"]["trunk_nll"]
+    assert bottleneck_map.restore(other, {"trunk_nll": {**nll, "valid": nll["valid"] + 1e-6}}, lines.append) == 0
+    other.max_epochs += 1
+    assert bottleneck_map.restore(other, restored["meta"], lines.append) == 0
+    assert "another trunk" in lines[0] and "other max_epochs" in lines[1]
     # resumable: a rerun reads every cell and rate it finds
     monkeypatch.setattr(bottleneck_map, "run_cell", lambda *a, **k: pytest.fail("a finished cell ran again"))
     again = bottleneck_map.main(argv, log=lambda *_: None)

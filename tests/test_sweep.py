@@ -520,6 +520,24 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
         collect.set_aside(str(tmp_path / "empty"), "mt-en-de", "x", str(tmp_path))
 
 
+def test_cells_lost_from_the_train_split_plan_count_in_its_own_compute_table():
+    """A set-aside entry of the train splits' plan (cells lost with a machine) counts in that plan's total and
+    projection, not in the earlier plan's table."""
+    from recipes.reproduce.report import sections
+
+    sweep = {"softmax": {"rates": [0.005], "chosen": 0.005}}
+    cell = _cell("softmax", 1, 0.005, [5, 4.2], 1800, data="train.txt", cpu_s=3600.0)
+    objs = {"lm-ptb": {"table": "lm-ptb", "sweep": sweep, "seeds_planned": {"softmax": 2}, "cells": [cell]}}
+    aside = {
+        "old": {"table": "mt-en-de", "reason": "old batches", "cells": 1, "total": 5.0, "wall": 5.0},
+        "lost": {"table": "lm-ptb", "plan": "train-splits", "reason": "lost", "cells": "1 unfinished", "total": 0.5},
+    }
+    text = sections.train_split_budget(objs, None, aside)
+    assert "| lm-ptb, set aside: lost | 1 unfinished | 0.5 |" in text and "old batches" not in text
+    assert "In all 1.5 of 40 (4%) spent; with the seed cells still to train, about 2.5." in text
+    assert "lost" not in sections.budget_section({}, aside) and "lost" not in sections.budget_section(objs, aside)
+
+
 def test_patience_zero_trains_the_table_cap_without_early_stopping():
     from recipes.reproduce import get_table
     from recipes.reproduce.__main__ import parse_args

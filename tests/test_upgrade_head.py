@@ -377,6 +377,18 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     monkeypatch.setattr(upgrade_head_module(), "main", lambda *a, **k: pytest.fail("a finished cell ran again"))
     again = upgrade_table.main(argv, log=lambda *_: None)["cells"]
     assert json.dumps(again, sort_keys=True) == json.dumps(result["cells"], sort_keys=True)  # (NaN != NaN in ==)
+    # a new machine: --restore copies the committed cells (the page's json) into a fresh --out, none runs
+    page = tmp_path / "page.json"
+    page.write_text(json.dumps({"upgrade": bottleneck_report.collect_upgrade(str(out))}))
+    fresh = argv[: argv.index("--out")] + ["--out", str(tmp_path / "fresh")] + argv[argv.index("--out") + 2 :]
+    restored = upgrade_table.main(fresh + ["--restore", str(page)], log=lambda *_: None)
+    assert json.dumps(restored["cells"], sort_keys=True) == json.dumps(result["cells"], sort_keys=True)
+    assert json.loads((tmp_path / "fresh" / "rates.json").read_text()) == result["rates"]
+    # committed cells of other options stand for nothing: the table's with another --train-tokens are not copied
+    other = upgrade_table.parse_args(fresh + ["--restore", str(page), "--out", str(tmp_path / "other")])
+    assert upgrade_table.restore(other, "pilot", log=lambda *_: None) == 6
+    other.train_tokens += 1
+    assert upgrade_table.restore(other, "cells", result["rates"], log=lambda *_: None) == 0
     # the page's section
     up = bottleneck_report.collect_upgrade(str(out))
     rows = {(r["row"], r["control"]): r for r in bottleneck_report.upgrade_rows(up)}

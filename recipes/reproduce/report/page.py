@@ -44,10 +44,11 @@ def build_report(docs_dir: str = DOCS, notes: Optional[Dict[str, str]] = None) -
             with open(path) as f:
                 objs[table] = json.load(f)
     noise = timing_noise(objs)
-    budget = budget_section(objs, result_files.load_json(os.path.join(src, SET_ASIDE)))
+    aside = result_files.load_json(os.path.join(src, SET_ASIDE))
+    budget = budget_section(objs, aside)
     if budget:
         sections.append(budget)
-    retrained = train_split_budget(objs, result_files.load_json(os.path.join(src, "lm-ptb-pilot.json")))
+    retrained = train_split_budget(objs, result_files.load_json(os.path.join(src, "lm-ptb-pilot.json")), aside)
     if retrained:
         sections.append(retrained if budget else "## Compute\n\n" + retrained)
     for table, obj in objs.items():

@@ -323,7 +323,8 @@ def budget_section(objs: Dict[str, Dict[str, Any]], aside: Optional[Dict[str, Di
             f"{spent['chosen']:.1f} / {spent['total']:.1f} | {spent['wall']:.1f} |"
         )
     kept = total
-    for entry in (aside or {}).values():
+    aside = {name: e for name, e in (aside or {}).items() if e.get("plan") != TRAIN_SPLIT_PLAN}
+    for entry in aside.values():
         total, wall = total + entry["total"], wall + entry["wall"]
         lines.append(
             f"| {entry['table']}, set aside: {entry['reason']} | {entry['cells']} | - | - / - / "
@@ -356,6 +357,9 @@ def budget_section(objs: Dict[str, Dict[str, Any]], aside: Optional[Dict[str, Di
 TRAIN_SPLIT_BUDGET_HOURS = 40.0
 #: the tables of that plan, trained on the train splits
 TRAIN_SPLIT_TABLES = ("lm-ptb", "lm-wt2", "lm-gpt2")
+#: the ``plan`` of a set-aside entry (:data:`.collect.SET_ASIDE`) that the train splits' plan counts (not the
+#: earlier plan)
+TRAIN_SPLIT_PLAN = "train-splits"
 
 
 def train_split(cell: Dict[str, Any]) -> bool:
@@ -364,9 +368,14 @@ def train_split(cell: Dict[str, Any]) -> bool:
     return cell.get("data") == "train.txt"
 
 
-def train_split_budget(objs: Dict[str, Dict[str, Any]], pilot: Optional[Dict[str, Any]]) -> str:
-    """Markdown: the training CPU-core-hours of the train-split plan, the pilot and each table's cells, against
-    :data:`TRAIN_SPLIT_BUDGET_HOURS`; "" before any of it ran."""
+def train_split_budget(
+    objs: Dict[str, Dict[str, Any]],
+    pilot: Optional[Dict[str, Any]],
+    aside: Optional[Dict[str, Dict[str, Any]]] = None,
+) -> str:
+    """Markdown: the training CPU-core-hours of the train-split plan, the pilot, each table's cells and the cells
+    set aside from it (``aside`` entries whose ``plan`` is :data:`TRAIN_SPLIT_PLAN`, e.g. cells lost with a machine
+    before they finished), against :data:`TRAIN_SPLIT_BUDGET_HOURS`; "" before any of it ran."""
     parts = []
     if pilot and pilot.get("arms"):
         arms = pilot["arms"].values()
@@ -375,6 +384,11 @@ def train_split_budget(objs: Dict[str, Dict[str, Any]], pilot: Optional[Dict[str
         cells = [c for c in obj.get("cells", []) if train_split(c)]
         if cells:  # lm-gpt2's cells record no CPU time: their training seconds (one thread each) stand in
             parts.append((table, len(cells), sum(head_comparison.cell_cpu_hours(c) for c in cells)))
+    parts += [
+        (f"{e['table']}, set aside: {e['reason']}", e["cells"], e["total"])
+        for e in (aside or {}).values()
+        if e.get("plan") == TRAIN_SPLIT_PLAN
+    ]
     if not parts:
         return ""
     total = sum(hours for _, _, hours in parts)
