@@ -428,10 +428,11 @@ def main(argv=None, log=print) -> Dict:
             weights = rate_cell_path(args, h, d, rates[h], ".pt")
             if not os.path.exists(weights) or "beyond_bound" not in cell["spectrum"]:
                 # a rate cell of the map's first code (its floor from a fresh start, its spectrum in float32, its
-                # weights not kept): this cell runs again whole, as every cell now runs (the rate cell stays the
-                # search's record, and its cost counts too)
+                # weights not kept), or one restored from another machine (--restore: no weights): this cell runs
+                # again whole, as every cell now runs (the rate cell stays the search's record, and its cost counts)
                 log(
-                    f"cell {i}/{len(cells)}: {h} d={d} seed {s} (its rate cell ran before the cells kept their weights)"
+                    f"cell {i}/{len(cells)}: {h} d={d} seed {s} (its rate cell's weights are not here: it ran before "
+                    "the cells kept their weights, or on another machine)"
                 )
                 cell = {**run_cell(args, h, d, s, rates[h], data, log), "rate_cell_trained_again": True}
             elif s <= args.floor_seeds and "train_nll_floor" not in cell:
