@@ -518,6 +518,14 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
     ) in text
     with pytest.raises(SystemExit, match="no cell's train.log"):
         collect.set_aside(str(tmp_path / "empty"), "mt-en-de", "x", str(tmp_path))
+    # the train splits' plan counts its own set-aside cells in its table (the earlier plan's no longer has them)
+    page.main(
+        ["--no-collect", "--docs", str(tmp_path), "--set-aside", str(aside), "--table", "mt-en-de"]
+        + ["--reason", "4096-token batches", "--train-splits"]
+    )
+    kept = json.loads((tmp_path / "reproduction" / collect.SET_ASIDE).read_text())["mt-en-de-4096"]
+    assert kept["plan"] == "train-splits" and kept["total"] == pytest.approx(1.7)
+    assert "| mt-en-de, set aside: 4096-token batches | 2 | - |" not in page.build_report(str(tmp_path))
 
 
 def test_cells_lost_from_the_train_split_plan_count_in_its_own_compute_table():

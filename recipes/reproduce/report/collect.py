@@ -6,7 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce.report import compare as head_comparison
@@ -155,17 +155,27 @@ def chosen_cells(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
 SET_ASIDE = "compute-set-aside.json"
 
 
-def set_aside(cells_dir: str, table: str, reason: str, docs_dir: str = DOCS) -> Dict[str, Any]:
+def set_aside(
+    cells_dir: str, table: str, reason: str, docs_dir: str = DOCS, plan: Optional[str] = None
+) -> Dict[str, Any]:
     """Count the training CPU-core-hours of every cell under ``cells_dir`` (a table's results moved aside when its
     mini settings changed: the new settings train them again) as :func:`.compare.cpu_hours` counts
     a cell (measured CPU time, else training seconds times threads: one where no record says), and keep the count in
     ``docs_dir/reproduction/`` (:data:`SET_ASIDE`) under the directory's name, so the Compute section keeps counting
-    what they cost; returns the entry."""
+    what they cost (``plan``: the plan whose Compute table counts them, e.g. the train splits'; None: the earlier
+    tables'); returns the entry."""
     threads = {
         os.path.join(result_files.cell_dir(cells_dir, c["head"], c["seed"], c.get("lr")), "train.log"): c.get("threads")
         for c in result_files.cells(cells_dir)
     }
-    entry = {"table": table, "reason": reason, "cells": 0, "total": 0.0, "wall": 0.0}
+    entry = {
+        "table": table,
+        **({"plan": plan} if plan else {}),
+        "reason": reason,
+        "cells": 0,
+        "total": 0.0,
+        "wall": 0.0,
+    }
     for log in sorted(glob.glob(os.path.join(cells_dir, "**", "train.log"), recursive=True)):
         with open(log) as f:
             text = f.read()

@@ -29,6 +29,7 @@ from recipes.reproduce.report.sections import (
     protocols_section,
     budget_section,
     train_split_budget,
+    TRAIN_SPLIT_PLAN,
 )
 
 
@@ -86,11 +87,19 @@ def main(argv=None) -> None:
     )
     p.add_argument("--table", choices=sorted(TABLE_MODULES), help="the table whose cells --set-aside counts")
     p.add_argument("--reason", help="why --set-aside's cells were set aside (printed in their row)")
+    p.add_argument(
+        "--train-splits",
+        action="store_true",
+        help="--set-aside's cells belong to the plan that retrains the language-model tables on the train splits "
+        "(counted in its Compute table, not the earlier plan's)",
+    )
     args = p.parse_args(argv)
     if args.set_aside:
         if not (args.table and args.reason):
             p.error("--set-aside needs --table and --reason")
-        entry = set_aside(args.set_aside, args.table, args.reason, args.docs)
+        entry = set_aside(
+            args.set_aside, args.table, args.reason, args.docs, plan=TRAIN_SPLIT_PLAN if args.train_splits else None
+        )
         print(f"set aside {entry['cells']} cells of {args.table}: {entry['total']:.1f} CPU-core-hours")
     if not args.no_collect:
         for path in collect(args.results, args.docs):
