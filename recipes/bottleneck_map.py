@@ -245,6 +245,11 @@ def floor_checkpoint(args, name: str, d: int, seed: int, lr: float) -> str:
     return cell_checkpoint(args, name, d, seed, lr)[: -len(".pt")] + "-floor.pt"
 
 
+def cell_path(args, name: str, d: int, seed: int) -> str:
+    """A finished cell's record, under ``OUT/cells/``."""
+    return os.path.join(args.out, "cells", f"{name}-d{d}-s{seed}.json")
+
+
 def rate_cell_path(args, name: str, d: int, lr: float, suffix: str = ".json") -> str:
     """A rate cell's record (``.json``) or its kept stopping-rule weights (``.pt``), under ``OUT/rates/``."""
     return os.path.join(args.out, "rates", f"{name}-d{d}-lr{lr:g}{suffix}")
@@ -373,7 +378,7 @@ def restore(args, meta: Dict, log=print) -> int:
             result_files.save_json(path, cell)
             copied += 1
     for cell in committed.get("cells", []):
-        path = os.path.join(args.out, "cells", f"{cell['head']}-d{cell['d']}-s{cell['seed']}.json")
+        path = cell_path(args, cell["head"], cell["d"], cell["seed"])
         if cell["head"] in args.heads and cell["d"] in args.dims and not os.path.exists(path):
             result_files.save_json(path, cell)
             copied += 1
@@ -421,7 +426,7 @@ def main(argv=None, log=print) -> Dict:
     result_files.save_json(os.path.join(args.out, "rates.json"), rates)
     results = []
     for i, (h, d, s) in enumerate(cells, 1):
-        path = os.path.join(args.out, "cells", f"{h}-d{d}-s{s}.json")
+        path = cell_path(args, h, d, s)
         chosen = rate_cell_path(args, h, d, rates[h])
         if not os.path.exists(path) and s == 1 and os.path.exists(chosen):
             cell = result_files.load_json(chosen)  # the rate cell is this cell, run already: its floor only

@@ -134,7 +134,7 @@ def pilot_argv(args, row: str, lr: float) -> List[str]:
         "--seed",
         str(PILOT_SEED),
         "--output-dir",
-        os.path.join(args.out, "rates", f"{row}-lr{lr:g}"),
+        cell_dir(args, "pilot", row, lr),
     ]
 
 
@@ -156,8 +156,16 @@ def table_argv(args, row: str, lr, seed: int) -> List[str]:
         "--seed",
         str(seed),
         "--output-dir",
-        os.path.join(args.out, "cells", f"{row}-seed{seed}"),
+        cell_dir(args, "cells", row, seed),
     ]
+
+
+def cell_dir(args, stage: str, row: str, key) -> str:
+    """A cell's output folder: a pilot cell's under ``OUT/rates/ROW-lrRATE`` (``key`` its rate), a table cell's under
+    ``OUT/cells/ROW-seedSEED`` (``key`` its seed)."""
+    if stage == "pilot":
+        return os.path.join(args.out, "rates", f"{row}-lr{key:g}")
+    return os.path.join(args.out, "cells", f"{row}-seed{key}")
 
 
 def _common(args, row: str, stage: str) -> List[str]:
@@ -258,8 +266,7 @@ def restore(args, stage: str, rates: Optional[Dict[str, Dict]] = None, log=print
             stage == "cells" and (cell["lr"] != rates[row]["lr"] or cell["seed"] not in args.seeds)
         ):
             continue
-        name = f"{row}-lr{cell['lr']:g}" if stage == "pilot" else f"{row}-seed{cell['seed']}"
-        path = os.path.join(args.out, "rates" if stage == "pilot" else "cells", name, "results.json")
+        path = os.path.join(cell_dir(args, stage, row, cell["lr" if stage == "pilot" else "seed"]), "results.json")
         if not os.path.exists(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as f:
