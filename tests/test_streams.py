@@ -16,7 +16,7 @@ pytest.importorskip("fairseq", reason="fairseq not installed: run `make install`
 from fairseq.trainer import Trainer  # noqa: E402
 
 from fairseq_plugin.lm.streams import StreamDataset, eval_windows, train_windows  # noqa: E402
-from recipes.reproduce.engine.costs import setup_task  # noqa: E402
+from recipes.reproduce.engine.costs import FairseqSteps, setup_task  # noqa: E402
 from test_fairseq_cli import PLUGIN, cli, data  # noqa: E402,F401  (data: the tiny corpus fixture)
 
 TINY = [
@@ -345,3 +345,18 @@ def test_two_processes_read_their_own_streams_and_equal_one_process_with_all_of_
     b = torch.load(two / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_cost_columns_step_on_the_first_training_window_of_the_streams(data, tmp_path):
+    """The cost columns (recipes/reproduce/engine/costs.py) under this task: a batch of n sequences is the first
+    training window of n streams, with the papers' first drawn length, and both steps run on it."""
+    steps = FairseqSteps(train_args(data / "lm-bin", tmp_path / "ckpt"))
+    dataset = steps.dataset
+    rows = dataset.layout(6)
+    start, length, _ = train_windows(np.random.RandomState(3), dataset.nrows(6), 12)[0]
+    sample = steps.batch(6)
+    assert start == 0 and sample["nsentences"] == 6 and sample["ntokens"] == 6 * length
+    torch.testing.assert_close(sample["net_input"]["src_tokens"], rows[:length].t())
+    torch.testing.assert_close(sample["target"], rows[1 : length + 1].t())
+    for step in steps.steps(6).values():
+        step()

@@ -61,7 +61,12 @@ class FairseqSteps:
         self.pad = self.task.target_dictionary.pad()
 
     def batch(self, sentences: int) -> Dict[str, Any]:
-        """The first ``sentences`` training pairs, collated as fairseq does."""
+        """The first ``sentences`` training pairs, collated as fairseq does; under ``--task awd_language_modeling``
+        (whose items are windows of streams, not sentences) the first training window of ``sentences`` streams."""
+        windows = getattr(self.task, "windows", None)
+        if windows is not None:
+            first = windows(self.dataset, sentences, 1, 0, 1)[0]
+            return self.dataset.collater([self.dataset[w] for w in first])
         n = min(sentences, len(self.dataset))
         return self.dataset.collater([self.dataset[i] for i in range(n)])
 
