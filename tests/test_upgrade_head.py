@@ -344,11 +344,16 @@ def test_the_more_parameters_control_starts_at_the_softmax_and_adds_what_mos_add
         )
 
 
-def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resumes(pretrained, monkeypatch):
+def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resumes(pretrained, monkeypatch, request):
     """python -m recipes.upgrade_table: the rate pilot (seed 0, a shorter text), each row's rate its lowest valid NLL,
     the table's cells at that rate per seed, scored on test; a rerun runs nothing; the page's section pairs the rows
     with both controls seed by seed (Holm over the table's test comparisons)."""
     import math
+
+    # the cells record torch's threads and the page names them: one here, whatever OMP_NUM_THREADS the run has
+    threads = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
+    torch.set_num_threads(1)
 
     from recipes import bottleneck_report, upgrade_table
 
