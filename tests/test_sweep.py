@@ -379,6 +379,29 @@ def test_sweep_table_equal_compute_and_cpu_hours():
     )  # one cell without: wall-clock
 
 
+def test_epoch_lead_pairs_each_seed_with_softmax_at_the_epochs_every_seed_validated():
+    from recipes.reproduce.report import compare as head_comparison
+
+    cells = [
+        _cell("softmax", 1, 0.01, [5, 4, 3], 10),
+        _cell("softmax", 2, 0.01, [5, 4.5], 10),  # stopped after 2 epochs: epoch 3 is not every seed's
+        _cell("mos", 1, 0.01, [4, 3.5, 3.2], 10),
+        _cell("mos", 2, 0.01, [4.5, 4.4, 4.3], 10),
+        _cell("mos", 3, 0.01, [1, 1], 10),  # no softmax seed 3: not paired, not read
+        _cell("plif", 1, 0.01, [5], 10),
+    ]
+    mos, plif = head_comparison.epoch_lead(cells)
+    assert mos["head"] == "mos" and mos["seeds"] == [1, 2] and list(mos["epochs"]) == [1, 2]
+    assert mos["epochs"][1] == pytest.approx([2**4 - 2**5, 2**4.5 - 2**5])  # perplexity: 2 ** the NLL in bits
+    assert mos["epochs"][2] == pytest.approx([2**3.5 - 2**4, 2**4.4 - 2**4.5])
+    assert plif["seeds"] == [1] and plif["epochs"] == {1: [0.0]}
+    table = head_comparison.epoch_lead_table([mos, plif])
+    assert "| head | seeds | epoch 1 | epoch 2 |" in table
+    assert "| mos | 2 | -12.7 (-16.0 to -9.4) | -3.1 (-4.7 to -1.5) |" in table
+    assert "| plif | 1 | +0.0 | - |" in table  # one seed: no range; an epoch it did not reach: -
+    assert head_comparison.epoch_lead_table([]) == ""
+
+
 def test_bootstrap_of_every_head_and_seed_against_softmax():
     from recipes.reproduce.report import compare as head_comparison
 
@@ -455,6 +478,10 @@ def test_report_section_of_a_swept_table(tmp_path):
     assert "| mixtape - softmax | test | 3 | -10.00 [" in text  # every seed 10 lower: no spread, p = 0
     assert "mixtape against softmax: better on test (-10.00 perplexity" in text
     assert "| mixtape | 3 | 40 |" in text and "Previous protocol" not in text
+    # the lead per epoch (a perplexity table): level after epoch 1, 2 ** 4.0x - 2 ** 4.2x below at epoch 2
+    assert "| head | seeds | epoch 1 | epoch 2 | epoch 3 | epoch 4 |" in text
+    lead = "| mixtape | 3 | +0.0 (+0.0 to +0.0) | -2.4 (-2.4 to -2.4) | -2.5 (-2.5 to -2.5) | -2.7 (-2.7 to -2.7) |"
+    assert lead in text
     assert "| lm-ptb | 4 | 6 | 0.1 / 0.1 / 0.2 | 0.2 |" in text  # the compute section: 400 s + 360 s, all wall-clock
     assert "In all 0.2 of the 40 CPU-core-hours planned (1%). 0.2 of them are wall-clock bounds" in text
     # a cell's training time: the chosen rate's seeds (40 s), not the sweep's other rates (120 s)

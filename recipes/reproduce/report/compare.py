@@ -13,6 +13,8 @@ learning-rate sweep, the comparison at equal training seconds, and the compute s
 * :func:`bootstrap`: sacrebleu's paired bootstrap for every BLEU comparison and seed, from the hypotheses.
 * :func:`equal_compute`: each head's best valid loss within the updates and within the training seconds softmax
   took (same seed), against softmax's best: what the same number of steps, and the same bill, buy.
+* :func:`epoch_lead`: each head's valid perplexity minus softmax's (same seed) at every epoch both validated: whether
+  a lead grows or shrinks as training goes on.
 """
 
 from __future__ import annotations
@@ -293,6 +295,50 @@ def equal_compute(
         row["head_seconds_to_best"] = sum(own) / len(own) if own else None
         out.append(row)
     return out
+
+
+def epoch_lead(cells: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Per head (cells at the chosen rates; the seeds it shares with softmax, in seed order): its valid perplexity
+    minus softmax's of the same seed at each epoch both logged a validation, ``{"head", "seeds": [seed, ...],
+    "epochs": {epoch: [difference per seed]}}``; an epoch enters only where every one of the head's paired seeds
+    validated. Perplexity is ``2 ** NLL`` (fairseq logs the NLL in bits)."""
+    valid = {
+        (c["head"], c["seed"]): {p["epoch"]: 2 ** sweep_rules.nll(p) for p in c["curve"] if "epoch" in p}
+        for c in cells
+        if c.get("curve")
+    }
+    out = []
+    for head in dict.fromkeys(c["head"] for c in cells if c["head"] != "softmax"):
+        seeds = sorted(s for (h, s) in valid if h == head and ("softmax", s) in valid)
+        if not seeds:
+            continue
+        pairs = [(valid[(head, s)], valid[("softmax", s)]) for s in seeds]
+        epochs = sorted(set.intersection(*(set(a) & set(b) for a, b in pairs)))
+        out.append({"head": head, "seeds": seeds, "epochs": {e: [a[e] - b[e] for a, b in pairs] for e in epochs}})
+    return out
+
+
+def epoch_lead_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`epoch_lead` as markdown: a row per head, a column per epoch, each ``mean (lowest to highest seed)``."""
+    epochs = sorted({e for r in rows for e in r["epochs"]})
+    if not epochs:
+        return ""
+
+    def cell(diffs):
+        if diffs is None:
+            return "-"
+        mean = sum(diffs) / len(diffs)
+        return f"{mean:+.1f}" + (f" ({min(diffs):+.1f} to {max(diffs):+.1f})" if len(diffs) > 1 else "")
+
+    lines = [
+        "| head | seeds | " + " | ".join(f"epoch {e}" for e in epochs) + " |",
+        "|---|---|" + "---|" * len(epochs),
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['head']} | {len(r['seeds'])} | " + " | ".join(cell(r["epochs"].get(e)) for e in epochs) + " |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def cpu_curve(cell: Mapping[str, Any]) -> Optional[List[Dict[str, Any]]]:

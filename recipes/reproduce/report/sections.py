@@ -71,6 +71,8 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     comparisons = head_comparison.family(rows, obj.get("seeds_planned"))
     metric = score_rows(rows)[0]["metric"] if comparisons else None
     lines += _comparison_lines(obj, comparisons, metric, table) + _equal_compute_lines(obj, scored, smoothed)
+    if metric == "ppl":  # perplexity tables: the lead per epoch (BLEU is scored at the end only)
+        lines += _epoch_lead_lines(scored)
     shown = " ".join(
         t
         for t in (
@@ -166,6 +168,14 @@ def _equal_compute_lines(obj: Dict[str, Any], scored: List[Dict[str, Any]], smoo
         return []
     intro = sentences.equal_compute_intro(compute[0]["clock"], smoothed, bool(ratios))
     return [intro, "", head_comparison.equal_compute_table(compute)]
+
+
+def _epoch_lead_lines(scored: List[Dict[str, Any]]) -> List[str]:
+    """Each head's valid perplexity minus softmax's, same seed, at every epoch."""
+    table = head_comparison.epoch_lead_table(head_comparison.epoch_lead(scored))
+    if not table:
+        return []
+    return [sentences.epoch_lead_intro(), "", table]
 
 
 def pilot_section(docs_dir: str) -> str:

@@ -441,6 +441,16 @@ def equal_compute_intro(clock: str, smoothed: bool, with_ratios: bool) -> str:
     )
 
 
+def epoch_lead_intro() -> str:
+    """The line above the per-epoch table (:func:`recipes.reproduce.report.compare.epoch_lead_table`)."""
+    return (
+        "Per epoch: each head's valid perplexity minus softmax's of the same seed, after every epoch both "
+        "validated (mean over the paired seeds, the lowest and highest seed's in brackets; negative: below "
+        "softmax). Description, not a test: whether a lead grows or shrinks as training goes on, read on the "
+        "split that chose the rates:"
+    )
+
+
 def full_size_sentence(table: str, plan: Dict[str, Any]) -> str:
     """The **Full size** line: the dry run's command and each head's parameters, with the plan's note."""
     counts = ", ".join(f"{h} {n / 1e6:.1f}M" for h, n in plan["parameters"].items())
