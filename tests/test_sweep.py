@@ -392,13 +392,13 @@ def test_epoch_lead_pairs_each_seed_with_softmax_at_the_epochs_every_seed_valida
     ]
     mos, plif = head_comparison.epoch_lead(cells)
     assert mos["head"] == "mos" and mos["seeds"] == [1, 2] and list(mos["epochs"]) == [1, 2]
-    assert mos["epochs"][1] == pytest.approx([2**4 - 2**5, 2**4.5 - 2**5])  # perplexity: 2 ** the NLL in bits
-    assert mos["epochs"][2] == pytest.approx([2**3.5 - 2**4, 2**4.4 - 2**4.5])
+    assert mos["epochs"][1] == pytest.approx([4 - 5, 4.5 - 5])  # the NLL's difference (bits)
+    assert mos["epochs"][2] == pytest.approx([3.5 - 4, 4.4 - 4.5])
     assert plif["seeds"] == [1] and plif["epochs"] == {1: [0.0]}
     table = head_comparison.epoch_lead_table([mos, plif])
     assert "| head | seeds | epoch 1 | epoch 2 |" in table
-    assert "| mos | 2 | -12.7 (-16.0 to -9.4) | -3.1 (-4.7 to -1.5) |" in table
-    assert "| plif | 1 | +0.0 | - |" in table  # one seed: no range; an epoch it did not reach: -
+    assert "| mos | 2 | -0.750 (-1.000 to -0.500) | -0.300 (-0.500 to -0.100) |" in table
+    assert "| plif | 1 | +0.000 | - |" in table  # one seed: no range; an epoch it did not reach: -
     assert head_comparison.epoch_lead_table([]) == ""
 
 
@@ -478,9 +478,9 @@ def test_report_section_of_a_swept_table(tmp_path):
     assert "| mixtape - softmax | test | 3 | -10.00 [" in text  # every seed 10 lower: no spread, p = 0
     assert "mixtape against softmax: better on test (-10.00 perplexity" in text
     assert "| mixtape | 3 | 40 |" in text and "Previous protocol" not in text
-    # the lead per epoch (a perplexity table): level after epoch 1, 2 ** 4.0x - 2 ** 4.2x below at epoch 2
+    # the lead per epoch (a perplexity table), in bits: level after epoch 1, 0.2 below at every later epoch
     assert "| head | seeds | epoch 1 | epoch 2 | epoch 3 | epoch 4 |" in text
-    lead = "| mixtape | 3 | +0.0 (+0.0 to +0.0) | -2.4 (-2.4 to -2.4) | -2.5 (-2.5 to -2.5) | -2.7 (-2.7 to -2.7) |"
+    lead = "| mixtape | 3 | +0.000 (+0.000 to +0.000) | -0.200 (-0.200 to -0.200) | -0.200 (-0.200 to -0.200) |"
     assert lead in text
     assert "| lm-ptb | 4 | 6 | 0.1 / 0.1 / 0.2 | 0.2 |" in text  # the compute section: 400 s + 360 s, all wall-clock
     assert "In all 0.2 of the 40 CPU-core-hours planned (1%). 0.2 of them are wall-clock bounds" in text

@@ -13,8 +13,8 @@ learning-rate sweep, the comparison at equal training seconds, and the compute s
 * :func:`bootstrap`: sacrebleu's paired bootstrap for every BLEU comparison and seed, from the hypotheses.
 * :func:`equal_compute`: each head's best valid loss within the updates and within the training seconds softmax
   took (same seed), against softmax's best: what the same number of steps, and the same bill, buy.
-* :func:`epoch_lead`: each head's valid perplexity minus softmax's (same seed) at every epoch both validated: whether
-  a lead grows or shrinks as training goes on.
+* :func:`epoch_lead`: each head's valid NLL minus softmax's (same seed) at every epoch both validated: whether a lead
+  grows or shrinks as training goes on (in bits, a log-ratio of perplexities: a perplexity gap shrinks as both fall).
 """
 
 from __future__ import annotations
@@ -298,12 +298,13 @@ def equal_compute(
 
 
 def epoch_lead(cells: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """Per head (cells at the chosen rates; the seeds it shares with softmax, in seed order): its valid perplexity
-    minus softmax's of the same seed at each epoch both logged a validation, ``{"head", "seeds": [seed, ...],
-    "epochs": {epoch: [difference per seed]}}``; an epoch enters only where every one of the head's paired seeds
-    validated. Perplexity is ``2 ** NLL`` (fairseq logs the NLL in bits)."""
+    """Per head (cells at the chosen rates; the seeds it shares with softmax, in seed order): its valid NLL (bits, as
+    fairseq logs it) minus softmax's of the same seed at each epoch both logged a validation, ``{"head", "seeds":
+    [seed, ...], "epochs": {epoch: [difference per seed]}}``; an epoch enters only where every one of the head's
+    paired seeds validated. In NLL, not perplexity: the log of the perplexities' ratio, so a lead of the same relative
+    size reads the same early, at high perplexity, and late."""
     valid = {
-        (c["head"], c["seed"]): {p["epoch"]: 2 ** sweep_rules.nll(p) for p in c["curve"] if "epoch" in p}
+        (c["head"], c["seed"]): {p["epoch"]: sweep_rules.nll(p) for p in c["curve"] if "epoch" in p}
         for c in cells
         if c.get("curve")
     }
@@ -328,7 +329,7 @@ def epoch_lead_table(rows: Sequence[Mapping[str, Any]]) -> str:
         if diffs is None:
             return "-"
         mean = sum(diffs) / len(diffs)
-        return f"{mean:+.1f}" + (f" ({min(diffs):+.1f} to {max(diffs):+.1f})" if len(diffs) > 1 else "")
+        return f"{mean:+.3f}" + (f" ({min(diffs):+.3f} to {max(diffs):+.3f})" if len(diffs) > 1 else "")
 
     lines = [
         "| head | seeds | " + " | ".join(f"epoch {e}" for e in epochs) + " |",

@@ -444,9 +444,10 @@ def equal_compute_intro(clock: str, smoothed: bool, with_ratios: bool) -> str:
 def epoch_lead_intro() -> str:
     """The line above the per-epoch table (:func:`recipes.reproduce.report.compare.epoch_lead_table`)."""
     return (
-        "Per epoch: each head's valid perplexity minus softmax's of the same seed, after every epoch both "
-        "validated (mean over the paired seeds, the lowest and highest seed's in brackets; negative: below "
-        "softmax). Description, not a test: whether a lead grows or shrinks as training goes on, read on the "
+        "Per epoch: each head's valid NLL (bits per token) minus softmax's of the same seed, after every epoch "
+        "both validated (mean over the paired seeds, the lowest and highest seed's in brackets; negative: below "
+        "softmax; in bits, so that a lead of the same relative size reads the same at epoch 1's perplexity and at "
+        "the last's). Description, not a test: whether a lead grows or shrinks as training goes on, read on the "
         "split that chose the rates:"
     )
 
