@@ -871,6 +871,8 @@ def test_the_scale_line_says_which_heads_have_their_rate_while_others_sweep():
     ]
     rows = rows[-2:] + [{"scale": "mini", "head": "plif", "seeds": [1]}]
     assert scale_phrase({"rows": rows, "sweep": sweep, "seeds_planned": planned}, False) == "mini"
+    rows += [{"scale": "mini", "head": h, "seeds": []} for h in planned]  # the cost columns' rows: no seeds
+    assert scale_phrase({"rows": rows, "sweep": sweep, "seeds_planned": planned}, False) == "mini"
     assert scale_phrase({"rows": [], "sweep": {"plif": {"chosen": None}}}, False).startswith(
         "mini, learning-rate sweep"
     )
