@@ -240,6 +240,17 @@ def bootstrap(
     return out
 
 
+def paired_with_softmax(cells: Sequence[Mapping[str, Any]], keys) -> List[Tuple[str, List[int]]]:
+    """``[(head, seeds)]`` for every head of ``cells`` but softmax, in their order: the seeds (sorted) at which both
+    the head and softmax are among ``keys`` (``(head, seed)`` pairs); a head with none is left out."""
+    out = []
+    for head in dict.fromkeys(c["head"] for c in cells if c["head"] != "softmax"):
+        seeds = sorted(s for (h, s) in keys if h == head and ("softmax", s) in keys)
+        if seeds:
+            out.append((head, seeds))
+    return out
+
+
 def equal_compute(
     cells: Sequence[Mapping[str, Any]], cost_ratio: Optional[Mapping[str, float]] = None
 ) -> List[Dict[str, Any]]:
@@ -261,10 +272,7 @@ def equal_compute(
         for c, p in zip(logged, curves)
     }
     out = []
-    for head in dict.fromkeys(c["head"] for c in cells if c["head"] != "softmax"):
-        seeds = sorted(s for (h, s) in by if h == head and ("softmax", s) in by)
-        if not seeds:
-            continue
+    for head, seeds in paired_with_softmax(cells, by):
         row: Dict[str, Any] = {"head": head, "seeds": len(seeds), "clock": clock}
         ratio = (cost_ratio or {}).get(head)
         lowest = {s: min(sweep_rules.nll(p) for p in by[("softmax", s)]["curve"]) for s in seeds}  # softmax's, per seed
@@ -309,10 +317,7 @@ def epoch_lead(cells: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
         if c.get("curve")
     }
     out = []
-    for head in dict.fromkeys(c["head"] for c in cells if c["head"] != "softmax"):
-        seeds = sorted(s for (h, s) in valid if h == head and ("softmax", s) in valid)
-        if not seeds:
-            continue
+    for head, seeds in paired_with_softmax(cells, valid):
         pairs = [(valid[(head, s)], valid[("softmax", s)]) for s in seeds]
         epochs = sorted(set.intersection(*(set(a) & set(b) for a, b in pairs)))
         out.append({"head": head, "seeds": seeds, "epochs": {e: [a[e] - b[e] for a, b in pairs] for e in epochs}})

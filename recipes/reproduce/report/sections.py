@@ -171,7 +171,7 @@ def _equal_compute_lines(obj: Dict[str, Any], scored: List[Dict[str, Any]], smoo
 
 
 def _epoch_lead_lines(scored: List[Dict[str, Any]]) -> List[str]:
-    """Each head's valid perplexity minus softmax's, same seed, at every epoch."""
+    """Each head's valid NLL (bits) minus softmax's, same seed, at every epoch."""
     table = head_comparison.epoch_lead_table(head_comparison.epoch_lead(scored))
     if not table:
         return []

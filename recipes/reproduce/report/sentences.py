@@ -273,8 +273,9 @@ def scale_phrase(obj: Dict[str, Any], full_only: bool) -> str:
         if not waiting:
             planned = obj.get("seeds_planned") or {}
             have: Dict[str, int] = {}  # each head's most seeds over its rows (the cost columns' rows have none)
-            for r in obj["rows"] if planned else []:
-                have[r["head"]] = max(have.get(r["head"], 0), len(r["seeds"]))
+            if planned:
+                for r in obj["rows"]:
+                    have[r["head"]] = max(have.get(r["head"], 0), len(r["seeds"]))
             left = sum(max(0, n - have.get(h, 0)) for h, n in planned.items())
             if not left:
                 return obj["rows"][0]["scale"]
