@@ -65,15 +65,15 @@ def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
 
 
 def collect_upgrade(folder: str) -> Dict:
-    """``python -m recipes.upgrade_table``'s pilot and table cells (each named by its row, from its folder), the
-    rates it chose and the options it ran with (``meta``, where recorded)."""
+    """``python -m recipes.upgrade_table``'s pilot and table cells (each named by its row, read back from its folder by
+    :func:`recipes.upgrade_table.row_of`), the rates it chose and the options it ran with (``meta``, where recorded)."""
 
     def cells(stage):
         out = []
         for path in sorted(glob.glob(os.path.join(folder, stage, "*", "results.json"))):
             with open(path) as f:
                 cell = json.load(f)
-            cell["row"] = os.path.basename(os.path.dirname(path)).rsplit("-seed" if stage == "cells" else "-lr", 1)[0]
+            cell["row"] = upgrade_table.row_of(os.path.dirname(path))
             out.append(cell)
         return out
 

@@ -168,6 +168,12 @@ def cell_dir(args, stage: str, row: str, key) -> str:
     return os.path.join(args.out, "cells", f"{row}-seed{key}")
 
 
+def row_of(folder: str) -> str:
+    """The row of the cell whose output folder :func:`cell_dir` named ``folder`` (a pilot cell's or a table cell's)."""
+    stage = os.path.basename(os.path.dirname(os.path.normpath(folder)))
+    return os.path.basename(os.path.normpath(folder)).rsplit("-lr" if stage == "rates" else "-seed", 1)[0]
+
+
 def _common(args, row: str, stage: str) -> List[str]:
     return [
         "--model",

@@ -485,3 +485,16 @@ def test_a_pilot_rate_at_an_end_of_the_grid_is_tried_one_step_past_it(tmp_path, 
         )
         == 1e-4
     )
+
+
+def test_a_cells_row_is_read_back_from_the_folder_the_table_names():
+    """recipes.upgrade_table.row_of inverts cell_dir for pilot and table cells, rows with dashes and small rates too
+    (the page's collector reads each cell's row this way)."""
+    import argparse
+
+    from recipes import upgrade_table
+
+    args = argparse.Namespace(out="/o")
+    for row in ("softmax", "softmax-mlp", "mos-3"):
+        for stage, key in (("pilot", 1e-05), ("pilot", 0.003), ("cells", 2)):
+            assert upgrade_table.row_of(upgrade_table.cell_dir(args, stage, row, key)) == row
