@@ -52,7 +52,10 @@ class Table:
         raise NotImplementedError
 
     def seeds_for(self, variant: Variant, args) -> List[int]:
-        raise NotImplementedError
+        """The seeds of ``variant``'s cells: 1..``--seeds``, else 1..the table's mini count (:meth:`mini_seed_count`) at
+        the mini scale and seed 1 at full size."""
+        n = args.seeds if args.seeds else (self.mini_seed_count(variant.name) if args.scale == "mini" else 1)
+        return list(range(1, n + 1))
 
     def mini_seed_count(self, head: str) -> int:
         """How many seeds ``head`` trains at the mini scale, fixed before the runs (the table's ``mini_seeds``; 1 for a

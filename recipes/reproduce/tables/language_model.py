@@ -233,10 +233,6 @@ class LanguageModelTable(Table):
             options = {**options, "mixtape": {**options["mixtape"], "scaled_input": False}}
         return resolve(args.heads or (self.mini_heads if args.scale == "mini" else self.full_heads), options)
 
-    def seeds_for(self, variant: Variant, args) -> List[int]:
-        n = args.seeds if args.seeds else (self.mini_seed_count(variant.name) if args.scale == "mini" else 1)
-        return list(range(1, n + 1))
-
     @property
     def mini_stop(self) -> StopRule:
         return MINI_STOPS[self.mini_optimizer]

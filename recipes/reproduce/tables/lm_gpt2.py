@@ -128,6 +128,7 @@ class HFLanguageModelTable(Table):
     """``lm-gpt2``: per cell, :mod:`recipes.finetune_hf` once per model (see the module's docstring)."""
 
     name = "lm-gpt2"
+    mini_seeds = MINI_SEEDS
     description = (
         "HF causal LMs with each head (accelerate): GPT-2 from a config trained on WikiText-2 with "
         "GPT-2's BPE, SmolLM2-135M fine-tuned; no paper numbers"
@@ -147,10 +148,6 @@ class HFLanguageModelTable(Table):
 
     def variants(self, args) -> List[Variant]:
         return resolve(args.heads or (MINI_HEADS if args.scale == "mini" else FULL_HEADS), LM_HEAD_OPTIONS)
-
-    def seeds_for(self, variant: Variant, args) -> List[int]:
-        n = args.seeds if args.seeds else (MINI_SEEDS.get(variant.name, 1) if args.scale == "mini" else 1)
-        return list(range(1, n + 1))
 
     def dataset(self, args) -> str:
         return "wikitext-2" if args.scale == "mini" else "wikitext-103"

@@ -224,10 +224,6 @@ class TranslationTable(Table):
         names = args.heads or (MINI_HEADS if args.scale == "mini" else self.full_heads)
         return resolve(names, self.head_options(args.scale))
 
-    def seeds_for(self, variant: Variant, args) -> List[int]:
-        n = args.seeds if args.seeds else (self.mini_seed_count(variant.name) if args.scale == "mini" else 1)
-        return list(range(1, n + 1))
-
     # -- commands ----------------------------------------------------------------------------
     def train_command(
         self, bin_dir: str, variant: Variant, seed: int, save_dir: str, args, lr: Optional[float] = None
