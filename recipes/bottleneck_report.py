@@ -5,7 +5,9 @@
     python -m recipes.bottleneck_report --no-collect                        # the page from the committed json
 
 With ``--joint DIR`` (default ``results/bottleneck_joint``, read when it exists) the page also holds the joint-training
-check of ``python -m recipes.bottleneck_joint`` beside the frozen-trunk cells of the same head, d and seed.
+check of ``python -m recipes.bottleneck_joint`` beside the frozen-trunk cells of the same head, d and seed. A collection
+keeps what the committed json holds and this machine has no folder for (:func:`carry_over`): the joint check's and the
+upgrade table's cells, and the map cells of an earlier trunk, set aside and counted in the cost.
 
 The primary test, fixed before the seed cells ran: for MoS-4 and Mixtape, the seed-paired difference of test NLL (head
 minus softmax, at the same d and seed), averaged over the seeds at each d, regressed on log2 d by least squares; the
@@ -62,6 +64,45 @@ def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
         "joint": [load(p) for p in sorted(glob.glob(os.path.join(joint, "cells", "*.json")))] if joint else [],
         "upgrade": collect_upgrade(upgrade) if upgrade else {},
     }
+
+
+def same_trunk(a: Dict, b: Dict) -> bool:
+    """Whether two map runs' ``meta`` name the same trunk: its valid and test NLL on the cached features equal to 1e-9
+    nats (:func:`recipes.bottleneck_map.restore`'s test: a trunk trained again bit for bit passes it)."""
+    return all(
+        abs(a.get("trunk_nll", {}).get(s, math.inf) - b.get("trunk_nll", {}).get(s, -math.inf)) <= 1e-9
+        for s in ("valid", "test")
+    )
+
+
+def carry_over(obj: Dict, committed: Dict, joint: bool, upgrade: bool) -> Dict:
+    """``obj`` (a new collection) with what the ``committed`` json holds and this machine's folders do not: the joint
+    check's and the upgrade table's cells where their folder was not given (``joint`` / ``upgrade`` false: another
+    machine ran them), and, where ``obj`` comes from another trunk, the committed map cells set aside
+    (``obj["set_aside"]``: their trunk, rate cells and cells, which the page counts in the cost but shows nowhere
+    else)."""
+    obj = dict(obj)
+    if not joint and committed.get("joint"):
+        obj["joint"] = committed["joint"]
+    if not upgrade and committed.get("upgrade"):
+        obj["upgrade"] = committed["upgrade"]
+    set_aside = list(committed.get("set_aside", []))
+    old = committed.get("meta") or {}
+    if (committed.get("rate_cells") or committed.get("cells")) and not same_trunk(old, obj["meta"]):
+        set_aside.append(
+            {
+                "trunk": old.get("trunk"),
+                "trunk_md5": old.get("trunk_md5"),
+                "trunk_nll": old.get("trunk_nll"),
+                "rate_d": old.get("args", {}).get("rate_d"),
+                "rates": committed.get("rates", {}),
+                "rate_cells": committed.get("rate_cells", []),
+                "cells": committed.get("cells", []),
+            }
+        )
+    if set_aside:
+        obj["set_aside"] = set_aside
+    return obj
 
 
 def collect_upgrade(folder: str) -> Dict:
@@ -325,7 +366,15 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
             else ""
         )
         + ". "
-        f"Each cell trains `nn.Linear({meta['width']}, d)` and a head over the {meta['vocab']:,}-word vocabulary "
+        + "".join(
+            f"An earlier trunk from the same command (md5 `{e['trunk_md5']}`; its valid NLL "
+            f"{e['trunk_nll']['valid'] - meta['trunk_nll']['valid']:+.4f} nats from this one's) is not this one: its "
+            f"{len(e['rate_cells'])} rate cells and {len(e['cells'])} cells are set aside "
+            "(counted in the cost, shown nowhere else). "
+            for e in obj.get("set_aside", [])
+            if e.get("trunk_nll") and meta.get("trunk_nll")
+        )
+        + f"Each cell trains `nn.Linear({meta['width']}, d)` and a head over the {meta['vocab']:,}-word vocabulary "
         f"on the first {meta['tokens']['train']:,} train tokens in the cache's order "
         f"({per_stream('train', meta['tokens']['train'])}; Adam, {a['batch_tokens']} tokens a step), "
         f"validates after every epoch, stops after {a['patience']} epochs without improvement (at most "
@@ -502,6 +551,10 @@ def budget_lines(obj: Dict, missing) -> List[str]:
     and the map's cells still to run (``missing``) estimated from the finished ones."""
     a = obj["meta"]["args"]
     spent = cells_cpu_hours(obj)
+    aside = [  # the cells of earlier trunks (carry_over), each counted as its own run counted them
+        {**e, "meta": {"args": {"rate_d": e["rate_d"]}}} for e in obj.get("set_aside", [])
+    ]
+    aside_hours = sum(cells_cpu_hours(e) for e in aside)
     joint = sum(c.get("cpu_seconds", 0.0) for c in obj.get("joint") or []) / 3600
     up = obj.get("upgrade") or {}
 
@@ -524,8 +577,15 @@ def budget_lines(obj: Dict, missing) -> List[str]:
     unknown = len(missing) - len(cost)
     lines = [
         f"Part 1 (the map and the joint check), of the {BUDGET_HOURS['map']:.0f} CPU-core-hours planned: "
-        f"{spent + joint:.1f} so far ({spent:.1f} in {len(obj['cells'])} cells and {len(obj['rate_cells'])} rate "
-        f"cells, each chosen rate's cell counted once: it is also the seed-1 cell at d = {a['rate_d']}"
+        f"{spent + aside_hours + joint:.1f} so far ({spent:.1f} in {len(obj['cells'])} cells and "
+        f"{len(obj['rate_cells'])} rate cells, each chosen rate's cell counted once: it is also the seed-1 cell at "
+        f"d = {a['rate_d']}"
+        + (
+            f"; {aside_hours:.1f} in {sum(len(e['rate_cells']) for e in aside)} rate cells and "
+            f"{sum(len(e['cells']) for e in aside)} cells set aside with their earlier trunk"
+            if aside
+            else ""
+        )
         + (f"; {joint:.1f} in the joint check's {len(obj['joint'])} runs)" if obj.get("joint") else ")")
         + (
             f"; still to run: {len(missing)} cell{'s' if len(missing) != 1 else ''}, about {sum(cost.values()):.1f} "
@@ -1028,11 +1088,11 @@ def main(argv=None, log=print) -> str:
     args = p.parse_args(argv)
     path = os.path.join(args.docs, "bottleneck_map.json")
     if not args.no_collect:
-        obj = collect(  # before the file is opened: a collection that fails leaves the committed json as it was
-            args.results,
-            args.joint if os.path.isdir(args.joint) else "",
-            args.upgrade if os.path.isdir(args.upgrade) else "",
-        )
+        joint, upgrade = (folder if os.path.isdir(folder) else "" for folder in (args.joint, args.upgrade))
+        obj = collect(args.results, joint, upgrade)  # before the file is opened: a failed collection leaves it whole
+        if os.path.exists(path):
+            with open(path) as f:
+                obj = carry_over(obj, json.load(f), bool(joint), bool(upgrade))
         with open(path, "w") as f:
             json.dump(obj, f, indent=1)
         log(f"collected {path}")

@@ -246,3 +246,50 @@ def test_the_joint_check_says_whether_its_stopping_rule_could_fire():
     assert "3 epochs, the table's patience of 3 unable to fire within them;" in text
     text = "\n".join(bottleneck_report.joint_section({**obj, "joint": joint(8, 3)}))
     assert "8 epochs, within them the table's stopping rule (patience 3);" in text
+
+
+def test_a_collection_on_another_trunk_sets_the_committed_cells_aside_and_keeps_the_other_parts(tmp_path):
+    """A map run on a trunk trained again (not bit for bit) collects beside the committed json: the committed rate
+    cells are set aside (their trunk named, their CPU time counted), the joint check and the upgrade table, whose
+    folders this machine lacks, stay as committed."""
+    import json
+
+    committed = _map([])
+    committed["meta"]["trunk_nll"] = {"valid": 4.70, "test": 4.65}
+    committed["meta"]["trunk_md5"] = "first"
+    committed["joint"] = [
+        {
+            "head": "softmax",
+            "d": 4,
+            "seed": 1,
+            "lr": 1e-3,
+            "epoch_cap": 3,
+            "ppl": {"valid": 150.0, "test": 140.0},
+            "cpu_seconds": 7200.0,
+            "command": "python -m recipes.bottleneck_joint",
+        }
+    ]
+    committed["upgrade"] = {"rates": {}, "pilot": [], "cells": []}
+    docs, results = tmp_path / "docs", tmp_path / "map"
+    docs.mkdir()
+    (docs / "bottleneck_map.json").write_text(json.dumps(committed))
+    new = _map([])
+    new["meta"]["trunk_nll"] = {"valid": 4.71, "test": 4.66}
+    (results / "rates").mkdir(parents=True)
+    (results / "meta.json").write_text(json.dumps(new["meta"]))
+    (results / "rates" / "softmax-lr0.001.json").write_text(json.dumps(_cell("softmax", 16, 1, 5.0, lr=1e-3)))
+    argv = ["--docs", str(docs), "--results", str(results), "--joint", str(tmp_path / "no"), "--upgrade", "-"]
+    text = bottleneck_report.main(argv, log=lambda *_: None)
+    obj = json.loads((docs / "bottleneck_map.json").read_text())
+    assert obj["joint"] == committed["joint"] and obj["upgrade"] == committed["upgrade"]
+    assert [len(obj["rate_cells"]), len(obj["cells"])] == [1, 0]
+    (aside,) = obj["set_aside"]
+    assert aside["trunk_md5"] == "first" and aside["rate_cells"] == committed["rate_cells"]
+    assert "An earlier trunk from the same command (md5 `first`; its valid NLL -0.0100 nats from this one's)" in text
+    assert "is not this one: its 6 rate cells and 0 cells are set aside (counted in the cost" in text
+    # 6 rate cells set aside (3 x 1800 + 3 x 3600 CPU-s = 4.5 h), the new rate cell (60 s), the joint check (2 h)
+    assert "6.5 so far (0.0 in 0 cells and 1 rate cells" in text
+    assert "; 4.5 in 6 rate cells and 0 cells set aside with their earlier trunk; 2.0 in the joint" in text
+    # collected again from the same trunk: nothing more set aside
+    bottleneck_report.main(argv, log=lambda *_: None)
+    assert len(json.loads((docs / "bottleneck_map.json").read_text())["set_aside"]) == 1
