@@ -35,6 +35,7 @@ from recipes.common import stats as paired_stats
 
 PRIMARY = ("mos-4", "mixtape")
 BASELINE = "softmax"
+TRUNK_TABLE = "lm-ptb"  # the table whose seed-1 softmax cell is the trunk (the page's first command)
 
 
 def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
@@ -635,9 +636,13 @@ def missing_summary(missing, a: Dict) -> str:
 
 
 def portable(path: str) -> str:
-    """A results path as the commands write it from the repository's root (``results/...``), wherever it ran."""
-    mark = "results" + os.sep
-    return path[path.index(mark) :] if mark in path else path
+    """A results path as the commands write it from the repository's root (``results/...``), wherever it ran: from
+    its ``results/``, else, for the trunk's table run with another ``--out``, from the table's folder as the page's
+    trunk command writes it (``results/reproduce/lm-ptb/...``)."""
+    mark, table = "results" + os.sep, os.sep + TRUNK_TABLE + os.sep
+    if mark in path:
+        return path[path.index(mark) :]
+    return os.path.join("results", "reproduce", path[path.index(table) + 1 :]) if table in path else path
 
 
 def commands_section(obj: Dict) -> List[str]:
@@ -662,7 +667,7 @@ def commands_section(obj: Dict) -> List[str]:
         "",
         "```bash",
         "# the trunk: lm-ptb's seed-1 softmax cell at its chosen rate (the table keeps its best checkpoint)",
-        "python -m recipes.reproduce lm-ptb --scale mini --heads softmax --seeds 1",
+        f"python -m recipes.reproduce {TRUNK_TABLE} --scale mini --heads softmax --seeds 1",
         f"python -m recipes.bottleneck_map --trunk {trunk} --data {portable(a['data'])} \\",
         "    --out results/bottleneck_map " + " ".join(flags),
     ]

@@ -293,3 +293,13 @@ def test_a_collection_on_another_trunk_sets_the_committed_cells_aside_and_keeps_
     # collected again from the same trunk: nothing more set aside
     bottleneck_report.main(argv, log=lambda *_: None)
     assert len(json.loads((docs / "bottleneck_map.json").read_text())["set_aside"]) == 1
+
+
+def test_run_paths_are_written_as_the_commands_write_them():
+    """The page's commands run from the repository's root: a run's path from its ``results/``, and the trunk trained
+    with another ``--out`` as the trunk command (``recipes.reproduce lm-ptb``) writes it."""
+    portable = bottleneck_report.portable
+    assert portable("/x/results/bottleneck_map/cells/a.json") == "results/bottleneck_map/cells/a.json"
+    trunk = "/work/runs/trunk-out/lm-ptb/softmax/lr0.0025/seed1/checkpoints/checkpoint_best.pt"
+    assert portable(trunk) == "results/reproduce/lm-ptb/softmax/lr0.0025/seed1/checkpoints/checkpoint_best.pt"
+    assert portable("/elsewhere/bin") == "/elsewhere/bin"
