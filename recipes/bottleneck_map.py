@@ -348,6 +348,15 @@ CELL_OPTIONS = (
 )
 
 
+def same_trunk(a: Dict, b: Dict) -> bool:
+    """Whether two map runs' ``meta`` name the same trunk: its valid and test NLL on the cached features equal to 1e-9
+    nats (a trunk trained again bit for bit, on another machine, passes; one that is not, fails)."""
+    return all(
+        abs(a.get("trunk_nll", {}).get(s, math.inf) - b.get("trunk_nll", {}).get(s, -math.inf)) <= 1e-9
+        for s in ("valid", "test")
+    )
+
+
 def restore(args, meta: Dict, log=print) -> int:
     """Copy the rate cells and cells committed in ``args.restore`` (the page's json) into ``args.out`` where it has
     none, when they came from the same trunk (its valid and test NLL on the cached features equal to 1e-9 nats: a
@@ -358,10 +367,7 @@ def restore(args, meta: Dict, log=print) -> int:
         return 0
     committed = result_files.load_json(args.restore) or {}
     before = committed.get("meta") or {}
-    same_trunk = all(
-        abs(before.get("trunk_nll", {}).get(s, math.inf) - meta["trunk_nll"][s]) <= 1e-9 for s in ("valid", "test")
-    )
-    if not same_trunk:
+    if not same_trunk(before, meta):
         log(
             f"--restore {args.restore}: its cells came from another trunk (valid / test NLL "
             f"{before.get('trunk_nll')} there, {meta['trunk_nll']} here); nothing restored"

@@ -67,15 +67,6 @@ def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
     }
 
 
-def same_trunk(a: Dict, b: Dict) -> bool:
-    """Whether two map runs' ``meta`` name the same trunk: its valid and test NLL on the cached features equal to 1e-9
-    nats (:func:`recipes.bottleneck_map.restore`'s test: a trunk trained again bit for bit passes it)."""
-    return all(
-        abs(a.get("trunk_nll", {}).get(s, math.inf) - b.get("trunk_nll", {}).get(s, -math.inf)) <= 1e-9
-        for s in ("valid", "test")
-    )
-
-
 def carry_over(obj: Dict, committed: Dict, joint: bool, upgrade: bool) -> Dict:
     """``obj`` (a new collection) with what the ``committed`` json holds and this machine's folders do not: the joint
     check's and the upgrade table's cells where their folder was not given (``joint`` / ``upgrade`` false: another
@@ -89,7 +80,7 @@ def carry_over(obj: Dict, committed: Dict, joint: bool, upgrade: bool) -> Dict:
         obj["upgrade"] = committed["upgrade"]
     set_aside = list(committed.get("set_aside", []))
     old = committed.get("meta") or {}
-    if (committed.get("rate_cells") or committed.get("cells")) and not same_trunk(old, obj["meta"]):
+    if (committed.get("rate_cells") or committed.get("cells")) and not bottleneck_map.same_trunk(old, obj["meta"]):
         set_aside.append(
             {
                 "trunk": old.get("trunk"),
