@@ -19,6 +19,10 @@ chosen have none; a rate cell run before rate cells kept their weights is run ag
     python -m recipes.bottleneck_map --trunk CKPT --data BIN --out results/bottleneck_map      # resumable
     python -m recipes.bottleneck_map ... --restore docs/bottleneck_map.json    # a new machine: the committed cells
     python -m recipes.bottleneck_map --plan ...                                                 # cells, cost
+
+One map over two cores: two processes with the same options and ``--out``, each given other heads with
+``--run-heads`` (e.g. ``--run-heads softmax mos-4`` and ``--run-heads mixtape plif sigsoftmax``); each writes only
+its heads' cells and adds its heads' rates to ``OUT/rates.json``, and ``OUT/meta.json`` keeps the whole plan.
 """
 
 from __future__ import annotations
@@ -322,6 +326,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "this trunk (its valid and test NLL equal to 1e-9 nats: a trunk trained again, bit for bit) and the same "
         "options: a new machine goes on from them",
     )
+    p.add_argument(
+        "--run-heads",
+        nargs="+",
+        choices=list(HEADS),
+        help="train only these of --heads (default: all of them): to split one map over processes sharing --out, "
+        "each given other heads",
+    )
     p.add_argument("--plan", action="store_true", help="print the cells and stop")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
@@ -331,6 +342,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for d in args.dims:
         if d < 1:
             p.error(f"--dims {d} is out of range; allowed: integers >= 1")
+    outside = [h for h in args.run_heads or () if h not in args.heads]
+    if outside:
+        p.error(f"--run-heads {' '.join(outside)}: not among --heads; allowed: {', '.join(args.heads)}")
     return args
 
 
@@ -423,15 +437,21 @@ def main(argv=None, log=print) -> Dict:
         "width": width,
         "vocab": args.vocab,
         "trunk_nll": trunk_nll(args.trunk, data),
-        "args": {k: v for k, v in vars(args).items() if k != "vocab"},
+        "args": {k: v for k, v in vars(args).items() if k not in ("vocab", "run_heads")},  # the whole plan
         "threads": torch.get_num_threads(),
     }
     result_files.save_json(os.path.join(args.out, "meta.json"), meta)
     restore(args, meta, log)
-    rates = {h: choose_rate(args, h, data, log) for h in args.heads}
-    result_files.save_json(os.path.join(args.out, "rates.json"), rates)
+    mine = args.run_heads or args.heads
+    rates = {h: choose_rate(args, h, data, log) for h in mine}
+    rates_path = os.path.join(args.out, "rates.json")
+    others = {h: lr for h, lr in (result_files.load_json(rates_path) or {}).items() if h in args.heads}
+    rates = {h: rates.get(h, others.get(h)) for h in args.heads if h in rates or h in others}  # --heads' order
+    result_files.save_json(rates_path, rates)
     results = []
     for i, (h, d, s) in enumerate(cells, 1):
+        if h not in mine:  # another process's head (--run-heads)
+            continue
         path = cell_path(args, h, d, s)
         chosen = rate_cell_path(args, h, d, rates[h])
         if not os.path.exists(path) and s == 1 and os.path.exists(chosen):

@@ -216,6 +216,39 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     assert bottleneck_report.cells_cpu_hours(obj) == pytest.approx(counted / 3600)
 
 
+def test_two_processes_split_one_map_by_head(trunk, tmp_path, monkeypatch, capsys):
+    """``--run-heads``: two processes sharing ``--out`` each train only their heads' rate and seed cells; rates.json
+    gathers both processes' rates in --heads' order, meta.json keeps the whole plan, and a run of every head after
+    them trains nothing. A head outside --heads is refused by name."""
+    checkpoint, bin_dir = trunk
+    monkeypatch.setattr(bottleneck_map, "BPTT", 12)
+    argv = ["--trunk", str(checkpoint), "--data", str(bin_dir), "--out", str(tmp_path), "--heads", "softmax", "mos-4"]
+    argv += ["--dims", "2", "8", "--seeds", "2", "--rates", "1e-2", "3e-2", "--rate-d", "2", "--quiet"]
+    ran = []
+
+    def fake_cell(args, head, d, seed, lr, data, log=print, keep=None):  # softmax best at 1e-2, MoS-4 at 3e-2
+        ran.append((head, d, seed, lr))
+        valid = 5.0 + (lr if head == "softmax" else -lr)
+        return {"head": head, "d": d, "seed": seed, "lr": lr, "valid_nll": valid, "spectrum": {"beyond_bound": 0.0}}
+
+    monkeypatch.setattr(bottleneck_map, "run_cell", fake_cell)
+    mos = bottleneck_map.main(argv + ["--run-heads", "mos-4"], log=lambda *_: None)
+    assert {r[0] for r in ran} == {"mos-4"} and mos["rates"] == {"mos-4": 3e-2}
+    assert sorted((c["d"], c["seed"]) for c in mos["cells"]) == [(2, 1), (2, 2), (8, 1), (8, 2)]
+    ran.clear()
+    both = bottleneck_map.main(argv + ["--run-heads", "softmax"], log=lambda *_: None)
+    assert {r[0] for r in ran} == {"softmax"} and list(both["rates"].items()) == [("softmax", 1e-2), ("mos-4", 3e-2)]
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["args"]["heads"] == ["softmax", "mos-4"] and "run_heads" not in meta["args"]
+    assert json.loads((tmp_path / "rates.json").read_text()) == {"softmax": 1e-2, "mos-4": 3e-2}
+    monkeypatch.setattr(bottleneck_map, "run_cell", lambda *a, **k: pytest.fail("a finished cell ran again"))
+    whole = bottleneck_map.main(argv, log=lambda *_: None)
+    assert len(whole["cells"]) == 8 and whole["rates"] == both["rates"]
+    with pytest.raises(SystemExit):
+        bottleneck_map.parse_args(argv + ["--run-heads", "mixtape"])
+    assert "--run-heads mixtape: not among --heads; allowed: softmax, mos-4" in capsys.readouterr().err
+
+
 def test_map_refuses_a_d_above_the_features_width(trunk, tmp_path):
     checkpoint, bin_dir = trunk
     with pytest.raises(SystemExit, match=r"--dims \[32\]: above the trunk's feature width 16"):

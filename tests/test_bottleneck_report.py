@@ -159,6 +159,7 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     # the commands rerun it from the repository's root with every option the map recorded
     commands = text.split("## Commands")[1].split("## Cost")[0]
     assert "--trunk results/reproduce/lm-ptb/softmax/lr0.01/seed1/checkpoints/checkpoint_best.pt" in commands
+    assert "python -m recipes.reproduce lm-ptb --scale mini --heads softmax --seeds 1 --lrs 0.01\n" in commands
     assert "--dims 4 16 64 --rates 0.001 0.01 --seeds 3 --rate-d 16" in commands and "--floor-seeds 1" in commands
     assert "- (0) |" not in text and "| mos-4 | - | - | - |" in text.split("## What each head can express")[1]
 
@@ -211,6 +212,26 @@ def test_before_the_seed_cells_the_page_shows_the_rate_search_and_no_empty_map(t
     assert not (tmp_path / "bottleneck_map.png").exists()
 
 
+def test_the_reading_written_beside_the_page_opens_it_and_says_when_cells_have_finished_since(tmp_path):
+    """docs/bottleneck_map-reading.md, written by hand for N finished cells, opens the page as one paragraph; once the
+    page counts another number of cells (map, joint check and upgrade table together) it says the numbers may have
+    moved; without the file the page has no reading."""
+    import json
+
+    obj = _map(_cells())
+    (tmp_path / "bottleneck_map.json").write_text(json.dumps(obj))
+    run = ["--docs", str(tmp_path), "--no-collect"]
+    assert "## Reading" not in bottleneck_report.main(run, log=lambda *_: None)
+    n = bottleneck_report.page_cells(obj)
+    assert n == len(obj["cells"]) > 0
+    (tmp_path / bottleneck_report.READING).write_text(f"<!-- cells: {n} -->\nMoS-4 pays\nbelow d = 16.\n")
+    text = bottleneck_report.main(run, log=lambda *_: None)
+    assert text.split("## How")[0].endswith("## Reading\n\nMoS-4 pays below d = 16.\n\n")
+    (tmp_path / bottleneck_report.READING).write_text(f"<!-- cells: {n - 1} -->\nMoS-4 pays.")
+    text = bottleneck_report.main(run, log=lambda *_: None)
+    assert f"MoS-4 pays. *(Written when {n - 1} cells had finished; {n} have now" in text
+
+
 def test_the_committed_page_is_what_its_committed_json_gives(tmp_path):
     """docs/bottleneck_map.md is generated: rebuilt from docs/bottleneck_map.json it comes out the same, so a change
     of the generator lands with the page it writes."""
@@ -218,7 +239,9 @@ def test_the_committed_page_is_what_its_committed_json_gives(tmp_path):
     import shutil
 
     docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
-    shutil.copy(os.path.join(docs, "bottleneck_map.json"), tmp_path / "bottleneck_map.json")
+    for name in ("bottleneck_map.json", bottleneck_report.READING):
+        if os.path.exists(os.path.join(docs, name)):
+            shutil.copy(os.path.join(docs, name), tmp_path / name)
     text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
     with open(os.path.join(docs, "bottleneck_map.md")) as f:
         assert text + "\n" == f.read()
@@ -286,10 +309,10 @@ def test_a_collection_on_another_trunk_sets_the_committed_cells_aside_and_keeps_
     (aside,) = obj["set_aside"]
     assert aside["trunk_md5"] == "first" and aside["rate_cells"] == committed["rate_cells"]
     assert "An earlier trunk from the same command (md5 `first`; its valid NLL -0.0100 nats from this one's)" in text
-    assert "is not this one: its 6 rate cells and 0 cells are set aside (counted in the cost" in text
+    assert "is not this one: its 6 rate cells are set aside (counted in the cost" in text
     # 6 rate cells set aside (3 x 1800 + 3 x 3600 CPU-s = 4.5 h), the new rate cell (60 s), the joint check (2 h)
-    assert "6.5 so far (0.0 in 0 cells and 1 rate cells" in text
-    assert "; 4.5 in 6 rate cells and 0 cells set aside with their earlier trunk; 2.0 in the joint" in text
+    assert "6.5 so far (0.0 in 1 rate cell," in text
+    assert "; 4.5 in 6 rate cells set aside with their earlier trunk; 2.0 in the joint" in text
     # collected again from the same trunk: nothing more set aside
     bottleneck_report.main(argv, log=lambda *_: None)
     assert len(json.loads((docs / "bottleneck_map.json").read_text())["set_aside"]) == 1

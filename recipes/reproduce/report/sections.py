@@ -12,6 +12,7 @@ from recipes.reproduce.report import compare as head_comparison
 from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.engine import sweep as sweep_rules
 from recipes.reproduce.engine.costs import GRID
+from recipes.common.reading import written_reading
 from recipes.common.stats import format_diff, format_p, holm, paired
 from recipes.reproduce.report.collect import chosen_cells
 from recipes.reproduce.report import layout, sentences
@@ -83,7 +84,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, notes: str = "", noise: str
     )
     if shown:
         lines += ["**What it shows.** " + shown, ""]
-    reading = sentences.written_reading(out_dir, obj["table"], len(cells))
+    reading = written_reading(os.path.join(out_dir, f"{obj['table']}-reading.md"), len(cells))
     if reading:
         lines += ["**Reading.** " + reading, ""]
     for name in plots(obj, out_dir):

@@ -3,8 +3,6 @@ function of the json alone."""
 
 from __future__ import annotations
 
-import os
-import re
 import statistics
 from typing import Any, Dict, List
 
@@ -237,30 +235,6 @@ def minutes_by_head(cells: List[Dict[str, Any]], key: str) -> Dict[str, List[flo
         if c.get(key):
             out.setdefault(c["head"], []).append(c[key] / 60)
     return out
-
-
-#: the first line of a table's reading (``docs/reproduction/TABLE-reading.md``): how many cells it was written for
-READING_CELLS = re.compile(r"<!--\s*cells:\s*(\d+)\s*-->")
-
-
-def written_reading(src: str, table: str, cells: int) -> str:
-    """The paragraph a person wrote on what ``table``'s numbers mean (``src/TABLE-reading.md``; "" without one): the
-    report's "What it shows" follows the tests, this one says what they mean for the papers' claims. Its first line
-    ``<!-- cells: N -->`` says how many cells had finished when it was written; with more or fewer now, the report
-    says so, since the numbers it discusses may have moved."""
-    path = os.path.join(src, f"{table}-reading.md")
-    if not os.path.isfile(path):
-        return ""
-    with open(path) as f:
-        text = f.read().strip()
-    m = READING_CELLS.match(text)
-    body = " ".join(text[m.end() :].split()) if m else " ".join(text.split())
-    if m and int(m.group(1)) != cells:
-        body += (
-            f" *(Written when {m.group(1)} cells had finished; {cells} have now: the numbers above may have "
-            f"moved since.)*"
-        )
-    return body
 
 
 def scale_phrase(obj: Dict[str, Any], full_only: bool) -> str:
