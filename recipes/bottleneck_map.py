@@ -20,9 +20,10 @@ chosen have none; a rate cell run before rate cells kept their weights is run ag
     python -m recipes.bottleneck_map ... --restore docs/bottleneck_map.json    # a new machine: the committed cells
     python -m recipes.bottleneck_map --plan ...                                                 # cells, cost
 
-One map over two cores: two processes with the same options and ``--out``, each given other heads with
-``--run-heads`` (e.g. ``--run-heads softmax mos-4`` and ``--run-heads mixtape plif sigsoftmax``); each writes only
-its heads' cells and adds its heads' rates to ``OUT/rates.json``, and ``OUT/meta.json`` keeps the whole plan.
+One map over two cores: the same command run twice. Each process claims a cell before training it (a lock beside its
+record, :func:`recipes.reproduce.engine.results.claimed`) and passes over the cells the other holds, a head's seed cells
+waiting for its rate; a process with nothing left to claim waits for the other's cells and ends when every cell is
+saved. A lock left by a killed process is taken over.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import argparse
 import copy
 import math
 import os
+import time
 from typing import Dict, Optional
 
 import torch
@@ -259,17 +261,21 @@ def rate_cell_path(args, name: str, d: int, lr: float, suffix: str = ".json") ->
     return os.path.join(args.out, "rates", f"{name}-d{d}-lr{lr:g}{suffix}")
 
 
-def choose_rate(args, name: str, data, log=print) -> float:
-    """The head's learning rate: the grid's best valid NLL at ``--rate-d``, seed 1 (cells under ``rates/``)."""
+def choose_rate(args, name: str, data, log=print) -> Optional[float]:
+    """The head's learning rate: the grid's best valid NLL at ``--rate-d``, seed 1 (cells under ``rates/``); None while
+    another process still trains one of its rate cells (:func:`recipes.reproduce.engine.results.claimed`)."""
     losses = {}
     for lr in args.rates:
         path = rate_cell_path(args, name, args.rate_d, lr)
         if not os.path.exists(path):  # the chosen one's floor comes later, from the weights kept
-            cell = run_cell(
-                args, name, args.rate_d, 1, lr, data, log, keep=rate_cell_path(args, name, args.rate_d, lr, ".pt")
-            )
-            result_files.save_json(path, cell)
-        losses[lr] = result_files.load_json(path)["valid_nll"]
+            with result_files.claimed(path) as mine:
+                if mine and not os.path.exists(path):
+                    keep = rate_cell_path(args, name, args.rate_d, lr, ".pt")
+                    result_files.save_json(path, run_cell(args, name, args.rate_d, 1, lr, data, log, keep=keep))
+        if os.path.exists(path):
+            losses[lr] = result_files.load_json(path)["valid_nll"]
+    if len(losses) < len(args.rates):
+        return None
     best = min(losses, key=losses.get)
     log(
         f"{name}: learning rate {best:g} (valid NLL at d={args.rate_d}: "
@@ -277,6 +283,34 @@ def choose_rate(args, name: str, data, log=print) -> float:
         + ")"
     )
     return best
+
+
+def made_cell(args, name: str, d: int, seed: int, lr: float, data, log, where: str) -> Dict:
+    """The seed cell ``(name, d, seed)`` at the head's chosen rate ``lr``: trained, or, for the seed-1 cell at
+    ``--rate-d``, the chosen rate cell with its floor run added (``where``: the cell's place in the plan, for the
+    log)."""
+    chosen = rate_cell_path(args, name, d, lr)
+    if seed != 1 or not os.path.exists(chosen):
+        log(f"{where}: {name} d={d} seed {seed}")
+        return run_cell(args, name, d, seed, lr, data, log)
+    cell = result_files.load_json(chosen)  # the rate cell is this cell, run already: its floor only
+    weights = rate_cell_path(args, name, d, lr, ".pt")
+    if not os.path.exists(weights) or "beyond_bound" not in cell["spectrum"]:
+        # a rate cell of the map's first code (its floor from a fresh start, its spectrum in float32, its weights not
+        # kept), or one restored from another machine (--restore: no weights): this cell runs again whole, as every
+        # cell now runs (the rate cell stays the search's record, and its cost counts)
+        log(
+            f"{where}: {name} d={d} seed {seed} (its rate cell's weights are not here: it ran before the cells kept "
+            "their weights, or on another machine)"
+        )
+        return {**run_cell(args, name, d, seed, lr, data, log), "rate_cell_trained_again": True}
+    if seed <= args.floor_seeds and "train_nll_floor" not in cell:
+        cell.update(floor_run(args, name, d, seed, lr, data, torch.load(weights)))
+    return cell
+
+
+#: seconds a process with nothing left to claim waits before it looks again at the cells another process holds
+WAIT_SECONDS = 60
 
 
 #: the options that count something (integers >= 1)
@@ -326,13 +360,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         "this trunk (its valid and test NLL equal to 1e-9 nats: a trunk trained again, bit for bit) and the same "
         "options: a new machine goes on from them",
     )
-    p.add_argument(
-        "--run-heads",
-        nargs="+",
-        choices=list(HEADS),
-        help="train only these of --heads (default: all of them): to split one map over processes sharing --out, "
-        "each given other heads",
-    )
     p.add_argument("--plan", action="store_true", help="print the cells and stop")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
@@ -342,9 +369,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     for d in args.dims:
         if d < 1:
             p.error(f"--dims {d} is out of range; allowed: integers >= 1")
-    outside = [h for h in args.run_heads or () if h not in args.heads]
-    if outside:
-        p.error(f"--run-heads {' '.join(outside)}: not among --heads; allowed: {', '.join(args.heads)}")
     return args
 
 
@@ -437,42 +461,45 @@ def main(argv=None, log=print) -> Dict:
         "width": width,
         "vocab": args.vocab,
         "trunk_nll": trunk_nll(args.trunk, data),
-        "args": {k: v for k, v in vars(args).items() if k not in ("vocab", "run_heads")},  # the whole plan
+        "args": {k: v for k, v in vars(args).items() if k != "vocab"},
         "threads": torch.get_num_threads(),
     }
     result_files.save_json(os.path.join(args.out, "meta.json"), meta)
     restore(args, meta, log)
-    mine = args.run_heads or args.heads
-    rates = {h: choose_rate(args, h, data, log) for h in mine}
-    rates_path = os.path.join(args.out, "rates.json")
-    others = {h: lr for h, lr in (result_files.load_json(rates_path) or {}).items() if h in args.heads}
-    rates = {h: rates.get(h, others.get(h)) for h in args.heads if h in rates or h in others}  # --heads' order
-    result_files.save_json(rates_path, rates)
-    results = []
-    for i, (h, d, s) in enumerate(cells, 1):
-        if h not in mine:  # another process's head (--run-heads)
-            continue
-        path = cell_path(args, h, d, s)
-        chosen = rate_cell_path(args, h, d, rates[h])
-        if not os.path.exists(path) and s == 1 and os.path.exists(chosen):
-            cell = result_files.load_json(chosen)  # the rate cell is this cell, run already: its floor only
-            weights = rate_cell_path(args, h, d, rates[h], ".pt")
-            if not os.path.exists(weights) or "beyond_bound" not in cell["spectrum"]:
-                # a rate cell of the map's first code (its floor from a fresh start, its spectrum in float32, its
-                # weights not kept), or one restored from another machine (--restore: no weights): this cell runs
-                # again whole, as every cell now runs (the rate cell stays the search's record, and its cost counts)
-                log(
-                    f"cell {i}/{len(cells)}: {h} d={d} seed {s} (its rate cell's weights are not here: it ran before "
-                    "the cells kept their weights, or on another machine)"
-                )
-                cell = {**run_cell(args, h, d, s, rates[h], data, log), "rate_cell_trained_again": True}
-            elif s <= args.floor_seeds and "train_nll_floor" not in cell:
-                cell.update(floor_run(args, h, d, s, rates[h], data, torch.load(weights)))
-            result_files.save_json(path, cell)
-        if not os.path.exists(path):
-            log(f"cell {i}/{len(cells)}: {h} d={d} seed {s}")
-            result_files.save_json(path, run_cell(args, h, d, s, rates[h], data, log))
-        results.append(result_files.load_json(path))
+    told, waited = set(), None  # the heads whose rate the log has given; the cells waited for at the last look
+    while True:
+        rates = {}
+        for h in args.heads:
+            lr = choose_rate(args, h, data, log if h not in told else lambda *_: None)
+            if lr is not None:
+                rates[h] = lr
+        told |= set(rates)
+        if len(rates) == len(args.heads):
+            result_files.save_json(os.path.join(args.out, "rates.json"), rates)
+        waiting, made = 0, 0  # cells another process holds (or whose head's rate cells it trains); cells made here
+        for i, (h, d, s) in enumerate(cells, 1):
+            path = cell_path(args, h, d, s)
+            if os.path.exists(path):
+                continue
+            if h not in rates:
+                waiting += 1
+                continue
+            with result_files.claimed(path) as mine:
+                if not mine:
+                    waiting += 1
+                elif not os.path.exists(path):  # (not saved by another process since this pass began)
+                    result_files.save_json(
+                        path, made_cell(args, h, d, s, rates[h], data, log, f"cell {i}/{len(cells)}")
+                    )
+                    made += 1
+        if not waiting:
+            break
+        if not made:  # every cell left is another process's: look again later
+            if waiting != waited:
+                log(f"waiting for {waiting} cell(s) another process holds (looking every {WAIT_SECONDS} s)")
+            waited = waiting
+            time.sleep(WAIT_SECONDS)
+    results = [result_files.load_json(cell_path(args, h, d, s)) for h, d, s in cells]
     return {"meta": meta, "rates": rates, "cells": results}
 
 

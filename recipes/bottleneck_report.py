@@ -684,6 +684,7 @@ def commands_section(obj: Dict) -> List[str]:
         + (f"; --lrs {rate}: that rate alone, not the table's sweep" if rate else ""),
         f"python -m recipes.reproduce {TRUNK_TABLE} --scale mini --heads softmax --seeds 1"
         + (f" --lrs {rate}" if rate else ""),
+        "# the map: the same command started in a second shell shares its cells (two cores)",
         f"python -m recipes.bottleneck_map --trunk {trunk} --data {portable(a['data'])} \\",
         "    --out results/bottleneck_map " + " ".join(flags),
     ]

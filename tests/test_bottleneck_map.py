@@ -216,37 +216,64 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     assert bottleneck_report.cells_cpu_hours(obj) == pytest.approx(counted / 3600)
 
 
-def test_two_processes_split_one_map_by_head(trunk, tmp_path, monkeypatch, capsys):
-    """``--run-heads``: two processes sharing ``--out`` each train only their heads' rate and seed cells; rates.json
-    gathers both processes' rates in --heads' order, meta.json keeps the whole plan, and a run of every head after
-    them trains nothing. A head outside --heads is refused by name."""
+def test_two_processes_share_one_map_by_claiming_its_cells(trunk, tmp_path, monkeypatch):
+    """The same command run twice shares the map: a cell or rate cell that another running process holds (its lock)
+    is passed over, a head's seed cells wait for its rate, and a process with nothing left to claim waits and then
+    reads the other's cells; a lock whose process has ended is taken over."""
+    import os
+    import socket
+    import subprocess
+
+    from recipes.reproduce.engine import results as result_files
+
     checkpoint, bin_dir = trunk
     monkeypatch.setattr(bottleneck_map, "BPTT", 12)
     argv = ["--trunk", str(checkpoint), "--data", str(bin_dir), "--out", str(tmp_path), "--heads", "softmax", "mos-4"]
     argv += ["--dims", "2", "8", "--seeds", "2", "--rates", "1e-2", "3e-2", "--rate-d", "2", "--quiet"]
-    ran = []
+    args = bottleneck_map.parse_args(argv)
 
-    def fake_cell(args, head, d, seed, lr, data, log=print, keep=None):  # softmax best at 1e-2, MoS-4 at 3e-2
-        ran.append((head, d, seed, lr))
+    def fake_cell(head, d, seed, lr):  # softmax best at 1e-2, MoS-4 at 3e-2
         valid = 5.0 + (lr if head == "softmax" else -lr)
         return {"head": head, "d": d, "seed": seed, "lr": lr, "valid_nll": valid, "spectrum": {"beyond_bound": 0.0}}
 
-    monkeypatch.setattr(bottleneck_map, "run_cell", fake_cell)
-    mos = bottleneck_map.main(argv + ["--run-heads", "mos-4"], log=lambda *_: None)
-    assert {r[0] for r in ran} == {"mos-4"} and mos["rates"] == {"mos-4": 3e-2}
-    assert sorted((c["d"], c["seed"]) for c in mos["cells"]) == [(2, 1), (2, 2), (8, 1), (8, 2)]
-    ran.clear()
-    both = bottleneck_map.main(argv + ["--run-heads", "softmax"], log=lambda *_: None)
-    assert {r[0] for r in ran} == {"softmax"} and list(both["rates"].items()) == [("softmax", 1e-2), ("mos-4", 3e-2)]
-    meta = json.loads((tmp_path / "meta.json").read_text())
-    assert meta["args"]["heads"] == ["softmax", "mos-4"] and "run_heads" not in meta["args"]
-    assert json.loads((tmp_path / "rates.json").read_text()) == {"softmax": 1e-2, "mos-4": 3e-2}
-    monkeypatch.setattr(bottleneck_map, "run_cell", lambda *a, **k: pytest.fail("a finished cell ran again"))
-    whole = bottleneck_map.main(argv, log=lambda *_: None)
-    assert len(whole["cells"]) == 8 and whole["rates"] == both["rates"]
-    with pytest.raises(SystemExit):
-        bottleneck_map.parse_args(argv + ["--run-heads", "mixtape"])
-    assert "--run-heads mixtape: not among --heads; allowed: softmax, mos-4" in capsys.readouterr().err
+    ran = []
+    monkeypatch.setattr(
+        bottleneck_map, "run_cell", lambda a, h, d, s, lr, *_, **k: ran.append((h, d, s, lr)) or fake_cell(h, d, s, lr)
+    )
+    host, ended = socket.gethostname(), subprocess.Popen(["true"])
+    ended.wait()
+    held = {  # another running process (this test's parent) holds two; a killed one left the third
+        bottleneck_map.rate_cell_path(args, "mos-4", 2, 3e-2): (os.getppid(), fake_cell("mos-4", 2, 1, 3e-2)),
+        bottleneck_map.cell_path(args, "softmax", 8, 2): (os.getppid(), fake_cell("softmax", 8, 2, 1e-2)),
+        bottleneck_map.cell_path(args, "mos-4", 8, 2): (ended.pid, None),
+    }
+    for path, (pid, _) in held.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".lock", "w") as f:
+            f.write(f"{host} {pid}")
+    with result_files.claimed(next(iter(held))) as mine:
+        assert not mine  # a running process's claim
+    slept = []
+
+    def other_process_finishes(seconds):  # the wait: meanwhile the other process saves its two cells
+        slept.append(seconds)
+        for path, (_, cell) in held.items():
+            if cell:
+                result_files.save_json(path, cell)
+                os.remove(path + ".lock")
+
+    monkeypatch.setattr(bottleneck_map.time, "sleep", other_process_finishes)
+    lines = []
+    result = bottleneck_map.main(argv, log=lines.append)
+    assert slept == [bottleneck_map.WAIT_SECONDS] and "waiting for 5 cell(s) another process holds" in "\n".join(lines)
+    # the other process's: its rate cell (the fake keeps no weights, so the seed-1 cell trains once, here) and its cell
+    assert ran.count(("mos-4", 2, 1, 3e-2)) == 1 and ("softmax", 8, 2, 1e-2) not in ran
+    assert ("mos-4", 8, 2, 3e-2) in ran  # taken over from the process that ended
+    assert result["rates"] == {"softmax": 1e-2, "mos-4": 3e-2} and len(result["cells"]) == 8
+    assert next(c for c in result["cells"] if (c["head"], c["d"], c["seed"]) == ("softmax", 8, 2)) == fake_cell(
+        "softmax", 8, 2, 1e-2
+    )
+    assert not list(tmp_path.rglob("*.lock"))  # every claim let go
 
 
 def test_map_refuses_a_d_above_the_features_width(trunk, tmp_path):

@@ -13,11 +13,13 @@ committed cells continues where the last one stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import socket
 import statistics
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 from hf_heads.core.registry import versioned_options
 from recipes.reproduce.engine.runner import located_paths
@@ -104,6 +106,50 @@ def save_json(path: str, obj: Any) -> None:
         json.dump(obj, f, indent=1, sort_keys=False, default=_json_default)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def claimed(path: str) -> Iterator[bool]:
+    """Claim the result file ``path`` for this process while the block runs: True when it is this process's to make,
+    False when a running process of this host holds it (``path + ".lock"``, its host and pid; removed when the block
+    ends). A lock left by a process that ended (killed, or on another machine) is taken over. Two processes that
+    share a results folder so split its cells between them, each making what the other does not hold."""
+    lock, me = path + ".lock", f"{socket.gethostname()} {os.getpid()}"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                with open(lock) as f:
+                    host, pid = f.read().split()
+            except (OSError, ValueError):  # being written by the process that just made it (or just removed)
+                yield False
+                return
+            if host == socket.gethostname() and int(pid) != os.getpid() and _running(int(pid)):
+                yield False
+                return
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(lock)  # its process has ended: the claim is free
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me)
+        break
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(lock)
 
 
 def _json_default(o):
