@@ -88,6 +88,18 @@ def trunk_nll(checkpoint: str, data: Dict[str, States]) -> Dict[str, float]:
     return {split: float(nll_per_block(head, data[split]).mean()) for split in ("valid", "test")}
 
 
+def trunk_curve(checkpoint: str) -> list:
+    """The trunk's valid perplexity after each epoch, ``[{"epoch", "valid_ppl"}]``, from the fairseq-train log of its
+    table cell (``CELL/train.log`` beside ``CELL/checkpoints/``); [] where there is none."""
+    from recipes.reproduce.engine.sweep import parse_curve
+
+    log_path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(checkpoint))), "train.log")
+    if not os.path.isfile(log_path):
+        return []
+    with open(log_path) as f:  # fairseq logs its losses in bits
+        return [{"epoch": p["epoch"], "valid_ppl": 2 ** p["nll_loss"]} for p in parse_curve(f.read())]
+
+
 def cached_features(args, split: str) -> States:
     path = os.path.join(args.out, "features", f"{split}.pt")
     if not os.path.exists(path):
@@ -461,6 +473,7 @@ def main(argv=None, log=print) -> Dict:
         "width": width,
         "vocab": args.vocab,
         "trunk_nll": trunk_nll(args.trunk, data),
+        "trunk_curve": trunk_curve(args.trunk),
         "args": {k: v for k, v in vars(args).items() if k != "vocab"},
         "threads": torch.get_num_threads(),
     }

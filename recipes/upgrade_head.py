@@ -148,8 +148,9 @@ def main(argv=None, log=print) -> Dict:
     }
     for s in scored:
         log(f"{s} perplexity before (the pretrained model): {_fmt(before[s])}")
-    # per-word perplexity: the same NLL over the words of the scored text (whitespace-split, as lm-eval's wikitext)
-    words = {s: len(tokenizer.decode(blocks[s].reshape(-1).tolist()).split()) for s in scored}
+    # per-word perplexity: the same total NLL over the words of the predicted text (each block's tokens after its
+    # first, which no context predicts; whitespace-split, as lm-eval's wikitext counts words)
+    words = {s: predicted_words(tokenizer, blocks[s]) for s in scored}
     upgrade.untie_output_embedding(model)
     options = finetune_hf.pretrained_head_options(args.head, args.head_options, log=log)
     order = {}
@@ -198,8 +199,8 @@ def main(argv=None, log=print) -> Dict:
         cpu = time.process_time()
         after[s] = upgrade.perplexity_interval(upgrade.nll_per_block(head, data[s]))
         inference_cpu[s] = time.process_time() - cpu
-        after[s]["word_ppl"] = _per_word(after[s]["ppl"], blocks[s].numel(), words[s])
-        before[s]["word_ppl"] = _per_word(before[s]["ppl"], blocks[s].numel(), words[s])
+        after[s]["word_ppl"] = _per_word(after[s]["ppl"], len(data[s]), words[s])
+        before[s]["word_ppl"] = _per_word(before[s]["ppl"], len(data[s]), words[s])
         log(
             f"{s} perplexity after: {_fmt(after[s])} (before {before[s]['ppl']:.2f}); per word "
             f"{after[s]['word_ppl']:.2f} (before {before[s]['word_ppl']:.2f}; {words[s]:,} words)"
@@ -282,6 +283,12 @@ def inference_costs(model, pretrained, head, blocks: torch.Tensor, data, n_block
     }
     out["ratio"] = (out["body_ms"] + out["head_ms"]) / (out["body_ms"] + out["pretrained_head_ms"])
     return out
+
+
+def predicted_words(tokenizer, blocks) -> int:
+    """The words of the text a block-by-block score predicts: each block's tokens after its first, decoded and split on
+    whitespace."""
+    return sum(len(tokenizer.decode(block[1:].tolist()).split()) for block in blocks)
 
 
 def _per_word(ppl: float, tokens: int, words: int) -> float:

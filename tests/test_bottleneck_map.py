@@ -139,7 +139,10 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     assert slopes["mos-4"]["dims"] == [2, 8] and slopes["mos-4"]["slope"] is None
     assert "| mos-4 | 2, 8 | 2 | too few d values (3 needed) |" in text
     assert "| mixtape | none (0 of 2) | 0 of 2 | too few d values" in text  # a primary head this run left out
-    assert "Cells finished: 8 of the 8 planned (2 heads x 2 d x 2 seeds)." in text
+    assert (
+        "Cells finished: 8 of the 8 planned (2 heads x 2 d x 2 seeds; d = 4, 16 of the map's default set (4, 8, 16, "
+        "32, 64, 128) left out by this run's --dims)." in text
+    )
     assert "## Learning rates (valid NLL at d = 2, seed 1)" in text and (docs / "bottleneck_map-spectra.png").exists()
     spectrum = json.loads((docs / "bottleneck_map.json").read_text())["cells"][0]["spectrum"]["top"]
     assert 0 < len(spectrum) <= 2 + 10

@@ -118,7 +118,7 @@ def test_cells_the_cap_ended_are_read_from_their_curves():
     ]
     cells[1]["curve"], cells[3]["curve"] = cap[:21], cap[21:]  # two MoS-4 cells: best at 20, best at 18
     text = "\n".join(bottleneck_report.stopped_sentence(_map(cells)))
-    assert "still improved (best epoch within the last 2;" in text and "softmax 0 of 9, mos-4 1 of 9" in text
+    assert "not their stopping rule (best epoch within the last 2;" in text and "softmax 0 of 9, mos-4 1 of 9" in text
     # ... and marked where they are, per head and d, in the test table
     tests = bottleneck_report.page(_map(cells), "/tmp/x.png").split("## Test perplexity")[1].strip().split("\n\n")[0]
     mos = next(line for line in tests.splitlines() if line.startswith("| mos-4 |"))
@@ -205,11 +205,19 @@ def test_before_the_seed_cells_the_page_shows_the_rate_search_and_no_empty_map(t
     obj["rate_cells"][0]["valid_nll"] = 4.9  # softmax at 1e-3: its grid is whole, so its rate is known
     (tmp_path / "bottleneck_map.json").write_text(json.dumps(obj))
     text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
-    assert "Cells finished: 0 of the 27 planned (3 heads x 3 d x 3 seeds); the rate cells at d = 16 run first" in text
+    assert (
+        "Cells finished: 0 of the 27 planned (3 heads x 3 d x 3 seeds; d = 8, 32, 128 of the map's default set (4, 8, "
+        "16, 32, 64, 128) left out by this run's --dims); the rate cells at d = 16 run first" in text
+    )
     assert "| softmax | **4.9000** | 5.0500 |" in text and "| mixtape | 5.0500 | - |" in text
     assert "Not chosen yet (their rate cells run): mixtape." in text and "Seeds 1, 2, 3, fixed" in text
     assert "## Test perplexity" not in text and "| head |  |" not in text and "## Commands" in text
     assert not (tmp_path / "bottleneck_map.png").exists()
+    # the cost still to come, from the chosen rate's cell (1,800 CPU-s over 7 epochs): a seed-2 cell trains as long;
+    # seed 1's adds its floor (10 epochs at its CPU per epoch); the chosen rate cell itself, trained, its floor only
+    estimate = lambda *cell: bottleneck_report.cell_estimate(obj, *cell) * 3600  # noqa: E731
+    assert estimate("softmax", 4, 2) == pytest.approx(1800) and estimate("softmax", 16, 1) == pytest.approx(18000 / 7)
+    assert estimate("softmax", 4, 1) == pytest.approx(1800 + 18000 / 7) and estimate("mixtape", 4, 2) == 1800
 
 
 def test_the_reading_written_beside_the_page_opens_it_and_says_when_cells_have_finished_since(tmp_path):
@@ -308,7 +316,9 @@ def test_a_collection_on_another_trunk_sets_the_committed_cells_aside_and_keeps_
     assert [len(obj["rate_cells"]), len(obj["cells"])] == [1, 0]
     (aside,) = obj["set_aside"]
     assert aside["trunk_md5"] == "first" and aside["rate_cells"] == committed["rate_cells"]
-    assert "An earlier trunk from the same command (md5 `first`; its valid NLL -0.0100 nats from this one's)" in text
+    assert (
+        "An earlier trunk from the same command (md5 `first`; its valid NLL 0.0100 nats lower than this one's)" in text
+    )
     assert "is not this one: its 6 rate cells are set aside (counted in the cost" in text
     # 6 rate cells set aside (3 x 1800 + 3 x 3600 CPU-s = 4.5 h), the new rate cell (60 s), the joint check (2 h)
     assert "6.5 so far (0.0 in 1 rate cell," in text
@@ -326,3 +336,17 @@ def test_run_paths_are_written_as_the_commands_write_them():
     trunk = "/work/runs/trunk-out/lm-ptb/softmax/lr0.0025/seed1/checkpoints/checkpoint_best.pt"
     assert portable(trunk) == "results/reproduce/lm-ptb/softmax/lr0.0025/seed1/checkpoints/checkpoint_best.pt"
     assert portable("/elsewhere/bin") == "/elsewhere/bin"
+
+
+def test_the_page_says_how_the_trunk_trained_and_whether_it_still_improved():
+    """The trunk's valid perplexity per epoch (from its table cell's log, in the map's meta): a last epoch that is
+    still the best is said to be still falling, with its change; a run without the curve says nothing of it."""
+    curve = [{"epoch": e, "valid_ppl": p} for e, p in enumerate((242.86, 169.01, 125.98, 116.24), 1)]
+    text = bottleneck_report.trunk_training({"trunk_curve": curve})
+    assert text == (
+        "; trained 4 epochs (valid perplexity 242.86, 169.01, 125.98, 116.24 by epoch; still falling, -7.7% in its "
+        "last epoch: the trunk stopped before it converged)"
+    )
+    flat = curve[:3] + [{"epoch": 4, "valid_ppl": 130.0}]
+    assert bottleneck_report.trunk_training({"trunk_curve": flat}).endswith("130.00 by epoch)")
+    assert bottleneck_report.trunk_training({}) == ""

@@ -105,8 +105,8 @@ def test_upgrade_starts_at_the_pretrained_model_trains_only_the_head_and_saves_i
         assert result["after"][split]["ppl"] < 0.9 * result["before"][split]["ppl"]
         after = result["after"][split]
         assert after["lo"] < after["ppl"] < after["hi"] and after["blocks"] == result["tokens"][split] // 31
-        # one word per token here (a word-level tokenizer): per word = per token; the whole blocks' words counted
-        assert result["words"][split] == after["blocks"] * 32
+        # one word per token here (a word-level tokenizer): per word = per token; the predicted tokens' words counted
+        assert result["words"][split] == after["blocks"] * 31 == result["tokens"][split]
         assert after["word_ppl"] == pytest.approx(after["ppl"], rel=1e-9)
     assert result["train_cpu_ms_per_1k_tokens"] > 0 and result["inference_cpu_ms_per_1k_tokens"] > 0
     costs = result["inference_costs"]  # the whole model's inference, timed on the first --cost-blocks test blocks
