@@ -1035,10 +1035,10 @@ def size_matched(cells: List[Dict], base_params: Dict[int, int], names: Dict[str
     matched = [names[r] for r in heads if r not in other]
     return [
         "",
-        f"Control (b) adds {mlp:,} parameters; "
-        + ", ".join(f"{names[r]} {added[r]:,}" for r in other)
-        + f": against (b) these are compared with a control of another size (within 2% of (b): "
-        f"{', '.join(matched) or 'none'}).",
+        f"Control (b) adds {mlp:,} parameters (within 2% of it: {', '.join(matched) or 'no head'}); "
+        + ", ".join(f"{names[r]} adds {added[r]:,}" for r in other)
+        + (": its comparison" if len(other) == 1 else ": their comparisons")
+        + f" with (b) {'is' if len(other) == 1 else 'are'} against a control of another size.",
     ]
 
 

@@ -350,3 +350,21 @@ def test_the_page_says_how_the_trunk_trained_and_whether_it_still_improved():
     flat = curve[:3] + [{"epoch": 4, "valid_ppl": 130.0}]
     assert bottleneck_report.trunk_training({"trunk_curve": flat}).endswith("130.00 by epoch)")
     assert bottleneck_report.trunk_training({}) == ""
+
+
+def test_the_upgrade_table_says_which_heads_control_b_is_not_sized_to():
+    """Control (b) (the residual MLP) is sized to MoS-3: a head adding more than 2% more or fewer parameters is named
+    as compared with a control of another size; with every head within 2%, nothing is said."""
+    from recipes import upgrade_table
+
+    def cell(row, params):
+        return {"row": row, "seed": 1, "head_parameters": params}
+
+    base = {1: 1000}
+    cells = [cell("softmax", 1000), cell("softmax-mlp", 1500), cell("mos-3", 1495), cell("mixtape", 2000)]
+    assert bottleneck_report.size_matched(cells, base, upgrade_table.ROW_NAMES) == [
+        "",
+        "Control (b) adds 500 parameters (within 2% of it: MoS-3); Mixtape adds 1,000: its comparison with (b) is "
+        "against a control of another size.",
+    ]
+    assert bottleneck_report.size_matched(cells[:3], base, upgrade_table.ROW_NAMES) == []
