@@ -135,7 +135,7 @@ def with_holm(rows: List[Dict], p_of, planned: int = 0) -> List[Dict]:
     ``planned``, the family has that many comparisons however many have run (those not yet testable enter as
     p = 1), so an adjusted p does not shrink while other comparisons wait for their cells."""
     for row, adjusted in zip(rows, paired_stats.holm([p_of(r) for r in rows], planned)):
-        row["holm"] = adjusted
+        row["holm"], row["family"] = adjusted, max(planned, len(rows))
     return rows
 
 
@@ -144,11 +144,24 @@ def planned_order(a: Dict, present) -> List[str]:
     return [h for h in a["heads"] if h in present] + sorted(set(present) - set(a["heads"]))
 
 
+#: the detectable difference's test level (before Holm's first step divides it by the family's size) and power
+ALPHA, POWER = 0.05, 0.8
+#: the paired tables' last columns and the sentence that says what the detectable difference is
+PAIRED_HEADER = "mean [95% CI] | paired t p | Holm p | detectable (80% power) |"
+DETECTABLE = (
+    "Detectable: the difference a paired t-test of these seeds detects with 80% power at 0.05 / m (Holm's first step "
+    "over the family's m planned comparisons), from the observed spread of the seed differences (an estimate)."
+)
+
+
 def paired_cells(row: Dict) -> str:
-    """A paired row's ``mean [95% CI] | paired t p | Holm p`` table cells."""
+    """A paired row's ``mean [95% CI] | paired t p | Holm p | detectable`` table cells."""
     p = row["paired"]
     ci = f"[{p.low:+.4f}, {p.high:+.4f}]" if p.low is not None else "(one seed)"
-    return f"{p.mean:+.4f} {ci} | {paired_stats.format_p(p.p)} | {paired_stats.format_p(row['holm'])}"
+    det = paired_stats.detectable(p.std, p.n, ALPHA / row["family"], POWER) if row.get("family") else None
+    return f"{p.mean:+.4f} {ci} | {paired_stats.format_p(p.p)} | {paired_stats.format_p(row['holm'])} | " + (
+        f"±{det:.4f}" if det is not None else "-"
+    )
 
 
 def paired_rows(obj: Dict) -> List[Dict]:
@@ -519,12 +532,14 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         f"Test NLL, head minus softmax at the same d and seed (nats); Holm over the {family} planned (head, d) "
         f"comparisons, one family, {tested} of them with two seeds or more so far (the others count as p = 1):",
         "",
-        "| head | d | seeds | mean [95% CI] | paired t p | Holm p |",
-        "|---|---|---|---|---|---|",
+        "| head | d | seeds | " + PAIRED_HEADER,
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['head']} | {r['d']} | {r['seeds']} | {paired_cells(r)} |")
     lines += [
+        "",
+        DETECTABLE,
         "",
         f"![{os.path.basename(png)}]({os.path.basename(png)})",
         "",
@@ -1184,8 +1199,8 @@ def upgrade_section(up: Dict) -> List[str]:
         "valid chose the rates and epochs). The seeds vary the new head's random parts and the batch order; every "
         "cell shares the model and the test text, so the intervals are over training seeds, not over text:",
         "",
-        "| row | control | seeds | mean [95% CI] | paired t p | Holm p |",
-        "|---|---|---|---|---|---|",
+        "| row | control | seeds | " + PAIRED_HEADER,
+        "|---|---|---|---|---|---|---|",
     ]
     paired = upgrade_rows(up)
     for r in paired:
@@ -1195,8 +1210,8 @@ def upgrade_section(up: Dict) -> List[str]:
             f"{paired_cells(r)} |"
         )
     if not paired:
-        lines += ["| no comparison yet (a row and its control share no seed) | | | | | |"]
-    return lines + [""]
+        return lines + ["| no comparison yet (a row and its control share no seed) | | | | | | |", ""]
+    return lines + ["", DETECTABLE, ""]
 
 
 def main(argv=None, log=print) -> str:

@@ -368,3 +368,18 @@ def test_the_upgrade_table_says_which_heads_control_b_is_not_sized_to():
         "against a control of another size.",
     ]
     assert bottleneck_report.size_matched(cells[:3], base, upgrade_table.ROW_NAMES) == []
+
+
+def test_each_paired_difference_gives_the_difference_its_seeds_could_detect():
+    """The paired table's last column: the difference a paired t-test of the row's seeds detects with 80% power at
+    0.05 / m, m the planned family (here 2 heads x 3 d), from the seed differences' spread."""
+    import statistics
+
+    text = bottleneck_report.page(_map(_cells()), "/tmp/x.png")
+    table = text.split("## Paired differences per d")[1].split("![")[0]
+    family = 2 * 3
+    std = statistics.stdev(DIFFS[4])
+    det = bottleneck_report.paired_stats.detectable(std, 3, 0.05 / family, 0.8)
+    row = next(line for line in table.splitlines() if line.startswith("| mos-4 | 4 | 3 |"))
+    assert row.endswith(f"| ±{det:.4f} |")
+    assert "| detectable (80% power) |" in table and "Detectable: the difference a paired t-test" in table
