@@ -144,8 +144,6 @@ def planned_order(a: Dict, present) -> List[str]:
     return [h for h in a["heads"] if h in present] + sorted(set(present) - set(a["heads"]))
 
 
-#: the detectable difference's test level (before Holm's first step divides it by the family's size) and power
-ALPHA, POWER = 0.05, 0.8
 #: the paired tables' last columns and the sentence that says what the detectable difference is
 PAIRED_HEADER = "mean [95% CI] | paired t p | Holm p | detectable (80% power) |"
 DETECTABLE = (
@@ -158,7 +156,11 @@ def paired_cells(row: Dict) -> str:
     """A paired row's ``mean [95% CI] | paired t p | Holm p | detectable`` table cells."""
     p = row["paired"]
     ci = f"[{p.low:+.4f}, {p.high:+.4f}]" if p.low is not None else "(one seed)"
-    det = paired_stats.detectable(p.std, p.n, ALPHA / row["family"], POWER) if row.get("family") else None
+    det = (
+        paired_stats.detectable(p.std, p.n, paired_stats.ALPHA / row["family"], paired_stats.POWER)
+        if row.get("family")
+        else None
+    )
     return f"{p.mean:+.4f} {ci} | {paired_stats.format_p(p.p)} | {paired_stats.format_p(row['holm'])} | " + (
         f"±{det:.4f}" if det is not None else "-"
     )

@@ -24,14 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from recipes.common import stats
+from recipes.common.stats import ALPHA, POWER
 from recipes.reproduce.engine import sweep as sweep_rules
 
-ALPHA = 0.05
 #: the comparisons of a table beside "each head against softmax": (head, baseline)
 EXTRA_PAIRS = (("mixtape-unscaled", "mixtape"),)
 #: the size-matched softmax row: every head with a context projection (MoS, Mixtape) is also read against it
 MATCHED = "softmax-matched"
-POWER = 0.8
 
 
 def is_test(split: str) -> bool:
