@@ -33,7 +33,7 @@ import copy
 import math
 import os
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 from torch import nn
@@ -151,6 +151,25 @@ def spectrum(module: ProjectedHead, features: torch.Tensor) -> Dict:
         "beyond_bound": float((s[bound:] ** 2).sum() / (s**2).sum()),
         "contexts": lp.shape[0],
         "top": [float(v) for v in s],
+        **spectrum_measures([float(v) for v in s], module.projection.out_features),
+    }
+
+
+RELATIVE_TOLERANCES = (1e-3, 1e-4)  # the ranks at these fractions of the largest singular value
+
+
+def spectrum_measures(s: List[float], d: int) -> Dict:
+    """Measures of a log-probability matrix's singular values ``s`` (all of them, largest first) that do not hinge on
+    rounding. The first singular value is close to the matrix's mean row (every entry a log-probability well below
+    zero): it holds most of the squared sum (``first_share``) and hides the rest in ``beyond_bound``. ``rank_at``: the
+    singular values above each of :data:`RELATIVE_TOLERANCES` x the largest (a softmax's stop at d + 2; a mixture's
+    tail counted where it is material); ``beyond_bound_after_first``: the share of the squared singular values past
+    the first d + 2 among all but the first (a softmax's: rounding alone)."""
+    rest = sum(v * v for v in s[1:])
+    return {
+        "rank_at": {f"{t:g}": sum(1 for v in s if v > t * s[0]) for t in RELATIVE_TOLERANCES},
+        "beyond_bound_after_first": sum(v * v for v in s[d + 2 :]) / rest if rest > 0 else 0.0,
+        "first_share": s[0] ** 2 / (s[0] ** 2 + rest),
     }
 
 

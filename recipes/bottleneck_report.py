@@ -44,25 +44,30 @@ READING = "bottleneck_map-reading.md"  # the page's hand-written reading, beside
 
 def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
     """The committed form of a map run: its meta, rates, rate cells and cells (spectra cut to their d + 10 largest
-    singular values: a softmax's end at d + 2, and the tail past it), the joint-training cells in ``joint`` and the
-    head-upgrade table in ``upgrade`` when there are any."""
+    singular values: a softmax's end at d + 2, and the tail past it; the measures of the whole spectrum,
+    :func:`bottleneck_map.spectrum_measures`, taken first, so cells run before they existed have them), the
+    joint-training cells in ``joint`` and the head-upgrade table in ``upgrade`` when there are any."""
 
     def load(path):
         with open(path) as f:
             return json.load(f)
 
+    files = {k: sorted(glob.glob(os.path.join(results, k, "*.json"))) for k in ("cells", "rates")}
+    if not files["cells"] and not files["rates"]:
+        raise SystemExit(f"{results}: no cells (run python -m recipes.bottleneck_map first)")
+    meta = load(os.path.join(results, "meta.json"))
+
     def small(cell):
-        cell = dict(cell)
-        cell["spectrum"] = {**cell["spectrum"], "top": cell["spectrum"]["top"][: cell["d"] + 10]}
+        cell, top = dict(cell), cell["spectrum"]["top"]
+        whole = len(top) == min(cell["spectrum"].get("contexts", 0), meta["vocab"])  # not a restored, cut one
+        measures = bottleneck_map.spectrum_measures(top, cell["d"]) if whole else {}
+        cell["spectrum"] = {**cell["spectrum"], **measures, "top": top[: cell["d"] + 10]}
         return cell
 
-    cells = [small(load(p)) for p in sorted(glob.glob(os.path.join(results, "cells", "*.json")))]
-    rate_cells = [small(load(p)) for p in sorted(glob.glob(os.path.join(results, "rates", "*.json")))]
-    if not cells and not rate_cells:
-        raise SystemExit(f"{results}: no cells (run python -m recipes.bottleneck_map first)")
+    cells, rate_cells = ([small(load(p)) for p in files[k]] for k in ("cells", "rates"))
     rates = os.path.join(results, "rates.json")  # written once every head has chosen
     return {
-        "meta": load(os.path.join(results, "meta.json")),
+        "meta": meta,
         "rates": load(rates) if os.path.exists(rates) else {},
         "rate_cells": rate_cells,
         "cells": cells,
@@ -331,6 +336,12 @@ def plot(obj: Dict, rows: List[Dict], slopes: List[Dict], path: str) -> None:
     plt.close(fig)
 
 
+def first_share(obj: Dict) -> str:
+    """The range over the page's cells of the first singular value's share of the squared sum."""
+    shares = [c["spectrum"]["first_share"] for c in obj["cells"] if "first_share" in c["spectrum"]]
+    return f"{min(shares):.1%} to {max(shares):.1%}" if shares else "most"
+
+
 def per_stream(split: str, tokens: int) -> str:
     """Where the first ``tokens`` of a split's cached features come from: the cache holds them window by window,
     every stream's tokens of a window together, so a prefix is about the same number of tokens from the start of every
@@ -561,11 +572,25 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         f"counts at most the {a['spectrum_contexts']:,} contexts.",
         1,
     )
+    for tol in bottleneck_map.RELATIVE_TOLERANCES:
+        lines += table(
+            obj,
+            lambda c, key=f"{tol:g}": c["spectrum"].get("rank_at", {}).get(key),
+            f"Rank at {tol:g} of the largest singular value (those above it), mean ± sd (seeds): a tolerance far above "
+            "rounding, so a tail too small to matter is not counted.",
+            1,
+        )
     lines += table(
         obj,
-        lambda c: math.log10(max(c["spectrum"]["beyond_bound"], 1e-300)) if "beyond_bound" in c["spectrum"] else None,
+        lambda c: (
+            math.log10(max(c["spectrum"]["beyond_bound_after_first"], 1e-300))
+            if "beyond_bound_after_first" in c["spectrum"]
+            else None
+        ),
         "With no threshold: log10 of the share of the squared singular values past the first d + 2 (a softmax's "
-        "bound, so rounding alone for a softmax, about -30 in float64); mean ± sd (seeds).",
+        "bound) among all but the first (close to the matrix's mean row, every entry a log-probability well below "
+        f"zero: the first holds {first_share(obj)} of the squared sum); rounding alone for a softmax (below -20 in "
+        "float64); mean ± sd (seeds).",
         1,
     )
     if any(c["seed"] == 1 for c in obj["cells"]):  # the plot draws seed 1's spectra

@@ -125,6 +125,12 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
             assert c["spectrum"]["rank"] <= c["d"] + 2 and c["spectrum"]["beyond_bound"] < 1e-20  # rounding only
         else:  # MoS's log-probabilities are not linear in the features: energy past the bound, well above rounding
             assert c["spectrum"]["beyond_bound"] > 1e-12
+        measures = bottleneck_map.spectrum_measures(c["spectrum"]["top"], c["d"])  # the collected json's, whole
+        assert c["spectrum"]["beyond_bound_after_first"] == measures["beyond_bound_after_first"] >= 0
+        if c["head"] == "softmax":  # no rank past the bound at any tolerance; nothing past it but rounding
+            assert max(measures["rank_at"].values()) <= c["d"] + 2 and measures["beyond_bound_after_first"] < 1e-20
+        else:
+            assert measures["beyond_bound_after_first"] > c["spectrum"]["beyond_bound"]  # the first no longer hides it
     assert max(c["spectrum"]["rank"] for c in result["cells"]) > 4  # the measure is not stuck at the d = 2 bound
     # the page: the primary test's slope (4 paired points for MoS-4; Mixtape did not run), the tables, the plot
     from recipes import bottleneck_report

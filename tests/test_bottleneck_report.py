@@ -3,11 +3,12 @@ what it leaves out, on made-up cells (no training)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from recipes import bottleneck_report
+from recipes import bottleneck_map, bottleneck_report
 
 paired_p = bottleneck_report.paired_stats.format_p
 
@@ -383,3 +384,25 @@ def test_each_paired_difference_gives_the_difference_its_seeds_could_detect():
     row = next(line for line in table.splitlines() if line.startswith("| mos-4 | 4 | 3 |"))
     assert row.endswith(f"| ±{det:.4f} |")
     assert "| detectable (80% power) |" in table and "Detectable: the difference a paired t-test" in table
+
+
+def test_spectrum_measures_by_hand_and_only_from_a_whole_spectrum(tmp_path):
+    """The ranks at a fraction of the largest singular value and the share past d + 2 without the first, by hand; the
+    collected json takes them from a cell's whole spectrum only, never from a restored cell's cut one (d + 10)."""
+    s = [10.0, 1.0, 0.5, 0.01, 1e-5]
+    m = bottleneck_map.spectrum_measures(s, 1)  # d = 1: a softmax's bound at 3
+    assert m["rank_at"] == {"0.001": 3, "0.0001": 4}  # above 0.01 and above 0.001 (0.01 itself is not above 0.01)
+    rest = 1.0 + 0.25 + 1e-4 + 1e-10
+    assert m["beyond_bound_after_first"] == pytest.approx((1e-4 + 1e-10) / rest)
+    assert m["first_share"] == pytest.approx(100.0 / (100.0 + rest))
+    (tmp_path / "cells").mkdir()
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab": 100}))
+    whole = _cell("softmax", 1, 1, 5.0, spectrum={"rank": 5, "contexts": 20, "top": [1.0 / (i + 1) for i in range(20)]})
+    cut = _cell("softmax", 1, 2, 5.0, spectrum={"rank": 5, "contexts": 20, "top": whole["spectrum"]["top"][:11]})
+    for c in (whole, cut):
+        (tmp_path / "cells" / f"softmax-d1-s{c['seed']}.json").write_text(json.dumps(c))
+    got = {c["seed"]: c["spectrum"] for c in bottleneck_report.collect(str(tmp_path))["cells"]}
+    assert got[1]["rank_at"] == bottleneck_map.spectrum_measures(whole["spectrum"]["top"], 1)["rank_at"]
+    assert len(got[1]["top"]) == 11 and "rank_at" not in got[2] and "beyond_bound_after_first" not in got[2]
+    text = bottleneck_report.page(_map(_cells()), "/tmp/x.png")
+    assert "Rank at 0.001 of the largest singular value" in text and "among all but the first" in text
