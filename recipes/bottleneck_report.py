@@ -459,7 +459,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         f"stopping rule's weights on the first {a['spectrum_contexts']:,} valid contexts "
         f"({per_stream('valid', a['spectrum_contexts'])}) x the {meta['vocab']:,} words, computed in float64; "
         "numerical rank as `numpy.linalg.matrix_rank` counts it (singular values above max(shape) x eps(float64) x "
-        "the largest).",
+        "the largest), and at fixed fractions of the largest.",
         "",
         f"Cells finished: {len(obj['cells'])} of the {len(planned)} planned ({len(a['heads'])} heads x "
         f"{len(a['dims'])} d x {a['seeds']} seeds{dims_cut(meta)})"
@@ -577,7 +577,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
             obj,
             lambda c, key=f"{tol:g}": c["spectrum"].get("rank_at", {}).get(key),
             f"Rank at {tol:g} of the largest singular value (those above it), mean ± sd (seeds): a tolerance far above "
-            "rounding, so a tail too small to matter is not counted.",
+            "rounding: a tail below that fraction is not counted.",
             1,
         )
     lines += table(
