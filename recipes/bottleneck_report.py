@@ -1010,7 +1010,8 @@ def joint_section(obj: Dict) -> List[str]:
             f"{math.log(c['ppl']['test']) - math.log(base['ppl']['test']):+.4f}" if base and head != BASELINE else "-"
         )
         fdiff = f"{f['test_nll'] - fbase['test_nll']:+.4f}" if f and fbase and head != BASELINE else "-"
-        frozen_ppl = f"{math.exp(f['test_nll']):.2f}" if f else "not run yet"
+        unplanned = "not run yet" if d in obj["meta"]["args"]["dims"] else "not in the map's --dims"
+        frozen_ppl = f"{math.exp(f['test_nll']):.2f}" if f else unplanned
         cpu = f"{c['cpu_seconds'] / 60:.0f}" if "cpu_seconds" in c else "-"
         lines.append(f"| {head} | {d} | {seed} | {c['ppl']['test']:.2f} | {frozen_ppl} | {diff} | {fdiff} | {cpu} |")
     return lines + [""]

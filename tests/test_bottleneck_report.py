@@ -260,11 +260,11 @@ def test_the_joint_check_says_whether_its_stopping_rule_could_fire():
     """The joint cells' patience is read from their commands: at or above the epoch cap it cannot fire."""
     obj = _map(_cells())
 
-    def joint(cap, patience):
+    def joint(cap, patience, d=4):
         return [
             {
                 "head": h,
-                "d": 4,
+                "d": d,
                 "seed": 1,
                 "lr": 0.0025,
                 "epoch_cap": cap,
@@ -278,6 +278,10 @@ def test_the_joint_check_says_whether_its_stopping_rule_could_fire():
     assert "3 epochs, the table's patience of 3 unable to fire within them;" in text
     text = "\n".join(bottleneck_report.joint_section({**obj, "joint": joint(8, 3)}))
     assert "8 epochs, within them the table's stopping rule (patience 3);" in text
+    # beside the frozen cell of its head, d and seed; a d the map leaves out says so, rather than "not run yet"
+    assert "| mos-4 | 4 | 1 | 90.00 | 90.92 | -0.1054 | -0.3000 | - |" in text
+    text = "\n".join(bottleneck_report.joint_section({**obj, "joint": joint(3, 3, 128)}))
+    assert "| mos-4 | 128 | 1 | 90.00 | not in the map's --dims | -0.1054 | - | - |" in text
 
 
 def test_a_collection_on_another_trunk_sets_the_committed_cells_aside_and_keeps_the_other_parts(tmp_path):
