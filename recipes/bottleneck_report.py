@@ -5,9 +5,11 @@
     python -m recipes.bottleneck_report --no-collect                        # the page from the committed json
 
 With ``--joint DIR`` (default ``results/bottleneck_joint``, read when it exists) the page also holds the joint-training
-check of ``python -m recipes.bottleneck_joint`` beside the frozen-trunk cells of the same head, d and seed. A collection
-keeps what the committed json holds and this machine has no folder for (:func:`carry_over`): the joint check's and the
-upgrade table's cells, and the map cells of an earlier trunk, set aside and counted in the cost. A reading written by
+check of ``python -m recipes.bottleneck_joint`` beside the frozen-trunk cells of the same head, d and seed; with
+``--upgrade DIR`` the head-upgrade table of ``python -m recipes.upgrade_table``, and with ``--upgrade-cap DIR`` its
+cap check (the same command with a higher ``--max-epochs`` on seed 1). A collection keeps what the committed json holds
+and this machine has no folder for (:func:`carry_over`): the joint check's, the upgrade table's and the cap check's
+cells, and the map cells of an earlier trunk, set aside and counted in the cost. A reading written by
 hand beside the page (``docs/bottleneck_map-reading.md``, first line ``<!-- cells: N -->``) opens it, with a note when
 the page's finished cells are no longer N.
 
@@ -42,11 +44,12 @@ TRUNK_TABLE = "lm-ptb"  # the table whose seed-1 softmax cell is the trunk (the 
 READING = "bottleneck_map-reading.md"  # the page's hand-written reading, beside the page (when there is one)
 
 
-def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
+def collect(results: str, joint: str = "", upgrade: str = "", cap: str = "") -> Dict:
     """The committed form of a map run: its meta, rates, rate cells and cells (spectra cut to their d + 10 largest
     singular values: a softmax's end at d + 2, and the tail past it; the measures of the whole spectrum,
     :func:`bottleneck_map.spectrum_measures`, taken first, so cells run before they existed have them), the
-    joint-training cells in ``joint`` and the head-upgrade table in ``upgrade`` when there are any."""
+    joint-training cells in ``joint``, the head-upgrade table in ``upgrade`` and its cap check in ``cap`` (its table
+    cells and options; its rate pilot is the table's) when there are any."""
 
     def load(path):
         with open(path) as f:
@@ -73,20 +76,23 @@ def collect(results: str, joint: str = "", upgrade: str = "") -> Dict:
         "cells": cells,
         "joint": [load(p) for p in sorted(glob.glob(os.path.join(joint, "cells", "*.json")))] if joint else [],
         "upgrade": collect_upgrade(upgrade) if upgrade else {},
+        "upgrade_cap": {k: v for k, v in collect_upgrade(cap).items() if k in ("cells", "meta")} if cap else {},
     }
 
 
-def carry_over(obj: Dict, committed: Dict, joint: bool, upgrade: bool) -> Dict:
-    """``obj`` (a new collection) with what the ``committed`` json holds and this machine's folders do not: the joint
-    check's and the upgrade table's cells where their folder was not given (``joint`` / ``upgrade`` false: another
-    machine ran them), and, where ``obj`` comes from another trunk, the committed map cells set aside
-    (``obj["set_aside"]``: their trunk, rate cells and cells, which the page counts in the cost but shows nowhere
-    else)."""
+#: the page's parts beside the map, each collected from a folder of its own (or carried over from the committed json)
+PARTS = ("joint", "upgrade", "upgrade_cap")
+
+
+def carry_over(obj: Dict, committed: Dict, collected) -> Dict:
+    """``obj`` (a new collection) with what the ``committed`` json holds and this machine's folders do not: each of
+    :data:`PARTS` not in ``collected`` (its folder not given: another machine ran it), and, where ``obj`` comes from
+    another trunk, the committed map cells set aside (``obj["set_aside"]``: their trunk, rate cells and cells, which
+    the page counts in the cost but shows nowhere else)."""
     obj = dict(obj)
-    if not joint and committed.get("joint"):
-        obj["joint"] = committed["joint"]
-    if not upgrade and committed.get("upgrade"):
-        obj["upgrade"] = committed["upgrade"]
+    for part in PARTS:
+        if part not in collected and committed.get(part):
+            obj[part] = committed[part]
     set_aside = list(committed.get("set_aside", []))
     old = committed.get("meta") or {}
     if (committed.get("rate_cells") or committed.get("cells")) and not bottleneck_map.same_trunk(old, obj["meta"]):
@@ -389,9 +395,10 @@ def trunk_training(meta: Dict) -> str:
 
 
 def page_cells(obj: Dict) -> int:
-    """The page's finished cells: the map's, the joint check's and the upgrade table's (what a reading's
-    ``<!-- cells: N -->`` counts)."""
-    return len(obj["cells"]) + len(obj.get("joint") or []) + len((obj.get("upgrade") or {}).get("cells") or [])
+    """The page's finished cells: the map's, the joint check's, the upgrade table's and its cap check's (what a
+    reading's ``<!-- cells: N -->`` counts)."""
+    upgrade = sum(len((obj.get(part) or {}).get("cells") or []) for part in ("upgrade", "upgrade_cap"))
+    return len(obj["cells"]) + len(obj.get("joint") or []) + upgrade
 
 
 def page(obj: Dict, png: str, draw: bool = False) -> str:
@@ -486,6 +493,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
             lines
             + joint_section(obj)
             + upgrade_section(obj.get("upgrade") or {})
+            + cap_section(obj)
             + commands_section(obj)
             + ["## Cost", ""]
             + budget_lines(full, missing)
@@ -609,6 +617,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
     )
     lines += joint_section(obj)
     lines += upgrade_section(obj.get("upgrade") or {})
+    lines += cap_section(obj)
     lines += commands_section(obj)
     lines += ["## Cost", ""]
     lines += table(
@@ -648,6 +657,8 @@ def budget_lines(obj: Dict, missing) -> List[str]:
         return cell["curve"][-1].get("cpu_seconds", sum(e.get("train_cpu_seconds", 0.0) for e in cell["curve"])) / 3600
 
     pilot, table_cells = (sum(hours(c) for c in up.get(k, [])) for k in ("pilot", "cells"))
+    checked = (obj.get("upgrade_cap") or {}).get("cells") or []
+    cap_check = sum(hours(c) for c in checked)
     partial = sum(1 for k in ("pilot", "cells") for c in up.get(k, []) if "cpu_seconds" not in c["curve"][-1])
     cost = {h_d_s: c for h_d_s in missing if (c := cell_estimate(obj, *h_d_s)) is not None}
     unknown = len(missing) - len(cost)
@@ -683,9 +694,10 @@ def budget_lines(obj: Dict, missing) -> List[str]:
         return lines
     return lines + [
         f"Part 2 (the upgrade table), of the {BUDGET_HOURS['upgrade']:.0f} CPU-core-hours planned: "
-        f"{pilot + table_cells:.1f} so far ({pilot:.1f} in the rate "
-        f"pilot's {len(up.get('pilot', []))} cells, {table_cells:.1f} in the table's {len(up.get('cells', []))}; "
-        "caching the model's states not counted"
+        f"{pilot + table_cells + cap_check:.1f} so far ({pilot:.1f} in the rate "
+        f"pilot's {len(up.get('pilot', []))} cells, {table_cells:.1f} in the table's {len(up.get('cells', []))}"
+        + (f", {cap_check:.1f} in the cap check's {len(checked)}" if checked else "")
+        + "; caching the model's states not counted"
         + (
             f"; {partial} cells ran before the whole run's CPU time was recorded: their training steps only"
             if partial
@@ -796,9 +808,15 @@ def commands_section(obj: Dict) -> List[str]:
             )
             + "   # --dry-run: every upgrade_head command",
         ]
+    cap = obj.get("upgrade_cap") or {}
+    if cap.get("meta"):
+        lines += [
+            "# the cap check (its rate pilot restored from the table's, so the same rates)",
+            upgrade_table.command_line(cap["meta"], "results/upgrade_cap") + " --restore docs/bottleneck_map.json",
+        ]
     lines += [
         "python -m recipes.bottleneck_report --results results/bottleneck_map --joint results/bottleneck_joint \\",
-        "    --upgrade results/upgrade_table",
+        "    --upgrade results/upgrade_table --upgrade-cap results/upgrade_cap",
         "```",
         "",
     ]
@@ -1027,14 +1045,7 @@ def upgrade_rows(up: Dict) -> List[Dict]:
     have finished."""
     cells = {(c["row"], c["seed"]): c for c in up.get("cells", [])}
     rows = []
-    run = {c["row"] for c in up.get("pilot", []) + up.get("cells", [])} | set(up.get("rates") or {})
-    planned = [
-        (row, control)
-        for row in upgrade_table.ROWS
-        if row in run
-        for control in UPGRADE_CONTROLS
-        if control in run and not (row == control or (row in UPGRADE_CONTROLS and control == "softmax-mlp"))
-    ]
+    planned = upgrade_pairs({c["row"] for c in up.get("pilot", []) + up.get("cells", [])} | set(up.get("rates") or {}))
     for row, control in planned:
         seeds = sorted(s for (r, s) in cells if r == row and (control, s) in cells)
         if seeds:
@@ -1044,6 +1055,91 @@ def upgrade_rows(up: Dict) -> List[Dict]:
             )
             rows.append({"row": row, "control": control, "seeds": len(seeds), "paired": p})
     return with_holm(rows, lambda r: r["paired"].p, len(planned))
+
+
+def upgrade_pairs(run) -> List[tuple]:
+    """The (row, control) comparisons among the rows ``run``: every row against control (a), the heads also against
+    control (b), in the table's row order."""
+    return [
+        (row, control)
+        for row in upgrade_table.ROWS
+        if row in run
+        for control in UPGRADE_CONTROLS
+        if control in run and not (row == control or (row in UPGRADE_CONTROLS and control == "softmax-mlp"))
+    ]
+
+
+def ended(cell: Dict) -> str:
+    """How an upgrade cell's training ended: its stopping rule (its last epoch ``patience`` past its best) or its cap
+    (its best epoch within the last ``patience``, the cap reached)."""
+    best = next(e["epoch"] for e in cell["curve"] if e.get("best"))
+    last = cell["curve"][-1]["epoch"]
+    return "stopping rule" if last - best >= cell["patience"] else f"cap ({cell['max_epochs']} epochs)"
+
+
+def cap_section(obj: Dict) -> List[str]:
+    """The upgrade table's cap check: seed-1 rows trained again with a higher epoch cap, beside the table's seed-1
+    cells at its cap (each row's test perplexity, the row-minus-control differences at both): whether the table's
+    cap decides its reading. One seed: a description, no test."""
+    cap = (obj.get("upgrade_cap") or {}).get("cells") or []
+    table = {(c["row"], c["seed"]): c for c in (obj.get("upgrade") or {}).get("cells") or []}
+    if not cap:
+        return []
+    names = upgrade_table.ROW_NAMES
+    checked = {(c["row"], c["seed"]): c for c in cap}
+    caps = sorted({c["max_epochs"] for c in cap})
+    table_caps = sorted({c["max_epochs"] for c in table.values()})
+    at = ", ".join(map(str, table_caps)) or "-"
+    same = [
+        abs(c["curve"][e]["valid_nll"] - t["curve"][e]["valid_nll"])
+        for key, c in checked.items()
+        if (t := table.get(key))
+        for e in range(1, min(len(t["curve"]), len(c["curve"])))
+    ]
+    meta = (obj.get("upgrade_cap") or {}).get("meta")
+    lines = [
+        "**The cap, checked** (a description, no test): "
+        + ", ".join(
+            f"{names[r]} seed {s}" for r, s in sorted(checked, key=lambda k: list(upgrade_table.ROWS).index(k[0]))
+        )
+        + f" trained again at most {', '.join(map(str, caps))} epochs (patience 1), otherwise as the table (its rates, "
+        "its text, its seed: "
+        + (f"`{upgrade_table.command_line(meta, 'results/upgrade_cap')}`" if meta else "`recipes.upgrade_table`")
+        + ")"
+        + (
+            f"; over the epochs both ran, its valid NLL and the table's cells' differ by at most {max(same):.1e} nats"
+            if same
+            else ""
+        )
+        + ":",
+        "",
+        f"| row | seed | best epoch | ended by | test ppl / token at {at} epochs | at the longer run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (row, seed), c in sorted(checked.items(), key=lambda kv: list(upgrade_table.ROWS).index(kv[0][0])):
+        t = table.get((row, seed))
+        best = next(e["epoch"] for e in c["curve"] if e.get("best"))
+        short = f"{t['after']['test']['ppl']:.2f}" if t else "-"
+        lines.append(f"| {names[row]} | {seed} | {best} | {ended(c)} | {short} | {c['after']['test']['ppl']:.2f} |")
+
+    def gap(cells, row, control, seed) -> str:  # row minus control, test NLL (nats)
+        if (row, seed) not in cells or (control, seed) not in cells:
+            return "-"
+        ppl = [cells[(r, seed)]["after"]["test"]["ppl"] for r in (row, control)]
+        return f"{math.log(ppl[0] / ppl[1]):+.4f}"
+
+    diffs = [
+        f"{names[row].split(' ')[0]} - {names[control].split(' ')[0]} (seed {seed}) {gap(table, row, control, seed)} "
+        f"-> {gap(checked, row, control, seed)}"
+        for row, control in upgrade_pairs({r for r, _ in checked})
+        for seed in sorted({s for r, s in checked if r == row and (control, s) in checked})
+    ]
+    if diffs:
+        lines += [
+            "",
+            "Row minus control, test NLL (nats), at the table's cap -> at the longer run: " + "; ".join(diffs) + ".",
+        ]
+    return lines + [""]
 
 
 def head_forms(cells: List[Dict]) -> str:
@@ -1250,15 +1346,24 @@ def main(argv=None, log=print) -> str:
     p.add_argument(
         "--upgrade", default=os.path.join("results", "upgrade_table"), help="where recipes.upgrade_table ran"
     )
+    p.add_argument(
+        "--upgrade-cap",
+        default=os.path.join("results", "upgrade_cap"),
+        help="where the upgrade table's cap check ran (recipes.upgrade_table with a higher --max-epochs, seed 1)",
+    )
     p.add_argument("--no-collect", action="store_true", help="only rebuild the page from the committed json")
     args = p.parse_args(argv)
     path = os.path.join(args.docs, "bottleneck_map.json")
     if not args.no_collect:
-        joint, upgrade = (folder if os.path.isdir(folder) else "" for folder in (args.joint, args.upgrade))
-        obj = collect(args.results, joint, upgrade)  # before the file is opened: a failed collection leaves it whole
+        folders = {
+            part: folder
+            for part, folder in zip(PARTS, (args.joint, args.upgrade, args.upgrade_cap))
+            if os.path.isdir(folder)
+        }
+        obj = collect(args.results, *(folders.get(part, "") for part in PARTS))  # a failed one leaves the file whole
         if os.path.exists(path):
             with open(path) as f:
-                obj = carry_over(obj, json.load(f), bool(joint), bool(upgrade))
+                obj = carry_over(obj, json.load(f), set(folders))
         with open(path, "w") as f:
             json.dump(obj, f, indent=1)
         log(f"collected {path}")

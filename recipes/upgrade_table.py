@@ -229,11 +229,11 @@ def choose_rates(pilot: Dict[str, Dict[float, Dict]]) -> Dict[str, Dict]:
     return chosen
 
 
-def command_line(meta: Dict) -> str:
-    """The command that reruns a recorded run (``OUT/meta.json``) from the repository's root, every recorded option
-    written out, the options passed on to upgrade_head after them."""
+def command_line(meta: Dict, out: str = "results/upgrade_table") -> str:
+    """The command that reruns a recorded run (``OUT/meta.json``) from the repository's root into ``out``, every
+    recorded option written out, the options passed on to upgrade_head after them."""
     a = meta["args"]
-    words = ["python -m recipes.upgrade_table --out results/upgrade_table --data ../shared/data/wikitext-2"]
+    words = [f"python -m recipes.upgrade_table --out {out} --data ../shared/data/wikitext-2"]
     for key in META_OPTIONS:
         values = a[key] if isinstance(a[key], list) else [a[key]]
         words.append(

@@ -410,3 +410,40 @@ def test_spectrum_measures_by_hand_and_only_from_a_whole_spectrum(tmp_path):
     assert len(got[1]["top"]) == 11 and "rank_at" not in got[2] and "beyond_bound_after_first" not in got[2]
     text = bottleneck_report.page(_map(_cells()), "/tmp/x.png")
     assert "Rank at 0.001 of the largest singular value" in text and "among all but the first" in text
+
+
+def _upgrade_cell(row, seed, valid, test_ppl, best, cap):
+    """A made-up upgrade_head cell: its valid NLL per epoch (epoch 0 first), its best epoch, its cap (patience 1)."""
+    curve = [{"epoch": e, "valid_nll": v, **({"best": True} if e == best else {})} for e, v in enumerate(valid)]
+    return {"row": row, "seed": seed, "curve": curve, "after": {"test": {"ppl": test_ppl}}, "max_epochs": cap,
+            "patience": 1}  # fmt: skip
+
+
+def test_the_cap_check_sits_beside_the_tables_seed_1_cells():
+    """The cap check's rows at their stopping rule beside the table's cells at its cap: how each ended, both test
+    perplexities, each row-minus-control difference at both (by hand), that its first epochs repeat the table's; the
+    page counts its cells, and a collection without its folder keeps the committed ones."""
+    table = [
+        _upgrade_cell("softmax", 1, [3.9, 3.43, 3.39], 32.0, 2, 2),
+        _upgrade_cell("softmax-mlp", 1, [3.9, 3.24, 3.20], 26.4, 2, 2),
+        _upgrade_cell("mos-3", 1, [3.9, 3.19, 3.18], 25.9, 2, 2),
+    ]
+    cap = [
+        _upgrade_cell("softmax", 1, [3.9, 3.43, 3.39, 3.37, 3.36, 3.355, 3.354], 30.0, 6, 6),  # the cap again
+        _upgrade_cell("softmax-mlp", 1, [3.9, 3.24, 3.20, 3.17, 3.18], 25.0, 3, 6),  # patience fired at epoch 4
+        _upgrade_cell("mos-3", 1, [3.9, 3.19, 3.1801, 3.19], 25.9, 2, 6),
+    ]
+    obj = {**_map(_cells()), "upgrade": {"cells": table}, "upgrade_cap": {"cells": cap}}
+    text = "\n".join(bottleneck_report.cap_section(obj))
+    assert "(a) softmax, fine-tuned seed 1, (b) softmax + residual MLP" in text and "at most 6 epochs" in text
+    assert "differ by at most 1.0e-04 nats" in text  # mos-3's epoch 2: 3.1801 against the table's 3.18
+    assert "| (a) softmax, fine-tuned | 1 | 6 | cap (6 epochs) | 32.00 | 30.00 |" in text
+    assert "| (b) softmax + residual MLP (MoS-3's added parameters) | 1 | 3 | stopping rule | 26.40 | 25.00 |" in text
+    assert "| MoS-3 | 1 | 2 | stopping rule | 25.90 | 25.90 |" in text
+    mos_b = (math.log(25.9 / 26.4), math.log(25.9 / 25.0))  # MoS-3 - (b): ahead at the cap, behind past it
+    assert f"MoS-3 - (b) (seed 1) {mos_b[0]:+.4f} -> {mos_b[1]:+.4f}" in text
+    assert f"(b) - (a) (seed 1) {math.log(26.4 / 32.0):+.4f} -> {math.log(25.0 / 30.0):+.4f}" in text
+    assert bottleneck_report.page_cells(obj) == len(obj["cells"]) + 6
+    assert bottleneck_report.cap_section({**obj, "upgrade_cap": {}}) == []
+    kept = bottleneck_report.carry_over({"meta": obj["meta"]}, obj, {"upgrade"})
+    assert kept["upgrade_cap"] == obj["upgrade_cap"] and "upgrade" not in kept  # only the parts not collected
