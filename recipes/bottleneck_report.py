@@ -317,7 +317,8 @@ def plot(obj: Dict, rows: List[Dict], slopes: List[Dict], path: str) -> None:
         "dashed: the primary test's least-squares line on log2 d",
         fontsize=8,
     )
-    ax.legend(fontsize=8)
+    if heads:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -692,9 +693,29 @@ def budget_lines(obj: Dict, missing) -> List[str]:
     ]
     if not (up.get("pilot") or up.get("cells")):
         return lines
+    so_far = pilot + table_cells + cap_check
+    planned = (up.get("meta") or {}).get("args") or {}
+    done = {(c["row"], c["seed"]) for c in up.get("cells", [])}
+    todo = [(r, s) for r in planned.get("rows", []) for s in planned.get("seeds", []) if (r, s) not in done]
+    per_row = {}  # a row's finished cells' mean, from those that recorded the whole process's CPU time where any did
+    for row in {r for r, _ in todo}:
+        mine = [c for c in up.get("cells", []) if c["row"] == row]
+        whole = [c for c in mine if "cpu_seconds" in c["curve"][-1]] or mine
+        if whole:
+            per_row[row] = sum(hours(c) for c in whole) / len(whole)
+    left = sum(per_row[r] for r, _ in todo if r in per_row)
+    unknown = sum(1 for r, _ in todo if r not in per_row)
+    projection = (
+        f"; still to run: {len(todo)} table cells, about {left:.1f} (each its row's finished cells' mean)"
+        + (f", {unknown} with no cell of their row yet" if unknown else "")
+        + f": about {so_far + left:.1f} of the {BUDGET_HOURS['upgrade']:.0f} in all, not counting cap check cells "
+        "still to run"
+        if todo
+        else ""
+    )
     return lines + [
         f"Part 2 (the upgrade table), of the {BUDGET_HOURS['upgrade']:.0f} CPU-core-hours planned: "
-        f"{pilot + table_cells + cap_check:.1f} so far ({pilot:.1f} in the rate "
+        f"{so_far:.1f} so far ({pilot:.1f} in the rate "
         f"pilot's {len(up.get('pilot', []))} cells, {table_cells:.1f} in the table's {len(up.get('cells', []))}"
         + (f", {cap_check:.1f} in the cap check's {len(checked)}" if checked else "")
         + "; caching the model's states not counted"
@@ -703,7 +724,9 @@ def budget_lines(obj: Dict, missing) -> List[str]:
             if partial
             else ""
         )
-        + ").",
+        + ")"
+        + projection
+        + ".",
         "",
     ]
 

@@ -447,3 +447,22 @@ def test_the_cap_check_sits_beside_the_tables_seed_1_cells():
     assert bottleneck_report.cap_section({**obj, "upgrade_cap": {}}) == []
     kept = bottleneck_report.carry_over({"meta": obj["meta"]}, obj, {"upgrade"})
     assert kept["upgrade_cap"] == obj["upgrade_cap"] and "upgrade" not in kept  # only the parts not collected
+
+
+def test_part_2s_cost_projects_the_table_cells_still_to_run_from_their_rows():
+    """Each missing table cell costs its row's finished cells' mean; a row with none is counted apart."""
+
+    def cell(row, seed, cpu_s):
+        return {"row": row, "seed": seed, "curve": [{"epoch": 0}, {"epoch": 1, "cpu_seconds": cpu_s}]}
+
+    up = {
+        "meta": {"args": {"rows": ["softmax", "mos-3", "plif"], "seeds": [1, 2]}},
+        "pilot": [cell("softmax", 0, 1800.0)],
+        "cells": [cell("softmax", 1, 3600.0), cell("mos-3", 1, 7200.0)],
+    }
+    text = "\n".join(bottleneck_report.budget_lines({**_map(_cells()), "upgrade": up}, []))
+    assert (
+        "Part 2 (the upgrade table), of the 15 CPU-core-hours planned: 3.5 so far (0.5 in the rate pilot's 1 " in text
+    )
+    assert "still to run: 4 table cells, about 3.0 (each its row's finished cells' mean), 2 with no cell of" in text
+    assert "about 6.5 of the 15 in all" in text
