@@ -86,12 +86,13 @@ PARTS = ("joint", "upgrade", "upgrade_cap")
 
 def carry_over(obj: Dict, committed: Dict, collected) -> Dict:
     """``obj`` (a new collection) with what the ``committed`` json holds and this machine's folders do not: each of
-    :data:`PARTS` not in ``collected`` (its folder not given: another machine ran it), and, where ``obj`` comes from
+    :data:`PARTS` not in ``collected`` (its folder not given: another machine ran it) or collected without a finished
+    cell, and, where ``obj`` comes from
     another trunk, the committed map cells set aside (``obj["set_aside"]``: their trunk, rate cells and cells, which
     the page counts in the cost but shows nowhere else)."""
     obj = dict(obj)
-    for part in PARTS:
-        if part not in collected and committed.get(part):
+    for part in PARTS:  # a folder with no finished cell yet (a run just begun) does not replace committed cells
+        if committed.get(part) and (part not in collected or not has_cells(obj.get(part))):
             obj[part] = committed[part]
     set_aside = list(committed.get("set_aside", []))
     old = committed.get("meta") or {}
@@ -110,6 +111,14 @@ def carry_over(obj: Dict, committed: Dict, collected) -> Dict:
     if set_aside:
         obj["set_aside"] = set_aside
     return obj
+
+
+def has_cells(part) -> bool:
+    """Whether a collected part (the joint check's list of cells, the upgrade table's or its cap check's dict) holds a
+    finished cell."""
+    if isinstance(part, list):
+        return bool(part)
+    return bool(part and (part.get("cells") or part.get("pilot")))
 
 
 def collect_upgrade(folder: str) -> Dict:
@@ -343,10 +352,35 @@ def plot(obj: Dict, rows: List[Dict], slopes: List[Dict], path: str) -> None:
     plt.close(fig)
 
 
+def rounding_note(obj: Dict) -> str:
+    """The largest log10 share past d + 2 (without the first) over the softmax cells: what rounding leaves there."""
+    shares = [
+        c["spectrum"]["beyond_bound_after_first"]
+        for c in obj["cells"]
+        if c["head"] == BASELINE and "beyond_bound_after_first" in c["spectrum"]
+    ]
+    return f" (at most {math.log10(max(max(shares), 1e-300)):.1f} here)" if shares else ""
+
+
+def cut_note(obj: Dict) -> str:
+    """The cells the spectrum measures leave out: restored ones, whose json keeps only the d + 10 largest values."""
+    cut = [c for c in obj["cells"] if "rank_at" not in c["spectrum"]]
+    return (
+        f" Left out of the last three tables: {len(cut)} cell(s) restored without their whole spectrum ("
+        + ", ".join(f"{c['head']} d={c['d']} seed {c['seed']}" for c in cut)
+        + ")."
+        if cut
+        else ""
+    )
+
+
 def first_share(obj: Dict) -> str:
     """The range over the page's cells of the first singular value's share of the squared sum."""
     shares = [c["spectrum"]["first_share"] for c in obj["cells"] if "first_share" in c["spectrum"]]
-    return f"{min(shares):.1%} to {max(shares):.1%}" if shares else "most"
+    if not shares:
+        return "most"
+    low, high = f"{min(shares):.1%}", f"{max(shares):.1%}"
+    return low if low == high else f"{low} to {high}"
 
 
 def per_stream(split: str, tokens: int) -> str:
@@ -598,8 +632,10 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         ),
         "With no threshold: log10 of the share of the squared singular values past the first d + 2 (a softmax's "
         "bound) among all but the first (close to the matrix's mean row, every entry a log-probability well below "
-        f"zero: the first holds {first_share(obj)} of the squared sum); rounding alone for a softmax (below -20 in "
-        "float64); mean ± sd (seeds).",
+        f"zero: the first holds {first_share(obj)} of the squared sum); rounding alone for a softmax"
+        + rounding_note(obj)
+        + "; mean ± sd (seeds)."
+        + cut_note(obj),
         1,
     )
     if any(c["seed"] == 1 for c in obj["cells"]):  # the plot draws seed 1's spectra
@@ -691,7 +727,7 @@ def budget_lines(obj: Dict, missing) -> List[str]:
         + ".",
         "",
     ]
-    if not (up.get("pilot") or up.get("cells")):
+    if not (up.get("pilot") or up.get("cells") or checked):
         return lines
     so_far = pilot + table_cells + cap_check
     planned = (up.get("meta") or {}).get("args") or {}
@@ -705,12 +741,20 @@ def budget_lines(obj: Dict, missing) -> List[str]:
             per_row[row] = sum(hours(c) for c in whole) / len(whole)
     left = sum(per_row[r] for r, _ in todo if r in per_row)
     unknown = sum(1 for r, _ in todo if r not in per_row)
+    cap_planned = ((obj.get("upgrade_cap") or {}).get("meta") or {}).get("args") or {}
+    cap_done = {(c["row"], c["seed"]) for c in checked}
+    cap_todo = sum(
+        1 for r in cap_planned.get("rows", []) for s in cap_planned.get("seeds", []) if (r, s) not in cap_done
+    )
+    not_estimated = [
+        f"{n} {what}" for n, what in ((unknown, "table cells with no cell of their row yet"), (cap_todo, "cap check "
+        "cells")) if n
+    ]  # fmt: skip
     projection = (
-        f"; still to run: {len(todo)} table cells, about {left:.1f} (each its row's finished cells' mean)"
-        + (f", {unknown} with no cell of their row yet" if unknown else "")
-        + f": about {so_far + left:.1f} of the {BUDGET_HOURS['upgrade']:.0f} in all, not counting cap check cells "
-        "still to run"
-        if todo
+        f"; still to run: {len(todo) - unknown} table cells, about {left:.1f} (each its row's finished cells' mean)"
+        + f": about {so_far + left:.1f} of the {BUDGET_HOURS['upgrade']:.0f} in all"
+        + (", and " + " and ".join(not_estimated) + ", not estimated" if not_estimated else "")
+        if todo or cap_todo
         else ""
     )
     return lines + [
@@ -1051,7 +1095,9 @@ def joint_section(obj: Dict) -> List[str]:
             f"{math.log(c['ppl']['test']) - math.log(base['ppl']['test']):+.4f}" if base and head != BASELINE else "-"
         )
         fdiff = f"{f['test_nll'] - fbase['test_nll']:+.4f}" if f and fbase and head != BASELINE else "-"
-        unplanned = "not run yet" if d in obj["meta"]["args"]["dims"] else "not in the map's --dims"
+        a = obj["meta"]["args"]
+        planned = head in a["heads"] and d in a["dims"] and seed <= a["seeds"]
+        unplanned = "not run yet" if planned else "not in the map's plan (--heads / --dims / --seeds)"
         frozen_ppl = f"{math.exp(f['test_nll']):.2f}" if f else unplanned
         cpu = f"{c['cpu_seconds'] / 60:.0f}" if "cpu_seconds" in c else "-"
         lines.append(f"| {head} | {d} | {seed} | {c['ppl']['test']:.2f} | {frozen_ppl} | {diff} | {fdiff} | {cpu} |")
@@ -1093,11 +1139,9 @@ def upgrade_pairs(run) -> List[tuple]:
 
 
 def ended(cell: Dict) -> str:
-    """How an upgrade cell's training ended: its stopping rule (its last epoch ``patience`` past its best) or its cap
-    (its best epoch within the last ``patience``, the cap reached)."""
-    best = next(e["epoch"] for e in cell["curve"] if e.get("best"))
-    last = cell["curve"][-1]["epoch"]
-    return "stopping rule" if last - best >= cell["patience"] else f"cap ({cell['max_epochs']} epochs)"
+    """How an upgrade cell's training ended (:func:`bottleneck_map.ended_by`): its stopping rule, or its cap."""
+    by = bottleneck_map.ended_by(cell["curve"], cell["max_epochs"], cell["patience"])
+    return "stopping rule" if by == "patience" else f"cap ({cell['max_epochs']} epochs)"
 
 
 def cap_section(obj: Dict) -> List[str]:
@@ -1119,16 +1163,27 @@ def cap_section(obj: Dict) -> List[str]:
         if (t := table.get(key))
         for e in range(1, min(len(t["curve"]), len(c["curve"])))
     ]
-    meta = (obj.get("upgrade_cap") or {}).get("meta")
+    patience = ", ".join(map(str, sorted({c["patience"] for c in cap})))
+    differ = [  # what "otherwise as the table" claims, checked cell by cell
+        f"{names[r]} seed {s} ({', '.join(k for k in ('lr', 'tokens', 'block_size') if c.get(k) != t.get(k))})"
+        for (r, s), c in checked.items()
+        if (t := table.get((r, s))) and any(c.get(k) != t.get(k) for k in ("lr", "tokens", "block_size"))
+    ]
+    alone = [f"{names[r]} seed {s}" for r, s in checked if (r, s) not in table]
     lines = [
-        "**The cap, checked** (a description, no test): "
+        "**The cap, checked** (a description, no test; the command under Commands): "
         + ", ".join(
             f"{names[r]} seed {s}" for r, s in sorted(checked, key=lambda k: list(upgrade_table.ROWS).index(k[0]))
         )
-        + f" trained again at most {', '.join(map(str, caps))} epochs (patience 1), otherwise as the table (its rates, "
-        "its text, its seed: "
-        + (f"`{upgrade_table.command_line(meta, 'results/upgrade_cap')}`" if meta else "`recipes.upgrade_table`")
-        + ")"
+        + f" trained again at most {', '.join(map(str, caps))} epochs (patience {patience})"
+        + (f", the table's at most {at}" if table_caps else "")
+        + (" (not a higher cap: no longer run)" if table_caps and max(caps) <= min(table_caps) else "")
+        + (
+            "; otherwise as the table's cell of the same row and seed (its rate, text and blocks)"
+            if not differ
+            else "; unlike the table's cell of the same row and seed in " + "; ".join(differ)
+        )
+        + (f"; no table cell beside {', '.join(alone)}" if alone else "")
         + (
             f"; over the epochs both ran, its valid NLL and the table's cells' differ by at most {max(same):.1e} nats"
             if same
@@ -1136,7 +1191,7 @@ def cap_section(obj: Dict) -> List[str]:
         )
         + ":",
         "",
-        f"| row | seed | best epoch | ended by | test ppl / token at {at} epochs | at the longer run |",
+        f"| row | seed | best epoch | ended by | test ppl / token, the table (cap {at}) | the cap check |",
         "|---|---|---|---|---|---|",
     ]
     for (row, seed), c in sorted(checked.items(), key=lambda kv: list(upgrade_table.ROWS).index(kv[0][0])):
@@ -1160,7 +1215,7 @@ def cap_section(obj: Dict) -> List[str]:
     if diffs:
         lines += [
             "",
-            "Row minus control, test NLL (nats), at the table's cap -> at the longer run: " + "; ".join(diffs) + ".",
+            "Row minus control, test NLL (nats), the table -> the cap check: " + "; ".join(diffs) + ".",
         ]
     return lines + [""]
 

@@ -249,22 +249,32 @@ STAGE_OPTIONS = {
 }
 
 
+#: the page json's parts an upgrade_table run may be restored from: the table, and its cap check (seed 1 again at a
+#: higher --max-epochs)
+PAGE_PARTS = ("upgrade", "upgrade_cap")
+
+
 def restore(args, stage: str, rates: Optional[Dict[str, Dict]] = None, log=print) -> int:
-    """Copy the ``stage`` cells (``"pilot"`` or ``"cells"``) committed in ``args.restore`` (the page's json, its
-    ``upgrade`` part) into ``args.out`` where this run has none, when the committed run's options of that stage and
-    its passed options equal this run's (a table cell also needs its rate to be ``rates``' choice for its row);
-    returns how many it copied."""
+    """Copy the ``stage`` cells (``"pilot"`` or ``"cells"``) committed in ``args.restore`` (the page's json, the first
+    of its :data:`PAGE_PARTS` whose options match) into ``args.out`` where this run has none, when the committed run's
+    options of that stage and its passed options equal this run's (a table cell also needs its rate to be ``rates``'
+    choice for its row); returns how many it copied."""
     if not args.restore:
         return 0
     with open(args.restore) as f:
-        committed = json.load(f).get("upgrade") or {}
-    meta = committed.get("meta") or {}
-    same = meta.get("passed") == args.passed and all(
-        meta.get("args", {}).get(k) == getattr(args, k) for k in STAGE_OPTIONS[stage]
-    )
-    if not same:
-        log(f"--restore {args.restore}: its {stage} ran with other options; nothing restored")
+        page = json.load(f)
+
+    def same(part):
+        meta = (page.get(part) or {}).get("meta") or {}
+        return meta.get("passed") == args.passed and all(
+            meta.get("args", {}).get(k) == getattr(args, k) for k in STAGE_OPTIONS[stage]
+        )
+
+    part = next((part for part in PAGE_PARTS if (page.get(part) or {}).get(stage) and same(part)), None)
+    if part is None:
+        log(f"--restore {args.restore}: no {stage} cells there ran with this run's options; nothing restored")
         return 0
+    committed = page[part]
     copied = 0
     for cell in committed.get(stage, []):
         row = cell["row"]

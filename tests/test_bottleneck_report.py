@@ -281,7 +281,7 @@ def test_the_joint_check_says_whether_its_stopping_rule_could_fire():
     # beside the frozen cell of its head, d and seed; a d the map leaves out says so, rather than "not run yet"
     assert "| mos-4 | 4 | 1 | 90.00 | 90.92 | -0.1054 | -0.3000 | - |" in text
     text = "\n".join(bottleneck_report.joint_section({**obj, "joint": joint(3, 3, 128)}))
-    assert "| mos-4 | 128 | 1 | 90.00 | not in the map's --dims | -0.1054 | - | - |" in text
+    assert "| mos-4 | 128 | 1 | 90.00 | not in the map's plan (--heads / --dims / --seeds) | -0.1054 | - | - |" in text
 
 
 def test_a_collection_on_another_trunk_sets_the_committed_cells_aside_and_keeps_the_other_parts(tmp_path):
@@ -408,8 +408,17 @@ def test_spectrum_measures_by_hand_and_only_from_a_whole_spectrum(tmp_path):
     got = {c["seed"]: c["spectrum"] for c in bottleneck_report.collect(str(tmp_path))["cells"]}
     assert got[1]["rank_at"] == bottleneck_map.spectrum_measures(whole["spectrum"]["top"], 1)["rank_at"]
     assert len(got[1]["top"]) == 11 and "rank_at" not in got[2] and "beyond_bound_after_first" not in got[2]
-    text = bottleneck_report.page(_map(_cells()), "/tmp/x.png")
+    obj = _map(_cells())
+    for c in obj["cells"][1:]:  # every cell but one with its whole spectrum's measures
+        c["spectrum"].update(bottleneck_map.spectrum_measures(c["spectrum"]["top"], c["d"]))
+    shares = [c["spectrum"]["first_share"] for c in obj["cells"][1:]]
+    text = bottleneck_report.page(obj, "/tmp/x.png")
     assert "Rank at 0.001 of the largest singular value" in text and "among all but the first" in text
+    assert f"the first holds {min(shares):.1%} to {max(shares):.1%} of the squared sum" in text
+    assert (
+        "Left out of the last three tables: 1 cell(s) restored without their whole spectrum (softmax d=4 seed 1)"
+        in text
+    )
 
 
 def _upgrade_cell(row, seed, valid, test_ppl, best, cap):
@@ -435,18 +444,27 @@ def test_the_cap_check_sits_beside_the_tables_seed_1_cells():
     ]
     obj = {**_map(_cells()), "upgrade": {"cells": table}, "upgrade_cap": {"cells": cap}}
     text = "\n".join(bottleneck_report.cap_section(obj))
-    assert "(a) softmax, fine-tuned seed 1, (b) softmax + residual MLP" in text and "at most 6 epochs" in text
+    assert "(a) softmax, fine-tuned seed 1, (b) softmax + residual MLP" in text
+    assert "at most 6 epochs (patience 1), the table's at most 2; otherwise as the table's cell" in text
     assert "differ by at most 1.0e-04 nats" in text  # mos-3's epoch 2: 3.1801 against the table's 3.18
     assert "| (a) softmax, fine-tuned | 1 | 6 | cap (6 epochs) | 32.00 | 30.00 |" in text
     assert "| (b) softmax + residual MLP (MoS-3's added parameters) | 1 | 3 | stopping rule | 26.40 | 25.00 |" in text
     assert "| MoS-3 | 1 | 2 | stopping rule | 25.90 | 25.90 |" in text
     mos_b = (math.log(25.9 / 26.4), math.log(25.9 / 25.0))  # MoS-3 - (b): ahead at the cap, behind past it
-    assert f"MoS-3 - (b) (seed 1) {mos_b[0]:+.4f} -> {mos_b[1]:+.4f}" in text
+    assert f"MoS-3 - (b) (seed 1) {mos_b[0]:+.4f} -> {mos_b[1]:+.4f}" in text and "the table -> the cap check:" in text
     assert f"(b) - (a) (seed 1) {math.log(26.4 / 32.0):+.4f} -> {math.log(25.0 / 30.0):+.4f}" in text
     assert bottleneck_report.page_cells(obj) == len(obj["cells"]) + 6
     assert bottleneck_report.cap_section({**obj, "upgrade_cap": {}}) == []
-    kept = bottleneck_report.carry_over({"meta": obj["meta"]}, obj, {"upgrade"})
-    assert kept["upgrade_cap"] == obj["upgrade_cap"] and "upgrade" not in kept  # only the parts not collected
+    new = {"meta": obj["meta"], "upgrade": {"cells": table[:1]}}
+    kept = bottleneck_report.carry_over(new, obj, {"upgrade"})
+    assert kept["upgrade_cap"] == obj["upgrade_cap"] and kept["upgrade"] == new["upgrade"]  # the collected one kept
+    # a cap folder whose run has begun (its meta written) but not finished a cell keeps the committed cells
+    begun = {"meta": obj["meta"], "upgrade_cap": {"meta": {}, "cells": []}}
+    assert bottleneck_report.carry_over(begun, obj, {"upgrade_cap"})["upgrade_cap"] == obj["upgrade_cap"]
+    # another rate than the table's is named, not called "as the table"
+    other = [{**cap[2], "lr": 1.0}]
+    text = "\n".join(bottleneck_report.cap_section({**obj, "upgrade_cap": {"cells": other}}))
+    assert "unlike the table's cell of the same row and seed in MoS-3 seed 1 (lr)" in text
 
 
 def test_part_2s_cost_projects_the_table_cells_still_to_run_from_their_rows():
@@ -464,5 +482,16 @@ def test_part_2s_cost_projects_the_table_cells_still_to_run_from_their_rows():
     assert (
         "Part 2 (the upgrade table), of the 15 CPU-core-hours planned: 3.5 so far (0.5 in the rate pilot's 1 " in text
     )
-    assert "still to run: 4 table cells, about 3.0 (each its row's finished cells' mean), 2 with no cell of" in text
-    assert "about 6.5 of the 15 in all" in text
+    assert (
+        "still to run: 2 table cells, about 3.0 (each its row's finished cells' mean): about 6.5 of the 15 in all, "
+        in text
+    )
+    assert "and 2 table cells with no cell of their row yet, not estimated." in text
+    # the cap check's cells counted, those still to run named; a page with the cap check alone still has its cost
+    cap = {"cells": [cell("softmax", 1, 7200.0)], "meta": {"args": {"rows": ["softmax", "mos-3"], "seeds": [1]}}}
+    text = "\n".join(bottleneck_report.budget_lines({**_map(_cells()), "upgrade": up, "upgrade_cap": cap}, []))
+    assert (
+        "2.0 in the cap check's 1;" in text and "5.5 so far" in text and "and 1 cap check cells, not estimated" in text
+    )
+    text = "\n".join(bottleneck_report.budget_lines({**_map(_cells()), "upgrade_cap": cap}, []))
+    assert "Part 2 (the upgrade table), of the 15 CPU-core-hours planned: 2.0 so far" in text

@@ -394,6 +394,17 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     assert upgrade_table.restore(other, "pilot", log=lambda *_: None) == 6
     other.train_tokens += 1
     assert upgrade_table.restore(other, "cells", result["rates"], log=lambda *_: None) == 0
+    # the cap check (the table's command at a higher --max-epochs): its cells restore from the page's upgrade_cap part,
+    # its pilot from the table's
+    committed = bottleneck_report.collect_upgrade(str(out))
+    cap_meta = {**committed["meta"], "args": {**committed["meta"]["args"], "max_epochs": 3}}
+    page.write_text(json.dumps({"upgrade": committed, "upgrade_cap": {"cells": committed["cells"], "meta": cap_meta}}))
+    capped = upgrade_table.parse_args(fresh + ["--restore", str(page), "--out", str(tmp_path / "cap")])
+    capped.max_epochs = 3
+    assert upgrade_table.restore(capped, "pilot", log=lambda *_: None) == 6
+    assert upgrade_table.restore(capped, "cells", result["rates"], log=lambda *_: None) == 6
+    capped.max_epochs, capped.out = 4, str(tmp_path / "cap4")  # neither part ran at this cap
+    assert upgrade_table.restore(capped, "cells", result["rates"], log=lambda *_: None) == 0
     # the page's section
     up = bottleneck_report.collect_upgrade(str(out))
     rows = {(r["row"], r["control"]): r for r in bottleneck_report.upgrade_rows(up)}
