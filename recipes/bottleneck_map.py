@@ -145,13 +145,14 @@ def spectrum(module: ProjectedHead, features: torch.Tensor) -> Dict:
     s = torch.linalg.svdvals(lp)
     tol = max(lp.shape) * torch.finfo(torch.float64).eps * float(s[0])
     bound = module.projection.out_features + 2
+    top = [float(v) for v in s]
     return {
         "rank": int((s > tol).sum()),
         "tolerance": tol,
         "beyond_bound": float((s[bound:] ** 2).sum() / (s**2).sum()),
         "contexts": lp.shape[0],
-        "top": [float(v) for v in s],
-        **spectrum_measures([float(v) for v in s], module.projection.out_features),
+        "top": top,
+        **spectrum_measures(top, module.projection.out_features),
     }
 
 

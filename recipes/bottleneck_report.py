@@ -81,7 +81,7 @@ def collect(results: str, joint: str = "", upgrade: str = "", cap: str = "") -> 
 
 
 #: the page's parts beside the map, each collected from a folder of its own (or carried over from the committed json)
-PARTS = ("joint", "upgrade", "upgrade_cap")
+PARTS = ("joint",) + upgrade_table.PAGE_PARTS
 
 
 def carry_over(obj: Dict, committed: Dict, collected) -> Dict:
@@ -165,10 +165,11 @@ def planned_order(a: Dict, present) -> List[str]:
 
 
 #: the paired tables' last columns and the sentence that says what the detectable difference is
-PAIRED_HEADER = "mean [95% CI] | paired t p | Holm p | detectable (80% power) |"
+PAIRED_HEADER = f"mean [95% CI] | paired t p | Holm p | detectable ({paired_stats.POWER:.0%} power) |"
 DETECTABLE = (
-    "Detectable: the difference a paired t-test of these seeds detects with 80% power at 0.05 / m (Holm's first step "
-    "over the family's m planned comparisons), from the observed spread of the seed differences (an estimate)."
+    f"Detectable: the difference a paired t-test of these seeds detects with {paired_stats.POWER:.0%} power at "
+    f"{paired_stats.ALPHA:g} / m (Holm's first step over the family's m planned comparisons), from the observed "
+    "spread of the seed differences (an estimate)."
 )
 
 
@@ -432,7 +433,7 @@ def trunk_training(meta: Dict) -> str:
 def page_cells(obj: Dict) -> int:
     """The page's finished cells: the map's, the joint check's, the upgrade table's and its cap check's (what a
     reading's ``<!-- cells: N -->`` counts)."""
-    upgrade = sum(len((obj.get(part) or {}).get("cells") or []) for part in ("upgrade", "upgrade_cap"))
+    upgrade = sum(len((obj.get(part) or {}).get("cells") or []) for part in upgrade_table.PAGE_PARTS)
     return len(obj["cells"]) + len(obj.get("joint") or []) + upgrade
 
 
@@ -730,9 +731,7 @@ def budget_lines(obj: Dict, missing) -> List[str]:
     if not (up.get("pilot") or up.get("cells") or checked):
         return lines
     so_far = pilot + table_cells + cap_check
-    planned = (up.get("meta") or {}).get("args") or {}
-    done = {(c["row"], c["seed"]) for c in up.get("cells", [])}
-    todo = [(r, s) for r in planned.get("rows", []) for s in planned.get("seeds", []) if (r, s) not in done]
+    todo = still_to_run(up)
     per_row = {}  # a row's finished cells' mean, from those that recorded the whole process's CPU time where any did
     for row in {r for r, _ in todo}:
         mine = [c for c in up.get("cells", []) if c["row"] == row]
@@ -741,11 +740,7 @@ def budget_lines(obj: Dict, missing) -> List[str]:
             per_row[row] = sum(hours(c) for c in whole) / len(whole)
     left = sum(per_row[r] for r, _ in todo if r in per_row)
     unknown = sum(1 for r, _ in todo if r not in per_row)
-    cap_planned = ((obj.get("upgrade_cap") or {}).get("meta") or {}).get("args") or {}
-    cap_done = {(c["row"], c["seed"]) for c in checked}
-    cap_todo = sum(
-        1 for r in cap_planned.get("rows", []) for s in cap_planned.get("seeds", []) if (r, s) not in cap_done
-    )
+    cap_todo = len(still_to_run(obj.get("upgrade_cap") or {}))
     not_estimated = [
         f"{n} {what}" for n, what in ((unknown, "table cells with no cell of their row yet"), (cap_todo, "cap check "
         "cells")) if n
@@ -773,6 +768,14 @@ def budget_lines(obj: Dict, missing) -> List[str]:
         + ".",
         "",
     ]
+
+
+def still_to_run(part: Dict) -> List[tuple]:
+    """The (row, seed) cells an upgrade_table run (the table or its cap check) planned, by its recorded options, and
+    has not finished."""
+    planned = (part.get("meta") or {}).get("args") or {}
+    done = {(c["row"], c["seed"]) for c in part.get("cells", [])}
+    return [(r, s) for r in planned.get("rows", []) for s in planned.get("seeds", []) if (r, s) not in done]
 
 
 def cell_estimate(obj: Dict, head: str, d: int, seed: int):
@@ -1070,6 +1073,7 @@ def joint_section(obj: Dict) -> List[str]:
         else "within them the table's stopping rule"
         + (f" (patience {', '.join(map(str, patience))})" if patience else "")
     )
+    a = obj["meta"]["args"]
     lines = [
         "## Trained jointly with the trunk",
         "",
@@ -1095,7 +1099,6 @@ def joint_section(obj: Dict) -> List[str]:
             f"{math.log(c['ppl']['test']) - math.log(base['ppl']['test']):+.4f}" if base and head != BASELINE else "-"
         )
         fdiff = f"{f['test_nll'] - fbase['test_nll']:+.4f}" if f and fbase and head != BASELINE else "-"
-        a = obj["meta"]["args"]
         planned = head in a["heads"] and d in a["dims"] and seed <= a["seeds"]
         unplanned = "not run yet" if planned else "not in the map's plan (--heads / --dims / --seeds)"
         frozen_ppl = f"{math.exp(f['test_nll']):.2f}" if f else unplanned
@@ -1153,7 +1156,8 @@ def cap_section(obj: Dict) -> List[str]:
     if not cap:
         return []
     names = upgrade_table.ROW_NAMES
-    checked = {(c["row"], c["seed"]): c for c in cap}
+    order = list(upgrade_table.ROWS)  # the table's row order
+    checked = {(c["row"], c["seed"]): c for c in sorted(cap, key=lambda c: (order.index(c["row"]), c["seed"]))}
     caps = sorted({c["max_epochs"] for c in cap})
     table_caps = sorted({c["max_epochs"] for c in table.values()})
     at = ", ".join(map(str, table_caps)) or "-"
@@ -1172,9 +1176,7 @@ def cap_section(obj: Dict) -> List[str]:
     alone = [f"{names[r]} seed {s}" for r, s in checked if (r, s) not in table]
     lines = [
         "**The cap, checked** (a description, no test; the command under Commands): "
-        + ", ".join(
-            f"{names[r]} seed {s}" for r, s in sorted(checked, key=lambda k: list(upgrade_table.ROWS).index(k[0]))
-        )
+        + ", ".join(f"{names[r]} seed {s}" for r, s in checked)
         + f" trained again at most {', '.join(map(str, caps))} epochs (patience {patience})"
         + (f", the table's at most {at}" if table_caps else "")
         + (" (not a higher cap: no longer run)" if table_caps and max(caps) <= min(table_caps) else "")
@@ -1194,7 +1196,7 @@ def cap_section(obj: Dict) -> List[str]:
         f"| row | seed | best epoch | ended by | test ppl / token, the table (cap {at}) | the cap check |",
         "|---|---|---|---|---|---|",
     ]
-    for (row, seed), c in sorted(checked.items(), key=lambda kv: list(upgrade_table.ROWS).index(kv[0][0])):
+    for (row, seed), c in checked.items():
         t = table.get((row, seed))
         best = next(e["epoch"] for e in c["curve"] if e.get("best"))
         short = f"{t['after']['test']['ppl']:.2f}" if t else "-"

@@ -118,10 +118,10 @@ def holm(pvalues: Sequence[Optional[float]], size: int = 0) -> List[Optional[flo
     return adjusted
 
 
-#: how many quantiles of the variance's distribution :func:`detectable` averages the power over
 #: the reports' test level (Holm-adjusted p-values are read against it; the detectable difference divides it by the
 #: family's size, Holm's first step) and the power at which a difference counts as detectable
 ALPHA, POWER = 0.05, 0.8
+#: how many quantiles of the variance's distribution :func:`detectable` averages the power over
 _POWER_QUANTILES = 20000
 
 
