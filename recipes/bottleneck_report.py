@@ -202,7 +202,8 @@ def paired_rows(obj: Dict) -> List[Dict]:
                     [cells[(head, d, s)]["test_nll"] for s in seeds],
                     [cells[(BASELINE, d, s)]["test_nll"] for s in seeds],
                 )
-                rows.append({"head": head, "d": d, "seeds": len(seeds), "paired": p})
+                ended = tuple(capped(obj, [cells[(h, d, s)] for s in seeds]) for h in (head, BASELINE))
+                rows.append({"head": head, "d": d, "seeds": len(seeds), "paired": p, "capped": ended})
     a = obj["meta"]["args"]
     return with_holm(rows, lambda r: r["paired"].p, len(set(a["heads"]) - {BASELINE}) * len(a["dims"]))
 
@@ -415,17 +416,25 @@ def dims_cut(meta: Dict) -> str:
 
 
 def trunk_training(meta: Dict) -> str:
-    """ "; trained N epochs (valid perplexity a, b, ... by epoch; ...)" from the trunk's log (``meta["trunk_curve"]``),
-    saying whether its valid perplexity still fell in its last epoch; "" for a run that did not record it."""
+    """ "; trained N epochs (valid perplexity a, b, ... by epoch, from its log; ...)" from the trunk's log
+    (``meta["trunk_curve"]``), saying whether its valid perplexity still fell in its last epoch and whether that epoch
+    was its table's epoch cap at mini scale; "" for a run that did not record it."""
+    from recipes.reproduce.tables.language_model import MINI_STOPS
+
     curve = meta.get("trunk_curve") or []
     if not curve:
         return ""
     ppl = [p["valid_ppl"] for p in curve]
-    text = f"; trained {len(curve)} epochs (valid perplexity {', '.join(f'{v:.2f}' for v in ppl)} by epoch"
+    text = (
+        f"; trained {len(curve)} epochs (valid perplexity {', '.join(f'{v:.2f}' for v in ppl)} by epoch, from its "
+        "fairseq log, which rounds the loss"
+    )
     if len(ppl) > 1 and ppl[-1] < min(ppl[:-1]):
+        cap = MINI_STOPS["adam"].max_epochs
         return text + (
-            f"; still falling, {100 * (ppl[-1] / ppl[-2] - 1):+.1f}% in its last epoch: the trunk stopped before it "
-            "converged)"
+            f"; still falling, {100 * (ppl[-1] / ppl[-2] - 1):+.1f}% in its last epoch: the trunk stopped "
+            + (f"at its table's {cap}-epoch cap (mini scale), " if len(curve) == cap else "")
+            + "before it converged)"
         )
     return text + ")"
 
@@ -493,7 +502,8 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         f"validates after every epoch, stops after {a['patience']} epochs without improvement (at most "
         f"{a['max_epochs']}) and scores test ({meta['tokens']['test']:,} tokens) at the best epoch. Seeds "
         f"{', '.join(map(str, seeds))}, fixed before the runs; they vary the projection's and the head's starting "
-        "weights and the batch order, while every cell shares the one trunk and the one test set, so the intervals "
+        "weights, the batch order and the noise of the heads that draw it in training (Mixtape's `gate_noise`), "
+        "while every cell shares the one trunk and the one test set, so the intervals "
         "below are over training seeds, not over trunks or text. The train-NLL floor: the cell's weights at its "
         f"stopping rule trained on for {a['floor_epochs']} more epochs on train (a fresh Adam at the cell's rate, "
         "valid unseen: past the stopping rule however the cell ended), its lowest NLL on the first "
@@ -512,7 +522,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
             else f"; the rate cells at d = {a['rate_d']} run first, and the seed cells after every head's rate."
             if not obj["cells"]
             else f"; {len(missing)} not finished, and every table below holds the cells so far (missing: "
-            + missing_summary(missing, a)
+            + missing_summary(missing, obj)
             + ")."
         )
         + (
@@ -553,7 +563,8 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         "seeds at each d, regressed on log2 d; the slope is per doubling of d (< 0: head - softmax falls as d "
         "grows; > 0: it rises). The d values are the points (t on their number - 2 degrees of freedom): a d's "
         "departure from the line is shared by its seeds, so they are not independent points of it. Holm over the two "
-        "heads, fixed before the seed cells ran:",
+        f"heads, fixed before the seed cells ran. Each head trains at the rate it chose at d = {a['rate_d']}, at every "
+        "d: where a head's rate suits another d less than softmax's suits it, that alone can tilt the line.",
         "",
         "| head | d values | seeds per d | slope [95% CI] | df | p | Holm p |",
         "|---|---|---|---|---|---|---|",
@@ -572,7 +583,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
                 f"{r['high']:+.4f}] | {r['df']} | {paired_stats.format_p(r['p'])} | "
                 f"{paired_stats.format_p(r['holm'])} |"
             )
-    interim = [r["head"] for r in slopes if not r["complete"]]
+    interim = [r["head"] for r in slopes if not r["complete"] and r["slope"] is not None]
     if interim:
         lines += [
             "",
@@ -587,20 +598,24 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         "## Paired differences per d",
         "",
         f"Test NLL, head minus softmax at the same d and seed (nats); Holm over the {family} planned (head, d) "
-        f"comparisons, one family, {tested} of them with two seeds or more so far (the others count as p = 1):",
+        f"comparisons, one family, {tested} of them with two seeds or more so far (the others count as p = 1). "
+        f"Capped: how many of those seeds' head and softmax cells the {a['max_epochs']}-epoch cap ended (a "
+        "difference between cells the cap ended is between how far each got in that many epochs):",
         "",
-        "| head | d | seeds | " + PAIRED_HEADER,
-        "|---|---|---|---|---|---|---|",
+        "| head | d | seeds | capped (head, softmax) | " + PAIRED_HEADER,
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['head']} | {r['d']} | {r['seeds']} | {paired_cells(r)} |")
+        lines.append(
+            f"| {r['head']} | {r['d']} | {r['seeds']} | {r['capped'][0]}, {r['capped'][1]} | {paired_cells(r)} |"
+        )
     lines += [
         "",
         DETECTABLE,
         "",
         f"![{os.path.basename(png)}]({os.path.basename(png)})",
         "",
-        "## What each head can express: the train-NLL floor",
+        "## What each head can express: the train-NLL floor within a fixed budget",
         "",
     ]
     lines += table(
@@ -677,6 +692,31 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
 
 #: the issue's CPU-core-hour budgets: part 1 (the map, its rate cells and the joint check), part 2 (the upgrade table)
 BUDGET_HOURS = {"map": 25.0, "upgrade": 15.0}
+#: what the issue lets a plan cut to fit its budget, and how far: the training tokens (not below this many) and the d
+#: values (at least this many), before seeds
+LEAST_TRAIN_TOKENS, LEAST_DIMS = 200_000, 5
+
+
+def cut_for_budget(obj: Dict, total: float) -> str:
+    """What part 1 cut to fit its budget, from the run's options against the map's defaults and the issue's least
+    plan; and, where the projected ``total`` is above the budget, that it is overrun and why no further cut."""
+    a, tokens = obj["meta"]["args"], obj["meta"]["tokens"]["train"]
+    cut = [d for d in bottleneck_map.DIMS if d <= obj["meta"]["width"] and d not in a["dims"]]
+    seeds = min(a.get("floor_seeds", a["seeds"]), a["seeds"])
+    text = (
+        f" What it cut to fit: the training tokens at {tokens:,} (the issue allows no fewer than "
+        f"{LEAST_TRAIN_TOKENS:,}), {len(a['dims'])} d values (at least {LEAST_DIMS})"
+        + (f", d = {', '.join(map(str, cut))} left out" if cut else "")
+        + (f", the train-NLL floor run for {seeds} of the {a['seeds']} seeds" if seeds < a["seeds"] else "")
+        + "."
+    )
+    over = total - BUDGET_HOURS["map"]
+    if over > 0:
+        spent = tokens <= LEAST_TRAIN_TOKENS and len(a["dims"]) <= LEAST_DIMS
+        text += f" Projected {over:.1f} CPU-core-hours ({100 * over / BUDGET_HOURS['map']:.0f}%) over it" + (
+            ": overrun, not cut further, as the cuts the issue allows before seeds are spent." if spent else "."
+        )
+    return text
 
 
 def budget_lines(obj: Dict, missing) -> List[str]:
@@ -725,7 +765,8 @@ def budget_lines(obj: Dict, missing) -> List[str]:
             if missing
             else ""
         )
-        + ".",
+        + "."
+        + cut_for_budget(obj, spent + aside_hours + joint + sum(cost.values())),
         "",
     ]
     if not (up.get("pilot") or up.get("cells") or checked):
@@ -798,8 +839,10 @@ def cell_estimate(obj: Dict, head: str, d: int, seed: int):
     return hours / 3600
 
 
-def missing_summary(missing, a: Dict) -> str:
-    """The planned cells not finished, seed by seed: a whole seed in a word, else each head's d values."""
+def missing_summary(missing, obj: Dict) -> str:
+    """The planned cells not finished, seed by seed: a whole seed in a word, else each head's d values; and which of
+    them are a chosen rate's cell, trained already, their floor run to come."""
+    a = obj["meta"]["args"]
     parts = []
     for seed in sorted({s for _, _, s in missing}):
         mine = [(h, d) for h, d, s in missing if s == seed]
@@ -813,6 +856,18 @@ def missing_summary(missing, a: Dict) -> str:
                 f"{h} " + ("every d" if len(ds) == len(a["dims"]) else "d=" + "/".join(map(str, ds)))
                 for h, ds in by_head.items()
             )
+        )
+    trained = sorted(
+        h
+        for h, d, s in missing
+        if s == 1
+        and d == a["rate_d"]
+        and any(c["head"] == h and c["lr"] == chosen_rate(obj, h) for c in obj["rate_cells"])
+    )
+    if trained:
+        parts.append(
+            f"of these, seed 1 at d = {a['rate_d']} of {', '.join(trained)} is the chosen rate's cell, trained: its "
+            "floor run is to come"
         )
     return "; ".join(parts)
 
@@ -1035,22 +1090,25 @@ def floor_seeds(obj: Dict) -> str:
 
 
 def floor_slope(obj: Dict) -> List[str]:
-    """Whether the floor runs were still learning when their budget ended: the last epoch's drop of each floor curve."""
-    drops = sorted(
-        (c["floor_curve"][-2] - c["floor_curve"][-1], c["head"], c["d"], c["seed"])
+    """Whether the floor runs were still learning when their budget ended: how many reached their lowest train NLL at
+    the budget's last epoch, and the last epoch's drop of each floor curve."""
+    curves = [
+        (c["floor_curve"], c["head"], c["d"], c["seed"])
         for c in obj["cells"]
         if len(c.get("floor_curve", [])) > 1 and all(math.isfinite(v) for v in c["floor_curve"][-2:])
-    )
-    if not drops:
+    ]
+    if not curves:
         return []
+    drops = sorted((f[-2] - f[-1], h, d, s) for f, h, d, s in curves)
+    last = sum(1 for f, *_ in curves if f[-1] <= min(f))
     falling = [x for x in drops if x[0] > 0.01]
     top = drops[-1]
     return [
-        f"At the budget's end the floor was still falling by more than 0.01 nats an epoch in {len(falling)} of "
-        f"{len(drops)} cells (the last epoch's drop: median {statistics.median(x[0] for x in drops):.4f}, largest "
-        f"{top[0]:.4f} "
-        f"for {top[1]} at d = {top[2]}, seed {top[3]}): where it was, the floor is an upper bound on what the head "
-        "can reach, not its limit.",
+        f"A floor is the lowest train NLL the head reached within the fixed budget: an upper bound on what it can "
+        f"express, whether or not it still fell. {last} of the {len(curves)} floor runs reached their lowest at the "
+        f"budget's last epoch; the last epoch's drop: median {statistics.median(x[0] for x in drops):.4f} nats, "
+        f"largest {top[0]:.4f} for {top[1]} at d = {top[2]}, seed {top[3]}; more than 0.01 in {len(falling)}. A "
+        "floor still falling at its end says how far the budget let the head go, not where it would stop.",
         "",
     ]
 
@@ -1251,10 +1309,11 @@ def size_matched(cells: List[Dict], base_params: Dict[int, int], names: Dict[str
     other = [r for r in heads if mlp and abs(added[r] / mlp - 1) > 0.02]
     if not other:
         return []
-    matched = [names[r] for r in heads if r not in other]
     return [
         "",
-        f"Control (b) adds {mlp:,} parameters (within 2% of it: {', '.join(matched) or 'no head'}); "
+        f"Control (b) adds {mlp:,} parameters"
+        + "".join(f"; {names[r]} adds {added[r]:,}, within 2% of it" for r in heads if r not in other)
+        + "; "
         + ", ".join(f"{names[r]} adds {added[r]:,}" for r in other)
         + (": its comparison" if len(other) == 1 else ": their comparisons")
         + f" with (b) {'is' if len(other) == 1 else 'are'} against a control of another size.",
@@ -1302,8 +1361,8 @@ def upgrade_section(up: Dict) -> List[str]:
         p0 = pilot[0]
         rates = sorted({c["lr"] for c in pilot})
         lines += [
-            f"**Rate pilot** (seed 0, one epoch over the first {p0['tokens']['train']:,} train tokens, valid NLL "
-            f"on the first {p0['tokens']['valid']:,} valid tokens; the pretrained model scores "
+            f"**Rate pilot** (seed 0, one epoch over {p0['tokens']['train']:,} predicted tokens of the train file's "
+            f"first blocks, valid NLL on {p0['tokens']['valid']:,} of the valid file's; the pretrained model scores "
             f"valid NLL {math.log(p0['pretrained_ppl']['valid']):.4f}); each row's rate is the one with its lowest "
             "valid NLL (once the grid is done, "
             "`upgrade_table` tries a row best at an end of it one step past that end; bold: the rate it chose):",
@@ -1359,9 +1418,11 @@ def upgrade_section(up: Dict) -> List[str]:
             if meta and len(cells) < len(planned) * len(meta["rows"])
             else ""
         )
-        + ", the first "
-        f"{c0['tokens']['train']:,} train tokens, at most {', '.join(map(str, caps))} epochs (patience 1), the best "
-        f"epoch by valid NLL on the first {c0['tokens']['valid']:,} valid tokens ({at_cap} of {len(cells)} cells "
+        + f", {c0['tokens']['train']:,} predicted tokens of the train file's first blocks of {c0['block_size']} "
+        f"(as test below), at most {', '.join(map(str, caps))} epochs (patience "
+        f"{', '.join(map(str, sorted({c['patience'] for c in cells})))}), the best "
+        f"epoch by valid NLL on {c0['tokens']['valid']:,} predicted tokens of the valid file's first blocks "
+        f"({at_cap} of {len(cells)} cells "
         f"best at the cap: numbers at that cap), scored on the test file cut into blocks of {c0['block_size']} tokens, "
         "each read alone (no context carried from the block before, so a block's first token is not predicted; the "
         f"last partial block left out): {c0['tokens']['test']:,} predicted tokens, {c0['words']['test']:,} words in "

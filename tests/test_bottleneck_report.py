@@ -124,6 +124,16 @@ def test_cells_the_cap_ended_are_read_from_their_curves():
     tests = bottleneck_report.page(_map(cells), "/tmp/x.png").split("## Test perplexity")[1].strip().split("\n\n")[0]
     mos = next(line for line in tests.splitlines() if line.startswith("| mos-4 |"))
     assert mos.count(" cap 1 |") == 1 and " cap " not in tests.split("| mos-4 |")[0]
+    # ... and in the paired table, beside the difference it may explain
+    paired = bottleneck_report.page(_map(cells), "/tmp/x.png").split("## Paired differences per d")[1].split("![")[0]
+    rows = {tuple(ln.split(" | ")[:2]): ln.split(" | ")[3] for ln in paired.splitlines() if ln.startswith("| m")}
+    assert rows == {
+        ("| mos-4", "4"): "1, 0",
+        ("| mos-4", "16"): "0, 0",
+        ("| mos-4", "64"): "0, 0",
+        ("| mixtape", "4"): "0, 0",
+        ("| mixtape", "16"): "0, 0",
+    }
 
 
 def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once():
@@ -139,7 +149,10 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
         "table and test): mixtape d=64 seed 1, mixtape d=64 seed 2." in text
     )
     assert "| mixtape | 4, 16 (2 of 3) | 3 | too few d values (3 needed) | - | - | - |" in text
-    assert "**Interim** for mixtape: a fit to the cells finished so far, not the primary test" in text
+    assert "**Interim**" not in text  # mixtape has no fit to call interim; mos-4's cells have all run
+    fewer = [c for c in cells if (c["head"], c["d"], c["seed"]) != ("mos-4", 64, 3)]
+    interim = bottleneck_report.page(_map(fewer), "/tmp/x.png")
+    assert "**Interim** for mos-4: a fit to the cells finished so far, not the primary test" in interim
     assert "| d = 64 |" in text and "- diverged 2 |" in text  # the planned d column, its diverged cells counted
     assert "(missing: seed 3: mixtape d=64)" in text
     assert "| mos-4 | 4, 16, 64 | 3 | " in text
@@ -349,11 +362,17 @@ def test_the_page_says_how_the_trunk_trained_and_whether_it_still_improved():
     curve = [{"epoch": e, "valid_ppl": p} for e, p in enumerate((242.86, 169.01, 125.98, 116.24), 1)]
     text = bottleneck_report.trunk_training({"trunk_curve": curve})
     assert text == (
-        "; trained 4 epochs (valid perplexity 242.86, 169.01, 125.98, 116.24 by epoch; still falling, -7.7% in its "
-        "last epoch: the trunk stopped before it converged)"
+        "; trained 4 epochs (valid perplexity 242.86, 169.01, 125.98, 116.24 by epoch, from its fairseq log, which "
+        "rounds the loss; still falling, -7.7% in its last epoch: the trunk stopped before it converged)"
+    )
+    five = curve + [{"epoch": 5, "valid_ppl": 110.0}]  # the lm-ptb table's mini cap: said
+    assert "the trunk stopped at its table's 5-epoch cap (mini scale), before it converged)" in (
+        bottleneck_report.trunk_training({"trunk_curve": five})
     )
     flat = curve[:3] + [{"epoch": 4, "valid_ppl": 130.0}]
-    assert bottleneck_report.trunk_training({"trunk_curve": flat}).endswith("130.00 by epoch)")
+    assert bottleneck_report.trunk_training({"trunk_curve": flat}).endswith(
+        "130.00 by epoch, from its fairseq log, which rounds the loss)"
+    )
     assert bottleneck_report.trunk_training({}) == ""
 
 
@@ -369,8 +388,8 @@ def test_the_upgrade_table_says_which_heads_control_b_is_not_sized_to():
     cells = [cell("softmax", 1000), cell("softmax-mlp", 1500), cell("mos-3", 1495), cell("mixtape", 2000)]
     assert bottleneck_report.size_matched(cells, base, upgrade_table.ROW_NAMES) == [
         "",
-        "Control (b) adds 500 parameters (within 2% of it: MoS-3); Mixtape adds 1,000: its comparison with (b) is "
-        "against a control of another size.",
+        "Control (b) adds 500 parameters; MoS-3 adds 495, within 2% of it; Mixtape adds 1,000: its comparison with "
+        "(b) is against a control of another size.",
     ]
     assert bottleneck_report.size_matched(cells[:3], base, upgrade_table.ROW_NAMES) == []
 
