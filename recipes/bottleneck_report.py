@@ -403,10 +403,16 @@ def how_many(cells: int, rate_cells: int) -> str:
     return " and ".join(parts) or "0 cells"
 
 
+def left_out_dims(meta: Dict) -> List[int]:
+    """The values of the map's default ``bottleneck_map.DIMS`` within the features' width that the run's --dims
+    leave out."""
+    return [d for d in bottleneck_map.DIMS if d <= meta["width"] and d not in meta["args"]["dims"]]
+
+
 def dims_cut(meta: Dict) -> str:
     """ "; d = ... of the map's default set not run, ..." where the run's --dims leave out values of
-    ``bottleneck_map.DIMS`` within the features' width; "" where they do not."""
-    cut = [d for d in bottleneck_map.DIMS if d <= meta["width"] and d not in meta["args"]["dims"]]
+    ``bottleneck_map.DIMS`` within the features' width (:func:`left_out_dims`); "" where they do not."""
+    cut = left_out_dims(meta)
     if not cut:
         return ""
     return (
@@ -701,8 +707,8 @@ def cut_for_budget(obj: Dict, total: float) -> str:
     """What part 1 cut to fit its budget, from the run's options against the map's defaults and the issue's least
     plan; and, where the projected ``total`` is above the budget, that it is overrun and why no further cut."""
     a, tokens = obj["meta"]["args"], obj["meta"]["tokens"]["train"]
-    cut = [d for d in bottleneck_map.DIMS if d <= obj["meta"]["width"] and d not in a["dims"]]
-    seeds = min(a.get("floor_seeds", a["seeds"]), a["seeds"])
+    cut = left_out_dims(obj["meta"])
+    seeds = floored_seeds(a)
     text = (
         f" What it cut to fit: the training tokens at {tokens:,} (the issue allows no fewer than "
         f"{LEAST_TRAIN_TOKENS:,}), {len(a['dims'])} d values (at least {LEAST_DIMS})"
@@ -830,9 +836,9 @@ def cell_estimate(obj: Dict, head: str, d: int, seed: int):
     like = [c for c in mine if c["d"] == d] or mine or [c for c in rates if c["lr"] == lr] or rates
     if not like:
         return None
-    trained = seed == 1 and d == a["rate_d"] and any(c["lr"] == lr for c in rates)  # the chosen rate cell: run
+    trained = seed == 1 and d == a["rate_d"] and rate_cell_trained(obj, head)
     hours = 0.0 if trained else sum(c["cpu_s"] for c in like) / len(like)
-    if seed <= a.get("floor_seeds", a["seeds"]):
+    if seed <= floored_seeds(a):
         floors = [c["floor_cpu_s"] for c in like if "floor_cpu_s" in c]
         per_epoch = sum(c["cpu_s"] / max(1, len(c["curve"]) - 1) for c in like) / len(like)
         hours += sum(floors) / len(floors) if floors else a["floor_epochs"] * per_epoch
@@ -857,13 +863,7 @@ def missing_summary(missing, obj: Dict) -> str:
                 for h, ds in by_head.items()
             )
         )
-    trained = sorted(
-        h
-        for h, d, s in missing
-        if s == 1
-        and d == a["rate_d"]
-        and any(c["head"] == h and c["lr"] == chosen_rate(obj, h) for c in obj["rate_cells"])
-    )
+    trained = sorted(h for h, d, s in missing if s == 1 and d == a["rate_d"] and rate_cell_trained(obj, h))
     if trained:
         parts.append(
             f"of these, seed 1 at d = {a['rate_d']} of {', '.join(trained)} is the chosen rate's cell, trained: its "
@@ -969,6 +969,12 @@ def cells_cpu_hours(obj: Dict) -> float:
     chosen = {(h, obj["meta"]["args"]["rate_d"], lr) for h, lr in obj["rates"].items()} & copied
     rate_cells = [c for c in obj["rate_cells"] if (c["head"], c["d"], c["lr"]) not in chosen]
     return sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + rate_cells) / 3600
+
+
+def rate_cell_trained(obj: Dict, head: str) -> bool:
+    """Whether the head's chosen rate's cell (also its seed-1 cell at ``--rate-d``) has been trained."""
+    lr = chosen_rate(obj, head)
+    return any(c["head"] == head and c["lr"] == lr for c in obj["rate_cells"])
 
 
 def chosen_rate(obj: Dict, head: str):
@@ -1078,10 +1084,15 @@ def stopped_sentence(obj: Dict) -> List[str]:
     ]
 
 
+def floored_seeds(a: Dict) -> int:
+    """How many seeds (1..N) get a floor run, from the run's arguments ``a``."""
+    return min(a.get("floor_seeds", a["seeds"]), a["seeds"])  # a run before the option floored every seed
+
+
 def floor_seeds(obj: Dict) -> str:
     """Which seeds' cells get a floor run (``--floor-seeds`` of the run), in words, with how many of them have run."""
     a = obj["meta"]["args"]
-    n = min(a.get("floor_seeds", a["seeds"]), a["seeds"])  # a run before the option floored every seed
+    n = floored_seeds(a)
     which = f"seed{'s 1-' if n > 1 else ' '}{n}" + (f" of the {a['seeds']}" if n < a["seeds"] else ", every seed")
     due = [c for c in obj["cells"] if c["seed"] <= n]
     have = sum(1 for c in due if "floor_curve" in c)
@@ -1199,6 +1210,11 @@ def upgrade_pairs(run) -> List[tuple]:
     ]
 
 
+def listed(cells: List[Dict], key: str) -> str:
+    """The cells' distinct values of ``key``, sorted, as "a, b"."""
+    return ", ".join(map(str, sorted({c[key] for c in cells})))
+
+
 def ended(cell: Dict) -> str:
     """How an upgrade cell's training ended (:func:`bottleneck_map.ended_by`): its stopping rule, or its cap."""
     by = bottleneck_map.ended_by(cell["curve"], cell["max_epochs"], cell["patience"])
@@ -1225,7 +1241,7 @@ def cap_section(obj: Dict) -> List[str]:
         if (t := table.get(key))
         for e in range(1, min(len(t["curve"]), len(c["curve"])))
     ]
-    patience = ", ".join(map(str, sorted({c["patience"] for c in cap})))
+    patience = listed(cap, "patience")
     differ = [  # what "otherwise as the table" claims, checked cell by cell
         f"{names[r]} seed {s} ({', '.join(k for k in ('lr', 'tokens', 'block_size') if c.get(k) != t.get(k))})"
         for (r, s), c in checked.items()
@@ -1419,8 +1435,7 @@ def upgrade_section(up: Dict) -> List[str]:
             else ""
         )
         + f", {c0['tokens']['train']:,} predicted tokens of the train file's first blocks of {c0['block_size']} "
-        f"(as test below), at most {', '.join(map(str, caps))} epochs (patience "
-        f"{', '.join(map(str, sorted({c['patience'] for c in cells})))}), the best "
+        f"(as test below), at most {', '.join(map(str, caps))} epochs (patience {listed(cells, 'patience')}), the best "
         f"epoch by valid NLL on {c0['tokens']['valid']:,} predicted tokens of the valid file's first blocks "
         f"({at_cap} of {len(cells)} cells "
         f"best at the cap: numbers at that cap), scored on the test file cut into blocks of {c0['block_size']} tokens, "
