@@ -561,7 +561,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         mark=lambda mine: f" cap {n}" if (n := capped(obj, mine)) else "",
         diverged=diverged,
     )
-    lines += stopped_sentence(obj)
+    lines += stopped_sentence(obj) + cap_reach(obj)
     lines += [
         "## The primary test: does the head's difference from softmax change with d?",
         "",
@@ -1080,6 +1080,45 @@ def stopped_sentence(obj: Dict) -> List[str]:
     return [
         f"Cells the {a['max_epochs']}-epoch cap ended, not their stopping rule (best epoch within the "
         f"last {a['patience']}; test scored at that epoch, under a cap, not at a converged one): {', '.join(counts)}.",
+        "",
+    ]
+
+
+def cap_reach(obj: Dict) -> List[str]:
+    """What the epoch cap leaves open, per head cell it ended (softmax's own cells apart): the cell's best valid NLL
+    minus softmax's at the same d and seed, the cell's mean valid gain per epoch over its last ``patience + 1`` epochs,
+    and, where the head is behind, the epochs it would need at that pace to draw level: a lower bound while its gain
+    per epoch does not grow and softmax's cell gains nothing more."""
+    a = obj["meta"]["args"]
+    cells = by_key(obj["cells"])
+    span = a["patience"] + 1
+    order = {h: i for i, h in enumerate(a["heads"])}
+    rows = []
+    for (head, d, seed), cell in sorted(cells.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1:])):
+        base = cells.get((BASELINE, d, seed))
+        if head == BASELINE or base is None or not capped(obj, [cell]):
+            continue
+        valid = [e["valid_nll"] for e in cell["curve"] if "valid_nll" in e]
+        if len(valid) <= span:
+            continue
+        gap, pace = cell["valid_nll"] - base["valid_nll"], (valid[-1 - span] - cell["valid_nll"]) / span
+        need = f"at least {math.ceil(gap / pace)}" if gap > 0 and pace > 0 else ("ahead" if gap <= 0 else "-")
+        rows.append(
+            f"| {head} | {d} | {seed} | {gap:+.4f} | {pace:.4f} | {need} | {'yes' if capped(obj, [base]) else 'no'} |"
+        )
+    if not rows:
+        return []
+    return [
+        f"What the cap leaves open, per head cell it ended: its best valid NLL minus softmax's at the same d and seed "
+        f"(nats), its mean valid gain per epoch over its last {span} epochs, and, where it is behind, the epochs it "
+        "would need at that pace to draw level (a lower bound while its gain per epoch does not grow and softmax's "
+        "cell gains nothing more; where softmax's cell was capped too, it may still gain). A head ahead at the cap "
+        "may be further ahead past it.",
+        "",
+        f"| head | d | seed | valid NLL, head - softmax | gain / epoch, last {span} | epochs to draw level | "
+        "softmax capped |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
         "",
     ]
 

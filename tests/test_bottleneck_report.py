@@ -136,6 +136,38 @@ def test_cells_the_cap_ended_are_read_from_their_curves():
     }
 
 
+def test_the_cap_table_says_how_far_behind_a_capped_head_is_and_how_fast_it_still_gained():
+    """Per head cell the cap ended: valid NLL minus softmax's at the same d and seed, its mean gain per epoch over the
+    last patience + 1 epochs, and the epochs that pace needs to draw level (rounded up); a head ahead is "ahead";
+    softmax's own capped cells and cells patience ended are not rows."""
+
+    def capped_curve(best_valid):  # valid NLL falls 0.01 an epoch to the cap, best at the last epoch
+        return [
+            {
+                "epoch": e,
+                "train_cpu_seconds": 0.5,
+                "valid_nll": best_valid + 0.01 * (20 - e),
+                **({"best": True} if e == 20 else {}),
+            }
+            for e in range(21)
+        ]
+
+    cells = _cells()
+    by = {(c["head"], c["d"], c["seed"]): c for c in cells}
+    by[("mos-4", 4, 1)]["valid_nll"] = by[("softmax", 4, 1)]["valid_nll"] + 0.105  # behind by 0.105: 11 epochs
+    by[("mixtape", 4, 2)]["valid_nll"] = by[("softmax", 4, 2)]["valid_nll"] - 0.02  # ahead
+    by[("mixtape", 4, 2)]["curve"] = capped_curve(by[("mixtape", 4, 2)]["valid_nll"])
+    by[("softmax", 16, 1)]["curve"] = capped_curve(by[("softmax", 16, 1)]["valid_nll"])  # softmax's own: no row
+    by[("mos-4", 4, 1)]["curve"] = capped_curve(by[("mos-4", 4, 1)]["valid_nll"])
+    rows = [ln for ln in bottleneck_report.cap_reach(_map(cells)) if ln.startswith("| m")]
+    assert rows == [
+        "| mos-4 | 4 | 1 | +0.1050 | 0.0100 | at least 11 | no |",
+        "| mixtape | 4 | 2 | -0.0200 | 0.0100 | ahead | no |",
+    ]
+    assert "gain / epoch, last 3" in bottleneck_report.page(_map(cells), "/tmp/x.png")
+    assert bottleneck_report.cap_reach(_map(_cells())) == []  # nothing capped: no paragraph
+
+
 def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once():
     """A cell with a NaN score is named and left out (a NaN would reorder Holm's family); the missing cells are named;
     the chosen rate's cell, also the seed-1 cell at --rate-d, is counted once in the cost; cells without a floor run
