@@ -13,6 +13,8 @@ converged::
 Each (head, d, seed) cell writes ``OUT/cells/HEAD-dD-sS.json`` (valid / test perplexity of the best checkpoint,
 scored as the table scores; epochs; CPU seconds; the command); a finished cell is skipped on the next call, an
 interrupted one resumes from its last checkpoint. ``python -m recipes.bottleneck_report`` reads them beside the map.
+On a new machine, ``--restore docs/bottleneck_map.json`` writes the page's committed cells back first (those run with
+the same rate and epoch cap), so only the missing cells train.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3, help="the epoch cap (the table's stopping rule within it)")
     p.add_argument("--lr", type=float, default=2.5e-3, help="Adam's rate for every cell (the trunk's chosen rate)")
     p.add_argument("--data", default=os.path.join("..", "shared", "data"), help="the shared data directory")
+    p.add_argument(
+        "--restore",
+        default=None,
+        help="the page's json (docs/bottleneck_map.json): its joint cells run with the same --lr and --epochs are "
+        "written into --out where it has none, so a new machine trains only the missing cells",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     for flag, values, low in (("--dims", args.dims, 1), ("--seeds", [args.seeds], 1), ("--epochs", [args.epochs], 1)):
@@ -56,6 +64,27 @@ def joint_command(table, variant, d: int, seed: int, save_dir: str, args, table_
 
     cmd = table.train_command(args.bin, variant, seed, save_dir, table_args, args.lr)
     return with_options(cmd, ["--nhidlast", str(d), "--max-epoch", str(args.epochs)]) + ["--untie-weights"]
+
+
+def restore(args, log=print) -> int:
+    """Write the joint cells committed in ``args.restore`` (the page's json, its ``joint`` list) into ``OUT/cells``
+    where that cell is missing, for the heads and d values asked, when they ran with the same rate and epoch cap;
+    returns how many it wrote. Training does not depend on any earlier run (the whole model trains from its seed),
+    so a committed cell stands for the cell this machine would train."""
+    from recipes.reproduce.engine import results as result_files
+
+    if not args.restore:
+        return 0
+    copied = 0
+    for cell in (result_files.load_json(args.restore) or {}).get("joint", []):
+        path = os.path.join(args.out, "cells", f"{cell['head']}-d{cell['d']}-s{cell['seed']}.json")
+        wanted = cell["head"] in args.heads and cell["d"] in args.dims and cell["seed"] <= args.seeds
+        same = cell.get("lr") == args.lr and cell.get("epoch_cap") == args.epochs
+        if wanted and same and not os.path.exists(path):
+            result_files.save_json(path, cell)
+            copied += 1
+    log(f"restored {copied} joint cell(s) from {args.restore}")
+    return copied
 
 
 def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -> Dict[str, Any]:
@@ -97,6 +126,7 @@ def main(argv=None, log=print) -> List[Dict[str, Any]]:
     table_args = table_parse_args(["lm-ptb", "--scale", "mini", "--data", args.data, "--heads", *args.heads])
     variants = table.variants(table_args)
     runner = Runner(args.out, log=log, progress=not args.quiet)
+    restore(args, log)
     records = []
     for seed in range(1, args.seeds + 1):
         for d in args.dims:

@@ -335,6 +335,32 @@ def test_the_joint_check_trains_the_tables_cell_with_a_d_unit_last_layer_and_an_
         bottleneck_joint.parse_args(["--bin", str(tmp_path), "--dims", "0"])
 
 
+def test_the_joint_check_restores_the_pages_cells_run_with_its_rate_and_cap(tmp_path):
+    """--restore: a new machine writes the committed joint cells back (those run with the same --lr and --epochs, of
+    the heads, d values and seeds asked) and trains only the missing ones; a cell already there is kept."""
+    from recipes import bottleneck_joint
+
+    def cell(head, d, seed=1, lr=0.0025, cap=3):
+        return {"head": head, "d": d, "seed": seed, "lr": lr, "epoch_cap": cap, "ppl": {"valid": 9.0, "test": 8.0}}
+
+    page = tmp_path / "page.json"
+    committed = [cell("softmax", 4), cell("mos-4", 4), cell("softmax", 128, lr=0.01), cell("softmax", 8, cap=2)]
+    committed += [cell("mos-4", 4, seed=2), cell("plif", 4), cell("softmax", 16)]
+    page.write_text(json.dumps({"joint": committed}))
+    out = tmp_path / "out"
+    (out / "cells").mkdir(parents=True)
+    kept = dict(cell("softmax", 4), ppl={"valid": 1.0, "test": 1.0})
+    (out / "cells" / "softmax-d4-s1.json").write_text(json.dumps(kept))
+    argv = ["--bin", str(tmp_path), "--out", str(out), "--dims", "4", "8", "128", "--restore", str(page)]
+    (tmp_path / "dict.txt").write_text("a 1\n")
+    args = bottleneck_joint.parse_args(argv)
+    assert bottleneck_joint.restore(args, log=lambda *_: None) == 1  # mos-4 d = 4 seed 1 alone
+    assert sorted(p.name for p in (out / "cells").iterdir()) == ["mos-4-d4-s1.json", "softmax-d4-s1.json"]
+    assert json.loads((out / "cells" / "mos-4-d4-s1.json").read_text()) == cell("mos-4", 4)
+    assert json.loads((out / "cells" / "softmax-d4-s1.json").read_text()) == kept  # not overwritten
+    assert bottleneck_joint.restore(bottleneck_joint.parse_args(argv[:-2]), log=lambda *_: None) == 0
+
+
 @pytest.mark.slow  # two fairseq trainings and four scorings: about a minute
 def test_the_joint_check_runs_end_to_end_and_resumes(data, tmp_path):
     from fairseq import checkpoint_utils
