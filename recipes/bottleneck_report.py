@@ -256,15 +256,18 @@ def mean_sd(values: List[float], digits: int = 2) -> str:
     return f"{m:,.{digits}f} ± {sd:,.{digits}f}"
 
 
-def table(obj: Dict, value, digits_note: str, digits: int = 2, mark=None, diverged=()) -> List[str]:
+def table(
+    obj: Dict, value, digits_note: str, digits: int = 2, mark=None, diverged=(), corner: str = "head"
+) -> List[str]:
     """A heads x d table of ``value(cell)`` (mean ± sd over seeds, n seeds), its rows and columns the run's planned
     heads (softmax first, as the run names them) and d values, ``-`` where none has finished; cells whose value is
     None are left out; ``mark(cells)``, a note after an entry from its cells; ``diverged``, cells left out of it,
-    counted in their entry."""
+    counted in their entry; ``corner``, the header's first cell (naming the measure where tables of one section
+    differ only in it, as their notes below them say)."""
     a = obj["meta"]["args"]
     heads = planned_order(a, {c["head"] for c in obj["cells"]} | {c["head"] for c in diverged})
     dims = sorted(set(a["dims"]) | {c["d"] for c in obj["cells"]})
-    lines = ["| head | " + " | ".join(f"d = {d}" for d in dims) + " |", "|---|" + "---|" * len(dims)]
+    lines = [f"| {corner} | " + " | ".join(f"d = {d}" for d in dims) + " |", "|---|" + "---|" * len(dims)]
     for h in heads:
         row = []
         for d in dims:
@@ -636,6 +639,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         "Mean ± sd (seeds); a softmax over d inputs has rank at most d + 2 (W h, the bias, the normaliser). The rank "
         f"counts at most the {a['spectrum_contexts']:,} contexts.",
         1,
+        corner="rank (numpy's tolerance)",
     )
     for tol in bottleneck_map.RELATIVE_TOLERANCES:
         lines += table(
@@ -644,6 +648,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
             f"Rank at {tol:g} of the largest singular value (those above it), mean ± sd (seeds): a tolerance far above "
             "rounding: a tail below that fraction is not counted.",
             1,
+            corner=f"rank at {tol:g}",
         )
     lines += table(
         obj,
@@ -659,6 +664,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         + "; mean ± sd (seeds)."
         + cut_note(obj),
         1,
+        corner="log10 share past d + 2",
     )
     if any(c["seed"] == 1 for c in obj["cells"]):  # the plot draws seed 1's spectra
         lines += [
@@ -1086,7 +1092,8 @@ def stopped_sentence(obj: Dict) -> List[str]:
 
 def cap_reach(obj: Dict) -> List[str]:
     """What the epoch cap leaves open, per head cell it ended (softmax's own cells apart): the cell's best valid NLL
-    minus softmax's at the same d and seed, the cell's mean valid gain per epoch over its last ``patience + 1`` epochs,
+    minus softmax's at the same d and seed, the cell's mean valid gain per epoch over its last ``patience + 1`` epochs
+(from the valid NLL ``patience + 1`` epochs before its last to its last, whether or not the last is its best),
     and, where the head is behind, the epochs it would need at that pace to draw level: a lower bound while its gain
     per epoch does not grow and softmax's cell gains nothing more."""
     a = obj["meta"]["args"]
@@ -1101,7 +1108,8 @@ def cap_reach(obj: Dict) -> List[str]:
         valid = [e["valid_nll"] for e in cell["curve"] if "valid_nll" in e]
         if len(valid) <= span:
             continue
-        gap, pace = cell["valid_nll"] - base["valid_nll"], (valid[-1 - span] - cell["valid_nll"]) / span
+        # the gain over the last ``span`` epochs as they ran (a last epoch above the best one slows it), not to the best
+        gap, pace = cell["valid_nll"] - base["valid_nll"], (valid[-1 - span] - valid[-1]) / span
         need = f"at least {math.ceil(gap / pace)}" if gap > 0 and pace > 0 else ("ahead" if gap <= 0 else "-")
         rows.append(
             f"| {head} | {d} | {seed} | {gap:+.4f} | {pace:.4f} | {need} | {'yes' if capped(obj, [base]) else 'no'} |"

@@ -159,9 +159,16 @@ def test_the_cap_table_says_how_far_behind_a_capped_head_is_and_how_fast_it_stil
     by[("mixtape", 4, 2)]["curve"] = capped_curve(by[("mixtape", 4, 2)]["valid_nll"])
     by[("softmax", 16, 1)]["curve"] = capped_curve(by[("softmax", 16, 1)]["valid_nll"])  # softmax's own: no row
     by[("mos-4", 4, 1)]["curve"] = capped_curve(by[("mos-4", 4, 1)]["valid_nll"])
+    # best at epoch 19, the last epoch 0.01 above it: epochs 17 to 20 gained 0.01 / 3, not epochs 17 to 19's 0.02 / 3
+    by[("mos-4", 16, 1)]["valid_nll"] = v = by[("softmax", 16, 1)]["valid_nll"] + 0.05
+    late = capped_curve(v - 0.01)  # epoch 17 at v + 0.02, 18 at v + 0.01
+    late[19]["best"], late[20]["best"] = True, False
+    late[19]["valid_nll"], late[20]["valid_nll"] = v, v + 0.01
+    by[("mos-4", 16, 1)]["curve"] = late
     rows = [ln for ln in bottleneck_report.cap_reach(_map(cells)) if ln.startswith("| m")]
     assert rows == [
         "| mos-4 | 4 | 1 | +0.1050 | 0.0100 | at least 11 | no |",
+        "| mos-4 | 16 | 1 | +0.0500 | 0.0033 | at least 15 | yes |",
         "| mixtape | 4 | 2 | -0.0200 | 0.0100 | ahead | no |",
     ]
     assert "gain / epoch, last 3" in bottleneck_report.page(_map(cells), "/tmp/x.png")
