@@ -1092,10 +1092,10 @@ def stopped_sentence(obj: Dict) -> List[str]:
 
 def cap_reach(obj: Dict) -> List[str]:
     """What the epoch cap leaves open, per head cell it ended (softmax's own cells apart): the cell's best valid NLL
-        minus softmax's at the same d and seed, the cell's mean valid gain per epoch over its last ``patience + 1`` epochs
-    (from the valid NLL ``patience + 1`` epochs before its last to its last, whether or not the last is its best),
-        and, where the head is behind, the epochs it would need at that pace to draw level: a lower bound while its gain
-        per epoch does not grow and softmax's cell gains nothing more."""
+    minus softmax's at the same d and seed, the cell's mean valid gain per epoch over its last ``patience + 1``
+    epochs (from the valid NLL that many epochs before its last to its last, whether or not the last is its best),
+    and, where the head is behind, the epochs it would need at that pace to draw level: a lower bound while its gain
+    per epoch does not grow and softmax's cell gains nothing more."""
     a = obj["meta"]["args"]
     cells = by_key(obj["cells"])
     span = a["patience"] + 1
