@@ -78,12 +78,12 @@ def trunk_features(checkpoint: str, data: str, split: str, streams: int, bptt: i
     return States(torch.cat(feats), torch.cat(targets), 1)
 
 
-def trunk_nll(checkpoint: str, data: Dict[str, States]) -> Dict[str, float]:
+def trunk_nll(checkpoint: str, data: Dict[str, States], data_dir: str) -> Dict[str, float]:
     """The trunk's own head on the cached valid / test features: mean NLL (nats), the trunk's perplexity."""
     import fairseq_plugin  # noqa: F401  (registers the model, and its checkpoints' loader as a safe global)
     from fairseq import checkpoint_utils
 
-    models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
+    models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data_dir})
     head = models[0].decoder.head.eval()
     return {split: float(nll_per_block(head, data[split]).mean()) for split in ("valid", "test")}
 
@@ -333,7 +333,7 @@ def made_cell(args, name: str, d: int, seed: int, lr: float, data, log, where: s
         # cell now runs (the rate cell stays the search's record, and its cost counts)
         log(
             f"{where}: {name} d={d} seed {seed} (its rate cell's weights are not here: it ran before the cells kept "
-            "their weights, or on another machine)"
+            "their weights, or on another machine or trunk)"
         )
         return {**run_cell(args, name, d, seed, lr, data, log), "rate_cell_trained_again": True}
     if seed <= args.floor_seeds and "train_nll_floor" not in cell:
@@ -392,6 +392,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "this trunk (its valid and test NLL equal to 1e-9 nats: a trunk trained again, bit for bit) and the same "
         "options: a new machine goes on from them",
     )
+    p.add_argument(
+        "--carry-rates",
+        action="store_true",
+        help="with --restore, where its cells came from another trunk (one trained again, not bit for bit): restore "
+        "its rate search alone (each rate cell marked with that trunk's md5), so each head keeps the rate chosen "
+        "there on valid NLL; every cell then trains on this trunk, the seed-1 cell at --rate-d included",
+    )
     p.add_argument("--plan", action="store_true", help="print the cells and stop")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
@@ -419,8 +426,11 @@ CELL_OPTIONS = (
 
 
 def same_trunk(a: Dict, b: Dict) -> bool:
-    """Whether two map runs' ``meta`` name the same trunk: its valid and test NLL on the cached features equal to 1e-9
-    nats (a trunk trained again bit for bit, on another machine, passes; one that is not, fails)."""
+    """Whether two map runs' ``meta`` name the same trunk: the same checkpoint file (its md5: a kept trunk copied to
+    another machine, whose features there may round differently), or its valid and test NLL on the cached features
+    equal to 1e-9 nats (a trunk trained again bit for bit, on another machine, passes; one that is not, fails)."""
+    if a.get("trunk_md5") and a.get("trunk_md5") == b.get("trunk_md5"):
+        return True
     return all(
         abs(a.get("trunk_nll", {}).get(s, math.inf) - b.get("trunk_nll", {}).get(s, -math.inf)) <= 1e-9
         for s in ("valid", "test")
@@ -429,30 +439,35 @@ def same_trunk(a: Dict, b: Dict) -> bool:
 
 def restore(args, meta: Dict, log=print) -> int:
     """Copy the rate cells and cells committed in ``args.restore`` (the page's json) into ``args.out`` where it has
-    none, when they came from the same trunk (its valid and test NLL on the cached features equal to 1e-9 nats: a
-    trunk trained again with the same seed, bit for bit, on another machine) and the same :data:`CELL_OPTIONS`;
-    returns how many it copied. A committed rate cell comes back without its weights: the seed-1 cell at its chosen
-    rate is then trained again whole (see :func:`main`)."""
+    none, when they came from the same trunk (:func:`same_trunk`) and the same :data:`CELL_OPTIONS`; returns how many
+    it copied. From another trunk, with ``--carry-rates``, its rate cells alone, each marked with its trunk's md5 (so
+    the page tells them apart). A committed rate cell comes back without its weights: the seed-1 cell at its chosen
+    rate is then trained again whole (see :func:`made_cell`)."""
     if not args.restore:
         return 0
     committed = result_files.load_json(args.restore) or {}
     before = committed.get("meta") or {}
-    if not same_trunk(before, meta):
-        log(
-            f"--restore {args.restore}: its cells came from another trunk (valid / test NLL "
-            f"{before.get('trunk_nll')} there, {meta['trunk_nll']} here); nothing restored"
-        )
-        return 0
     differ = [k for k in CELL_OPTIONS if before.get("args", {}).get(k) != getattr(args, k)]
     if differ:
         log(f"--restore {args.restore}: its cells ran with other {', '.join(differ)}; nothing restored")
+        return 0
+    same = same_trunk(before, meta)
+    if not same and not args.carry_rates:
+        log(
+            f"--restore {args.restore}: its cells came from another trunk (valid / test NLL "
+            f"{before.get('trunk_nll')} there, {meta['trunk_nll']} here); nothing restored (--carry-rates restores "
+            "its rate search alone)"
+        )
         return 0
     copied = 0
     for cell in committed.get("rate_cells", []):
         path = rate_cell_path(args, cell["head"], cell["d"], cell["lr"])
         if cell["head"] in args.heads and not os.path.exists(path):
-            result_files.save_json(path, cell)
+            result_files.save_json(path, cell if same else {"trunk_md5": before.get("trunk_md5"), **cell})
             copied += 1
+    if not same:
+        log(f"restored {copied} rate cell(s) from {args.restore} (another trunk: its rates carry over, no cell)")
+        return copied
     for cell in committed.get("cells", []):
         path = cell_path(args, cell["head"], cell["d"], cell["seed"])
         if cell["head"] in args.heads and cell["d"] in args.dims and not os.path.exists(path):
@@ -492,7 +507,7 @@ def main(argv=None, log=print) -> Dict:
         "tokens": {s: len(d) for s, d in data.items()},
         "width": width,
         "vocab": args.vocab,
-        "trunk_nll": trunk_nll(args.trunk, data),
+        "trunk_nll": trunk_nll(args.trunk, data, args.data),
         "trunk_curve": trunk_curve(args.trunk),
         "args": {k: v for k, v in vars(args).items() if k != "vocab"},
         "threads": torch.get_num_threads(),

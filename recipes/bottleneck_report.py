@@ -97,6 +97,7 @@ def carry_over(obj: Dict, committed: Dict, collected) -> Dict:
     set_aside = list(committed.get("set_aside", []))
     old = committed.get("meta") or {}
     if (committed.get("rate_cells") or committed.get("cells")) and not bottleneck_map.same_trunk(old, obj["meta"]):
+        carried = {rate_key(c) for c in obj.get("rate_cells", []) if c.get("trunk_md5") == old.get("trunk_md5")}
         set_aside.append(
             {
                 "trunk": old.get("trunk"),
@@ -104,13 +105,26 @@ def carry_over(obj: Dict, committed: Dict, collected) -> Dict:
                 "trunk_nll": old.get("trunk_nll"),
                 "rate_d": old.get("args", {}).get("rate_d"),
                 "rates": committed.get("rates", {}),
-                "rate_cells": committed.get("rate_cells", []),
+                # (the rate cells --carry-rates brought over are this collection's, counted there)
+                "rate_cells": [c for c in committed.get("rate_cells", []) if rate_key(c) not in carried],
                 "cells": committed.get("cells", []),
             }
         )
     if set_aside:
         obj["set_aside"] = set_aside
     return obj
+
+
+def rate_key(cell: Dict) -> tuple:
+    """A rate cell's name: its head, d and rate."""
+    return cell["head"], cell["d"], cell["lr"]
+
+
+def carried_rate_cells(obj: Dict) -> List[Dict]:
+    """The rate cells that ran on another trunk than ``obj``'s (``--carry-rates``: each marked with its trunk's md5)."""
+    return [
+        c for c in obj["rate_cells"] if c.get("trunk_md5", obj["meta"].get("trunk_md5")) != obj["meta"].get("trunk_md5")
+    ]
 
 
 def has_cells(part) -> bool:
@@ -980,7 +994,8 @@ def cells_cpu_hours(obj: Dict) -> float:
 def rate_cell_trained(obj: Dict, head: str) -> bool:
     """Whether the head's chosen rate's cell (also its seed-1 cell at ``--rate-d``) has been trained."""
     lr = chosen_rate(obj, head)
-    return any(c["head"] == head and c["lr"] == lr for c in obj["rate_cells"])
+    carried = carried_rate_cells(obj)
+    return any(c["head"] == head and c["lr"] == lr and c not in carried for c in obj["rate_cells"])
 
 
 def chosen_rate(obj: Dict, head: str):
@@ -1028,6 +1043,7 @@ def rate_section(obj: Dict) -> List[str]:
         lines.append(f"| {head} | " + " | ".join(row) + " |")
         if len(grid) > 1 and chosen in (grid[0], grid[-1]):
             ends.append(f"{head} ({chosen:g})")
+    carried = carried_rate_cells(obj)
     lines += [
         "",
         f"Bold: the head's rate, the grid's lowest valid NLL (once every rate has run). (cap): the {a['max_epochs']}-"
@@ -1042,10 +1058,24 @@ def rate_section(obj: Dict) -> List[str]:
                 again := [
                     c["head"]
                     for c in obj["cells"]
-                    if c["seed"] == 1 and c["d"] == a["rate_d"] and c.get("rate_cell_trained_again")
+                    if c["seed"] == 1
+                    and c["d"] == a["rate_d"]
+                    and c.get("rate_cell_trained_again")
+                    and c["head"] not in {r["head"] for r in carried}
                 ]
             )
             else "."
+        )
+        + (
+            " The rate search of "
+            + ", ".join(dict.fromkeys(c["head"] for c in carried))
+            + " ran on an earlier trunk from the same command (md5 "
+            + ", ".join(f"`{m}`" for m in dict.fromkeys(c["trunk_md5"] for c in carried))
+            + ", not bit for bit this one) and its choice carries over (`--carry-rates`): those rates were chosen on "
+            "that trunk's valid NLL, and every cell of this page trained on this trunk, the seed-1 cell at "
+            f"d = {a['rate_d']} included."
+            if carried
+            else ""
         ),
     ]
     waiting = [h for h in a["heads"] if h not in known]

@@ -196,6 +196,18 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     other.max_epochs += 1
     assert bottleneck_map.restore(other, restored["meta"], lines.append) == 0
     assert "another trunk" in lines[0] and "other max_epochs" in lines[1]
+    # the same checkpoint file (its md5) is the same trunk, whatever its features round to on another machine
+    md5 = restored["meta"]["trunk_md5"]
+    assert bottleneck_map.same_trunk(restored["meta"], {"trunk_md5": md5, "trunk_nll": {"valid": 0.0, "test": 0.0}})
+    # another trunk with --carry-rates: its rate search alone comes back, each rate cell marked with its trunk's md5
+    carry = bottleneck_map.parse_args(
+        fresh + ["--restore", str(page), "--out", str(tmp_path / "carry"), "--carry-rates"]
+    )
+    moved = bottleneck_map.restore(carry, {"trunk_md5": "x", "trunk_nll": {**nll, "valid": 0.0}}, lines.append)
+    rate_files = sorted((tmp_path / "carry" / "rates").iterdir())
+    assert moved == len(json.loads(page.read_text())["rate_cells"]) == len(rate_files) > 0
+    assert not (tmp_path / "carry" / "cells").exists() and "its rates carry over, no cell" in lines[-1]
+    assert all(json.loads(f.read_text())["trunk_md5"] == md5 for f in rate_files)
     # resumable: a rerun reads every cell and rate it finds
     monkeypatch.setattr(bottleneck_map, "run_cell", lambda *a, **k: pytest.fail("a finished cell ran again"))
     again = bottleneck_map.main(argv, log=lambda *_: None)

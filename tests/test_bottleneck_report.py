@@ -553,3 +553,28 @@ def test_part_2s_cost_projects_the_table_cells_still_to_run_from_their_rows():
     )
     text = "\n".join(bottleneck_report.budget_lines({**_map(_cells()), "upgrade_cap": cap}, []))
     assert "Part 2 (the upgrade table), of the 15 CPU-core-hours planned: 2.0 so far" in text
+
+
+def test_a_rate_search_carried_from_another_trunk_is_named_and_counted_once():
+    """--carry-rates: rate cells marked with an earlier trunk's md5. The rate section names that trunk and says every
+    cell trained on this one; the seed-1 cell at --rate-d is not "trained already"; collecting over a committed json
+    of that trunk sets its cells aside but not the rate cells carried (their cost is counted once)."""
+    committed = _map(_cells())
+    committed["meta"] = {**committed["meta"], "trunk_md5": "old", "trunk_nll": {"valid": 4.7, "test": 4.6}}
+    carried = [{"trunk_md5": "old", **c} for c in committed["rate_cells"]]
+    new = _map([c for c in _cells() if c["seed"] == 2])
+    new["meta"] = {**new["meta"], "trunk_md5": "new", "trunk_nll": {"valid": 4.71, "test": 4.6}}
+    new["rate_cells"] = carried
+    text = "\n".join(bottleneck_report.rate_section(new))
+    assert "The rate search of softmax, mos-4, mixtape ran on an earlier trunk from the same command (md5 `old`" in text
+    assert "every cell of this page trained on this trunk, the seed-1 cell at d = 16 included." in text
+    assert not bottleneck_report.rate_cell_trained(new, "mos-4")
+    # the cell trains (60 CPU-s, as its cells at d = 16) and its floor runs (10 epochs of 60 / 7 s), not the floor alone
+    assert bottleneck_report.cell_estimate(new, "mos-4", 16, 1) == pytest.approx((60.0 + 10 * 60.0 / 7) / 3600)
+    assert bottleneck_report.cell_estimate(committed, "mos-4", 16, 1) == pytest.approx(10 * 60.0 / 7 / 3600)
+    obj = bottleneck_report.carry_over(new, committed, set())
+    [aside] = obj["set_aside"]
+    assert aside["trunk_md5"] == "old" and aside["cells"] == committed["cells"] and aside["rate_cells"] == []
+    # rate cells of this trunk: no sentence, trained already
+    assert "earlier trunk" not in "\n".join(bottleneck_report.rate_section(committed))
+    assert bottleneck_report.rate_cell_trained(committed, "mos-4")
