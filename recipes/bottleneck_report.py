@@ -515,7 +515,12 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
             f"{'lower' if e['trunk_nll']['valid'] < meta['trunk_nll']['valid'] else 'higher'} than this one's) is not "
             "this one: its "
             f"{how_many(len(e['cells']), len(e['rate_cells']))} are set aside "
-            "(counted in the cost, shown nowhere else). "
+            + (
+                "(counted in the cost; its cells beside this trunk's in "
+                "[Cells of an earlier trunk](#cells-of-an-earlier-trunk)). "
+                if e["cells"]
+                else "(counted in the cost, shown nowhere else). "
+            )
             for e in obj.get("set_aside", [])
             if e.get("trunk_nll") and meta.get("trunk_nll")
         )
@@ -695,6 +700,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         0,
     )
     lines += joint_section(obj)
+    lines += set_aside_section(obj)
     lines += upgrade_section(obj.get("upgrade") or {})
     lines += cap_section(obj)
     lines += commands_section(obj)
@@ -1197,6 +1203,42 @@ def floor_slope(obj: Dict) -> List[str]:
         f"budget's last epoch; the last epoch's drop: median {statistics.median(x[0] for x in drops):.4f} nats, "
         f"largest {top[0]:.4f} for {top[1]} at d = {top[2]}, seed {top[3]}; more than 0.01 in {len(falling)}. A "
         "floor still falling at its end says how far the budget let the head go, not where it would stop.",
+        "",
+    ]
+
+
+def set_aside_section(obj: Dict) -> List[str]:
+    """The cells of earlier trunks (``obj["set_aside"]``), each beside this trunk's cell of the same head, d and seed:
+    test perplexity and head minus softmax in test NLL on each trunk, so a reader sees how far a difference moves when
+    only the trunk's retraining differs; none when no earlier trunk has cells."""
+    here = by_key(obj["cells"])
+
+    def diff(cell, base):  # head - softmax, test NLL
+        return f"{cell['test_nll'] - base['test_nll']:+.4f}" if cell and base and cell["head"] != BASELINE else "-"
+
+    rows = []
+    for e in obj.get("set_aside", []):
+        there = by_key(e["cells"])
+        for head, d, seed in sorted(there, key=lambda k: (k[1], k[2], k[0] != BASELINE, k[0])):
+            cell, mine = there[(head, d, seed)], here.get((head, d, seed))
+            rows.append(
+                f"| `{e['trunk_md5'][:8]}` | {head} | {d} | {seed} | {math.exp(cell['test_nll']):.2f} | "
+                + (f"{math.exp(mine['test_nll']):.2f}" if mine else "-")
+                + f" | {diff(cell, there.get((BASELINE, d, seed)))} | {diff(mine, here.get((BASELINE, d, seed)))} |"
+            )
+    if not rows:
+        return []
+    return [
+        "## Cells of an earlier trunk",
+        "",
+        "Cells trained on an earlier trunk from the same command (its md5's first 8 digits; not bit for bit this "
+        "page's, see How), set aside: no table or test above uses them. Beside each, this trunk's cell of the same "
+        "head, d and seed where it has run. Test perplexity; the differences are head minus softmax in test NLL "
+        "(nats) at the same d and seed on the same trunk:",
+        "",
+        "| trunk | head | d | seed | there | here | diff there | diff here |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
         "",
     ]
 

@@ -575,6 +575,16 @@ def test_a_rate_search_carried_from_another_trunk_is_named_and_counted_once():
     obj = bottleneck_report.carry_over(new, committed, set())
     [aside] = obj["set_aside"]
     assert aside["trunk_md5"] == "old" and aside["cells"] == committed["cells"] and aside["rate_cells"] == []
+    # the set-aside cells beside this trunk's: seed 2 here (the same cells), seed 1 there alone
+    text = "\n".join(bottleneck_report.set_aside_section(obj))
+    there = {(c["head"], c["d"], c["seed"]): c["test_nll"] for c in committed["cells"]}
+    gap = there[("mos-4", 4, 2)] - there[("softmax", 4, 2)]
+    ppl = math.exp(there[("mos-4", 4, 2)])
+    assert f"| `old` | mos-4 | 4 | 2 | {ppl:.2f} | {ppl:.2f} | {gap:+.4f} | {gap:+.4f} |" in text
+    assert f"| `old` | mos-4 | 4 | 1 | {math.exp(there[('mos-4', 4, 1)]):.2f} | - | " in text
+    assert "| `old` | softmax | 4 | 1 |" in text and text.count("| `old` |") == len(committed["cells"])
+    assert "[Cells of an earlier trunk](#cells-of-an-earlier-trunk)" in bottleneck_report.page(obj, "/tmp/x.png")
+    assert bottleneck_report.set_aside_section(committed) == []  # no earlier trunk
     # rate cells of this trunk: no sentence, trained already
     assert "earlier trunk" not in "\n".join(bottleneck_report.rate_section(committed))
     assert bottleneck_report.rate_cell_trained(committed, "mos-4")
