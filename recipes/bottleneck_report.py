@@ -41,6 +41,9 @@ from recipes.common.reading import written_reading
 PRIMARY = ("mos-4", "mixtape")
 BASELINE = "softmax"
 TRUNK_TABLE = "lm-ptb"  # the table whose seed-1 softmax cell is the trunk (the page's first command)
+#: the repository's folder that keeps the map's trunk (its weights, its fairseq log, its binarised data): a table's
+#: --out, so ``KEPT/lm-ptb/...`` as ``results/reproduce/lm-ptb/...``
+KEPT = "artifacts"
 READING = "bottleneck_map-reading.md"  # the page's hand-written reading, beside the page (when there is one)
 
 
@@ -900,11 +903,13 @@ def missing_summary(missing, obj: Dict) -> str:
 
 def portable(path: str) -> str:
     """A results path as the commands write it from the repository's root (``results/...``), wherever it ran: from
-    its ``results/``, else, for the trunk's table run with another ``--out``, from the table's folder as the page's
-    trunk command writes it (``results/reproduce/lm-ptb/...``)."""
-    mark, table = "results" + os.sep, os.sep + TRUNK_TABLE + os.sep
-    if mark in path:
-        return path[path.index(mark) :]
+    its ``results/``, the trunk kept in the repository from its ``artifacts/`` (:data:`KEPT`), else, for the trunk's
+    table run with another ``--out``, from the table's folder as the page's trunk command writes it
+    (``results/reproduce/lm-ptb/...``)."""
+    table = os.sep + TRUNK_TABLE + os.sep
+    for mark in ("results" + os.sep, KEPT + os.sep):
+        if mark in path:
+            return path[path.index(mark) :]
     return os.path.join("results", "reproduce", path[path.index(table) + 1 :]) if table in path else path
 
 
@@ -932,10 +937,24 @@ def commands_section(obj: Dict) -> List[str]:
         "```bash",
         "# the trunk: lm-ptb's seed-1 softmax cell at its chosen rate (the table keeps its best checkpoint)"
         + (f"; --lrs {rate}: that rate alone, not the table's sweep" if rate else ""),
-        f"python -m recipes.reproduce {TRUNK_TABLE} --scale mini --heads softmax --seeds 1"
-        + (f" --lrs {rate}" if rate else ""),
-        "# (trained again, the trunk is not bit for bit this page's (see How): the map's --restore then refuses the "
-        "committed cells and every cell runs again)",
+        *(
+            [
+                f"# kept in the repository ({KEPT}/README.md: its weights without the optimizer's state, its log, its "
+                "binarised data), so nothing below needs it trained again; it came from",
+                f"#   python -m recipes.reproduce {TRUNK_TABLE} --scale mini --heads softmax --seeds 1"
+                + (f" --lrs {rate}" if rate else "")
+                + f" --out {KEPT}",
+                "# (trained again, a trunk is not bit for bit this one (see How): the map's --restore then refuses "
+                "the committed cells and every cell runs again)",
+            ]
+            if trunk.startswith(KEPT + os.sep)
+            else [
+                f"python -m recipes.reproduce {TRUNK_TABLE} --scale mini --heads softmax --seeds 1"
+                + (f" --lrs {rate}" if rate else ""),
+                "# (trained again, the trunk is not bit for bit this page's (see How): the map's --restore then "
+                "refuses the committed cells and every cell runs again)",
+            ]
+        ),
         "# the map: the same command started in a second shell shares its cells (two cores)",
         f"python -m recipes.bottleneck_map --trunk {trunk} --data {portable(a['data'])} \\",
         "    --out results/bottleneck_map " + " ".join(flags),

@@ -393,6 +393,19 @@ def test_run_paths_are_written_as_the_commands_write_them():
     trunk = "/work/runs/trunk-out/lm-ptb/softmax/lr0.0025/seed1/checkpoints/checkpoint_best.pt"
     assert portable(trunk) == "results/reproduce/lm-ptb/softmax/lr0.0025/seed1/checkpoints/checkpoint_best.pt"
     assert portable("/elsewhere/bin") == "/elsewhere/bin"
+    # the trunk kept in the repository (a worktree's copy too): from its artifacts/, and the commands say so
+    kept = "/work/runs/wt-1/artifacts/lm-ptb/softmax/lr0.0025/seed1/checkpoints/checkpoint_best.pt"
+    assert portable(kept) == "artifacts/lm-ptb/softmax/lr0.0025/seed1/checkpoints/checkpoint_best.pt"
+    obj = _map(_cells())
+    obj["meta"] = {**obj["meta"], "trunk": kept}
+    obj["meta"]["args"] = {**obj["meta"]["args"], "data": "/work/runs/wt-1/artifacts/lm-ptb/data/bin"}
+    text = "\n".join(bottleneck_report.commands_section(obj))
+    assert (
+        "#   python -m recipes.reproduce lm-ptb --scale mini --heads softmax --seeds 1 --lrs 0.0025 --out artifacts"
+        in text
+    )
+    assert f"--trunk {portable(kept)} --data artifacts/lm-ptb/data/bin" in text
+    assert "\npython -m recipes.reproduce" not in text  # nothing to train first
 
 
 def test_the_page_says_how_the_trunk_trained_and_whether_it_still_improved():
