@@ -66,6 +66,16 @@ def joint_command(table, variant, d: int, seed: int, save_dir: str, args, table_
     return with_options(cmd, ["--nhidlast", str(d), "--max-epoch", str(args.epochs)]) + ["--untie-weights"]
 
 
+def cell_name(head: str, d: int, seed: int) -> str:
+    """A cell's name: its folder under ``OUT/cells/`` and, with ``.json``, its record beside it."""
+    return f"{head}-d{d}-s{seed}"
+
+
+def record_path(args, head: str, d: int, seed: int) -> str:
+    """A finished cell's record, ``OUT/cells/NAME.json``."""
+    return os.path.join(args.out, "cells", cell_name(head, d, seed) + ".json")
+
+
 def restore(args, log=print) -> int:
     """Write the joint cells committed in ``args.restore`` (the page's json, its ``joint`` list) into ``OUT/cells``
     where that cell is missing, for the heads and d values asked, when they ran with the same rate and epoch cap;
@@ -77,7 +87,7 @@ def restore(args, log=print) -> int:
         return 0
     copied = 0
     for cell in (result_files.load_json(args.restore) or {}).get("joint", []):
-        path = os.path.join(args.out, "cells", f"{cell['head']}-d{cell['d']}-s{cell['seed']}.json")
+        path = record_path(args, cell["head"], cell["d"], cell["seed"])
         wanted = cell["head"] in args.heads and cell["d"] in args.dims and cell["seed"] <= args.seeds
         same = cell.get("lr") == args.lr and cell.get("epoch_cap") == args.epochs
         if wanted and same and not os.path.exists(path):
@@ -91,7 +101,7 @@ def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -
     from recipes.reproduce.engine import results as result_files
     from recipes.reproduce.engine.runner import cpu_seconds, shell_line, training_done
 
-    name = f"{variant.name}-d{d}-s{seed}"
+    name = cell_name(variant.name, d, seed)
     cell = os.path.join(args.out, "cells", name)
     save_dir, log_path = os.path.join(cell, "checkpoints"), os.path.join(cell, "train.log")
     train = joint_command(table, variant, d, seed, save_dir, args, table_args)
@@ -111,7 +121,7 @@ def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -
         "command": shell_line(train),
     }
     log(f"{name}: valid {ppl['valid']:.2f}, test {ppl['test']:.2f} perplexity")
-    result_files.save_json(os.path.join(args.out, "cells", f"{name}.json"), record)
+    result_files.save_json(record_path(args, variant.name, d, seed), record)
     return record
 
 
@@ -131,7 +141,7 @@ def main(argv=None, log=print) -> List[Dict[str, Any]]:
     for seed in range(1, args.seeds + 1):
         for d in args.dims:
             for variant in variants:
-                path = os.path.join(args.out, "cells", f"{variant.name}-d{d}-s{seed}.json")
+                path = record_path(args, variant.name, d, seed)
                 if os.path.exists(path):
                     records.append(result_files.load_json(path))
                 else:

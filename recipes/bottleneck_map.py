@@ -389,8 +389,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--restore",
         metavar="PAGE_JSON",
         help="first copy the cells committed in PAGE_JSON (docs/bottleneck_map.json) into --out when they came from "
-        "this trunk (its valid and test NLL equal to 1e-9 nats: a trunk trained again, bit for bit) and the same "
-        "options: a new machine goes on from them",
+        "this trunk (the same checkpoint by md5, or its valid and test NLL equal to 1e-9 nats: a trunk trained again, "
+        "bit for bit) and the same options: a new machine goes on from them",
     )
     p.add_argument(
         "--carry-rates",

@@ -929,6 +929,9 @@ def commands_section(obj: Dict) -> List[str]:
         if key in a:
             values = a[key] if isinstance(a[key], list) else [a[key]]
             flags.append(f"--{key.replace('_', '-')} " + " ".join(word(v) for v in values))
+    train_trunk = f"python -m recipes.reproduce {TRUNK_TABLE} --scale mini --heads softmax --seeds 1" + (
+        f" --lrs {rate}" if rate else ""
+    )
     lines = [
         "## Commands",
         "",
@@ -941,16 +944,13 @@ def commands_section(obj: Dict) -> List[str]:
             [
                 f"# kept in the repository ({KEPT}/README.md: its weights without the optimizer's state, its log, its "
                 "binarised data), so nothing below needs it trained again; it came from",
-                f"#   python -m recipes.reproduce {TRUNK_TABLE} --scale mini --heads softmax --seeds 1"
-                + (f" --lrs {rate}" if rate else "")
-                + f" --out {KEPT}",
+                f"#   {train_trunk} --out {KEPT}",
                 "# (trained again, a trunk is not bit for bit this one (see How): the map's --restore then refuses "
                 "the committed cells and every cell runs again)",
             ]
             if trunk.startswith(KEPT + os.sep)
             else [
-                f"python -m recipes.reproduce {TRUNK_TABLE} --scale mini --heads softmax --seeds 1"
-                + (f" --lrs {rate}" if rate else ""),
+                train_trunk,
                 "# (trained again, the trunk is not bit for bit this page's (see How): the map's --restore then "
                 "refuses the committed cells and every cell runs again)",
             ]
@@ -1251,8 +1251,9 @@ def set_aside_section(obj: Dict) -> List[str]:
         "## Cells of an earlier trunk",
         "",
         "Cells trained on an earlier trunk from the same command (its md5's first 8 digits; not bit for bit this "
-        "page's, see How), set aside: no table or test above uses them. Beside each, this trunk's cell of the same "
-        "head, d and seed where it has run. Test perplexity; the differences are head minus softmax in test NLL "
+        "page's, see How), set aside: no other table or test of this page uses them. Beside each, this trunk's cell "
+        "of the same head, d and seed where it has run. Test perplexity; the differences are head minus softmax in "
+        "test NLL "
         "(nats) at the same d and seed on the same trunk:",
         "",
         "| trunk | head | d | seed | there | here | diff there | diff here |",
