@@ -792,8 +792,13 @@ def budget_lines(obj: Dict, missing) -> List[str]:
             f"; still to run: {len(missing)} cell{'s' if len(missing) != 1 else ''}, about {sum(cost.values()):.1f} "
             f"for the {len(cost)} of them with cells of their head to estimate from (the mean of its finished cells "
             "at that d, else at any d, else its chosen rate's cell, else its rate cells; a floor run as its finished "
-            f"ones, else {a['floor_epochs']} x the cells' CPU per epoch; the chosen rate's seed-1 cell at d = "
-            f"{a['rate_d']} its floor only, trained already)"
+            f"ones, else {a['floor_epochs']} x the cells' CPU per epoch"
+            + (
+                f"; the chosen rate's seed-1 cell at d = {a['rate_d']} its floor only, trained already"
+                if any(rate_cell_trained(obj, h) for h in a["heads"])
+                else ""
+            )
+            + ")"
             + (f", {unknown} with none yet" if unknown else "")
             + f": about {spent + aside_hours + joint + sum(cost.values()):.1f} of the "
             f"{BUDGET_HOURS['map']:.0f} in all" + (" and the cells without an estimate" if unknown else "")

@@ -601,3 +601,7 @@ def test_a_rate_search_carried_from_another_trunk_is_named_and_counted_once():
     # rate cells of this trunk: no sentence, trained already
     assert "earlier trunk" not in "\n".join(bottleneck_report.rate_section(committed))
     assert bottleneck_report.rate_cell_trained(committed, "mos-4")
+    # the budget's projection says "trained already" only where a rate cell of this trunk is the seed-1 cell
+    missing = [("mos-4", 16, 1)]
+    assert "trained already" not in "\n".join(bottleneck_report.budget_lines(new, missing))
+    assert "trained already" in "\n".join(bottleneck_report.budget_lines(committed, missing))
