@@ -759,10 +759,8 @@ def budget_lines(obj: Dict, missing) -> List[str]:
     and the map's cells still to run (``missing``) estimated from the finished ones."""
     a = obj["meta"]["args"]
     spent = cells_cpu_hours(obj)
-    aside = [  # the cells of earlier trunks (carry_over), each counted as its own run counted them
-        {**e, "meta": {"args": {"rate_d": e["rate_d"]}}} for e in obj.get("set_aside", [])
-    ]
-    aside_hours = sum(cells_cpu_hours(e) for e in aside)
+    aside = obj.get("set_aside", [])
+    aside_hours = set_aside_hours(obj)
     joint = sum(c.get("cpu_seconds", 0.0) for c in obj.get("joint") or []) / 3600
     up = obj.get("upgrade") or {}
 
@@ -778,12 +776,16 @@ def budget_lines(obj: Dict, missing) -> List[str]:
     lines = [
         f"Part 1 (the map and the joint check), of the {BUDGET_HOURS['map']:.0f} CPU-core-hours planned: "
         f"{spent + aside_hours + joint:.1f} so far ({spent:.1f} in "
-        f"{how_many(len(obj['cells']), len(obj['rate_cells']))}, each chosen rate's cell counted once: it is also "
-        f"the seed-1 cell at d = {a['rate_d']}"
+        f"{how_many(len(obj['cells']), len(obj['rate_cells']))}"
+        + (
+            f", each chosen rate's cell counted once: it is also the seed-1 cell at d = {a['rate_d']}"
+            if any(rate_cell_trained(obj, h) for h in a["heads"])
+            else ""
+        )
         + (
             f"; {aside_hours:.1f} in "
             f"{how_many(sum(len(e['cells']) for e in aside), sum(len(e['rate_cells']) for e in aside))} set aside "
-            "with their earlier trunk"
+            + ("with their earlier trunk" if len(aside) == 1 else f"with their {len(aside)} earlier trunks")
             if aside
             else ""
         )
@@ -1009,16 +1011,33 @@ def finite(obj: Dict):
     return {**obj, "cells": ok}, [c for c in obj["cells"] if c not in ok]
 
 
-def cells_cpu_hours(obj: Dict) -> float:
+def cells_cpu_hours(obj: Dict, elsewhere=frozenset()) -> float:
     """CPU-hours of the map's cells and rate cells, a chosen rate's cell once (it is also a seed-1 cell, once that has
     been saved; its floor run, measured then, is the seed-1 cell's; a seed-1 cell its rate cell was run again for
-    counts apart from it)."""
-    copied = {
-        (c["head"], c["d"], c["lr"]) for c in obj["cells"] if c["seed"] == 1 and not c.get("rate_cell_trained_again")
-    }
+    counts apart from it). ``elsewhere``: the rate keys (:func:`rate_key`) whose rate cell another collection counts
+    (an earlier trunk's rates carried to a later one): the seed-1 cell copying one counts its floor run alone."""
+    copied = {rate_key(c) for c in obj["cells"] if c["seed"] == 1 and not c.get("rate_cell_trained_again")}
     chosen = {(h, obj["meta"]["args"]["rate_d"], lr) for h, lr in obj["rates"].items()} & copied
-    rate_cells = [c for c in obj["rate_cells"] if (c["head"], c["d"], c["lr"]) not in chosen]
-    return sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + rate_cells) / 3600
+    carried = carried_rate_cells(obj)  # another trunk's run, never a copy of this trunk's seed-1 cell
+    rate_cells = [c for c in obj["rate_cells"] if rate_key(c) not in chosen or c in carried]
+    twice = [c for c in obj["cells"] if c["seed"] == 1 and rate_key(c) in chosen & set(elsewhere)]
+    return (
+        sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + rate_cells) / 3600
+        - sum(c["cpu_s"] for c in twice if not c.get("rate_cell_trained_again")) / 3600
+    )
+
+
+def set_aside_hours(obj: Dict) -> float:
+    """CPU-hours of the earlier trunks' cells (:func:`carry_over`), each counted as its own run counted them, less the
+    rate cells carried from them to this trunk (counted here: the earlier seed-1 cell copying one counts its floor)."""
+    carried = carried_rate_cells(obj)
+    return sum(
+        cells_cpu_hours(
+            {**e, "meta": {"args": {"rate_d": e["rate_d"]}}},
+            {rate_key(c) for c in carried if c.get("trunk_md5") == e.get("trunk_md5")},
+        )
+        for e in obj.get("set_aside", [])
+    )
 
 
 def rate_cell_trained(obj: Dict, head: str) -> bool:

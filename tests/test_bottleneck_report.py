@@ -378,7 +378,7 @@ def test_a_collection_on_another_trunk_sets_the_committed_cells_aside_and_keeps_
     )
     assert "is not this one: its 6 rate cells are set aside (counted in the cost" in text
     # 6 rate cells set aside (3 x 1800 + 3 x 3600 CPU-s = 4.5 h), the new rate cell (60 s), the joint check (2 h)
-    assert "6.5 so far (0.0 in 1 rate cell," in text
+    assert "6.5 so far (0.0 in 1 rate cell; 4.5 in" in text  # no rate chosen: no cell counted for two
     assert "; 4.5 in 6 rate cells set aside with their earlier trunk; 2.0 in the joint" in text
     # collected again from the same trunk: nothing more set aside
     bottleneck_report.main(argv, log=lambda *_: None)
@@ -585,8 +585,28 @@ def test_a_rate_search_carried_from_another_trunk_is_named_and_counted_once():
     # the cell trains (60 CPU-s, as its cells at d = 16) and its floor runs (10 epochs of 60 / 7 s), not the floor alone
     assert bottleneck_report.cell_estimate(new, "mos-4", 16, 1) == pytest.approx((60.0 + 10 * 60.0 / 7) / 3600)
     assert bottleneck_report.cell_estimate(committed, "mos-4", 16, 1) == pytest.approx(10 * 60.0 / 7 / 3600)
+    for c in committed["cells"]:  # a chosen rate's seed-1 cell is its rate cell's run: the same CPU time
+        c["cpu_s"] = next(
+            (
+                r["cpu_s"]
+                for r in carried
+                if c["seed"] == 1 and bottleneck_report.rate_key(r) == bottleneck_report.rate_key(c)
+            ),
+            c["cpu_s"],
+        )
     obj = bottleneck_report.carry_over(new, committed, set())
     [aside] = obj["set_aside"]
+    # every run counted once: the earlier trunk's cells and rate cells (a chosen rate's cell is also its seed-1 cell
+    # there) and this trunk's cells, the rate cells carried here and not again in the set-aside cell copying them
+    here = sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in new["cells"]) / 3600
+    once = bottleneck_report.cells_cpu_hours(committed) + here
+    assert bottleneck_report.cells_cpu_hours(obj) + bottleneck_report.set_aside_hours(obj) == pytest.approx(once)
+    with_seed1 = {**obj, "cells": obj["cells"] + [c for c in committed["cells"] if c["seed"] == 1]}
+    seed1 = sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in committed["cells"] if c["seed"] == 1) / 3600
+    # this trunk's own seed-1 cell at --rate-d does not take the carried rate cell's place in the count
+    assert bottleneck_report.cells_cpu_hours(with_seed1) == pytest.approx(
+        bottleneck_report.cells_cpu_hours(obj) + seed1
+    )
     assert aside["trunk_md5"] == "old" and aside["cells"] == committed["cells"] and aside["rate_cells"] == []
     # the set-aside cells beside this trunk's: seed 2 here (the same cells), seed 1 there alone
     text = "\n".join(bottleneck_report.set_aside_section(obj))
