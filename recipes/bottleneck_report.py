@@ -761,6 +761,7 @@ def budget_lines(obj: Dict, missing) -> List[str]:
     spent = cells_cpu_hours(obj)
     aside = obj.get("set_aside", [])
     aside_hours = set_aside_hours(obj)
+    copies = any(rate_cell_trained(obj, h) for h in a["heads"])  # a chosen rate's cell of this trunk: a seed-1 cell
     joint = sum(c.get("cpu_seconds", 0.0) for c in obj.get("joint") or []) / 3600
     up = obj.get("upgrade") or {}
 
@@ -777,11 +778,7 @@ def budget_lines(obj: Dict, missing) -> List[str]:
         f"Part 1 (the map and the joint check), of the {BUDGET_HOURS['map']:.0f} CPU-core-hours planned: "
         f"{spent + aside_hours + joint:.1f} so far ({spent:.1f} in "
         f"{how_many(len(obj['cells']), len(obj['rate_cells']))}"
-        + (
-            f", each chosen rate's cell counted once: it is also the seed-1 cell at d = {a['rate_d']}"
-            if any(rate_cell_trained(obj, h) for h in a["heads"])
-            else ""
-        )
+        + (f", each chosen rate's cell counted once: it is also the seed-1 cell at d = {a['rate_d']}" if copies else "")
         + (
             f"; {aside_hours:.1f} in "
             f"{how_many(sum(len(e['cells']) for e in aside), sum(len(e['rate_cells']) for e in aside))} set aside "
@@ -797,7 +794,7 @@ def budget_lines(obj: Dict, missing) -> List[str]:
             f"ones, else {a['floor_epochs']} x the cells' CPU per epoch"
             + (
                 f"; the chosen rate's seed-1 cell at d = {a['rate_d']} its floor only, trained already"
-                if any(rate_cell_trained(obj, h) for h in a["heads"])
+                if copies
                 else ""
             )
             + ")"
@@ -1020,10 +1017,11 @@ def cells_cpu_hours(obj: Dict, elsewhere=frozenset()) -> float:
     chosen = {(h, obj["meta"]["args"]["rate_d"], lr) for h, lr in obj["rates"].items()} & copied
     carried = carried_rate_cells(obj)  # another trunk's run, never a copy of this trunk's seed-1 cell
     rate_cells = [c for c in obj["rate_cells"] if rate_key(c) not in chosen or c in carried]
+    # (chosen holds copies only: a seed-1 cell its rate cell was run again for is never in it)
     twice = [c for c in obj["cells"] if c["seed"] == 1 and rate_key(c) in chosen & set(elsewhere)]
     return (
         sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + rate_cells) / 3600
-        - sum(c["cpu_s"] for c in twice if not c.get("rate_cell_trained_again")) / 3600
+        - sum(c["cpu_s"] for c in twice) / 3600
     )
 
 
@@ -1277,8 +1275,7 @@ def set_aside_section(obj: Dict) -> List[str]:
         "Cells trained on an earlier trunk from the same command (its md5's first 8 digits; not bit for bit this "
         "page's, see How), set aside: no other table or test of this page uses them. Beside each, this trunk's cell "
         "of the same head, d and seed where it has run. Test perplexity; the differences are head minus softmax in "
-        "test NLL "
-        "(nats) at the same d and seed on the same trunk:",
+        "test NLL (nats) at the same d and seed on the same trunk:",
         "",
         "| trunk | head | d | seed | there | here | diff there | diff here |",
         "|---|---|---|---|---|---|---|---|",
