@@ -1018,7 +1018,8 @@ def cells_cpu_hours(obj: Dict, elsewhere=frozenset()) -> float:
     carried = carried_rate_cells(obj)  # another trunk's run, never a copy of this trunk's seed-1 cell
     rate_cells = [c for c in obj["rate_cells"] if rate_key(c) not in chosen or c in carried]
     # (chosen holds copies only: a seed-1 cell its rate cell was run again for is never in it)
-    twice = [c for c in obj["cells"] if c["seed"] == 1 and rate_key(c) in chosen & set(elsewhere)]
+    counted_elsewhere = chosen & set(elsewhere)
+    twice = [c for c in obj["cells"] if c["seed"] == 1 and rate_key(c) in counted_elsewhere]
     return (
         sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + rate_cells) / 3600
         - sum(c["cpu_s"] for c in twice) / 3600
