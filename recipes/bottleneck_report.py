@@ -1188,7 +1188,7 @@ def cap_reach(obj: Dict) -> List[str]:
             continue
         # the gain over the last ``span`` epochs as they ran (a last epoch above the best one slows it), not to the best
         gap, pace = cell["valid_nll"] - base["valid_nll"], (valid[-1 - span] - valid[-1]) / span
-        need = f"at least {math.ceil(gap / pace)}" if gap > 0 and pace > 0 else ("ahead" if gap <= 0 else "-")
+        need = "ahead" if gap <= 0 else (f"at least {math.ceil(gap / pace)}" if pace > 0 else "never at that pace")
         rows.append(
             f"| {head} | {d} | {seed} | {gap:+.4f} | {pace:.4f} | {need} | {'yes' if capped(obj, [base]) else 'no'} |"
         )
@@ -1198,8 +1198,9 @@ def cap_reach(obj: Dict) -> List[str]:
         f"What the cap leaves open, per head cell it ended: its best valid NLL minus softmax's at the same d and seed "
         f"(nats), its mean valid gain per epoch over its last {span} epochs, and, where it is behind, the epochs it "
         "would need at that pace to draw level (a lower bound while its gain per epoch does not grow and softmax's "
-        "cell gains nothing more; where softmax's cell was capped too, it may still gain). A head ahead at the cap "
-        "may be further ahead past it.",
+        "cell gains nothing more; where softmax's cell was capped too, it may still gain; never at that pace: its "
+        f"last epoch ended above its valid NLL {span} epochs before, although its best came within the last "
+        f"{a['patience']}). A head ahead at the cap may be further ahead past it.",
         "",
         f"| head | d | seed | valid NLL, head - softmax | gain / epoch, last {span} | epochs to draw level | "
         "softmax capped |",

@@ -165,11 +165,23 @@ def test_the_cap_table_says_how_far_behind_a_capped_head_is_and_how_fast_it_stil
     late[19]["best"], late[20]["best"] = True, False
     late[19]["valid_nll"], late[20]["valid_nll"] = v, v + 0.01
     by[("mos-4", 16, 1)]["curve"] = late
+    # behind, best at epoch 19, but epoch 20 ended 0.003 above epoch 17: no gain over the last 3 epochs as they ran
+    by[("mixtape", 16, 1)]["valid_nll"] = w = by[("softmax", 16, 1)]["valid_nll"] + 0.03
+    flat = capped_curve(w)
+    flat[17]["valid_nll"], flat[18]["valid_nll"], flat[19]["valid_nll"], flat[20]["valid_nll"] = (
+        w + 0.002,
+        w + 0.004,
+        w,
+        w + 0.005,
+    )
+    flat[19]["best"], flat[20]["best"] = True, False
+    by[("mixtape", 16, 1)]["curve"] = flat
     rows = [ln for ln in bottleneck_report.cap_reach(_map(cells)) if ln.startswith("| m")]
     assert rows == [
         "| mos-4 | 4 | 1 | +0.1050 | 0.0100 | at least 11 | no |",
         "| mos-4 | 16 | 1 | +0.0500 | 0.0033 | at least 15 | yes |",
         "| mixtape | 4 | 2 | -0.0200 | 0.0100 | ahead | no |",
+        "| mixtape | 16 | 1 | +0.0300 | -0.0010 | never at that pace | yes |",
     ]
     assert "gain / epoch, last 3" in bottleneck_report.page(_map(cells), "/tmp/x.png")
     assert bottleneck_report.cap_reach(_map(_cells())) == []  # nothing capped: no paragraph
