@@ -168,12 +168,8 @@ def test_the_cap_table_says_how_far_behind_a_capped_head_is_and_how_fast_it_stil
     # behind, best at epoch 19, but epoch 20 ended 0.003 above epoch 17: no gain over the last 3 epochs as they ran
     by[("mixtape", 16, 1)]["valid_nll"] = w = by[("softmax", 16, 1)]["valid_nll"] + 0.03
     flat = capped_curve(w)
-    flat[17]["valid_nll"], flat[18]["valid_nll"], flat[19]["valid_nll"], flat[20]["valid_nll"] = (
-        w + 0.002,
-        w + 0.004,
-        w,
-        w + 0.005,
-    )
+    for epoch, valid in zip((17, 18, 19, 20), (w + 0.002, w + 0.004, w, w + 0.005)):
+        flat[epoch]["valid_nll"] = valid
     flat[19]["best"], flat[20]["best"] = True, False
     by[("mixtape", 16, 1)]["curve"] = flat
     rows = [ln for ln in bottleneck_report.cap_reach(_map(cells)) if ln.startswith("| m")]
