@@ -1199,8 +1199,8 @@ def cap_reach(obj: Dict) -> List[str]:
         f"(nats), its mean valid gain per epoch over its last {span} epochs, and, where it is behind, the epochs it "
         "would need at that pace to draw level (a lower bound while its gain per epoch does not grow and softmax's "
         "cell gains nothing more; where softmax's cell was capped too, it may still gain; never at that pace: its "
-        f"last epoch ended above its valid NLL {span} epochs before, although its best came within the last "
-        f"{a['patience']}). A head ahead at the cap may be further ahead past it.",
+        f"last epoch ended level with or above its valid NLL {span} epochs before, although its best came within "
+        f"the last {a['patience']}). A head ahead at the cap may be further ahead past it.",
         "",
         f"| head | d | seed | valid NLL, head - softmax | gain / epoch, last {span} | epochs to draw level | "
         "softmax capped |",
