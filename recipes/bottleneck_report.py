@@ -205,8 +205,9 @@ def paired_cells(row: Dict) -> str:
 
 
 def paired_rows(obj: Dict) -> List[Dict]:
-    """Every (head, d) against softmax at the same d, seed by seed, on test NLL; Holm over all of them, the planned
-    (head, d) pairs of the run's arguments counted whether or not their cells have finished."""
+    """Every (head, d) against softmax at the same d, seed by seed, on test NLL (``by_seed``: seed -> head - softmax);
+    Holm over all of them, the planned (head, d) pairs of the run's arguments counted whether or not their cells
+    have finished."""
     cells = by_key(obj["cells"])
     heads = planned_order(obj["meta"]["args"], {c["head"] for c in obj["cells"]} - {BASELINE})
     dims = sorted({c["d"] for c in obj["cells"]})
@@ -220,7 +221,10 @@ def paired_rows(obj: Dict) -> List[Dict]:
                     [cells[(BASELINE, d, s)]["test_nll"] for s in seeds],
                 )
                 ended = tuple(capped(obj, [cells[(h, d, s)] for s in seeds]) for h in (head, BASELINE))
-                rows.append({"head": head, "d": d, "seeds": len(seeds), "paired": p, "capped": ended})
+                by_seed = {s: cells[(head, d, s)]["test_nll"] - cells[(BASELINE, d, s)]["test_nll"] for s in seeds}
+                rows.append(
+                    {"head": head, "d": d, "seeds": len(seeds), "paired": p, "capped": ended, "by_seed": by_seed}
+                )
     a = obj["meta"]["args"]
     return with_holm(rows, lambda r: r["paired"].p, len(set(a["heads"]) - {BASELINE}) * len(a["dims"]))
 
@@ -631,14 +635,17 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         f"Test NLL, head minus softmax at the same d and seed (nats); Holm over the {family} planned (head, d) "
         f"comparisons, one family, {tested} of them with two seeds or more so far (the others count as p = 1). "
         f"Capped: how many of those seeds' head and softmax cells the {a['max_epochs']}-epoch cap ended (a "
-        "difference between cells the cap ended is between how far each got in that many epochs):",
+        "difference between cells the cap ended is between how far each got in that many epochs). By seed: each "
+        "seed's difference (s1 is seed 1):",
         "",
-        "| head | d | seeds | capped (head, softmax) | " + PAIRED_HEADER,
-        "|---|---|---|---|---|---|---|---|",
+        "| head | d | seeds | capped (head, softmax) | by seed | " + PAIRED_HEADER,
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        by_seed = ", ".join(f"s{s} {v:+.4f}" for s, v in sorted(r["by_seed"].items()))
         lines.append(
-            f"| {r['head']} | {r['d']} | {r['seeds']} | {r['capped'][0]}, {r['capped'][1]} | {paired_cells(r)} |"
+            f"| {r['head']} | {r['d']} | {r['seeds']} | {r['capped'][0]}, {r['capped'][1]} | {by_seed} | "
+            f"{paired_cells(r)} |"
         )
     lines += [
         "",

@@ -203,6 +203,8 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     assert "| d = 64 |" in text and "- diverged 2 |" in text  # the planned d column, its diverged cells counted
     assert "(missing: seed 3: mixtape d=64)" in text
     assert "| mos-4 | 4, 16, 64 | 3 | " in text
+    # each seed's difference beside the paired test: mos-4 at d = 16 is DIFFS[16], seed by seed
+    assert "| mos-4 | 16 | 3 | 0, 0 | s1 -0.1200, s2 -0.1500, s3 -0.1000 | -0.1233 [" in text
     # the family is the 6 planned (head, d) pairs, the one with a single finite seed counting as p = 1
     assert "Holm over the 6 planned (head, d) comparisons, one family, 5 of them with two seeds or more" in text
     rows = bottleneck_report.paired_rows(bottleneck_report.finite(_map(cells))[0])
@@ -282,9 +284,9 @@ def test_before_the_seed_cells_the_page_shows_the_rate_search_and_no_empty_map(t
 
 
 def test_the_reading_written_beside_the_page_opens_it_and_says_when_cells_have_finished_since(tmp_path):
-    """docs/bottleneck_map-reading.md, written by hand for N finished cells, opens the page as one paragraph; once the
-    page counts another number of cells (map, joint check and upgrade table together) it says the numbers may have
-    moved; without the file the page has no reading."""
+    """docs/bottleneck_map-reading.md, written by hand for N finished cells, opens the page, each of its paragraphs
+    (separated by a blank line) on one line; once the page counts another number of cells (map, joint check and
+    upgrade table together) it says the numbers may have moved; without the file the page has no reading."""
     import json
 
     obj = _map(_cells())
@@ -296,6 +298,11 @@ def test_the_reading_written_beside_the_page_opens_it_and_says_when_cells_have_f
     (tmp_path / bottleneck_report.READING).write_text(f"<!-- cells: {n} -->\nMoS-4 pays\nbelow d = 16.\n")
     text = bottleneck_report.main(run, log=lambda *_: None)
     assert text.split("## How")[0].endswith("## Reading\n\nMoS-4 pays below d = 16.\n\n")
+    # a blank line (spaces on it too) ends a paragraph
+    two = f"<!-- cells: {n} -->\nMoS-4 pays\nbelow d = 16.\n \nNot at 64.\n"
+    (tmp_path / bottleneck_report.READING).write_text(two)
+    text = bottleneck_report.main(run, log=lambda *_: None)
+    assert text.split("## How")[0].endswith("## Reading\n\nMoS-4 pays below d = 16.\n\nNot at 64.\n\n")
     (tmp_path / bottleneck_report.READING).write_text(f"<!-- cells: {n - 1} -->\nMoS-4 pays.")
     text = bottleneck_report.main(run, log=lambda *_: None)
     assert f"MoS-4 pays. *(Written when {n - 1} cells had finished; {n} have now" in text
