@@ -305,7 +305,8 @@ def test_the_reading_written_beside_the_page_opens_it_and_says_when_cells_have_f
     assert text.split("## How")[0].endswith("## Reading\n\nMoS-4 pays below d = 16.\n\nNot at 64.\n\n")
     (tmp_path / bottleneck_report.READING).write_text(f"<!-- cells: {n - 1} -->\nMoS-4 pays.")
     text = bottleneck_report.main(run, log=lambda *_: None)
-    assert f"MoS-4 pays. *(Written when {n - 1} cells had finished; {n} have now" in text
+    assert f"## Reading\n\n*(Written when {n - 1} cells had finished; {n} have now" in text
+    assert "the numbers below may have moved since.)*\n\nMoS-4 pays.\n" in text
 
 
 def test_the_committed_page_is_what_its_committed_json_gives(tmp_path):

@@ -466,7 +466,8 @@ def test_report_section_of_a_swept_table(tmp_path):
     text = page.build_report(str(tmp_path))
     assert "**Reading.** Mixtape is ahead of softmax.\n" in text  # written for the 10 cells there are
     (tmp_path / "reproduction" / "lm-ptb-reading.md").write_text("<!-- cells: 8 -->\nMixtape is ahead.")
-    assert "Mixtape is ahead. *(Written when 8 cells had finished; 10 have now" in page.build_report(str(tmp_path))
+    stale = "**Reading.** *(Written when 8 cells had finished; 10 have now: the numbers below may have moved since.)*"
+    assert stale + "\n\nMixtape is ahead.\n" in page.build_report(str(tmp_path))  # the note first, where one starts
     (tmp_path / "reproduction" / "lm-ptb-reading.md").unlink()
     text = page.build_report(str(tmp_path))
     assert "**Reading.**" not in text

@@ -15,7 +15,7 @@ READING_CELLS = re.compile(r"<!--\s*cells:\s*(\d+)\s*-->")
 
 def written_reading(path: str, cells: int) -> str:
     """The reading at ``path`` ("" without the file), each of its paragraphs (separated by a blank line) joined into
-    one line, followed by a note when it was written for another number of finished cells than ``cells``."""
+    one line, after a note when it was written for another number of finished cells than ``cells``."""
     if not os.path.isfile(path):
         return ""
     with open(path) as f:
@@ -23,9 +23,9 @@ def written_reading(path: str, cells: int) -> str:
     m = READING_CELLS.match(text)
     paragraphs = re.split(r"\n\s*\n", text[m.end() :] if m else text)
     body = "\n\n".join(" ".join(p.split()) for p in paragraphs if p.strip())
-    if m and int(m.group(1)) != cells:
-        body += (
-            f" *(Written when {m.group(1)} cells had finished; {cells} have now: the numbers above may have "
-            f"moved since.)*"
+    if m and int(m.group(1)) != cells:  # first, where a reader starts
+        body = (
+            f"*(Written when {m.group(1)} cells had finished; {cells} have now: the numbers below may have moved "
+            f"since.)*\n\n{body}"
         )
     return body
