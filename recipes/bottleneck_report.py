@@ -421,6 +421,36 @@ def spectra_png(png: str) -> str:
     return png[: -len(".png")] + "-spectra.png"
 
 
+def earlier_trunks(obj: Dict) -> str:
+    """The How section's sentence on the earlier trunks whose cells are set aside (one sentence for them all; "" when
+    none): each by md5, its valid NLL against this trunk's, what of it is set aside and where it is shown."""
+    meta = obj["meta"]
+    earlier = [e for e in obj.get("set_aside", []) if e.get("trunk_nll") and meta.get("trunk_nll")]
+
+    def one(e: Dict) -> str:
+        gap = e["trunk_nll"]["valid"] - meta["trunk_nll"]["valid"]
+        return (
+            f"md5 `{e['trunk_md5']}`, its valid NLL {abs(gap):.4f} nats {'lower' if gap < 0 else 'higher'} than this "
+            f"one's, its {how_many(len(e['cells']), len(e['rate_cells']))} "
+            + (
+                "beside this trunk's in [Cells of an earlier trunk](#cells-of-an-earlier-trunk)"
+                if e["cells"]
+                else "shown nowhere else"
+            )
+        )
+
+    if not earlier:
+        return ""
+    return (
+        ("An earlier trunk" if len(earlier) == 1 else f"{len(earlier)} earlier trunks")
+        + " from the same command, not bit for bit this one, "
+        + ("is" if len(earlier) == 1 else "are")
+        + " set aside (counted in the cost): "
+        + "; ".join(f"({i}) {one(e)}" if len(earlier) > 1 else one(e) for i, e in enumerate(earlier, 1))
+        + ". "
+    )
+
+
 def how_many(cells: int, rate_cells: int) -> str:
     """ "N cells and M rate cells", a count of none left out (the rate cells alone before the seed cells run)."""
     parts = [f"{n} {name}{'s' if n != 1 else ''}" for n, name in ((cells, "cell"), (rate_cells, "rate cell")) if n]
@@ -516,21 +546,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         )
         + trunk_training(meta)
         + ". "
-        + "".join(
-            f"An earlier trunk from the same command (md5 `{e['trunk_md5']}`; its valid NLL "
-            f"{abs(e['trunk_nll']['valid'] - meta['trunk_nll']['valid']):.4f} nats "
-            f"{'lower' if e['trunk_nll']['valid'] < meta['trunk_nll']['valid'] else 'higher'} than this one's) is not "
-            "this one: its "
-            f"{how_many(len(e['cells']), len(e['rate_cells']))} are set aside "
-            + (
-                "(counted in the cost; its cells beside this trunk's in "
-                "[Cells of an earlier trunk](#cells-of-an-earlier-trunk)). "
-                if e["cells"]
-                else "(counted in the cost, shown nowhere else). "
-            )
-            for e in obj.get("set_aside", [])
-            if e.get("trunk_nll") and meta.get("trunk_nll")
-        )
+        + earlier_trunks(obj)
         + f"Each cell trains `nn.Linear({meta['width']}, d)` and a head over the {meta['vocab']:,}-word vocabulary "
         f"on the first {meta['tokens']['train']:,} train tokens in the cache's order "
         f"({per_stream('train', meta['tokens']['train'])}; Adam, {a['batch_tokens']} tokens a step), "
@@ -573,7 +589,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         return "\n".join(
             lines
             + joint_section(obj)
-            + upgrade_section(obj.get("upgrade") or {})
+            + upgrade_section(obj.get("upgrade") or {}, checked=bool((obj.get("upgrade_cap") or {}).get("cells")))
             + cap_section(obj)
             + commands_section(obj)
             + ["## Cost", ""]
@@ -583,10 +599,11 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
     lines += table(
         obj,
         lambda c: math.exp(c["test_nll"]),
-        f"Mean ± sd over seeds (seeds); cap k: k of them ended by the {a['max_epochs']}-epoch cap while their valid "
-        "NLL still improved (scored under the cap: where the counts differ between heads or d, how far the cells "
-        "trained may differ too); diverged k: k cells left out (no epoch better than the untrained start, or a "
-        "non-finite NLL), so the entry and every test at that d rest on the other seeds.",
+        f"Mean ± sd over seeds (seeds); cap k: k of them ended by the {a['max_epochs']}-epoch cap, not their stopping "
+        f"rule (their best epoch within the last {a['patience']}; scored under the cap: where the counts differ "
+        "between heads or d, how far the cells trained may differ too); diverged k: k cells left out (no epoch better "
+        "than the untrained start, or a non-finite NLL), so the entry and every test at that d rest on the other "
+        "seeds." + uneven_seeds(obj),
         mark=lambda mine: f" cap {n}" if (n := capped(obj, mine)) else "",
         diverged=diverged,
     )
@@ -601,6 +618,16 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         f"heads, fixed before the seed cells ran. Each head trains at the rate it chose at d = {a['rate_d']}, at every "
         "d: where a head's rate suits another d less than softmax's suits it, that alone can tilt the line.",
         "",
+    ]
+    interim = [r["head"] for r in slopes if not r["complete"] and r["slope"] is not None]
+    if interim:  # said before the table's p-values, not after
+        lines += [
+            f"**Interim** for {', '.join(interim)}: a fit to the cells finished so far, not the primary test, which "
+            f"is the fit once every planned cell of the head and of softmax (d = {', '.join(map(str, a['dims']))}, "
+            f"{a['seeds']} seeds) has run (a diverged cell leaves its d with fewer seeds).",
+            "",
+        ]
+    lines += [
         "| head | d values | seeds per d | slope [95% CI] | df | p | Holm p |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -618,14 +645,6 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
                 f"{r['high']:+.4f}] | {r['df']} | {paired_stats.format_p(r['p'])} | "
                 f"{paired_stats.format_p(r['holm'])} |"
             )
-    interim = [r["head"] for r in slopes if not r["complete"] and r["slope"] is not None]
-    if interim:
-        lines += [
-            "",
-            f"**Interim** for {', '.join(interim)}: a fit to the cells finished so far, not the primary test, which "
-            f"is the fit once every planned cell of the head and of softmax (d = {', '.join(map(str, a['dims']))}, "
-            f"{a['seeds']} seeds) has run (a diverged cell leaves its d with fewer seeds).",
-        ]
     tested = sum(1 for r in rows if r["paired"].p is not None)
     family = len(set(a["heads"]) - {BASELINE}) * len(a["dims"])
     lines += [
@@ -665,8 +684,9 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
     lines += table(
         obj,
         lambda c: c["spectrum"]["rank"],
-        "Mean ± sd (seeds); a softmax over d inputs has rank at most d + 2 (W h, the bias, the normaliser). The rank "
-        f"counts at most the {a['spectrum_contexts']:,} contexts.",
+        "Mean ± sd (seeds); a softmax over d inputs has rank at most d + 2 (W h, the bias, the normaliser)."
+        + mixtape_bound(obj)
+        + f" The rank counts at most the {a['spectrum_contexts']:,} contexts.",
         1,
         corner="rank (numpy's tolerance)",
     )
@@ -711,7 +731,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
     )
     lines += joint_section(obj)
     lines += set_aside_section(obj)
-    lines += upgrade_section(obj.get("upgrade") or {})
+    lines += upgrade_section(obj.get("upgrade") or {}, checked=bool((obj.get("upgrade_cap") or {}).get("cells")))
     lines += cap_section(obj)
     lines += commands_section(obj)
     lines += ["## Cost", ""]
@@ -969,6 +989,13 @@ def commands_section(obj: Dict) -> List[str]:
         "# the map: the same command started in a second shell shares its cells (two cores)",
         f"python -m recipes.bottleneck_map --trunk {trunk} --data {portable(a['data'])} \\",
         "    --out results/bottleneck_map " + " ".join(flags),
+        "# with --restore docs/bottleneck_map.json it resumes from the committed cells (a new machine, this trunk)"
+        + (
+            "; without it every cell runs again, the rate search too, on this trunk: this page's rates came from an "
+            "earlier trunk's search (see Learning rates), which it cannot rerun"
+            if carried_rate_cells(obj)
+            else ""
+        ),
     ]
     joint = obj.get("joint") or []
     if joint:
@@ -994,6 +1021,17 @@ def commands_section(obj: Dict) -> List[str]:
         lines += [
             "# the cap check (its rate pilot restored from the table's, so the same rates)",
             upgrade_table.command_line(cap["meta"], "results/upgrade_cap") + " --restore docs/bottleneck_map.json",
+        ]
+    elif up.get("meta") and up.get("cells"):  # said where a reader looks for it, with the command that would run it
+        a_up = up["meta"]["args"]
+        lines += [
+            f"# the cap check, not run yet: seed 1 of every row past the table's {a_up['max_epochs']}-epoch cap "
+            "(its rate pilot restored from the table's, so the same rates)",
+            upgrade_table.command_line(
+                {**up["meta"], "args": {**a_up, "seeds": [1], "max_epochs": 3 * a_up["max_epochs"]}},
+                "results/upgrade_cap",
+            )
+            + " --restore docs/bottleneck_map.json",
         ]
     lines += [
         "python -m recipes.bottleneck_report --results results/bottleneck_map --joint results/bottleneck_joint \\",
@@ -1068,8 +1106,13 @@ def rate_section(obj: Dict) -> List[str]:
     said."""
     a = obj["meta"]["args"]
     grid = sorted(a["rates"])
+    carried = carried_rate_cells(obj)
+    searched = {c["head"] for c in obj["rate_cells"] if c["d"] == a["rate_d"]}
+    own = [h for h in a["heads"] if h in searched and h not in {c["head"] for c in carried}]
     lines = [
-        f"## Learning rates (valid NLL at d = {a['rate_d']}, seed 1)",
+        f"## Learning rates (valid NLL at d = {a['rate_d']}, seed 1"
+        + ("" if own or not carried else ", on an earlier trunk")
+        + ")",
         "",
         "| head | " + " | ".join(f"{lr:g}" for lr in grid) + " |",
         "|---|" + "---|" * len(grid),
@@ -1098,37 +1141,40 @@ def rate_section(obj: Dict) -> List[str]:
         lines.append(f"| {head} | " + " | ".join(row) + " |")
         if len(grid) > 1 and chosen in (grid[0], grid[-1]):
             ends.append(f"{head} ({chosen:g})")
-    carried = carried_rate_cells(obj)
     lines += [
         "",
         f"Bold: the head's rate, the grid's lowest valid NLL (once every rate has run). (cap): the {a['max_epochs']}-"
-        f"epoch cap ended the cell, not its stopping rule (its best epoch within the last {a['patience']}). "
-        f"The chosen rate's cell is the head's seed-1 cell at d = {a['rate_d']} (not trained twice): of the grid's "
-        "cells it is the one with the lowest valid NLL, so that point's valid score, not its test score, is picked "
-        "with the rate"
+        f"epoch cap ended the cell, not its stopping rule (its best epoch within the last {a['patience']})."
         + (
-            f"; except for {', '.join(again)}, whose rate cell ran under the map's first code (its floor from a fresh "
-            "start, its spectrum in float32) and was trained again whole as the seed-1 cell."
-            if (
-                again := [
-                    c["head"]
-                    for c in obj["cells"]
-                    if c["seed"] == 1
-                    and c["d"] == a["rate_d"]
-                    and c.get("rate_cell_trained_again")
-                    and c["head"] not in {r["head"] for r in carried}
-                ]
+            f" The chosen rate's cell of {', '.join(own)} is its seed-1 cell at d = {a['rate_d']} (not trained "
+            "twice): of the grid's cells it is the one with the lowest valid NLL, so that point's valid score, not "
+            "its test score, is picked with the rate"
+            + (
+                f"; except for {', '.join(again)}, whose rate cell ran under the map's first code (its floor from a "
+                "fresh start, its spectrum in float32) and was trained again whole as the seed-1 cell."
+                if (
+                    again := [
+                        c["head"]
+                        for c in obj["cells"]
+                        if c["seed"] == 1
+                        and c["d"] == a["rate_d"]
+                        and c.get("rate_cell_trained_again")
+                        and c["head"] in own
+                    ]
+                )
+                else "."
             )
-            else "."
+            if own
+            else ""
         )
         + (
             " The rate search of "
-            + ", ".join(dict.fromkeys(c["head"] for c in carried))
+            + ("every head" if not own else ", ".join(dict.fromkeys(c["head"] for c in carried)))
             + " ran on an earlier trunk from the same command (md5 "
             + ", ".join(f"`{m}`" for m in dict.fromkeys(c["trunk_md5"] for c in carried))
             + ", not bit for bit this one) and its choice carries over (`--carry-rates`): those rates were chosen on "
             "that trunk's valid NLL, and every cell of this page trained on this trunk, the seed-1 cell at "
-            f"d = {a['rate_d']} included."
+            f"d = {a['rate_d']} included (so its valid score is not the one the rate was chosen on)."
             if carried
             else ""
         ),
@@ -1155,7 +1201,8 @@ def train_ms_per_1k(cell: Dict) -> float:
 
 
 def capped(obj: Dict, cells: List[Dict]) -> int:
-    """How many of ``cells`` the epoch cap ended while their valid NLL still improved."""
+    """How many of ``cells`` the epoch cap ended, not their stopping rule (their best epoch within the last
+    ``--patience``)."""
     a = obj["meta"]["args"]
     return sum(bottleneck_map.ended_by(c["curve"], a["max_epochs"], a["patience"]) == "max_epochs" for c in cells)
 
@@ -1207,7 +1254,8 @@ def cap_reach(obj: Dict) -> List[str]:
         "would need at that pace to draw level (a lower bound while its gain per epoch does not grow and softmax's "
         "cell gains nothing more; where softmax's cell was capped too, it may still gain; never at that pace: its "
         f"last epoch ended level with or above its valid NLL {span} epochs before, although its best came within "
-        f"the last {a['patience']}). A head ahead at the cap may be further ahead past it.",
+        f"the last {a['patience']}). A head ahead at the cap may be further ahead past it, or less far where "
+        "softmax's cell was capped too.",
         "",
         f"| head | d | seed | valid NLL, head - softmax | gain / epoch, last {span} | epochs to draw level | "
         "softmax capped |",
@@ -1233,6 +1281,50 @@ def floor_seeds(obj: Dict) -> str:
     return f"{which}; {have} of the {total} planned floors so far" if due and have < total else which
 
 
+def uneven_seeds(obj: Dict) -> str:
+    """A sentence for the d values whose heads' means are over different seeds ("" where none): there a row against
+    another compares seeds as well as heads, and the paired table is the comparison."""
+    seeds: Dict[int, Dict[str, List[int]]] = {}
+    for c in obj["cells"]:
+        seeds.setdefault(c["d"], {}).setdefault(c["head"], []).append(c["seed"])
+    uneven = []
+    for d, by_head in sorted(seeds.items()):
+        sets = {tuple(sorted(v)) for v in by_head.values()}
+        if len(sets) > 1:
+            uneven.append(
+                f"d = {d} ("
+                + "; ".join(
+                    f"{', '.join(h for h, v in by_head.items() if tuple(sorted(v)) == ss)}: seed"
+                    f"{'s' if len(ss) > 1 else ''} {', '.join(map(str, ss))}"
+                    for ss in sorted(sets, key=lambda x: (-len(x), x))
+                )
+                + ")"
+            )
+    if not uneven:
+        return ""
+    return (
+        f" The heads' seeds differ at {', '.join(uneven)}: there an entry against another compares seeds too; the "
+        "paired differences below compare the same seeds."
+    )
+
+
+def mixtape_bound(obj: Dict) -> str:
+    """Mixtape's rank bound in the map's form of it (a sentence; "" without Mixtape): only its S most frequent words
+    have gate priors of their own; the others share one, so their logits are one mixed context's product with their
+    embeddings, at most d + 2 in rank together."""
+    if "mixtape" not in obj["meta"]["args"]["heads"]:
+        return ""
+    from hf_heads.heads.mixtape import MixtapeConfig
+
+    name, options = bottleneck_map.HEADS["mixtape"]
+    s = MixtapeConfig(hidden_size=1, vocab_size=obj["meta"]["vocab"], **options).num_frequent
+    return (
+        f" Mixtape's is at most S + d + 2, S = {s:,}: only its S most frequent words (round(frequent_fraction x V)) "
+        "have gate priors of their own; the others share one, so their logits are one mixed context's products with "
+        "their embeddings, as a softmax's are."
+    )
+
+
 def floor_slope(obj: Dict) -> List[str]:
     """Whether the floor runs were still learning when their budget ended: how many reached their lowest train NLL at
     the budget's last epoch, and the last epoch's drop of each floor curve."""
@@ -1247,9 +1339,21 @@ def floor_slope(obj: Dict) -> List[str]:
     last = sum(1 for f, *_ in curves if f[-1] <= min(f))
     falling = [x for x in drops if x[0] > 0.01]
     top = drops[-1]
+    starts = [
+        next(e["epoch"] for e in c["curve"] if e.get("best"))
+        for c in obj["cells"]
+        if len(c.get("floor_curve", [])) > 1 and any(e.get("best") for e in c["curve"])
+    ]
     return [
-        f"A floor is the lowest train NLL the head reached within the fixed budget: an upper bound on what it can "
-        f"express, whether or not it still fell. {last} of the {len(curves)} floor runs reached their lowest at the "
+        "A floor is the lowest train NLL the head reached within the fixed budget: the lowest it can reach is at most "
+        "that (a bound on what it can express, not a measure of it), whether or not it still fell. "
+        + (
+            f"Each starts from its cell's best epoch (epochs {min(starts)} to {max(starts)} here) at its head's "
+            "rate, so the heads' floors are not equal budgets of training. "
+            if starts and min(starts) != max(starts)
+            else ""
+        )
+        + f"{last} of the {len(curves)} floor runs reached their lowest at the "
         f"budget's last epoch; the last epoch's drop: median {statistics.median(x[0] for x in drops):.4f} nats, "
         f"largest {top[0]:.4f} for {top[1]} at d = {top[2]}, seed {top[3]}; more than 0.01 in {len(falling)}. A "
         "floor still falling at its end says how far the budget let the head go, not where it would stop.",
@@ -1497,7 +1601,11 @@ def size_matched(cells: List[Dict], base_params: Dict[int, int], names: Dict[str
     return [
         "",
         f"Control (b) adds {mlp:,} parameters"
-        + "".join(f"; {names[r]} adds {added[r]:,}, within 2% of it" for r in heads if r not in other)
+        + "".join(
+            f"; {names[r]} adds {added[r]:,}, within {abs(added[r] / mlp - 1):.2%} of it"
+            for r in heads
+            if r not in other
+        )
         + "; "
         + ", ".join(f"{names[r]} adds {added[r]:,}" for r in other)
         + (": its comparison" if len(other) == 1 else ": their comparisons")
@@ -1505,9 +1613,9 @@ def size_matched(cells: List[Dict], base_params: Dict[int, int], names: Dict[str
     ]
 
 
-def upgrade_section(up: Dict) -> List[str]:
+def upgrade_section(up: Dict, checked: bool = False) -> List[str]:
     """The head-upgrade table (part 2): SmolLM2's head replaced and trained on its cached states, with both
-    controls."""
+    controls; ``checked``: whether its cap check has cells (if not, and a cell was best at the cap, it says so)."""
     if not up.get("cells") and not up.get("pilot"):
         return []
     names = upgrade_table.ROW_NAMES
@@ -1607,7 +1715,9 @@ def upgrade_section(up: Dict) -> List[str]:
         f"(as test below), at most {', '.join(map(str, caps))} epochs (patience {listed(cells, 'patience')}), the best "
         f"epoch by valid NLL on {c0['tokens']['valid']:,} predicted tokens of the valid file's first blocks "
         f"({at_cap} of {len(cells)} cells "
-        f"best at the cap: numbers at that cap), scored on the test file cut into blocks of {c0['block_size']} tokens, "
+        f"best at the cap: numbers at that cap"
+        + ("; the cap check has not run" if at_cap and not checked else "")
+        + f"), scored on the test file cut into blocks of {c0['block_size']} tokens, "
         "each read alone (no context carried from the block before, so a block's first token is not predicted; the "
         f"last partial block left out): {c0['tokens']['test']:,} predicted tokens, {c0['words']['test']:,} words in "
         "their text (per-word perplexity: the same total NLL, the mean token NLL x the predicted tokens, over those "

@@ -161,7 +161,7 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
     floors = text.split("## What each head can express")[1].split("## Numerical rank")[0]
     assert "| softmax | " in floors and floors.count(" (1) |") == 4  # one seed per (head, d), not two
     assert "of the 4 floor runs reached their lowest at the budget's last epoch" in floors
-    assert "more than 0.01 in" in floors and "an upper bound on what it can express" in floors
+    assert "more than 0.01 in" in floors and "(a bound on what it can express, not a measure of it)" in floors
     assert "With no threshold: log10 of the share of the squared singular values past the first d + 2" in text
     assert "## The primary test" in text and "| mos-4 | 8 | 2 |" in text and (docs / "bottleneck_map.png").exists()
     assert "## Trained jointly" not in text  # no joint cells: no section

@@ -200,6 +200,8 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     fewer = [c for c in cells if (c["head"], c["d"], c["seed"]) != ("mos-4", 64, 3)]
     interim = bottleneck_report.page(_map(fewer), "/tmp/x.png")
     assert "**Interim** for mos-4: a fit to the cells finished so far, not the primary test" in interim
+    assert "The heads' seeds differ at d = 64 (softmax: seeds 1, 2, 3; mos-4: seeds 1, 2): there an entry" in interim
+    assert "The heads' seeds differ" not in bottleneck_report.page(_map(_cells()), "/tmp/x.png")
     assert "| d = 64 |" in text and "- diverged 2 |" in text  # the planned d column, its diverged cells counted
     assert "(missing: seed 3: mixtape d=64)" in text
     assert "| mos-4 | 4, 16, 64 | 3 | " in text
@@ -224,6 +226,8 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     assert "--trunk results/reproduce/lm-ptb/softmax/lr0.01/seed1/checkpoints/checkpoint_best.pt" in commands
     assert "python -m recipes.reproduce lm-ptb --scale mini --heads softmax --seeds 1 --lrs 0.01\n" in commands
     assert "--dims 4 16 64 --rates 0.001 0.01 --seeds 3 --rate-d 16" in commands and "--floor-seeds 1" in commands
+    assert "# with --restore docs/bottleneck_map.json it resumes from the committed cells (a new machine" in commands
+    assert "earlier trunk's search" not in commands  # its rates searched on its own trunk: nothing carried to say
     assert "- (0) |" not in text and "| mos-4 | - | - | - |" in text.split("## What each head can express")[1]
 
 
@@ -390,9 +394,9 @@ def test_a_collection_on_another_trunk_sets_the_committed_cells_aside_and_keeps_
     (aside,) = obj["set_aside"]
     assert aside["trunk_md5"] == "first" and aside["rate_cells"] == committed["rate_cells"]
     assert (
-        "An earlier trunk from the same command (md5 `first`; its valid NLL 0.0100 nats lower than this one's)" in text
+        "An earlier trunk from the same command, not bit for bit this one, is set aside (counted in the cost): md5 "
+        "`first`, its valid NLL 0.0100 nats lower than this one's, its 6 rate cells shown nowhere else. " in text
     )
-    assert "is not this one: its 6 rate cells are set aside (counted in the cost" in text
     # 6 rate cells set aside (3 x 1800 + 3 x 3600 CPU-s = 4.5 h), the new rate cell (60 s), the joint check (2 h)
     assert "6.5 so far (0.0 in 1 rate cell; 4.5 in" in text  # no rate chosen: no cell counted for two
     assert "; 4.5 in 6 rate cells set aside with their earlier trunk; 2.0 in the joint" in text
@@ -456,7 +460,7 @@ def test_the_upgrade_table_says_which_heads_control_b_is_not_sized_to():
     cells = [cell("softmax", 1000), cell("softmax-mlp", 1500), cell("mos-3", 1495), cell("mixtape", 2000)]
     assert bottleneck_report.size_matched(cells, base, upgrade_table.ROW_NAMES) == [
         "",
-        "Control (b) adds 500 parameters; MoS-3 adds 495, within 2% of it; Mixtape adds 1,000: its comparison with "
+        "Control (b) adds 500 parameters; MoS-3 adds 495, within 1.00% of it; Mixtape adds 1,000: its comparison with "
         "(b) is against a control of another size.",
     ]
     assert bottleneck_report.size_matched(cells[:3], base, upgrade_table.ROW_NAMES) == []
@@ -595,8 +599,21 @@ def test_a_rate_search_carried_from_another_trunk_is_named_and_counted_once():
     new["meta"] = {**new["meta"], "trunk_md5": "new", "trunk_nll": {"valid": 4.71, "test": 4.6}}
     new["rate_cells"] = carried
     text = "\n".join(bottleneck_report.rate_section(new))
-    assert "The rate search of softmax, mos-4, mixtape ran on an earlier trunk from the same command (md5 `old`" in text
-    assert "every cell of this page trained on this trunk, the seed-1 cell at d = 16 included." in text
+    assert "The rate search of every head ran on an earlier trunk from the same command (md5 `old`" in text
+    assert "every cell of this page trained on this trunk, the seed-1 cell at d = 16 included (so its" in text
+    assert "(valid NLL at d = 16, seed 1, on an earlier trunk)" in text and "not trained twice" not in text
+    commands = "\n".join(bottleneck_report.commands_section(new))
+    assert (
+        "this page's rates came from an earlier trunk's search (see Learning rates), which it cannot rerun" in commands
+    )
+    # one head's search carried, the others' run on this trunk: each said for the heads it is true of
+    mixed = {**new, "rate_cells": carried[:2] + committed["rate_cells"][2:]}  # softmax's two rates carried
+    text = "\n".join(bottleneck_report.rate_section(mixed))
+    assert "The rate search of softmax ran on an earlier trunk" in text
+    assert (
+        "(valid NLL at d = 16, seed 1)" in text
+        and "of mos-4, mixtape is its seed-1 cell at d = 16 (not trained" in text
+    )
     assert not bottleneck_report.rate_cell_trained(new, "mos-4")
     # the cell trains (60 CPU-s, as its cells at d = 16) and its floor runs (10 epochs of 60 / 7 s), not the floor alone
     assert bottleneck_report.cell_estimate(new, "mos-4", 16, 1) == pytest.approx((60.0 + 10 * 60.0 / 7) / 3600)
@@ -641,3 +658,69 @@ def test_a_rate_search_carried_from_another_trunk_is_named_and_counted_once():
     missing = [("mos-4", 16, 1)]
     assert "trained already" not in "\n".join(bottleneck_report.budget_lines(new, missing))
     assert "trained already" in "\n".join(bottleneck_report.budget_lines(committed, missing))
+
+
+def test_the_floor_paragraph_says_where_the_floors_started():
+    """The floor runs start from each cell's best epoch: where those differ, the page says the floors are not equal
+    budgets and from which epochs they started; a floor still falling at its last epoch is counted."""
+    early = [{"epoch": e, "train_cpu_seconds": 0.5 * (e > 0), **({"best": True} if e == 2 else {})} for e in range(5)]
+    cells = [
+        _cell("softmax", 4, 1, 5.0, floor_curve=[5.0, 4.8, 4.7], curve=early),
+        _cell("mos-4", 4, 1, 5.1, floor_curve=[5.1, 5.0, 5.05]),  # best at epoch 5 (the fixture's); lowest mid-run
+    ]
+    text = "\n".join(bottleneck_report.floor_slope(_map(cells)))
+    assert "Each starts from its cell's best epoch (epochs 2 to 5 here) at its head's rate" in text
+    assert "1 of the 2 floor runs reached their lowest at the budget's last epoch" in text
+    same = [_cell("softmax", 4, 1, 5.0, floor_curve=[5.0, 4.8]), _cell("mos-4", 4, 1, 5.1, floor_curve=[5.1, 5.0])]
+    assert "Each starts from" not in "\n".join(bottleneck_report.floor_slope(_map(same)))
+
+
+def test_the_rank_note_gives_mixtape_s_bound_and_a_mixtape_head_keeps_it():
+    """The rank table's note: Mixtape's log-probability matrix has rank at most S + d + 2 (S words with gates of their
+    own, the rest one mixed context's products, as a softmax's), checked on a Mixtape head of the map's form; above a
+    softmax's d + 2, so the bound is not a softmax's."""
+    import numpy as np
+    import torch
+
+    import hf_heads
+
+    obj = _map(_cells())  # a vocabulary of 100: S = round(0.1 x 100)
+    assert "Mixtape's is at most S + d + 2, S = 10: only its S most frequent words" in bottleneck_report.page(
+        obj, "/tmp/x.png"
+    )
+    torch.manual_seed(0)
+    name, options = bottleneck_report.bottleneck_map.HEADS["mixtape"]
+    head = hf_heads.build_head(name, hidden_size=3, vocab_size=100, **options).double().eval()
+    with torch.no_grad():
+        rank = np.linalg.matrix_rank(head.log_probs_2d(torch.randn(400, 3, dtype=torch.float64)).numpy())
+    assert 3 + 2 < rank <= 10 + 3 + 2
+    assert "Mixtape's" not in bottleneck_report.mixtape_bound(
+        {**obj, "meta": {**obj["meta"], "args": {**obj["meta"]["args"], "heads": ["softmax", "mos-4"]}}}
+    )
+
+
+def test_an_upgrade_table_best_at_its_cap_names_the_cap_check_that_has_not_run():
+    """The committed upgrade table (every cell best at its 2-epoch cap), its cap check left out: the table says the
+    check has not run and Commands give the command that would run it (seed 1, 3 x the cap, the table's rates)."""
+    import json
+    import os
+
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+    with open(os.path.join(docs, "bottleneck_map.json")) as f:
+        obj = {**json.load(f), "upgrade_cap": {}}
+    up = obj["upgrade"]
+    cap = up["meta"]["args"]["max_epochs"]
+    assert all(next(e["epoch"] for e in c["curve"] if e.get("best")) == cap for c in up["cells"])
+    assert "best at the cap: numbers at that cap; the cap check has not run)" in "\n".join(
+        bottleneck_report.upgrade_section(up)
+    )
+    assert "the cap check has not run" not in "\n".join(bottleneck_report.upgrade_section(up, checked=True))
+    commands = "\n".join(bottleneck_report.commands_section(obj))
+    line = commands.split(f"# the cap check, not run yet: seed 1 of every row past the table's {cap}-epoch cap")[1]
+    line = line.split("\n")[1]
+    assert line.startswith("python -m recipes.upgrade_table --out results/upgrade_cap ")
+    assert (
+        "--seeds 1 --" in line
+        and f"--max-epochs {3 * cap}" in line
+        and line.endswith(" --restore docs/bottleneck_map.json")
+    )
