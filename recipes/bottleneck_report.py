@@ -1316,7 +1316,7 @@ def mixtape_bound(obj: Dict) -> str:
         return ""
     from hf_heads.heads.mixtape import MixtapeConfig
 
-    name, options = bottleneck_map.HEADS["mixtape"]
+    options = bottleneck_map.HEADS["mixtape"][1]
     s = MixtapeConfig(hidden_size=1, vocab_size=obj["meta"]["vocab"], **options).num_frequent
     return (
         f" Mixtape's is at most S + d + 2, S = {s:,}: only its S most frequent words (round(frequent_fraction x V)) "
