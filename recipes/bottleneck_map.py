@@ -230,10 +230,15 @@ def floor_run(args, name: str, d: int, seed: int, lr: float, data: Dict[str, Sta
     }
 
 
+def best_epoch(curve) -> int:
+    """The epoch a run's curve marks as its best (the stopping rule's checkpoint)."""
+    return next(c["epoch"] for c in curve if c.get("best"))
+
+
 def ended_by(curve, max_epochs: int, patience: int) -> str:
     """``"max_epochs"`` when the cap ended the run while its valid NLL had improved within the last ``patience``
     epochs, else ``"patience"`` (the rule fired, at the cap or before it)."""
-    best = next(c["epoch"] for c in curve if c.get("best"))
+    best = best_epoch(curve)
     return "max_epochs" if len(curve) - 1 >= max_epochs and max_epochs - best < patience else "patience"
 
 

@@ -34,6 +34,7 @@ import re
 import statistics
 from typing import Dict, List
 
+from hf_heads.heads.mixtape import MixtapeConfig
 from recipes import bottleneck_map, upgrade_table
 from recipes.common import stats as paired_stats
 from recipes.common.reading import written_reading
@@ -589,7 +590,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         return "\n".join(
             lines
             + joint_section(obj)
-            + upgrade_section(obj.get("upgrade") or {}, checked=bool((obj.get("upgrade_cap") or {}).get("cells")))
+            + upgrade_section(obj.get("upgrade") or {}, checked=bool(cap_check_cells(obj)))
             + cap_section(obj)
             + commands_section(obj)
             + ["## Cost", ""]
@@ -731,7 +732,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
     )
     lines += joint_section(obj)
     lines += set_aside_section(obj)
-    lines += upgrade_section(obj.get("upgrade") or {}, checked=bool((obj.get("upgrade_cap") or {}).get("cells")))
+    lines += upgrade_section(obj.get("upgrade") or {}, checked=bool(cap_check_cells(obj)))
     lines += cap_section(obj)
     lines += commands_section(obj)
     lines += ["## Cost", ""]
@@ -796,7 +797,7 @@ def budget_lines(obj: Dict, missing) -> List[str]:
         return cell["curve"][-1].get("cpu_seconds", sum(e.get("train_cpu_seconds", 0.0) for e in cell["curve"])) / 3600
 
     pilot, table_cells = (sum(hours(c) for c in up.get(k, [])) for k in ("pilot", "cells"))
-    checked = (obj.get("upgrade_cap") or {}).get("cells") or []
+    checked = cap_check_cells(obj)
     cap_check = sum(hours(c) for c in checked)
     partial = sum(1 for k in ("pilot", "cells") for c in up.get(k, []) if "cpu_seconds" not in c["curve"][-1])
     cost = {h_d_s: c for h_d_s in missing if (c := cell_estimate(obj, *h_d_s)) is not None}
@@ -1289,14 +1290,16 @@ def uneven_seeds(obj: Dict) -> str:
         seeds.setdefault(c["d"], {}).setdefault(c["head"], []).append(c["seed"])
     uneven = []
     for d, by_head in sorted(seeds.items()):
-        sets = {tuple(sorted(v)) for v in by_head.values()}
-        if len(sets) > 1:
+        heads_of: Dict[tuple, List[str]] = {}  # each set of seeds -> the heads with it
+        for head, v in by_head.items():
+            heads_of.setdefault(tuple(sorted(v)), []).append(head)
+        if len(heads_of) > 1:
+            groups = sorted(heads_of.items(), key=lambda kv: (-len(kv[0]), kv[0]))
             uneven.append(
                 f"d = {d} ("
                 + "; ".join(
-                    f"{', '.join(h for h, v in by_head.items() if tuple(sorted(v)) == ss)}: seed"
-                    f"{'s' if len(ss) > 1 else ''} {', '.join(map(str, ss))}"
-                    for ss in sorted(sets, key=lambda x: (-len(x), x))
+                    f"{', '.join(heads)}: seed{'s' if len(ss) > 1 else ''} {', '.join(map(str, ss))}"
+                    for ss, heads in groups
                 )
                 + ")"
             )
@@ -1314,8 +1317,6 @@ def mixtape_bound(obj: Dict) -> str:
     embeddings, at most d + 2 in rank together."""
     if "mixtape" not in obj["meta"]["args"]["heads"]:
         return ""
-    from hf_heads.heads.mixtape import MixtapeConfig
-
     options = bottleneck_map.HEADS["mixtape"][1]
     s = MixtapeConfig(hidden_size=1, vocab_size=obj["meta"]["vocab"], **options).num_frequent
     return (
@@ -1328,29 +1329,26 @@ def mixtape_bound(obj: Dict) -> str:
 def floor_slope(obj: Dict) -> List[str]:
     """Whether the floor runs were still learning when their budget ended: how many reached their lowest train NLL at
     the budget's last epoch, and the last epoch's drop of each floor curve."""
-    curves = [
-        (c["floor_curve"], c["head"], c["d"], c["seed"])
+    floored = [
+        c
         for c in obj["cells"]
         if len(c.get("floor_curve", [])) > 1 and all(math.isfinite(v) for v in c["floor_curve"][-2:])
     ]
+    curves = [(c["floor_curve"], c["head"], c["d"], c["seed"]) for c in floored]
     if not curves:
         return []
     drops = sorted((f[-2] - f[-1], h, d, s) for f, h, d, s in curves)
     last = sum(1 for f, *_ in curves if f[-1] <= min(f))
     falling = [x for x in drops if x[0] > 0.01]
     top = drops[-1]
-    starts = [
-        next(e["epoch"] for e in c["curve"] if e.get("best"))
-        for c in obj["cells"]
-        if len(c.get("floor_curve", [])) > 1 and any(e.get("best") for e in c["curve"])
-    ]
+    starts = [bottleneck_map.best_epoch(c["curve"]) for c in floored]  # each floor run starts there
     return [
         "A floor is the lowest train NLL the head reached within the fixed budget: the lowest it can reach is at most "
         "that (a bound on what it can express, not a measure of it), whether or not it still fell. "
         + (
             f"Each starts from its cell's best epoch (epochs {min(starts)} to {max(starts)} here) at its head's "
             "rate, so the heads' floors are not equal budgets of training. "
-            if starts and min(starts) != max(starts)
+            if min(starts) != max(starts)
             else ""
         )
         + f"{last} of the {len(curves)} floor runs reached their lowest at the "
@@ -1494,11 +1492,16 @@ def ended(cell: Dict) -> str:
     return "stopping rule" if by == "patience" else f"cap ({cell['max_epochs']} epochs)"
 
 
+def cap_check_cells(obj: Dict) -> List[Dict]:
+    """The upgrade table's cap-check cells in the page json (none before the check has run)."""
+    return (obj.get("upgrade_cap") or {}).get("cells") or []
+
+
 def cap_section(obj: Dict) -> List[str]:
     """The upgrade table's cap check: seed-1 rows trained again with a higher epoch cap, beside the table's seed-1
     cells at its cap (each row's test perplexity, the row-minus-control differences at both): whether the table's
     cap decides its reading. One seed: a description, no test."""
-    cap = (obj.get("upgrade_cap") or {}).get("cells") or []
+    cap = cap_check_cells(obj)
     table = {(c["row"], c["seed"]): c for c in (obj.get("upgrade") or {}).get("cells") or []}
     if not cap:
         return []
@@ -1545,7 +1548,7 @@ def cap_section(obj: Dict) -> List[str]:
     ]
     for (row, seed), c in checked.items():
         t = table.get((row, seed))
-        best = next(e["epoch"] for e in c["curve"] if e.get("best"))
+        best = bottleneck_map.best_epoch(c["curve"])
         short = f"{t['after']['test']['ppl']:.2f}" if t else "-"
         lines.append(f"| {names[row]} | {seed} | {best} | {ended(c)} | {short} | {c['after']['test']['ppl']:.2f} |")
 
@@ -1697,7 +1700,7 @@ def upgrade_section(up: Dict, checked: bool = False) -> List[str]:
         return lines + ["The table's cells have not run yet.", ""]
     c0 = cells[0]
     caps = sorted({c["max_epochs"] for c in cells})
-    at_cap = sum(1 for c in cells if next(e["epoch"] for e in c["curve"] if e.get("best")) == c["max_epochs"])
+    at_cap = sum(1 for c in cells if bottleneck_map.best_epoch(c["curve"]) == c["max_epochs"])
     seeds = sorted({c["seed"] for c in cells})
     meta = (up.get("meta") or {}).get("args", {})
     planned = meta.get("seeds", seeds)
