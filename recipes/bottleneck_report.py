@@ -587,15 +587,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
     ]
     lines += rate_section(obj)
     if not obj["cells"]:  # the rate cells so far, the joint check and the upgrade table: no map yet
-        return "\n".join(
-            lines
-            + joint_section(obj)
-            + upgrade_section(obj.get("upgrade") or {}, checked=bool(cap_check_cells(obj)))
-            + cap_section(obj)
-            + commands_section(obj)
-            + ["## Cost", ""]
-            + budget_lines(full, missing)
-        )
+        return "\n".join(lines + joint_section(obj) + upgrade_and_commands(obj) + budget_lines(full, missing))
     lines += ["## Test perplexity", ""]
     lines += table(
         obj,
@@ -732,10 +724,7 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
     )
     lines += joint_section(obj)
     lines += set_aside_section(obj)
-    lines += upgrade_section(obj.get("upgrade") or {}, checked=bool(cap_check_cells(obj)))
-    lines += cap_section(obj)
-    lines += commands_section(obj)
-    lines += ["## Cost", ""]
+    lines += upgrade_and_commands(obj)
     lines += table(
         obj, lambda c: c["cpu_s"] / 60, "CPU minutes of the stopping-rule run per cell (validation included)."
     )
@@ -1490,6 +1479,17 @@ def ended(cell: Dict) -> str:
     """How an upgrade cell's training ended (:func:`bottleneck_map.ended_by`): its stopping rule, or its cap."""
     by = bottleneck_map.ended_by(cell["curve"], cell["max_epochs"], cell["patience"])
     return "stopping rule" if by == "patience" else f"cap ({cell['max_epochs']} epochs)"
+
+
+def upgrade_and_commands(obj: Dict) -> List[str]:
+    """The page's closing sections, with or without map cells: the upgrade table, its cap check, the commands, and
+    the heading of the cost that follows them."""
+    return (
+        upgrade_section(obj.get("upgrade") or {}, checked=bool(cap_check_cells(obj)))
+        + cap_section(obj)
+        + commands_section(obj)
+        + ["## Cost", ""]
+    )
 
 
 def cap_check_cells(obj: Dict) -> List[Dict]:
