@@ -645,8 +645,13 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
         "## Paired differences per d",
         "",
         f"Test NLL, head minus softmax at the same d and seed (nats); Holm over the {family} planned (head, d) "
-        f"comparisons, one family, {tested} of them with two seeds or more so far (the others count as p = 1). "
-        f"Capped: how many of those seeds' head and softmax cells the {a['max_epochs']}-epoch cap ended (a "
+        f"comparisons, one family, "
+        + (
+            "each with two seeds or more. "
+            if tested == family
+            else f"{tested} of them with two seeds or more so far (the others count as p = 1). "
+        )
+        + f"Capped: how many of those seeds' head and softmax cells the {a['max_epochs']}-epoch cap ended (a "
         "difference between cells the cap ended is between how far each got in that many epochs). By seed: each "
         "seed's difference (s1 is seed 1):",
         "",
@@ -793,7 +798,7 @@ def budget_lines(obj: Dict, missing) -> List[str]:
     unknown = len(missing) - len(cost)
     lines = [
         f"Part 1 (the map and the joint check), of the {BUDGET_HOURS['map']:.0f} CPU-core-hours planned: "
-        f"{spent + aside_hours + joint:.1f} so far ({spent:.1f} in "
+        f"{spent + aside_hours + joint:.1f} {'so far' if missing else 'in all'} ({spent:.1f} in "
         f"{how_many(len(obj['cells']), len(obj['rate_cells']))}"
         + (f", each chosen rate's cell counted once: it is also the seed-1 cell at d = {a['rate_d']}" if copies else "")
         + (

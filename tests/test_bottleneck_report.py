@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -202,6 +203,11 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     assert "**Interim** for mos-4: a fit to the cells finished so far, not the primary test" in interim
     assert "The heads' seeds differ at d = 64 (softmax: seeds 1, 2, 3; mos-4: seeds 1, 2): there an entry" in interim
     assert "The heads' seeds differ" not in bottleneck_report.page(_map(_cells()), "/tmp/x.png")
+    complete = bottleneck_report.page(_map(_cells() + [_cell("mixtape", 64, s, 4.5) for s in (1, 2, 3)]), "/tmp/x.png")
+    # every planned cell run: no "so far" in the paired family or in part 1's cost
+    assert "comparisons, one family, each with two seeds or more. Capped:" in complete
+    assert re.search(r"CPU-core-hours planned: [0-9.]+ in all \(", complete)
+    assert re.search(r"CPU-core-hours planned: [0-9.]+ so far \(", text)  # a cell still to run
     assert "| d = 64 |" in text and "- diverged 2 |" in text  # the planned d column, its diverged cells counted
     assert "(missing: seed 3: mixtape d=64)" in text
     assert "| mos-4 | 4, 16, 64 | 3 | " in text
