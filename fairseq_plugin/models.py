@@ -22,6 +22,7 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 
 from .options import HeadArgs, HeadFlagError, add_head_args, build_decoder_head, parse_head_options, usage_error
 from .relative_attention import use_relative_positions
+from .stock import upgrade_stock_state
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class HeadTransformerDecoder(HeadDecoderMixin, TransformerDecoder):
         # ``(name, options)`` from parse_head_options; read by build_output_projection, which the parent
         # constructor calls
         self._head_spec = head_spec
+        self._head_start = getattr(args, "head_start", "") or ""
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
 
     def build_output_projection(self, args, dictionary, embed_tokens):
@@ -89,6 +91,10 @@ class HeadTransformerDecoder(HeadDecoderMixin, TransformerDecoder):
         )
 
     def upgrade_state_dict_named(self, state_dict, name):
+        """fairseq's upgrade (the restore, the hub and generation pass through it), after the weights of a stock
+        checkpoint's projection become the head's, started from it
+        (:func:`fairseq_plugin.stock.upgrade_stock_state`)."""
+        upgrade_stock_state(self, state_dict, name)
         state_dict = super().upgrade_state_dict_named(state_dict, name)
         # the parent re-creates output_projection.weight from the tied input embedding
         state_dict.pop(f"{name}.output_projection.weight", None)
@@ -104,7 +110,7 @@ def _build_with_head(build_stock_model, args, task, no_encoder_attn: bool):
             raise HeadFlagError(
                 f"--relative-positions must be >= 0 (0: off; else the clipping distance k, e.g. 20), got {relative}"
             )
-        spec = parse_head_options(args.output_head, args.head_options)
+        spec = parse_head_options(args.output_head, args.head_options, getattr(args, "head_start", ""))
         model = build_stock_model(args, task)
         model.decoder = HeadTransformerDecoder(
             args, task.target_dictionary, model.decoder.embed_tokens, spec, no_encoder_attn=no_encoder_attn
@@ -168,6 +174,7 @@ def _head_architecture(stock_arch: str):
         stock_fn(args)
         args.output_head = getattr(args, "output_head", "softmax")
         args.head_options = getattr(args, "head_options", "{}")
+        args.head_start = getattr(args, "head_start", "")
         args.relative_positions = getattr(args, "relative_positions", 0)
 
     arch.__name__ = f"head_{stock_arch}"

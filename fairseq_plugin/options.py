@@ -52,11 +52,22 @@ class HeadArgs(FairseqDataclass):
         },
     )
     head_options: str = field(default="{}", metadata={"help": _head_options_help()})
+    # "" (not None): fairseq's argparse bridge turns an Optional[str] default of None into the string "None"
+    head_start: str = field(
+        default="",
+        metadata={
+            "help": "'pretrained': the head starts exactly as the output projection it replaces (a stock checkpoint "
+            "given to --restore-file / --finetune-from-model), setting the options that needs (MoS, Mixtape: "
+            "identity contexts); refused for a head with no exact start. 'nearest': such a head too, as near as "
+            "it comes (a warning says how far). Empty: the head's own initialisation"
+        },
+    )
 
 
-def parse_head_options(output_head: Any, head_options: Any) -> Tuple[str, Dict[str, Any]]:
-    """``(name, options)`` from the command-line values; :class:`HeadFlagError` naming the flag for an unknown head,
-    bad JSON or an unknown option."""
+def parse_head_options(output_head: Any, head_options: Any, head_start: Any = "") -> Tuple[str, Dict[str, Any]]:
+    """``(name, options)`` from the command-line values, with what ``--head-start`` sets
+    (:func:`hf_heads.start_options`); :class:`HeadFlagError` naming the flag for an unknown head, bad JSON, an
+    unknown option or a start the head does not have."""
     name = str(output_head)
     if name not in hf_heads.available_heads():
         raise HeadFlagError(
@@ -84,6 +95,10 @@ def parse_head_options(output_head: Any, head_options: Any) -> Tuple[str, Dict[s
         config_class.check_option_names(options, settable)
     except ValueError as e:
         raise HeadFlagError(f"--output-head {name} --head-options: {e}") from None
+    try:
+        options = hf_heads.start_options(name, head_start or None, options, where="--head-start")
+    except ValueError as e:
+        raise HeadFlagError(f"--output-head {name}: {e}") from None
     return name, options
 
 

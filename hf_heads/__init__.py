@@ -26,9 +26,12 @@ from .core import (
     count_tokens,
     frequency_order,
     get_head_class,
+    has_exact_start,
     load_head,
     register_head,
     save_head,
+    start_options,
+    start_table,
 )
 from . import heads as _heads  # noqa: F401  (registers every head)
 
@@ -44,9 +47,12 @@ __all__ = [
     "count_tokens",
     "frequency_order",
     "get_head_class",
+    "has_exact_start",
     "load_head",
     "register_head",
     "save_head",
+    "start_options",
+    "start_table",
     "swap_head",
     "output_head",
     "head_config",

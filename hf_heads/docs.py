@@ -1,10 +1,13 @@
-"""The README's table of heads, generated from the registry (``python -m hf_heads.docs``)."""
+"""The docs' tables generated from the registry: the README's table of heads (``python -m hf_heads.docs``) and
+docs/heads.md's table of starts (``python -m hf_heads.docs starts``)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from .core import HeadConfig, available_heads, get_head_class, head_specific_options
+import sys
+
+from .core import HeadConfig, available_heads, get_head_class, head_specific_options, start_table
 
 
 def heads_table() -> str:
@@ -21,5 +24,14 @@ def heads_table() -> str:
     return "\n".join(rows)
 
 
+def starts_table() -> str:
+    """Markdown table: for every head, whether ``start="pretrained"`` starts it exactly at the model it replaces,
+    and what that start sets or how far the nearest one is (:func:`hf_heads.core.start.start_table`)."""
+    rows = ['| head | `start="pretrained"` | what it sets, or how far `start="nearest"` is |', "|---|---|---|"]
+    for name, exact, what in start_table():
+        rows.append(f"| `{name}` | {'exact' if exact else 'refused'} | {what.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
-    print(heads_table())
+    print(starts_table() if sys.argv[1:] == ["starts"] else heads_table())

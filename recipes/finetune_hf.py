@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 import torch
 
 import hf_heads
-from hf_heads.core import head_specific_options, heads_where
+from hf_heads.core import heads_where
 
 PRESETS = {
     "gpt2-tiny": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 256},
@@ -223,9 +223,8 @@ def pretrained_head_options(head: str, given: Dict, identity_start: bool = True,
             f"rows (the library's default, 15, computes 15 softmaxes over the vocabulary per token: --head-options "
             f"'{{\"num_components\": 15}}')"
         )
-    if identity_start and "identity_init" in {f.name for f in head_specific_options(head)}:
-        options.setdefault("context_activation", "identity")
-        options.setdefault("identity_init", True)
+    if identity_start and hf_heads.has_exact_start(head):  # what start="pretrained" sets, the given options first
+        options = {**hf_heads.start_options(head, "pretrained", {}), **options}
     return options
 
 

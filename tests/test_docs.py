@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from hf_heads.docs import heads_table
+from hf_heads.docs import heads_table, starts_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -123,6 +123,12 @@ def _links(rel):
 def test_readme_heads_table_is_generated_from_the_registry():
     readme = open(os.path.join(ROOT, "README.md")).read()
     assert heads_table() in readme, "README's table of heads is stale: paste `python -m hf_heads.docs`"
+
+
+def test_heads_page_starts_table_is_generated_from_the_heads():
+    page = open(os.path.join(ROOT, "docs", "heads.md")).read()
+    assert starts_table() in page, "docs/heads.md's table of starts is stale: paste `python -m hf_heads.docs starts`"
+    assert "| `mos` | exact |" in page and "| `sigsoftmax` | refused |" in page
 
 
 def test_readme_starts_with_the_two_commands_and_ci_runs_make_test():

@@ -464,6 +464,14 @@ def test_ds_softmax_pruning_state_survives_checkpoint_resume(data, tmp_path):
             ["--output-head", "ds_softmax", "--share-all-embeddings"],
             "--output-head ds_softmax: ds_softmax: the output embedding cannot be tied to the input embedding",
         ),
+        (
+            ["--output-head", "mos", "--head-start", "pretrain"],
+            "--output-head mos: --head-start='pretrain' is not a start (did you mean 'pretrained'?)",
+        ),
+        (
+            ["--output-head", "sigsoftmax", "--head-start", "pretrained"],
+            "--output-head sigsoftmax: --head-start='pretrained': the sigsoftmax head has no start that equals",
+        ),
     ],
 )
 def test_bad_head_flags_stop_before_training(data, tmp_path, args, message):

@@ -91,7 +91,7 @@ class AWDLSTMDecoder(HeadDecoderMixin, FairseqDecoder):
         self.embed_tokens = nn.Embedding(len(dictionary), args.emsize, padding_idx=dictionary.pad())
         nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)  # as the MoS / AWD-LSTM code
         try:
-            name, options = parse_head_options(args.output_head, args.head_options)
+            name, options = parse_head_options(args.output_head, args.head_options, getattr(args, "head_start", ""))
         except HeadFlagError as e:
             usage_error(str(e))
         options = {"dropout": args.dropoutl, **options}
@@ -235,6 +235,7 @@ def awd_lstm_lm(args):
         untie_weights=False,
         output_head="softmax",
         head_options="{}",
+        head_start="",
     )
 
 

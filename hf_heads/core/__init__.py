@@ -26,6 +26,7 @@ from .registry import (
     versioned_options,
 )
 from .serialization import load_head, save_head
+from .start import START_CHOICES, check_start, has_exact_start, start_options, start_table
 
 __all__ = [
     "SPEC_VERSION",
@@ -53,4 +54,9 @@ __all__ = [
     "register_head",
     "load_head",
     "save_head",
+    "START_CHOICES",
+    "check_start",
+    "has_exact_start",
+    "start_options",
+    "start_table",
 ]

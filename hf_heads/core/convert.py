@@ -22,6 +22,7 @@ from torch import nn
 
 from .interface import OutputHead
 from .registry import build_head, heads_where
+from .start import start_options
 
 
 def from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:
@@ -59,12 +60,15 @@ def register_converter(converter: Callable[[Any, str, dict], Optional[Any]]) -> 
     return converter
 
 
-def convert_head(source: Any, name: str = "svd_softmax", **options: Any):
+def convert_head(source: Any, name: str = "svd_softmax", *, start: Optional[str] = None, **options: Any):
     """Rebuild the trained softmax output layer of ``source`` as the head ``name`` (module docstring).
 
     The output embedding is copied (heads keep it shared with the input embedding where the source
-    did, for heads that can be tied); ``options`` are the new head's options.
+    did, for heads that can be tied); ``options`` are the new head's options, ``start="pretrained"`` adds those that
+    make it start exactly as ``source`` (or refuses a head with no exact start; ``"nearest"``: with a warning),
+    :mod:`hf_heads.core.start`.
     """
+    options = start_options(name, start, options, "convert_head: start")
     for converter in _CONVERTERS:
         converted = converter(source, name, options)
         if converted is not None:

@@ -82,6 +82,12 @@ class OutputHead(VocabularyMixin, nn.Module):
     #: state-dict entries that weights saved by an earlier version lack: the head's load hook fills them, and loaders
     #: that bypass ``load_state_dict`` (transformers' ``from_pretrained``) call :meth:`init_optional_state` instead
     optional_state_keys: Tuple[str, ...] = ()
+    #: the options that make the head, built from a trained projection ``W``, ``b``, start exactly as the model's
+    #: ``softmax(W g + b)`` (what ``start="pretrained"`` sets, :mod:`hf_heads.core.start`); None for a head with no
+    #: exact start (``pretrained_start_gap`` then says how far its nearest start is)
+    pretrained_start: Optional[Dict[str, Any]] = {}
+    #: how the head's start from a projection differs from the model (None start), or what "exact" leaves out
+    pretrained_start_gap: str = ""
     #: ``{spec version: {option: the default it had then}}`` for the defaults this head changed after that version
     #: (core/config.py's SPEC_VERSION; read by :func:`~hf_heads.core.registry.versioned_options`)
     legacy_defaults: Dict[int, Dict[str, Any]] = {}

@@ -93,6 +93,7 @@ def build_head(
     bias: Optional[torch.Tensor] = None,
     frequency_order=None,
     token_counts=None,
+    start: Optional[str] = None,
     **options: Any,
 ) -> nn.Module:
     """Build the head registered as ``name``.
@@ -102,9 +103,15 @@ def build_head(
     ``frequency_order`` (ids, most frequent first) or ``token_counts`` (V counts in id order) give heads that
     treat ids as ordered by frequency (``heads_where(uses_frequency_order=True)``) the order of a vocabulary that is not
     sorted (:meth:`OutputHead.set_frequency_order`); without them such heads take ids as sorted.
+    ``start="pretrained"`` adds the options that make the head start exactly as ``softmax(weight g + bias)``, or
+    refuses a head that has no exact start; ``start="nearest"`` builds such a head anyway, with a warning saying how
+    far its start is (:mod:`hf_heads.core.start`).
     Unknown options or values out of range raise ``ValueError`` naming them.
     """
+    from .start import start_options
+
     cls = get_head_class(name)
+    options = start_options(name, start, options, "build_head: start")
     if weight is not None and torch.is_tensor(weight) and weight.dim() == 2:
         options.setdefault("embedding_size", int(weight.shape[1]))
     if bias is not None and "use_bias" not in options:

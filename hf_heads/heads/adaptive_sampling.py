@@ -72,6 +72,7 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
 
     config_class = AdaptiveSamplingConfig
     paper = "Baharav et al. 2024, Adaptive sampling for efficient softmax approximation (NeurIPS)"
+    pretrained_start_gap = "head(hidden) and the loss are exact; topk is the bandit's approximation, by design"
     purpose = "fast"
     is_linear_softmax = True
 

@@ -149,6 +149,11 @@ class ClassSoftmaxHead(OutputHead):
         "recurrent neural network language model (frequency binning)"
     )
     purpose = "fast"
+    pretrained_start = None
+    pretrained_start_gap = (
+        "W and b are copied, so p(x | c(x), g) is the model's within each class, but the class level "
+        "softmax(U g + a) starts from its own initialisation, not from the classes' mass under the model"
+    )
     resizable = False  # the classes are laid out over the ids
     uses_frequency_order = True  # class c holds the ids frequency_order[class c's rank range]
 

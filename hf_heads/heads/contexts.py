@@ -20,9 +20,9 @@ class ContextConfig(HeadConfig):
     )
     identity_init: bool = option(
         False,
-        "start every H_k at the identity and c_k at 0 (needs embedding_size == hidden_size). With "
-        "context_activation='identity' every h_k = g at the start, so the head starts as the softmax of the "
-        "projection it was built from: the way to fine-tune a pretrained model without losing it",
+        "start every H_k at the identity and c_k at 0 (needs embedding_size == hidden_size). Alone it does not "
+        "start the head at the model it replaces: the contexts still pass through tanh (h_k = tanh(g)) unless "
+        "context_activation='identity' too; start='pretrained' sets both, and then every h_k = g at the start",
     )
 
     def __post_init__(self) -> None:
@@ -47,6 +47,8 @@ class ContextHead(OutputHead):
     """A head with ``num_contexts`` context vectors of size d from g (``self.context_proj``)."""
 
     projects_context = True
+    #: every h_k = g: the identity contexts, with no tanh (the mixture's priors and gates then do not matter)
+    pretrained_start = {"context_activation": "identity", "identity_init": True}
     #: g is multiplied by this before H_k (Mixtape scales by d1^-1/2, MoS does not)
     context_input_scale = 1.0
 

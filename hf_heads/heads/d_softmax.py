@@ -147,6 +147,11 @@ class DSoftmaxHead(SingleSoftmaxHead):
         "(differentiated softmax)"
     )
     purpose = "fast"
+    pretrained_start = None
+    pretrained_start_gap = (
+        "each band keeps only its block of W (its tokens' rows, its segment of g's columns); the rest of every "
+        "row is dropped"
+    )
     resizable = False  # the bands are laid out over the ids
     uses_frequency_order = True  # band i holds the ids frequency_order[band i's rank range]
     can_tie = False

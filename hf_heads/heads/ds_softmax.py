@@ -98,6 +98,11 @@ class DSSoftmaxHead(OutputHead):
     has_aux_loss = True  # load balance, group lasso and expert lasso (aux_losses)
     lean_loss = False  # its training forward records routing for the aux loss and counts pruning steps
     paper = "Liao et al. 2019, Doubly Sparse Softmax (DS-Softmax)"
+    pretrained_start = None
+    pretrained_start_gap = (
+        "every expert starts as a copy of W and b, but the chosen expert's logits are multiplied by its gate value, "
+        "below 1 with more than one expert (the model's softmax at a higher temperature); num_experts=1 is exact"
+    )
     purpose = "fast"
     can_tie = False
 

@@ -79,6 +79,7 @@ class PLIFHead(LinearScoresHead):
 
     config_class = PLIFConfig
     paper = "Ganea et al. 2019, Breaking the softmax bottleneck via learnable monotonic pointwise non-linearities"
+    pretrained_start_gap = "f starts as the identity (every slope 1), so the head starts as softmax(W g + b)"
     lean_width = 7  # logits, bins (int64), position in the bin, scores, slope per logit, log-softmax
 
     def __init__(self, config: PLIFConfig):

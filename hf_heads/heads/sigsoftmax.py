@@ -25,6 +25,11 @@ class SigsoftmaxHead(LinearScoresHead):
 
     config_class = SigsoftmaxConfig
     paper = "Kanai et al. 2018, Sigsoftmax: reanalysis of the softmax bottleneck"
+    pretrained_start = None
+    pretrained_start_gap = (
+        "p ∝ exp(z) sigmoid(z) with z = W g + b copied: the model's softmax(z) reweighted by sigmoid(z_x), which "
+        "moves mass toward the tokens with the largest logits; no option undoes it"
+    )
     lean_width = 3  # logits, scores, log-softmax
 
     def score_transform(self, logits: torch.Tensor) -> torch.Tensor:

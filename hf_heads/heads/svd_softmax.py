@@ -86,6 +86,10 @@ class SVDSoftmaxHead(SingleSoftmaxHead):
 
     config_class = SVDSoftmaxConfig
     paper = "Shim et al. 2017, SVD-Softmax: fast softmax approximation on large vocabulary NNs"
+    pretrained_start_gap = (
+        "exact in training mode; in evaluation mode the preview approximates the logits outside the best "
+        "num_candidates, by design"
+    )
     purpose = "fast"
     is_linear_softmax = True
 

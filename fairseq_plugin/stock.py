@@ -1,0 +1,308 @@
+"""A head on a *stock* fairseq checkpoint: a ``transformer`` / ``transformer_lm`` trained without the plugin (the
+released WMT and language-model checkpoints), whose decoder ends in a plain output projection.
+
+Three ways in, one conversion (:func:`stock_projection` finds the projection, :func:`head_state` starts the head
+from it):
+
+* ``fairseq-train --arch head_ARCH --output-head NAME --restore-file STOCK.pt --reset-optimizer`` (or
+  ``--finetune-from-model STOCK.pt``): :meth:`HeadTransformerDecoder.upgrade_state_dict_named
+  <fairseq_plugin.models.HeadTransformerDecoder.upgrade_state_dict_named>`, which the restore, the hub and
+  generation all pass through, replaces the checkpoint's projection keys by the head's, started from it;
+* ``hf_heads.convert_head(hub.models[0], NAME)`` on a loaded stock model (:func:`convert_fairseq_model`, which
+  also changes the head of a model that has one);
+* ``python -m fairseq_plugin.convert STOCK.pt OUT.pt --output-head NAME``: a plugin checkpoint on disk, which
+  ``fairseq-generate``, ``fairseq-interactive``, ``fairseq-eval-lm`` and the hub load with ``--user-dir
+  fairseq_plugin`` (:func:`convert_checkpoint`).
+
+The head takes the projection's weight (tied to the input embedding where the checkpoint tied it:
+``--share-all-embeddings``, ``--share-decoder-input-output-embed``; the legacy ``embed_out`` key of untied ones
+included); its other parameters start as the head's own initialisation, or at the model with ``--head-start
+pretrained`` / ``start="pretrained"`` (:mod:`hf_heads.core.start`). A checkpoint whose output layer is not a plain
+projection (adaptive softmax, adaptive inputs) is refused in one line.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+from typing import Any, Dict, Optional
+
+import torch
+
+from hf_heads.core.convert import from_projection, register_converter
+from hf_heads.heads import OutputHead
+
+from .options import HeadFlagError, usage_error
+
+logger = logging.getLogger(__name__)
+
+#: what fairseq's ``Trainer.load_checkpoint`` was asked while it runs (:func:`track_restores`): the restore's
+#: ``reset_optimizer``, read by the decoder's state-dict upgrade when the checkpoint is a stock one
+_RESTORE: Dict[str, Any] = {}
+
+
+class StockCheckpointError(HeadFlagError):
+    """A stock checkpoint that cannot get a head (its output layer is not a plain projection, or its sharing does
+    not match the model's); the message says why."""
+
+
+def stock_projection(state_dict: Dict[str, torch.Tensor], prefix: str, tied: bool) -> Optional[torch.Tensor]:
+    """The ``V x d`` output projection of a stock decoder's weights in ``state_dict`` (keys under ``prefix``, e.g.
+    ``"decoder."``), or None when they hold a head (``prefix + "head."`` keys: a checkpoint the plugin wrote, loaded
+    as it is; one with only some of the head's keys stays a strict error of ``load_state_dict``).
+
+    ``tied``: whether the model that will hold the head shares its output embedding with the input embedding; a
+    checkpoint that did not (its projection differs from its embedding) is refused then, as is an output layer that is
+    not a plain projection (:class:`StockCheckpointError`)."""
+    if any(k.startswith(prefix + "head.") for k in state_dict):
+        return None
+    refuse = [
+        (prefix + "adaptive_softmax.", "an adaptive softmax (--adaptive-softmax-cutoff)"),
+        (prefix + "embed_tokens.embeddings.", "adaptive inputs (--adaptive-input)"),
+    ]
+    for key_prefix, what in refuse:
+        if any(k.startswith(key_prefix) for k in state_dict):
+            raise StockCheckpointError(
+                f"this stock checkpoint's decoder has {what}: its output layer is not a plain projection, so no head "
+                f"can start from it"
+            )
+    embed = state_dict.get(prefix + "embed_tokens.weight")
+    weight = state_dict.get(prefix + "output_projection.weight", state_dict.get(prefix + "embed_out"))
+    if weight is None:
+        if embed is None:
+            raise StockCheckpointError(
+                f"the checkpoint has neither {prefix}output_projection.weight, {prefix}embed_out nor "
+                f"{prefix}embed_tokens.weight: not a fairseq transformer decoder's weights"
+            )
+        weight = embed  # an old tied checkpoint keeps the projection as the embedding alone
+    if prefix + "output_projection.bias" in state_dict:
+        raise StockCheckpointError("this stock checkpoint's output projection has a bias: not fairseq's projection")
+    if tied and (embed is None or embed.shape != weight.shape or not torch.equal(embed, weight)):
+        raise StockCheckpointError(
+            "this stock checkpoint's output projection is not tied to its input embedding, but the model's is "
+            "(--share-decoder-input-output-embed / --share-all-embeddings): leave those flags out to keep them apart"
+        )
+    return weight
+
+
+@torch.no_grad()
+def head_state(head, weight: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """The state dict of ``head`` (a freshly built head: its other parameters at their start) started from the
+    projection ``weight`` (its :meth:`~hf_heads.core.interface.OutputHead.init_from_projection`); ``head`` itself
+    is left as it was."""
+    fresh = copy.deepcopy(head)
+    fresh.init_from_projection(weight.to(dtype=fresh.weight.dtype), None)
+    return fresh.state_dict()
+
+
+def upgrade_stock_state(decoder, state_dict: Dict[str, torch.Tensor], name: str) -> bool:
+    """In place: when ``state_dict`` holds a stock decoder's weights under ``name``, replace its projection keys by
+    those of ``decoder.head`` started from the projection, and say so; returns whether it did. A training restore
+    without ``--reset-optimizer`` stops here, in one line (the stock optimizer state has no slots for the head)."""
+    prefix = f"{name}." if name else ""
+    tied = decoder.share_input_output_embed
+    try:
+        weight = stock_projection(state_dict, prefix, tied)
+    except StockCheckpointError as e:
+        usage_error(f"--output-head {decoder.head.head_name}: {e}")
+    if weight is None:
+        return False
+    if _RESTORE and not _RESTORE.get("reset_optimizer", True):
+        usage_error(
+            f"{_RESTORE.get('filename', 'the checkpoint')} is a stock fairseq checkpoint (no output head): add "
+            f"--reset-optimizer to start the --output-head {decoder.head.head_name} run from it (its optimizer state "
+            f"has no slots for the head), or use --finetune-from-model"
+        )
+    for key in (prefix + "output_projection.weight", prefix + "embed_out"):
+        state_dict.pop(key, None)
+    for key, value in head_state(decoder.head, weight).items():
+        state_dict[prefix + "head." + key] = value
+    hint = "" if getattr(decoder, "_head_start", "") else "; --head-start pretrained starts it at the model"
+    logger.info(
+        f"a stock checkpoint: the {decoder.head.head_name} head starts from its output projection "
+        f"({'tied to the input embedding' if tied else 'untied'}), its other parameters from their start{hint}"
+    )
+    return True
+
+
+def track_restores() -> None:
+    """Make fairseq's ``Trainer.load_checkpoint`` note its ``reset_optimizer`` while it runs (idempotent), for
+    :func:`upgrade_stock_state`."""
+    from fairseq.trainer import Trainer
+
+    original = Trainer.load_checkpoint
+    if getattr(original, "_softmax_heads_restore", False):
+        return
+
+    @functools.wraps(original)
+    def load_checkpoint(self, filename, reset_optimizer=False, *args, **kwargs):
+        _RESTORE.update(filename=filename, reset_optimizer=reset_optimizer)
+        try:
+            return original(self, filename, reset_optimizer, *args, **kwargs)
+        finally:
+            _RESTORE.clear()
+
+    load_checkpoint._softmax_heads_restore = True
+    Trainer.load_checkpoint = load_checkpoint
+
+
+def head_arch(arch: str) -> str:
+    """``head_ARCH`` for a stock architecture name (``StockCheckpointError`` if the plugin has none)."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    from .models import STOCK_MODELS
+
+    head = f"head_{arch}"
+    if head not in ARCH_MODEL_NAME_REGISTRY:
+        stock = sorted(a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m in STOCK_MODELS)
+        raise StockCheckpointError(
+            f"architecture {arch!r} is not one of the stock {' / '.join(STOCK_MODELS)} architectures the plugin "
+            f"mirrors ({len(stock)} of them, e.g. {', '.join(stock[:4])})"
+        )
+    return head
+
+
+def record_head(model_args, name: str, options: Dict[str, Any], start: str = "") -> None:
+    """Write the head into a model's config (an ``argparse.Namespace``, a dict or a DictConfig): the ``head_ARCH``
+    architecture and the head flags, so fairseq rebuilds the model with the head from it."""
+
+    def get(key):
+        return model_args.get(key) if isinstance(model_args, dict) else getattr(model_args, key, None)
+
+    def put(key, value):
+        if isinstance(model_args, dict):
+            model_args[key] = value
+        else:
+            setattr(model_args, key, value)
+
+    arch = get("arch") or get("_name")
+    if not str(arch).startswith("head_"):
+        arch = head_arch(str(arch))
+    with _writable(model_args):
+        for key in ("arch", "_name"):  # a Namespace has both; a dataclass model's dict, only _name
+            if get(key) is not None or (key == "arch" and not isinstance(model_args, dict)):
+                put(key, arch)
+        put("output_head", name)
+        put("head_options", json.dumps(options))
+        put("head_start", start or "")
+        put("relative_positions", get("relative_positions") or 0)
+
+
+def _writable(config):
+    """A context in which new keys can be set on ``config`` (omegaconf's ``open_dict`` for a DictConfig)."""
+    import contextlib
+
+    from omegaconf import DictConfig, open_dict
+
+    return open_dict(config) if isinstance(config, DictConfig) else contextlib.nullcontext()
+
+
+def convert_stock_model(model, name: str, options: Dict[str, Any]):
+    """A loaded stock ``transformer`` / ``transformer_lm`` model (the hub's ``models[0]``) given the head ``name``,
+    in place: its decoder becomes a :class:`~fairseq_plugin.models.HeadTransformerDecoder` whose head starts from
+    the output projection (tied where it was). ``options`` are the head's, ``start`` applied already
+    (:func:`hf_heads.convert_head` does). The model's config (fairseq's ``TransformerConfig``) has no place for a
+    head: a checkpoint file with the head is what :func:`convert_checkpoint` writes."""
+    from fairseq.models.transformer import TransformerModel
+    from fairseq.models.transformer_lm import TransformerLanguageModel
+
+    from .models import HeadTransformerDecoder, HeadTransformerLanguageModel, HeadTransformerModel
+    from .options import build_decoder_head
+
+    decoder = model.decoder
+    if not isinstance(model, (TransformerModel, TransformerLanguageModel)):
+        raise ValueError(
+            f"convert_head: a stock {type(model).__name__} cannot get a head; the plugin mirrors fairseq's "
+            f"transformer and transformer_lm models"
+        )
+    if getattr(decoder, "adaptive_softmax", None) is not None or decoder.output_projection is None:
+        raise ValueError(
+            "convert_head: this fairseq model has an adaptive softmax: its output layer is not a plain projection, "
+            "so no head can start from it"
+        )
+    projection = decoder.output_projection
+    try:
+        head = build_decoder_head(name, options, decoder.output_embed_dim, projection.weight.shape[0])
+        head.init_from_projection(projection.weight.detach().to(head.weight.dtype), None)
+        head = head.to(device=projection.weight.device, dtype=projection.weight.dtype).train(decoder.training)
+        if decoder.share_input_output_embed:
+            head.tie_weight(decoder.embed_tokens)
+    except ValueError as e:  # HeadFlagError too: named by the flag, said here by the call
+        raise ValueError(f"convert_head: {e}") from None
+    decoder.__class__ = HeadTransformerDecoder
+    decoder._head_spec = (name, dict(options))
+    decoder.output_projection = None
+    decoder.head = head
+    model.__class__ = HeadTransformerModel if isinstance(model, TransformerModel) else HeadTransformerLanguageModel
+    return model
+
+
+def convert_checkpoint(
+    source: str, target: str, name: str, head_options: Any = "{}", head_start: str = "", seed: int = 1
+) -> Dict[str, Any]:
+    """Write ``target``, a plugin checkpoint of the stock checkpoint ``source`` with the head ``name``: the model's
+    config names ``head_ARCH`` and the head flags (as given: ``head_options`` JSON or a dict, ``head_start``), the
+    weights hold the head started from the projection (its other parameters drawn under ``torch.manual_seed(seed)``),
+    and everything else is kept as it was: the config's format (``args`` or ``cfg``), task, bpe, tokenizer and
+    sharing flags, no ``user_dir`` added. The stock optimizer state is dropped (it has no slots for the head), so a
+    ``--restore-file`` of ``target`` starts a fresh optimizer. Returns ``{"arch", "head", "options", "tied"}``;
+    :class:`~fairseq_plugin.options.HeadFlagError` (a usage error) for a checkpoint or a flag it cannot take."""
+    from .checkpoint import MARKER_KEY, SoftmaxHeadsCheckpoint
+    from .options import build_decoder_head, parse_head_options
+
+    state = torch.load(source, map_location="cpu", weights_only=True)
+    if MARKER_KEY in state:
+        raise StockCheckpointError(
+            f"{source} is a checkpoint of the plugin's already (it has an output head): change its head with "
+            f"--model-overrides or hf_heads.convert_head, not here"
+        )
+    cfg = state.get("cfg")
+    model_args = cfg.get("model") if isinstance(cfg, dict) and cfg.get("model") is not None else state.get("args")
+    if model_args is None:
+        raise StockCheckpointError(f"{source} has no model config ('cfg' or 'args'): not a fairseq checkpoint")
+
+    def flag(key):
+        return model_args.get(key) if isinstance(model_args, dict) else getattr(model_args, key, None)
+
+    arch = head_arch(str(flag("arch") or flag("_name")))
+    tied = bool(flag("share_decoder_input_output_embed") or flag("share_all_embeddings"))
+    weights = state["model"]
+    weight = stock_projection(weights, "decoder.", tied)
+    if weight is None:
+        raise StockCheckpointError(f"{source} holds a head's weights already (decoder.head.*)")
+    spec_name, options = parse_head_options(name, head_options, head_start)
+    torch.manual_seed(seed)
+    head = build_decoder_head(spec_name, options, weight.shape[1], weight.shape[0])
+    for key in ("decoder.output_projection.weight", "decoder.embed_out"):
+        weights.pop(key, None)
+    weights.update({"decoder.head." + k: v for k, v in head_state(head, weight).items()})
+    given = head_options if isinstance(head_options, str) else json.dumps(head_options)
+    record_head(model_args, spec_name, json.loads(given or "{}"), head_start)
+    state.pop("last_optimizer_state", None)
+    torch.save({MARKER_KEY: SoftmaxHeadsCheckpoint(), **state}, target)
+    return {"arch": arch, "head": spec_name, "options": options, "tied": tied}
+
+
+@register_converter
+def convert_fairseq_model(source, name: str, options: dict):
+    """A model built with ``--output-head`` (``head_ARCH``, ``head_awd_lstm_lm``): its ``decoder.head`` becomes the
+    head ``name`` started from it, tied to the input embedding where it was, and the model's config records the new
+    head (so a checkpoint saved from it rebuilds it). A stock fairseq model (``decoder.output_projection``) gets the
+    head started from its projection (:func:`convert_stock_model`); anything else is not a fairseq model (None)."""
+    decoder = getattr(source, "decoder", None)
+    head = getattr(decoder, "head", None)
+    if isinstance(head, OutputHead):
+        embed = getattr(decoder, "embed_tokens", None)
+        tied = embed is not None and head.weight is getattr(embed, "weight", None)
+        decoder.head = from_projection(head, name, options)
+        if tied and decoder.head.can_tie:
+            decoder.head.tie_weight(embed)
+        spec = getattr(source, "args", None) or getattr(getattr(source, "cfg", None), "model", None)
+        if spec is not None and hasattr(spec, "output_head"):
+            spec.output_head, spec.head_options = name, json.dumps(options)
+        return source
+    if hasattr(decoder, "output_projection") and hasattr(decoder, "share_input_output_embed"):
+        return convert_stock_model(source, name, options)
+    return None

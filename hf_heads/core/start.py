@@ -1,0 +1,93 @@
+"""``start``: one word for "start the new head at the model it replaces".
+
+A head that replaces a trained output layer ``log_softmax(W g + b)`` starts from its ``W`` and ``b``
+(``build_head(..., weight=W, bias=b)``, :func:`hf_heads.swap_head`, :func:`hf_heads.convert_head`, a stock fairseq
+checkpoint restored into ``head_ARCH``). Whether step 0 then *equals* the model depends on the head's other
+options: MoS and Mixtape mix context vectors ``h_k = act(H_k g + c_k)`` that equal ``g`` only with ``H_k = I``,
+``c_k = 0`` and no tanh. ``start="pretrained"`` sets whatever the head needs for that (each head class says what, in
+:attr:`~hf_heads.core.interface.OutputHead.pretrained_start`), and refuses a head that has no exact start
+(Sigsoftmax, DS-Softmax, class-based and differentiated softmax) unless ``start="nearest"`` is asked for, which
+builds it from the projection as near as it comes and warns how far that is
+(:attr:`~hf_heads.core.interface.OutputHead.pretrained_start_gap`).
+
+The options it returns are plain head options: a saved model or checkpoint records them, not the word, so it
+rebuilds the same head without knowing how it was started.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, Optional
+
+from .config import did_you_mean
+from .registry import get_head_class
+
+#: the values of ``start`` (None: the head's own initialisation, the papers')
+START_CHOICES = ("pretrained", "nearest")
+
+
+def check_start(start: Any, where: str = "start") -> Optional[str]:
+    """``start`` if it is None or one of :data:`START_CHOICES`, else ``ValueError`` naming ``where``."""
+    if start is None or start in START_CHOICES:
+        return start
+    raise ValueError(
+        f"{where}={start!r} is not a start{did_you_mean(start, START_CHOICES)}; allowed: "
+        f"{', '.join(repr(s) for s in START_CHOICES)} or None (the head's own initialisation)"
+    )
+
+
+def has_exact_start(name: str) -> bool:
+    """Whether head ``name`` built from a projection can start exactly as ``softmax(W g + b)``."""
+    return get_head_class(name).pretrained_start is not None
+
+
+def start_options(name: str, start: Optional[str], options: Dict[str, Any], where: str = "start") -> Dict[str, Any]:
+    """The options of head ``name`` for ``start`` (see the module's docstring): ``options`` as given for None;
+    for ``"pretrained"`` the head's exact start added (``ValueError`` where the head has none, or where
+    ``options`` set one of those options otherwise); for ``"nearest"`` the same where the head has an exact
+    start, else ``options`` as given and a warning saying how far the start is from the model. ``where`` names
+    the caller's option in messages (``"--head-start"`` in fairseq)."""
+    check_start(start, where)
+    options = dict(options)
+    if start is None:
+        return options
+    cls = get_head_class(name)
+    exact = cls.pretrained_start
+    if exact is None:
+        if start == "pretrained":
+            raise ValueError(
+                f"{where}='pretrained': the {name} head has no start that equals the model it replaces "
+                f"({cls.pretrained_start_gap}); {where}='nearest' builds it from the model's projection anyway"
+            )
+        warnings.warn(
+            f"{where}='nearest': the {name} head does not start as the model it replaces: {cls.pretrained_start_gap}",
+            stacklevel=3,
+        )
+        return options
+    for key, value in exact.items():
+        if key in options and options[key] != value:
+            raise ValueError(
+                f"{where}={start!r} sets the {name} option {key}={value!r} (the exact start), but the options give "
+                f"{key}={options[key]!r}; leave {key} out, or leave out {where}"
+            )
+        options[key] = value
+    return options
+
+
+def start_table() -> list:
+    """``[(head, exact, what it sets or how far it is)]`` for every head: the docs' table of starts."""
+    from .registry import available_heads
+
+    rows = []
+    for name in available_heads():
+        cls = get_head_class(name)
+        if cls.pretrained_start is None:
+            rows.append((name, False, cls.pretrained_start_gap))
+        else:
+            sets = ", ".join(f"{k}={v!r}" for k, v in cls.pretrained_start.items())
+            rows.append((name, True, (f"sets {sets}" if sets else "the projection copied") + _note(cls)))
+    return rows
+
+
+def _note(cls) -> str:
+    return f"; {cls.pretrained_start_gap}" if cls.pretrained_start_gap else ""
