@@ -12,6 +12,6 @@ HuggingFace adapter.
 """
 
 from . import checkpoint  # noqa: F401  (before anything loads a checkpoint)
-from . import criterions, lm, models, patience, stock  # noqa: F401
+from . import conversion, criterions, lm, models, patience, stock  # noqa: F401
 
 stock.track_restores()

@@ -1,5 +1,5 @@
 """The command that gives a stock fairseq checkpoint file a head (``hf_heads.convert_head`` does it to a loaded model,
-:func:`fairseq_plugin.stock.convert_fairseq_model`)::
+:mod:`fairseq_plugin.conversion`)::
 
     python -m fairseq_plugin.convert STOCK.pt OUT.pt --output-head mixtape --head-options '{"num_gates": 4}' \
         --head-start pretrained

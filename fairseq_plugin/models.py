@@ -22,7 +22,7 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 
 from .options import HeadArgs, HeadFlagError, add_head_args, build_decoder_head, parse_head_options, usage_error
 from .relative_attention import use_relative_positions
-from .stock import upgrade_stock_state
+from .stock import STOCK_MODELS, upgrade_stock_state
 
 logger = logging.getLogger(__name__)
 
@@ -162,9 +162,6 @@ class HeadTransformerLanguageModel(TransformerLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         return _build_with_head(super().build_model, args, task, no_encoder_attn=True)
-
-
-STOCK_MODELS = {"transformer": "head_transformer", "transformer_lm": "head_transformer_lm"}
 
 
 def _head_architecture(stock_arch: str):

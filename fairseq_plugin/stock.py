@@ -8,8 +8,8 @@ from it):
   ``--finetune-from-model STOCK.pt``): :meth:`HeadTransformerDecoder.upgrade_state_dict_named
   <fairseq_plugin.models.HeadTransformerDecoder.upgrade_state_dict_named>`, which the restore, the hub and
   generation all pass through, replaces the checkpoint's projection keys by the head's, started from it;
-* ``hf_heads.convert_head(hub.models[0], NAME)`` on a loaded stock model (:func:`convert_fairseq_model`, which
-  also changes the head of a model that has one);
+* ``hf_heads.convert_head(hub.models[0], NAME)`` on a loaded stock model
+  (:func:`fairseq_plugin.conversion.convert_stock_model`);
 * ``python -m fairseq_plugin.convert STOCK.pt OUT.pt --output-head NAME``: a plugin checkpoint on disk, which
   ``fairseq-generate``, ``fairseq-interactive``, ``fairseq-eval-lm`` and the hub load with ``--user-dir
   fairseq_plugin`` (:func:`convert_checkpoint`).
@@ -31,12 +31,12 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from hf_heads.core.convert import from_projection, register_converter
-from hf_heads.heads import OutputHead
-
 from .options import HeadFlagError, usage_error
 
 logger = logging.getLogger(__name__)
+
+#: fairseq's stock models and the plugin's model mirroring each (its ``head_ARCH`` architectures)
+STOCK_MODELS = {"transformer": "head_transformer", "transformer_lm": "head_transformer_lm"}
 
 #: what fairseq's ``Trainer.load_checkpoint`` was asked while it runs (:func:`track_restores`): the restore's
 #: ``reset_optimizer``, read by the decoder's state-dict upgrade when the checkpoint is a stock one
@@ -152,8 +152,6 @@ def head_arch(arch: str) -> str:
     """``head_ARCH`` for a stock architecture name (``StockCheckpointError`` if the plugin has none)."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
-    from .models import STOCK_MODELS
-
     head = f"head_{arch}"
     if head not in ARCH_MODEL_NAME_REGISTRY:
         stock = sorted(a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m in STOCK_MODELS)
@@ -197,46 +195,6 @@ def _writable(config):
     from omegaconf import DictConfig, open_dict
 
     return open_dict(config) if isinstance(config, DictConfig) else contextlib.nullcontext()
-
-
-def convert_stock_model(model, name: str, options: Dict[str, Any]):
-    """A loaded stock ``transformer`` / ``transformer_lm`` model (the hub's ``models[0]``) given the head ``name``,
-    in place: its decoder becomes a :class:`~fairseq_plugin.models.HeadTransformerDecoder` whose head starts from
-    the output projection (tied where it was). ``options`` are the head's, ``start`` applied already
-    (:func:`hf_heads.convert_head` does). The model's config (fairseq's ``TransformerConfig``) has no place for a
-    head: a checkpoint file with the head is what :func:`convert_checkpoint` writes."""
-    from fairseq.models.transformer import TransformerModel
-    from fairseq.models.transformer_lm import TransformerLanguageModel
-
-    from .models import HeadTransformerDecoder, HeadTransformerLanguageModel, HeadTransformerModel
-    from .options import build_decoder_head
-
-    decoder = model.decoder
-    if not isinstance(model, (TransformerModel, TransformerLanguageModel)):
-        raise ValueError(
-            f"convert_head: a stock {type(model).__name__} cannot get a head; the plugin mirrors fairseq's "
-            f"transformer and transformer_lm models"
-        )
-    if getattr(decoder, "adaptive_softmax", None) is not None or decoder.output_projection is None:
-        raise ValueError(
-            "convert_head: this fairseq model has an adaptive softmax: its output layer is not a plain projection, "
-            "so no head can start from it"
-        )
-    projection = decoder.output_projection
-    try:
-        head = build_decoder_head(name, options, decoder.output_embed_dim, projection.weight.shape[0])
-        head.init_from_projection(projection.weight.detach().to(head.weight.dtype), None)
-        head = head.to(device=projection.weight.device, dtype=projection.weight.dtype).train(decoder.training)
-        if decoder.share_input_output_embed:
-            head.tie_weight(decoder.embed_tokens)
-    except ValueError as e:  # HeadFlagError too: named by the flag, said here by the call
-        raise ValueError(f"convert_head: {e}") from None
-    decoder.__class__ = HeadTransformerDecoder
-    decoder._head_spec = (name, dict(options))
-    decoder.output_projection = None
-    decoder.head = head
-    model.__class__ = HeadTransformerModel if isinstance(model, TransformerModel) else HeadTransformerLanguageModel
-    return model
 
 
 def convert_checkpoint(
@@ -283,26 +241,3 @@ def convert_checkpoint(
     state.pop("last_optimizer_state", None)
     torch.save({MARKER_KEY: SoftmaxHeadsCheckpoint(), **state}, target)
     return {"arch": arch, "head": spec_name, "options": options, "tied": tied}
-
-
-@register_converter
-def convert_fairseq_model(source, name: str, options: dict):
-    """A model built with ``--output-head`` (``head_ARCH``, ``head_awd_lstm_lm``): its ``decoder.head`` becomes the
-    head ``name`` started from it, tied to the input embedding where it was, and the model's config records the new
-    head (so a checkpoint saved from it rebuilds it). A stock fairseq model (``decoder.output_projection``) gets the
-    head started from its projection (:func:`convert_stock_model`); anything else is not a fairseq model (None)."""
-    decoder = getattr(source, "decoder", None)
-    head = getattr(decoder, "head", None)
-    if isinstance(head, OutputHead):
-        embed = getattr(decoder, "embed_tokens", None)
-        tied = embed is not None and head.weight is getattr(embed, "weight", None)
-        decoder.head = from_projection(head, name, options)
-        if tied and decoder.head.can_tie:
-            decoder.head.tie_weight(embed)
-        spec = getattr(source, "args", None) or getattr(getattr(source, "cfg", None), "model", None)
-        if spec is not None and hasattr(spec, "output_head"):
-            spec.output_head, spec.head_options = name, json.dumps(options)
-        return source
-    if hasattr(decoder, "output_projection") and hasattr(decoder, "share_input_output_embed"):
-        return convert_stock_model(source, name, options)
-    return None

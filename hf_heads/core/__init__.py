@@ -20,13 +20,16 @@ from .registry import (
     build_head,
     check_head_options,
     get_head_class,
+    has_exact_start,
     head_specific_options,
     heads_where,
     register_head,
+    start_options,
+    start_table,
     versioned_options,
 )
 from .serialization import load_head, save_head
-from .start import START_CHOICES, check_start, has_exact_start, start_options, start_table
+from .start import START_CHOICES, check_start
 
 __all__ = [
     "SPEC_VERSION",

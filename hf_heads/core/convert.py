@@ -21,8 +21,7 @@ from typing import Any, Callable, List, Optional
 from torch import nn
 
 from .interface import OutputHead
-from .registry import build_head, heads_where
-from .start import start_options
+from .registry import build_head, heads_where, start_options
 
 
 def from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:

@@ -10,6 +10,7 @@ from torch import nn
 
 from .config import HeadConfig, did_you_mean
 from .frequency import frequency_order as order_by_counts
+from .start import options_for_start, start_row
 
 #: name -> head class (an :class:`~hf_heads.core.interface.OutputHead` subclass; the registry imports none)
 _REGISTRY: Dict[str, type] = {}
@@ -72,6 +73,23 @@ def check_head_options(name: str, hidden_size: int, vocab_size: int, **options: 
     return cls.check_config(cls.config_class.from_options(hidden_size=hidden_size, vocab_size=vocab_size, **options))
 
 
+def start_options(name: str, start: Optional[str], options: Dict[str, Any], where: str = "start") -> Dict[str, Any]:
+    """The options of head ``name`` for ``start`` (``None``, ``"pretrained"``, ``"nearest"``;
+    :mod:`hf_heads.core.start`): what ``build_head(..., start=start)`` builds from, for a caller that records the
+    options (a saved config, a checkpoint's flags)."""
+    return options_for_start(get_head_class(name), start, options, where)
+
+
+def has_exact_start(name: str) -> bool:
+    """Whether head ``name`` built from a projection can start exactly as ``softmax(W g + b)``."""
+    return get_head_class(name).pretrained_start is not None
+
+
+def start_table() -> list:
+    """``[(head, exact, what it sets or how far it is)]`` for every head: the docs' table of starts."""
+    return [(name, *start_row(get_head_class(name))) for name in available_heads()]
+
+
 def versioned_options(name: str, options: Dict[str, Any], version: int) -> Dict[str, Any]:
     """The options a stored spec of ``version`` means for head ``name``: ``options``, plus every default the head
     changed since ``version`` at the value it had then (its class's ``legacy_defaults``), where ``options`` does not
@@ -108,10 +126,8 @@ def build_head(
     far its start is (:mod:`hf_heads.core.start`).
     Unknown options or values out of range raise ``ValueError`` naming them.
     """
-    from .start import start_options
-
     cls = get_head_class(name)
-    options = start_options(name, start, options, "build_head: start")
+    options = options_for_start(cls, start, options, "build_head: start")
     if weight is not None and torch.is_tensor(weight) and weight.dim() == 2:
         options.setdefault("embedding_size", int(weight.shape[1]))
     if bias is not None and "use_bias" not in options:

@@ -17,10 +17,9 @@ rebuilds the same head without knowing how it was started.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .config import did_you_mean
-from .registry import get_head_class
 
 #: the values of ``start`` (None: the head's own initialisation, the papers')
 START_CHOICES = ("pretrained", "nearest")
@@ -36,23 +35,17 @@ def check_start(start: Any, where: str = "start") -> Optional[str]:
     )
 
 
-def has_exact_start(name: str) -> bool:
-    """Whether head ``name`` built from a projection can start exactly as ``softmax(W g + b)``."""
-    return get_head_class(name).pretrained_start is not None
-
-
-def start_options(name: str, start: Optional[str], options: Dict[str, Any], where: str = "start") -> Dict[str, Any]:
-    """The options of head ``name`` for ``start`` (see the module's docstring): ``options`` as given for None;
-    for ``"pretrained"`` the head's exact start added (``ValueError`` where the head has none, or where
-    ``options`` set one of those options otherwise); for ``"nearest"`` the same where the head has an exact
-    start, else ``options`` as given and a warning saying how far the start is from the model. ``where`` names
-    the caller's option in messages (``"--head-start"`` in fairseq)."""
+def options_for_start(cls: type, start: Optional[str], options: Dict[str, Any], where: str = "start") -> Dict[str, Any]:
+    """The options of the head class ``cls`` for ``start``: ``options`` as given for None; for ``"pretrained"`` the
+    head's exact start added (``ValueError`` where the head has none, or where ``options`` set one of those options
+    otherwise); for ``"nearest"`` the same where the head has an exact start, else ``options`` as given and a warning
+    saying how far the start is from the model. ``where`` names the caller's option in messages (``"--head-start"``
+    in fairseq). By name: :func:`hf_heads.start_options`."""
     check_start(start, where)
     options = dict(options)
     if start is None:
         return options
-    cls = get_head_class(name)
-    exact = cls.pretrained_start
+    name, exact = cls.head_name, cls.pretrained_start
     if exact is None:
         if start == "pretrained":
             raise ValueError(
@@ -74,20 +67,10 @@ def start_options(name: str, start: Optional[str], options: Dict[str, Any], wher
     return options
 
 
-def start_table() -> list:
-    """``[(head, exact, what it sets or how far it is)]`` for every head: the docs' table of starts."""
-    from .registry import available_heads
-
-    rows = []
-    for name in available_heads():
-        cls = get_head_class(name)
-        if cls.pretrained_start is None:
-            rows.append((name, False, cls.pretrained_start_gap))
-        else:
-            sets = ", ".join(f"{k}={v!r}" for k, v in cls.pretrained_start.items())
-            rows.append((name, True, (f"sets {sets}" if sets else "the projection copied") + _note(cls)))
-    return rows
-
-
-def _note(cls) -> str:
-    return f"; {cls.pretrained_start_gap}" if cls.pretrained_start_gap else ""
+def start_row(cls: type) -> Tuple[bool, str]:
+    """``(exact, what it sets or how far it is)`` for the head class ``cls``: a row of the docs' table of starts."""
+    if cls.pretrained_start is None:
+        return False, cls.pretrained_start_gap
+    sets = ", ".join(f"{k}={v!r}" for k, v in cls.pretrained_start.items())
+    note = f"; {cls.pretrained_start_gap}" if cls.pretrained_start_gap else ""
+    return True, (f"sets {sets}" if sets else "the projection copied") + note
