@@ -311,6 +311,29 @@ def test_convert_command_gives_a_checkpoint_the_fairseq_tools_load(data, stock, 
         assert len([line for line in run.stderr.splitlines() if "error:" in line]) == 1
 
 
+@pytest.mark.parametrize(
+    "key,message",
+    [
+        ("decoder.adaptive_softmax.head.weight", "an adaptive softmax (--adaptive-softmax-cutoff)"),
+        ("decoder.embed_tokens.embeddings.0.0.weight", "adaptive inputs (--adaptive-input)"),
+        ("decoder.output_projection.bias", "output projection has a bias"),
+    ],
+)
+def test_an_output_layer_that_is_not_a_plain_projection_is_refused(key, message):
+    """What no head can start from, said in one line (the restore, the hub and the convert command share the check)."""
+    from fairseq_plugin.stock import StockCheckpointError, stock_projection
+
+    weights = {
+        "decoder.embed_tokens.weight": torch.zeros(10, 4),
+        "decoder.output_projection.weight": torch.zeros(10, 4),
+    }
+    assert stock_projection(weights, "decoder.", tied=True) is weights["decoder.output_projection.weight"]
+    with pytest.raises(StockCheckpointError, match=re.escape(message)):
+        stock_projection({**weights, key: torch.zeros(3)}, "decoder.", tied=False)
+    assert stock_projection({**weights, "decoder.head.weight": torch.zeros(10, 4)}, "decoder.", tied=False) is None
+
+
+@pytest.mark.slow
 def test_convert_command_on_a_language_model_and_adaptive_softmax_refused(data, stock, tmp_path):
     """The LM's converted checkpoint: fairseq-eval-lm gives the stock perplexity; a stock LM with an adaptive softmax
     is refused in one line that says why."""
