@@ -347,3 +347,36 @@ def test_swap_head_and_head_config_accept_the_models_own_sizes_and_refuse_others
     assert config.output_head["options"] == {}
     with pytest.raises(ValueError, match=r"^head_config: vocab_size=51 does not match the model's vocab_size, 50"):
         hf_heads.head_config(tiny().config, "mixtape", vocab_size=51)
+
+
+@pytest.mark.parametrize("head", ["mos", "mixtape", "mos_plif"])
+def test_start_pretrained_is_the_model_exactly_and_the_config_records_the_options(head, tmp_path):
+    torch.manual_seed(0)
+    plain = gpt2().eval()
+    b = batch(plain)
+    with torch.no_grad():
+        before = torch.log_softmax(plain(input_ids=b["input_ids"]).logits, -1)
+    model = hf_heads.swap_head(plain, head, start="pretrained").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=b["input_ids"]).logits, before, atol=1e-5, rtol=0)
+    assert model.config.output_head["options"] == {"context_activation": "identity", "identity_init": True}
+    model.save_pretrained(tmp_path)  # the options travel, not the word: the reload is the same head
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=b["input_ids"]).logits, before, atol=1e-5, rtol=0)
+    config = hf_heads.head_config(gpt2().config, head, start="pretrained")
+    assert config.output_head["options"] == {"context_activation": "identity", "identity_init": True}
+
+
+def test_start_refuses_a_head_without_an_exact_start_and_nearest_warns():
+    with pytest.raises(ValueError, match=r"^swap_head: start='pretrained': the sigsoftmax head has no start"):
+        hf_heads.swap_head(gpt2(), "sigsoftmax", start="pretrained")
+    with pytest.raises(ValueError, match=r"^head_config: start='pretrained': the ds_softmax head has no start"):
+        hf_heads.head_config(gpt2().config, "ds_softmax", start="pretrained")
+    with pytest.warns(UserWarning, match=r"^swap_head: start='nearest': the sigsoftmax head does not start as"):
+        model = hf_heads.swap_head(gpt2(), "sigsoftmax", start="nearest")
+    assert model.config.output_head["options"] == {}
+    with pytest.raises(ValueError, match=r"start='pretrained' sets the mos option context_activation='identity'"):
+        hf_heads.swap_head(gpt2(), "mos", start="pretrained", context_activation="tanh")
+    with pytest.raises(ValueError, match=r"^swap_head: start='pretrianed' is not a start"):
+        hf_heads.swap_head(gpt2(), "mos", start="pretrianed")

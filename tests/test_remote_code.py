@@ -28,7 +28,7 @@ HEADS = {
     "plif": {"num_knots": 100},
     "ds_softmax": {"num_experts": 4},
 }
-CASES = [("causal", name) for name in HEADS] + [("seq2seq", "mos"), ("seq2seq", "ds_softmax")]
+CASES = [("causal", name) for name in HEADS] + [("seq2seq", "mos"), ("seq2seq", "ds_softmax"), ("fsmt", "mixtape")]
 
 #: the start of a script for a fresh interpreter: from there on, softmax-heads cannot be imported
 WITHOUT_PACKAGE = textwrap.dedent("""
@@ -65,6 +65,25 @@ CLEAN = WITHOUT_PACKAGE + textwrap.dedent("""
 
 
 def base_config(kind):
+    if kind == "fsmt":  # its output layer is the decoder's output_projection (hf_heads.hf.modeling.OUTPUT_LAYERS)
+        return transformers.FSMTConfig(
+            langs=["en", "de"],
+            src_vocab_size=VOCAB,
+            tgt_vocab_size=VOCAB,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+            forced_eos_token_id=None,
+        )
     if kind == "causal":
         return transformers.GPT2Config(
             n_layer=1,
@@ -98,7 +117,12 @@ def save_case(folder, kind, name):
     """Save a seeded head model in ``folder`` with what it gives (``expected.pt``); returns its Auto class name."""
     torch.manual_seed(0)
     auto = "AutoModelForCausalLM" if kind == "causal" else "AutoModelForSeq2SeqLM"
-    model = getattr(transformers, auto).from_config(hf_heads.head_config(base_config(kind), name, **HEADS[name]))
+    if kind == "fsmt":  # a plain model given a head by swap_head, started at it
+        model = hf_heads.swap_head(
+            transformers.FSMTForConditionalGeneration(base_config(kind)), name, start="pretrained", **HEADS[name]
+        )
+    else:
+        model = getattr(transformers, auto).from_config(hf_heads.head_config(base_config(kind), name, **HEADS[name]))
     with torch.no_grad():  # a trained-looking head: not all experts / gates alike
         for p in hf_heads.output_head(model).parameters():
             p.add_(0.1 * torch.randn_like(p))

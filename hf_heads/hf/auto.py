@@ -8,7 +8,7 @@ from typing import Any, Dict
 
 from transformers import AutoConfig, PretrainedConfig
 
-from ..core import SPEC_VERSION, check_head_options
+from ..core import SPEC_VERSION, check_head_options, start_options
 from .config import MODEL_TYPE, head_config_class, head_spec, spec_options, without_model_sizes
 from .modeling import head_model_class
 
@@ -69,7 +69,7 @@ def _required_base_type(options: Dict[str, Any]) -> str:
     return base
 
 
-def head_config(base_config, name: str, use_bias: bool = False, **options) -> PretrainedConfig:
+def head_config(base_config, name: str, use_bias: bool = False, start=None, **options) -> PretrainedConfig:
     """A config for a new model whose output layer is the head ``name``: ``base_config`` (any causal or seq2seq
     LM config, e.g. ``GPT2Config(n_layer=2)``) with model type ``softmax-heads``.
 
@@ -77,7 +77,10 @@ def head_config(base_config, name: str, use_bias: bool = False, **options) -> Pr
     ``AutoModelForSeq2SeqLM`` for a seq2seq config) builds the model with the head, freshly initialised;
     ``save_pretrained`` / ``from_pretrained`` restore it. The same as ``AutoConfig.for_model("softmax-heads",
     base_model_type=..., output_head={"name": name, "options": options}, **base options)``. Options are
-    checked here, by building the head once on the meta device.
+    checked here, by building the head once on the meta device. ``start`` (``"pretrained"`` / ``"nearest"``) adds
+    the options of the head's exact start (:func:`hf_heads.start_options`), for a model whose weights
+    will come from a model with a plain softmax (e.g. ``convert_head`` or a state dict); the config records the
+    options, not the word.
     """
     if not isinstance(base_config, PretrainedConfig):
         raise ValueError(
@@ -90,6 +93,7 @@ def head_config(base_config, name: str, use_bias: bool = False, **options) -> Pr
         )
     text = base_config.get_text_config()
     options = without_model_sizes("head_config", options, hidden_size=text.hidden_size, vocab_size=text.vocab_size)
+    options = start_options(name, start, options, where="head_config: start")
     spec = head_spec(name, options, use_bias)
     config = head_config_class(type(base_config)).from_dict(
         {**base_config.to_dict(), "base_model_type": base_config.model_type, "output_head": spec}

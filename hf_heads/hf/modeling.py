@@ -3,22 +3,61 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import re
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..core import OutputHead, build_head
+from ..core import OutputHead, build_head, start_options
 from .config import head_config_class, head_spec, spec_options, without_model_sizes
 from . import liger, remote_code, trl
-from .lean_forward import lean_forward
+from .lean_forward import decoder_inputs_from_labels, is_seq2seq, lean_forward
 from .peft import running_head
 from .resize import resize_token_embeddings
 
 _MODEL_CLASSES: Dict[type, type] = {}
+#: model classes whose ``get_output_embeddings()`` is not the layer that makes the logits: the path of that layer
+#: (FSMT returns the decoder's input embedding, which is not tied to its ``output_projection``); a head model of
+#: such a class reads and sets its head there (a subclass of one of these classes too)
+OUTPUT_LAYERS: Dict[str, str] = {"FSMTForConditionalGeneration": "model.decoder.output_projection"}
+
+
+def output_layer_path(model_class: type) -> Optional[str]:
+    """The path of the output layer of ``model_class`` where :data:`OUTPUT_LAYERS` knows it, else None (the
+    layer is ``get_output_embeddings()``)."""
+    for cls in model_class.__mro__:
+        if cls.__name__ in OUTPUT_LAYERS:
+            return OUTPUT_LAYERS[cls.__name__]
+    return None
+
+
+def set_layer_sizes(head: OutputHead) -> OutputHead:
+    """``head`` with ``in_features`` / ``out_features``, which model code reads from its ``lm_head`` as from an
+    ``nn.Linear`` (Apertus: ``vocab_size=self.lm_head.out_features``)."""
+    head.in_features, head.out_features = head.config.hidden_size, head.config.vocab_size
+    return head
+
+
+@functools.lru_cache(maxsize=None)
+def causal_loss_shifts(model_class: type) -> bool:
+    """Whether the causal LM ``model_class``'s forward computes its loss with transformers' ``loss_function``
+    (``ForCausalLMLoss``: position t predicts label t + 1), the loss the lean forward reproduces."""
+    try:
+        return "self.loss_function(" in inspect.getsource(model_class.forward)
+    except (OSError, TypeError):
+        return False
+
+
+def output_layer(model) -> Optional[nn.Module]:
+    """The module that makes ``model``'s logits: the one :data:`OUTPUT_LAYERS` names, else
+    ``get_output_embeddings()``."""
+    path = output_layer_path(type(model))
+    return model.get_submodule(path) if path else model.get_output_embeddings()
 
 
 class HeadModelMixin:
@@ -46,6 +85,23 @@ class HeadModelMixin:
             }
         if getattr(config, "tie_word_embeddings", False):
             self.tie_weights()
+        self._probe_new_model()
+
+    def _probe_new_model(self) -> None:
+        """A model built with its weights (``from_config``; not ``from_pretrained``, which builds on the meta device
+        a model saved after this check): refused where it transforms the logits after its output layer, which the
+        head's log-probs would get (:func:`probe_output_layer`: e.g. ``head_config(Gemma2Config(...), "mos")``). A
+        model that cannot run here (partitioned weights) is not checked."""
+        head = self.get_output_embeddings()
+        first = next(head.parameters(), None)
+        if first is None or first.device.type == "meta" or first.numel() == 0:
+            return
+        problem = probe_output_layer(self, head, layer_checks=False)
+        if problem is not None and not problem.startswith("could not be probed"):
+            raise ValueError(
+                f"{type(self).__name__}: {self._head_base_class.__name__} {problem}; a head there would get its "
+                f"log-probs changed, so it is refused (docs/huggingface.md lists the families that take a head)"
+            )
 
     def __setattr__(self, name, value):
         # TRL's trainers and Liger replace model.forward by a fused LM head that never runs the head: keep ours, which
@@ -73,9 +129,16 @@ class HeadModelMixin:
         remote_code.write_code(os.fspath(folder), type(self), auto)
         self.config.auto_map = remote_code.auto_map(type(self), auto)
 
+    def get_output_embeddings(self):
+        """The head: transformers' getter, or the output layer :data:`OUTPUT_LAYERS` names for the model's class
+        (FSMT's ``model.decoder.output_projection``)."""
+        path = output_layer_path(type(self))
+        return self.get_submodule(path) if path else super().get_output_embeddings()
+
     def set_output_embeddings(self, new_embeddings):
-        """transformers' setter, refusing to replace the head by a module that runs no head (transformers' universal
-        assisted decoding with ``do_sample=True`` prunes an assistant's ``lm_head`` into a plain ``nn.Linear``)."""
+        """transformers' setter (or the output layer :data:`OUTPUT_LAYERS` names), refusing to replace the head by
+        a module that runs no head (transformers' universal assisted decoding with ``do_sample=True`` prunes an
+        assistant's ``lm_head`` into a plain ``nn.Linear``)."""
         head = running_head(self.get_output_embeddings())
         if head is not None and running_head(new_embeddings) is None:
             raise ValueError(
@@ -84,7 +147,14 @@ class HeadModelMixin:
                 f"another tokenizer and do_sample=True prunes the assistant's lm_head); use do_sample=False, or an "
                 f"assistant with the target's tokenizer"
             )
-        super().set_output_embeddings(new_embeddings)
+        if isinstance(new_embeddings, OutputHead):
+            set_layer_sizes(new_embeddings)
+        path = output_layer_path(type(self))
+        if path:
+            parent, _, attr = path.rpartition(".")
+            setattr(self.get_submodule(parent), attr, new_embeddings)
+        else:
+            super().set_output_embeddings(new_embeddings)
 
     def _init_weights(self, module):
         """transformers' initialisation of what ``from_pretrained`` did not load, plus the head's optional state
@@ -128,7 +198,10 @@ class HeadModelMixin:
 
     def _lean_loss_applies(self, kwargs) -> bool:
         """Train with the head's memory-lean loss: labels given as a keyword, grad enabled, training mode, the
-        head's ``lean_loss`` on, a ModelOutput returned and every position scored (no ``logits_to_keep``)."""
+        head's ``lean_loss`` on, a ModelOutput returned, every position scored (no ``logits_to_keep``) and, for a
+        seq2seq model, decoder inputs given or made from the labels as the model makes them; for a causal LM, a
+        forward that computes its loss with transformers' ``loss_function`` (which shifts the labels; BART's,
+        TrOCR's, XLNet's causal classes do not shift: their own loss on the head's log-probs runs instead)."""
         head = running_head(self.get_output_embeddings())
         return (
             kwargs.get("labels") is not None
@@ -136,6 +209,13 @@ class HeadModelMixin:
             and head.lean_loss_active()
             and kwargs.get("return_dict", getattr(self.config, "return_dict", True)) is not False
             and not kwargs.get("logits_to_keep")
+            and (
+                decoder_inputs_from_labels(self) is not None
+                or kwargs.get("decoder_input_ids") is not None
+                or kwargs.get("decoder_inputs_embeds") is not None
+                if is_seq2seq(self)
+                else causal_loss_shifts(self._head_base_class)
+            )
         )
 
     def _add_aux_loss(self, out, labels_given: bool):
@@ -243,7 +323,129 @@ def _output_bias(model, old: nn.Module) -> Tuple[torch.Tensor, bool]:
     return bias, used
 
 
-def swap_head(model, name: str, *, frequency_order=None, token_counts=None, **options) -> nn.Module:
+def _probe_values(shape, dtype, device) -> torch.Tensor:
+    """What the probe's output layer returns instead of its own output: a fixed pattern of logits over
+    ``[-50, 50]`` in steps of 0.5 (exact in float32 and bf16), wide enough that a soft-cap or a scale shows."""
+    n = 1
+    for size in shape:
+        n *= size
+    values = (torch.arange(n, device=device) * 37 % 201 - 100).to(torch.float32) * 0.5
+    return values.view(shape).to(dtype)
+
+
+def _probe_inputs(model, vocab_size: int, device) -> Dict[str, torch.Tensor]:
+    """A tiny fixed input for one forward of ``model``: 5 token ids (and 3 decoder ids for a seq2seq model)."""
+    sizes = [vocab_size]
+    inputs = model.get_input_embeddings()
+    if isinstance(getattr(inputs, "num_embeddings", None), int):
+        sizes.append(inputs.num_embeddings)
+    ids = torch.tensor([[3, 5, 7, 4, 6]], device=device) % min(sizes)
+    kwargs = {"input_ids": ids}
+    if is_seq2seq(model):
+        kwargs["decoder_input_ids"] = ids[:, :3]
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs["use_cache"] = False
+    return kwargs
+
+
+def _transform_hint(got: torch.Tensor, made: torch.Tensor) -> str:
+    """What the model seems to do to the output layer's logits ``made`` before returning ``got``."""
+    scale = (got * made).sum() / (made * made).sum()
+    if (got - scale * made).abs().max() <= 1e-4 * (1 + made.abs().max()):
+        return f"a scalar scale: returned logits = {scale.item():.6g} x the output layer's"
+    rows_made, rows_got = made.reshape(-1, made.shape[-1]), got.reshape(-1, got.shape[-1])
+    row_scale = (rows_got * rows_made).sum(-1, keepdim=True) / (rows_made * rows_made).sum(-1, keepdim=True)
+    if (rows_got - row_scale * rows_made).abs().max() <= 1e-4 * (1 + made.abs().max()):
+        return "a per-token scale"
+    if got.abs().max() < made.abs().max() and ((got * made) >= 0).all():
+        return f"a soft-cap? |returned logits| <= {got.abs().max().item():.4g}"
+    return "an unknown transform"
+
+
+@torch.no_grad()
+def probe_output_layer(model, layer: nn.Module, layer_checks: bool = True) -> Optional[str]:
+    """One forward of ``model`` (eval mode, no grad, a fixed 5-token input; each module's mode restored after)
+    with ``layer``'s output replaced by a fixed pattern of logits: None where the returned logits are that pattern
+    (plus ``final_logits_bias``, which :func:`swap_head` folds into the head's bias), else what differs, in words.
+    Catches an input embedding in the output layer's place (called on token ids, or not at all), a layer run more
+    than once, and any transform after the layer (a soft-cap, a scale), whatever config field holds it; with
+    ``layer_checks`` also a layer that is not ``hidden @ weight.T + bias`` (off where ``layer`` is the head)."""
+    calls: List[Optional[torch.Tensor]] = []
+    made: List[torch.Tensor] = []
+    linear: List[float] = []
+    weight = getattr(layer, "weight", None)  # (d_softmax has none: a head's sizes are its config's)
+    if isinstance(layer, OutputHead):
+        hidden_size, vocab_size = layer.config.hidden_size, layer.config.vocab_size
+    else:
+        hidden_size, vocab_size = weight.shape[-1], weight.shape[-2]
+    extra = sorted(name for name, _ in layer.named_parameters() if name not in ("weight", "bias"))
+    if layer_checks and extra and not isinstance(layer, nn.Embedding):
+        return (
+            f"has an output layer ({type(layer).__name__}) with parameters besides weight and bias "
+            f"({', '.join(extra)}): a transform of its logits that the head would drop"
+        )
+
+    def replace(module, args, kwargs, output):
+        hidden = args[0] if args else next(iter(kwargs.values()), None)
+        calls.append(hidden)
+        if torch.is_tensor(hidden) and hidden.is_floating_point() and torch.is_tensor(output):
+            if layer_checks and hidden.shape[-1] == hidden_size:  # what the head computes in its place: W g + b
+                bias = getattr(module, "bias", None)
+                diff = (output.float() - F.linear(hidden, weight, bias).float()).abs().max()
+                linear.append((diff / (1 + output.detach().float().abs().max())).item())  # relative to the logits
+            made.append(_probe_values(output.shape, output.dtype, output.device))
+            return made[-1]
+        return None
+
+    modes = [(m, m.training) for m in model.modules()]
+    handle = layer.register_forward_hook(replace, with_kwargs=True)
+    try:
+        model.eval()
+        out = model(**_probe_inputs(model, vocab_size, next(layer.parameters()).device))
+    except Exception as e:  # noqa: BLE001 (any failure: the model cannot be checked, so it is refused)
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return f"could not be probed (one forward on 5 token ids failed: {type(e).__name__}: {first})"
+    finally:
+        handle.remove()
+        for m, mode in modes:
+            m.training = mode
+    if not calls:
+        return f"never ran its output layer ({type(layer).__name__}) in a forward"
+    if not made or not calls[0].is_floating_point():
+        return (
+            f"calls its get_output_embeddings() ({type(layer).__name__}) on token ids: an input embedding, not the "
+            f"layer that makes the logits (swap_head knows the output layer of {', '.join(sorted(OUTPUT_LAYERS))})"
+        )
+    if len(calls) != 1:
+        return f"runs its output layer {len(calls)} times in one forward"
+    if calls[0].shape[-1] != hidden_size or made[0].shape[-1] != vocab_size:
+        return f"feeds its output layer {tuple(calls[0].shape)} for a V x d of {vocab_size} x {hidden_size}"
+    if linear and linear[0] > max(1e-5, 4 * torch.finfo(made[0].dtype).eps):
+        return (
+            f"has an output layer ({type(layer).__name__}) that does not compute hidden @ weight.T + bias (relative "
+            f"max |diff| {linear[0]:.3g}): a transform inside it that the head would drop"
+        )
+    logits = out.get("logits") if isinstance(out, dict) else (out[0] if isinstance(out, tuple) else None)
+    if not torch.is_tensor(logits) or logits.shape != made[0].shape:
+        shape = tuple(logits.shape) if torch.is_tensor(logits) else type(logits).__name__
+        return f"returns logits of shape {shape}, not the output layer's {tuple(made[0].shape)}"
+    got, expected = logits.float(), made[0].float()
+    flb = getattr(model, "final_logits_bias", None)
+    if torch.is_tensor(flb):
+        got = got - flb.detach().float().reshape(-1)[: got.shape[-1]]
+    eps = max(1e-5, 4 * torch.finfo(made[0].dtype).eps)
+    diff = (got - expected).abs()
+    if (diff <= eps * (1 + expected.abs())).all():
+        return None
+    return (
+        f"transforms the logits after its output layer (returned logits != the output layer's: max |diff| "
+        f"{diff.max().item():.3g}; {_transform_hint(got, expected)})"
+    )
+
+
+def swap_head(
+    model, name: str, *, start: Optional[str] = None, frequency_order=None, token_counts=None, **options
+) -> nn.Module:
     """Replace the output layer of a transformers LM by the head ``name``, in place; returns ``model``.
 
     The head's output embedding starts from the model's (and its bias from ``lm_head.bias`` +
@@ -252,7 +454,17 @@ def swap_head(model, name: str, *, frequency_order=None, token_counts=None, **op
     from it untied, and ``from_pretrained`` leaves it untied). The model's class becomes ``SoftmaxHeads<Class>`` (a
     subclass), its config records the head, and ``save_pretrained`` / ``from_pretrained`` restore it.
     Works for any model with ``get_output_embeddings()`` returning a ``V x d`` projection: causal LMs
-    (GPT-2, Llama family, ...) and seq2seq LMs (BART, Marian, T5, ...).
+    (GPT-2, Llama family, ...) and seq2seq LMs (BART, Marian, T5, FSMT, ...; FSMT's output layer is its decoder's
+    ``output_projection``, :data:`OUTPUT_LAYERS`).
+
+    ``start="pretrained"`` adds the head options that make it start exactly as the model it replaces (MoS and
+    Mixtape: identity contexts), and refuses a head with no exact start; ``"nearest"`` builds such a head anyway,
+    with a warning (:func:`hf_heads.start_options`). The config records the options, not the word.
+
+    Before anything changes, one forward of the model on a tiny input checks that its output layer makes the
+    logits it returns (:func:`probe_output_layer`): a model that transforms them after the layer (a soft-cap, a
+    scale: Gemma 2, Cohere, ...), whose head would get that transform applied to its log-probs, or whose
+    ``get_output_embeddings()`` is an input embedding, is refused (``ValueError`` naming the class).
 
     Heads that need token ids ordered by frequency (Mixtape's gate sharing, class_softmax, d_softmax) take the
     order of the model's vocabulary from ``token_counts`` (V counts in id order, e.g.
@@ -269,17 +481,25 @@ def swap_head(model, name: str, *, frequency_order=None, token_counts=None, **op
             f"swap_head: {type(model).__name__} already has an output head "
             f"({model.config.output_head['name']}); swap heads on the original model"
         )
-    old = model.get_output_embeddings()
+    old = output_layer(model)
     weight = getattr(old, "weight", None)
     if not isinstance(old, nn.Module) or not torch.is_tensor(weight) or weight.dim() != 2:
         raise ValueError(
             f"swap_head: {type(model).__name__} has no output projection (get_output_embeddings() "
             f"returned {type(old).__name__}); supported: causal and seq2seq LMs with an lm_head"
         )
+    options = without_model_sizes("swap_head", options, hidden_size=weight.shape[1], vocab_size=weight.shape[0])
+    options = start_options(name, start, options, where="swap_head: start")
+    model_class = head_model_class(type(model))  # (refuses a class Liger patched, before running it)
+    problem = probe_output_layer(model, old)
+    if problem is not None:
+        raise ValueError(
+            f"swap_head: {type(model).__name__} {problem}; a head there would get its log-probs changed, so it is "
+            f"refused (docs/huggingface.md lists the families swap_head supports)"
+        )
     inputs = model.get_input_embeddings()
     tied = inputs is not None and getattr(inputs, "weight", None) is weight
     bias, use_bias = _output_bias(model, old)
-    options = without_model_sizes("swap_head", options, hidden_size=weight.shape[1], vocab_size=weight.shape[0])
     head = build_head(
         name,
         hidden_size=weight.shape[1],
@@ -293,7 +513,7 @@ def swap_head(model, name: str, *, frequency_order=None, token_counts=None, **op
     )
     head = head.to(device=weight.device, dtype=weight.dtype)
     base_type = model.config.model_type
-    model.__class__ = head_model_class(type(model))
+    model.__class__ = model_class
     model.config.__class__ = head_config_class(type(model.config))
     model.config.base_model_type = base_type
     model.config.output_head = head_spec(name, options, use_bias)

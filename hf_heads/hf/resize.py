@@ -43,6 +43,8 @@ def resize_token_embeddings(model, base_resize, new_num_tokens, pad_to_multiple_
         head.tie_weight(embeddings)
     else:
         head.resize_vocab(size, weight=resized.weight, bias=resized.bias)
+    if hasattr(head, "out_features"):  # (the nn.Linear sizes a head model gives its head: modeling.set_layer_sizes)
+        head.out_features = head.config.vocab_size
     # options the resize changed (Mixtape's frequent_fraction) go into the config from_pretrained builds from
     model.config.output_head["options"].update(
         {k: v for k, v in head.config.to_dict().items() if v != before[k] and k != "vocab_size"}
