@@ -464,7 +464,8 @@ def swap_head(
     Before anything changes, one forward of the model on a tiny input checks that its output layer makes the
     logits it returns (:func:`probe_output_layer`): a model that transforms them after the layer (a soft-cap, a
     scale: Gemma 2, Cohere, ...), whose head would get that transform applied to its log-probs, or whose
-    ``get_output_embeddings()`` is an input embedding, is refused (``ValueError`` naming the class).
+    ``get_output_embeddings()`` is an input embedding, is refused (``ValueError`` naming the class). A model on the
+    meta device cannot run a forward and is not probed.
 
     Heads that need token ids ordered by frequency (Mixtape's gate sharing, class_softmax, d_softmax) take the
     order of the model's vocabulary from ``token_counts`` (V counts in id order, e.g.
@@ -491,7 +492,8 @@ def swap_head(
     options = without_model_sizes("swap_head", options, hidden_size=weight.shape[1], vocab_size=weight.shape[0])
     options = start_options(name, start, options, where="swap_head: start")
     model_class = head_model_class(type(model))  # (refuses a class Liger patched, before running it)
-    problem = probe_output_layer(model, old)
+    # a model on the meta device (built to count its parameters) computes nothing: no forward to probe
+    problem = None if weight.device.type == "meta" else probe_output_layer(model, old)
     if problem is not None:
         raise ValueError(
             f"swap_head: {type(model).__name__} {problem}; a head there would get its log-probs changed, so it is "
