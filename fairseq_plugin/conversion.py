@@ -29,6 +29,8 @@ def convert_fairseq_model(source, name: str, options: dict):
         spec = getattr(source, "args", None) or getattr(getattr(source, "cfg", None), "model", None)
         if spec is not None and hasattr(spec, "output_head"):
             spec.output_head, spec.head_options = name, json.dumps(options)
+            if hasattr(spec, "head_start"):  # the options hold what a start set: a stale word would be resolved again
+                spec.head_start = ""
         return source
     if hasattr(decoder, "output_projection") and hasattr(decoder, "share_input_output_embed"):
         return convert_stock_model(source, name, options)
@@ -41,14 +43,18 @@ def convert_stock_model(model, name: str, options: Dict[str, Any]):
     the output projection (tied where it was). ``options`` are the head's, ``start`` applied already
     (:func:`hf_heads.convert_head` does). The model's config (fairseq's ``TransformerConfig``) has no place for a
     head: a checkpoint file with the head is what :func:`fairseq_plugin.stock.convert_checkpoint` writes."""
-    from fairseq.models.transformer import TransformerModel
+    from fairseq.models.transformer import TransformerDecoder, TransformerDecoderBase, TransformerModel
     from fairseq.models.transformer_lm import TransformerLanguageModel
 
     decoder = model.decoder
-    if not isinstance(model, (TransformerModel, TransformerLanguageModel)):
+    # the classes themselves, not subclasses (BART, the NAT models, ...): their own methods would be lost
+    if type(model) not in (TransformerModel, TransformerLanguageModel) or type(decoder) not in (
+        TransformerDecoder,
+        TransformerDecoderBase,
+    ):
         raise ValueError(
-            f"convert_head: a stock {type(model).__name__} cannot get a head; the plugin mirrors fairseq's "
-            f"transformer and transformer_lm models"
+            f"convert_head: a stock {type(model).__name__} (decoder {type(decoder).__name__}) cannot get a head; the "
+            f"plugin mirrors fairseq's transformer and transformer_lm models"
         )
     if getattr(decoder, "adaptive_softmax", None) is not None or decoder.output_projection is None:
         raise ValueError(
@@ -58,7 +64,7 @@ def convert_stock_model(model, name: str, options: Dict[str, Any]):
     projection = decoder.output_projection
     try:
         head = build_decoder_head(name, options, decoder.output_embed_dim, projection.weight.shape[0])
-        head.init_from_projection(projection.weight.detach().to(head.weight.dtype), None)
+        head.init_from_projection(projection.weight.detach().to(next(head.parameters()).dtype), None)
         head = head.to(device=projection.weight.device, dtype=projection.weight.dtype).train(decoder.training)
         if decoder.share_input_output_embed:
             head.tie_weight(decoder.embed_tokens)

@@ -27,9 +27,12 @@ import copy
 import functools
 import json
 import logging
+import threading
 from typing import Any, Dict, Optional
 
 import torch
+
+from hf_heads import get_head_class
 
 from .options import HeadFlagError, usage_error
 
@@ -38,9 +41,9 @@ logger = logging.getLogger(__name__)
 #: fairseq's stock models and the plugin's model mirroring each (its ``head_ARCH`` architectures)
 STOCK_MODELS = {"transformer": "head_transformer", "transformer_lm": "head_transformer_lm"}
 
-#: what fairseq's ``Trainer.load_checkpoint`` was asked while it runs (:func:`track_restores`): the restore's
-#: ``reset_optimizer``, read by the decoder's state-dict upgrade when the checkpoint is a stock one
-_RESTORE: Dict[str, Any] = {}
+#: what fairseq's ``Trainer.load_checkpoint`` was asked while it runs in this thread (:func:`track_restores`): the
+#: restore's ``reset_optimizer``, read by the decoder's state-dict upgrade when the checkpoint is a stock one
+_RESTORE = threading.local()
 
 
 class StockCheckpointError(HeadFlagError):
@@ -87,13 +90,20 @@ def stock_projection(state_dict: Dict[str, torch.Tensor], prefix: str, tied: boo
     return weight
 
 
+def replace_projection(state_dict: Dict[str, torch.Tensor], prefix: str, head: Dict[str, torch.Tensor]) -> None:
+    """In place: a stock decoder's projection keys under ``prefix`` out of ``state_dict``, the head's state in."""
+    for key in (prefix + "output_projection.weight", prefix + "embed_out"):
+        state_dict.pop(key, None)
+    state_dict.update({prefix + "head." + k: v for k, v in head.items()})
+
+
 @torch.no_grad()
 def head_state(head, weight: torch.Tensor) -> Dict[str, torch.Tensor]:
     """The state dict of ``head`` (a freshly built head: its other parameters at their start) started from the
     projection ``weight`` (its :meth:`~hf_heads.core.interface.OutputHead.init_from_projection`); ``head`` itself
     is left as it was."""
     fresh = copy.deepcopy(head)
-    fresh.init_from_projection(weight.to(dtype=fresh.weight.dtype), None)
+    fresh.init_from_projection(weight.to(dtype=next(fresh.parameters()).dtype), None)
     return fresh.state_dict()
 
 
@@ -109,16 +119,21 @@ def upgrade_stock_state(decoder, state_dict: Dict[str, torch.Tensor], name: str)
         usage_error(f"--output-head {decoder.head.head_name}: {e}")
     if weight is None:
         return False
-    if _RESTORE and not _RESTORE.get("reset_optimizer", True):
+    restore = getattr(_RESTORE, "current", None)
+    if restore is not None and not restore["reset_optimizer"]:
         usage_error(
-            f"{_RESTORE.get('filename', 'the checkpoint')} is a stock fairseq checkpoint (no output head): add "
+            f"{restore['filename']} is a stock fairseq checkpoint (no output head): add "
             f"--reset-optimizer to start the --output-head {decoder.head.head_name} run from it (its optimizer state "
             f"has no slots for the head), or use --finetune-from-model"
         )
-    for key in (prefix + "output_projection.weight", prefix + "embed_out"):
-        state_dict.pop(key, None)
-    for key, value in head_state(decoder.head, weight).items():
-        state_dict[prefix + "head." + key] = value
+    embed = state_dict.get(prefix + "embed_tokens.weight")
+    if not tied and embed is not None and embed.shape == weight.shape and torch.equal(embed, weight):
+        logger.warning(
+            "this stock checkpoint ties its output projection to its input embedding, but the model does not: the "
+            "head starts from a copy, trained apart (add --share-decoder-input-output-embed or --share-all-embeddings "
+            "as the checkpoint had them to keep them tied)"
+        )
+    replace_projection(state_dict, prefix, head_state(decoder.head, weight))
     hint = "" if getattr(decoder, "_head_start", "") else "; --head-start pretrained starts it at the model"
     logger.info(
         f"a stock checkpoint: the {decoder.head.head_name} head starts from its output projection "
@@ -138,11 +153,12 @@ def track_restores() -> None:
 
     @functools.wraps(original)
     def load_checkpoint(self, filename, reset_optimizer=False, *args, **kwargs):
-        _RESTORE.update(filename=filename, reset_optimizer=reset_optimizer)
+        outer = getattr(_RESTORE, "current", None)
+        _RESTORE.current = {"filename": filename, "reset_optimizer": reset_optimizer}
         try:
             return original(self, filename, reset_optimizer, *args, **kwargs)
         finally:
-            _RESTORE.clear()
+            _RESTORE.current = outer
 
     load_checkpoint._softmax_heads_restore = True
     Trainer.load_checkpoint = load_checkpoint
@@ -201,8 +217,9 @@ def convert_checkpoint(
     source: str, target: str, name: str, head_options: Any = "{}", head_start: str = "", seed: int = 1
 ) -> Dict[str, Any]:
     """Write ``target``, a plugin checkpoint of the stock checkpoint ``source`` with the head ``name``: the model's
-    config names ``head_ARCH`` and the head flags (as given: ``head_options`` JSON or a dict, ``head_start``), the
-    weights hold the head started from the projection (its other parameters drawn under ``torch.manual_seed(seed)``),
+    config names ``head_ARCH`` and the head's options (``head_options`` JSON or a dict, with what ``head_start`` set
+    resolved into them: the file rebuilds the same head whatever a later version's start would set), the weights
+    hold the head started from the projection (its other parameters drawn under ``torch.manual_seed(seed)``),
     and everything else is kept as it was: the config's format (``args`` or ``cfg``), task, bpe, tokenizer and
     sharing flags, no ``user_dir`` added. The stock optimizer state is dropped (it has no slots for the head), so a
     ``--restore-file`` of ``target`` starts a fresh optimizer. Returns ``{"arch", "head", "options", "tied"}``;
@@ -224,20 +241,23 @@ def convert_checkpoint(
     def flag(key):
         return model_args.get(key) if isinstance(model_args, dict) else getattr(model_args, key, None)
 
-    arch = head_arch(str(flag("arch") or flag("_name")))
     tied = bool(flag("share_decoder_input_output_embed") or flag("share_all_embeddings"))
     weights = state["model"]
     weight = stock_projection(weights, "decoder.", tied)
     if weight is None:
-        raise StockCheckpointError(f"{source} holds a head's weights already (decoder.head.*)")
+        raise StockCheckpointError(f"{source} holds a head's weights already (decoder.head.*): not a stock checkpoint")
+    arch = head_arch(str(flag("arch") or flag("_name")))
     spec_name, options = parse_head_options(name, head_options, head_start)
-    torch.manual_seed(seed)
-    head = build_decoder_head(spec_name, options, weight.shape[1], weight.shape[0])
-    for key in ("decoder.output_projection.weight", "decoder.embed_out"):
-        weights.pop(key, None)
-    weights.update({"decoder.head." + k: v for k, v in head_state(head, weight).items()})
-    given = head_options if isinstance(head_options, str) else json.dumps(head_options)
-    record_head(model_args, spec_name, json.loads(given or "{}"), head_start)
+    if tied and not get_head_class(spec_name).can_tie:
+        raise StockCheckpointError(
+            f"--output-head {spec_name} cannot share its output embedding with the input embedding, and this "
+            f"checkpoint ties them (--share-decoder-input-output-embed / --share-all-embeddings)"
+        )
+    with torch.random.fork_rng(devices=[]):  # the head's start drawn apart: the caller's random state is kept
+        torch.manual_seed(seed)
+        head = build_decoder_head(spec_name, options, weight.shape[1], weight.shape[0])
+    replace_projection(weights, "decoder.", head_state(head, weight))
+    record_head(model_args, spec_name, options)  # the options the start resolved to, not the word
     state.pop("last_optimizer_state", None)
     torch.save({MARKER_KEY: SoftmaxHeadsCheckpoint(), **state}, target)
     return {"arch": arch, "head": spec_name, "options": options, "tied": tied}

@@ -167,6 +167,35 @@ def test_restore_path_starts_at_the_stock_model(data, stock, layout, head):
     )
 
 
+@pytest.mark.parametrize(
+    "head,options",
+    [
+        ("d_softmax", {"band_fractions": [0.25, 0.75], "band_dims": [24, 8]}),
+        ("class_softmax", {"num_classes": 8}),
+        ("ds_softmax", {"num_experts": 2}),
+        ("svd_softmax", {}),
+    ],
+)
+def test_heads_without_an_exact_start_load_a_stock_checkpoint_and_convert(data, stock, head, options, tmp_path):
+    """The fast heads through the restore's upgrade and the convert command (untied: DS-Softmax and d_softmax cannot
+    tie): strict loading, normalised log-probs; a tied checkpoint is refused for a head that cannot tie."""
+    from fairseq_plugin.stock import StockCheckpointError, convert_checkpoint
+
+    model = _head_model("untied", data / "mt-bin", head, options, start="nearest")
+    model.load_state_dict(_stock_weights(stock["untied"]), strict=True)
+    _, task = _load(stock["untied"], data / "mt-bin")
+    net_input, _ = _batch(task, False)
+    with torch.no_grad():
+        lp = model.get_normalized_probs(model(**net_input), log_probs=True)
+    torch.testing.assert_close(lp.logsumexp(-1), torch.zeros(lp.shape[:-1]), rtol=0, atol=1e-4)
+    convert_checkpoint(stock["untied"], tmp_path / "fast.pt", head, options)
+    loaded, _ = _load(tmp_path / "fast.pt", data / "mt-bin")
+    assert loaded.decoder.head.head_name == head
+    if not hf_heads.get_head_class(head).can_tie:
+        with pytest.raises(StockCheckpointError, match=f"--output-head {head} cannot share its output embedding"):
+            convert_checkpoint(stock["share-all"], tmp_path / "tied.pt", head, options)
+
+
 def test_partial_head_keys_stay_a_strict_error_and_a_mismatched_tie_is_refused(data, stock):
     model = _head_model("share-all", data / "mt-bin", "mos", EXACT_HEADS["mos"])
     model.load_state_dict(_stock_weights(stock["share-all"]), strict=True)
@@ -279,10 +308,11 @@ def test_convert_command_gives_a_checkpoint_the_fairseq_tools_load(data, stock, 
         assert after["cfg"][section] == before["cfg"][section], section
     m_before, m_after = vars(before["cfg"]["model"]), vars(after["cfg"]["model"])
     assert m_after["arch"] == m_after["_name"] == "head_transformer_iwslt_de_en"
+    resolved = hf_heads.start_options("mixtape", "pretrained", EXACT_HEADS["mixtape"])  # recorded, not the word
     assert (m_after["output_head"], json.loads(m_after["head_options"]), m_after["head_start"]) == (
         "mixtape",
-        EXACT_HEADS["mixtape"],
-        "pretrained",
+        resolved,
+        "",
     )
     assert {k: v for k, v in m_after.items() if k in m_before and k not in ("arch", "_name")} == {
         k: v for k, v in m_before.items() if k not in ("arch", "_name")

@@ -371,8 +371,10 @@ def test_start_pretrained_is_the_model_exactly_and_the_config_records_the_option
 def test_start_refuses_a_head_without_an_exact_start_and_nearest_warns():
     with pytest.raises(ValueError, match=r"^swap_head: start='pretrained': the sigsoftmax head has no start"):
         hf_heads.swap_head(gpt2(), "sigsoftmax", start="pretrained")
-    with pytest.raises(ValueError, match=r"^head_config: start='pretrained': the ds_softmax head has no start"):
-        hf_heads.head_config(gpt2().config, "ds_softmax", start="pretrained")
+    with pytest.raises(ValueError, match=r"^head_config: start='pretrained': the class_softmax head has no start"):
+        hf_heads.head_config(gpt2().config, "class_softmax", start="pretrained")
+    with pytest.raises(ValueError, match=r"start='pretrained' sets the ds_softmax option num_experts=1"):
+        hf_heads.head_config(gpt2().config, "ds_softmax", start="pretrained", num_experts=4)
     with pytest.warns(UserWarning, match=r"^swap_head: start='nearest': the sigsoftmax head does not start as"):
         model = hf_heads.swap_head(gpt2(), "sigsoftmax", start="nearest")
     assert model.config.output_head["options"] == {}

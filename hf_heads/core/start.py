@@ -38,33 +38,34 @@ def check_start(start: Any, where: str = "start") -> Optional[str]:
 def options_for_start(cls: type, start: Optional[str], options: Dict[str, Any], where: str = "start") -> Dict[str, Any]:
     """The options of the head class ``cls`` for ``start``: ``options`` as given for None; for ``"pretrained"`` the
     head's exact start added (``ValueError`` where the head has none, or where ``options`` set one of those options
-    otherwise); for ``"nearest"`` the same where the head has an exact start, else ``options`` as given and a warning
-    saying how far the start is from the model. ``where`` names the caller's option in messages (``"--head-start"``
-    in fairseq). By name: :func:`hf_heads.start_options`."""
+    otherwise); for ``"nearest"`` the same where the head has an exact start that ``options`` allow, else ``options``
+    as given and a warning saying how far the start is from the model. ``where`` names the caller's option in
+    messages (``"--head-start"`` in fairseq). By name: :func:`hf_heads.start_options`."""
     check_start(start, where)
     options = dict(options)
     if start is None:
         return options
     name, exact = cls.head_name, cls.pretrained_start
-    if exact is None:
+    conflicts = [k for k, v in (exact or {}).items() if k in options and options[k] != v]
+    if exact is None or (start == "nearest" and conflicts):  # no exact start, or one the given options rule out
         if start == "pretrained":
             raise ValueError(
                 f"{where}='pretrained': the {name} head has no start that equals the model it replaces "
                 f"({cls.pretrained_start_gap}); {where}='nearest' builds it from the model's projection anyway"
             )
+        ruled_out = f" (its exact start needs {', '.join(f'{k}={exact[k]!r}' for k in conflicts)})" if conflicts else ""
         warnings.warn(
-            f"{where}='nearest': the {name} head does not start as the model it replaces: {cls.pretrained_start_gap}",
+            f"{where}='nearest': the {name} head does not start as the model it replaces{ruled_out}: "
+            f"{cls.pretrained_start_gap}",
             stacklevel=3,
         )
         return options
-    for key, value in exact.items():
-        if key in options and options[key] != value:
-            raise ValueError(
-                f"{where}={start!r} sets the {name} option {key}={value!r} (the exact start), but the options give "
-                f"{key}={options[key]!r}; leave {key} out, or leave out {where}"
-            )
-        options[key] = value
-    return options
+    for key in conflicts:
+        raise ValueError(
+            f"{where}={start!r} sets the {name} option {key}={exact[key]!r} (the exact start), but the options give "
+            f"{key}={options[key]!r}; leave {key} out, use {where}='nearest', or leave out {where}"
+        )
+    return {**options, **exact}
 
 
 def start_row(cls: type) -> Tuple[bool, str]:

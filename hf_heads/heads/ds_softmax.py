@@ -98,10 +98,12 @@ class DSSoftmaxHead(OutputHead):
     has_aux_loss = True  # load balance, group lasso and expert lasso (aux_losses)
     lean_loss = False  # its training forward records routing for the aux loss and counts pruning steps
     paper = "Liao et al. 2019, Doubly Sparse Softmax (DS-Softmax)"
-    pretrained_start = None
+    #: one expert: its gate value is 1 and its logits are W g + b
+    pretrained_start = {"num_experts": 1}
     pretrained_start_gap = (
-        "every expert starts as a copy of W and b, but the chosen expert's logits are multiplied by its gate value, "
-        "below 1 with more than one expert (the model's softmax at a higher temperature); num_experts=1 is exact"
+        "one expert is the model's softmax; with more (start='nearest'), every expert starts as a copy of W and b but "
+        "the chosen expert's logits are multiplied by its gate value, below 1 (the model's softmax at a higher "
+        "temperature; init_gate_from_hidden starts the gate from hidden states)"
     )
     purpose = "fast"
     can_tie = False

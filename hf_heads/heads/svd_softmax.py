@@ -86,9 +86,11 @@ class SVDSoftmaxHead(SingleSoftmaxHead):
 
     config_class = SVDSoftmaxConfig
     paper = "Shim et al. 2017, SVD-Softmax: fast softmax approximation on large vocabulary NNs"
+    pretrained_start = None
     pretrained_start_gap = (
-        "exact in training mode; in evaluation mode the preview approximates the logits outside the best "
-        "num_candidates, by design"
+        "exact in training mode (a plain softmax of W g + b); in evaluation mode, where generation and scoring run, "
+        "the preview approximates the logits outside the num_refine best (and so the normaliser of every log-prob), "
+        "by design: start='nearest' is the conversion"
     )
     purpose = "fast"
     is_linear_softmax = True
