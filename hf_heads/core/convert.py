@@ -64,8 +64,9 @@ def convert_head(source: Any, name: str = "svd_softmax", *, start: Optional[str]
 
     The output embedding is copied (heads keep it shared with the input embedding where the source
     did, for heads that can be tied); ``options`` are the new head's options, ``start="pretrained"`` adds those that
-    make it start exactly as ``source`` (or refuses a head with no exact start; ``"nearest"``: with a warning),
-    :mod:`hf_heads.core.start`.
+    make it start exactly as ``softmax(W g + b)`` of the source's projection (what ``source`` computes when it is a
+    softmax-like head, an ``nn.Linear`` or a model's plain output layer), or refuses a head with no exact start
+    (``"nearest"``: with a warning), :mod:`hf_heads.core.start`.
     """
     options = start_options(name, start, options, "convert_head: start")
     for converter in _CONVERTERS:
