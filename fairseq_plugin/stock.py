@@ -178,12 +178,18 @@ def head_arch(arch: str) -> str:
     return head
 
 
-def record_head(model_args, name: str, options: Dict[str, Any], start: str = "") -> None:
+def _config_value(model_args, key: str):
+    """``key`` of a model's config (an ``argparse.Namespace``, a dict or a DictConfig), None where it has none."""
+    return model_args.get(key) if isinstance(model_args, dict) else getattr(model_args, key, None)
+
+
+def record_head(model_args, name: str, options: Dict[str, Any]) -> None:
     """Write the head into a model's config (an ``argparse.Namespace``, a dict or a DictConfig): the ``head_ARCH``
-    architecture and the head flags, so fairseq rebuilds the model with the head from it."""
+    architecture and the head flags (``options`` with any start resolved into them: no ``head_start`` word), so fairseq
+    rebuilds the model with the head from it."""
 
     def get(key):
-        return model_args.get(key) if isinstance(model_args, dict) else getattr(model_args, key, None)
+        return _config_value(model_args, key)
 
     def put(key, value):
         if isinstance(model_args, dict):
@@ -200,7 +206,7 @@ def record_head(model_args, name: str, options: Dict[str, Any], start: str = "")
                 put(key, arch)
         put("output_head", name)
         put("head_options", json.dumps(options))
-        put("head_start", start or "")
+        put("head_start", "")
         put("relative_positions", get("relative_positions") or 0)
 
 
@@ -239,7 +245,7 @@ def convert_checkpoint(
         raise StockCheckpointError(f"{source} has no model config ('cfg' or 'args'): not a fairseq checkpoint")
 
     def flag(key):
-        return model_args.get(key) if isinstance(model_args, dict) else getattr(model_args, key, None)
+        return _config_value(model_args, key)
 
     tied = bool(flag("share_decoder_input_output_embed") or flag("share_all_embeddings"))
     weights = state["model"]

@@ -64,26 +64,27 @@ CLEAN = WITHOUT_PACKAGE + textwrap.dedent("""
 """)
 
 
+#: the sizes and special ids of the tiny seq2seq models (BART, FSMT)
+SEQ2SEQ = dict(
+    d_model=32,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    decoder_start_token_id=2,
+    forced_eos_token_id=None,
+)
+
+
 def base_config(kind):
     if kind == "fsmt":  # its output layer is the decoder's output_projection (hf_heads.hf.modeling.OUTPUT_LAYERS)
-        return transformers.FSMTConfig(
-            langs=["en", "de"],
-            src_vocab_size=VOCAB,
-            tgt_vocab_size=VOCAB,
-            d_model=32,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=64,
-            decoder_ffn_dim=64,
-            max_position_embeddings=64,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=2,
-            decoder_start_token_id=2,
-            forced_eos_token_id=None,
-        )
+        return transformers.FSMTConfig(langs=["en", "de"], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, **SEQ2SEQ)
     if kind == "causal":
         return transformers.GPT2Config(
             n_layer=1,
@@ -95,22 +96,7 @@ def base_config(kind):
             eos_token_id=2,
             pad_token_id=0,
         )
-    return transformers.BartConfig(
-        vocab_size=VOCAB,
-        d_model=32,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        forced_eos_token_id=None,
-    )
+    return transformers.BartConfig(vocab_size=VOCAB, **SEQ2SEQ)
 
 
 def save_case(folder, kind, name):
