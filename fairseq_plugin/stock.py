@@ -42,7 +42,8 @@ logger = logging.getLogger(__name__)
 STOCK_MODELS = {"transformer": "head_transformer", "transformer_lm": "head_transformer_lm"}
 
 #: what fairseq's ``Trainer.load_checkpoint`` was asked while it runs in this thread (:func:`track_restores`): the
-#: restore's ``reset_optimizer``, read by the decoder's state-dict upgrade when the checkpoint is a stock one
+#: restore's ``reset_optimizer`` and whether its file has an optimizer state, read by the decoder's state-dict upgrade
+#: when the checkpoint is a stock one
 _RESTORE = threading.local()
 
 
@@ -110,7 +111,8 @@ def head_state(head, weight: torch.Tensor) -> Dict[str, torch.Tensor]:
 def upgrade_stock_state(decoder, state_dict: Dict[str, torch.Tensor], name: str) -> bool:
     """In place: when ``state_dict`` holds a stock decoder's weights under ``name``, replace its projection keys by
     those of ``decoder.head`` started from the projection, and say so; returns whether it did. A training restore
-    without ``--reset-optimizer`` stops here, in one line (the stock optimizer state has no slots for the head)."""
+    of a checkpoint with an optimizer state, without ``--reset-optimizer``, stops here, in one line (the stock
+    optimizer state has no slots for the head)."""
     prefix = f"{name}." if name else ""
     tied = decoder.share_input_output_embed
     try:
@@ -120,7 +122,7 @@ def upgrade_stock_state(decoder, state_dict: Dict[str, torch.Tensor], name: str)
     if weight is None:
         return False
     restore = getattr(_RESTORE, "current", None)
-    if restore is not None and not restore["reset_optimizer"]:
+    if restore is not None and not restore["reset_optimizer"] and restore.get("optimizer_state", True):
         usage_error(
             f"{restore['filename']} is a stock fairseq checkpoint (no output head): add "
             f"--reset-optimizer to start the --output-head {decoder.head.head_name} run from it (its optimizer state "
@@ -143,13 +145,24 @@ def upgrade_stock_state(decoder, state_dict: Dict[str, torch.Tensor], name: str)
 
 
 def track_restores() -> None:
-    """Make fairseq's ``Trainer.load_checkpoint`` note its ``reset_optimizer`` while it runs (idempotent), for
-    :func:`upgrade_stock_state`."""
+    """Make fairseq's ``Trainer.load_checkpoint`` note its ``reset_optimizer`` while it runs, and whether the file it
+    reads has an optimizer state (a released checkpoint often has none: fairseq then restores none, and no
+    ``--reset-optimizer`` is needed), for :func:`upgrade_stock_state` (idempotent)."""
+    from fairseq import checkpoint_utils
     from fairseq.trainer import Trainer
 
     original = Trainer.load_checkpoint
     if getattr(original, "_softmax_heads_restore", False):
         return
+    read = checkpoint_utils.load_checkpoint_to_cpu
+
+    @functools.wraps(read)
+    def load_checkpoint_to_cpu(path, *args, **kwargs):
+        state = read(path, *args, **kwargs)
+        restore = getattr(_RESTORE, "current", None)
+        if restore is not None and isinstance(state, dict):
+            restore["optimizer_state"] = state.get("last_optimizer_state") is not None
+        return state
 
     @functools.wraps(original)
     def load_checkpoint(self, filename, reset_optimizer=False, *args, **kwargs):
@@ -162,6 +175,7 @@ def track_restores() -> None:
 
     load_checkpoint._softmax_heads_restore = True
     Trainer.load_checkpoint = load_checkpoint
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
 
 
 def head_arch(arch: str) -> str:

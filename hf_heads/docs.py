@@ -7,7 +7,7 @@ import dataclasses
 
 import sys
 
-from .core import HeadConfig, available_heads, get_head_class, head_specific_options, start_table
+from .core import HeadConfig, available_heads, get_head_class, head_specific_options, heads_where, start_table
 
 
 def heads_table() -> str:
@@ -18,9 +18,16 @@ def heads_table() -> str:
             ", ".join(f"`{f.name}` ({f.metadata.get('shown', f.default)})" for f in head_specific_options(name)) or "-"
         )
         rows.append(f"| `{name}` | {get_head_class(name).paper} | {opts} |")
-    shared = ", ".join(f"`{f.name}`" for f in dataclasses.fields(HeadConfig))
+    fields = [f.name for f in dataclasses.fields(HeadConfig)]
+    mapped = [n for n in fields if n.startswith("logit_")]
+    shared = ", ".join(f"`{n}`" for n in fields if n not in mapped)
     rows.append("")
-    rows.append(f"Every head also takes {shared}, and `weight` / `bias` tensors to start from an existing projection.")
+    rows.append(
+        f"Every head also takes {shared}, and `weight` / `bias` tensors to start from an existing projection; "
+        f"{', '.join(f'`{h}`' for h in heads_where(applies_logit_map=True))} also take "
+        f"{' and '.join(f'`{n}`' for n in mapped)}, a fixed scale / soft-cap of the logits before their softmaxes "
+        f"(what `swap_head` moves from a model that scales or soft-caps its logits)."
+    )
     return "\n".join(rows)
 
 

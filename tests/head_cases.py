@@ -24,12 +24,19 @@ def _softmax_probs(logits: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ slow references (one token at a time)
+def _mapped(head, z):
+    """The options' fixed map of the logits, written out: ``c tanh(s z / c)``, or ``s z`` without a cap."""
+    c = head.config
+    z = c.logit_scale * z
+    return z if c.logit_softcap is None else c.logit_softcap * torch.tanh(z / c.logit_softcap)
+
+
 def ref_softmax(head, g):
-    return torch.log(_softmax_probs(head.weight @ g + _bias(head)))
+    return torch.log(_softmax_probs(_mapped(head, head.weight @ g + _bias(head))))
 
 
 def ref_sigsoftmax(head, g):
-    z = head.weight @ g + _bias(head)
+    z = _mapped(head, head.weight @ g + _bias(head))
     p = torch.exp(z) * torch.sigmoid(z)  # the paper's form; fine for the small logits of the tests
     return torch.log(p / p.sum())
 
@@ -46,7 +53,10 @@ def _mos_mixture(head, g, transform=lambda z: z):
     c = head.config
     prior = _softmax_probs(head.prior_proj.weight @ g)
     ctx = _act(head)(head.context_proj.weight @ g + head.context_proj.bias).view(c.num_components, -1)
-    p = sum(prior[k] * _softmax_probs(transform(head.weight @ ctx[k] + _bias(head))) for k in range(c.num_components))
+    p = sum(
+        prior[k] * _softmax_probs(transform(_mapped(head, head.weight @ ctx[k] + _bias(head))))
+        for k in range(c.num_components)
+    )
     return torch.log(p)
 
 
@@ -60,7 +70,7 @@ def ref_mos_plif(head, g):
 
 
 def ref_plif(head, g):
-    z = head.weight @ g + _bias(head)
+    z = _mapped(head, head.weight @ g + _bias(head))
     f = piecewise_linear_increasing_reference(z, head.plif.slopes(g.dtype), head.plif.knot_range)
     return torch.log(_softmax_probs(f))
 
@@ -100,7 +110,7 @@ def ref_mixtape(head, g):
         logits[x] = sum(pi[j] * (h[j] @ head.weight[x]) for j in range(k)) + (
             0.0 if head.bias is None else head.bias[x]
         )
-    return torch.log(_softmax_probs(logits))
+    return torch.log(_softmax_probs(_mapped(head, logits)))
 
 
 def ref_ds_softmax(head, g):
@@ -178,6 +188,8 @@ def _softmax_like(head, weight, bias):
             weight=weight,
             bias=bias,
             use_bias=bias is not None,
+            logit_scale=head.config.logit_scale,
+            logit_softcap=head.config.logit_softcap,
         )
         .to(weight.dtype)
         .eval()
@@ -288,6 +300,14 @@ class HeadCase:
         self.id = self.id or self.name
 
 
+#: a Mixtape started as the softmax it is built from (identity contexts)
+MIXTAPE_IDENTITY = {
+    "num_gates": 4,
+    "frequent_fraction": 0.5,
+    "gate_embedding_size": 3,
+    "context_activation": "identity",
+    "identity_init": True,
+}
 HEAD_CASES = [
     HeadCase("softmax", {}, ref_softmax),
     HeadCase("softmax", {"use_bias": False}, ref_softmax, id="softmax-nobias"),
@@ -334,19 +354,7 @@ HEAD_CASES = [
         degenerate_identity_start,
         id="mos-identity-start",
     ),
-    HeadCase(
-        "mixtape",
-        {
-            "num_gates": 4,
-            "frequent_fraction": 0.5,
-            "gate_embedding_size": 3,
-            "context_activation": "identity",
-            "identity_init": True,
-        },
-        ref_mixtape,
-        degenerate_identity_start,
-        id="mixtape-identity-start",
-    ),
+    HeadCase("mixtape", MIXTAPE_IDENTITY, ref_mixtape, degenerate_identity_start, id="mixtape-identity-start"),
     HeadCase("plif", {"num_knots": 16, "knot_range": 2.0}, ref_plif, degenerate_plif),
     HeadCase(
         "mos_plif",
@@ -427,6 +435,36 @@ HEAD_CASES = [
     # the bandit serves topk only; with d <= initial_pulls it reads every coordinate, so topk is exact here
     # (tests/test_fast_heads.py checks the sampling itself at larger d)
     HeadCase("adaptive_sampling", {}, ref_softmax),
+    # a fixed scale / soft-cap of the logits before the softmax(es), as swap_head moves it from a model (Gemma 2's cap,
+    # Cohere's scale): on each component's logits (MoS), on the gated logits (Mixtape), before PLIF's f
+    HeadCase("softmax", {"logit_scale": 1.3, "logit_softcap": 1.5}, ref_softmax, id="softmax-capped"),
+    HeadCase("softmax", {"logit_scale": 0.25}, ref_softmax, id="softmax-scaled"),
+    HeadCase("sigsoftmax", {"logit_softcap": 1.5}, ref_sigsoftmax, id="sigsoftmax-capped"),
+    HeadCase(
+        "plif", {"num_knots": 16, "knot_range": 2.0, "logit_softcap": 1.5}, ref_plif, degenerate_plif, id="plif-capped"
+    ),
+    HeadCase(
+        "mos",
+        {"num_components": 3, "context_activation": "identity", "identity_init": True, "logit_softcap": 1.5},
+        ref_mos,
+        degenerate_identity_start,
+        id="mos-capped-identity-start",
+    ),
+    HeadCase(
+        "mos_plif",
+        {"num_components": 2, "num_knots": 16, "knot_range": 2.0, "logit_scale": 0.7, "logit_softcap": 1.5},
+        ref_mos_plif,
+        degenerate_mos,
+        {"num_components": 1},
+        id="mos_plif-capped",
+    ),
+    HeadCase(
+        "mixtape",
+        {**MIXTAPE_IDENTITY, "logit_scale": 1.3, "logit_softcap": 1.5},
+        ref_mixtape,
+        degenerate_identity_start,
+        id="mixtape-capped-identity-start",
+    ),
 ]
 
 

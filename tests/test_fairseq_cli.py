@@ -455,7 +455,7 @@ def test_ds_softmax_pruning_state_survives_checkpoint_resume(data, tmp_path):
         (
             ["--output-head", "mos", "--head-options", '{"num_component": 2}'],
             "mos: unknown option(s) num_component (did you mean num_components?); allowed options: context_activation, "
-            "dropout, identity_init, num_components, use_bias\n",
+            "dropout, identity_init, logit_scale, logit_softcap, num_components, use_bias\n",
         ),  # hidden_size etc. come from the model: not listed
         (["--output-head", "mixtape", "--head-options", '{"num_gates": "4"}'], "num_gates='4' must be an integer"),
         (["--output-head", "mos", "--head-options", '{"vocab_size": 2}'], "must not set 'vocab_size'"),

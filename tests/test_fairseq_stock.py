@@ -434,8 +434,8 @@ TRAIN_HEAD = [
 
 def test_restore_file_and_finetune_from_model_on_the_command_line(data, stock, tmp_path):
     """fairseq-train into head_ARCH from a stock checkpoint: without --reset-optimizer one line, exit 2; with it (lr
-    0: the weights stay the start) the saved model validates as the stock one; --finetune-from-model trains and
-    lowers the valid loss."""
+    0: the weights stay the start), or from a checkpoint without an optimizer state, the saved model validates as the
+    stock one; --finetune-from-model trains and lowers the valid loss."""
     base = ["fairseq-train", data / "mt-bin", "--user-dir", PLUGIN, "--task", "translation", *TRAIN_HEAD]
     train = list(TRAIN)
     restore = ["--restore-file", stock["share-all"]]
@@ -448,6 +448,14 @@ def test_restore_file_and_finetune_from_model_on_the_command_line(data, stock, t
     assert "a stock checkpoint: the mixtape head starts from its output projection (tied" in out
     stock_loss = _validate_loss(data / "mt-bin", stock["share-all"], "translation")
     assert _validate_loss(data / "mt-bin", tmp_path / "b" / "checkpoint_last.pt", "translation") == stock_loss
+    # a released checkpoint without its optimizer state: fairseq restores none, so no --reset-optimizer is needed
+    released = torch.load(stock["share-all"], map_location="cpu", weights_only=False)
+    assert released.pop("last_optimizer_state", None) is not None
+    torch.save(released, tmp_path / "released.pt")
+    released_restore = ["--restore-file", tmp_path / "released.pt"]
+    out = cli(*base, *frozen, "--max-update", 1, "--save-dir", tmp_path / "d", *released_restore)
+    assert "a stock checkpoint: the mixtape head starts" in out
+    assert _validate_loss(data / "mt-bin", tmp_path / "d" / "checkpoint_last.pt", "translation") == stock_loss
     out = cli(
         *base, *train, "--max-update", 12, "--save-dir", tmp_path / "c", "--finetune-from-model", stock["share-all"]
     )

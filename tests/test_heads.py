@@ -274,3 +274,32 @@ def test_memory_lean_loss_without_anything_to_differentiate_is_the_plain_nll():
     loss = head.loss(hidden, target)
     assert not loss.requires_grad
     torch.testing.assert_close(loss, F.nll_loss(head(hidden), target))
+
+
+@pytest.mark.parametrize("name", ["ds_softmax", "svd_softmax", "adaptive_sampling", "class_softmax", "d_softmax"])
+def test_a_head_that_does_not_apply_a_logit_map_refuses_one(name):
+    """The fast heads' inference paths skip logits (experts, previews, sampling, classes): a fixed scale or soft-cap
+    would be dropped there, so they refuse it in one line naming the option and the heads that apply one."""
+    for option, value in (("logit_softcap", 30.0), ("logit_scale", 0.5)):
+        with pytest.raises(ValueError, match=rf"^{name}: option {option}={value} is out of range; .*mixtape, mos") as e:
+            hf_heads.build_head(name, hidden_size=HIDDEN, vocab_size=VOCAB, **{option: value})
+        assert "\n" not in str(e.value)
+    hf_heads.build_head(name, hidden_size=HIDDEN, vocab_size=VOCAB, logit_scale=1.0, logit_softcap=None)
+
+
+@pytest.mark.parametrize("option, value", [("logit_scale", 0.0), ("logit_scale", -1.0), ("logit_softcap", 0.0)])
+def test_logit_map_options_name_their_range(option, value):
+    with pytest.raises(ValueError, match=rf"^softmax: option {option}={value} is out of range; allowed: a number in"):
+        hf_heads.build_head("softmax", hidden_size=HIDDEN, vocab_size=VOCAB, **{option: value})
+
+
+@pytest.mark.parametrize("name", ["plif", "mos_plif"])
+def test_plif_warns_when_its_knots_do_not_cover_the_capped_logits(name):
+    sizes = {"hidden_size": HIDDEN, "vocab_size": VOCAB, "num_knots": 8, "logit_softcap": 30.0}
+    with pytest.warns(UserWarning, match=rf"^{name}: knot_range=20.0 is below logit_softcap=30.0"):
+        hf_heads.build_head(name, **sizes)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hf_heads.build_head(name, knot_range=30.0, **sizes)

@@ -18,7 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers not installed: run `make install`")
 
 import hf_heads  # noqa: E402
-from hf_heads.hf import modeling  # noqa: E402
+from hf_heads.hf import modeling, output_layer  # noqa: E402
 from hf_heads.hf.lean_forward import is_seq2seq  # noqa: E402
 from hf_families import NEEDS_DECODER_INPUTS, VOCAB, all_families, embedding_size, tiny_model  # noqa: E402
 
@@ -100,7 +100,7 @@ def batch(model, kind: str) -> dict:
         labels = ids.clone()
         labels[1, -2:] = -100
     else:  # (FSMT's decoder inputs overwrite -100 in the labels: seq2seq labels here have none)
-        labels = torch.randint(3, min(VOCAB, modeling.output_layer(model).weight.shape[0]), (2, 5), generator=g)
+        labels = torch.randint(3, min(VOCAB, output_layer.output_layer(model).weight.shape[0]), (2, 5), generator=g)
         if model.config.model_type in NEEDS_DECODER_INPUTS:
             start = torch.full_like(labels[:, :1], model.config.decoder_start_token_id)
             return {"input_ids": ids, "labels": labels, "decoder_input_ids": torch.cat([start, labels[:, :-1]], 1)}
@@ -141,9 +141,10 @@ def scores(model, b: dict, lean=None) -> dict:
     return out
 
 
-def check_family(case: str, notes: list, lean_expected: bool = False) -> str:
-    """``"exact"`` or ``"refused"`` for family ``case`` (both heads give the same), asserting what each means (and,
-    with ``lean_expected``, that training ran the lean loss); what could not be compared goes to ``notes``."""
+def check_family(case: str, notes: list, lean_expected: bool = False, heads=HEADS) -> str:
+    """``"exact"`` or ``"refused"`` for family ``case`` (every one of ``heads`` gives the same), asserting what each
+    means (and, with ``lean_expected``, that training ran the lean loss); what could not be compared goes to
+    ``notes``."""
     model, kind = tiny_model(case)
     if model is None:
         pytest.skip(kind)
@@ -153,7 +154,7 @@ def check_family(case: str, notes: list, lean_expected: bool = False) -> str:
     except Exception as e:  # noqa: BLE001 (the plain model itself: nothing to compare with)
         pytest.skip(f"{case}: the plain {type(model).__name__} fails on a tiny batch ({type(e).__name__}: {e})"[:300])
     outcomes = set()
-    for head in HEADS:
+    for head in heads:
         swapped = copy.deepcopy(model)
         try:
             hf_heads.swap_head(swapped, head, start="pretrained")
@@ -262,7 +263,7 @@ def test_fsmt_trains_generates_saves_and_loads(tmp_path):
 def test_an_input_embedding_in_the_output_layer_place_is_refused(monkeypatch):
     """Without FSMT's entry in OUTPUT_LAYERS, its get_output_embeddings() is the decoder's input embedding: refused
     by the probe (it is called on token ids), in one line naming the class."""
-    monkeypatch.setattr(modeling, "OUTPUT_LAYERS", {})
+    monkeypatch.setattr(output_layer, "OUTPUT_LAYERS", {})
     with pytest.raises(
         ValueError,
         match=r"^swap_head: FSMTForConditionalGeneration calls its get_output_embeddings\(\) "
@@ -275,36 +276,168 @@ def test_an_input_embedding_in_the_output_layer_place_is_refused(monkeypatch):
 # -- the probe ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "case, hint",
-    [
-        ("gemma2", r"a soft-cap\? \|returned logits\| <= 27\.9"),
-        ("cohere", r"a scalar scale: returned logits = 0\.0625 x"),
-        ("granite_logits_scaling", r"a scalar scale: returned logits = 0\.125 x"),
-    ],
-)
-def test_a_transform_after_the_output_layer_is_refused_naming_it(case, hint):
+#: the families whose config scales or soft-caps the logits after lm_head (variants: hf_families.VARIANTS): the field
+#: that swap_head switches off, its neutral value, and the head options that take its place
+MAPPED = {
+    "gemma2": ("final_logit_softcapping", None, {"logit_softcap": 30.0}),
+    "vaultgemma": ("final_logit_softcapping", None, {"logit_softcap": 30.0}),
+    "t5gemma": ("final_logit_softcapping", None, {"logit_softcap": 30.0}),
+    "cohere": ("logit_scale", 1.0, {"logit_scale": 0.0625}),
+    "cohere2": ("logit_scale", 1.0, {"logit_scale": 0.0625}),
+    "granite_logits_scaling": ("logits_scaling", 1.0, {"logit_scale": 0.125}),
+    "falcon_h1_lm_head_multiplier": ("lm_head_multiplier", 1.0, {"logit_scale": 0.5}),
+}
+
+
+def _holders(model, field):
+    """The configs (and nested configs) and modules of ``model`` that have ``field``."""
+    return [c for c in output_layer._configs(model.config) if field in vars(c)] + [
+        m for m in model.modules() if field in vars(m)
+    ]
+
+
+@pytest.mark.parametrize("case", sorted(MAPPED))
+@pytest.mark.parametrize("head", ["softmax", "plif", "mos_plif"])
+def test_a_scaled_or_capped_family_is_exact_with_every_head_that_applies_the_map(case, head):
+    """The heads with an exact start besides MoS and Mixtape (check_family's), on the families whose logits are
+    scaled or soft-capped after lm_head: exact (normalised log-probs, losses lean and not, beam scores)."""
+    notes = []
+    assert check_family(case, notes, lean_expected=True, heads=(head,)) == "exact"
+
+
+@pytest.mark.parametrize("case", sorted(MAPPED))
+def test_swap_head_moves_the_map_into_the_head_and_switches_the_models_copy_off(case):
+    field, neutral, options = MAPPED[case]
     model, _ = tiny_model(case)
-    model.train()
+    holders = _holders(model, field)
+    assert holders and all(getattr(h, field) not in (None, 1.0) for h in holders)
+    hf_heads.swap_head(model, "mos", start="pretrained", num_components=2)
+    assert all(getattr(h, field) == neutral for h in _holders(model, field))  # the config, and copies (Cohere)
+    spec = model.config.output_head["options"]
+    assert {k: v for k, v in spec.items() if k.startswith("logit_")} == options
+    head = hf_heads.output_head(model)
+    assert {k: getattr(head.config, k) for k in options} == options
+
+
+@pytest.mark.parametrize("head", ["ds_softmax", "svd_softmax", "adaptive_sampling"])
+def test_a_head_that_cannot_apply_the_map_is_refused_and_the_model_left_as_it_was(head):
+    model, _ = tiny_model("gemma2")
     with pytest.raises(
         ValueError,
-        match=rf"^swap_head: {type(model).__name__} transforms the logits after its output "
-        rf"layer \(returned logits != the output layer's: max \|diff\| [0-9.]+; {hint}",
+        match=rf"^swap_head: Gemma2ForCausalLM applies final_logit_softcapping=30.0 to its logits after its output "
+        rf"layer, which moves into the head: {head}: option logit_softcap=30.0 is out of range",
+    ) as e:
+        hf_heads.swap_head(model, head)
+    assert "\n" not in str(e.value)
+    assert model.config.final_logit_softcapping == 30.0 and not isinstance(model, modeling.HeadModelMixin)
+
+
+def test_convert_head_keeps_the_map_in_the_new_head():
+    """A head model whose softmax head applies Gemma 2's cap, converted to MoS at its exact start: the cap stays with
+    the head (recorded in the config), step 0 unchanged; a head that cannot apply it is refused."""
+    model, kind = tiny_model("gemma2")
+    b = batch(model, kind)
+    hf_heads.swap_head(model, "softmax").eval()
+    with torch.no_grad():
+        before = model(input_ids=b["input_ids"]).logits
+    hf_heads.convert_head(model, "mos", start="pretrained", num_components=2)
+    assert model.config.output_head["options"]["logit_softcap"] == 30.0
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=b["input_ids"]).logits, before, atol=ATOL, rtol=0)
+    model, _ = tiny_model("gemma2")
+    hf_heads.swap_head(model, "softmax")
+    with pytest.raises(ValueError, match=r"^svd_softmax: option logit_softcap=30.0 is out of range"):
+        hf_heads.convert_head(model, "svd_softmax")
+
+
+@pytest.mark.parametrize("case", ["gemma2", "cohere"])
+def test_the_pretrained_head_of_an_upgrade_scores_what_the_model_computes(case):
+    """hf_heads.hf.upgrade.pretrained_head (the "before" of a head upgrade, over the states lm_head reads) applies the
+    model's cap or scale; the model is left as it was."""
+    from hf_heads.hf import upgrade
+
+    model, kind = tiny_model(case)
+    b = batch(model, kind)
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    with torch.no_grad():
+        expected = torch.log_softmax(model(input_ids=b["input_ids"]).logits, -1)
+    handle.remove()
+    head = upgrade.pretrained_head(model)
+    torch.testing.assert_close(head(seen[0]), expected, atol=ATOL, rtol=0)
+    field, _, options = MAPPED[case]
+    assert {k: getattr(head.config, k) for k in options} == options
+    assert getattr(model.config, field) not in (None, 1.0) and not isinstance(model, modeling.HeadModelMixin)
+
+
+def test_a_map_given_as_an_option_on_a_model_that_applies_its_own_is_refused():
+    model, _ = tiny_model("cohere")
+    with pytest.raises(ValueError, match=r"^swap_head: CohereForCausalLM applies logit_scale=0.0625 .*option "):
+        hf_heads.swap_head(model, "mos", logit_scale=0.0625)
+    assert model.logit_scale == model.config.logit_scale == 0.0625
+
+
+def test_a_transform_no_config_field_holds_is_refused_naming_it():
+    """A scale the model keeps only in a module (it would come back from the config on reload) or a transform that is
+    no scale or soft-cap: refused with what the probe saw, the model as it was."""
+    model, _ = tiny_model("cohere")
+    model.logit_scale = 0.3  # the module's copy, not the config's
+    with pytest.raises(
+        ValueError,
+        match=r"^swap_head: CohereForCausalLM transforms the logits after its output layer \(returned logits != the "
+        r"output layer's: max \|diff\| [0-9.]+; a scalar scale: returned logits = 0\.3 x",
     ):
         hf_heads.swap_head(model, "mos")
+    assert model.logit_scale == 0.3 and model.config.logit_scale == 0.0625
+
+    model, _ = tiny_model("gemma2")
+    model.config.final_logit_softcapping = 7.0
+    model.train()
+    forward = type(model).forward
+
+    def shifted(self, *args, **kwargs):  # a soft-cap plus a shift: no field explains it
+        out = forward(self, *args, **kwargs)
+        out.logits = out.logits + 1.0
+        return out
+
+    model.forward = shifted.__get__(model)
+    with pytest.raises(ValueError, match=r"^swap_head: Gemma2ForCausalLM transforms the logits after its output layer"):
+        hf_heads.swap_head(model, "mos")
+    assert model.config.final_logit_softcapping == 7.0
     assert model.training and all(m.training for m in model.modules())  # the probe restored the mode
-    assert not isinstance(model, modeling.HeadModelMixin)  # nothing changed
+
+
+def test_the_hypotheses_name_a_scale_a_cap_or_both_by_their_values():
+    """What the probe's returned logits are explained by, from the values the config's fields hold: a multiplier, a
+    divisor, a cap, a scale then a cap (two fields); names that speak of logits are tried first."""
+    made = output_layer._probe_values((1, 5, 96), torch.float32, "cpu").float()
+
+    def probe(got):
+        return output_layer.Probe("transforms", torch.zeros(1, 5, 32), made, got.float())
+
+    fields = {"num_hidden_layers": (2, []), "logit_multiplier": (0.5, []), "softcap": (30.0, []), "eps": (1e-6, [])}
+    scaled = output_layer._map_hypotheses(probe(0.5 * made), fields)
+    assert scaled == [
+        ({"logit_scale": 0.5}, [("logit_multiplier", 1.0)]),
+        ({"logit_scale": 0.5}, [("num_hidden_layers", 1.0)]),
+    ]
+    assert output_layer._map_hypotheses(probe(30 * torch.tanh(made / 30)), fields) == [
+        ({"logit_softcap": 30.0}, [("softcap", None)])
+    ]
+    both = output_layer._map_hypotheses(probe(30 * torch.tanh(0.5 * made / 30)), fields)
+    assert both[0] == ({"logit_scale": 0.5, "logit_softcap": 30.0}, [("softcap", None), ("logit_multiplier", 1.0)])
+    assert output_layer._map_hypotheses(probe(made + 1.0), fields) == []
 
 
 def test_the_probe_is_deterministic_and_leaves_the_model_as_it_was():
     model, _ = tiny_model("gpt2")
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    layer = modeling.output_layer(model)
+    layer = output_layer.output_layer(model)
     model.eval()
     model.transformer.h[0].train()  # a module in another mode than the model keeps it
     rng = torch.get_rng_state()
-    assert modeling.probe_output_layer(model, layer) is None
-    assert modeling.probe_output_layer(model, layer) is None
+    assert output_layer.probe_output_layer(model, layer) is None
+    assert output_layer.probe_output_layer(model, layer) is None
     assert torch.equal(torch.get_rng_state(), rng)
     assert not model.training and model.transformer.h[0].training and not model.transformer.h[1].training
     assert not layer._forward_hooks and all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
@@ -338,19 +471,44 @@ def test_an_output_layer_that_transforms_inside_itself_is_refused():
         hf_heads.swap_head(model, "mos")
 
 
-def test_a_new_model_from_a_head_config_is_probed_too():
+def test_a_new_model_from_a_head_config_takes_the_map_too():
     """``from_config(head_config(...))`` builds the model with weights: probed with the head in place, so a family
-    that transforms the logits after its output layer is refused there too, and one that does not builds."""
+    whose config soft-caps its logits has the cap moved into the head there too (the config records it), a head that
+    cannot apply it is refused, and a family that transforms nothing builds as it is."""
     from hf_families import tiny_config
 
+    model = transformers.AutoModelForCausalLM.from_config(hf_heads.head_config(tiny_config("gemma2"), "mos"))
+    assert model.config.final_logit_softcapping is None
+    assert model.config.output_head["options"] == {"logit_softcap": 30.0}
+    assert hf_heads.output_head(model).config.logit_softcap == 30.0
     with pytest.raises(
         ValueError,
-        match=r"^SoftmaxHeadsGemma2ForCausalLM: Gemma2ForCausalLM transforms the logits "
-        r"after its output layer .*a soft-cap\?",
+        match=r"^SoftmaxHeadsGemma2ForCausalLM: Gemma2ForCausalLM applies final_logit_softcapping=30.0 to its logits "
+        r"after its output layer, which moves into the head: ds_softmax: option logit_softcap=30.0",
     ):
-        transformers.AutoModelForCausalLM.from_config(hf_heads.head_config(tiny_config("gemma2"), "mos"))
+        transformers.AutoModelForCausalLM.from_config(hf_heads.head_config(tiny_config("gemma2"), "ds_softmax"))
     model = transformers.AutoModelForCausalLM.from_config(hf_heads.head_config(tiny_config("gemma"), "mos"))
     assert isinstance(hf_heads.output_head(model), hf_heads.OutputHead)
+
+
+@pytest.mark.parametrize("case", ["gemma", "gemma2", "falcon_h1_lm_head_multiplier"])
+def test_a_plain_checkpoint_loaded_with_a_head_config_starts_at_the_model(case, tmp_path):
+    """``from_pretrained(plain checkpoint, config=head_config(..., start="pretrained"))``: the head's weight loads from
+    lm_head.weight, its other parameters start as the head builds them (identity contexts, not transformers' random
+    init), and a map the model applies after lm_head moves into the head: step 0 is the plain model."""
+    plain, kind = tiny_model(case)
+    plain.save_pretrained(tmp_path)
+    b = batch(plain, kind)
+    with torch.no_grad():
+        expected = torch.log_softmax(plain(input_ids=b["input_ids"]).logits, -1)
+    config = hf_heads.head_config(plain.config, "mos", start="pretrained", num_components=2)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, config=config).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=b["input_ids"]).logits, expected, atol=ATOL, rtol=0)
+    head = hf_heads.output_head(model)
+    assert torch.equal(head.context_proj.weight, torch.eye(32).repeat(2, 1))
+    if case in MAPPED:
+        assert model.config.output_head["options"].items() >= MAPPED[case][2].items()
 
 
 def test_fsmt_lean_loss_needs_its_decoder_inputs():

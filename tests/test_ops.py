@@ -195,6 +195,41 @@ def test_sigsoftmax_backward_equals_autograd():
     torch.testing.assert_close(ops.sigsoftmax_backward(z.detach().clone(), grad.clone()), ref_z, **F64)
 
 
+@pytest.mark.parametrize("scale, softcap", [(1.0, None), (0.0625, None), (1.0, 30.0), (1.7, 2.5)])
+def test_logit_map_forward_backward_equals_autograd(scale, softcap):
+    """The fixed scale / soft-cap of the logits: ``c tanh(s z / c)`` written out, its autograd gradient, and the
+    lean loss's in-place pair (``back`` None for the identity); logits far past the cap saturate at +-c."""
+    g = _gen(5)
+    z = _leaf(6, 11, g=g, scale=20.0)
+    ref = scale * z if softcap is None else softcap * torch.tanh(scale * z / softcap)
+    grad = torch.randn(6, 11, generator=g, dtype=torch.float64)
+    (ref_z,) = torch.autograd.grad(ref, z, grad)
+    torch.testing.assert_close(ops.logit_map(z.detach(), scale, softcap), ref.detach(), **F64)
+    mapped, back = ops.logit_map_forward(z.detach().clone(), scale, softcap)
+    torch.testing.assert_close(mapped, ref.detach(), **F64)
+    if (scale, softcap) == (1.0, None):
+        assert back is None
+    else:
+        torch.testing.assert_close(back(grad.clone()), ref_z, **F64)
+    if softcap is not None:
+        assert 0.9 * softcap < mapped.abs().max() <= softcap
+
+
+def test_logit_map_composes_with_a_transform_after_it():
+    """``f(m(z))`` (PLIF's f, sigsoftmax's map after the cap): chain_backs runs f's backward, then m's."""
+    g = _gen(6)
+    z = _leaf(4, 9, g=g, scale=3.0)
+    ref = ops.sigsoftmax_scores(2.0 * torch.tanh(1.5 * z / 2.0))
+    grad = torch.randn(4, 9, generator=g, dtype=torch.float64)
+    (ref_z,) = torch.autograd.grad(ref, z, grad)
+    mapped, back = ops.logit_map_forward(z.detach().clone(), 1.5, 2.0)
+    scores = ops.sigsoftmax_scores(mapped)
+    both = ops.chain_backs(lambda gr: ops.sigsoftmax_backward(mapped, gr), back)
+    torch.testing.assert_close(scores, ref.detach(), **F64)
+    torch.testing.assert_close(both(grad.clone()), ref_z, **F64)
+    assert ops.chain_backs(None, back) is back and ops.chain_backs(back, None) is back
+
+
 def test_the_chunk_engine_knows_no_head():
     """lean.py holds the chunk loop: its functions take tensors, numbers and a chunk function, not a head."""
     for name, fn in inspect.getmembers(lean, inspect.isfunction):

@@ -8,6 +8,7 @@ checks it gives the same, saves it again and reloads that (hf_heads/hf/remote_co
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -29,6 +30,11 @@ HEADS = {
     "ds_softmax": {"num_experts": 4},
 }
 CASES = [("causal", name) for name in HEADS] + [("seq2seq", "mos"), ("seq2seq", "ds_softmax"), ("fsmt", "mixtape")]
+#: families that scale or soft-cap their logits after lm_head (tests/hf_families.py's tiny configs): swap_head moves
+#: the map into the head and switches the model's copy off, in the config the saved files load
+MAPPED = {"gemma2": ("final_logit_softcapping", None), "cohere": ("logit_scale", 1.0)}
+CASES += [("gemma2", "mos"), ("cohere", "mixtape")]
+CAUSAL = {"causal", *MAPPED}
 
 #: the start of a script for a fresh interpreter: from there on, softmax-heads cannot be imported
 WITHOUT_PACKAGE = textwrap.dedent("""
@@ -102,11 +108,15 @@ def base_config(kind):
 def save_case(folder, kind, name):
     """Save a seeded head model in ``folder`` with what it gives (``expected.pt``); returns its Auto class name."""
     torch.manual_seed(0)
-    auto = "AutoModelForCausalLM" if kind == "causal" else "AutoModelForSeq2SeqLM"
+    auto = "AutoModelForCausalLM" if kind in CAUSAL else "AutoModelForSeq2SeqLM"
     if kind == "fsmt":  # a plain model given a head by swap_head, started at it
         model = hf_heads.swap_head(
             transformers.FSMTForConditionalGeneration(base_config(kind)), name, start="pretrained", **HEADS[name]
         )
+    elif kind in MAPPED:
+        from hf_families import tiny_model
+
+        model = hf_heads.swap_head(tiny_model(kind)[0], name, start="pretrained", **HEADS[name])
     else:
         model = getattr(transformers, auto).from_config(hf_heads.head_config(base_config(kind), name, **HEADS[name]))
     with torch.no_grad():  # a trained-looking head: not all experts / gates alike
@@ -115,7 +125,7 @@ def save_case(folder, kind, name):
     model.eval().save_pretrained(folder)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, VOCAB, (2, 7), generator=g)
-    inputs = {"input_ids": ids} if kind == "causal" else {"input_ids": ids, "decoder_input_ids": ids[:, :5]}
+    inputs = {"input_ids": ids} if kind in CAUSAL else {"input_ids": ids, "decoder_input_ids": ids[:, :5]}
     prompt = ids[:1, :4]
     with torch.no_grad():
         expected = {
@@ -162,10 +172,22 @@ def test_loads_without_the_package_with_same_log_probs_and_generate(case, saved,
     config = json.load(open(os.path.join(folder, "config.json")))
     assert config["auto_map"] == {
         "AutoConfig": "configuration_softmax_heads."
-        + config["architectures"][0][: -len("LMHeadModel" if case[0] == "causal" else "ForConditionalGeneration")]
+        + re.sub("(LMHeadModel|ForCausalLM|ForConditionalGeneration)$", "", config["architectures"][0])
         + "Config",
         auto: "modeling_softmax_heads." + config["architectures"][0],
     }
+
+
+@pytest.mark.parametrize("kind", sorted(MAPPED))
+def test_a_moved_logit_map_is_saved_in_the_head_and_off_in_the_model(kind, saved):
+    """Gemma 2's soft-cap and Cohere's scale (copied into the model at __init__) are in the saved head spec and
+    switched off in the saved model config, so the files (loaded with and without the package) apply them once."""
+    folder, _ = saved[next(c for c in CASES if c[0] == kind)]
+    config = json.load(open(os.path.join(folder, "config.json")))
+    field, neutral = MAPPED[kind]
+    assert config[field] == neutral
+    moved = {k: v for k, v in config["output_head"]["options"].items() if k.startswith("logit_")}
+    assert moved == ({"logit_softcap": 30.0} if kind == "gemma2" else {"logit_scale": 0.0625})
 
 
 def test_saved_files_import_only_torch_transformers_and_the_standard_library(saved):

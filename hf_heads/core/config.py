@@ -78,6 +78,16 @@ class HeadConfig:
     )
     dropout: float = option(0.0, "dropout on the context vector(s) multiplied with the output embedding")
     use_bias: bool = option(True, "add an output bias b (V)")
+    logit_scale: float = option(
+        1.0,
+        "fixed factor s on the logits z = W h + b before the head's softmax(es): s z (a pretrained model's own scale "
+        "after its output layer, Cohere's logit_scale, Granite's 1 / logits_scaling, which swap_head moves here)",
+    )
+    logit_softcap: Optional[float] = option(
+        None,
+        "fixed soft-cap c on the (scaled) logits before the head's softmax(es): c tanh(s z / c) (Gemma 2's "
+        "final_logit_softcapping, which swap_head moves here); None: no cap",
+    )
 
     head_name = "head"  # class attribute, set per subclass for messages
 
@@ -90,6 +100,14 @@ class HeadConfig:
         check_int(n, "embedding_size", self.embedding_size, 1)
         check_float(n, "dropout", self.dropout, 0.0, 1.0, hi_open=True)
         check_bool(n, "use_bias", self.use_bias)
+        check_float(n, "logit_scale", self.logit_scale, 0.0, 1e6, lo_open=True)
+        if self.logit_softcap is not None:
+            check_float(n, "logit_softcap", self.logit_softcap, 0.0, 1e6, lo_open=True)
+
+    @property
+    def has_logit_map(self) -> bool:
+        """Whether ``logit_scale`` / ``logit_softcap`` change the logits (not scale 1 without a cap)."""
+        return self.logit_scale != 1.0 or self.logit_softcap is not None
 
     def to_dict(self) -> Dict[str, Any]:
         """The options as a JSON-serialisable dict (what ``save_head`` writes)."""

@@ -24,6 +24,19 @@ from .interface import OutputHead
 from .registry import build_head, heads_where, start_options
 
 
+def carried_options(layer: nn.Module) -> dict:
+    """The options a head rebuilt from ``layer`` keeps unless given others: a head's dropout and its fixed map of the
+    logits (``logit_scale`` / ``logit_softcap``: part of what the model computes, which ``swap_head`` switched off in
+    the model); none for an ``nn.Linear``."""
+    if not isinstance(layer, OutputHead):
+        return {}
+    c = layer.config
+    kept = {"dropout": c.dropout}
+    if c.has_logit_map:
+        kept.update(logit_scale=c.logit_scale, logit_softcap=c.logit_softcap)
+    return kept
+
+
 def from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:
     """A head ``name`` started from a softmax-like head or an ``nn.Linear`` (same dtype and device)."""
     if isinstance(layer, OutputHead) and not layer.is_linear_softmax:
@@ -38,7 +51,7 @@ def from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:
         )
     w = layer.weight.detach()
     b = None if layer.bias is None else layer.bias.detach()
-    opts = {"dropout": layer.config.dropout, **options} if isinstance(layer, OutputHead) else dict(options)
+    opts = {**carried_options(layer), **options}
     head = build_head(
         name, hidden_size=w.shape[1], vocab_size=w.shape[0], weight=w, bias=b, use_bias=b is not None, **opts
     )

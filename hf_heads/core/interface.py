@@ -16,7 +16,7 @@ downstream (fairseq criterion, HF model wrapper, recipes, tests) special-cases a
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Optional, Tuple, Type
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +88,10 @@ class OutputHead(VocabularyMixin, nn.Module):
     pretrained_start: Optional[Dict[str, Any]] = {}
     #: how the head's start from a projection differs from the model (None start), or what "exact" leaves out
     pretrained_start_gap: str = ""
+    #: whether the head applies the shared options ``logit_scale`` / ``logit_softcap`` (a fixed map of the logits before
+    #: its softmaxes, :mod:`hf_heads.core.ops.logit_map`) on every path; a head that does not (the fast heads, whose
+    #: inference skips logits) refuses any but the identity
+    applies_logit_map = False
     #: ``{spec version: {option: the default it had then}}`` for the defaults this head changed after that version
     #: (core/config.py's SPEC_VERSION; read by :func:`~hf_heads.core.registry.versioned_options`)
     legacy_defaults: Dict[int, Dict[str, Any]] = {}
@@ -100,6 +104,15 @@ class OutputHead(VocabularyMixin, nn.Module):
             raise ValueError(
                 f"{cls.head_name}: option embedding_size={config.embedding_size!r} is out of range; allowed: "
                 f"equal to hidden_size={config.hidden_size} (this head multiplies g itself with W)"
+            )
+        if config.has_logit_map and not cls.applies_logit_map:
+            name, value = ("logit_softcap", config.logit_softcap)
+            if config.logit_softcap is None:
+                name, value = ("logit_scale", config.logit_scale)
+            raise ValueError(
+                f"{cls.head_name}: option {name}={value!r} is out of range; allowed: logit_scale=1 and "
+                f"logit_softcap=None (this head does not apply a fixed map of the logits; the heads that do: "
+                f"{', '.join(h.head_name for h in _logit_map_heads())})"
             )
         return config
 
@@ -267,7 +280,8 @@ class OutputHead(VocabularyMixin, nn.Module):
         """Tokens per chunk of the memory-lean training loss (:func:`hf_heads.core.lean.chunk_tokens` for this head's
         vocabulary, ``lean_width``, ``lean_rows`` and device)."""
         device = next(self.parameters()).device
-        return lean.chunk_tokens(self.config.vocab_size, self.lean_width, self.lean_rows, device)
+        width = self.lean_width + self.lean_rows * (self.config.logit_softcap is not None)  # + the cap's tanh
+        return lean.chunk_tokens(self.config.vocab_size, width, self.lean_rows, device)
 
     def lean_nll_chunk(
         self,
@@ -339,6 +353,21 @@ class OutputHead(VocabularyMixin, nn.Module):
         bias = None if self.bias is None else grads.get(self.bias)
         return {"grad_weight": grads.get(self.weight), "grad_bias": bias, "product_dtype": self.lean_product_dtype}
 
+    def logit_map(self, logits: torch.Tensor) -> torch.Tensor:
+        """The options' fixed map of the logits, ``c tanh(s z / c)`` (``s z`` without a cap; ``logits`` itself for
+        the identity), under autograd."""
+        c = self.config
+        return ops.logit_map(logits, c.logit_scale, c.logit_softcap)
+
+    def lean_logit_map(self, logits: torch.Tensor, then: Optional[Callable] = None):
+        """``(then(m(logits)), back)`` for the lean loss, m the options' fixed map (made in place in ``logits``) and
+        ``then`` an elementwise transform after it returning ``(scores, back)`` (PLIF's f, sigsoftmax's map; None: the
+        identity): :func:`hf_heads.core.ops.softmax_rows`'s ``transform``."""
+        c = self.config
+        mapped, back = ops.logit_map_forward(logits, c.logit_scale, c.logit_softcap)
+        scores, inner = (mapped, None) if then is None else then(mapped)
+        return scores, ops.chain_backs(inner, back)
+
     def _output_logits(self, context: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
         """float32 ``context @ W[rows]^T + b[rows]`` (autocast off, so the math stays fp32)."""
         b = None if self.bias is None else self.bias[rows]
@@ -373,8 +402,11 @@ class SingleSoftmaxHead(OutputHead):
 
 
 class LinearScoresHead(SingleSoftmaxHead):
-    """A single softmax over ``f(W dropout(g) + b)``, f elementwise (:meth:`score_transform`): softmax
-    (identity), sigsoftmax, PLIF. Their memory-lean loss runs the V-wide part by hand."""
+    """A single softmax over ``f(m(W dropout(g) + b))``, f elementwise (:meth:`score_transform`): softmax
+    (identity), sigsoftmax, PLIF; m the options' fixed map (:meth:`OutputHead.logit_map`, the identity by default).
+    Their memory-lean loss runs the V-wide part by hand."""
+
+    applies_logit_map = True
 
     def score_transform(self, logits: torch.Tensor) -> torch.Tensor:
         """f, elementwise on the float32 logits (identity here)."""
@@ -387,7 +419,7 @@ class LinearScoresHead(SingleSoftmaxHead):
         return logits, None
 
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.score_transform(self._output_logits(self.dropout(hidden)))
+        return self.score_transform(self.logit_map(self._output_logits(self.dropout(hidden))))
 
     def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0):
         with torch.enable_grad():
@@ -398,7 +430,18 @@ class LinearScoresHead(SingleSoftmaxHead):
             x.detach()[:, None],
             target,
             **self._output_grads(grads),
-            transform=lambda z: self.lean_score_transform(z, grads),
+            transform=lambda z: self.lean_logit_map(z, lambda y: self.lean_score_transform(y, grads)),
             label_smoothing=label_smoothing,
         )
         return loss.sum(), nll.sum(), lean.backprop([x], [grad_x[:, 0]], hidden, grads)
+
+
+def _logit_map_heads() -> list:
+    """The registered head classes that apply ``logit_scale`` / ``logit_softcap`` (for messages)."""
+    found, todo = [], list(OutputHead.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.applies_logit_map and cls.head_name != OutputHead.head_name and cls not in found:
+            found.append(cls)
+    return sorted(found, key=lambda c: c.head_name)

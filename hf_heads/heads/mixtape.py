@@ -99,6 +99,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
 
     config_class = MixtapeConfig
     paper = "Yang et al. 2019, Mixtape: breaking the softmax bottleneck efficiently"
+    applies_logit_map = True  # on the gated logits, before the one softmax
     uses_frequency_order = True  # the S most frequent ids (frequency_order[:S]) have their own gates
     optional_state_keys = ("scaled_form",)  # the form of the projections, kept with the weights since spec version 2
     legacy_defaults = {1: {"scaled_input": LEGACY_SCALED}}  # version 2 made torch's nn.Linear form the default
@@ -231,7 +232,12 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         return ctx, shared, gate_ctx, torch.einsum("nk,nkd->nd", shared_prior, ctx)
 
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 Mixtape logits ``z`` ``[N, V]`` (one softmax of these gives the distribution)."""
+        """float32 scores ``m(z)`` ``[N, V]``: the gated logits under the options' fixed map (one softmax of these
+        gives the distribution)."""
+        return self.logit_map(self._gated_logits(hidden))
+
+    def _gated_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 Mixtape logits ``z`` ``[N, V]``."""
         c = self.config
         s = c.num_frequent
         ctx, shared, gate_ctx, mixed = self._gate_inputs(hidden)
@@ -284,6 +290,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             **self._output_grads(grads),
             prefix=freq,
             prefix_ids=self.frequent_ids(),
+            transform=self.lean_logit_map,
             label_smoothing=label_smoothing,
         )
         outputs, grad_outputs = [mixed], [grad_mixed[:, 0]]

@@ -38,6 +38,7 @@ class MoSHead(ContextHead):
 
     config_class = MoSConfig
     paper = "Yang et al. 2018, Breaking the softmax bottleneck"
+    applies_logit_map = True  # on every component's logits, before its softmax
 
     def __init__(self, config: MoSConfig):
         super().__init__(config)
@@ -50,12 +51,17 @@ class MoSHead(ContextHead):
             self.init_contexts_as_identity()
 
     def component_scores(self, logits: torch.Tensor) -> torch.Tensor:
-        """Per-component score transform before the softmax (identity; MoS-PLIF deforms it)."""
+        """Per-component score transform before the softmax, after the options' fixed map (identity; MoS-PLIF
+        deforms it)."""
         return logits
 
     def lean_component_scores(self, logits: torch.Tensor, grads):
         """``(component_scores(logits), back)`` for the lean loss (see ``LinearScoresHead.lean_score_transform``)."""
         return logits, None
+
+    def _component_scores(self, context: torch.Tensor) -> torch.Tensor:
+        """A component's pre-softmax scores ``f(m(W h_k + b))`` for its contexts ``[N, d]``."""
+        return self.component_scores(self.logit_map(self._output_logits(context)))
 
     def _contexts_and_log_priors(self, hidden: torch.Tensor):
         log_prior = torch.log_softmax(functional.linear_full_precision(hidden, self.prior_proj.weight), dim=-1)
@@ -64,7 +70,7 @@ class MoSHead(ContextHead):
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx, log_prior = self._contexts_and_log_priors(hidden)
         parts = [
-            torch.log_softmax(self.component_scores(self._output_logits(ctx[:, k])), dim=-1) + log_prior[:, k, None]
+            torch.log_softmax(self._component_scores(ctx[:, k]), dim=-1) + log_prior[:, k, None]
             for k in range(self.config.num_components)
         ]
         return torch.logsumexp(torch.stack(parts, dim=1), dim=1)
@@ -73,7 +79,7 @@ class MoSHead(ContextHead):
         ctx, log_prior = self._contexts_and_log_priors(hidden)
         parts = []
         for k in range(self.config.num_components):
-            s = self.component_scores(self._output_logits(ctx[:, k]))
+            s = self._component_scores(ctx[:, k])
             parts.append(s.gather(1, target[:, None]).squeeze(1) - torch.logsumexp(s, dim=-1))
         return -torch.logsumexp(torch.stack(parts, dim=1) + log_prior, dim=1)
 
@@ -89,6 +95,6 @@ class MoSHead(ContextHead):
             target,
             **self._output_grads(grads),
             log_prior=log_prior.detach(),
-            transform=lambda z: self.lean_component_scores(z, grads),
+            transform=lambda z: self.lean_logit_map(z, lambda y: self.lean_component_scores(y, grads)),
         )
         return loss.sum(), nll.sum(), lean.backprop([ctx, log_prior], [grad_ctx, grad_prior], hidden, grads)

@@ -4,6 +4,7 @@ non-linearities"): ``softmax(f(z))`` with a learnt monotone piecewise-linear ``f
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +29,14 @@ class PLIFConfig(HeadConfig):
         super().__post_init__()
         check_int(self.head_name, "num_knots", self.num_knots, 1, 10_000_000)
         check_float(self.head_name, "knot_range", self.knot_range, 0.0, 1e6, lo_open=True)
+        if self.logit_softcap is not None and self.knot_range < self.logit_softcap:
+            warnings.warn(
+                f"{self.head_name}: knot_range={self.knot_range} is below logit_softcap={self.logit_softcap}: f's "
+                f"pieces cover [-{self.knot_range}, {self.knot_range}] (beyond, f goes on with its end slopes), while "
+                f"the capped logits f takes span (-{self.logit_softcap}, {self.logit_softcap}); give knot_range >= "
+                f"{self.logit_softcap}",
+                stacklevel=3,
+            )
 
 
 class PiecewiseLinearIncreasing(nn.Module):
@@ -72,7 +81,8 @@ class PiecewiseLinearIncreasing(nn.Module):
 
 @register_head("plif")
 class PLIFHead(LinearScoresHead):
-    """``log p = log_softmax(f(W dropout(g) + b))`` with ``f`` a :class:`PiecewiseLinearIncreasing`.
+    """``log p = log_softmax(f(m(W dropout(g) + b)))`` with ``f`` a :class:`PiecewiseLinearIncreasing` and m the
+    options' fixed map (``f(cap(s z))``; the identity by default).
 
     O(1) lookup per logit for any number of knots; backward keeps only the logits.
     """

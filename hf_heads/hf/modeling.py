@@ -7,33 +7,27 @@ import inspect
 import os
 import re
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..core import OutputHead, build_head, start_options
 from .config import head_config_class, head_spec, spec_options, without_model_sizes
 from . import liger, remote_code, trl
 from .lean_forward import decoder_inputs_from_labels, is_seq2seq, lean_forward
+from .output_layer import (
+    AbsorbedMap,
+    Probe,
+    absorb_logit_map,
+    output_layer,
+    output_layer_path,
+    run_probe,
+)
 from .peft import running_head
 from .resize import resize_token_embeddings
 
 _MODEL_CLASSES: Dict[type, type] = {}
-#: model classes whose ``get_output_embeddings()`` is not the layer that makes the logits: the path of that layer
-#: (FSMT returns the decoder's input embedding, which is not tied to its ``output_projection``); a head model of
-#: such a class reads and sets its head there (a subclass of one of these classes too)
-OUTPUT_LAYERS: Dict[str, str] = {"FSMTForConditionalGeneration": "model.decoder.output_projection"}
-
-
-def output_layer_path(model_class: type) -> Optional[str]:
-    """The path of the output layer of ``model_class`` where :data:`OUTPUT_LAYERS` knows it, else None (the
-    layer is ``get_output_embeddings()``)."""
-    for cls in model_class.__mro__:
-        if cls.__name__ in OUTPUT_LAYERS:
-            return OUTPUT_LAYERS[cls.__name__]
-    return None
 
 
 def set_layer_sizes(head: OutputHead) -> OutputHead:
@@ -51,13 +45,6 @@ def causal_loss_shifts(model_class: type) -> bool:
         return "self.loss_function(" in inspect.getsource(model_class.forward)
     except (OSError, TypeError):
         return False
-
-
-def output_layer(model) -> Optional[nn.Module]:
-    """The module that makes ``model``'s logits: the one :data:`OUTPUT_LAYERS` names, else
-    ``get_output_embeddings()``."""
-    path = output_layer_path(type(model))
-    return model.get_submodule(path) if path else model.get_output_embeddings()
 
 
 class HeadModelMixin:
@@ -87,21 +74,41 @@ class HeadModelMixin:
             self.tie_weights()
         self._probe_new_model()
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' ``from_pretrained``, then the check of a new model (:meth:`_probe_new_model`) on the loaded
+        one: a plain checkpoint loaded with a head config (``config=head_config(...)``) may scale or soft-cap its
+        logits after its output layer, which the head then takes over (the model builds on the meta device, where
+        nothing can be checked)."""
+        loaded = super().from_pretrained(*args, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded)._probe_new_model()
+        return loaded
+
     def _probe_new_model(self) -> None:
-        """A model built with its weights (``from_config``; not ``from_pretrained``, which builds on the meta device
-        a model saved after this check): refused where it transforms the logits after its output layer, which the
-        head's log-probs would get (:func:`probe_output_layer`: e.g. ``head_config(Gemma2Config(...), "mos")``). A
-        model that cannot run here (partitioned weights) is not checked."""
+        """A model with its weights (``from_config``, and ``from_pretrained`` after loading): where it scales or
+        soft-caps the logits after its output layer by a field of its config (``head_config(Gemma2Config(...),
+        "mos")``), the model's copy is switched off and the head applies it (:func:`absorb_logit_map`; the config's
+        ``output_head`` records it); any other transform after the layer, which the head's log-probs would get
+        (:func:`probe_output_layer`), is refused. A model that cannot run here (partitioned weights) is not
+        checked."""
         head = self.get_output_embeddings()
         first = next(head.parameters(), None)
         if first is None or first.device.type == "meta" or first.numel() == 0:
             return
-        problem = probe_output_layer(self, head, layer_checks=False)
-        if problem is not None and not problem.startswith("could not be probed"):
-            raise ValueError(
-                f"{type(self).__name__}: {self._head_base_class.__name__} {problem}; a head there would get its "
-                f"log-probs changed, so it is refused (docs/huggingface.md lists the families that take a head)"
-            )
+        probe = run_probe(self, head, layer_checks=False)
+        if probe.problem is not None and probe.problem.startswith("could not be probed"):
+            return
+        spec = self.config.output_head
+        where = f"{type(self).__name__}: {self._head_base_class.__name__}"
+        absorbed = _absorbed_map(self, head, probe, spec.get("options", {}), where)
+        if absorbed is None:
+            return
+        try:
+            head.config = head.check_config(type(head.config)(**{**head.config.to_dict(), **absorbed.options}))
+        except ValueError as e:
+            absorbed.undo()
+            raise ValueError(f"{where} {absorbed.sentence()}: {e}") from None
+        self.config.output_head = {**spec, "options": {**spec.get("options", {}), **absorbed.options}}
 
     def __setattr__(self, name, value):
         # TRL's trainers and Liger replace model.forward by a fused LM head that never runs the head: keep ours, which
@@ -157,12 +164,29 @@ class HeadModelMixin:
             super().set_output_embeddings(new_embeddings)
 
     def _init_weights(self, module):
-        """transformers' initialisation of what ``from_pretrained`` did not load, plus the head's optional state
-        (:attr:`OutputHead.optional_state_keys`): transformers loads without the head's load hook, so the head sets
-        them from its config (whose spec version gives an older model its default of then)."""
+        """transformers' initialisation of what ``from_pretrained`` did not load, except in the head: what a
+        checkpoint lacks of the head (all but ``weight`` and ``bias`` of a plain model's, loaded with a head config)
+        starts as the head's constructor starts it, so a head config's exact start (``start="pretrained"``: identity
+        contexts) holds on a loaded model too, where transformers' init would draw them at random; the head's optional
+        state (:attr:`OutputHead.optional_state_keys`), which transformers loads without the head's load hook, as its
+        config says (whose spec version gives an older model its default of then)."""
+        head = running_head(self.get_output_embeddings()) if _loads_flag_tensors() else None
+        if head is not None and module is not head and any(module is m for m in head.modules()):
+            return  # a part of the head: started with the head, below
         if isinstance(module, OutputHead):
-            module.init_optional_state()
+            if head is not None:
+                _start_missing(module)
+            else:  # (transformers 4: no record of what loaded; the head's parts get transformers' init)
+                module.init_optional_state()
         super()._init_weights(module)
+
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        """What transformers answers for the base class: a head model class is made outside transformers, but its
+        weights start as the base class's (and the head's, which checks what was loaded); as custom code, loading
+        would skip the ``_init_weights`` of modules whose own weights all loaded, leaving buffers the base class
+        computes there unset (Falcon-H1's ``mup_vector``: NaN logits)."""
+        return cls._head_base_class.is_custom_code()
 
     def _get_name(self) -> str:
         # the name transformers' Trainer looks up to know a causal LM (it shifts the labels for label smoothing); it
@@ -323,126 +347,6 @@ def _output_bias(model, old: nn.Module) -> Tuple[torch.Tensor, bool]:
     return bias, used
 
 
-def _probe_values(shape, dtype, device) -> torch.Tensor:
-    """What the probe's output layer returns instead of its own output: a fixed pattern of logits over
-    ``[-50, 50]`` in steps of 0.5 (exact in float32 and bf16), wide enough that a soft-cap or a scale shows."""
-    n = 1
-    for size in shape:
-        n *= size
-    values = (torch.arange(n, device=device) * 37 % 201 - 100).to(torch.float32) * 0.5
-    return values.view(shape).to(dtype)
-
-
-def _probe_inputs(model, vocab_size: int, device) -> Dict[str, torch.Tensor]:
-    """A tiny fixed input for one forward of ``model``: 5 token ids (and 3 decoder ids for a seq2seq model)."""
-    sizes = [vocab_size]
-    inputs = model.get_input_embeddings()
-    if isinstance(getattr(inputs, "num_embeddings", None), int):
-        sizes.append(inputs.num_embeddings)
-    ids = torch.tensor([[3, 5, 7, 4, 6]], device=device) % min(sizes)
-    kwargs = {"input_ids": ids}
-    if is_seq2seq(model):
-        kwargs["decoder_input_ids"] = ids[:, :3]
-    if "use_cache" in inspect.signature(model.forward).parameters:
-        kwargs["use_cache"] = False
-    return kwargs
-
-
-def _transform_hint(got: torch.Tensor, made: torch.Tensor) -> str:
-    """What the model seems to do to the output layer's logits ``made`` before returning ``got``."""
-    scale = (got * made).sum() / (made * made).sum()
-    if (got - scale * made).abs().max() <= 1e-4 * (1 + made.abs().max()):
-        return f"a scalar scale: returned logits = {scale.item():.6g} x the output layer's"
-    rows_made, rows_got = made.reshape(-1, made.shape[-1]), got.reshape(-1, got.shape[-1])
-    row_scale = (rows_got * rows_made).sum(-1, keepdim=True) / (rows_made * rows_made).sum(-1, keepdim=True)
-    if (rows_got - row_scale * rows_made).abs().max() <= 1e-4 * (1 + made.abs().max()):
-        return "a per-token scale"
-    if got.abs().max() < made.abs().max() and ((got * made) >= 0).all():
-        return f"a soft-cap? |returned logits| <= {got.abs().max().item():.4g}"
-    return "an unknown transform"
-
-
-@torch.no_grad()
-def probe_output_layer(model, layer: nn.Module, layer_checks: bool = True) -> Optional[str]:
-    """One forward of ``model`` (eval mode, no grad, a fixed 5-token input; each module's mode restored after)
-    with ``layer``'s output replaced by a fixed pattern of logits: None where the returned logits are that pattern
-    (plus ``final_logits_bias``, which :func:`swap_head` folds into the head's bias), else what differs, in words.
-    Catches an input embedding in the output layer's place (called on token ids, or not at all), a layer run more
-    than once, and any transform after the layer (a soft-cap, a scale), whatever config field holds it; with
-    ``layer_checks`` also a layer that is not ``hidden @ weight.T + bias`` (off where ``layer`` is the head)."""
-    calls: List[Optional[torch.Tensor]] = []
-    made: List[torch.Tensor] = []
-    linear: List[float] = []
-    weight = getattr(layer, "weight", None)  # (d_softmax has none: a head's sizes are its config's)
-    if isinstance(layer, OutputHead):
-        hidden_size, vocab_size = layer.config.hidden_size, layer.config.vocab_size
-    else:
-        hidden_size, vocab_size = weight.shape[-1], weight.shape[-2]
-    extra = sorted(name for name, _ in layer.named_parameters() if name not in ("weight", "bias"))
-    if layer_checks and extra and not isinstance(layer, nn.Embedding):
-        return (
-            f"has an output layer ({type(layer).__name__}) with parameters besides weight and bias "
-            f"({', '.join(extra)}): a transform of its logits that the head would drop"
-        )
-
-    def replace(module, args, kwargs, output):
-        hidden = args[0] if args else next(iter(kwargs.values()), None)
-        calls.append(hidden)
-        if torch.is_tensor(hidden) and hidden.is_floating_point() and torch.is_tensor(output):
-            if layer_checks and hidden.shape[-1] == hidden_size:  # what the head computes in its place: W g + b
-                bias = getattr(module, "bias", None)
-                diff = (output.float() - F.linear(hidden, weight, bias).float()).abs().max()
-                linear.append((diff / (1 + output.detach().float().abs().max())).item())  # relative to the logits
-            made.append(_probe_values(output.shape, output.dtype, output.device))
-            return made[-1]
-        return None
-
-    modes = [(m, m.training) for m in model.modules()]
-    handle = layer.register_forward_hook(replace, with_kwargs=True)
-    try:
-        model.eval()
-        out = model(**_probe_inputs(model, vocab_size, next(layer.parameters()).device))
-    except Exception as e:  # noqa: BLE001 (any failure: the model cannot be checked, so it is refused)
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        return f"could not be probed (one forward on 5 token ids failed: {type(e).__name__}: {first})"
-    finally:
-        handle.remove()
-        for m, mode in modes:
-            m.training = mode
-    if not calls:
-        return f"never ran its output layer ({type(layer).__name__}) in a forward"
-    if not made or not calls[0].is_floating_point():
-        return (
-            f"calls its get_output_embeddings() ({type(layer).__name__}) on token ids: an input embedding, not the "
-            f"layer that makes the logits (swap_head knows the output layer of {', '.join(sorted(OUTPUT_LAYERS))})"
-        )
-    if len(calls) != 1:
-        return f"runs its output layer {len(calls)} times in one forward"
-    if calls[0].shape[-1] != hidden_size or made[0].shape[-1] != vocab_size:
-        return f"feeds its output layer {tuple(calls[0].shape)} for a V x d of {vocab_size} x {hidden_size}"
-    if linear and linear[0] > max(1e-5, 4 * torch.finfo(made[0].dtype).eps):
-        return (
-            f"has an output layer ({type(layer).__name__}) that does not compute hidden @ weight.T + bias (relative "
-            f"max |diff| {linear[0]:.3g}): a transform inside it that the head would drop"
-        )
-    logits = out.get("logits") if isinstance(out, dict) else (out[0] if isinstance(out, tuple) else None)
-    if not torch.is_tensor(logits) or logits.shape != made[0].shape:
-        shape = tuple(logits.shape) if torch.is_tensor(logits) else type(logits).__name__
-        return f"returns logits of shape {shape}, not the output layer's {tuple(made[0].shape)}"
-    got, expected = logits.float(), made[0].float()
-    flb = getattr(model, "final_logits_bias", None)
-    if torch.is_tensor(flb):
-        got = got - flb.detach().float().reshape(-1)[: got.shape[-1]]
-    eps = max(1e-5, 4 * torch.finfo(made[0].dtype).eps)
-    diff = (got - expected).abs()
-    if (diff <= eps * (1 + expected.abs())).all():
-        return None
-    return (
-        f"transforms the logits after its output layer (returned logits != the output layer's: max |diff| "
-        f"{diff.max().item():.3g}; {_transform_hint(got, expected)})"
-    )
-
-
 def swap_head(
     model, name: str, *, start: Optional[str] = None, frequency_order=None, token_counts=None, **options
 ) -> nn.Module:
@@ -462,10 +366,14 @@ def swap_head(
     with a warning (:func:`hf_heads.start_options`). The config records the options, not the word.
 
     Before anything changes, one forward of the model on a tiny input checks that its output layer makes the
-    logits it returns (:func:`probe_output_layer`): a model that transforms them after the layer (a soft-cap, a
-    scale: Gemma 2, Cohere, ...), whose head would get that transform applied to its log-probs, or whose
-    ``get_output_embeddings()`` is an input embedding, is refused (``ValueError`` naming the class). A model on the
-    meta device cannot run a forward and is not probed.
+    logits it returns (:func:`probe_output_layer`). A model that scales or soft-caps them after the layer by a field
+    of its config (Gemma 2's ``final_logit_softcapping``, Cohere's ``logit_scale``, Granite's ``logits_scaling``, ...)
+    has that field switched off, in the live model and in its config, and the head applies the map instead, on every
+    path (its options ``logit_scale`` / ``logit_softcap``; MoS on each component's logits, Mixtape on its gated
+    logits, PLIF as ``f(cap(s z))``): :func:`absorb_logit_map`, which probes again to check. A model that
+    transforms its logits in any other way, whose head would get that transform applied to its log-probs, or whose
+    ``get_output_embeddings()`` is an input embedding, is refused (``ValueError`` naming the class), as is a head
+    that cannot apply a map (the fast heads). A model on the meta device cannot run a forward and is not probed.
 
     Heads that need token ids ordered by frequency (Mixtape's gate sharing, class_softmax, d_softmax) take the
     order of the model's vocabulary from ``token_counts`` (V counts in id order, e.g.
@@ -473,6 +381,54 @@ def swap_head(
     they assume ids are sorted already (fairseq dictionaries are; BPE vocabularies such as GPT-2's are not).
     The order is a buffer of the head, saved with its weights.
     """
+    old = _plain_output_projection(model)
+    weight = old.weight
+    options = without_model_sizes("swap_head", options, hidden_size=weight.shape[1], vocab_size=weight.shape[0])
+    options = start_options(name, start, options, where="swap_head: start")
+    model_class = head_model_class(type(model))  # (refuses a class Liger patched, before running it)
+    # a model on the meta device (built to count its parameters) computes nothing: no forward to probe
+    where = f"swap_head: {type(model).__name__}"
+    probe = None if weight.device.type == "meta" else run_probe(model, old)
+    absorbed = None if probe is None else _absorbed_map(model, old, probe, options, where)
+    if absorbed is not None:
+        options = {**options, **absorbed.options}
+    inputs = model.get_input_embeddings()
+    tied = inputs is not None and getattr(inputs, "weight", None) is weight
+    bias, use_bias = _output_bias(model, old)
+    try:
+        head = build_head(
+            name,
+            hidden_size=weight.shape[1],
+            vocab_size=weight.shape[0],
+            weight=weight.detach(),
+            bias=bias.to(weight.dtype) if use_bias else None,
+            use_bias=use_bias,
+            frequency_order=frequency_order,
+            token_counts=token_counts,
+            **options,
+        )
+    except ValueError as e:
+        if absorbed is None:
+            raise
+        absorbed.undo()
+        raise ValueError(f"{where} {absorbed.sentence()}: {e}") from None
+    head = head.to(device=weight.device, dtype=weight.dtype)
+    base_type = model.config.model_type
+    model.__class__ = model_class
+    model.config.__class__ = head_config_class(type(model.config))
+    model.config.base_model_type = base_type
+    model.config.output_head = head_spec(name, options, use_bias)
+    model.set_output_embeddings(head)
+    if tied and head.can_tie:
+        head.tie_weight(inputs)
+    model._forget_head_ties()  # a head that cannot be tied (DS-Softmax) starts from a copy instead
+    if torch.is_tensor(getattr(model, "final_logits_bias", None)):
+        model.final_logits_bias.zero_()  # folded into the head's bias: log-probs stay normalised
+    return model
+
+
+def _plain_output_projection(model) -> nn.Module:
+    """The ``V x d`` output layer of a transformers model that has no head yet, or ``ValueError`` saying why not."""
     from transformers import PreTrainedModel
 
     if not isinstance(model, PreTrainedModel):
@@ -489,43 +445,56 @@ def swap_head(
             f"swap_head: {type(model).__name__} has no output projection (get_output_embeddings() "
             f"returned {type(old).__name__}); supported: causal and seq2seq LMs with an lm_head"
         )
-    options = without_model_sizes("swap_head", options, hidden_size=weight.shape[1], vocab_size=weight.shape[0])
-    options = start_options(name, start, options, where="swap_head: start")
-    model_class = head_model_class(type(model))  # (refuses a class Liger patched, before running it)
-    # a model on the meta device (built to count its parameters) computes nothing: no forward to probe
-    problem = None if weight.device.type == "meta" else probe_output_layer(model, old)
-    if problem is not None:
+    return old
+
+
+@functools.lru_cache(maxsize=None)
+def _loads_flag_tensors() -> bool:
+    """Whether transformers marks each tensor ``from_pretrained`` loaded (``_is_hf_initialized``, transformers 5):
+    only then can the head tell what a checkpoint lacked."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0]) >= 5
+
+
+@torch.no_grad()
+def _start_missing(head: OutputHead) -> None:
+    """The parameters and buffers of ``head`` that ``from_pretrained`` did not load (no ``_is_hf_initialized`` flag)
+    set as a new head of its config starts them (built on the CPU, only where something is missing)."""
+    missing = [
+        (name, t)
+        for name, t in [*head.named_parameters(), *head.named_buffers()]
+        if not getattr(t, "_is_hf_initialized", False)
+    ]
+    if not missing:
+        return
+    fresh = type(head)(type(head.config)(**head.config.to_dict())).state_dict()
+    for name, t in missing:
+        if name in fresh and t.device.type != "meta":
+            t.copy_(fresh[name].to(dtype=t.dtype, device=t.device))
+
+
+def _absorbed_map(model, layer: nn.Module, probe: Probe, options: dict, where: str) -> Optional[AbsorbedMap]:
+    """None where ``probe`` found the model's logits to be its output layer's; where the model scales or soft-caps
+    them after it by a field of its config, that field switched off (:func:`absorb_logit_map`) and what the head
+    must apply instead; anything else refused in one line starting with ``where``, as is a map the user's
+    ``options`` set too."""
+    if probe.problem is None:
+        return None
+    absorbed = absorb_logit_map(model, layer, probe) if probe.transforms_logits else None
+    if absorbed is None:
         raise ValueError(
-            f"swap_head: {type(model).__name__} {problem}; a head there would get its log-probs changed, so it is "
-            f"refused (docs/huggingface.md lists the families swap_head supports)"
+            f"{where} {probe.problem}; a head there would get its log-probs changed, so it is refused "
+            f"(docs/huggingface.md lists the families that take a head)"
         )
-    inputs = model.get_input_embeddings()
-    tied = inputs is not None and getattr(inputs, "weight", None) is weight
-    bias, use_bias = _output_bias(model, old)
-    head = build_head(
-        name,
-        hidden_size=weight.shape[1],
-        vocab_size=weight.shape[0],
-        weight=weight.detach(),
-        bias=bias.to(weight.dtype) if use_bias else None,
-        use_bias=use_bias,
-        frequency_order=frequency_order,
-        token_counts=token_counts,
-        **options,
-    )
-    head = head.to(device=weight.device, dtype=weight.dtype)
-    base_type = model.config.model_type
-    model.__class__ = model_class
-    model.config.__class__ = head_config_class(type(model.config))
-    model.config.base_model_type = base_type
-    model.config.output_head = head_spec(name, options, use_bias)
-    model.set_output_embeddings(head)
-    if tied and head.can_tie:
-        head.tie_weight(inputs)
-    model._forget_head_ties()  # a head that cannot be tied (DS-Softmax) starts from a copy instead
-    if torch.is_tensor(getattr(model, "final_logits_bias", None)):
-        model.final_logits_bias.zero_()  # folded into the head's bias: log-probs stay normalised
-    return model
+    given = sorted(set(options) & {"logit_scale", "logit_softcap"})
+    if given:
+        absorbed.undo()
+        raise ValueError(
+            f"{where} {absorbed.sentence()}, and option {given[0]}={options[given[0]]!r} was given too: leave it out "
+            f"(the head applies the model's own)"
+        )
+    return absorbed
 
 
 def output_head(model) -> OutputHead:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..core import OutputHead, build_head
+from .output_layer import logit_map_options
 
 
 @dataclass
@@ -133,7 +134,9 @@ def nll_per_block(head: OutputHead, data: States, batch_tokens: int = 8192) -> t
 
 
 def pretrained_head(model) -> OutputHead:
-    """The model's own ``lm_head`` as a softmax head over the states it reads (its weight shared, not copied)."""
+    """The model's own ``lm_head`` as a softmax head over the states it reads (its weight shared, not copied), with the
+    scale or soft-cap the model applies after it (:func:`~hf_heads.hf.output_layer.logit_map_options`: Gemma 2's
+    cap), so it scores what the model does."""
     out = model.get_output_embeddings()
     bias = getattr(out, "bias", None)
     return build_head(
@@ -143,6 +146,7 @@ def pretrained_head(model) -> OutputHead:
         weight=out.weight.detach(),
         bias=None if bias is None else bias.detach(),
         use_bias=bias is not None,
+        **logit_map_options(model),
     ).to(out.weight.device)
 
 

@@ -1,9 +1,11 @@
 """The V-wide math of the heads with hand-written gradients, as functions of tensors (weights, biases, inputs,
 targets; no module): the softmax rows of the memory-lean loss (:mod:`.softmax_rows`), Mixtape's sigmoid tree
 (:mod:`.sigmoid_tree`), PLIF's piecewise-linear increasing map (:mod:`.plif`), sigsoftmax's score map
-(:mod:`.sigsoftmax`). Each forward has its backward beside it, tested against autograd in float64
-(tests/test_ops.py). The heads compose them; :mod:`hf_heads.core.lean` holds the chunk loop."""
+(:mod:`.sigsoftmax`), the fixed scale / soft-cap of a model's logits (:mod:`.logit_map`). Each forward has its
+backward beside it, tested against autograd in float64 (tests/test_ops.py). The heads compose them;
+:mod:`hf_heads.core.lean` holds the chunk loop."""
 
+from .logit_map import chain_backs, logit_map, logit_map_forward
 from .plif import (
     piecewise_linear_increasing,
     piecewise_linear_increasing_reference,
@@ -18,6 +20,9 @@ from .sigsoftmax import sigsoftmax_backward, sigsoftmax_scores
 from .softmax_rows import softmax_rows
 
 __all__ = [
+    "chain_backs",
+    "logit_map",
+    "logit_map_forward",
     "piecewise_linear_increasing",
     "piecewise_linear_increasing_reference",
     "plif_backward",
