@@ -149,20 +149,26 @@ def track_restores() -> None:
     reads has an optimizer state (a released checkpoint often has none: fairseq then restores none, and no
     ``--reset-optimizer`` is needed), for :func:`upgrade_stock_state` (idempotent)."""
     from fairseq import checkpoint_utils
+    from fairseq.distributed import utils as distributed_utils
     from fairseq.trainer import Trainer
 
     original = Trainer.load_checkpoint
     if getattr(original, "_softmax_heads_restore", False):
         return
-    read = checkpoint_utils.load_checkpoint_to_cpu
 
-    @functools.wraps(read)
-    def load_checkpoint_to_cpu(path, *args, **kwargs):
-        state = read(path, *args, **kwargs)
-        restore = getattr(_RESTORE, "current", None)
-        if restore is not None and isinstance(state, dict):
-            restore["optimizer_state"] = state.get("last_optimizer_state") is not None
-        return state
+    def noting(read):
+        """``read`` (what gives the trainer the checkpoint's state: the file on rank 0, the broadcast on the other
+        ranks), noting whether the state has an optimizer state."""
+
+        @functools.wraps(read)
+        def wrapped(*args, **kwargs):
+            state = read(*args, **kwargs)
+            restore = getattr(_RESTORE, "current", None)
+            if restore is not None and isinstance(state, dict) and "model" in state:
+                restore["optimizer_state"] = state.get("last_optimizer_state") is not None
+            return state
+
+        return wrapped
 
     @functools.wraps(original)
     def load_checkpoint(self, filename, reset_optimizer=False, *args, **kwargs):
@@ -175,7 +181,8 @@ def track_restores() -> None:
 
     load_checkpoint._softmax_heads_restore = True
     Trainer.load_checkpoint = load_checkpoint
-    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    checkpoint_utils.load_checkpoint_to_cpu = noting(checkpoint_utils.load_checkpoint_to_cpu)
+    distributed_utils.broadcast_object = noting(distributed_utils.broadcast_object)
 
 
 def head_arch(arch: str) -> str:

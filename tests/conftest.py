@@ -39,6 +39,10 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     name = config.getoption("--device")
+    if not name.startswith("cuda") and "triton" not in sys.modules:
+        # the CPU tier runs the Triton kernels (impl="triton") in triton's interpreter, which triton chooses when it
+        # is imported (tests/test_triton_rows.py); nothing else runs a Triton kernel on the CPU
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     if name.startswith("cuda"):
         import torch
 

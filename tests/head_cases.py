@@ -439,6 +439,7 @@ HEAD_CASES = [
     # Cohere's scale): on each component's logits (MoS), on the gated logits (Mixtape), before PLIF's f
     HeadCase("softmax", {"logit_scale": 1.3, "logit_softcap": 1.5}, ref_softmax, id="softmax-capped"),
     HeadCase("softmax", {"logit_scale": 0.25}, ref_softmax, id="softmax-scaled"),
+    HeadCase("softmax", {"logit_scale": 3.0, "logit_softcap": 1.0}, ref_softmax, id="softmax-saturated"),  # tanh ~ 1
     HeadCase("sigsoftmax", {"logit_softcap": 1.5}, ref_sigsoftmax, id="sigsoftmax-capped"),
     HeadCase(
         "plif", {"num_knots": 16, "knot_range": 2.0, "logit_softcap": 1.5}, ref_plif, degenerate_plif, id="plif-capped"

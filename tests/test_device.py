@@ -408,13 +408,51 @@ def deterministic():
     torch.use_deterministic_algorithms(before)
 
 
+KERNELS = [c for c in HEAD_CASES if hf_heads.get_head_class(c.name).row_kernels]
+#: impl="triton" against the PyTorch lean loss on the same device and parameters: both compute in float32 from the
+#: same values; only the order of float32 sums differs (low precision: the parameters' gradients are rounded to it)
+KERNEL_TOL = {
+    torch.float32: FP32_GRAD,
+    torch.bfloat16: dict(rtol=2e-2, atol=1e-3),
+    torch.float16: dict(rtol=2e-3, atol=1e-4),
+}
+
+
+@pytest.mark.parametrize("case", KERNELS, ids=[c.id for c in KERNELS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_triton_kernels_on_the_device_equal_the_lean_loss(case, dtype, device):
+    """The Triton kernels of the lean loss's rows (``impl="triton"``) compiled for the device, with fp32, bf16 and
+    fp16 parameters: loss and every gradient as the PyTorch lean loss's."""
+    if device.type != "cuda":
+        pytest.skip("on the CPU tests/test_triton_rows.py runs the kernels in triton's interpreter")
+    head = quiet(case).to(device, dtype).train()
+    head.lean_chunk_tokens = lambda: 4  # several chunks, one partial
+    hidden, target = inputs(device, dtype, shape=(5, 3))
+    results = []
+    for kernel in (None, "triton"):
+        head.lean_kernel = kernel
+        results.append(loss_and_grads(head, hidden, target))
+    (ref_loss, ref_h, ref_p), (loss, grad_h, grads) = results
+    tol = KERNEL_TOL[dtype]
+    torch.testing.assert_close(loss, ref_loss, **tol)
+    torch.testing.assert_close(grad_h, ref_h, **tol)
+    for name in ref_p:
+        torch.testing.assert_close(grads[name], ref_p[name], **tol, msg=lambda m: f"{name}: {m}")
+
+
 @CASES
-def test_a_training_step_gives_the_same_bits_twice_in_deterministic_mode(case, device, deterministic):
+@pytest.mark.parametrize("kernel", [None, "triton"])
+def test_a_training_step_gives_the_same_bits_twice_in_deterministic_mode(case, kernel, device, deterministic):
     """Under ``torch.use_deterministic_algorithms(True)``, what users set for runs they can repeat bit for bit: every
     head runs (no op of theirs lacks a deterministic CUDA kernel) and its loss and every gradient, twice from the same
     state, are bitwise equal. (Without it, PLIF's slope gradients on CUDA differ in their last bits from run to run:
-    their ``scatter_add_`` adds floats atomically in whatever order the threads come.)"""
+    their ``scatter_add_`` adds floats atomically in whatever order the threads come.) With the Triton kernels too
+    (``lean_kernel="triton"``, on CUDA; PLIF's slope gradients then take the PyTorch path, the kernels' atomics being
+    unordered)."""
+    if kernel and (device.type != "cuda" or not hf_heads.get_head_class(case.name).row_kernels):
+        pytest.skip("the Triton kernels' deterministic run is on CUDA, for the heads that have them")
     head = quiet(case).to(device).train()
+    head.lean_kernel = kernel
     hidden, target = inputs(device, shape=(6, 5))
     first, second = (loss_and_grads(head, hidden, target) for _ in range(2))
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])

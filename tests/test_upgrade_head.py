@@ -155,9 +155,9 @@ def test_inference_costs_time_the_body_and_each_head_on_the_same_blocks():
             self.tokens += target.numel()
             return self.head.loss(hidden, target, reduction=reduction)
 
+    pretrained = Seen(upgrade.pretrained_head(model))  # (its probe runs the model once: before the count starts)
     read = []
     upgrade.body(model).register_forward_pre_hook(lambda m, a, k: read.append(k["input_ids"].numel()), with_kwargs=True)
-    pretrained = Seen(upgrade.pretrained_head(model))
     new = Seen(hf_heads.build_head("mos", hidden_size=8, vocab_size=30, num_components=2))
     costs = inference_costs(model, pretrained, new, blocks, states, n_blocks=3, batch_size=2)
     assert costs["tokens"] == 3 * 8 and pretrained.tokens == new.tokens == (1 + 3) * 8

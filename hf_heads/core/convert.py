@@ -24,16 +24,23 @@ from .interface import OutputHead
 from .registry import build_head, heads_where, start_options
 
 
-def carried_options(layer: nn.Module) -> dict:
-    """The options a head rebuilt from ``layer`` keeps unless given others: a head's dropout and its fixed map of the
-    logits (``logit_scale`` / ``logit_softcap``: part of what the model computes, which ``swap_head`` switched off in
-    the model); none for an ``nn.Linear``."""
+def carried_options(layer: nn.Module, options: dict) -> dict:
+    """``options`` for a head rebuilt from ``layer``, with what it keeps of a head: its dropout unless given, and its
+    fixed map of the logits (``logit_scale`` / ``logit_softcap``: part of what the model computes, which
+    ``swap_head`` switched off in the model; options that would change it are refused). An ``nn.Linear``: as given."""
     if not isinstance(layer, OutputHead):
-        return {}
+        return dict(options)
     c = layer.config
-    kept = {"dropout": c.dropout}
-    if c.has_logit_map:
-        kept.update(logit_scale=c.logit_scale, logit_softcap=c.logit_softcap)
+    kept = {"dropout": c.dropout, **options}
+    for name in ("logit_scale", "logit_softcap"):
+        value = getattr(c, name)
+        if name in options and options[name] != value:
+            raise ValueError(
+                f"convert_head: option {name}={options[name]!r}, but the source head applies {name}={value!r} (the "
+                f"model's own map of its logits, which the head carries): leave it out"
+            )
+        if c.has_logit_map:
+            kept[name] = value
     return kept
 
 
@@ -51,7 +58,7 @@ def from_projection(layer: nn.Module, name: str, options: dict) -> OutputHead:
         )
     w = layer.weight.detach()
     b = None if layer.bias is None else layer.bias.detach()
-    opts = {**carried_options(layer), **options}
+    opts = carried_options(layer, options)
     head = build_head(
         name, hidden_size=w.shape[1], vocab_size=w.shape[0], weight=w, bias=b, use_bias=b is not None, **opts
     )

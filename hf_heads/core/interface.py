@@ -15,6 +15,7 @@ downstream (fairseq criterion, HF model wrapper, recipes, tests) special-cases a
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Dict, Optional, Tuple, Type
 
@@ -57,12 +58,20 @@ class OutputHead(VocabularyMixin, nn.Module):
     #: to it and keeps a float32 result (float32 accumulation on CUDA), for tensor-core speed on a GPU; the softmax
     #: and every elementwise step stay in float32 (docs/training_cost.md#on-a-gpu)
     lean_product_dtype: Optional[torch.dtype] = None
+    #: whether the lean loss's V-wide rows can run in the Triton kernels (:mod:`hf_heads.core.ops.triton_rows`:
+    #: ``loss(..., impl="triton")``), and ``"triton"`` to have ``impl="auto"`` take them wherever it takes the lean
+    #: loss (the adapters call ``"auto"``); None keeps the lean loss in PyTorch (the default until a GPU run of the
+    #: device tier passes with the kernels, docs/training_cost.md)
+    row_kernels = False
+    lean_kernel: Optional[str] = None
     #: V-wide float tensors per token alive in one chunk of the lean loss (logits and their log-softmax for
     #: one softmax); sets the chunk size, see :meth:`lean_chunk_tokens`
     lean_width = 2
     #: rows per token of the chunk's matrix products (K for a mixture of K softmaxes); the chunk's minimum
     #: ``LEAN_MIN_CHUNK`` counts rows, so MoS-15 does not hold 15 x 256 logit rows for speed it does not gain
     lean_rows = 1
+    #: V-wide softmax rows per token of a lean chunk (K for MoS; one for Mixtape, whose K rows are its gates')
+    lean_softmax_rows = 1
     #: whether the head's distribution is ``softmax(W g + b)`` (exactly, or approximated at inference
     #: only): such heads convert into one another with :func:`hf_heads.convert_head`
     is_linear_softmax = False
@@ -189,9 +198,14 @@ class OutputHead(VocabularyMixin, nn.Module):
         t = functional.check_target(self.head_name, target, hidden.shape[:-1], self.config.vocab_size, ignore_index)
         valid = t != ignore_index
         params = [p for p in self.parameters() if p.requires_grad]
-        if self._lean_path(impl, reduction, h.requires_grad or bool(params)):
+        path = self._lean_path(impl, reduction, h.requires_grad or bool(params))
+        if path:
+            chunk_fn = self.lean_nll_chunk
+            if path == "triton":
+                ops.check_can_run(f"{self.head_name}: impl='triton'", h)
+                chunk_fn = functools.partial(self.lean_nll_chunk, triton=True)
             chunk = self.lean_chunk_tokens()
-            loss, nll = lean.loss_and_nll(self.lean_nll_chunk, h, t, valid, chunk, float(label_smoothing), params)
+            loss, nll = lean.loss_and_nll(chunk_fn, h, t, valid, chunk, float(label_smoothing), params)
             return (loss, nll) if reduction == "sum" else (loss / valid.sum(), nll / valid.sum())
         with functional.autocast_off(h):
             nll = loss = h.new_zeros(t.shape)
@@ -215,22 +229,29 @@ class OutputHead(VocabularyMixin, nn.Module):
             return loss.sum(), nll.sum()
         return loss.sum() / valid.sum(), nll.sum() / valid.sum()  # nan when every target is ignored, like F.nll_loss
 
-    def _lean_path(self, impl: str, reduction: str, needs_grad: bool) -> bool:
-        """Whether :meth:`loss_and_nll` with ``impl`` takes the memory-lean path (see :meth:`loss`)."""
+    def _lean_path(self, impl: str, reduction: str, needs_grad: bool) -> Optional[str]:
+        """Which path :meth:`loss_and_nll` with ``impl`` takes: None (the reference), ``"lean"`` or ``"triton"`` (the
+        memory-lean loss, its V-wide rows by :mod:`hf_heads.core.ops.triton_rows`); see :meth:`loss`."""
         if impl == "auto":
-            return reduction != "none" and needs_grad and self.lean_loss_active()
+            active = reduction != "none" and needs_grad and self.lean_loss_active()
+            return (self.lean_kernel or "lean") if active else None
         if impl == "reference":
-            return False
-        if impl != "lean":
-            raise ValueError(f"{self.head_name}: impl={impl!r}; allowed: 'auto', 'lean', 'reference'")
+            return None
+        if impl not in ("lean", "triton"):
+            raise ValueError(f"{self.head_name}: impl={impl!r}; allowed: 'auto', 'lean', 'reference', 'triton'")
         if not self.lean_loss:
             raise ValueError(
-                f"{self.head_name}: impl='lean', but this head has lean_loss = False (its training forward keeps state "
-                f"that chunks would count more than once); use impl='reference' or 'auto'"
+                f"{self.head_name}: impl={impl!r}, but this head has lean_loss = False (its training forward keeps "
+                f"state that chunks would count more than once); use impl='reference' or 'auto'"
+            )
+        if impl == "triton" and not self.row_kernels:
+            raise ValueError(
+                f"{self.head_name}: impl='triton': this head has no Triton kernels (its rows are grouped on the host); "
+                f"use impl='lean'"
             )
         if reduction == "none":
-            raise ValueError(f"{self.head_name}: impl='lean' sums over tokens: reduction 'mean' or 'sum', not 'none'")
-        return True
+            raise ValueError(f"{self.head_name}: impl={impl!r} sums over tokens: reduction 'mean' or 'sum', not 'none'")
+        return impl
 
     def _loss_and_nll_2d(self, hidden: torch.Tensor, target: torch.Tensor, label_smoothing: float):
         """Per-token ``(loss, nll)`` for valid targets; the same tensor twice without label smoothing (then
@@ -280,7 +301,7 @@ class OutputHead(VocabularyMixin, nn.Module):
         """Tokens per chunk of the memory-lean training loss (:func:`hf_heads.core.lean.chunk_tokens` for this head's
         vocabulary, ``lean_width``, ``lean_rows`` and device)."""
         device = next(self.parameters()).device
-        width = self.lean_width + self.lean_rows * (self.config.logit_softcap is not None)  # + the cap's tanh
+        width = self.lean_width + self.lean_softmax_rows * (self.config.logit_softcap is not None)  # + the cap's tanh
         return lean.chunk_tokens(self.config.vocab_size, width, self.lean_rows, device)
 
     def lean_nll_chunk(
@@ -359,6 +380,11 @@ class OutputHead(VocabularyMixin, nn.Module):
         c = self.config
         return ops.logit_map(logits, c.logit_scale, c.logit_softcap)
 
+    def row_map(self, grads: Dict[nn.Parameter, torch.Tensor]) -> "ops.RowMap":
+        """What the Triton kernels apply to a row of logits before its softmax (``impl="triton"``): the options'
+        fixed map, then the head's elementwise f (identity here); a PLIF head's slope gradients go to ``grads``."""
+        return ops.RowMap(scale=self.config.logit_scale, softcap=self.config.logit_softcap)
+
     def lean_logit_map(self, logits: torch.Tensor, then: Optional[Callable] = None):
         """``(then(m(logits)), back)`` for the lean loss, m the options' fixed map (made in place in ``logits``) and
         ``then`` an elementwise transform after it returning ``(scores, back)`` (PLIF's f, sigsoftmax's map; None: the
@@ -407,6 +433,7 @@ class LinearScoresHead(SingleSoftmaxHead):
     Their memory-lean loss runs the V-wide part by hand."""
 
     applies_logit_map = True
+    row_kernels = True
 
     def score_transform(self, logits: torch.Tensor) -> torch.Tensor:
         """f, elementwise on the float32 logits (identity here)."""
@@ -421,7 +448,7 @@ class LinearScoresHead(SingleSoftmaxHead):
     def scores_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.score_transform(self.logit_map(self._output_logits(self.dropout(hidden))))
 
-    def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0):
+    def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0, triton=False):
         with torch.enable_grad():
             x = self.dropout(hidden)
         loss, nll, grad_x, _, _ = ops.softmax_rows(
@@ -431,6 +458,7 @@ class LinearScoresHead(SingleSoftmaxHead):
             target,
             **self._output_grads(grads),
             transform=lambda z: self.lean_logit_map(z, lambda y: self.lean_score_transform(y, grads)),
+            row_map=self.row_map(grads) if triton else None,
             label_smoothing=label_smoothing,
         )
         return loss.sum(), nll.sum(), lean.backprop([x], [grad_x[:, 0]], hidden, grads)

@@ -100,6 +100,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
     config_class = MixtapeConfig
     paper = "Yang et al. 2019, Mixtape: breaking the softmax bottleneck efficiently"
     applies_logit_map = True  # on the gated logits, before the one softmax
+    row_kernels = True  # the softmax rows; the frequent ids' gated logits stay PyTorch (_lean_frequent_logits)
     uses_frequency_order = True  # the S most frequent ids (frequency_order[:S]) have their own gates
     optional_state_keys = ("scaled_form",)  # the form of the projections, kept with the weights since spec version 2
     legacy_defaults = {1: {"scaled_input": LEGACY_SCALED}}  # version 2 made torch's nn.Linear form the default
@@ -275,7 +276,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         """Rows per token of the frequent ids' matrix products (``[n K, d] x [d, S]``): K."""
         return self.config.num_gates
 
-    def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0):
+    def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0, triton=False):
         """Memory-lean chunk: the contexts and gate inputs (O(n K d)) under autograd; the frequent ids' gated
         logits (:meth:`_lean_frequent_logits`) and the V-wide softmax with hand-written gradients."""
         with torch.enable_grad():
@@ -291,6 +292,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             prefix=freq,
             prefix_ids=self.frequent_ids(),
             transform=self.lean_logit_map,
+            row_map=self.row_map(grads) if triton else None,
             label_smoothing=label_smoothing,
         )
         outputs, grad_outputs = [mixed], [grad_mixed[:, 0]]

@@ -39,11 +39,12 @@ class MoSHead(ContextHead):
     config_class = MoSConfig
     paper = "Yang et al. 2018, Breaking the softmax bottleneck"
     applies_logit_map = True  # on every component's logits, before its softmax
+    row_kernels = True  # the K rows of a token coupled through their [n, K] responsibilities
 
     def __init__(self, config: MoSConfig):
         super().__init__(config)
         self.lean_width = 2 * config.num_components  # K logit vectors per token and their log-softmaxes
-        self.lean_rows = config.num_components
+        self.lean_rows = self.lean_softmax_rows = config.num_components
         c = config
         self._build_contexts(c.num_components)
         self.prior_proj = nn.Linear(c.hidden_size, c.num_components, bias=False)
@@ -83,8 +84,8 @@ class MoSHead(ContextHead):
             parts.append(s.gather(1, target[:, None]).squeeze(1) - torch.logsumexp(s, dim=-1))
         return -torch.logsumexp(torch.stack(parts, dim=1) + log_prior, dim=1)
 
-    def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0):
-        if label_smoothing:  # needs the mixture's log-probs of every id: autograd on the chunk
+    def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0, triton=False):
+        if label_smoothing:  # needs the mixture's log-probs of every id: autograd on the chunk (also for triton)
             return super().lean_nll_chunk(hidden, target, grads, label_smoothing)
         with torch.enable_grad():
             ctx, log_prior = self._contexts_and_log_priors(hidden)
@@ -96,5 +97,6 @@ class MoSHead(ContextHead):
             **self._output_grads(grads),
             log_prior=log_prior.detach(),
             transform=lambda z: self.lean_logit_map(z, lambda y: self.lean_component_scores(y, grads)),
+            row_map=self.row_map(grads) if triton else None,
         )
         return loss.sum(), nll.sum(), lean.backprop([ctx, log_prior], [grad_ctx, grad_prior], hidden, grads)

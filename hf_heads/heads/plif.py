@@ -75,6 +75,15 @@ class PiecewiseLinearIncreasing(nn.Module):
 
         return out, back
 
+    def row_map(self, base: ops.RowMap, grads) -> ops.RowMap:
+        """``base`` (the head's fixed map) with this f after it, for the Triton kernels: its slopes (under autograd, so
+        the kernels' slope gradients reach ``slope_params`` through ``grads``) and range."""
+        with torch.enable_grad():
+            slopes = self.slopes()
+        base.kind, base.slopes, base.knot_range = "plif", slopes, self.knot_range
+        base.on_slope_grads = lambda g: lean.backprop([slopes], [g.to(slopes.dtype)], None, grads)
+        return base
+
     def extra_repr(self) -> str:
         return f"num_knots={self.slope_params.shape[0]}, knot_range={self.knot_range}"
 
@@ -102,6 +111,9 @@ class PLIFHead(LinearScoresHead):
     def lean_score_transform(self, logits, grads):
         return self.plif.lean_forward(logits, lambda outs, gouts: lean.backprop(outs, gouts, None, grads))
 
+    def row_map(self, grads):
+        return self.plif.row_map(super().row_map(grads), grads)
+
 
 @dataclass
 class MoSPLIFConfig(MoSConfig, PLIFConfig):
@@ -126,3 +138,6 @@ class MoSPLIFHead(MoSHead):
 
     def lean_component_scores(self, logits, grads):
         return self.plif.lean_forward(logits, lambda outs, gouts: lean.backprop(outs, gouts, None, grads))
+
+    def row_map(self, grads):
+        return self.plif.row_map(super().row_map(grads), grads)

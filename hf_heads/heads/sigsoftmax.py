@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,9 @@ class SigsoftmaxHead(LinearScoresHead):
 
     def score_transform(self, logits: torch.Tensor) -> torch.Tensor:
         return ops.sigsoftmax_scores(logits)
+
+    def row_map(self, grads):
+        return dataclasses.replace(super().row_map(grads), kind="sigsoftmax")
 
     def lean_score_transform(self, logits, grads):
         return ops.sigsoftmax_scores(logits), lambda grad: ops.sigsoftmax_backward(logits, grad)

@@ -24,7 +24,7 @@ def convert_transformers_model(source, name: str, options: dict):
     old = source.get_output_embeddings()
     inputs = source.get_input_embeddings()
     tied = inputs is not None and old.weight is getattr(inputs, "weight", None)
-    options = {**carried_options(old), **options}  # (recorded: a map the model no longer applies stays in the head)
+    options = carried_options(old, options)  # (recorded: a map the model no longer applies stays in the head)
     head = from_projection(old, name, options)
     source.set_output_embeddings(head)
     if tied and head.can_tie:

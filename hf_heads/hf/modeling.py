@@ -185,7 +185,9 @@ class HeadModelMixin:
         """What transformers answers for the base class: a head model class is made outside transformers, but its
         weights start as the base class's (and the head's, which checks what was loaded); as custom code, loading
         would skip the ``_init_weights`` of modules whose own weights all loaded, leaving buffers the base class
-        computes there unset (Falcon-H1's ``mup_vector``: NaN logits)."""
+        computes there unset (Falcon-H1's ``mup_vector``: NaN logits). (transformers also reads it to drop missing
+        keys of tied modules, which head models do not tie, and to pick weight conversions, which it looks up by a
+        model's class and type: none for ``softmax-heads`` models, their submodels answering for themselves.)"""
         return cls._head_base_class.is_custom_code()
 
     def _get_name(self) -> str:
@@ -406,13 +408,14 @@ def swap_head(
             frequency_order=frequency_order,
             token_counts=token_counts,
             **options,
-        )
-    except ValueError as e:
+        ).to(device=weight.device, dtype=weight.dtype)
+    except BaseException as e:  # (an out-of-memory too: the model keeps its own map, as it was)
         if absorbed is None:
             raise
         absorbed.undo()
-        raise ValueError(f"{where} {absorbed.sentence()}: {e}") from None
-    head = head.to(device=weight.device, dtype=weight.dtype)
+        if isinstance(e, ValueError):
+            raise ValueError(f"{where} {absorbed.sentence()}: {e}") from None
+        raise
     base_type = model.config.model_type
     model.__class__ = model_class
     model.config.__class__ = head_config_class(type(model.config))
@@ -468,7 +471,8 @@ def _start_missing(head: OutputHead) -> None:
     ]
     if not missing:
         return
-    fresh = type(head)(type(head.config)(**head.config.to_dict())).state_dict()
+    with torch.device("cpu"):
+        fresh = type(head)(type(head.config)(**head.config.to_dict())).state_dict()
     for name, t in missing:
         if name in fresh and t.device.type != "meta":
             t.copy_(fresh[name].to(dtype=t.dtype, device=t.device))

@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import math
 import re
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -221,7 +222,8 @@ def _configs(config) -> List[Any]:
 def _number_fields(model) -> Dict[str, Tuple[float, List[Any]]]:
     """``{name: (value, holders)}`` for every positive number (not 1) that the model's configs hold under ``name``,
     with the modules that hold the same value under the same name (a copy made at ``__init__``, as Cohere's
-    ``logit_scale``); a name whose holders disagree is left out."""
+    ``logit_scale``); where configs hold different values under one name, the first found (``model.config``, then
+    nested configs) is the value, and holders of another value are not among its holders."""
 
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 and v != 1
@@ -309,11 +311,15 @@ def absorb_logit_map(model, layer: nn.Module, probe: Probe) -> Optional[Absorbed
 def logit_map_options(model) -> Dict[str, float]:
     """The head options (``logit_scale`` / ``logit_softcap``) with which a softmax of ``model``'s output layer is what
     the plain ``model`` computes: ``{}`` where it returns the layer's logits, ``ValueError`` (what the probe saw) where
-    it transforms them otherwise. The model is left as it was (the fields :func:`absorb_logit_map` switches off to
-    check are put back)."""
+    it transforms them otherwise; ``{}`` with a warning where it cannot run a forward here. The model is left as it
+    was (the fields :func:`absorb_logit_map` switches off to check are put back)."""
     layer = output_layer(model)
     probe = run_probe(model, layer)
     if probe.problem is None:
+        return {}
+    if probe.problem.startswith("could not be probed"):
+        message = f"{type(model).__name__} {probe.problem}: its logits are taken as its output layer's"
+        warnings.warn(message, stacklevel=2)
         return {}
     absorbed = absorb_logit_map(model, layer, probe) if probe.transforms_logits else None
     if absorbed is None:

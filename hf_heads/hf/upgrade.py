@@ -154,11 +154,14 @@ def pretrained_nll_per_block(head: OutputHead, data: States, folder: str) -> tor
     """:func:`nll_per_block` of ``head``, the model's own ``lm_head`` (:func:`pretrained_head`), on ``data`` (the
     states :func:`cache_states` wrote to ``folder``), kept in ``folder/pretrained_nll.pt`` beside them: every head
     trained on the same states is compared with the same "before", scored once. The file names the head it scored (a
-    digest of its weight and bias): another head's scores are not read, they are replaced."""
+    digest of its weight and bias, and of its map of the logits): another head's scores are not read, they are
+    replaced."""
     digest = hashlib.sha1()
     for tensor in (head.weight, head.bias):
         if tensor is not None:
             digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    if head.config.has_logit_map:  # (scores made without the model's cap or scale are not these)
+        digest.update(repr((head.config.logit_scale, head.config.logit_softcap)).encode())
     path = os.path.join(folder, "pretrained_nll.pt")
     if os.path.exists(path):
         saved = torch.load(path)

@@ -7,6 +7,8 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from .. import functional
+from . import triton_rows
+from .triton_rows import RowMap
 
 
 def softmax_rows(
@@ -23,6 +25,7 @@ def softmax_rows(
     prefix_ids: Optional[torch.Tensor] = None,
     label_smoothing: float = 0.0,
     product_dtype: Optional[torch.dtype] = None,
+    row_map: Optional[RowMap] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Loss and gradients of K softmaxes per token over ``weight`` W ``[V, d]`` and ``bias`` b ``[V]`` (or None),
     forward and backward in one call: nothing V-wide outlives it.
@@ -42,7 +45,11 @@ def softmax_rows(
     ``r_ik (softmax - onehot)`` (r: the components' posterior responsibilities), made in place in the
     log-softmax; the weight gradient accumulates straight into ``grad_weight`` with ``addmm_``. With
     ``product_dtype`` (bf16 / fp16) the three V-wide products (logits, ``grad_x``, W's gradient) take their operands
-    in that dtype and keep float32 results (:func:`hf_heads.core.functional.product`).
+    in that dtype and keep float32 results (:func:`hf_heads.core.functional.product`). With ``row_map`` the V-wide
+    middle (the transform, the log-softmax, the gradient of the logits) runs in the Triton kernels of
+    :mod:`.triton_rows` instead of ``transform``: the same numbers, one read and one read-write pass over the logits;
+    a PLIF map's slope gradients go to ``row_map.on_slope_grads`` (under ``torch.use_deterministic_algorithms(True)``
+    a PLIF map takes ``transform``: the kernels add its slope gradients atomically, in no fixed order).
     """
     n, k, d = x.shape
     vocab_size = weight.shape[0]
@@ -68,23 +75,42 @@ def softmax_rows(
         torch.addmm(b, rows, w.t(), out=logits[:, prefix_width:])
     if prefix_ids is not None:
         logits.index_copy_(1, prefix_ids, prefix)
+    if log_prior is not None and label_smoothing:
+        raise ValueError("softmax_rows: label smoothing of a mixture (log_prior given) is not done by hand")
+    t = target.repeat_interleave(k)[:, None] if k > 1 else target[:, None]
+    if row_map is not None and not (row_map.atomic() and torch.are_deterministic_algorithms_enabled()):
+        loss, nll, grad, grad_prior = _kernel_rows(logits, t[:, 0], n, k, log_prior, label_smoothing, row_map)
+    else:
+        loss, nll, grad, grad_prior = _torch_rows(logits, t, n, k, log_prior, label_smoothing, transform)
+    del logits
+    grad_x, grad_prefix = _products(
+        grad, x, w, rows, prefix, prefix_ids, prefix_width, grad_weight, grad_bias, product_dtype
+    )
+    return loss, nll, grad_x, grad_prior, grad_prefix
+
+
+def _mixture(logp_t: torch.Tensor, n: int, k: int, log_prior: torch.Tensor):
+    """``(nll [n], responsibilities [n, K])`` of a mixture of K softmaxes per token from the target's log-probs of
+    each component ``[n K]`` and the log priors ``[n, K]``."""
+    joint = logp_t.view(n, k) + log_prior
+    total = torch.logsumexp(joint, dim=1)
+    return -total, (joint - total[:, None]).exp()  # the components' posterior responsibilities
+
+
+def _torch_rows(logits, t, n, k, log_prior, label_smoothing, transform):
+    """``(loss [n], nll [n], grad of the logits (in place in their buffer), grad_prior)`` in PyTorch."""
+    vocab_size = logits.shape[1]
     scores, back = (logits, None) if transform is None else transform(logits)
     del logits
     logp = torch.log_softmax(scores, dim=1)
     del scores
-    t = target.repeat_interleave(k)[:, None] if k > 1 else target[:, None]
     logp_t = logp.gather(1, t).squeeze(1)
     if log_prior is None:
         nll, resp_rows, grad_prior = -logp_t, None, None
         loss = nll if not label_smoothing else functional.smoothed_loss(nll, logp.sum(1), label_smoothing, vocab_size)
     else:
-        if label_smoothing:
-            raise ValueError("softmax_rows: label smoothing of a mixture (log_prior given) is not done by hand")
-        joint = logp_t.view(n, k) + log_prior
-        total = torch.logsumexp(joint, dim=1)
-        nll = loss = -total
-        resp = (joint - total[:, None]).exp()  # posterior responsibilities of the components
-        resp_rows, grad_prior = resp.reshape(-1, 1), -resp
+        nll, resp = _mixture(logp_t, n, k, log_prior)
+        loss, resp_rows, grad_prior = nll, resp.reshape(-1, 1), -resp
     grad = logp.exp_()  # softmax, in place
     if resp_rows is None:  # smoothed: softmax - (1 - e) onehot - e / V
         if label_smoothing:
@@ -94,6 +120,32 @@ def softmax_rows(
         grad.mul_(resp_rows).scatter_add_(1, t, -resp_rows)
     if back is not None:
         grad = back(grad)
+    return loss, nll, grad, grad_prior
+
+
+def _kernel_rows(logits, t, n, k, log_prior, label_smoothing, row_map):
+    """:func:`_torch_rows` by the Triton kernels (:mod:`.triton_rows`); PLIF's slope gradients to
+    ``row_map.on_slope_grads``."""
+    vocab_size = logits.shape[1]
+    lse, target_score, score_sum = triton_rows.row_stats(logits, t, row_map)
+    logp_t = target_score - lse
+    if log_prior is None:
+        nll, weight, grad_prior = -logp_t, torch.ones_like(lse), None
+        # sum_v log p_v = sum_v s_v - V lse
+        loss = functional.smoothed_loss(nll, score_sum - vocab_size * lse, label_smoothing, vocab_size)
+    else:
+        nll, resp = _mixture(logp_t, n, k, log_prior)
+        loss, weight, grad_prior = nll, resp.reshape(-1), -resp
+    slope_grads = triton_rows.row_grads(logits, t, lse, weight, row_map, label_smoothing)
+    if slope_grads is not None and row_map.on_slope_grads is not None:
+        row_map.on_slope_grads(slope_grads)
+    return loss.to(logits.dtype), nll.to(logits.dtype), logits, grad_prior
+
+
+def _products(grad, x, w, rows, prefix, prefix_ids, prefix_width, grad_weight, grad_bias, product_dtype):
+    """``(grad_x [n, K, d], grad_prefix)`` from the logits' gradient ``grad``, adding W's and b's to their
+    accumulators."""
+    n, k, d = x.shape
     if prefix_ids is not None:  # the prefix ids' logits did not come from the product
         grad_prefix = grad.index_select(1, prefix_ids)
         grad_lin = grad.index_fill_(1, prefix_ids, 0.0)
@@ -108,4 +160,4 @@ def softmax_rows(
             grad_weight[prefix_width:].addmm_(grad_lin.t(), rows)
     if grad_bias is not None:
         grad_bias[prefix_width:] += grad_lin.sum(0)
-    return loss, nll, grad_x, grad_prior, grad_prefix
+    return grad_x, grad_prefix
