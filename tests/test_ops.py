@@ -292,3 +292,26 @@ def test_loss_impl_errors_name_the_option_and_the_allowed_values():
     ds = hf_heads.build_head("ds_softmax", hidden_size=4, vocab_size=9)
     with pytest.raises(ValueError, match="lean_loss = False"):
         ds.loss(hidden, target, impl="lean")
+
+
+def test_follow_products_take_the_parameters_or_autocasts_dtype():
+    """``lean_product_dtype = "follow"``: bf16 products for bf16 parameters, and for float32 ones under bf16 autocast
+    (the same loss as asking for bf16 outright), float32 otherwise (the same as the default)."""
+    torch.manual_seed(0)
+    head = hf_heads.build_head("mos", hidden_size=8, vocab_size=300, num_components=2).train()
+    hidden = torch.randn(40, 8, requires_grad=True)
+    target = torch.randint(0, 300, (40,))
+
+    def loss(products, autocast=False):
+        head.lean_product_dtype = products
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return head.loss(hidden, target)
+
+    assert torch.equal(loss("follow"), loss(None)) and head.lean_products() is None
+    follow_autocast = loss("follow", autocast=True)
+    assert head.lean_products() == torch.bfloat16
+    assert torch.equal(follow_autocast, loss(torch.bfloat16, autocast=True))
+    assert not torch.equal(follow_autocast, loss(None, autocast=True))
+    head.to(torch.bfloat16)
+    head.lean_product_dtype = "follow"
+    assert head.lean_products() == torch.bfloat16

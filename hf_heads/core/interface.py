@@ -56,8 +56,10 @@ class OutputHead(VocabularyMixin, nn.Module):
     #: dtype of the lean loss's V-wide matrix products (logits, and the gradients of the hidden states and of W):
     #: None computes them in float32 as everything else; ``torch.bfloat16`` / ``torch.float16`` casts both operands
     #: to it and keeps a float32 result (float32 accumulation on CUDA), for tensor-core speed on a GPU; the softmax
-    #: and every elementwise step stay in float32 (docs/training_cost.md#on-a-gpu)
-    lean_product_dtype: Optional[torch.dtype] = None
+    #: and every elementwise step stay in float32 (docs/training_cost.md#on-a-gpu); ``"follow"`` takes the
+    #: parameters' dtype where it is bf16 / fp16, else autocast's where the loss is called under autocast, else
+    #: float32, as ``nn.Linear`` would (:meth:`lean_products`)
+    lean_product_dtype: Optional[Any] = None
     #: whether the lean loss's V-wide rows can run in the Triton kernels (:mod:`hf_heads.core.ops.triton_rows`:
     #: ``loss(..., impl="triton")``), and ``"triton"`` to have ``impl="auto"`` take them wherever it takes the lean
     #: loss (the adapters call ``"auto"``); None keeps the lean loss in PyTorch (the default until a GPU run of the
@@ -200,6 +202,9 @@ class OutputHead(VocabularyMixin, nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         path = self._lean_path(impl, reduction, h.requires_grad or bool(params))
         if path:
+            kind = h.device.type
+            on = functional.values_known(h) and torch.is_autocast_enabled(kind)
+            self.__dict__["_call_autocast"] = torch.get_autocast_dtype(kind) if on else None  # (lean_products)
             chunk_fn = self.lean_nll_chunk
             if path == "triton":
                 ops.check_can_run(f"{self.head_name}: impl='triton'", h)
@@ -372,7 +377,17 @@ class OutputHead(VocabularyMixin, nn.Module):
         """:func:`hf_heads.core.ops.softmax_rows`'s keywords for the output layer's gradient accumulators in
         ``grads`` (None for a parameter not there) and the head's ``lean_product_dtype``."""
         bias = None if self.bias is None else grads.get(self.bias)
-        return {"grad_weight": grads.get(self.weight), "grad_bias": bias, "product_dtype": self.lean_product_dtype}
+        return {"grad_weight": grads.get(self.weight), "grad_bias": bias, "product_dtype": self.lean_products()}
+
+    def lean_products(self) -> Optional[torch.dtype]:
+        """The dtype the lean loss's V-wide products take now (:attr:`lean_product_dtype`; ``"follow"``: bf16 / fp16
+        parameters' dtype, else that of the autocast the current :meth:`loss` call was made under, else None)."""
+        chosen = self.lean_product_dtype
+        if chosen != "follow":
+            return chosen
+        if self.weight.dtype in (torch.bfloat16, torch.float16):
+            return self.weight.dtype
+        return self.__dict__.get("_call_autocast")
 
     def logit_map(self, logits: torch.Tensor) -> torch.Tensor:
         """The options' fixed map of the logits, ``c tanh(s z / c)`` (``s z`` without a cap; ``logits`` itself for
