@@ -92,10 +92,12 @@ def plot(results: Dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     heads = sorted({r["head"] for r in results.values()})
-    fig, axes = plt.subplots(len(PRECISIONS), len(heads), figsize=(4 * len(heads), 3.2 * len(PRECISIONS)))
+    fig, axes = plt.subplots(
+        len(PRECISIONS), len(heads), figsize=(4 * len(heads), 3.2 * len(PRECISIONS)), squeeze=False
+    )
     for i, precision in enumerate(PRECISIONS):
         for j, head in enumerate(heads):
-            ax = axes[i][j] if len(PRECISIONS) > 1 else axes[j]
+            ax = axes[i][j]
             for products in PRODUCTS:
                 r = results.get(f"{head}/{precision}/{products}")
                 if r:

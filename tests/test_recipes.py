@@ -800,3 +800,29 @@ def test_mixtape_forms_chooses_each_rate_on_the_tuning_seed_and_pairs_the_seeds(
         sb.train_head("softmax", torch.rand(2, 4).softmax(1), 2, 1, 0.1, 0, optimizer="lbfgs")
     monkeypatch.setattr(sb, "train_head", lambda *a, **k: pytest.fail("trained again"))
     assert mf.main(argv) == runs  # every run kept in results.json
+
+
+def test_bf16_products_study_runs_pairs_decides_and_resumes(tmp_path):
+    """recipes/bf16_products.py at a tiny size: a pair per precision (float32 against following products) from the same
+    weights and batches, the largest difference of their curves, the decision by the threshold, and a rerun that keeps
+    the finished runs."""
+    from recipes import bf16_products
+
+    data = tmp_path / "data"
+    data.mkdir()
+    train_text, _ = _text_files(tmp_path)  # (PTB's word-level format: words separated by spaces, a line a sentence)
+    (data / "train.txt").write_text(open(train_text).read())
+    args = ["--steps", "4", "--log-every", "2", "--heads", "softmax", "--dim", "16", "--vocab", "300"]
+    args += ["--data-dir", str(data), "--out", str(tmp_path / "out"), "--no-progress"]
+    bf16_products.main(args)
+    out = tmp_path / "out"
+    summary = json.load(open(out / "summary.json"))
+    assert set(summary["pairs"]) == {"softmax/bf16", "softmax/autocast"}
+    runs = json.load(open(out / "runs.json"))
+    assert all(len(r["curve"]) == 2 for r in runs.values())
+    assert summary["all_within"] == all(p["max_abs_diff"] <= 0.02 for p in summary["pairs"].values())
+    assert summary["default"] == ("follow" if summary["all_within"] else None)
+    assert (out / "curves.png").stat().st_size > 0
+    before = {k: r["seconds"] for k, r in runs.items()}
+    bf16_products.main(args)  # resumed: nothing trains again
+    assert {k: r["seconds"] for k, r in json.load(open(out / "runs.json")).items()} == before
