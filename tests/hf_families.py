@@ -58,6 +58,22 @@ SIZES: Dict[str, Any] = {
     "forced_eos_token_id": None,
     "forced_bos_token_id": None,
 }
+#: the sizes and special ids of the tests' hand-made tiny seq2seq models (BART, FSMT; vocabulary sizes apart)
+TINY_SEQ2SEQ: Dict[str, Any] = dict(
+    d_model=32,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    decoder_start_token_id=2,
+    forced_eos_token_id=None,
+)
 #: families whose configs need more than :data:`SIZES`
 _FALCON_H1 = {
     "mamba_d_ssm": 32,

@@ -19,6 +19,7 @@ import torch
 
 import hf_heads
 from head_cases import HEAD_CASES, HIDDEN, VOCAB, build_case, randomise
+from hf_families import TINY_SEQ2SEQ
 
 CASES = pytest.mark.parametrize("case", HEAD_CASES, ids=[c.id for c in HEAD_CASES])
 #: fp32 on the device against float64 on the CPU: the tolerances of the CPU tests (tests/test_heads.py)
@@ -257,20 +258,7 @@ def hf_model(kind, head, device):
         )
         model = transformers.AutoModelForCausalLM.from_config(config)
     else:
-        config = transformers.BartConfig(
-            d_model=32,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=64,
-            decoder_ffn_dim=64,
-            max_position_embeddings=64,
-            decoder_start_token_id=2,
-            dropout=0.0,
-            forced_eos_token_id=None,
-            **common,
-        )
+        config = transformers.BartConfig(**{**TINY_SEQ2SEQ, **common}, dropout=0.0)
         model = transformers.AutoModelForSeq2SeqLM.from_config(config)
     return hf_heads.swap_head(model, head, **HF_HEADS[head]).to(device)
 

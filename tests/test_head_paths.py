@@ -21,6 +21,7 @@ import hf_heads  # noqa: E402
 from transformers.generation import utils as generation_utils  # noqa: E402
 from transformers.generation import candidate_generator  # noqa: E402
 
+from hf_families import TINY_SEQ2SEQ  # noqa: E402
 from test_hf import _no_randomness  # noqa: E402
 
 V = 100
@@ -49,22 +50,7 @@ def gpt2(head=None, seed=0, vocab=V):
 
 def bart(head=None, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.BartConfig(
-        vocab_size=V,
-        d_model=32,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        forced_eos_token_id=None,
-    )
+    cfg = transformers.BartConfig(vocab_size=V, **TINY_SEQ2SEQ)
     model = transformers.AutoModelForSeq2SeqLM.from_config(cfg)
     return (hf_heads.swap_head(model, head, **HEADS[head]) if head else model).eval()
 

@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers", reason="transformers not inst
 
 import hf_heads  # noqa: E402
 from hf_heads.hf import HeadModelMixin  # noqa: E402
+from hf_families import TINY_SEQ2SEQ  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 64
@@ -40,22 +41,7 @@ def gpt2():
 
 
 def bart():
-    cfg = transformers.BartConfig(
-        vocab_size=VOCAB,
-        d_model=32,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        forced_eos_token_id=None,
-    )
+    cfg = transformers.BartConfig(vocab_size=VOCAB, **TINY_SEQ2SEQ)
     return transformers.AutoModelForSeq2SeqLM.from_config(cfg)
 
 

@@ -10,27 +10,13 @@ transformers = pytest.importorskip("transformers", reason="transformers not inst
 
 import hf_heads  # noqa: E402
 from hf_heads.hf import HeadModelMixin  # noqa: E402
+from hf_families import TINY_SEQ2SEQ  # noqa: E402
 from test_hf import HEADS, VOCAB, _no_randomness, batch, swapped  # noqa: E402
 
 GPT2_SIZES = dict(
     n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=0
 )
-BART_SIZES = dict(
-    vocab_size=VOCAB,
-    d_model=32,
-    encoder_layers=1,
-    decoder_layers=1,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-    decoder_start_token_id=2,
-    forced_eos_token_id=None,
-)
+BART_SIZES = dict(vocab_size=VOCAB, **TINY_SEQ2SEQ)
 MIXTAPE = {"num_gates": 4, "frequent_fraction": 0.5, "gate_embedding_size": 8}
 
 

@@ -22,6 +22,8 @@ from hf_heads.hf import HeadModelMixin, remote_code
 transformers = pytest.importorskip("transformers")
 from transformers.dynamic_module_utils import get_imports  # noqa: E402
 
+from hf_families import TINY_SEQ2SEQ  # noqa: E402
+
 VOCAB = 60
 HEADS = {
     "mixtape": {"num_gates": 4, "gate_embedding_size": 8, "gate_noise": 0.0},
@@ -70,27 +72,9 @@ CLEAN = WITHOUT_PACKAGE + textwrap.dedent("""
 """)
 
 
-#: the sizes and special ids of the tiny seq2seq models (BART, FSMT)
-SEQ2SEQ = dict(
-    d_model=32,
-    encoder_layers=1,
-    decoder_layers=1,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-    decoder_start_token_id=2,
-    forced_eos_token_id=None,
-)
-
-
 def base_config(kind):
     if kind == "fsmt":  # its output layer is the decoder's output_projection (hf_heads.hf.modeling.OUTPUT_LAYERS)
-        return transformers.FSMTConfig(langs=["en", "de"], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, **SEQ2SEQ)
+        return transformers.FSMTConfig(langs=["en", "de"], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, **TINY_SEQ2SEQ)
     if kind == "causal":
         return transformers.GPT2Config(
             n_layer=1,
@@ -102,7 +86,7 @@ def base_config(kind):
             eos_token_id=2,
             pad_token_id=0,
         )
-    return transformers.BartConfig(vocab_size=VOCAB, **SEQ2SEQ)
+    return transformers.BartConfig(vocab_size=VOCAB, **TINY_SEQ2SEQ)
 
 
 def save_case(folder, kind, name):
