@@ -478,6 +478,15 @@ def build_case(case: HeadCase, dtype=torch.float32, seed=0, **extra):
     return head.to(dtype).eval()
 
 
+def quiet(case: HeadCase, dtype=torch.float32):
+    """The case's head with its randomness off (no gate noise), perturbed off its initial values (:func:`randomise`)."""
+    import hf_heads
+
+    fields = hf_heads.get_head_class(case.name).config_class.__dataclass_fields__
+    extra = {"gate_noise": type(fields["gate_noise"].default)(0)} if "gate_noise" in fields else {}
+    return randomise(build_case(case, dtype=dtype, **extra))
+
+
 def randomise(head, scale=0.5):
     """Perturb every parameter, so nothing sits at a trivial value (PLIF's identity start, zero
     gate biases) that could hide a bug."""

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import hf_heads
-from head_cases import HEAD_CASES, HIDDEN, VOCAB, build_case, randomise
+from head_cases import HEAD_CASES, HIDDEN, VOCAB, build_case, quiet
 from hf_families import TINY_SEQ2SEQ
 
 CASES = pytest.mark.parametrize("case", HEAD_CASES, ids=[c.id for c in HEAD_CASES])
@@ -31,13 +31,6 @@ FP32_GRAD = dict(rtol=1e-4, atol=1e-5)
 AUTOCAST = dict(rtol=1e-4, atol=1e-4)
 #: a whole model under autocast against fp32: its trunk runs in low precision (bf16 keeps 8 bits of mantissa)
 MODEL_AUTOCAST_LOSS = {torch.bfloat16: 0.05, torch.float16: 0.01}
-
-
-def quiet(case, dtype=torch.float32):
-    """The case's head with its randomness off (no gate noise), perturbed off its initial values."""
-    fields = hf_heads.get_head_class(case.name).config_class.__dataclass_fields__
-    extra = {"gate_noise": type(fields["gate_noise"].default)(0)} if "gate_noise" in fields else {}
-    return randomise(build_case(case, dtype=dtype, **extra))
 
 
 def inputs(device, dtype=torch.float32, shape=(3, 2)):

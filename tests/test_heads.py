@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import hf_heads
-from head_cases import HEAD_CASES, HIDDEN, VOCAB, build_case, randomise
+from head_cases import HEAD_CASES, HIDDEN, VOCAB, build_case, quiet, randomise
 
 CASES = pytest.mark.parametrize("case", HEAD_CASES, ids=[c.id for c in HEAD_CASES])
 
@@ -233,12 +233,7 @@ def test_memory_lean_training_loss_equals_the_reference_path(case, ignore, smoot
     loss, NLL and gradients as plain autograd over the whole batch (randomness off: dropout 0, no gate
     noise), with and without label smoothing; and the reference path equals F.cross_entropy on the
     head's log-probs (with its label_smoothing)."""
-    extra = (
-        {"gate_noise": 0.0}
-        if "gate_noise" in hf_heads.get_head_class(case.name).config_class.__dataclass_fields__
-        else {}
-    )
-    head = randomise(build_case(case, dtype=torch.float64, **extra)).train()
+    head = quiet(case, dtype=torch.float64).train()
     hidden = _hidden(5, 3, dtype=torch.float64).requires_grad_()
     target = torch.randint(0, VOCAB, (5, 3), generator=torch.Generator().manual_seed(7))
     if ignore:

@@ -14,7 +14,7 @@ import torch
 
 import hf_heads
 from hf_heads.core.ops import triton_rows
-from head_cases import HEAD_CASES, HIDDEN, VOCAB, build_case, randomise
+from head_cases import HEAD_CASES, HIDDEN, VOCAB, quiet
 
 pytestmark = [
     pytest.mark.skipif(not triton_rows.triton_installed(), reason="triton is not installed (make install brings it)"),
@@ -37,9 +37,7 @@ def _run(head, hidden, target, impl, smoothing, reduction):
 
 
 def _quiet(case):
-    fields = hf_heads.get_head_class(case.name).config_class.__dataclass_fields__
-    extra = {"gate_noise": 0.0} if "gate_noise" in fields else {}
-    head = randomise(build_case(case, **extra)).train()
+    head = quiet(case).train()
     head.lean_chunk_tokens = lambda: 4  # several chunks, one of them partial
     return head
 
