@@ -16,14 +16,7 @@ from ..core import OutputHead, build_head, start_options
 from .config import head_config_class, head_spec, spec_options, without_model_sizes
 from . import liger, remote_code, trl
 from .lean_forward import decoder_inputs_from_labels, is_seq2seq, lean_forward
-from .output_layer import (
-    AbsorbedMap,
-    Probe,
-    absorb_logit_map,
-    output_layer,
-    output_layer_path,
-    run_probe,
-)
+from .output_layer import absorb_or_refuse, output_layer, output_layer_path, run_probe
 from .peft import running_head
 from .resize import resize_token_embeddings
 
@@ -100,7 +93,7 @@ class HeadModelMixin:
             return
         spec = self.config.output_head
         where = f"{type(self).__name__}: {self._head_base_class.__name__}"
-        absorbed = _absorbed_map(self, head, probe, spec.get("options", {}), where)
+        absorbed = absorb_or_refuse(self, head, probe, spec.get("options", {}), where)
         if absorbed is None:
             return
         try:
@@ -391,7 +384,7 @@ def swap_head(
     # a model on the meta device (built to count its parameters) computes nothing: no forward to probe
     where = f"swap_head: {type(model).__name__}"
     probe = None if weight.device.type == "meta" else run_probe(model, old)
-    absorbed = None if probe is None else _absorbed_map(model, old, probe, options, where)
+    absorbed = None if probe is None else absorb_or_refuse(model, old, probe, options, where)
     if absorbed is not None:
         options = {**options, **absorbed.options}
     inputs = model.get_input_embeddings()
@@ -476,29 +469,6 @@ def _start_missing(head: OutputHead) -> None:
     for name, t in missing:
         if name in fresh and t.device.type != "meta":
             t.copy_(fresh[name].to(dtype=t.dtype, device=t.device))
-
-
-def _absorbed_map(model, layer: nn.Module, probe: Probe, options: dict, where: str) -> Optional[AbsorbedMap]:
-    """None where ``probe`` found the model's logits to be its output layer's; where the model scales or soft-caps
-    them after it by a field of its config, that field switched off (:func:`absorb_logit_map`) and what the head
-    must apply instead; anything else refused in one line starting with ``where``, as is a map the user's
-    ``options`` set too."""
-    if probe.problem is None:
-        return None
-    absorbed = absorb_logit_map(model, layer, probe) if probe.transforms_logits else None
-    if absorbed is None:
-        raise ValueError(
-            f"{where} {probe.problem}; a head there would get its log-probs changed, so it is refused "
-            f"(docs/huggingface.md lists the families that take a head)"
-        )
-    given = sorted(set(options) & {"logit_scale", "logit_softcap"})
-    if given:
-        absorbed.undo()
-        raise ValueError(
-            f"{where} {absorbed.sentence()}, and option {given[0]}={options[given[0]]!r} was given too: leave it out "
-            f"(the head applies the model's own)"
-        )
-    return absorbed
 
 
 def output_head(model) -> OutputHead:

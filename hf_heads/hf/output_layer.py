@@ -308,6 +308,29 @@ def absorb_logit_map(model, layer: nn.Module, probe: Probe) -> Optional[Absorbed
     return None
 
 
+def absorb_or_refuse(model, layer: nn.Module, probe: Probe, options: dict, where: str) -> Optional[AbsorbedMap]:
+    """None where ``probe`` found the model's logits to be its output layer's; where the model scales or soft-caps
+    them after it by a field of its config, that field switched off (:func:`absorb_logit_map`) and what the head
+    must apply instead; anything else refused in one line starting with ``where``, as is a map the user's
+    ``options`` set too."""
+    if probe.problem is None:
+        return None
+    absorbed = absorb_logit_map(model, layer, probe) if probe.transforms_logits else None
+    if absorbed is None:
+        raise ValueError(
+            f"{where} {probe.problem}; a head there would get its log-probs changed, so it is refused "
+            f"(docs/huggingface.md lists the families that take a head)"
+        )
+    given = sorted(set(options) & {"logit_scale", "logit_softcap"})
+    if given:
+        absorbed.undo()
+        raise ValueError(
+            f"{where} {absorbed.sentence()}, and option {given[0]}={options[given[0]]!r} was given too: leave it out "
+            f"(the head applies the model's own)"
+        )
+    return absorbed
+
+
 def logit_map_options(model) -> Dict[str, float]:
     """The head options (``logit_scale`` / ``logit_softcap``) with which a softmax of ``model``'s output layer is what
     the plain ``model`` computes: ``{}`` where it returns the layer's logits, ``ValueError`` (what the probe saw) where
@@ -321,8 +344,6 @@ def logit_map_options(model) -> Dict[str, float]:
         message = f"{type(model).__name__} {probe.problem}: its logits are taken as its output layer's"
         warnings.warn(message, stacklevel=2)
         return {}
-    absorbed = absorb_logit_map(model, layer, probe) if probe.transforms_logits else None
-    if absorbed is None:
-        raise ValueError(f"{type(model).__name__} {probe.problem}")
+    absorbed = absorb_or_refuse(model, layer, probe, {}, type(model).__name__)
     absorbed.undo()
     return absorbed.options
