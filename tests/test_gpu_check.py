@@ -32,62 +32,75 @@ def test_cuda_tier_without_cuda_says_why_it_did_not_run():
 
 
 def test_device_benchmark_runs_on_the_cpu(tmp_path):
+    """Every column and row of the GPU benchmark at a tiny size: the Triton rows through the interpreter, the
+    reference rows, the roofline, the peers, the whole-model step (a 1-layer SmolLM2-shaped Llama) and the targets."""
     from recipes import bench_heads
 
+    heads = ["softmax (ours)", "mos K=3", "mixtape K=4 r=0.1 d2=64"]
     out = bench_heads.main(
-        [
-            "--device",
-            "cpu",
-            "--tokens",
-            "48",
-            "--dim",
-            "16",
-            "--vocab",
-            "40",
-            "--dtype",
-            "float32",
-            "bfloat16",
-            "--heads",
-            "softmax (ours)",
-            "mos K=3",
-            "plif T=1e5",
-            "--rounds",
-            "1",
-            "--repeats",
-            "1",
-            "--warmup",
-            "1",
-            "--out",
-            str(tmp_path),
-        ],
+        ["--device", "cpu", "--tokens", "24", "--dim", "16", "--vocab", "40", "--dtype", "float32", "bfloat16"]
+        + ["--heads", *heads, "--rounds", "1", "--repeats", "1", "--warmup", "1", "--out", str(tmp_path)]
+        + ["--model-layers", "1", "--model-dim", "16", "--model-vocab", "40", "--model-tokens", "16"],
         log=lambda *_: None,
     )
     assert list(out["settings"]) == ["d=16 V=40 float32", "d=16 V=40 bfloat16"]
     rows = out["settings"]["d=16 V=40 float32"]["rows"]
-    assert {bench_heads.BASELINE, "softmax (ours)", "mos K=3", "plif T=1e5"} <= set(rows)
+    assert {bench_heads.BASELINE, *heads, "mos K=3 [triton]", "mos K=3 [reference]"} <= set(rows)
     assert rows[bench_heads.BASELINE]["time_ratio"] == 1.0 and rows["mos K=3"]["ms"] > 0
-    # our softmax has the baseline's W and b: the same loss in float32 (a head that ignored them would differ)
-    assert abs(rows["softmax (ours)"]["loss_minus_baseline"]) < 1e-5
+    # our softmax has the baseline's W and b: the same loss in float32 (a head that ignored them would differ), by the
+    # kernels and by autograd too
+    for entry in ("softmax (ours)", "softmax (ours) [triton]", "softmax (ours) [reference]"):
+        assert abs(rows[entry]["loss_minus_baseline"]) < 1e-5, entry
+    for name in heads[:2]:  # the kernels compute the same loss as the lean loss (Mixtape's gate noise differs)
+        assert abs(rows[f"{name} [triton]"]["loss"] - rows[name]["loss"]) < 1e-5, name
     assert rows["mos K=3"]["memory_ratio"] is None  # memory is CUDA's allocator's: not measured on the CPU
-    # every peer either ran or says why not
+    # the roofline: the plain step's products are 6 N d V FLOPs; MoS-3's and Mixtape's more; every row has its ratio
+    assert rows[bench_heads.BASELINE]["flops"] == 6 * 24 * 16 * 40
+    assert rows["mos K=3"]["flops"] > 3 * rows["softmax (ours)"]["flops"]
+    assert rows["mos K=3"]["vwide_values"] == 3 * 24 * 40
+    assert all(r["over_roofline"] > 0 and r["roofline_ms"] > 0 for r in rows.values())
+    # the float32 W accumulator of the lean loss is reported apart: 4 bytes a parameter
+    assert rows["softmax (ours)"]["accumulators_mib"] == 4 * 16 * 40 / 2**20
+    # every peer either ran or says why not (x-transformers' MoS is a peer of MoS-3)
     for setting in out["settings"].values():
-        for peer in (bench_heads.TORCH_LCE, bench_heads.LIGER, bench_heads.CCE):
+        for peer in (bench_heads.TORCH_LCE, bench_heads.LIGER, bench_heads.CCE, bench_heads.PEER):
             assert peer in setting["rows"] or setting["errors"][peer]
     # bf16: each head again with its V-wide products in bf16 (float32 results), near the float32 products' loss
     low = out["settings"]["d=16 V=40 bfloat16"]["rows"]
-    assert {"softmax (ours) [bfloat16 products]", "mos K=3 [bfloat16 products]"} <= set(low)
+    assert {"softmax (ours) [bfloat16 products]", "mos K=3 [bfloat16 products, triton]"} <= set(low)
     assert "softmax (ours) [bfloat16 products]" not in rows  # not for float32
     assert abs(low["softmax (ours) [bfloat16 products]"]["loss"] - low["softmax (ours)"]["loss"]) < 0.05
+    # the whole-model step: the plain model, Liger's, each head by default and with the kernels
+    model = out["model"]["rows"]
+    assert {bench_heads.PLAIN_MODEL, "mos K=3", "mixtape K=4 r=0.1 d2=64 [bfloat16 products, triton]"} <= set(model)
+    assert bench_heads.LIGER_MODEL in model or out["model"]["errors"][bench_heads.LIGER_MODEL]
+    assert model[bench_heads.PLAIN_MODEL]["time_ratio"] == 1.0 and model["mos K=3"]["tokens_per_s"] > 0
+    assert out["model"]["config"]["num_hidden_layers"] == 1 and out["model"]["config"]["vocab_size"] == 40
     goals = {t["target"]: t for t in out["targets"]}
-    assert "time mos K=3 [bfloat16 products] / softmax (ours) [bfloat16 products]" in goals
-    assert (
-        goals["time mos K=3 / softmax (ours)"]["goal"] == 3.0
-        and goals["time mos K=3 / softmax (ours)"]["setting"] == "d=16 V=40 bfloat16"
-    )
+    for goal in (
+        "time mos K=3 [bfloat16 products] / softmax (ours) [bfloat16 products]",
+        "time mos K=3 [bfloat16 products, triton] / softmax (ours) [bfloat16 products, triton]",
+        f"time/roofline mos K=3 / {bench_heads.BASELINE}'s",
+        f"time mixtape K=4 r=0.1 d2=64 [bfloat16 products, triton] / {bench_heads.PLAIN_MODEL}",
+    ):
+        assert goal in goals, goal
+    assert goals["time mos K=3 / softmax (ours)"]["goal"] == pytest.approx(1.1 * 3)
+    assert goals["time mos K=3 / softmax (ours)"]["setting"] == "d=16 V=40 bfloat16"
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["settings"].keys() == out["settings"].keys()
+    assert saved["settings"].keys() == out["settings"].keys() and saved["model"]["rows"].keys() == model.keys()
     table = (tmp_path / "table.md").read_text()
-    assert "**d=16 V=40 bfloat16**" in table and "| mos K=3 |" in table and "Targets" in table
+    assert "**d=16 V=40 bfloat16**" in table and "| mos K=3 [triton] |" in table and "Targets" in table
+    assert "**Whole-model training step" in table
+
+
+def test_device_benchmark_takes_shapes():
+    from recipes import bench_heads
+
+    args = bench_heads.parse_args(["--device", "cpu", "--shapes", "2048x50000", "576x49152", "--dtype", "bfloat16"])
+    assert [s[0] for s in bench_heads.device_settings(args)] == ["d=2048 V=50000 bfloat16", "d=576 V=49152 bfloat16"]
+    assert args.model_vocab == 49152 and args.model_layers == 30  # SmolLM2-135M's shape on a device
+    with pytest.raises(SystemExit):
+        bench_heads.parse_args(["--device", "cpu", "--shapes", "2048by50000"])
 
 
 def test_device_benchmark_names_the_option_it_refuses():
@@ -109,7 +122,8 @@ def test_gpu_check_fails_loudly_without_cuda(tmp_path):
 
 
 def test_gpu_wheels_pin_the_clients_extras_versions():
-    """The GPU machine runs the trl and liger-kernel that `make install` pins (setup.cfg's clients extra)."""
+    """The GPU machine runs the trl, liger-kernel and x-transformers that `make install` pins (setup.cfg's clients
+    and bench extras)."""
     wheels = dict(
         line.split("==")
         for line in open(os.path.join(ROOT, "scripts", "gpu_wheels.txt"))
@@ -117,6 +131,7 @@ def test_gpu_wheels_pin_the_clients_extras_versions():
     )
     config = configparser.ConfigParser()
     config.read(os.path.join(ROOT, "setup.cfg"))
-    pins = dict(re.findall(r"^\s*([\w-]+)==([\w.]+)", config["options.extras_require"]["clients"], re.M))
-    for name in ("trl", "liger-kernel"):
+    extras = config["options.extras_require"]
+    pins = dict(re.findall(r"^\s*([\w-]+)==([\w.]+)", extras["clients"] + extras["bench"], re.M))
+    for name in ("trl", "liger-kernel", "x-transformers"):
         assert wheels[name].strip() == pins[name], name

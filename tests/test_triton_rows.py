@@ -96,7 +96,8 @@ def test_a_head_opts_into_the_kernels_for_auto_and_the_adapters():
     assert head.lean_kernel is None and head._lean_path("auto", "mean", True) == "lean"
     head.lean_kernel = "triton"
     assert head._lean_path("auto", "mean", True) == "triton"
-    _close(_run(head, hidden, target, "auto", 0.0, "mean"), _run(head, hidden, target, "lean", 0.0, "mean"), {})
+    tol = dict(rtol=1e-5, atol=1e-6)  # (float32 both, sums in other orders)
+    _close(_run(head, hidden, target, "auto", 0.0, "mean"), _run(head, hidden, target, "lean", 0.0, "mean"), tol)
 
 
 def test_the_kernel_path_is_refused_in_one_line_where_it_cannot_run(monkeypatch):
@@ -116,3 +117,85 @@ def test_the_kernel_path_is_refused_in_one_line_where_it_cannot_run(monkeypatch)
     monkeypatch.setattr(triton_rows, "triton_installed", lambda: False)
     with pytest.raises(ValueError, match=r"needs the triton package, which is not installed"):
         head.float().loss(hidden, target, impl="triton")
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_sigmoid_tree_kernels_equal_the_log_space_tree(k, dtype):
+    """Mixtape's frequent ids: ``tree_mix`` against the priors of ``sigmoid_tree_log_priors`` (the paper's eq. 3 in
+    log space) in float64, and its backward (in place, the priors recomputed) against autograd through them."""
+    from hf_heads.core import ops
+
+    g = torch.Generator().manual_seed(k)
+    n, s = 3, 37  # S not a multiple of the block
+    comp, gates = torch.randn(n, k, s, generator=g, dtype=torch.float64), torch.randn(n, k - 1, s, generator=g).double()
+    shared, gate_bias = torch.randn(n, k - 1, generator=g).double(), torch.randn(s, k - 1, generator=g).double()
+    bias, grad_z = torch.randn(s, generator=g).double(), torch.randn(n, s, generator=g).double()
+    comp, gates = comp.to(dtype).double().requires_grad_(), gates.to(dtype).double().requires_grad_()
+    priors = ops.sigmoid_tree_log_priors((gates + shared[:, :, None] + gate_bias.t()).transpose(1, 2)).exp()
+    z = (priors * comp.transpose(1, 2)).sum(-1) + bias
+    grad_comp, grad_gates = torch.autograd.grad(z, [comp, gates], grad_z)
+    c, gl = comp.detach().to(dtype), gates.detach().to(dtype)
+    got = triton_rows.tree_mix(c, gl, shared.float(), gate_bias.float(), bias.float())
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=2e-2)  # bf16: the store
+    torch.testing.assert_close(got.double(), z.detach(), **tol)
+    got_comp, got_gates = triton_rows.tree_mix_backward(c, gl, shared.float(), gate_bias.float(), grad_z.float())
+    assert got_comp.data_ptr() == c.data_ptr() and got_gates.data_ptr() == gl.data_ptr()  # in place
+    torch.testing.assert_close(got_comp.double(), grad_comp, **tol)
+    torch.testing.assert_close(got_gates.double(), grad_gates, **tol)
+
+
+def _mixtape():
+    torch.manual_seed(0)
+    head = hf_heads.build_head("mixtape", hidden_size=HIDDEN, vocab_size=VOCAB, num_gates=4, gate_noise=0.0)
+    head.lean_chunk_tokens = lambda: 4
+    return head.train()
+
+
+def test_the_kernels_run_under_torch_compile_and_gradient_checkpointing():
+    """Compiled (dynamo breaks the graph around the lean loss, which runs eagerly: its kernels too) and with the
+    hidden states from a checkpointed layer: the loss and gradients of the eager kernels."""
+    from torch.utils.checkpoint import checkpoint
+
+    hidden, target = _batch(7)
+    head = _mixtape()
+    layer = torch.nn.Linear(HIDDEN, HIDDEN)
+
+    def loss_of(x, checkpointed=False):
+        h = checkpoint(layer, x, use_reentrant=False) if checkpointed else layer(x)
+        return head.loss(h, target, impl="triton")
+
+    def grads(fn):
+        head.zero_grad(set_to_none=True)
+        layer.zero_grad(set_to_none=True)
+        x = hidden.clone().requires_grad_()
+        loss = fn(x)
+        loss.backward()
+        return [loss.detach(), x.grad, layer.weight.grad, head.gate_embedding.grad, head.weight.grad]
+
+    torch._dynamo.reset()
+    expected = grads(loss_of)
+    for got in (grads(torch.compile(loss_of, backend="aot_eager")), grads(lambda x: loss_of(x, checkpointed=True))):
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fp16_keeps_the_gradients_of_the_summed_loss_until_the_end():
+    """fp16 parameters, many tokens and a GradScaler's scale: the kernels' in-place gradient is that of the summed
+    loss (float32, the 1 / N of "mean" applied after, with the scale), so nothing underflows on the way: every
+    gradient is the float64 reference's."""
+    g = torch.Generator().manual_seed(8)
+    hidden = torch.randn(512, HIDDEN, generator=g)
+    target = torch.randint(0, VOCAB, (512,), generator=g)
+    torch.manual_seed(0)
+    head = hf_heads.build_head("mos", hidden_size=HIDDEN, vocab_size=VOCAB, num_components=2).half().train()
+    reference = copy.deepcopy(head).double()
+    scale = 2.0**16
+    h = hidden.half().requires_grad_()
+    (head.loss(h, target, impl="triton") * scale).backward()
+    r = hidden.double().requires_grad_()
+    reference.loss(r, target, impl="reference").backward()
+    torch.testing.assert_close(h.grad.double() / scale, r.grad, rtol=2e-2, atol=1e-6)
+    for (name, p), q in zip(head.named_parameters(), reference.parameters()):
+        assert p.grad.abs().min() > 0 or q.grad.abs().min() == 0, name
+        torch.testing.assert_close(p.grad.double() / scale, q.grad, rtol=2e-2, atol=1e-6, msg=name)

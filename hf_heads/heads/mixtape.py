@@ -100,7 +100,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
     config_class = MixtapeConfig
     paper = "Yang et al. 2019, Mixtape: breaking the softmax bottleneck efficiently"
     applies_logit_map = True  # on the gated logits, before the one softmax
-    row_kernels = True  # the softmax rows; the frequent ids' gated logits stay PyTorch (_lean_frequent_logits)
+    row_kernels = True  # the softmax rows, and the frequent ids' sigmoid tree (ops.triton_rows.tree_mix)
     uses_frequency_order = True  # the S most frequent ids (frequency_order[:S]) have their own gates
     optional_state_keys = ("scaled_form",)  # the form of the projections, kept with the weights since spec version 2
     legacy_defaults = {1: {"scaled_input": LEGACY_SCALED}}  # version 2 made torch's nn.Linear form the default
@@ -282,7 +282,9 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         with torch.enable_grad():
             ctx, shared, gate_ctx, mixed = self._gate_inputs(hidden)
         small = [] if shared is None else [ctx, gate_ctx, shared]  # one gate: a plain softmax over h_1
-        freq, back = self._lean_frequent_logits(*(t.detach() for t in small), grads) if small else (None, None)
+        freq, back = (None, None)
+        if small:
+            freq, back = self._lean_frequent_logits(*(t.detach() for t in small), grads, triton=triton)
         loss, nll, grad_mixed, _, grad_freq = ops.softmax_rows(
             self.weight,
             self.bias,
@@ -301,12 +303,13 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             grad_outputs += back(grad_freq)
         return loss.sum(), nll.sum(), lean.backprop(outputs, grad_outputs, hidden, grads)
 
-    def _lean_frequent_logits(self, ctx: torch.Tensor, gate_ctx: torch.Tensor, shared: torch.Tensor, grads):
+    def _lean_frequent_logits(self, ctx, gate_ctx, shared, grads, triton: bool = False):
         """``(z[:, :S], back)``, forward and backward by hand: component logits ``h_k . w_x`` and gate
         pre-activations as two matrix products ``[n K, .] x [., S]``, the sigmoid tree as nested lerps
         (``node = right + sigmoid(l) (left - right)``, which is ``sum_k pi_k h_k . w_x``), no K x n x S
-        temporaries beyond the saved ones. ``back(grad_z)`` adds the gradients of W[:S], b[:S], the gate
-        embeddings and biases to ``grads`` and returns those of ``(ctx, gate_ctx, shared)``."""
+        temporaries beyond the saved ones; with ``triton``, the gates' sums, the tree and the bias in the kernels of
+        :func:`hf_heads.core.ops.triton_rows.tree_mix`, which save nothing. ``back(grad_z)`` adds the gradients of
+        W[:S], b[:S], the gate embeddings and biases to ``grads`` and returns those of ``(ctx, gate_ctx, shared)``."""
         c = self.config
         n, k, d = ctx.shape
         s, d2 = c.num_frequent, c.gate_embedding_size
@@ -315,16 +318,24 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         v = self.gate_embedding.to(ctx.dtype)
         comp = (ctx.reshape(n * k, d) @ w.t()).view(n, k, s)
         gates = (gate_ctx.reshape(n * (k - 1), d2) @ v.t()).view(n, k - 1, s)
-        gates += shared[:, :, None]
-        gates += self.gate_bias.to(ctx.dtype).t()
         if self.training and c.gate_noise > 0:
             gates.add_(torch.randn_like(gates), alpha=c.gate_noise)
-        z, tree = ops.sigmoid_tree_mix(comp, gates)
-        if self.bias is not None:
-            z = z + self._frequent_rows(self.bias, ctx.dtype)
+        bias = None if self.bias is None else self._frequent_rows(self.bias, ctx.dtype)
+        if triton:  # the gates' sums, the tree and the bias in one kernel; its backward recomputes the priors
+            gate_bias = self.gate_bias.to(ctx.dtype)
+            z = ops.triton_rows.tree_mix(comp, gates, shared, gate_bias, bias)
+        else:
+            gates += shared[:, :, None]
+            gates += self.gate_bias.to(ctx.dtype).t()
+            z, tree = ops.sigmoid_tree_mix(comp, gates)
+            if bias is not None:
+                z = z + bias
 
         def back(grad_z):
-            grad_comp, grad_gates = ops.sigmoid_tree_mix_backward(tree, grad_z)
+            if triton:
+                grad_comp, grad_gates = ops.triton_rows.tree_mix_backward(comp, gates, shared, gate_bias, grad_z)
+            else:
+                grad_comp, grad_gates = ops.sigmoid_tree_mix_backward(tree, grad_z)
             grad_comp = grad_comp.view(n * k, s)
             grad_gates_2d = grad_gates.view(n * (k - 1), s)
             if self.weight in grads:

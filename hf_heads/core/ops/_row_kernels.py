@@ -135,3 +135,103 @@ def _grads_kernel(
             tl.atomic_add(per_bin_ptr + bins, g, mask=mask)
             tl.atomic_add(at_bin_ptr + bins, g * frac, mask=mask)
         tl.store(base + offs, (g * dz).to(logits_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _tree_priors(gates_ptr, shared_ptr, gate_bias_ptr, row, offs, mask, num_ids, K: tl.constexpr, LEVELS: tl.constexpr):
+    """The K leaf priors ``[K, BLOCK_S]`` of row ``row``'s ids ``offs`` (Mixtape's sigmoid tree, heap order: node
+    ``2^t - 1 + (k >> (L - t))`` at depth t on leaf k's path, left where bit ``L - 1 - t`` of k is 0)."""
+    leaves = tl.arange(0, K)
+    pi = (leaves[:, None] + offs[None, :]) * 0.0 + 1.0
+    for t in tl.static_range(LEVELS):
+        p, q, bit = _tree_gate(gates_ptr, shared_ptr, gate_bias_ptr, row, offs, mask, num_ids, leaves, t, K, LEVELS)
+        pi = pi * tl.where(bit[:, None] == 0, p, q)
+    return pi
+
+
+@triton.jit
+def _tree_gate(
+    gates_ptr,
+    shared_ptr,
+    gate_bias_ptr,
+    row,
+    offs,
+    mask,
+    num_ids,
+    leaves,
+    t: tl.constexpr,
+    K: tl.constexpr,
+    LEVELS: tl.constexpr,
+):
+    """``(sigmoid(l), sigmoid(-l), bit)`` ``[K, BLOCK_S]`` of the gate at depth ``t`` on each leaf's path:
+    ``l = gates[row, node, id] + shared[row, node] + gate_bias[id, node]`` (float32), ``bit`` 0 where the leaf is
+    left of it."""
+    node = (1 << t) - 1 + (leaves >> (LEVELS - t))
+    bit = (leaves >> (LEVELS - 1 - t)) & 1
+    m2 = mask[None, :] & (node[:, None] >= 0)
+    g = tl.load(gates_ptr + (row * (K - 1) + node[:, None]) * num_ids + offs[None, :], mask=m2, other=0.0)
+    u = tl.load(shared_ptr + row * (K - 1) + node).to(tl.float32)
+    b = tl.load(gate_bias_ptr + offs[None, :] * (K - 1) + node[:, None], mask=m2, other=0.0)
+    gate = g.to(tl.float32) + u[:, None] + b.to(tl.float32)
+    return 1.0 / (1.0 + tl.exp(-gate)), 1.0 / (1.0 + tl.exp(gate)), bit
+
+
+@triton.jit
+def _tree_mix_kernel(
+    comp_ptr,
+    gates_ptr,
+    shared_ptr,
+    gate_bias_ptr,
+    bias_ptr,
+    out_ptr,
+    num_ids,
+    HAS_BIAS: tl.constexpr,
+    K: tl.constexpr,
+    LEVELS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """``out[row, id] = sum_k pi_k comp[row, k, id] (+ bias[id])``: Mixtape's gated logits of its frequent ids."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    mask = offs < num_ids
+    pi = _tree_priors(gates_ptr, shared_ptr, gate_bias_ptr, row, offs, mask, num_ids, K, LEVELS)
+    leaves = tl.arange(0, K)
+    m2 = mask[None, :] & (leaves[:, None] >= 0)
+    c = tl.load(comp_ptr + (row * K + leaves[:, None]) * num_ids + offs[None, :], mask=m2, other=0.0)
+    z = tl.sum(pi * c.to(tl.float32), axis=0)
+    if HAS_BIAS:
+        z += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * num_ids + offs, z.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _tree_mix_backward_kernel(
+    comp_ptr,
+    gates_ptr,
+    shared_ptr,
+    gate_bias_ptr,
+    grad_ptr,
+    num_ids,
+    K: tl.constexpr,
+    LEVELS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """In place: ``comp`` becomes ``dz pi_k``, ``gates`` ``dz dz/dl_j``, with ``dpi_k / dl_j = pi_k sigmoid(-l_j)``
+    for the leaves left of node j and ``-pi_k sigmoid(l_j)`` for those right of it (summed over j's leaves)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    mask = offs < num_ids
+    leaves = tl.arange(0, K)
+    m2 = mask[None, :] & (leaves[:, None] >= 0)
+    pi = _tree_priors(gates_ptr, shared_ptr, gate_bias_ptr, row, offs, mask, num_ids, K, LEVELS)
+    comp_at = comp_ptr + (row * K + leaves[:, None]) * num_ids + offs[None, :]
+    mixed = pi * tl.load(comp_at, mask=m2, other=0.0).to(tl.float32)  # pi_k c_k
+    dz = tl.load(grad_ptr + row * num_ids + offs, mask=mask, other=0.0).to(tl.float32)
+    for t in tl.static_range(LEVELS):  # each depth's gates are read (for p) before they are overwritten
+        p, q, bit = _tree_gate(gates_ptr, shared_ptr, gate_bias_ptr, row, offs, mask, num_ids, leaves, t, K, LEVELS)
+        term = tl.reshape(mixed * tl.where(bit[:, None] == 0, q, -p), (1 << t, K >> t, BLOCK_S))
+        nodes = (1 << t) - 1 + tl.arange(0, 1 << t)
+        at = gates_ptr + (row * (K - 1) + nodes[:, None]) * num_ids + offs[None, :]
+        m3 = mask[None, :] & (nodes[:, None] >= 0)
+        tl.store(at, (tl.sum(term, axis=1) * dz[None, :]).to(gates_ptr.dtype.element_ty), mask=m3)
+    tl.store(comp_at, (pi * dz[None, :]).to(comp_ptr.dtype.element_ty), mask=m2)

@@ -166,3 +166,66 @@ def _kernels():
 def _pow2(n: int) -> int:
     """The least power of two at least ``n`` (Triton's blocks are powers of two)."""
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def tree_mix(
+    comp: torch.Tensor,
+    gates: torch.Tensor,
+    shared: torch.Tensor,
+    gate_bias: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Mixtape's gated logits of its S frequent ids in one kernel, ``z [n, S] = sum_k pi_k comp[:, k] (+ bias)``:
+    the K = 2^L priors ``pi`` from the sigmoid tree of ``gates [n, K - 1, S] + shared [n, K - 1, None] +
+    gate_bias.T`` (``gate_bias [S, K - 1]``), the values ``comp [n, K, S]`` (what
+    :func:`~hf_heads.core.ops.sigmoid_tree_mix` computes from the summed gates, without its saved levels)."""
+    n, k, s = comp.shape
+    out = comp.new_empty(n, s)
+    if n and s:
+        _kernels()._tree_mix_kernel[(n, _cdiv(s, _tree_block(k)))](
+            comp.contiguous(),
+            gates.contiguous(),
+            shared.float().contiguous(),
+            gate_bias.contiguous(),
+            out if bias is None else bias.contiguous(),
+            out,
+            s,
+            HAS_BIAS=bias is not None,
+            K=k,
+            LEVELS=k.bit_length() - 1,
+            BLOCK_S=_tree_block(k),
+        )
+    return out
+
+
+def tree_mix_backward(
+    comp: torch.Tensor, gates: torch.Tensor, shared: torch.Tensor, gate_bias: torch.Tensor, grad_z: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(grad_comp [n, K, S], grad_gates [n, K - 1, S])`` of ``sum(grad_z * z)`` for :func:`tree_mix`'s ``z``,
+    written in place into ``comp`` and ``gates`` (contiguous; the priors recomputed from them, nothing saved)."""
+    n, k, s = comp.shape
+    if not (comp.is_contiguous() and gates.is_contiguous()):
+        raise ValueError("tree_mix_backward: comp and gates must be contiguous (their buffers take the gradients)")
+    if n and s:
+        _kernels()._tree_mix_backward_kernel[(n, _cdiv(s, _tree_block(k)))](
+            comp,
+            gates,
+            shared.float().contiguous(),
+            gate_bias.contiguous(),
+            grad_z.contiguous(),
+            s,
+            K=k,
+            LEVELS=k.bit_length() - 1,
+            BLOCK_S=_tree_block(k),
+        )
+    return comp, gates
+
+
+def _tree_block(k: int) -> int:
+    """Ids per program of the tree kernels: about 2048 values of each ``[K, BLOCK_S]`` block in registers."""
+    return max(16, min(1024, 2048 // k))
+
+
+def _cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for a launch grid."""
+    return -(-a // b)
