@@ -14,15 +14,19 @@ median of a few steps), so it counts every activation, gradient and temporary th
 On a GPU (``--device cuda``): the output layer alone at N = 8192 tokens for every d, V and dtype asked for (by
 default d = 1024 and 2048, V = 32000 and 50000, float32 and bfloat16: parameters and hidden states in that dtype),
 each head against ``nn.Linear`` + ``F.cross_entropy`` in the same process, beside the fused losses where they import:
-torch's chunked ``F.linear_cross_entropy``, Liger Kernel's fused linear cross-entropy and Apple's Cut Cross-Entropy.
-Time: CUDA events, the median of interleaved rounds after warm-up steps (Triton kernels compile once per shape).
-Memory: ``torch.cuda.max_memory_allocated`` during one step over what was allocated before it (the inputs and the
-parameters are not counted; activations, temporaries and gradients are). Results are written after every setting,
-so a run cut off keeps what it measured.
+torch's chunked ``F.linear_cross_entropy``, Liger Kernel's fused linear cross-entropy and Apple's Cut Cross-Entropy,
+and x-transformers' MoS beside MoS-3; each head also with its products in the parameters' dtype, with its Triton
+kernels (``impl="triton"``) and by plain autograd (``impl="reference"``); every entry's roofline (:func:`rooflines`);
+then a whole-model step of a SmolLM2-135M-shaped Llama (:func:`device_model_steps`); the targets in one place
+(``TIME_TARGETS`` and below). Time: CUDA events, the median of interleaved rounds after warm-up steps (Triton
+kernels compile once per shape). Memory: ``torch.cuda.max_memory_allocated`` during one step over what was allocated
+before it (the inputs and the parameters are not counted; activations, temporaries and gradients are). Results are
+written after every setting, so a run cut off keeps what it measured.
 
     python -m recipes.bench_heads --out results/bench_heads
     python -m recipes.bench_heads --vocab 10000 --no-model      # output layer only, one V
     python -m recipes.bench_heads --device cuda --out results/bench_heads_gpu
+    python -m recipes.bench_heads --device cuda --shapes 2048x50000 576x49152 --dtype bfloat16   # gpu_check.sh's
 """
 
 from __future__ import annotations
@@ -309,7 +313,11 @@ def device_steps(vocab: int, dim: int, dtype: torch.dtype, args):
         add(label)
         if args.low_products and low and name in LOW_PRODUCT_HEADS:  # V-wide products in dtype (float32 results)
             add(products_label(label, dtype), products=dtype)
-        if args.kernels and head.row_kernels:
+        if args.kernels and not head.row_kernels:
+            missing[kernels_label(label, dtype)] = (
+                "no Triton kernels: this head's rows are grouped on the host (out of the kernels' scope)"
+            )
+        elif args.kernels:
             if no_kernels:
                 missing[kernels_label(label, dtype)] = no_kernels
             else:

@@ -904,13 +904,21 @@ def test_head_criterion_equals_fairseqs_own_criteria(data, tmp_path, eps):
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_head_criterion_trains_with_the_lean_loss_and_matches_the_reference(data, tmp_path, eps):
+def test_head_criterion_trains_with_the_lean_loss_and_matches_the_reference(data, tmp_path, eps, monkeypatch):
     """Training mode: the criterion's loss and every gradient are the same with the memory-lean loss (the
-    default) and with the reference path (head.lean_loss = False); randomness off."""
+    default), with its Triton kernels (head.lean_kernel = "triton"; in the interpreter here) and with the reference
+    path (head.lean_loss = False); randomness off."""
     import torch
     from fairseq import checkpoint_utils
 
     from fairseq_plugin.criterions import HeadCrossEntropyCriterion
+    from hf_heads.core.ops import triton_rows
+
+    kernel_calls = []
+    for name in ("row_stats", "tree_mix"):
+        original = getattr(triton_rows, name)
+        monkeypatch.setattr(triton_rows, name, lambda *a, f=original, n=name, **k: kernel_calls.append(n) or f(*a, **k))
+    kernels = triton_rows.triton_installed() and triton_rows.interpreting()
 
     train_lm(data, tmp_path, "mixtape", updates=1)
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(tmp_path / "checkpoint_last.pt")])
@@ -933,17 +941,19 @@ def test_head_criterion_trains_with_the_lean_loss_and_matches_the_reference(data
     }
     criterion = HeadCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=eps)
     results = []
-    for lean in (True, False):
-        head.lean_loss = lean
+    for lean, kernel in [(False, None), (True, None)] + [(True, "triton")] * kernels:
+        head.lean_loss, head.lean_kernel = lean, kernel
         model.zero_grad()
         loss, _, _ = criterion(model, sample)
         loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
-    (lean_loss, lean_grads), (ref_loss, ref_grads) = results
-    torch.testing.assert_close(lean_loss, ref_loss, rtol=1e-5, atol=1e-5)
-    assert len(lean_grads) == len(ref_grads)
-    for a, b in zip(lean_grads, ref_grads):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    (ref_loss, ref_grads), *lean_results = results
+    for lean_loss, lean_grads in lean_results:
+        torch.testing.assert_close(lean_loss, ref_loss, rtol=1e-5, atol=1e-5)
+        assert len(lean_grads) == len(ref_grads)
+        for a, b in zip(lean_grads, ref_grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert set(kernel_calls) == ({"row_stats", "tree_mix"} if kernels else set())  # only with lean_kernel, both ran
 
 
 def _valid_losses(out):

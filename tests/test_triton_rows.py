@@ -199,3 +199,32 @@ def test_fp16_keeps_the_gradients_of_the_summed_loss_until_the_end():
     for (name, p), q in zip(head.named_parameters(), reference.parameters()):
         assert p.grad.abs().min() > 0 or q.grad.abs().min() == 0, name
         torch.testing.assert_close(p.grad.double() / scale, q.grad, rtol=2e-2, atol=1e-6, msg=name)
+
+
+def test_an_hf_model_trains_through_the_kernels(monkeypatch):
+    """The HF adapter's lean training loss (``impl="auto"``) with ``lean_kernel = "triton"`` on the swapped head:
+    both kernels run (the rows' and Mixtape's tree), with the loss and every gradient of the PyTorch lean loss."""
+    transformers = pytest.importorskip("transformers", reason="transformers not installed: run `make install`")
+    calls = []
+    for name in ("row_stats", "tree_mix"):
+        original = getattr(triton_rows, name)
+        monkeypatch.setattr(triton_rows, name, lambda *a, f=original, n=name, **k: calls.append(n) or f(*a, **k))
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16)
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+    model = hf_heads.swap_head(transformers.GPT2LMHeadModel(config), "mixtape", num_gates=4, gate_noise=0.0).train()
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
+    results = []
+    for kernel in (None, "triton"):
+        hf_heads.output_head(model).lean_kernel = kernel
+        model.zero_grad(set_to_none=True)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        assert bool(calls) == (kernel is not None)
+    assert set(calls) == {"row_stats", "tree_mix"}
+    (lean_loss, lean_grads), (loss, grads) = results
+    torch.testing.assert_close(loss, lean_loss, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == lean_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, lean_grads[name], rtol=1e-4, atol=1e-6, msg=name)

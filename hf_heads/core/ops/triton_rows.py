@@ -14,6 +14,9 @@ after each load, back on the store), in two passes over the row:
   posterior responsibility, which couples the K rows of a token only through an ``[n, K]`` matrix) and, for PLIF,
   the slope gradients as per-bin sums (``atomic_add``).
 
+Mixtape's frequent ids have kernels of their own (:func:`tree_mix`, :func:`tree_mix_backward`): its sigmoid tree's
+priors, the gated logits and their gradients, the priors recomputed in the backward (nothing saved).
+
 Ignored positions never reach the kernels (the lean loss keeps the valid rows). The kernels themselves are in
 :mod:`._row_kernels`, imported when they first run. On the CPU they run in Triton's interpreter (``TRITON_INTERPRET=1``,
 set before triton is first imported, as tests/conftest.py does: for tests, slow); where triton cannot be imported, or
