@@ -30,7 +30,7 @@ import torch
 
 import hf_heads
 from recipes.common.real_heads import TrainedHead, random_head, smollm2_head, smollm2_missing
-from recipes.common.timing import busy_neighbour, busy_report, time_per_call
+from hf_heads.cli.timing import busy_neighbour, busy_report, time_per_call
 
 SETTINGS = ("smollm2", "lm", "random")
 
@@ -196,7 +196,7 @@ def format_table(rows: List[Dict]) -> str:
 def format_busy(rows: List[Dict]) -> str:
     """The --busy table: batch-1 ms and speed-up quiet and beside a busy neighbour, and each method's slowdown over
     the exact softmax's (1 = it suffers no more than the softmax; the aim: at most 1.5)."""
-    from recipes.common.process import describe
+    from hf_heads.cli.process import describe
 
     lines = [
         f"Beside a busy neighbour process (`--busy`; {describe()}):",
@@ -338,6 +338,6 @@ def main(argv=None) -> List[Dict]:
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

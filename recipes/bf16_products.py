@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 import hf_heads
-from recipes.common.cli import run as run_cli
+from hf_heads.cli.runner import run as run_cli
 from recipes.common.hidden_tasks import read_words
 
 HEADS = {

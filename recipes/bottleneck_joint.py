@@ -150,6 +150,6 @@ def main(argv=None, log=print) -> List[Dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

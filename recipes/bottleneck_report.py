@@ -1821,6 +1821,6 @@ def main(argv=None, log=print) -> str:
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

@@ -17,7 +17,7 @@ lasso, balancing loss and self-scheduled pruning; (3) both are scored on held-ou
 accuracy (the paper's metric), the classes each expert keeps, how pure the experts are with
 respect to the hidden super classes (synthetic), the FLOPs reduction, and the wall-clock time of
 ``head.topk(hidden, 1)`` at batch 1 and 64 against the full softmax's, measured in the same run
-(interleaved rounds, medians; :mod:`recipes.common.timing`).
+(interleaved rounds, medians; :mod:`hf_heads.cli.timing`).
 
     python -m recipes.ds_softmax                                   # every task but wikitext-2, ~13 min on 2 cores
     python -m recipes.ds_softmax --tasks synthetic-10x10 --steps 300
@@ -35,7 +35,7 @@ import torch
 
 import hf_heads
 from recipes.common.hidden_tasks import Task, make_lm_task, train_head
-from recipes.common.timing import time_per_call
+from hf_heads.cli.timing import time_per_call
 
 PAPER = {  # the poster's table: full-softmax top-1, DS-64 top-1, FLOPs reduction, ms full -> DS
     "PTB": {"full": 0.252, "ds": 0.258, "flops": 15.99, "ms": (0.73, 0.05)},
@@ -412,6 +412,6 @@ def main(argv=None) -> List[Dict]:
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

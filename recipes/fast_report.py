@@ -277,6 +277,6 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

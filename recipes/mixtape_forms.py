@@ -245,6 +245,6 @@ def main(argv=None) -> Dict[str, Dict]:
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

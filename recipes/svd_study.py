@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 import torch
 
 import hf_heads
-from recipes.common.timing import time_per_call
+from hf_heads.cli.timing import time_per_call
 
 SETTINGS = ("ptb", "wikitext-2", "smollm2")
 
@@ -334,6 +334,6 @@ def main(argv=None) -> List[Dict]:
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

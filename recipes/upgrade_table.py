@@ -201,7 +201,7 @@ def run_cell(argv: List[str], dry_run: bool, log) -> Optional[Dict]:
     log("python -m recipes.upgrade_head " + " ".join(shlex.quote(a) for a in argv))
     if dry_run:
         return None
-    from recipes import upgrade_head
+    from hf_heads.cli import upgrade as upgrade_head
 
     return upgrade_head.main(argv, log=log)
 
@@ -337,6 +337,6 @@ def main(argv=None, log=print) -> Dict:
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

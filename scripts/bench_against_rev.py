@@ -67,7 +67,7 @@ def main(argv=None) -> None:
     import torch
 
     import hf_heads
-    from recipes.bench_heads import HEADS  # the benchmark's output-layer settings
+    from hf_heads.cli.bench import HEADS  # the benchmark's output-layer settings
 
     with tempfile.TemporaryDirectory() as tmp:
         old_package = import_rev(args.rev, tmp)

@@ -34,7 +34,7 @@ def test_cuda_tier_without_cuda_says_why_it_did_not_run():
 def test_device_benchmark_runs_on_the_cpu(tmp_path):
     """Every column and row of the GPU benchmark at a tiny size: the Triton rows through the interpreter, the
     reference rows, the roofline, the peers, the whole-model step (a 1-layer SmolLM2-shaped Llama) and the targets."""
-    from recipes import bench_heads
+    from hf_heads.cli import bench as bench_heads
 
     heads = ["softmax (ours)", "mos K=3", "mixtape K=4 r=0.1 d2=64"]
     out = bench_heads.main(
@@ -94,7 +94,7 @@ def test_device_benchmark_runs_on_the_cpu(tmp_path):
 
 
 def test_device_benchmark_takes_shapes():
-    from recipes import bench_heads
+    from hf_heads.cli import bench as bench_heads
 
     args = bench_heads.parse_args(["--device", "cpu", "--shapes", "2048x50000", "576x49152", "--dtype", "bfloat16"])
     assert [s[0] for s in bench_heads.device_settings(args)] == ["d=2048 V=50000 bfloat16", "d=576 V=49152 bfloat16"]
@@ -104,7 +104,7 @@ def test_device_benchmark_takes_shapes():
 
 
 def test_device_benchmark_names_the_option_it_refuses():
-    from recipes import bench_heads
+    from hf_heads.cli import bench as bench_heads
 
     with pytest.raises(SystemExit):
         bench_heads.parse_args(["--device", "cpu", "--tokens", "0"])

@@ -16,7 +16,7 @@ pytest.importorskip(
 )
 pytest.importorskip("datasets", reason="datasets comes with lm-eval: run `make install`")
 
-from recipes import lm_eval_local  # noqa: E402
+from hf_heads.cli import lm_eval as lm_eval_local  # noqa: E402
 from test_remote_code import WITHOUT_PACKAGE  # noqa: E402
 from test_trl import head_model, sentences, tokenizer  # noqa: E402
 

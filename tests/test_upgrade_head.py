@@ -61,7 +61,7 @@ def pretrained(tmp_path):
 
 
 def run(tmp_path, files, head, *extra):
-    from recipes import upgrade_head
+    from hf_heads.cli import upgrade as upgrade_head
 
     train, valid, test = files
     return upgrade_head.main(
@@ -138,7 +138,7 @@ def test_upgrade_starts_at_the_pretrained_model_trains_only_the_head_and_saves_i
 def test_inference_costs_time_the_body_and_each_head_on_the_same_blocks():
     """What an upgrade costs at inference: the body's forward on the first n blocks, the pretrained head and the new
     head each scoring those blocks' states (every one after a warm-up on one block), the ratio of the sums."""
-    from recipes.upgrade_head import inference_costs
+    from hf_heads.cli.upgrade import inference_costs
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=30, n_positions=16, n_embd=8, n_layer=1, n_head=2)
@@ -233,7 +233,7 @@ def test_the_pretrained_score_is_kept_beside_the_states_for_that_lm_head_only(pr
 
 def test_a_head_that_does_not_start_at_the_pretrained_model_is_named(pretrained):
     """MoS without its identity start is not the pretrained model at step 0: the recipe says so."""
-    from recipes import upgrade_head
+    from hf_heads.cli import upgrade as upgrade_head
 
     tmp_path, (train, valid, _) = pretrained
     lines = []
@@ -334,7 +334,7 @@ def test_the_more_parameters_control_starts_at_the_softmax_and_adds_what_mos_add
     assert abs(added - (3 * d * d + 6 * d)) <= 2 * d + 1
     assert result["start_valid_ppl"] == pytest.approx(result["pretrained_ppl"]["valid"], rel=1e-5)
     assert result["after"]["valid"]["ppl"] < result["before"]["valid"]["ppl"]
-    from recipes import upgrade_head
+    from hf_heads.cli import upgrade as upgrade_head
 
     with pytest.raises(SystemExit):
         upgrade_head.parse_args(["--model", "m", "--train-file", "t", "--valid-file", "v", "--residual-mlp", "mos-3"])
@@ -448,7 +448,7 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
 
 
 def upgrade_head_module():
-    from recipes import upgrade_head
+    from hf_heads.cli import upgrade as upgrade_head
 
     return upgrade_head
 

@@ -160,6 +160,6 @@ def main(argv: Optional[List[str]] = None, log=_stderr):
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

@@ -104,6 +104,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

@@ -10,7 +10,7 @@ Models are the table's own fairseq models, built from its ``fairseq-train`` comm
 does not depend on the weights), on the first sentences of its training data. An "output layer" step is the
 head's training loss (the memory-lean loss, as ``head_cross_entropy`` runs it) and its backward from the
 decoder features; an "all layers" step is the criterion's loss and the backward through the whole model.
-Time: interleaved rounds, medians (:mod:`recipes.common.timing`); peak memory: the resident set's rise during one
+Time: interleaved rounds, medians (:mod:`hf_heads.cli.timing`); peak memory: the resident set's rise during one
 step, in a child process whose allocator returns freed memory at once.
 
     python -m recipes.reproduce.engine.costs --spec OUT/TABLE/costs-spec.json --out OUT/TABLE/costs.json
@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Sequence
 
 import torch
 
-from recipes.common.timing import MALLOC_ENV, peak_memory, time_per_call
+from hf_heads.cli.timing import MALLOC_ENV, peak_memory, time_per_call
 
 GRID = [8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384]
 #: the cost columns: results metric -> (step kind, setting), and the paper's column key
@@ -305,6 +305,6 @@ def merge_costs(measured: Dict[str, Any], added: Dict[str, Any], heads: Sequence
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

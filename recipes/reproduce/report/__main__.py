@@ -1,6 +1,6 @@
 """``python -m recipes.reproduce.report``: :func:`recipes.reproduce.report.page.main`."""
 
-from recipes.common.cli import run
+from hf_heads.cli.runner import run
 from recipes.reproduce.report.page import main
 
 run(main)

@@ -143,6 +143,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from recipes.common.cli import run
+    from hf_heads.cli.runner import run
 
     run(main)

@@ -301,7 +301,7 @@ def count_parameters(recipe_args: List[str], variant: Variant) -> int:
     import torch
 
     import hf_heads
-    from recipes import finetune_hf
+    from hf_heads.cli import finetune as finetune_hf
 
     ns = finetune_hf.parse_args([*recipe_args, "--train-file", __file__, "--head", variant.head])
     with torch.device("meta"):

@@ -1,5 +1,5 @@
 """How every recipe's command starts and ends: ``python -m recipes.X`` says how many threads torch uses and how they
-wait (:func:`recipes.common.process.describe`, on stderr); with a bad head, option or value it prints the library's
+wait (:func:`hf_heads.cli.process.describe`, on stderr); with a bad head, option or value it prints the library's
 ``ValueError`` as one line (``recipes.X: error: ...``) and exits 2, as argparse does for its own checks, instead of a
 traceback; ``SOFTMAX_HEADS_TRACEBACK=1`` shows the traceback."""
 
@@ -23,7 +23,7 @@ def program() -> str:
 def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
     """Run ``main(argv)`` and exit: with its return value where it is an exit code (an int), else 0; with 2 and one
     line on stderr for a ``ValueError``. Says torch's thread use first (stderr)."""
-    from recipes.common.process import describe
+    from hf_heads.cli.process import describe
 
     if "-h" not in sys.argv[1:] and "--help" not in sys.argv[1:]:
         print(f"{program()}: {describe()}", file=sys.stderr, flush=True)
@@ -35,3 +35,14 @@ def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
         print(f"{program()}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def alias(name: str, command: str) -> None:
+    """Make the module ``name`` (``recipes.finetune_hf``) an alias of :mod:`hf_heads.cli.<command>`: run as
+    ``python -m``, it runs that command; imported, ``sys.modules`` holds the command's module under its name."""
+    import importlib
+
+    module = importlib.import_module(f"hf_heads.cli.{command}")
+    if name == "__main__":
+        run(module.main)
+    sys.modules[name] = module
