@@ -35,7 +35,7 @@ from .core import (
 )
 from . import heads as _heads  # noqa: F401  (registers every head)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "HeadConfig",

@@ -9,7 +9,7 @@ Two remedies, both here:
 
 * ``make install`` (which calls :func:`main` with ``--fix``) uninstalls a torchaudio that cannot
   be imported; fairseq only needs it for its speech tasks.
-* every recipe (``recipes/common/process.py``, ``hide_broken_torchaudio``; ``import hf_heads`` hides nothing)
+* every recipe (``hf_heads/cli/process.py``, ``hide_broken_torchaudio``; ``import hf_heads`` hides nothing)
   marks such a torchaudio as absent in its own process, so transformers skips it and fairseq raises its
   own "install torchaudio" message only if a speech task is used.
 """

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 # before anything loads torch (and inherited by the fairseq / recipe subprocesses the tests start): idle OpenMP
-# threads sleep instead of spinning, so the suite keeps its speed beside a busy process (recipes/common/process.py)
+# threads sleep instead of spinning, so the suite keeps its speed beside a busy process (hf_heads/cli/process.py)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # cuBLAS's workspace for torch.use_deterministic_algorithms(True) on CUDA (tests/test_device.py); unused on the CPU
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

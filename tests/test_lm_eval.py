@@ -1,5 +1,5 @@
 """lm-evaluation-harness on a saved head model, in a process that cannot import softmax-heads: its rolling word
-perplexity of local documents (recipes/lm_eval_local.py's task, no download) equals ours."""
+perplexity of local documents (hf_heads/cli/lm_eval.py's task, no download) equals ours."""
 
 import json
 import os

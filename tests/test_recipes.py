@@ -210,7 +210,7 @@ def test_finetune_recipe_on_two_processes(tmp_path):
 def test_finetune_recipe_says_what_is_missing(tmp_path):
     from hf_heads.cli import finetune as finetune_hf
 
-    with pytest.raises(SystemExit, match="is not a local directory"):
+    with pytest.raises(SystemExit, match="no such folder"):
         finetune_hf.main(["--model", str(tmp_path / "nope"), "--train-file", __file__])
     with pytest.raises(SystemExit):
         finetune_hf.main(["--model-config", "gpt2-tiny"])  # no data given: argparse error

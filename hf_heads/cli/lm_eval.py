@@ -6,9 +6,9 @@ writes a local lm-eval task (``loglikelihood_rolling`` over the first ``--docs``
 per line: no download), scores the same documents itself with the head's log-probs, runs ``lm_eval`` (``--run``)
 and prints both word perplexities::
 
-    python -m recipes.finetune_hf --model-config gpt2-tiny --train-file ../shared/data/wikitext-2/valid.txt \\
+    softmax-heads finetune --model-config gpt2-tiny --train-file ../shared/data/wikitext-2/valid.txt \\
         --valid-file ../shared/data/wikitext-2/test.txt --head mixtape --max-steps 20 --output-dir out/tiny
-    python -m recipes.lm_eval_local --model out/tiny --text ../shared/data/wikitext-2/test.txt --docs 20 \\
+    softmax-heads lm-eval --model out/tiny --text ../shared/data/wikitext-2/test.txt --docs 20 \\
         --out out/lm_eval --run
 
 Without ``--run`` it prints the ``lm_eval`` command (``--include_path`` the task folder). With internet, lm-eval's

