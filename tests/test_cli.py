@@ -107,9 +107,7 @@ def test_a_hub_id_reaches_from_pretrained_with_its_revision(tmp_path, monkeypatc
     assert {a[3] for a in asked} == {True}
 
 
-@pytest.mark.parametrize(
-    "command", [["hf_heads.cli", "finetune"], ["recipes.finetune_hf"], ["hf_heads.cli", "upgrade"]]
-)
+@pytest.mark.parametrize("command", [["hf_heads.cli", "upgrade"], ["recipes.finetune_hf"]])
 def test_a_hub_id_offline_ends_in_one_line(tmp_path, command):
     train, valid = _texts(tmp_path)
     run = _run(
@@ -125,26 +123,24 @@ def test_a_hub_id_offline_ends_in_one_line(tmp_path, command):
     assert "hf download gpt2 --local-dir DIR" in last
 
 
-def test_finetune_and_upgrade_run_from_a_folder_outside_the_checkout(tmp_path):
-    """``softmax-heads finetune`` then ``softmax-heads upgrade`` (as ``python -m hf_heads.cli``) in a folder of their
-    own, on a tiny local model: both finish and write their results there."""
+def test_finetune_and_upgrade_run_from_a_folder_outside_the_checkout(tmp_path, monkeypatch, capsys):
+    """``softmax-heads finetune`` then ``softmax-heads upgrade`` (the dispatcher, in this process) from a folder of
+    their own, on a tiny local model: both finish and write their results there (tests/test_wheel.py runs the
+    installed script where no checkout is on the path)."""
     model = _tiny(tmp_path / "tiny")
     train, valid = _texts(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["softmax-heads"])
     common = ["--train-file", train, "--valid-file", valid, "--block-size", "16", "--no-progress"]
-    tune = _run(
-        ["hf_heads.cli", "finetune", "--model", model, "--head", "mixtape", "--batch-size", "2", "--max-steps", "2"]
-        + common
-        + ["--output-dir", "tuned"],
-        tmp_path,
-    )
-    assert tune.returncode == 0, tune.stderr
-    assert "softmax-heads finetune: torch:" in tune.stderr  # the runner names the command
+    for argv in (
+        ["finetune", "--model", model, "--head", "mixtape", "--batch-size", "2", "--max-steps", "2", "--output-dir"]
+        + ["tuned", *common],
+        ["upgrade", "--model", model, "--head", "mos", "--max-epochs", "1", "--batch-tokens", "128", "--cache-dir"]
+        + ["cache", "--output-dir", "upgraded", *common],
+    ):
+        with pytest.raises(SystemExit) as done:
+            cli.main(argv)
+        assert done.value.code == 0
+    assert "softmax-heads finetune: torch:" in capsys.readouterr().err  # the runner names the command
     assert json.loads((tmp_path / "tuned" / "results.json").read_text())["steps"] == 2
-    up = _run(
-        ["hf_heads.cli", "upgrade", "--model", model, "--head", "mos", "--max-epochs", "1", "--batch-tokens", "128"]
-        + common
-        + ["--cache-dir", "cache", "--output-dir", "upgraded"],
-        tmp_path,
-    )
-    assert up.returncode == 0, up.stderr
     assert json.loads((tmp_path / "upgraded" / "results.json").read_text())["head"] == "mos"
