@@ -12,14 +12,14 @@ STAMP := .install.stamp
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml hf_heads/compat.py
+$(STAMP): setup.cfg pyproject.toml scripts/fix_torchaudio.py
 	@$(PYTHON) -c "import torch" 2>/dev/null && echo "using installed torch $$($(PYTHON) -c 'import torch; print(torch.__version__)')" \
 		|| $(PIP) install "$(TORCH_SPEC)"
 	@# pin torch to the installed one, also inside isolated build environments (fairseq builds
 	@# against torch): without this pip may fetch the newest CUDA torch (GBs) just to build
 	$(PYTHON) -c "import torch; print('torch==' + torch.__version__)" > .torch-constraint.txt
 	PIP_CONSTRAINT=$(CURDIR)/.torch-constraint.txt $(PIP) install -e ".[all]"
-	$(PYTHON) -c "from hf_heads.compat import main; raise SystemExit(main(['--fix']))"
+	$(PYTHON) scripts/fix_torchaudio.py --fix
 	@touch $(STAMP)
 
 demo: install

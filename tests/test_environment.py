@@ -57,7 +57,9 @@ def _fake_broken_torchaudio(tmp_path):
 def test_compat_detects_a_broken_torchaudio(tmp_path):
     proc = run_python(
         """
-        from hf_heads.compat import torchaudio_import_error
+        import sys
+        sys.path.insert(0, "scripts")
+        from fix_torchaudio import torchaudio_import_error
         print(torchaudio_import_error())
     """,
         extra_path=_fake_broken_torchaudio(tmp_path),
@@ -69,7 +71,7 @@ def test_compat_detects_a_broken_torchaudio(tmp_path):
 def test_the_recipes_hide_a_broken_torchaudio_from_transformers_and_hf_heads_does_not(tmp_path):
     """Every recipe (``recipes/__init__.py``) hides a torchaudio that cannot load, so transformers' model code works in
     the processes this project starts; ``import hf_heads`` alone hides nothing (its users run `make install`, which
-    uninstalls such a torchaudio, or ``python -m hf_heads.compat --fix``)."""
+    uninstalls such a torchaudio, or ``python scripts/fix_torchaudio.py --fix``)."""
     pytest.importorskip("transformers", reason="transformers not installed (pip install -e .[hf])")
     proc = run_python(
         """

@@ -19,7 +19,7 @@ spinning.
 
 **torchaudio.** fairseq pulls in torchaudio, whose PyPI wheels are pinned to one CUDA torch: beside a CPU torch it is
 installed but fails to import, and transformers, which sees it installed, then fails to import its model code.
-`make install` uninstalls such a torchaudio (:mod:`hf_heads.compat`); :func:`hide_broken_torchaudio` covers a
+`make install` uninstalls such a torchaudio (``scripts/fix_torchaudio.py``); :func:`hide_broken_torchaudio` covers a
 recipe run in an environment set up otherwise. It must run before transformers loads, hence here.
 
 This module imports nothing outside the standard library at load time, so the recipes can run it before torch.

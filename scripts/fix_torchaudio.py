@@ -5,10 +5,10 @@ pinned to one torch release: next to a CPU torch 2.13 the package is *installed*
 ``OSError`` on import. transformers sees it installed and imports it from ``audio_utils`` when any
 model module loads, so ``generate`` (and even ``from transformers import GPT2LMHeadModel``) fails.
 
-Two remedies, both here:
+Two remedies:
 
-* ``make install`` (which calls :func:`main` with ``--fix``) uninstalls a torchaudio that cannot
-  be imported; fairseq only needs it for its speech tasks.
+* ``make install`` runs this script with ``--fix`` (an install step: it is not part of the library), which uninstalls
+  a torchaudio that cannot be imported; fairseq only needs it for its speech tasks.
 * every recipe (``hf_heads/cli/process.py``, ``hide_broken_torchaudio``; ``import hf_heads`` hides nothing)
   marks such a torchaudio as absent in its own process, so transformers skips it and fairseq raises its
   own "install torchaudio" message only if a speech task is used.
