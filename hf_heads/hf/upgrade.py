@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -252,8 +253,6 @@ def train_head_on_states(
     stopped (a test checks the weights bitwise). When training ends the file holds the finished run, and a rerun
     returns it without training: delete it once its results are saved. A checkpoint of another run (other settings,
     data sizes or parameters) is refused with ``ValueError``."""
-    import time
-
     for name, value, low in (
         ("max_epochs", max_epochs, 1),
         ("patience", patience, 1),
@@ -263,9 +262,6 @@ def train_head_on_states(
             raise ValueError(f"train_head_on_states: {name}={value!r}; allowed: an integer >= {low}")
     if not checkpoint_seconds >= 0:
         raise ValueError(f"train_head_on_states: checkpoint_seconds={checkpoint_seconds!r}; allowed: a number >= 0")
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=lr)
-    order = torch.Generator().manual_seed(seed)
     run = {
         "lr": lr,
         "max_epochs": max_epochs,
@@ -277,121 +273,161 @@ def train_head_on_states(
         "parameters": [[k, list(v.shape)] for k, v in head.state_dict().items()],
     }
     saved = _load_checkpoint(checkpoint, run) if checkpoint else None
-    wall, cpu = time.perf_counter(), time.process_time()
+    training = _HeadTraining(head, run, checkpoint, checkpoint_seconds)
     if saved is not None and saved["finished"]:
         head.load_state_dict(saved["head"])
         head.eval()
         log(f"{checkpoint}: the finished run (best epoch {saved['best_epoch']}), not trained again")
         return saved["curve"]
     if saved is None:
-        best = float(nll_per_block(head, valid).mean())
-        best_epoch, best_state = 0, {k: v.detach().clone() for k, v in head.state_dict().items()}
-        curve = [
-            {
-                "epoch": 0,
-                "train_nll": float("nan"),
-                "valid_nll": best,
-                "seconds": 0.0,
-                "train_cpu_seconds": 0.0,
-                "cpu_seconds": time.process_time() - cpu,
-            }
-        ]
-        log(f"epoch 0 (the start): valid NLL {best:.4f} (perplexity {math.exp(best):.2f})")
-        first, skip, total, count, epoch_cpu, offset = 1, 0, 0.0, 0, 0.0, {"seconds": 0.0, "cpu_seconds": 0.0}
-        epoch_order = order.get_state()
+        training.start(valid)
+        log(f"epoch 0 (the start): valid NLL {training.best:.4f} (perplexity {math.exp(training.best):.2f})")
     else:
-        head.load_state_dict(saved["head"])
-        optimizer.load_state_dict(saved["optimizer"])
-        torch.set_rng_state(saved["rng"])
-        best, best_epoch, best_state, curve = saved["best"], saved["best_epoch"], saved["best_state"], saved["curve"]
-        first, skip, total, count = saved["epoch"], saved["step"], saved["total"], saved["count"]
-        epoch_cpu, offset, epoch_order = saved["epoch_cpu"], saved["offset"], saved["order"]
-        log(f"{checkpoint}: going on from epoch {first}, step {skip} (best so far: epoch {best_epoch}, {best:.4f})")
-
-    def elapsed() -> Dict[str, float]:  # wall and CPU time since the start, over every start of a resumed run
-        return {
-            "seconds": offset["seconds"] + time.perf_counter() - wall,
-            "cpu_seconds": offset["cpu_seconds"] + time.process_time() - cpu,
-        }
-
-    state = {"epoch": first, "last_save": time.perf_counter(), "epoch_cpu_start": time.process_time() - epoch_cpu}
-
-    def save(finished: bool, epoch: int, step: int, total: float, count: int, epoch_order) -> None:
-        started = time.process_time()
-        blob = {
-            "run": run,
-            "finished": finished,
-            "head": head.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "rng": torch.get_rng_state(),
-            "order": epoch_order,
-            "epoch": epoch,
-            "step": step,
-            "total": total,
-            "count": count,
-            "epoch_cpu": time.process_time() - state["epoch_cpu_start"],
-            "offset": elapsed(),
-            "best": best,
-            "best_epoch": best_epoch,
-            "best_state": best_state,
-            "curve": curve,
-        }
-        os.makedirs(os.path.dirname(os.path.abspath(checkpoint)), exist_ok=True)
-        _save_whole(blob, checkpoint)
-        state["last_save"] = time.perf_counter()
-        state["epoch_cpu_start"] += time.process_time() - started  # an epoch's training CPU leaves its saves out
-
-    def after_step(step: int, total: float, count: int) -> None:
-        if checkpoint and time.perf_counter() - state["last_save"] >= checkpoint_seconds:
-            save(False, state["epoch"], step, total, count, epoch_order)
-
-    for epoch in range(first, max_epochs + 1):
-        state["epoch"] = epoch
-        order.set_state(epoch_order)
-        train_nll = train_epoch(
-            head,
-            train,
-            optimizer,
-            order,
-            batch_tokens,
-            progress,
-            f"epoch {epoch}",
-            skip=skip,
-            total=total,
-            count=count,
-            after_step=after_step,
+        training.resume(saved)
+        log(
+            f"{checkpoint}: going on from epoch {training.epoch}, step {training.skip} (best so far: epoch "
+            f"{training.best_epoch}, {training.best:.4f})"
         )
-        train_cpu = time.process_time() - state["epoch_cpu_start"]
-        skip, total, count = 0, 0.0, 0
-        valid_nll = float(nll_per_block(head, valid).mean())
-        curve.append(
-            {
-                "epoch": epoch,
-                "train_nll": train_nll,
-                "valid_nll": valid_nll,
-                "train_cpu_seconds": train_cpu,
-                **elapsed(),
-            }
-        )
+    for epoch in range(training.epoch, max_epochs + 1):
+        train_nll, valid_nll = training.run_epoch(epoch, train, valid, progress)
         log(
             f"epoch {epoch}: train NLL {train_nll:.4f}, valid NLL {valid_nll:.4f} (perplexity "
             f"{math.exp(valid_nll):.2f})"
         )
-        if valid_nll < best:
-            best, best_epoch = valid_nll, epoch
-            best_state = {k: v.detach().clone() for k, v in head.state_dict().items()}
-        elif epoch - best_epoch >= patience:
+        if not training.keep_best(epoch, valid_nll) and epoch - training.best_epoch >= patience:
             break
-        epoch_order = order.get_state()
-        state["epoch_cpu_start"] = time.process_time()
-        if checkpoint and epoch < max_epochs:
-            save(False, epoch + 1, 0, 0.0, 0, epoch_order)
-    head.load_state_dict(best_state)
-    head.eval()
-    curve[best_epoch]["best"] = True
-    if checkpoint:
-        save(True, state["epoch"], 0, 0.0, 0, order.get_state())
-    return curve
+        training.next_epoch(epoch < max_epochs)
+    return training.finish()
+
+
+class _HeadTraining:
+    """One run of :func:`train_head_on_states`: the head, Adam, the shuffling generator (``order``, and its state at
+    the current epoch's start), the best epoch so far and its weights, the curve, where the run stands within an
+    epoch (``skip`` steps, their summed loss and tokens) and its clocks, which a checkpoint saves whole."""
+
+    def __init__(self, head: OutputHead, run: Dict, checkpoint: Optional[str], checkpoint_seconds: float):
+        self.head, self.run, self.checkpoint, self.checkpoint_seconds = head, run, checkpoint, checkpoint_seconds
+        self.optimizer = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=run["lr"])
+        self.order = torch.Generator().manual_seed(run["seed"])
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        self.last_save = time.perf_counter()
+
+    def start(self, valid: States) -> None:
+        """Epoch 0: the start's valid NLL, the best so far."""
+        self.best = float(nll_per_block(self.head, valid).mean())
+        self.best_epoch, self.best_state = 0, self._weights()
+        self.curve = [
+            {
+                "epoch": 0,
+                "train_nll": float("nan"),
+                "valid_nll": self.best,
+                "seconds": 0.0,
+                "train_cpu_seconds": 0.0,
+                "cpu_seconds": time.process_time() - self.cpu,
+            }
+        ]
+        self.epoch, self.skip, self.total, self.count = 1, 0, 0.0, 0
+        self.offset = {"seconds": 0.0, "cpu_seconds": 0.0}
+        self.epoch_order = self.order.get_state()
+        self.epoch_cpu_start = time.process_time()
+
+    def resume(self, saved: Dict) -> None:
+        """Where a stopped run's checkpoint left it."""
+        self.head.load_state_dict(saved["head"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["rng"])
+        self.best, self.best_epoch, self.best_state = saved["best"], saved["best_epoch"], saved["best_state"]
+        self.curve = saved["curve"]
+        self.epoch, self.skip, self.total, self.count = saved["epoch"], saved["step"], saved["total"], saved["count"]
+        self.offset, self.epoch_order = saved["offset"], saved["order"]
+        self.epoch_cpu_start = time.process_time() - saved["epoch_cpu"]
+
+    def run_epoch(self, epoch: int, train: States, valid: States, progress: bool):
+        """``(train_nll, valid_nll)`` of epoch ``epoch`` (from its ``skip``-th step), its row added to the curve."""
+        self.epoch = epoch
+        self.order.set_state(self.epoch_order)
+        train_nll = train_epoch(
+            self.head,
+            train,
+            self.optimizer,
+            self.order,
+            self.run["batch_tokens"],
+            progress,
+            f"epoch {epoch}",
+            skip=self.skip,
+            total=self.total,
+            count=self.count,
+            after_step=self._after_step,
+        )
+        train_cpu = time.process_time() - self.epoch_cpu_start
+        self.skip, self.total, self.count = 0, 0.0, 0
+        valid_nll = float(nll_per_block(self.head, valid).mean())
+        row = {"epoch": epoch, "train_nll": train_nll, "valid_nll": valid_nll, "train_cpu_seconds": train_cpu}
+        self.curve.append({**row, **self._elapsed()})
+        return train_nll, valid_nll
+
+    def keep_best(self, epoch: int, valid_nll: float) -> bool:
+        """Whether epoch ``epoch`` is the best so far (its weights then kept)."""
+        if valid_nll < self.best:
+            self.best, self.best_epoch, self.best_state = valid_nll, epoch, self._weights()
+            return True
+        return False
+
+    def next_epoch(self, more: bool) -> None:
+        """Between two epochs: the generator's state for the next, its CPU clock, a checkpoint (``more``: one comes)."""
+        self.epoch_order = self.order.get_state()
+        self.epoch_cpu_start = time.process_time()
+        if self.checkpoint and more:
+            self._save(False, self.epoch + 1, 0, 0.0, 0)
+
+    def finish(self) -> List[Dict[str, float]]:
+        """The best epoch's weights loaded, marked in the curve (and the finished run saved); the curve."""
+        self.head.load_state_dict(self.best_state)
+        self.head.eval()
+        self.curve[self.best_epoch]["best"] = True
+        if self.checkpoint:
+            self.epoch_order = self.order.get_state()
+            self._save(True, self.epoch, 0, 0.0, 0)
+        return self.curve
+
+    def _weights(self) -> Dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.head.state_dict().items()}
+
+    def _elapsed(self) -> Dict[str, float]:
+        """Wall and CPU time since the start, over every start of a resumed run."""
+        return {
+            "seconds": self.offset["seconds"] + time.perf_counter() - self.wall,
+            "cpu_seconds": self.offset["cpu_seconds"] + time.process_time() - self.cpu,
+        }
+
+    def _after_step(self, step: int, total: float, count: int) -> None:
+        if self.checkpoint and time.perf_counter() - self.last_save >= self.checkpoint_seconds:
+            self._save(False, self.epoch, step, total, count)
+
+    def _save(self, finished: bool, epoch: int, step: int, total: float, count: int) -> None:
+        started = time.process_time()
+        blob = {
+            "run": self.run,
+            "finished": finished,
+            "head": self.head.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": torch.get_rng_state(),
+            "order": self.epoch_order,
+            "epoch": epoch,
+            "step": step,
+            "total": total,
+            "count": count,
+            "epoch_cpu": time.process_time() - self.epoch_cpu_start,
+            "offset": self._elapsed(),
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "best_state": self.best_state,
+            "curve": self.curve,
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(self.checkpoint)), exist_ok=True)
+        _save_whole(blob, self.checkpoint)
+        self.last_save = time.perf_counter()
+        self.epoch_cpu_start += time.process_time() - started  # an epoch's training CPU leaves its saves out
 
 
 def _save_whole(obj, path: str) -> None:
