@@ -70,6 +70,7 @@ def test_the_wheel_holds_the_library_the_plugin_and_the_command_not_the_recipes(
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"hf_heads", "fairseq_plugin"}, tops
     assert "hf_heads/cli/__main__.py" in names and "fairseq_plugin/checkpoint.py" in names
+    assert "hf_heads/cli/bench_targets.json" in names  # the benchmark's goals, package data
     assert "softmax-heads = hf_heads.cli.__main__:console" in scripts
 
 
