@@ -279,6 +279,7 @@ def test_mt_train_then_generate_with_beam_and_sampling(data, tmp_path, head):
     assert re.search(r"^H-\d+\t-?[\d.]+\t", out, re.M)
 
 
+@pytest.mark.slow  # 78 s: the relative-attention module is tests/test_relative_attention.py's in the default run
 def test_relative_positions_train_generate_and_eval_lm(data, tmp_path):
     """--relative-positions K (Shaw et al. 2018, the Mixtape paper's transformer): every self-attention of the
     encoder and decoder gets K-clipped relative keys and values, encoder-decoder attention does not; training,
@@ -324,6 +325,7 @@ def test_relative_positions_train_generate_and_eval_lm(data, tmp_path):
     assert code != 0 and "--relative-positions must be >= 0" in out
 
 
+@pytest.mark.slow  # 92 s: --model-overrides stays in the default run (tests/test_fairseq_stock.py, at generation)
 def test_softmax_checkpoint_evaluated_with_fast_heads_via_model_overrides(data, tmp_path):
     """A model trained with --output-head softmax is scored with svd_softmax / adaptive_sampling by overriding
     the head at evaluation time (same parameters): exact settings give the softmax's perplexity."""

@@ -400,6 +400,7 @@ def test_ds_recipe_language_model_path_on_a_tiny_corpus(tmp_path):
     assert 0.0 <= result["top1_ds"] <= 1.0 and result["info"]["train_tokens"] == 60 * 9 - 1
 
 
+@pytest.mark.slow  # 75 s: the recipe's synthetic task stays in the default run (the test above)
 def test_ds_recipe_wikitext2_runs_every_expert_count_on_one_trained_lm(tmp_path):
     tiny_corpus(tmp_path, num_words=40, valid_lines=50, seed=1)
     results = dsr.main(

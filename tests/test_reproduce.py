@@ -74,6 +74,7 @@ def _run(fake_data, out, *extra):
     return rows
 
 
+@pytest.mark.slow  # 125 s: the engine end to end stays in the default run (the perplexity table's test)
 def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     rows = _run(fake_data, tmp_path)
     table = tmp_path / "mt-en-de"
