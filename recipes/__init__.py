@@ -14,8 +14,10 @@ import sys
 
 
 def _process_module():
-    """:mod:`hf_heads.cli.process` (standard library only), loaded from its file without its parent packages."""
-    name = "hf_heads.cli.process"
+    """:mod:`hf_heads.cli.process` (standard library only), loaded from its file without its parent packages, under
+    a name of its own (a later ``import hf_heads.cli.process`` loads the package's module as usual: its functions
+    keep no state, so two copies do no harm)."""
+    name = "recipes._process_defaults"
     if name not in sys.modules:
         path = os.path.join(
             os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hf_heads", "cli", "process.py"

@@ -10,17 +10,17 @@
 #   bash scripts/gpu_check.sh OUT [TEST_SECONDS BENCH_SECONDS [BENCH_OPTION...]]
 # By default (within 5 minutes with the install): the CUDA tier, the Triton kernels' checks in bf16 / fp16 / fp32
 # included (60 s; 26 s on an H100 before the kernels), then the benchmark at the issue's two bf16 shapes, d = 2048,
-# V = 50k and SmolLM2-135M's d = 576, V = 49,152 (every head by default, with the kernels, by autograd, the fused
-# peers, the roofline), and the whole-model step of a SmolLM2-135M-shaped Llama (210 s). Options after the two
-# limits replace the benchmark's defaults; the full grid (d = 1024 / 2048, V = 32k / 50k, bf16 and fp32) is a
-# second, optional call:  bash scripts/gpu_check.sh OUT-grid 0 540 --dtype bfloat16 float32 --no-model
+# V = 50k and SmolLM2-135M's d = 576, V = 49,152 (every head by default and with the kernels, the fused peers, the
+# roofline), and the whole-model step of a SmolLM2-135M-shaped Llama (210 s). Options after the two limits replace
+# the benchmark's defaults; the full grid (d = 1024 / 2048, V = 32k / 50k, bf16 and fp32, the autograd rows too) is
+# a second, optional call:  bash scripts/gpu_check.sh OUT-grid 0 540 --dtype bfloat16 float32 --no-model
 # (TEST_SECONDS 0 skips the tier.)
 set -uo pipefail
 OUT=${1:?usage: bash scripts/gpu_check.sh OUT [TEST_SECONDS BENCH_SECONDS]}
 TEST_SECONDS=${2:-60}
 BENCH_SECONDS=${3:-210}
 BENCH_OPTIONS=("${@:4}")
-[ ${#BENCH_OPTIONS[@]} -gt 0 ] || BENCH_OPTIONS=(--shapes 2048x50000 576x49152 --dtype bfloat16)
+[ ${#BENCH_OPTIONS[@]} -gt 0 ] || BENCH_OPTIONS=(--shapes 2048x50000 576x49152 --dtype bfloat16 --no-reference)
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}

@@ -16,10 +16,9 @@ transformers = pytest.importorskip("transformers", reason="transformers not inst
 import hf_heads  # noqa: E402
 from test_hf import HEADS, _no_randomness  # noqa: E402
 
-CASES = (
-    [(name, "aot_eager") for name in HEADS]
-    + [pytest.param(name, "inductor", marks=pytest.mark.slow) for name in ("mixtape", "mos", "plif", "ds_softmax")]
-)
+CASES = [(name, "aot_eager") for name in HEADS] + [
+    pytest.param(name, "inductor", marks=pytest.mark.slow) for name in ("mixtape", "mos", "plif", "ds_softmax")
+]
 
 
 def _model(name):

@@ -17,6 +17,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 packaging = pytest.importorskip("packaging.requirements", reason="packaging is not installed (pip brings it)")
+pytestmark = pytest.mark.skipif(
+    sys.version_info < (3, 10),
+    reason="reads sys.stdlib_module_names and importlib.metadata.packages_distributions (Python 3.10+)",
+)
 
 #: path prefix -> the extras the modules there serve (beside the core requirements)
 EXTRAS = {

@@ -55,10 +55,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if name == "fairseq-user-dir":
         print(fairseq_user_dir())
         return 0
-    from .process import hide_broken_torchaudio
     from .runner import run
 
-    hide_broken_torchaudio()  # before transformers loads
     module = importlib.import_module(f"hf_heads.cli.{COMMANDS[name][0]}")
     sys.argv = [f"{PROG} {name}", *rest]  # argparse's usage lines and the runner's messages name the command
     run(module.main, rest, program_name=f"{PROG} {name}")
@@ -71,9 +69,12 @@ def console() -> None:
     every ``python -m recipes.X`` does before torch loads; see :mod:`hf_heads.cli.process`)."""
     from .process import WAIT_POLICY, DEFAULT
 
-    if WAIT_POLICY not in os.environ and os.name == "posix" and sys.argv[1:2] != ["fairseq-user-dir"]:
+    script = sys.argv[0] if sys.argv else ""
+    again = WAIT_POLICY not in os.environ and os.name == "posix" and os.path.isfile(script)
+    if again and sys.argv[1:2] != ["fairseq-user-dir"]:
         os.environ[WAIT_POLICY] = DEFAULT
-        os.execv(sys.executable, [sys.executable, "-m", "hf_heads.cli", *sys.argv[1:]])
+        # the script itself again (not python -m, which would put the working folder first on sys.path)
+        os.execv(sys.executable, [sys.executable, script, *sys.argv[1:]])
     raise SystemExit(main())
 
 

@@ -298,7 +298,7 @@ def device_steps(vocab: int, dim: int, dtype: torch.dtype, args):
         if name == "softmax":  # the baseline's W: its loss must equal the baseline's
             options["weight"] = linear.weight.detach().clone()
         head = hf_heads.build_head(name, hidden_size=dim, vocab_size=vocab, **options).to(device, dtype).train()
-        rows = min(n, head.lean_chunk_tokens()) * head.lean_rows
+        rows = min(n, head.lean_chunk_tokens()) * head.lean_softmax_rows  # the V-wide product's rows a chunk
         accumulators = 4 * sum(p.numel() for p in head.parameters()) if head.lean_loss else 0
 
         def add(entry, impl="auto", products=None, head=head, label=label, rows=rows, acc=accumulators):
@@ -358,13 +358,16 @@ def device_steps(vocab: int, dim: int, dtype: torch.dtype, args):
 
 
 # ------------------------------------------------------------------ the roofline: what a head's step cannot beat
-def head_flops(label: str, tokens: int, dim: int, vocab: int) -> int:
+def head_flops(label: str, tokens: int, dim: int, vocab: int) -> Optional[int]:
     """Matrix-product FLOPs of one forward + backward of the head ``label`` (the baseline's: plain softmax) over
     ``tokens`` tokens, counted by ``torch.utils.flop_counter`` on the meta device (its reference path: the products
-    its math makes, the contexts' and gates' included; nothing is computed)."""
+    its math makes, the contexts' and gates' included; nothing is computed). None for a head whose rows are grouped
+    on the host (class_softmax, d_softmax: their work depends on the targets' values, which the meta device has not)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     name, options = ("softmax", {}) if label == BASELINE else next((n, o) for h, n, o in HEADS if h == label)
+    if not hf_heads.get_head_class(name).row_kernels and name != "softmax":
+        return None
     with torch.device("meta"):
         head = hf_heads.build_head(name, hidden_size=dim, vocab_size=vocab, **options, use_bias=False).train()
         hidden = torch.empty(tokens, dim, requires_grad=True)
@@ -439,9 +442,10 @@ def rooflines(entries: Dict[str, Entry], vocab: int, dim: int, dtype: torch.dtyp
         if entry.work not in flops:
             flops[entry.work] = head_flops(entry.work, args.tokens, dim, vocab)
         values = vwide_values(entry.work, args.tokens, vocab)
-        seconds = flops[entry.work] / rates[entry.mm_rows] + 2 * itemsize * values / bandwidth
+        seconds = None if flops[entry.work] is None else flops[entry.work] / rates[entry.mm_rows]
+        seconds = None if seconds is None else seconds + 2 * itemsize * values / bandwidth
         out[name] = {
-            "roofline_ms": 1e3 * seconds,
+            "roofline_ms": None if seconds is None else 1e3 * seconds,
             "flops": flops[entry.work],
             "vwide_values": values,
             "mm_tflops": rates[entry.mm_rows] / 1e12,
@@ -551,7 +555,7 @@ def device_main(args, log=print) -> Dict[str, Dict]:
                 "peak_less_accumulators_mib": None if mem[n] is None else mem[n] / 2**20 - acc,
                 "loss": float(losses[n]),
                 **roof[n],
-                "over_roofline": secs[n] / (roof[n]["roofline_ms"] / 1e3),
+                "over_roofline": None if roof[n]["roofline_ms"] is None else secs[n] / (roof[n]["roofline_ms"] / 1e3),
             }
         for n in rows:
             if n in SAME_LOSS or head_label(n) == "softmax (ours)":
@@ -754,11 +758,11 @@ def targets(out: Dict) -> list:
                 if entry in r and against in r:
                     add(label, f"time {entry} / {against}", r[entry]["ms"] / r[against]["ms"], goal)
             for entry in [rename(h[0]) for h in HEADS]:
-                if entry in r:
+                if entry in r and r[entry]["over_roofline"] is not None:
                     over = r[entry]["over_roofline"] / r[BASELINE]["over_roofline"]
                     add(label, f"time/roofline {entry} / {BASELINE}'s", over, ROOFLINE_TARGET)
-                    if r[entry]["memory_ratio"] is not None:
-                        add(label, f"memory {entry} / {BASELINE}", r[entry]["memory_ratio"], MEMORY_TARGET)
+                if entry in r and r[entry]["memory_ratio"] is not None:
+                    add(label, f"memory {entry} / {BASELINE}", r[entry]["memory_ratio"], MEMORY_TARGET)
             ours = rename("softmax (ours)")
             if ours in r and LIGER in r and r[LIGER]["peak_mib"]:
                 less = r[ours]["peak_less_accumulators_mib"]
@@ -805,7 +809,7 @@ def format_device_table(out: Dict) -> str:
                 mem = f"{r['memory_ratio']:.2f}x ({r['peak_mib']:.0f} MiB"
                 mem += f"; {r['peak_less_accumulators_mib']:.0f} less acc.)" if r["accumulators_mib"] else ")"
             diff = f"{r['loss_minus_baseline']:+.1e}" if "loss_minus_baseline" in r else ""
-            roof = f"{r['over_roofline']:.2f} ({r['roofline_ms']:.2f} ms)"
+            roof = "-" if r["over_roofline"] is None else f"{r['over_roofline']:.2f} ({r['roofline_ms']:.2f} ms)"
             lines.append(f"| {n} | {r['time_ratio']:.2f}x ({r['ms']:.2f} ms) | {roof} | {mem} | {diff} |")
         for n, why in s["errors"].items():
             lines.append(f"| {n} | not run: {why} | | | |")

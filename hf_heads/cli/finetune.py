@@ -90,9 +90,10 @@ def from_hub_or_folder(auto_class, name: str, **kwargs):
     except OSError as e:  # what transformers raises when it cannot fetch a file (offline, unknown id or revision)
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
         why = "HF_HUB_OFFLINE=1 is set" if offline else str(e).strip().splitlines()[0][:200]
+        folder = "not a folder here, and " if "/" in name else ""
         raise SystemExit(
-            f"--model {name!r}: could not fetch it from the Hugging Face Hub ({why}); where the Hub is reachable, "
-            f"`hf download {name} --local-dir DIR`, then --model DIR"
+            f"--model {name!r}: {folder}could not fetch it from the Hugging Face Hub ({why}); where the Hub is "
+            f"reachable, `hf download {name} --local-dir DIR`, then --model DIR"
         ) from None
 
 
@@ -120,6 +121,8 @@ def load_model_and_tokenizer(args):
             model.hf_quantizer = None
             if hasattr(model.config, "quantization_config"):
                 del model.config.quantization_config
+        if args.tokenizer:  # another source: the model's revision is not its
+            kw = {k: v for k, v in kw.items() if k != "revision"}
         tokenizer = (
             gpt2_bpe_tokenizer()
             if args.tokenizer == "gpt2-bpe"

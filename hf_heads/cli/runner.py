@@ -24,8 +24,9 @@ def run(main: Callable, argv: Optional[Sequence[str]] = None, program_name: Opti
     """Run ``main(argv)`` and exit: with its return value where it is an exit code (an int), else 0; with 2 and one
     line on stderr for a ``ValueError``. Says torch's thread use first (stderr). ``program_name`` names the command
     in those lines (default :func:`program`)."""
-    from hf_heads.cli.process import describe
+    from hf_heads.cli.process import describe, hide_broken_torchaudio
 
+    hide_broken_torchaudio()  # before the command loads transformers (python -m hf_heads.cli.X, torchrun -m ...)
     name = program_name or program()
     if "-h" not in sys.argv[1:] and "--help" not in sys.argv[1:]:
         print(f"{name}: {describe()}", file=sys.stderr, flush=True)

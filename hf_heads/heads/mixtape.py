@@ -318,15 +318,19 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         v = self.gate_embedding.to(ctx.dtype)
         comp = (ctx.reshape(n * k, d) @ w.t()).view(n, k, s)
         gates = (gate_ctx.reshape(n * (k - 1), d2) @ v.t()).view(n, k - 1, s)
-        if self.training and c.gate_noise > 0:
-            gates.add_(torch.randn_like(gates), alpha=c.gate_noise)
+        noise = self.training and c.gate_noise > 0
         bias = None if self.bias is None else self._frequent_rows(self.bias, ctx.dtype)
+        triton = triton and k <= ops.triton_rows.TREE_MAX_GATES
         if triton:  # the gates' sums, the tree and the bias in one kernel; its backward recomputes the priors
+            if noise:
+                gates.add_(torch.randn_like(gates), alpha=c.gate_noise)
             gate_bias = self.gate_bias.to(ctx.dtype)
             z = ops.triton_rows.tree_mix(comp, gates, shared, gate_bias, bias)
         else:
             gates += shared[:, :, None]
             gates += self.gate_bias.to(ctx.dtype).t()
+            if noise:
+                gates.add_(torch.randn_like(gates), alpha=c.gate_noise)
             z, tree = ops.sigmoid_tree_mix(comp, gates)
             if bias is not None:
                 z = z + bias

@@ -6,7 +6,7 @@ contexts, PLIF at its identity, so step 0 is the pretrained model) then trains o
 (:func:`train_head_on_states`: Adam, validated after every epoch, the best epoch kept, stopped by patience,
 resumable from a checkpoint), and :func:`nll_per_block` scores it. Only the head changes, so the upgraded model is the
 pretrained body with the new head: ``save_pretrained`` saves it (with the head's code, so it also loads with
-``trust_remote_code=True`` where softmax-heads is not installed). ``python -m recipes.upgrade_head`` is the command.
+``trust_remote_code=True`` where softmax-heads is not installed). ``softmax-heads upgrade`` is the command.
 """
 
 from __future__ import annotations
@@ -310,7 +310,6 @@ class _HeadTraining:
         self.optimizer = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=run["lr"])
         self.order = torch.Generator().manual_seed(run["seed"])
         self.wall, self.cpu = time.perf_counter(), time.process_time()
-        self.last_save = time.perf_counter()
 
     def start(self, valid: States) -> None:
         """Epoch 0: the start's valid NLL, the best so far."""
@@ -330,6 +329,7 @@ class _HeadTraining:
         self.offset = {"seconds": 0.0, "cpu_seconds": 0.0}
         self.epoch_order = self.order.get_state()
         self.epoch_cpu_start = time.process_time()
+        self.last_save = time.perf_counter()
 
     def resume(self, saved: Dict) -> None:
         """Where a stopped run's checkpoint left it."""
@@ -341,6 +341,7 @@ class _HeadTraining:
         self.epoch, self.skip, self.total, self.count = saved["epoch"], saved["step"], saved["total"], saved["count"]
         self.offset, self.epoch_order = saved["offset"], saved["order"]
         self.epoch_cpu_start = time.process_time() - saved["epoch_cpu"]
+        self.last_save = time.perf_counter()
 
     def run_epoch(self, epoch: int, train: States, valid: States, progress: bool):
         """``(train_nll, valid_nll)`` of epoch ``epoch`` (from its ``skip``-th step), its row added to the curve."""

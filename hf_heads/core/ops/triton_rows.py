@@ -171,6 +171,11 @@ def _pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
+#: the most gates (K) :func:`tree_mix` takes: its blocks hold K values per id (more compile slowly and spill
+#: registers); Mixtape with more gates keeps its sigmoid tree in PyTorch under ``impl="triton"``
+TREE_MAX_GATES = 64
+
+
 def tree_mix(
     comp: torch.Tensor,
     gates: torch.Tensor,
