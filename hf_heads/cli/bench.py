@@ -326,22 +326,7 @@ def device_steps(vocab: int, dim: int, dtype: torch.dtype, args):
             add(reference_label(label), "reference")
             entries[reference_label(label)].accumulators = 0
     if args.peer:
-        for name, loss in fused_peers().items():
-            if callable(loss):
-                entries[name] = Entry(
-                    lambda loss=loss: loss(hidden, linear.weight, target), list(linear.parameters()), BASELINE, n
-                )
-            else:
-                missing[name] = loss
-        if "mos K=3" in args.heads:
-            peer = xtransformers_mos(vocab, dim, k=3)
-            if peer is None:
-                missing[PEER] = "x-transformers is not installed (make install brings it)"
-            else:
-                peer = peer.to(device, dtype)
-                entries[PEER] = Entry(
-                    lambda: xtransformers_mos_loss(peer, hidden, target), list(peer.parameters()), "mos K=3", n
-                )
+        _add_peers(entries, missing, hidden, target, linear, args)
 
     def make(name):
         entry = entries[name]
@@ -355,6 +340,28 @@ def device_steps(vocab: int, dim: int, dtype: torch.dtype, args):
         return step
 
     return {n: make(n) for n in entries}, losses, missing, entries
+
+
+def _add_peers(entries: Dict[str, Entry], missing: Dict[str, str], hidden, target, linear, args) -> None:
+    """The peers' entries on the baseline's ``linear`` (the fused losses; x-transformers' MoS beside MoS-3), or why
+    each is missing."""
+    n = args.tokens
+    for name, loss in fused_peers().items():
+        if callable(loss):
+            entries[name] = Entry(
+                lambda loss=loss: loss(hidden, linear.weight, target), list(linear.parameters()), BASELINE, n
+            )
+        else:
+            missing[name] = loss
+    if "mos K=3" in args.heads:
+        peer = xtransformers_mos(linear.out_features, linear.in_features, k=3)
+        if peer is None:
+            missing[PEER] = "x-transformers is not installed (make install brings it)"
+        else:
+            peer = peer.to(hidden.device, hidden.dtype)
+            entries[PEER] = Entry(
+                lambda: xtransformers_mos_loss(peer, hidden, target), list(peer.parameters()), "mos K=3", n
+            )
 
 
 # ------------------------------------------------------------------ the roofline: what a head's step cannot beat
@@ -392,27 +399,29 @@ def vwide_values(label: str, tokens: int, vocab: int) -> int:
     return tokens * vocab
 
 
-def _device_seconds(fn: Callable[[], None], device, repeats: int = 5) -> float:
-    """Median seconds of ``fn()`` on ``device`` (CUDA events on a GPU, after one call)."""
-    import statistics
+def _elapsed(fn: Callable[[], None], cuda: bool) -> float:
+    """Seconds one ``fn()`` takes: CUDA events on a GPU (its queued work included), the wall clock elsewhere."""
     import time
+
+    if not cuda:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _device_seconds(fn: Callable[[], None], device, repeats: int = 5) -> float:
+    """Median seconds of ``fn()`` on ``device`` (after one call)."""
+    import statistics
 
     fn()
     cuda = torch.device(device).type == "cuda"
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(_elapsed(fn, cuda) for _ in range(repeats))
 
 
 def mm_rate(rows: int, dim: int, vocab: int, dtype: torch.dtype, device) -> float:
@@ -459,26 +468,18 @@ def device_time(steps: Dict[str, Callable[[], None]], args) -> Dict[str, float]:
     """Median seconds per step: ``args.rounds`` interleaved rounds of ``args.repeats`` steps each, timed with CUDA
     events on a GPU (wall clock elsewhere), after ``args.warmup`` steps of each entry."""
     import statistics
-    import time
 
     cuda = torch.device(args.device).type == "cuda"
     names = list(steps)
     samples: Dict[str, list] = {n: [] for n in names}
+
+    def repeated(step):
+        for _ in range(args.repeats):
+            step()
+
     for r in range(args.rounds):
         for n in names[r % len(names) :] + names[: r % len(names)]:
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-            else:
-                t0 = time.perf_counter()
-            for _ in range(args.repeats):
-                steps[n]()
-            if cuda:
-                end.record()
-                end.synchronize()
-                samples[n].append(start.elapsed_time(end) / 1e3 / args.repeats)
-            else:
-                samples[n].append((time.perf_counter() - t0) / args.repeats)
+            samples[n].append(_elapsed(lambda step=steps[n]: repeated(step), cuda) / args.repeats)
     return {n: statistics.median(v) for n, v in samples.items()}
 
 
