@@ -1,6 +1,26 @@
-"""``python -m recipes.upgrade_head``: an alias of ``softmax-heads upgrade`` (:mod:`hf_heads.cli.upgrade`),
-kept for the commands the docs, the tables and the studies write; imported, it is that module."""
+"""``python -m recipes.upgrade_head``: ``softmax-heads upgrade`` (:mod:`hf_heads.cli.upgrade`) with the upgrade study's
+"more parameters" control, ``--residual-mlp UNITS | mos-K`` (:mod:`recipes.upgrade_control`); the command the docs,
+the upgrade table and its cells write. Every other option is the library command's."""
 
-from hf_heads.cli.runner import alias
+from __future__ import annotations
 
-alias(__name__, "upgrade")
+import argparse
+from typing import Dict
+
+from hf_heads.cli import upgrade as _command
+from hf_heads.cli.runner import run
+from recipes.upgrade_control import ResidualMLPControl
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The library command's options and ``--residual-mlp``."""
+    return _command.parse_args(argv, ResidualMLPControl())
+
+
+def main(argv=None, log=print) -> Dict:
+    """``softmax-heads upgrade`` with ``--residual-mlp``; returns what ``results.json`` holds."""
+    return _command.main(argv, log, ResidualMLPControl())
+
+
+if __name__ == "__main__":
+    run(main)

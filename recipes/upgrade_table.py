@@ -201,7 +201,7 @@ def run_cell(argv: List[str], dry_run: bool, log) -> Optional[Dict]:
     log("python -m recipes.upgrade_head " + " ".join(shlex.quote(a) for a in argv))
     if dry_run:
         return None
-    from hf_heads.cli import upgrade as upgrade_head
+    from recipes import upgrade_head
 
     return upgrade_head.main(argv, log=log)
 

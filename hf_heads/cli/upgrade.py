@@ -19,16 +19,38 @@ import argparse
 import math
 import os
 import time
-from typing import Dict
+from typing import Callable, Dict, Optional
 
 import torch
+from torch import nn
 
 import hf_heads
 from hf_heads.hf import upgrade
 from hf_heads.cli import finetune as finetune_hf
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+class Extension:
+    """What a study adds to the command (``recipes/upgrade_head.py``: the residual-MLP control): its options, their
+    checks, a wrapper of the new head before it trains, and what ``results.json`` records of it. This one adds
+    nothing."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add the study's options to ``parser``."""
+
+    def check(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+        """Refuse bad values of the study's options (``parser.error``)."""
+
+    def wrap(self, head, args: argparse.Namespace, log: Callable) -> nn.Module:
+        """The module that trains in place of the new ``head`` (default: the head)."""
+        return head
+
+    def record(self, trained: nn.Module) -> Dict:
+        """What ``results.json`` records of the study's options, given the module that trained."""
+        return {}
+
+
+def parse_args(argv=None, extension: Optional[Extension] = None) -> argparse.Namespace:
+    extension = extension or Extension()
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
@@ -47,13 +69,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=finetune_hf.json_object,
         default={},
         help="JSON options of the head (MoS gets num_components=3 unless given)",
-    )
-    p.add_argument(
-        "--residual-mlp",
-        default=None,
-        help="the 'more parameters' control: a residual MLP of this many units before the head (its "
-        "output layer starts at 0), or 'mos-K' for as many parameters as MoS-K adds to a softmax; a "
-        "control to score, not a model to save (needs --no-save)",
     )
     p.add_argument("--train-file", required=True, help="text file, one paragraph per line")
     p.add_argument("--valid-file", required=True, help="text file: the stopping rule and the best epoch")
@@ -90,6 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-dir", default="results/upgrade_head")
     p.add_argument("--no-save", action="store_true", help="write only OUTPUT_DIR/results.json, not the model")
     p.add_argument("--no-progress", action="store_true")
+    extension.add_arguments(p)
     args = p.parse_args(argv)
     for flag in ("block_size", "batch_size", "cost_blocks", "max_epochs", "patience", "batch_tokens"):
         if getattr(args, flag) < (2 if flag == "block_size" else 1):
@@ -101,21 +117,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--lr={args.lr} is out of range; allowed: a number > 0")
     if not args.checkpoint_minutes >= 0:
         p.error(f"--checkpoint-minutes={args.checkpoint_minutes} is out of range; allowed: a number >= 0")
-    if args.residual_mlp is not None:
-        text = args.residual_mlp
-        if not (text.isdigit() and int(text) > 0) and not (
-            text.startswith("mos-") and text[4:].isdigit() and int(text[4:]) > 1
-        ):
-            p.error(f"--residual-mlp {text!r}: allowed: a number of units >= 1, or mos-K (K >= 2)")
-        if not args.no_save:
-            p.error("--residual-mlp makes a control whose model cannot be saved as a head: add --no-save")
+    extension.check(args, p)
     # what finetune_hf's loaders read
     args.model_config = args.dataset = None
     return args
 
 
-def main(argv=None, log=print) -> Dict:
-    args = parse_args(argv)
+def main(argv=None, log=print, extension: Optional[Extension] = None) -> Dict:
+    """Run the command (``argv`` as on its command line); returns what ``results.json`` holds."""
+    extension = extension or Extension()
+    args = parse_args(argv, extension)
     torch.manual_seed(args.seed)
     model, tokenizer = finetune_hf.load_model_and_tokenizer(args)
     model.eval().requires_grad_(False)
@@ -165,19 +176,7 @@ def main(argv=None, log=print) -> Dict:
     model = hf_heads.swap_head(model, args.head, **order, **options)
     head = hf_heads.output_head(model)
     head.requires_grad_(True)
-    if args.residual_mlp is not None:
-        d = head.config.hidden_size
-        size = (
-            upgrade.mlp_size_matching(d, int(args.residual_mlp[4:]) * (d * d + 2 * d))
-            if args.residual_mlp.startswith("mos-")
-            else int(args.residual_mlp)
-        )
-        head = upgrade.ResidualMLP(head, size)
-        log(
-            f"the control: a residual MLP of {size} units before the {args.head} head "
-            f"({sum(p.numel() for p in head.parameters()) - sum(p.numel() for p in head.head.parameters()):,} "
-            f"parameters added)"
-        )
+    head = extension.wrap(head, args, log)
     torch.manual_seed(args.seed)
     checkpoint = os.path.join(args.output_dir, "train-state.pt")
     curve = upgrade.train_head_on_states(
@@ -224,7 +223,7 @@ def main(argv=None, log=print) -> Dict:
         "head": args.head,
         "head_options": options,
         "seed": args.seed,
-        "residual_mlp": getattr(head, "up", None) and head.up.out_features,
+        **extension.record(head),
         "tokens": {s: len(d) for s, d in data.items()},
         "words": words,
         "block_size": args.block_size,

@@ -455,40 +455,6 @@ def _load_checkpoint(path: str, run: Dict) -> Optional[Dict]:
     return saved
 
 
-class ResidualMLP(nn.Module):
-    """``head(g + U2 tanh(U1 g + c1) + c2)``: a residual MLP of ``size`` units on the hidden state before ``head``,
-    ``U2`` and ``c2`` starting at 0 (so the start is ``head`` itself). The control for "more parameters" against
-    "higher rank": over a softmax it adds parameters, not rank (its log-probabilities still span at most d + 2
-    dimensions). Trains with :func:`train_head_on_states` like a head; not a head a model can save."""
-
-    def __init__(self, head: OutputHead, size: int):
-        super().__init__()
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"ResidualMLP: size={size!r}; allowed: an integer >= 1")
-        d = head.config.hidden_size
-        self.head, self.up, self.down = head, nn.Linear(d, size), nn.Linear(size, d)
-        nn.init.zeros_(self.down.weight)
-        nn.init.zeros_(self.down.bias)
-
-    def forward(self, hidden):
-        return self.head(self.adapt(hidden))
-
-    def adapt(self, hidden):
-        return hidden + self.down(torch.tanh(self.up(hidden)))
-
-    def loss(self, hidden, target, reduction: str = "mean"):
-        return self.head.loss(self.adapt(hidden), target, reduction=reduction)
-
-    def aux_loss(self):
-        return self.head.aux_loss()
-
-
-def mlp_size_matching(hidden_size: int, added: int) -> int:
-    """Units of a :class:`ResidualMLP` on ``hidden_size`` whose parameters (``2 d m + m + d``) come nearest ``added``
-    (e.g. what MoS-K adds over a softmax: ``K d^2 + 2 K d``)."""
-    return max(1, round((added - hidden_size) / (2 * hidden_size + 1)))
-
-
 def untie_output_embedding(model) -> None:
     """Give ``lm_head`` its own copy of the weight it shares with the input embedding (SmolLM2 and GPT-2 tie them), so
     training the head leaves the body, and the states cached from it, as they were; the config records the untying."""
@@ -497,3 +463,32 @@ def untie_output_embedding(model) -> None:
         out.weight = nn.Parameter(out.weight.detach().clone())
     for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
         config.tie_word_embeddings = False
+
+
+#: names that moved out of this module -> where they are now (a checkout's study code); one release of warnings
+_MOVED = {"ResidualMLP": "recipes.upgrade_control", "mlp_size_matching": "recipes.upgrade_control"}
+
+
+def __getattr__(name: str):
+    """``hf_heads.hf.upgrade.ResidualMLP`` and ``mlp_size_matching`` (softmax-heads 0.1) for one more release: they are
+    the upgrade study's control now (``recipes/upgrade_control.py``, in a checkout, not in the wheel); a
+    ``FutureWarning`` says so and, from a checkout, the name still resolves to the study's."""
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    where = _MOVED[name]
+    warnings.warn(
+        f"hf_heads.hf.upgrade.{name} moved to the upgrade study's code, {where}.{name} (a checkout's "
+        f"recipes/, not installed with the wheel); this name goes in the next release",
+        FutureWarning,
+        stacklevel=2,
+    )
+    try:
+        return getattr(importlib.import_module(where), name)  # the study's module, where a checkout is importable
+    except ImportError as e:
+        raise AttributeError(
+            f"hf_heads.hf.upgrade.{name} moved to {where}, which is not importable here ({e}): it is the study "
+            f"code of a checkout of softmax-heads (recipes/), not part of the installed library"
+        ) from None
