@@ -6,8 +6,10 @@ the reading discusses may have too."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
+from typing import Callable, Iterable, List, Sequence, Tuple
 
 #: the first line of a reading: how many cells it was written for
 READING_CELLS = re.compile(r"<!--\s*cells:\s*(\d+)\s*-->")
@@ -29,3 +31,85 @@ def written_reading(path: str, cells: int) -> str:
             f"since.)*\n\n{body}"
         )
     return body
+
+
+#: units after which an integer is a measured number the check reads too ("15 min", "3x"); a decimal is read always
+UNITS = (
+    "%",
+    "x",
+    "×",
+    "ms",
+    "s",
+    "min",
+    "h",
+    "hours",
+    "CPU-hours",
+    "CPU-hour",
+    "nats",
+    "nat",
+    "bits",
+    "GiB",
+    "MiB",
+    "GB",
+    "MB",
+    "kB",
+)
+_UNIT = "|".join(re.escape(u) for u in sorted(UNITS, key=len, reverse=True))
+#: a number in prose: an optional sign, digits (thousands with commas), decimals or an exponent, an optional unit;
+#: not part of a word, a version (2.31.10), a path or an option value
+NUMBER = re.compile(
+    r"(?<![\w.\-/])(?P<sign>[+\-−])?(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:e[+\-]?\d+)?)"
+    rf"(?P<unit>\s?(?:{_UNIT})(?![\w]))?(?![\w.]\d|[\w])"
+)
+_CODE = re.compile(r"`[^`]*`")
+
+
+def checked_numbers(text: str) -> List[Tuple[str, str]]:
+    """The numbers of ``text`` that :func:`unmatched_numbers` checks, as ``(signed number, unit)``: every decimal,
+    exponent or percentage, and every integer with a unit of :data:`UNITS`; not inside `code` (commands, options)."""
+    out = []
+    for m in NUMBER.finditer(_CODE.sub(" ", text)):
+        num, unit = m.group("num"), (m.group("unit") or "").strip()
+        if "." in num or "e" in num or unit:
+            out.append(((m.group("sign") or "").replace("−", "-") + num, unit))
+    return out
+
+
+def number_values(obj) -> List[float]:
+    """Every number in a json value (nested dicts and lists; not booleans)."""
+    if isinstance(obj, bool):
+        return []
+    if isinstance(obj, (int, float)):
+        return [float(obj)] if math.isfinite(obj) else []
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [v for x in obj for v in number_values(x)]
+    return []
+
+
+def unmatched_numbers(
+    text: str, values: Iterable[float], formats: Sequence[Callable[[float], str]], exceptions: Iterable[str] = ()
+) -> List[str]:
+    """The numbers of a reading (:func:`checked_numbers`) that are no json value formatted by the page's
+    ``formats`` (callables, e.g. ``"{:.4f}".format``) and not in ``exceptions`` (written as in the text, with
+    their unit). An unsigned number may be a value's magnitude ("0.0201 nats below"), a signed one has the value's
+    sign; a percentage may be a fraction's hundredfold. Empty when the reading says only what the json holds."""
+    values = list(values)
+    shown = {}  # formatted magnitude -> the signs it has among the values
+    for v in values:
+        for scaled in (v, 100 * v):
+            for fmt in formats:
+                text_v = fmt(abs(scaled)).lstrip("+")
+                shown.setdefault(text_v, set()).add("-" if scaled < 0 else "+")
+    exceptions = set(exceptions)
+    missing = []
+    for number, unit in checked_numbers(text):
+        written = number + (unit if unit in ("%", "x", "×") else (" " + unit if unit else ""))
+        if written in exceptions or number + unit in exceptions:
+            continue
+        sign, magnitude = (number[0], number[1:]) if number[0] in "+-" else ("", number)
+        signs = shown.get(magnitude.replace(",", "")) or shown.get(magnitude)
+        if not signs or (sign and sign not in signs and not (sign == "+" and magnitude.strip("0.") == "")):
+            missing.append(written)
+    return missing
