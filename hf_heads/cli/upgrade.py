@@ -130,53 +130,11 @@ def main(argv=None, log=print, extension: Optional[Extension] = None) -> Dict:
     torch.manual_seed(args.seed)
     model, tokenizer = finetune_hf.load_model_and_tokenizer(args)
     model.eval().requires_grad_(False)
-    texts = finetune_hf.read_texts(args)
-    limits = {"train": args.max_train_tokens, "valid": args.max_valid_tokens, "test": args.max_test_tokens}
-    blocks = {split: finetune_hf.blocks(tokenizer, texts[split], args.block_size, limits[split]) for split in texts}
-    cache_root = args.cache_dir or os.path.join(os.path.dirname(os.path.abspath(args.output_dir)), "states-cache")
-    progress = not args.no_progress
-    start = time.perf_counter()
-    data = {
-        split: upgrade.cache_states(
-            model,
-            b,
-            os.path.join(cache_root, split),
-            batch_size=args.batch_size,
-            progress=progress,
-            desc=f"cache {split} states",
-        )
-        for split, b in blocks.items()
-    }
-    cache_seconds = time.perf_counter() - start
-    log(
-        "states: " + ", ".join(f"{s} {len(d):,} tokens" for s, d in data.items()) + f" ({cache_seconds:.0f} s; "
-        f"cached in {cache_root})"
-    )
-    # "before" is the pretrained model: its own lm_head on the same states. The new head starts there (MoS / Mixtape
-    # with identity contexts, PLIF at its identity, the MLP's output at 0): the curve's epoch 0 checks it on valid
+    blocks, data, cache_root, cache_seconds = cached_states(args, model, tokenizer, log)
+    # "before" is the pretrained model: its own lm_head on the same states; the new head starts there
     scored = [s for s in data if s != "train"]
-    # (built whether or not its scores are kept: the new head's random parts are drawn after it, as in every cell)
-    pretrained = upgrade.pretrained_head(model)
-    before = {
-        s: upgrade.perplexity_interval(
-            upgrade.pretrained_nll_per_block(pretrained, data[s], os.path.join(cache_root, s))
-        )
-        for s in scored
-    }
-    for s in scored:
-        log(f"{s} perplexity before (the pretrained model): {_fmt(before[s])}")
-    # per-word perplexity: the same total NLL over the words of the predicted text (each block's tokens after its
-    # first, which no context predicts; whitespace-split, as lm-eval's wikitext counts words)
-    words = {s: predicted_words(tokenizer, blocks[s]) for s in scored}
-    upgrade.untie_output_embedding(model)
-    options = finetune_hf.pretrained_head_options(args.head, args.head_options, log=log)
-    order = {}
-    if hf_heads.get_head_class(args.head).uses_frequency_order:
-        order["token_counts"] = hf_heads.count_tokens([blocks["train"]], model.get_output_embeddings().weight.shape[0])
-    model = hf_heads.swap_head(model, args.head, **order, **options)
-    head = hf_heads.output_head(model)
-    head.requires_grad_(True)
-    head = extension.wrap(head, args, log)
+    pretrained, before, words = pretrained_scores(model, tokenizer, blocks, data, scored, cache_root, log)
+    model, head, options = new_head(args, model, blocks["train"], extension, log)
     torch.manual_seed(args.seed)
     checkpoint = os.path.join(args.output_dir, "train-state.pt")
     curve = upgrade.train_head_on_states(
@@ -188,7 +146,7 @@ def main(argv=None, log=print, extension: Optional[Extension] = None) -> Dict:
         patience=args.patience,
         batch_tokens=args.batch_tokens,
         seed=args.seed,
-        progress=progress,
+        progress=not args.no_progress,
         log=log,
         checkpoint=checkpoint,
         checkpoint_seconds=60 * args.checkpoint_minutes,
@@ -199,18 +157,7 @@ def main(argv=None, log=print, extension: Optional[Extension] = None) -> Dict:
             f"warning: the {args.head} head at its start scores valid perplexity {start_ppl:.4f}, not the pretrained "
             f"model's {before['valid']['ppl']:.4f}: it did not start at the pretrained lm_head"
         )
-    after, inference_cpu = {}, {}
-    for s in scored:
-        cpu = time.process_time()
-        after[s] = upgrade.perplexity_interval(upgrade.nll_per_block(head, data[s]))
-        inference_cpu[s] = time.process_time() - cpu
-        after[s]["word_ppl"] = _per_word(after[s]["ppl"], len(data[s]), words[s])
-        before[s]["word_ppl"] = _per_word(before[s]["ppl"], len(data[s]), words[s])
-        log(
-            f"{s} perplexity after: {_fmt(after[s])} (before {before[s]['ppl']:.2f}); per word "
-            f"{after[s]['word_ppl']:.2f} (before {before[s]['word_ppl']:.2f}; {words[s]:,} words)"
-        )
-    epochs = curve[1:]
+    after, inference_cpu = scores_after(head, data, scored, before, words, log)
     timed = "test" if "test" in scored else "valid"
     costs = inference_costs(model, pretrained, head, blocks[timed], data[timed], args.cost_blocks, args.batch_size)
     log(
@@ -233,25 +180,107 @@ def main(argv=None, log=print, extension: Optional[Extension] = None) -> Dict:
         "after": after,
         "curve": curve,
         "cache_seconds": cache_seconds,
-        "train_seconds": curve[-1]["seconds"],  # wall time of the training, validation included
-        # CPU time of the training steps alone (validation apart), per 1k training tokens seen
-        "train_cpu_ms_per_1k_tokens": 1e6
-        * sum(c["train_cpu_seconds"] for c in epochs)
-        / max(1, len(data["train"]) * len(epochs)),
-        # CPU time of scoring (the head alone, on cached states), per 1k tokens of the test split (else valid)
-        "inference_cpu_ms_per_1k_tokens": 1e6 * inference_cpu[timed] / len(data[timed]),
-        # the whole model at inference: the body's forward and each head, timed on the same blocks in this process
-        "inference_costs": costs,
-        "threads": torch.get_num_threads(),
+        **training_costs(curve, len(data["train"]), inference_cpu[timed] / len(data[timed]), costs),
         "head_parameters": sum(p.numel() for p in head.parameters()),
-        "lr": args.lr,
-        "max_epochs": args.max_epochs,
-        "patience": args.patience,
-        "batch_tokens": args.batch_tokens,
+        **{k: getattr(args, k) for k in ("lr", "max_epochs", "patience", "batch_tokens")},
     }
     finetune_hf.save_outputs(model, tokenizer, result, args, log)
     os.remove(checkpoint)
     return result
+
+
+def pretrained_scores(model, tokenizer, blocks, data, scored, cache_root: str, log):
+    """The pretrained ``lm_head`` (the "before" model), its perplexity with an interval on each scored split, and
+    each split's predicted words (per-word perplexity: the same total NLL over the words of the predicted text, each
+    block's tokens after its first, which no context predicts; whitespace-split, as lm-eval's wikitext counts)."""
+    # built whether or not its scores are kept: the new head's random parts are drawn after it, as in every cell. The
+    # new head starts at it (MoS / Mixtape with identity contexts, PLIF at its identity, an extension's MLP output at
+    # 0): the curve's epoch 0 checks it on valid
+    pretrained = upgrade.pretrained_head(model)
+    before = {
+        s: upgrade.perplexity_interval(
+            upgrade.pretrained_nll_per_block(pretrained, data[s], os.path.join(cache_root, s))
+        )
+        for s in scored
+    }
+    for s in scored:
+        log(f"{s} perplexity before (the pretrained model): {_fmt(before[s])}")
+    return pretrained, before, {s: predicted_words(tokenizer, blocks[s]) for s in scored}
+
+
+def scores_after(head, data, scored, before, words, log):
+    """The trained head's perplexity with an interval on each scored split (per word too, added to ``before`` as
+    well), and the CPU seconds each scoring took."""
+    after, inference_cpu = {}, {}
+    for s in scored:
+        cpu = time.process_time()
+        after[s] = upgrade.perplexity_interval(upgrade.nll_per_block(head, data[s]))
+        inference_cpu[s] = time.process_time() - cpu
+        after[s]["word_ppl"] = _per_word(after[s]["ppl"], len(data[s]), words[s])
+        before[s]["word_ppl"] = _per_word(before[s]["ppl"], len(data[s]), words[s])
+        log(
+            f"{s} perplexity after: {_fmt(after[s])} (before {before[s]['ppl']:.2f}); per word "
+            f"{after[s]['word_ppl']:.2f} (before {before[s]['word_ppl']:.2f}; {words[s]:,} words)"
+        )
+    return after, inference_cpu
+
+
+def cached_states(args, model, tokenizer, log):
+    """The text's ``[B, L]`` blocks per split, their cached states (:func:`hf_heads.hf.upgrade.cache_states`), the
+    cache's folder and the seconds caching took."""
+    texts = finetune_hf.read_texts(args)
+    limits = {"train": args.max_train_tokens, "valid": args.max_valid_tokens, "test": args.max_test_tokens}
+    blocks = {split: finetune_hf.blocks(tokenizer, texts[split], args.block_size, limits[split]) for split in texts}
+    cache_root = args.cache_dir or os.path.join(os.path.dirname(os.path.abspath(args.output_dir)), "states-cache")
+    start = time.perf_counter()
+    data = {
+        split: upgrade.cache_states(
+            model,
+            b,
+            os.path.join(cache_root, split),
+            batch_size=args.batch_size,
+            progress=not args.no_progress,
+            desc=f"cache {split} states",
+        )
+        for split, b in blocks.items()
+    }
+    seconds = time.perf_counter() - start
+    log(
+        "states: " + ", ".join(f"{s} {len(d):,} tokens" for s, d in data.items()) + f" ({seconds:.0f} s; "
+        f"cached in {cache_root})"
+    )
+    return blocks, data, cache_root, seconds
+
+
+def new_head(args, model, train_blocks: torch.Tensor, extension: Extension, log):
+    """The model with ``--head`` in place of its (untied) ``lm_head``, started there, and the module that trains: the
+    head, or what ``extension`` wraps it in; with the head's options as resolved."""
+    upgrade.untie_output_embedding(model)
+    options = finetune_hf.pretrained_head_options(args.head, args.head_options, log=log)
+    order = {}
+    if hf_heads.get_head_class(args.head).uses_frequency_order:
+        order["token_counts"] = hf_heads.count_tokens([train_blocks], model.get_output_embeddings().weight.shape[0])
+    model = hf_heads.swap_head(model, args.head, **order, **options)
+    head = hf_heads.output_head(model)
+    head.requires_grad_(True)
+    return model, extension.wrap(head, args, log), options
+
+
+def training_costs(curve, train_tokens: int, inference_cpu_per_token: float, costs: Dict) -> Dict:
+    """The run's times as ``results.json`` records them."""
+    epochs = curve[1:]
+    return {
+        "train_seconds": curve[-1]["seconds"],  # wall time of the training, validation included
+        # CPU time of the training steps alone (validation apart), per 1k training tokens seen
+        "train_cpu_ms_per_1k_tokens": 1e6
+        * sum(c["train_cpu_seconds"] for c in epochs)
+        / max(1, train_tokens * len(epochs)),
+        # CPU time of scoring (the head alone, on cached states), per 1k tokens of the test split (else valid)
+        "inference_cpu_ms_per_1k_tokens": 1e6 * inference_cpu_per_token,
+        # the whole model at inference: the body's forward and each head, timed on the same blocks in this process
+        "inference_costs": costs,
+        "threads": torch.get_num_threads(),
+    }
 
 
 @torch.no_grad()
