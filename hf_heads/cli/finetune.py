@@ -259,6 +259,7 @@ def pretrained_head_options(head: str, given: Dict, identity_start: bool = True,
 
 
 def parse_args(argv=None):
+    """The command's options, checked (``argparse`` errors name the option, the value and the range)."""
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
@@ -274,36 +275,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--tokenizer", default=None, help="'gpt2-bpe' or a tokenizer directory (default: the model's, or gpt2-bpe)"
     )
-    p.add_argument("--train-file", help="local text file, one paragraph per line")
-    p.add_argument("--valid-file", help="local text file for perplexity (default: --train-file)")
-    p.add_argument("--test-file", help="local text file for a test perplexity after training (optional)")
-    p.add_argument("--dataset", help="a `datasets` name (needs internet), e.g. wikitext")
-    p.add_argument("--dataset-config", default=None, help="e.g. wikitext-2-raw-v1")
-    p.add_argument("--head", default="mixtape", choices=hf_heads.available_heads(), help="output head")
-    p.add_argument(
-        "--head-options",
-        type=json_object,
-        default={},
-        help="JSON options, e.g. '{\"num_gates\": 4}' (a pretrained model with --head mos gets "
-        f"num_components={PRETRAINED_MOS_COMPONENTS} unless given)",
-    )
-    p.add_argument(
-        "--frequency-order",
-        choices=["counts", "ids"],
-        default="counts",
-        help="for heads that need ids ordered by frequency ("
-        + ", ".join(heads_where(uses_frequency_order=True))
-        + "): "
-        "'counts' orders the vocabulary by the training text's token counts, 'ids' takes the ids' "
-        "own order (right for vocabularies sorted by frequency, such as fairseq's)",
-    )
-    p.add_argument(
-        "--start",
-        choices=["pretrained", "paper"],
-        default="pretrained",
-        help="with --model: 'pretrained' starts MoS/Mixtape exactly at the model's softmax "
-        "(identity contexts); 'paper' uses the papers' tanh contexts with random H_k",
-    )
+    add_text_and_head_options(p)
     p.add_argument("--block-size", type=int, default=128, help="tokens per training and evaluation block")
     p.add_argument("--batch-size", type=int, default=8, help="per process")
     p.add_argument(
@@ -345,6 +317,40 @@ def parse_args(argv=None):
     return args
 
 
+def add_text_and_head_options(p: argparse.ArgumentParser) -> None:
+    """The text to fine-tune on (local files or a ``datasets`` name) and the head with its options."""
+    p.add_argument("--train-file", help="local text file, one paragraph per line")
+    p.add_argument("--valid-file", help="local text file for perplexity (default: --train-file)")
+    p.add_argument("--test-file", help="local text file for a test perplexity after training (optional)")
+    p.add_argument("--dataset", help="a `datasets` name (needs internet), e.g. wikitext")
+    p.add_argument("--dataset-config", default=None, help="e.g. wikitext-2-raw-v1")
+    p.add_argument("--head", default="mixtape", choices=hf_heads.available_heads(), help="output head")
+    p.add_argument(
+        "--head-options",
+        type=json_object,
+        default={},
+        help="JSON options, e.g. '{\"num_gates\": 4}' (a pretrained model with --head mos gets "
+        f"num_components={PRETRAINED_MOS_COMPONENTS} unless given)",
+    )
+    p.add_argument(
+        "--frequency-order",
+        choices=["counts", "ids"],
+        default="counts",
+        help="for heads that need ids ordered by frequency ("
+        + ", ".join(heads_where(uses_frequency_order=True))
+        + "): "
+        "'counts' orders the vocabulary by the training text's token counts, 'ids' takes the ids' "
+        "own order (right for vocabularies sorted by frequency, such as fairseq's)",
+    )
+    p.add_argument(
+        "--start",
+        choices=["pretrained", "paper"],
+        default="pretrained",
+        help="with --model: 'pretrained' starts MoS/Mixtape exactly at the model's softmax "
+        "(identity contexts); 'paper' uses the papers' tanh contexts with random H_k",
+    )
+
+
 def json_object(text: str) -> Dict:
     """``--head-options``: a JSON object, or an argparse error that says what is wrong with the text."""
     try:
@@ -359,9 +365,9 @@ def json_object(text: str) -> Dict:
 
 
 def main(argv=None) -> Dict:
+    """Run the command (``argv`` as on its command line); returns what ``results.json`` holds."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
 
     args = parse_args(argv)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
@@ -383,27 +389,8 @@ def main(argv=None) -> Dict:
         # bands follow the training text's counts instead (saved with the head)
         order["token_counts"] = hf_heads.count_tokens([train], model.get_output_embeddings().weight.shape[0])
     model = hf_heads.swap_head(model, args.head, **order, **options)
-    # the batch order has a generator of its own: the same --seed gives every head the same batches (the global one has
-    # been drawn from by each head's own initialisation by now)
-    order_generator = torch.Generator().manual_seed(args.seed)
-    train_loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(train), batch_size=args.batch_size, shuffle=True, generator=order_generator
-    )
-    valid_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(valid), batch_size=args.batch_size)
-    test_loader = (
-        torch.utils.data.DataLoader(torch.utils.data.TensorDataset(test), batch_size=args.batch_size)
-        if test is not None
-        else None
-    )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / max(args.max_steps, 1))
-    )
-    model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, valid_loader, scheduler
-    )
-    if test_loader is not None:
-        test_loader = accelerator.prepare(test_loader)
+    model, optimizer, scheduler, loaders = prepared(args, accelerator, model, train, valid, test)
+    train_loader, valid_loader, test_loader = loaders
     log = accelerator.print
     log(
         f"{type(accelerator.unwrap_model(model)).__name__} with head {args.head} {args.head_options}: "
@@ -416,26 +403,8 @@ def main(argv=None) -> Dict:
     progress = not args.no_progress
     ppl_before = perplexity(model, valid_loader, accelerator, "valid perplexity before", progress)
     log(f"valid perplexity before: {ppl_before:.2f}")
-    start, step, losses, seen = time.perf_counter(), 0, [], hashlib.sha1()
-    bar = tqdm(
-        total=args.max_steps, desc="fine-tune", disable=args.no_progress or not accelerator.is_local_main_process
-    )
-    model.train()
-    while step < args.max_steps:
-        for (batch,) in train_loader:
-            seen.update(batch.detach().cpu().numpy().tobytes())
-            loss = model(input_ids=batch, labels=batch).loss
-            accelerator.backward(loss)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-            if step >= args.max_steps:
-                break
-    bar.close()
+    start = time.perf_counter()
+    step, losses, seen = train_steps(args, accelerator, model, optimizer, scheduler, train_loader)
     seconds = time.perf_counter() - start
     ppl_after = (
         perplexity(model, valid_loader, accelerator, "valid perplexity after", progress) if step else ppl_before
@@ -465,6 +434,61 @@ def main(argv=None) -> Dict:
     if accelerator.is_main_process:
         save_outputs(accelerator.unwrap_model(model), tokenizer, result, args, log)
     return result
+
+
+def prepared(args, accelerator, model, train, valid, test):
+    """The model, AdamW, its schedule (10 warm-up steps, then linear to 0 at ``--max-steps``) and the train / valid /
+    test loaders (test None without a test file), each through ``accelerator.prepare``."""
+    # the batch order has a generator of its own: the same --seed gives every head the same batches (the global one has
+    # been drawn from by each head's own initialisation by now)
+    order_generator = torch.Generator().manual_seed(args.seed)
+    train_loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(train), batch_size=args.batch_size, shuffle=True, generator=order_generator
+    )
+    valid_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(valid), batch_size=args.batch_size)
+    test_loader = (
+        torch.utils.data.DataLoader(torch.utils.data.TensorDataset(test), batch_size=args.batch_size)
+        if test is not None
+        else None
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / max(args.max_steps, 1))
+    )
+    model, optimizer, train_loader, valid_loader, scheduler = accelerator.prepare(
+        model, optimizer, train_loader, valid_loader, scheduler
+    )
+    if test_loader is not None:
+        test_loader = accelerator.prepare(test_loader)
+    return model, optimizer, scheduler, (train_loader, valid_loader, test_loader)
+
+
+def train_steps(args, accelerator, model, optimizer, scheduler, train_loader):
+    """``--max-steps`` steps over the train loader (epoch after epoch): the steps taken, each step's loss, and a
+    digest of every batch's token ids in order."""
+    from tqdm.auto import tqdm
+
+    step, losses, seen = 0, [], hashlib.sha1()
+    bar = tqdm(
+        total=args.max_steps, desc="fine-tune", disable=args.no_progress or not accelerator.is_local_main_process
+    )
+    model.train()
+    while step < args.max_steps:
+        for (batch,) in train_loader:
+            seen.update(batch.detach().cpu().numpy().tobytes())
+            loss = model(input_ids=batch, labels=batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if step >= args.max_steps:
+                break
+    bar.close()
+    return step, losses, seen
 
 
 def save_outputs(model, tokenizer, result: Dict, args, log) -> None:
