@@ -5,10 +5,10 @@
     python -m recipes.fast_report --svd results/svd_study --ds results/ds_wt2    # copies, then writes the page
     python -m recipes.fast_report --no-collect                                   # the page from the committed json
 
-Collecting copies each run's ``results.json`` (and the SVD study's two plots) into ``docs/fast_study/``, with
-``--note`` text (e.g. the machine's load while it was timed) kept beside the numbers; the page is then written from
-those files only, so it always shows what is committed. The source documents' numbers (:data:`POSTER`, the
-slides' claims) are set beside ours.
+Collecting copies each run's ``results.json`` (and the SVD study's plots) into ``docs/fast_study/`` with the ``--note``
+text (e.g. the machine's load while it was timed); the page is written from those files only: its tables (ours beside
+the sources', :data:`POSTER`, :data:`POSTER_SVD`), plots, commands, the hand-written reading (:data:`READING`), and
+``docs/fast_study/numbers.json``, the derived numbers (:func:`derived`) the tables and the reading cite.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import argparse
 import json
 import os
 import shutil
-from typing import Dict, List, Optional
+import textwrap
+from typing import Dict, List, Optional, Tuple
 
-from recipes.ds_softmax import PAPER as POSTER
-from recipes.ds_softmax import from_json
-from recipes.ds_softmax import format_row as ds_row
+from recipes.common.reading import written_reading
 from recipes.ds_softmax import HEADER as DS_HEADER
+from recipes.ds_softmax import PAPER as POSTER
+from recipes.ds_softmax import format_row as ds_row
+from recipes.ds_softmax import from_json
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
 #: the poster's SVD-10 column (top-1 accuracy full -> SVD, FLOPs reduction, ms full -> SVD, on a GPU)
@@ -31,15 +33,40 @@ POSTER_SVD = {
     "Wiki-2": {"full": 0.257, "svd": 0.255, "flops": 5.38, "ms": (3.07, 0.60)},
 }
 PLOTS = ("svd-spectra.png", "svd-ppl-vs-window.png")
+READING = (
+    "fast_softmax_study-reading.md"  # beside the page; its first line ``<!-- cells: N -->``, N runs (:func:`cells`)
+)
+WITHIN = 0.01  # the smallest preview window keeps the perplexity within this (relative) of the exact softmax's
+#: the formatters of the page's tables (a percentage is a fraction's hundredfold, "points" one of top-1)
+FORMATS = tuple(f"{{:.{n}f}}".format for n in range(4))
+#: the numbers of the reading that are no json value as the page prints it, each with why (at most ten)
+EXCEPTIONS = ()
+#: the tables' headers and rows (``str.format`` templates of a row's fields)
+DS_CMP = (
+    "| E | FLOPs reduction | speed-up b=1 | wall-clock / FLOPs at b=1 | speed-up b=64 | top-1 DS - softmax |",
+    "| {experts} | {flops_reduction:.1f}x | {s1:.1f}x | {wall_per_flops:.2f} | {s64:.1f}x | {points:+.2f} points |",
+)
+SOURCE = (
+    "| source (a GPU) | top-1 full -> fast | FLOPs reduction | ms full -> fast | wall-clock speed-up | "
+    "wall-clock / FLOPs |",
+    "| poster {name} | {full:.3f} -> {fast:.3f} | {flops:.2f}x | {ms[0]:.2f} -> {ms[1]:.2f} | {wall_clock:.1f}x | "
+    "{wall_per_flops:.2f} |",
+)
+SVD_W = (
+    "| W | N | leading: perplexity | top-1 | adaptive: perplexity | top-1 | fewer mults (adaptive) |",
+    "| {W} | {N} | {lead[ppl]:.2f} | {lead[top1]:.3f} | {ppl:.2f} | {top1:.3f} | {cost_gain:.1f}x |",
+)
+SVD_CMP = (
+    "| method | perplexity | top-1 agreement | top-10 overlap | fewer mults | ms per token | speed-up |",
+    "| {name} | {ppl:.2f} | {top1:.3f} | {top10:.3f} | {cost_gain:.1f}x | {ms_per_token} | {speedup} |",
+)
 
 
 def collect(svd: Optional[str], ds: Optional[str], out_dir: str, note: Optional[str]) -> None:
     """Copy the runs' ``results.json`` (and plots) into ``out_dir`` as ``svd_study.json`` / ``ds_wt2.json``, each
     as ``{"notes": [...], "results": [...]}``."""
     os.makedirs(out_dir, exist_ok=True)
-    for run, name in ((svd, "svd_study"), (ds, "ds_wt2")):
-        if run is None:
-            continue
+    for run, name in [(r, n) for r, n in ((svd, "svd_study"), (ds, "ds_wt2")) if r]:
         path = os.path.join(run, "results.json")
         if not os.path.isfile(path):
             raise SystemExit(f"--{name.split('_')[0]} {run}: no results.json there (run its command first)")
@@ -47,217 +74,150 @@ def collect(svd: Optional[str], ds: Optional[str], out_dir: str, note: Optional[
             results = json.load(f)
         with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
             json.dump({"notes": [note] if note else [], "results": results}, f, indent=1)
-        if name == "svd_study":
-            for plot in PLOTS:
-                shutil.copyfile(os.path.join(run, plot), os.path.join(out_dir, plot))
+        for plot in PLOTS if name == "svd_study" else ():
+            shutil.copyfile(os.path.join(run, plot), os.path.join(out_dir, plot))
 
 
-def _load(out_dir: str, name: str) -> Optional[Dict]:
+def load(out_dir: str, name: str) -> Optional[Dict]:
     path = os.path.join(out_dir, f"{name}.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
 
 
-def _notes(obj: Dict) -> List[str]:
-    return [f"_{n}_" for n in obj.get("notes", [])] + ([""] if obj.get("notes") else [])
-
-
-def ds_section(obj: Dict) -> List[str]:
-    """DS-Softmax on WikiText-2: every expert count beside the poster's row, wall-clock against FLOPs."""
-    rows = [from_json(r) for r in obj["results"]]
-    lines = [
-        "## DS-Softmax on WikiText-2 (the poster's headline row)",
-        "",
-        "`python -m recipes.ds_softmax --tasks wikitext-2 --experts 16 32 64`: the LSTM LM of the mini "
-        "language-model tables trained on WikiText-2's shipped text, its softmax turned into DS-Softmax with "
-        "E experts (every expert starts from it), trained on the LM's hidden states, scored on `test.txt`.",
-        "",
-        *_notes(obj),
-        DS_HEADER,
-        "|" + "---|" * (DS_HEADER.count("|") - 1),
-    ]
-    lines += [ds_row(r) for r in rows]
-    p = POSTER["Wiki-2"]
-    lines += [
-        "",
-        f"Poster (Wiki-2, DS-64, a GPU): top-1 {p['full']} -> {p['ds']}, {p['flops']}x fewer FLOPs, "
-        f"{p['ms'][0]} -> {p['ms'][1]} ms ({p['ms'][0] / p['ms'][1]:.0f}x wall-clock).",
-        "",
-        "| E | FLOPs reduction | speed-up b=1 | wall-clock / FLOPs at b=1 | speed-up b=64 | top-1 DS - softmax |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        s1, s64 = r["speedup"][1], r["speedup"][64]
-        lines.append(
-            f"| {r['experts']} | {r['flops_reduction']:.1f}x | {s1:.1f}x | {s1 / r['flops_reduction']:.2f} | "
-            f"{s64:.1f}x | {100 * (r['top1_ds'] - r['top1_softmax']):+.2f} points |"
-        )
-    big = max(rows, key=lambda r: r["experts"])
-    lines += [
-        "",
-        f"The poster's wall-clock / FLOPs: {p['ms'][0] / p['ms'][1] / p['flops']:.2f} (GPU).",
-        "",
-        f"Reading: with {big['experts']} experts DS-Softmax computes {big['flops_reduction']:.1f}x fewer "
-        f"multiplications than the full softmax (the poster: {p['flops']}x with 64) at a top-1 accuracy "
-        f"{100 * (big['top1_ds'] - big['top1_softmax']):+.2f} points from the softmax's "
-        f"({100 * big['top1_softmax']:.2f}%; the poster: {100 * (p['ds'] - p['full']):+.1f}), and answers a "
-        f"batch-1 query {big['speedup'][1]:.1f}x faster on this CPU "
-        f"({big['speedup'][1] / big['flops_reduction']:.0%} of the FLOPs reduction; the poster "
-        f"{p['ms'][0] / p['ms'][1] / p['flops']:.0%} on a GPU).",
-        "",
-    ]
-    return lines
-
-
-def _svd_rows(result: Dict, method: str) -> List[Dict]:
+def _svd(result: Dict, method: str = "svd_softmax") -> List[Dict]:
     return [r for r in result["rows"] if r["method"] == method]
 
 
-def svd_section(obj: Dict) -> List[str]:
-    """Perplexity of SVD-softmax's distribution against W (both previews, the largest N), the spectra, and
-    SVD-softmax beside the hierarchical softmax, per setting."""
-    lines = [
-        "## SVD-softmax as the slides measure it",
-        "",
-        "`python -m recipes.svd_study`: for each output layer, the perplexity of SVD-softmax's whole "
-        "distribution (exact logits for the N best previews, preview logits elsewhere) on held-out text, its "
-        "top-1 agreement and top-10 overlap with the exact softmax, multiplications per token against V d, and "
-        "the time per token at batch 1 (interleaved with the exact softmax in the same process, medians).",
-        "",
-        *_notes(obj),
-        "![singular values](fast_study/svd-spectra.png)",
-        "",
-        "![perplexity against the preview window](fast_study/svd-ppl-vs-window.png)",
-        "",
+def _setting(result: Dict) -> Dict:
+    exact, svd, hier = result["rows"][0], _svd(result), _svd(result, "class_softmax")
+    n, w = max(r["N"] for r in svd), max(r["W"] for r in svd)
+    ok = sorted((r["W"], r["preview"]) for r in svd if r["N"] == n and r["ppl"] <= exact["ppl"] * (1 + WITHIN))
+    return {  # the smallest W whose perplexity is within WITHIN of the exact softmax's, at the largest N
+        "setting": result["setting"],
+        "N": n,
+        "smallest_window": {p: next((x for x, q in ok if q == p), None) for p in ("adaptive", "leading")},
+        "largest_window_excess": {r["preview"]: r["ppl"] / exact["ppl"] - 1 for r in svd if (r["N"], r["W"]) == (n, w)},
+        "hierarchical_excess": hier[0]["ppl"] / exact["ppl"] - 1 if hier else None,
+    }
+
+
+def _wall(ms, flops: float) -> Dict:
+    return {"wall_clock": ms[0] / ms[1], "wall_per_flops": ms[0] / ms[1] / flops}
+
+
+def derived(ds: Optional[Dict], svd: Optional[Dict]) -> Dict:
+    """The numbers the tables and the reading cite that no run's json holds: the sources' wall-clock speed-ups and
+    their share of the FLOPs reduction, ours, top-1 differences, the smallest windows, perplexity excesses."""
+    src = [("DS-64 Wiki-2", POSTER["Wiki-2"], "ds")] + [(f"SVD-10 {k}", p, "svd") for k, p in POSTER_SVD.items()]
+    return {
+        "within": WITHIN,
+        "sources": [
+            {"name": k, **p, "ms": list(p["ms"]), "fast": p[f], **_wall(p["ms"], p["flops"])} for k, p, f in src
+        ],
+        "ds": [
+            {
+                "experts": r["experts"],
+                "wall_per_flops": r["speedup"]["1"] / r["flops_reduction"],
+                "top1": r["top1_ds"] - r["top1_softmax"],
+            }
+            for r in (ds["results"] if ds else [])
+        ],
+        "svd": [_setting(r) for r in (svd["results"] if svd else [])],
+    }
+
+
+def table(template, rows: List[Dict]) -> List[str]:
+    header, row = template
+    return [header, "|" + "---|" * (header.count("|") - 1), *(row.format(**r) for r in rows), ""]
+
+
+def fill(*texts: str) -> List[str]:
+    """Fixed prose and the collected notes wrapped at 120 columns, a paragraph each."""
+    return [line for t in texts for line in (*textwrap.wrap(t, 120, break_on_hyphens=False), "")]
+
+
+def ds_tables(ds: Dict, nums: Dict) -> List[str]:
+    """DS-Softmax on WikiText-2, every expert count, its wall-clock against its FLOPs, and the poster's row."""
+    rows = [from_json(r) for r in ds["results"]]
+    cmp = [
+        {**r, **d, "s1": r["speedup"][1], "s64": r["speedup"][64], "points": 100 * d["top1"]}
+        for r, d in zip(rows, nums["ds"])
     ]
-    for result in obj["results"]:
-        exact = result["rows"][0]
-        svd = _svd_rows(result, "svd_softmax")
-        n_max = max(r["N"] for r in svd)
-        lines += [
-            f"### {result['setting']} (V = {result['V']}, d = {result['d']}, {result['tokens']} tokens)",
-            "",
-            f"Exact softmax: perplexity {exact['ppl']:.2f}"
-            + (f", {exact['ms_per_token']:.3f} ms per token." if "ms_per_token" in exact else "."),
-            "",
-            "| W | N | leading: perplexity | top-1 | adaptive: perplexity | top-1 | fewer mults (adaptive) |",
-            "|---|---|---|---|---|---|---|",
+    return [
+        "DS-Softmax on WikiText-2 (the poster's headline row) on this CPU, and the poster's row (a GPU):",
+        "",
+        DS_HEADER,
+        "|" + "---|" * (DS_HEADER.count("|") - 1),
+        *(ds_row(r) for r in rows),
+        "",
+        *table(DS_CMP, cmp),
+        *table(SOURCE, [s for s in nums["sources"] if s["name"].startswith("DS")]),
+    ]
+
+
+def svd_section(svd: Dict, nums: Dict) -> List[str]:
+    """Perplexity of SVD-softmax against W (both previews), the plots, SVD-softmax (timed, the largest N) beside the
+    hierarchical softmax, per setting; the poster's SVD-10 column."""
+    lines = ["## SVD-softmax as the slides measure it", ""] + fill(
+        "`python -m recipes.svd_study`: per output layer, the perplexity of SVD-softmax's whole distribution (exact "
+        "logits for the N best previews, preview logits elsewhere) on held-out text, its top-1 agreement and top-10 "
+        "overlap with the exact softmax, multiplications per token against V d, and the time per token at batch 1 "
+        "(interleaved with the exact softmax in the same process, medians).",
+        *(f"_{n}_" for n in svd["notes"]),
+        "![singular values](fast_study/svd-spectra.png)",
+        "![perplexity against the preview window](fast_study/svd-ppl-vs-window.png)",
+    )
+    for result, d in zip(svd["results"], nums["svd"]):
+        by = {(r["N"], r["W"], r["preview"]): r for r in _svd(result)}
+        w_rows = [
+            {**a, "lead": by[n, w, "leading"]}
+            for (n, w, p), a in sorted(by.items())
+            if p == "adaptive" and (n, w, "leading") in by
         ]
-        for n in sorted({r["N"] for r in svd}):
-            for w in sorted({r["W"] for r in svd}):
-                pair = {r["preview"]: r for r in svd if r["N"] == n and r["W"] == w}
-                if len(pair) < 2:
-                    continue
-                lead, ada = pair["leading"], pair["adaptive"]
-                lines.append(
-                    f"| {w} | {n} | {lead['ppl']:.2f} | {lead['top1']:.3f} | {ada['ppl']:.2f} | "
-                    f"{ada['top1']:.3f} | {ada['cost_gain']:.1f}x |"
-                )
-        timed = [r for r in svd if "ms_per_token" in r and r["N"] == n_max]
-        hier = _svd_rows(result, "class_softmax")
-        lines += [
-            "",
+        timed = [r for r in _svd(result) if "ms_per_token" in r and r["N"] == d["N"]]
+        named = [(r["method"], r) for r in result["rows"][:1]]
+        named += [(f"svd_softmax {r['preview']} W={r['W']} N={r['N']}", r) for r in timed]
+        named += [(f"class_softmax ({r['classes']} classes)", r) for r in _svd(result, "class_softmax")]
+        timing = ("ms_per_token", "{:.3f}"), ("speedup", "{:.2f}x")
+        cmp = [{**r, "name": x, **{k: f.format(r[k]) if k in r else "-" for k, f in timing}} for x, r in named]
+        lines += [f"### {result['setting']} (V = {result['V']}, d = {result['d']}, {result['tokens']} tokens)", ""]
+        lines += table(SVD_W, w_rows) + [
             "SVD-softmax against the hierarchical softmax (the slides' comparison), batch 1:",
             "",
-            "| method | perplexity | top-1 agreement | top-10 overlap | fewer mults | ms per token | speed-up |",
-            "|---|---|---|---|---|---|---|",
         ]
-        for r in [exact, *timed, *hier]:
-            name = (
-                f"svd_softmax {r['preview']} W={r['W']} N={r['N']}"
-                if r["method"] == "svd_softmax"
-                else f"class_softmax ({r['classes']} classes)"
-                if r["method"] == "class_softmax"
-                else r["method"]
-            )
-            ms = f"{r['ms_per_token']:.3f}" if "ms_per_token" in r else "-"
-            sp = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
-            lines.append(
-                f"| {name} | {r['ppl']:.2f} | {r['top1']:.3f} | {r['top10']:.3f} | {r['cost_gain']:.1f}x | "
-                f"{ms} | {sp} |"
-            )
-        lines += ["", svd_reading(result), ""]
-    lines += [
-        "The sources: the slides (Vlasova et al.) plot the loss against W, the spectra and the time per token "
-        "without printing numbers; the DS-Softmax poster's SVD-10 column gives "
-        + "; ".join(
-            f"{k} top-1 {p['full']} -> {p['svd']} at {p['flops']:.2f}x fewer FLOPs, {p['ms'][0]} -> "
-            f"{p['ms'][1]} ms (GPU)"
-            for k, p in POSTER_SVD.items()
-        )
-        + ".",
-        "",
-    ]
-    return lines
+        lines += table(SVD_CMP, cmp)
+    lines += ["The slides (Vlasova et al.) print no numbers; the DS-Softmax poster's SVD-10 column:", ""]
+    return lines + table(SOURCE, [s for s in nums["sources"] if s["name"].startswith("SVD")])
 
 
-def _smallest_window(svd: List[Dict], preview: str, n: int, exact: float, within: float) -> Optional[Dict]:
-    """The row of the smallest W whose perplexity is within ``within`` (relative) of the exact softmax's."""
-    rows = sorted((r for r in svd if r["preview"] == preview and r["N"] == n), key=lambda r: r["W"])
-    return next((r for r in rows if r["ppl"] <= exact * (1 + within)), None)
-
-
-def svd_reading(result: Dict) -> str:
-    """What one setting's rows say, in words generated from them: the smallest preview window that keeps the
-    perplexity within 1% of the exact softmax for each preview choice (largest N), and the hierarchical softmax's
-    perplexity and speed against SVD-softmax's."""
-    exact = result["rows"][0]
-    svd = _svd_rows(result, "svd_softmax")
-    n = max(r["N"] for r in svd)
-    parts = []
-    for preview in ("adaptive", "leading"):
-        r = _smallest_window(svd, preview, n, exact["ppl"], 0.01)
-        largest = max(x["W"] for x in svd)
-        parts.append(
-            f"{preview}: W = {r['W']} ({r['ppl']:.2f}, {r['cost_gain']:.1f}x fewer multiplications"
-            + (f", {r['speedup']:.2f}x the exact softmax's speed at batch 1" if "speedup" in r else "")
-            + ")"
-            if r
-            else f"{preview}: no W up to {largest}"
-        )
-    text = (
-        f"Reading ({result['setting']}): the smallest preview window that keeps the perplexity within 1% of the "
-        f"exact {exact['ppl']:.2f} at N = {n}: " + "; ".join(parts) + "."
-    )
-    hier = _svd_rows(result, "class_softmax")
-    if hier:
-        h = hier[0]
-        text += (
-            f" The hierarchical softmax trained on the same states: perplexity {h['ppl']:.2f} "
-            f"({100 * (h['ppl'] / exact['ppl'] - 1):+.1f}% against the exact softmax's: a different model, not an "
-            f"approximation of it), top-1 agreement {h['top1']:.3f}"
-            + (f", {h['speedup']:.2f}x the exact softmax's speed for the whole distribution" if "speedup" in h else "")
-            + "."
-        )
-    return text
-
-
-def write_page(out_dir: str, page: str) -> str:
-    """Write ``page`` from the json in ``out_dir``; returns its text."""
-    svd, ds = _load(out_dir, "svd_study"), _load(out_dir, "ds_wt2")
+def render(out_dir: str, docs: str) -> Tuple[str, Dict]:
+    """The page from the json in ``out_dir`` and the reading in ``docs``, and its derived numbers."""
+    svd, ds = load(out_dir, "svd_study"), load(out_dir, "ds_wt2")
     if svd is None and ds is None:
         raise SystemExit(f"{out_dir}: neither svd_study.json nor ds_wt2.json (collect with --svd / --ds first)")
-    lines = [
-        "# Fast softmax, measured as its sources measure it",
-        "",
-        "Generated by `python -m recipes.fast_report` from `docs/fast_study/*.json`; how the heads work and "
-        "the speed benchmark: [fast_inference.md](fast_inference.md), DS-Softmax's synthetic and PTB rows: "
-        "[ds_softmax.md](ds_softmax.md).",
-        "",
-    ]
-    if ds is not None:
-        lines += ds_section(ds)
-    if svd is not None:
-        lines += svd_section(svd)
-    text = "\n".join(lines).rstrip() + "\n"
-    with open(page, "w") as f:
-        f.write(text)
-    return text
+    nums = derived(ds, svd)
+    lines = ["# Fast softmax, measured as its sources measure it", ""]
+    lines += ds_tables(ds, nums) if ds else svd_section(svd, nums)
+    reading = written_reading(os.path.join(docs, READING), sum(len(o["results"]) for o in (ds, svd) if o))
+    lines += (["## Reading", "", reading, ""] if reading else []) + fill(
+        "Generated by `python -m recipes.fast_report` from `docs/fast_study/*.json` (the derived numbers: "
+        "[numbers.json](fast_study/numbers.json)); how the heads work and the speed benchmark: "
+        "[fast_inference.md](fast_inference.md), DS-Softmax's synthetic and PTB rows: [ds_softmax.md](ds_softmax.md)."
+    )
+    if ds:
+        lines += ["## DS-Softmax on WikiText-2: the command", ""] + fill(
+            "`python -m recipes.ds_softmax --tasks wikitext-2 --experts 16 32 64`: the LSTM LM of the mini "
+            "language-model tables trained on WikiText-2's shipped text, its softmax turned into DS-Softmax with E "
+            "experts (every expert starts from it), trained on the LM's hidden states, scored on `test.txt`.",
+            *(f"_{n}_" for n in ds["notes"]),
+        )
+    lines += svd_section(svd, nums) if ds and svd else []
+    return "\n".join(lines).rstrip() + "\n", nums
 
 
 def main(argv=None) -> str:
+    """Collect (unless ``--no-collect``), then write the page and ``numbers.json``; returns the page."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--svd", help="an output directory of `python -m recipes.svd_study`")
     p.add_argument("--ds", help="an output directory of `python -m recipes.ds_softmax --tasks wikitext-2`")
@@ -270,9 +230,12 @@ def main(argv=None) -> str:
         if not (args.svd or args.ds):
             p.error("--svd and/or --ds (or --no-collect)")
         collect(args.svd, args.ds, out_dir, args.note)
-    page = os.path.join(args.docs, "fast_softmax_study.md")
-    text = write_page(out_dir, page)
-    print(f"wrote {page}")
+    text, nums = render(out_dir, args.docs)
+    with open(os.path.join(out_dir, "numbers.json"), "w") as f:
+        json.dump(nums, f, indent=1)
+    with open(os.path.join(args.docs, "fast_softmax_study.md"), "w") as f:
+        f.write(text)
+    print(f"wrote {f.name} and {os.path.join(out_dir, 'numbers.json')}")
     return text
 
 

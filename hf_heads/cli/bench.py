@@ -908,6 +908,7 @@ def _shape(text: str):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The command's options, the defaults of the CPU or the GPU benchmark filled in, checked."""
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
@@ -955,6 +956,29 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="time every step quiet and again beside a busy neighbour process (matmuls on one core): "
         "each head's ratio to softmax both ways and its slowdown against softmax's own",
     )
+    add_device_options(p)
+    p.add_argument("--out", default="results/bench_heads")
+    p.add_argument("--memory-to", default=None, help=argparse.SUPPRESS)  # internal: the memory child's output
+    args = p.parse_args(argv)
+    defaults = (
+        DEVICE_DEFAULTS if args.device else {"tokens": 2048, "dim": [512], "vocab": [10000, 33000, 50257], "rounds": 5}
+    )
+    for key in ("tokens", "dim", "vocab", "rounds"):
+        if getattr(args, key) is None:
+            setattr(args, key, defaults[key])
+    if args.model_vocab is None:
+        args.model_vocab = SMOLLM2_135M["vocab_size"] if args.device else 10000
+    for key in ("tokens", "dim", "vocab", "rounds", "repeats", "model_vocab", "model_layers", "model_dim"):
+        for value in getattr(args, key) if isinstance(getattr(args, key), list) else [getattr(args, key)]:
+            if value < 1:
+                p.error(f"--{key.replace('_', '-')} {value}: must be at least 1")
+    if not args.device:
+        args.dim = args.dim[0]
+    return args
+
+
+def add_device_options(p: argparse.ArgumentParser) -> None:
+    """The options of the GPU benchmark (``--device``): dtypes, shapes, which entries, warm-up and repeats."""
     p.add_argument(
         "--device",
         default=None,
@@ -1003,24 +1027,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="with --device: untimed steps of each entry first (Triton compiles in the first)",
     )
     p.add_argument("--repeats", type=int, default=1, help="with --device: steps per timed round")
-    p.add_argument("--out", default="results/bench_heads")
-    p.add_argument("--memory-to", default=None, help=argparse.SUPPRESS)  # internal: the memory child's output
-    args = p.parse_args(argv)
-    defaults = (
-        DEVICE_DEFAULTS if args.device else {"tokens": 2048, "dim": [512], "vocab": [10000, 33000, 50257], "rounds": 5}
-    )
-    for key in ("tokens", "dim", "vocab", "rounds"):
-        if getattr(args, key) is None:
-            setattr(args, key, defaults[key])
-    if args.model_vocab is None:
-        args.model_vocab = SMOLLM2_135M["vocab_size"] if args.device else 10000
-    for key in ("tokens", "dim", "vocab", "rounds", "repeats", "model_vocab", "model_layers", "model_dim"):
-        for value in getattr(args, key) if isinstance(getattr(args, key), list) else [getattr(args, key)]:
-            if value < 1:
-                p.error(f"--{key.replace('_', '-')} {value}: must be at least 1")
-    if not args.device:
-        args.dim = args.dim[0]
-    return args
 
 
 def settings(args):
