@@ -346,6 +346,21 @@ def fake_lm_data(tmp_path_factory):
     return root
 
 
+def test_the_language_model_tables_count_epochs_with_max_epochs_and_read_max_updates_as_it_with_a_warning(capsys):
+    """--max-epochs is an LM table's length at full size (and its cap at mini); 0.1's --max-updates, which counted
+    epochs there, still does for a release, with a warning; both at once are refused."""
+    full = ["lm-ptb", "--scale", "full", "--dry-run"]
+    cli.main(full + ["--max-epochs", "3"], log=lambda m: None)
+    by_epochs = capsys.readouterr()
+    assert "warning" not in by_epochs.err and by_epochs.out.count("--max-epoch 3 ") == 10
+    cli.main(full + ["--max-updates", "3"], log=lambda m: None)
+    by_updates = capsys.readouterr()
+    assert by_updates.out == by_epochs.out
+    assert "lm-ptb counts epochs, not updates: --max-updates 3 is read as --max-epochs 3" in by_updates.err
+    with pytest.raises(SystemExit, match="give --max-epochs alone"):
+        cli.main(full + ["--max-updates", "3", "--max-epochs", "3"], log=lambda m: None)
+
+
 def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     rows = cli.main(
         [
@@ -359,7 +374,7 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
             "mixtape",
             "--seeds",
             "1",
-            "--max-updates",
+            "--max-epochs",
             "1",
             "--no-costs",
             "--quiet",

@@ -50,8 +50,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "--max-updates",
         type=int,
         default=None,
-        help="training updates per cell (language-model tables: epochs; default: the table's); at mini "
-        "scale a cap beside the stopping rule",
+        help="optimizer updates per cell, for the tables that count updates (translation; lm-gpt2's steps; default: "
+        "the table's); at mini scale a cap beside the stopping rule. The language-model tables count epochs: "
+        "--max-epochs",
     )
     p.add_argument(
         "--lrs",
@@ -83,7 +84,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "early stopping)",
     )
     p.add_argument(
-        "--max-epochs", type=int, default=None, help="mini: the stopping rule's cap on epochs (default: the table's)"
+        "--max-epochs",
+        type=int,
+        default=None,
+        help="mini: the stopping rule's cap on epochs; the language-model tables (lm-ptb, lm-wt2, lm-1b) at full "
+        "size: the epochs a cell trains (default: the table's)",
     )
     p.add_argument("--data", default=DEFAULT_DATA, help=f"shared data directory (default {DEFAULT_DATA})")
     p.add_argument("--out", default=os.path.join("results", "reproduce"), help="output directory")
@@ -154,6 +159,15 @@ def main(argv: Optional[List[str]] = None, log=_stderr):
         raise SystemExit("--dry-run prints the full-size plan: use it with --scale full")
     if args.models and args.table != "lm-gpt2":
         raise SystemExit(f"--models is an option of lm-gpt2 only (not {args.table})")
+    if args.max_updates and table.counts_epochs:
+        # 0.1's --max-updates counted epochs on the language-model tables: for a release it still does, with a warning
+        if args.max_epochs:
+            raise SystemExit(f"{args.table} counts epochs: give --max-epochs alone (not --max-updates too)")
+        _stderr(
+            f"warning: {args.table} counts epochs, not updates: --max-updates {args.max_updates} is read as "
+            f"--max-epochs {args.max_updates} (say --max-epochs; --max-updates on this table goes in the next release)"
+        )
+        args.max_epochs, args.max_updates = args.max_updates, None
     args.data = os.path.abspath(args.data)
     args.out = os.path.abspath(args.out)
     return table.run(args, log=log)

@@ -192,6 +192,10 @@ class Table:
             os.remove(last)
         return record
 
+    #: whether a cell's length is in epochs (the language-model tables: ``--max-epochs``) rather than optimizer
+    #: updates (``--max-updates``)
+    counts_epochs: bool = False
+
     # -- the stopping rule and the learning-rate sweep (mini) ------------------------------------
     #: the mini cells' stopping rule (None: a fixed number of updates, as at full size)
     mini_stop: Optional[sweep_rules.StopRule] = None

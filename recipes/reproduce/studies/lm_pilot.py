@@ -80,7 +80,7 @@ def switch_epoch(epochs: int) -> int:
 
 def table_args(epochs: int, data: str) -> SimpleNamespace:
     return SimpleNamespace(
-        scale="mini", max_updates=epochs, max_epochs=None, patience=0, limit=0, data=data, keep_checkpoints=False
+        scale="mini", max_updates=None, max_epochs=epochs, patience=0, limit=0, data=data, keep_checkpoints=False
     )
 
 

@@ -53,7 +53,7 @@ def run_cell(runner: Runner, bin_dir: str, protocol: str, seed: int, args, out: 
         shutil.rmtree(cell_dir, ignore_errors=True)
         result_files.save_json(marker, {"epochs": args.epochs, "limit": args.limit})
     variant = resolve(["softmax"], {})[0]
-    table_args = SimpleNamespace(scale="mini", max_updates=args.epochs, limit=args.limit, patience=0)
+    table_args = SimpleNamespace(scale="mini", max_epochs=args.epochs, limit=args.limit, patience=0)
     save_dir = os.path.join(cell_dir, "checkpoints")
     train = TABLE.train_command(bin_dir, variant, seed, save_dir, table_args, streams=protocol == "streams")
     label = f"{protocol} seed {seed}"

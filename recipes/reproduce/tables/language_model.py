@@ -179,6 +179,8 @@ def with_options(base: Sequence[str], extra: Sequence[str]) -> List[str]:
 class LanguageModelTable(Table):
     """One perplexity table: a corpus, the paper's numbers, the MoS preset for its full size."""
 
+    counts_epochs = True
+
     name: str
     corpus: str
     description: str
@@ -275,11 +277,10 @@ class LanguageModelTable(Table):
         return self.paper.get(split, {}).get(variant.name)
 
     def epochs(self, args) -> int:
-        """Epochs of a full-size cell, or the cap of a mini cell's stopping rule (with ``--patience 0``, the epochs
-        it trains)."""
-        if args.max_updates or args.scale == "full":
-            return args.max_updates or self.full_epochs
-        return getattr(args, "max_epochs", None) or self.mini_stop.max_epochs
+        """Epochs of a full-size cell (``--max-epochs``, default the paper's), or the cap of a mini cell's stopping
+        rule (``--max-epochs``, default the table's; with ``--patience 0``, the epochs it trains)."""
+        given = getattr(args, "max_epochs", None)
+        return given or (self.full_epochs if args.scale == "full" else self.mini_stop.max_epochs)
 
     def lines(self, args) -> int:
         """Lines of train.txt the mini corpus reads (``--limit`` of the tests, else :attr:`mini_lines`; 0: all)."""
@@ -317,8 +318,8 @@ class LanguageModelTable(Table):
         streams: bool = True,
         optimizer: Optional[str] = None,
     ) -> List[str]:
-        """``--max-updates`` counts epochs here (the papers train LMs for a number of epochs; mini: the cap of the
-        stopping rule). ``lr``: a mini cell's rate (default the grid's centre). ``streams``: the papers' protocol
+        """The length is in epochs here (:meth:`epochs`: the papers train LMs for a number of epochs; mini: the cap
+        of the stopping rule). ``lr``: a mini cell's rate (default the grid's centre). ``streams``: the papers' protocol
         (``--task awd_language_modeling``, every table's) or fairseq's blocks (the protocol study's other arm).
         ``optimizer``: a mini cell's (a key of :data:`MINI_OPTIMIZERS`; default the table's; the pilot runs
         both)."""
@@ -337,7 +338,7 @@ class LanguageModelTable(Table):
             if full
             else [*MINI_OPTIMIZERS[optimizer], "--lr", f"{lr or MINI_LRS[optimizer]:g}"]
         )
-        rule = None if full else self.stop_rule(args)  # --max-updates (epochs here) may cap it lower
+        rule = None if full else self.stop_rule(args)
         length = [*(["--patience", str(rule.patience)] if rule else []), "--max-epoch", str(self.epochs(args))]
         untie = ["--untie-weights"] if variant.head in ("ds_softmax", "d_softmax") else []
         data = (
