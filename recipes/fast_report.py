@@ -33,15 +33,13 @@ POSTER_SVD = {
     "Wiki-2": {"full": 0.257, "svd": 0.255, "flops": 5.38, "ms": (3.07, 0.60)},
 }
 PLOTS = ("svd-spectra.png", "svd-ppl-vs-window.png")
-READING = (
-    "fast_softmax_study-reading.md"  # beside the page; its first line ``<!-- cells: N -->``, N runs (:func:`cells`)
-)
+READING = "fast_softmax_study-reading.md"  # beside the page; first line <!-- cells: N -->, N = the runs it read
 WITHIN = 0.01  # the smallest preview window keeps the perplexity within this (relative) of the exact softmax's
 #: the formatters of the page's tables (a percentage is a fraction's hundredfold, "points" one of top-1)
 FORMATS = tuple(f"{{:.{n}f}}".format for n in range(4))
 #: the numbers of the reading that are no json value as the page prints it, each with why (at most ten)
 EXCEPTIONS = ()
-#: the tables' headers and rows (``str.format`` templates of a row's fields)
+#: the tables' (header, row) pairs, the rows ``str.format`` templates of a row's fields
 DS_CMP = (
     "| E | FLOPs reduction | speed-up b=1 | wall-clock / FLOPs at b=1 | speed-up b=64 | top-1 DS - softmax |",
     "| {experts} | {flops_reduction:.1f}x | {s1:.1f}x | {wall_per_flops:.2f} | {s64:.1f}x | {points:+.2f} points |",
@@ -70,10 +68,8 @@ def collect(svd: Optional[str], ds: Optional[str], out_dir: str, note: Optional[
         path = os.path.join(run, "results.json")
         if not os.path.isfile(path):
             raise SystemExit(f"--{name.split('_')[0]} {run}: no results.json there (run its command first)")
-        with open(path) as f:
-            results = json.load(f)
-        with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-            json.dump({"notes": [note] if note else [], "results": results}, f, indent=1)
+        with open(path) as f, open(os.path.join(out_dir, f"{name}.json"), "w") as out:
+            json.dump({"notes": [note] if note else [], "results": json.load(f)}, out, indent=1)
         for plot in PLOTS if name == "svd_study" else ():
             shutil.copyfile(os.path.join(run, plot), os.path.join(out_dir, plot))
 
@@ -85,49 +81,50 @@ def load(out_dir: str, name: str) -> Optional[Dict]:
             return json.load(f)
 
 
-def _svd(result: Dict, method: str = "svd_softmax") -> List[Dict]:
+def _rows(result: Dict, method: str = "svd_softmax") -> List[Dict]:
     return [r for r in result["rows"] if r["method"] == method]
 
 
 def _setting(result: Dict) -> Dict:
-    exact, svd, hier = result["rows"][0], _svd(result), _svd(result, "class_softmax")
+    """At the largest N: the smallest W within :data:`WITHIN` of the exact perplexity per preview, the excess of the
+    largest W's perplexity over the exact one, and the hierarchical softmax's."""
+    ppl, svd, hier = result["rows"][0]["ppl"], _rows(result), _rows(result, "class_softmax")
     n, w = max(r["N"] for r in svd), max(r["W"] for r in svd)
-    ok = sorted((r["W"], r["preview"]) for r in svd if r["N"] == n and r["ppl"] <= exact["ppl"] * (1 + WITHIN))
-    return {  # the smallest W whose perplexity is within WITHIN of the exact softmax's, at the largest N
+    ok = sorted((r["W"], r["preview"]) for r in svd if r["N"] == n and r["ppl"] <= ppl * (1 + WITHIN))
+    return {
         "setting": result["setting"],
         "N": n,
         "smallest_window": {p: next((x for x, q in ok if q == p), None) for p in ("adaptive", "leading")},
-        "largest_window_excess": {r["preview"]: r["ppl"] / exact["ppl"] - 1 for r in svd if (r["N"], r["W"]) == (n, w)},
-        "hierarchical_excess": hier[0]["ppl"] / exact["ppl"] - 1 if hier else None,
+        "largest_window_excess": {r["preview"]: r["ppl"] / ppl - 1 for r in svd if (r["N"], r["W"]) == (n, w)},
+        "hierarchical_excess": hier[0]["ppl"] / ppl - 1 if hier else None,
     }
 
 
-def _wall(ms, flops: float) -> Dict:
-    return {"wall_clock": ms[0] / ms[1], "wall_per_flops": ms[0] / ms[1] / flops}
+def _source(name: str, p: Dict, fast: str) -> Dict:
+    """A source's row: its top-1 difference, wall-clock speed-up and the speed-up's share of its FLOPs reduction."""
+    wall, top1 = p["ms"][0] / p["ms"][1], p[fast] - p["full"]
+    extra = {"name": name, "fast": p[fast], "top1": top1, "wall_clock": wall, "wall_per_flops": wall / p["flops"]}
+    return {**p, "ms": list(p["ms"]), **extra}
+
+
+def _ds(r: Dict) -> Dict:
+    """A DS-Softmax row's batch-1 speed-up as a share of its FLOPs reduction, and its top-1 gain."""
+    top1 = r["top1_ds"] - r["top1_softmax"]
+    return {"experts": r["experts"], "wall_per_flops": r["speedup"][1] / r["flops_reduction"], "top1": top1}
 
 
 def derived(ds: Optional[Dict], svd: Optional[Dict]) -> Dict:
-    """The numbers the tables and the reading cite that no run's json holds: the sources' wall-clock speed-ups and
-    their share of the FLOPs reduction, ours, top-1 differences, the smallest windows, perplexity excesses."""
-    src = [("DS-64 Wiki-2", POSTER["Wiki-2"], "ds")] + [(f"SVD-10 {k}", p, "svd") for k, p in POSTER_SVD.items()]
+    """The numbers the tables and the reading cite that no run's json holds (``numbers.json``)."""
     return {
         "within": WITHIN,
-        "sources": [
-            {"name": k, **p, "ms": list(p["ms"]), "fast": p[f], **_wall(p["ms"], p["flops"])} for k, p, f in src
-        ],
-        "ds": [
-            {
-                "experts": r["experts"],
-                "wall_per_flops": r["speedup"]["1"] / r["flops_reduction"],
-                "top1": r["top1_ds"] - r["top1_softmax"],
-            }
-            for r in (ds["results"] if ds else [])
-        ],
+        "sources": [_source("DS-64 Wiki-2", POSTER["Wiki-2"], "ds")]
+        + [_source(f"SVD-10 {k}", p, "svd") for k, p in POSTER_SVD.items()],
+        "ds": [_ds(from_json(r)) for r in (ds["results"] if ds else [])],
         "svd": [_setting(r) for r in (svd["results"] if svd else [])],
     }
 
 
-def table(template, rows: List[Dict]) -> List[str]:
+def table(template: Tuple[str, str], rows: List[Dict]) -> List[str]:
     header, row = template
     return [header, "|" + "---|" * (header.count("|") - 1), *(row.format(**r) for r in rows), ""]
 
@@ -144,21 +141,14 @@ def ds_tables(ds: Dict, nums: Dict) -> List[str]:
         {**r, **d, "s1": r["speedup"][1], "s64": r["speedup"][64], "points": 100 * d["top1"]}
         for r, d in zip(rows, nums["ds"])
     ]
-    return [
-        "DS-Softmax on WikiText-2 (the poster's headline row) on this CPU, and the poster's row (a GPU):",
-        "",
-        DS_HEADER,
-        "|" + "---|" * (DS_HEADER.count("|") - 1),
-        *(ds_row(r) for r in rows),
-        "",
-        *table(DS_CMP, cmp),
-        *table(SOURCE, [s for s in nums["sources"] if s["name"].startswith("DS")]),
-    ]
+    head = [DS_HEADER, "|" + "---|" * (DS_HEADER.count("|") - 1), *map(ds_row, rows), "", *table(DS_CMP, cmp)]
+    caption = "DS-Softmax on WikiText-2 (the poster's headline row) on this CPU, and the poster's row (a GPU):"
+    return [caption, "", *head, *table(SOURCE, [s for s in nums["sources"] if s["name"].startswith("DS")])]
 
 
 def svd_section(svd: Dict, nums: Dict) -> List[str]:
-    """Perplexity of SVD-softmax against W (both previews), the plots, SVD-softmax (timed, the largest N) beside the
-    hierarchical softmax, per setting; the poster's SVD-10 column."""
+    """Per setting, SVD-softmax's perplexity against W (both previews) and, timed at the largest N, beside the
+    hierarchical softmax; the plots and the poster's SVD-10 column."""
     lines = ["## SVD-softmax as the slides measure it", ""] + fill(
         "`python -m recipes.svd_study`: per output layer, the perplexity of SVD-softmax's whole distribution (exact "
         "logits for the N best previews, preview logits elsewhere) on held-out text, its top-1 agreement and top-10 "
@@ -169,23 +159,17 @@ def svd_section(svd: Dict, nums: Dict) -> List[str]:
         "![perplexity against the preview window](fast_study/svd-ppl-vs-window.png)",
     )
     for result, d in zip(svd["results"], nums["svd"]):
-        by = {(r["N"], r["W"], r["preview"]): r for r in _svd(result)}
-        w_rows = [
-            {**a, "lead": by[n, w, "leading"]}
-            for (n, w, p), a in sorted(by.items())
-            if p == "adaptive" and (n, w, "leading") in by
-        ]
-        timed = [r for r in _svd(result) if "ms_per_token" in r and r["N"] == d["N"]]
+        by = {(r["N"], r["W"], r["preview"]): r for r in _rows(result)}
+        adaptive = [r for k, r in sorted(by.items()) if k[2] == "adaptive" and (*k[:2], "leading") in by]
+        timed = [r for r in _rows(result) if r["N"] == d["N"] and "ms_per_token" in r]
         named = [(r["method"], r) for r in result["rows"][:1]]
         named += [(f"svd_softmax {r['preview']} W={r['W']} N={r['N']}", r) for r in timed]
-        named += [(f"class_softmax ({r['classes']} classes)", r) for r in _svd(result, "class_softmax")]
-        timing = ("ms_per_token", "{:.3f}"), ("speedup", "{:.2f}x")
-        cmp = [{**r, "name": x, **{k: f.format(r[k]) if k in r else "-" for k, f in timing}} for x, r in named]
+        named += [(f"class_softmax ({r['classes']} classes)", r) for r in _rows(result, "class_softmax")]
+        timing = {"ms_per_token": "{:.3f}", "speedup": "{:.2f}x"}
+        cmp = [{**r, "name": x, **{k: f.format(r[k]) if k in r else "-" for k, f in timing.items()}} for x, r in named]
         lines += [f"### {result['setting']} (V = {result['V']}, d = {result['d']}, {result['tokens']} tokens)", ""]
-        lines += table(SVD_W, w_rows) + [
-            "SVD-softmax against the hierarchical softmax (the slides' comparison), batch 1:",
-            "",
-        ]
+        lines += table(SVD_W, [{**r, "lead": by[r["N"], r["W"], "leading"]} for r in adaptive])
+        lines += ["SVD-softmax against the hierarchical softmax (the slides' comparison), batch 1:", ""]
         lines += table(SVD_CMP, cmp)
     lines += ["The slides (Vlasova et al.) print no numbers; the DS-Softmax poster's SVD-10 column:", ""]
     return lines + table(SOURCE, [s for s in nums["sources"] if s["name"].startswith("SVD")])
@@ -198,7 +182,7 @@ def render(out_dir: str, docs: str) -> Tuple[str, Dict]:
         raise SystemExit(f"{out_dir}: neither svd_study.json nor ds_wt2.json (collect with --svd / --ds first)")
     nums = derived(ds, svd)
     lines = ["# Fast softmax, measured as its sources measure it", ""]
-    lines += ds_tables(ds, nums) if ds else svd_section(svd, nums)
+    lines += ds_tables(ds, nums) if ds else svd_section(svd, nums)  # the page opens with its table
     reading = written_reading(os.path.join(docs, READING), sum(len(o["results"]) for o in (ds, svd) if o))
     lines += (["## Reading", "", reading, ""] if reading else []) + fill(
         "Generated by `python -m recipes.fast_report` from `docs/fast_study/*.json` (the derived numbers: "

@@ -4,7 +4,9 @@ corpus."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import pytest
 import torch
@@ -112,8 +114,8 @@ def test_study_command_on_a_tiny_corpus(tmp_path):
 
 
 def test_fast_study_page_from_both_commands(tmp_path):
-    """The docs page is written from the two commands' outputs only: the DS-Softmax rows with the poster's,
-    the perplexity-against-W tables, both plots, and the SVD-vs-hierarchical table."""
+    """The docs page is written from the two commands' outputs only: it opens with the DS-Softmax rows, then the
+    poster's, the perplexity-against-W tables, both plots, the SVD-vs-hierarchical table and numbers.json."""
     from recipes import ds_softmax as dsr
     from recipes import fast_report as FR
 
@@ -185,15 +187,57 @@ def test_fast_study_page_from_both_commands(tmp_path):
         ]
     )
     text = (docs / "fast_softmax_study.md").read_text()
-    assert "| ptb | 10000 | 8 | 2 (" in text  # the DS row, from the json
-    assert "Poster (Wiki-2, DS-64, a GPU): top-1 0.257 -> 0.259, 23.86x" in text
+    lines = text.splitlines()
+    assert lines[0].startswith("# ") and lines[4].startswith("| task |")  # the title, one caption line, the table
+    assert lines[6].startswith("| ptb | 10000 | 8 | 2 (")  # the DS row, from the json
+    assert "| poster DS-64 Wiki-2 | 0.257 -> 0.259 | 23.86x | 3.07 -> 0.15 | 20.5x | 0.86 |" in lines
+    assert "| poster SVD-10 PTB | 0.252 -> 0.251 | 5.00x | 0.73 -> 0.18 | 4.1x | 0.81 |" in lines
     assert "_timed beside two busy processes_" in text
     assert "| 4 | 10 | " in text and "| 8 | 10 | " in text  # W = 4, 8 at N = 10, both previews
     assert "| class_softmax (100 classes) |" in text and "| softmax (exact) |" in text
-    assert "Reading (ptb): the smallest preview window" in text and "Reading: with 2 experts" in text
+    assert "Reading" not in text  # no reading beside this page, and no sentence generated in its place
+    assert max(len(line) for line in lines if not line.startswith("|")) <= 400
+    ds = json.loads((docs / "fast_study" / "ds_wt2.json").read_text())
+    svd = json.loads((docs / "fast_study" / "svd_study.json").read_text())
+    nums = json.loads((docs / "fast_study" / "numbers.json").read_text())
+    assert nums == json.loads(json.dumps(FR.derived(ds, svd)))
+    (r,) = ds["results"]
+    assert nums["ds"] == [
+        {
+            "experts": 2,
+            "wall_per_flops": r["speedup"]["1"] / r["flops_reduction"],
+            "top1": r["top1_ds"] - r["top1_softmax"],
+        }
+    ]
+    assert f"| {r['speedup']['1'] / r['flops_reduction']:.2f} |" in text
     for plot in FR.PLOTS:
         assert (docs / "fast_study" / plot).stat().st_size > 100
     # the page again from the committed json alone: the same text
     assert FR.main(["--no-collect", "--docs", str(docs)]) == text
     with pytest.raises(SystemExit):
         FR.main(["--docs", str(docs)])  # nothing to collect
+
+
+def test_fast_study_committed_page_numbers_and_reading():
+    """The committed page and numbers.json are what the generator makes of the committed json (and the reading);
+    every decimal, percentage and number with a unit of the hand-written reading is one of their values as the
+    page's tables format it, or one of the at most ten listed exceptions."""
+    from recipes import fast_report as FR
+    from recipes.common.reading import number_values, unmatched_numbers
+
+    out_dir = os.path.join(FR.DOCS, "fast_study")
+    text, nums = FR.render(out_dir, FR.DOCS)
+    with open(os.path.join(FR.DOCS, "fast_softmax_study.md")) as f:
+        assert f.read() == text
+    with open(os.path.join(out_dir, "numbers.json")) as f:
+        assert json.load(f) == json.loads(json.dumps(nums))
+    lines = text.splitlines()
+    assert lines[4].startswith("| task |") and "## Reading" in lines
+    assert max(len(line) for line in lines if not line.startswith("|")) <= 400
+    with open(os.path.join(FR.DOCS, FR.READING)) as f:
+        reading = f.read()
+    assert max(len(line) for line in reading.splitlines()) <= 120
+    values = number_values(nums) + [v for n in ("ds_wt2", "svd_study") for v in number_values(FR.load(out_dir, n))]
+    assert len(FR.EXCEPTIONS) <= 10
+    assert unmatched_numbers(reading, values, FR.FORMATS, FR.EXCEPTIONS) == []
+    assert unmatched_numbers("65.1x and 37%", values, FR.FORMATS) == ["65.1x"]  # 37%: 64 experts' 0.37 of the FLOPs
