@@ -31,6 +31,7 @@ import torch
 import hf_heads
 from recipes.common.real_heads import TrainedHead, random_head, smollm2_head, smollm2_missing
 from hf_heads.cli.timing import busy_neighbour, busy_report, time_per_call
+from recipes.common import data as data_paths
 
 SETTINGS = ("smollm2", "lm", "random")
 
@@ -248,7 +249,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    data = os.path.join("..", "shared", "data")
+    data = data_paths.default_root()
     p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
     p.add_argument(
         "--wikitext",

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 import hf_heads
 from hf_heads.cli.runner import run as run_cli
 from recipes.common.hidden_tasks import read_words
+from recipes.common import data as data_paths
 
 HEADS = {
     "softmax": {},
@@ -131,7 +132,7 @@ def summarise(results: Dict, threshold: float) -> Dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", default=os.path.join("..", "shared", "data", "ptb"))
+    p.add_argument("--data-dir", default=data_paths.corpus("ptb"), help="PTB's folder (train.txt, valid.txt)")
     p.add_argument("--out", default="results/bf16_products")
     p.add_argument("--heads", nargs="+", default=list(HEADS), choices=list(HEADS))
     p.add_argument("--steps", type=int, default=300)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 from typing import Any, Dict, List
+from recipes.common import data as data_paths
 
 #: the check the issue asks for: softmax and MoS-4, at the map's smallest and largest d
 HEADS = ["softmax", "mos-4"]
@@ -37,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=1, help="seeds 1..N of every (head, d)")
     p.add_argument("--epochs", type=int, default=3, help="the epoch cap (the table's stopping rule within it)")
     p.add_argument("--lr", type=float, default=2.5e-3, help="Adam's rate for every cell (the trunk's chosen rate)")
-    p.add_argument("--data", default=os.path.join("..", "shared", "data"), help="the shared data directory")
+    data_paths.add_data_option(p)
     p.add_argument(
         "--restore",
         default=None,

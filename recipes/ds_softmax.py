@@ -36,6 +36,7 @@ import torch
 import hf_heads
 from recipes.common.hidden_tasks import Task, make_lm_task, train_head
 from hf_heads.cli.timing import time_per_call
+from recipes.common import data as data_paths
 
 PAPER = {  # the poster's table: full-softmax top-1, DS-64 top-1, FLOPs reduction, ms full -> DS
     "PTB": {"full": 0.252, "ds": 0.258, "flops": 15.99, "ms": (0.73, 0.05)},
@@ -290,12 +291,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--data-dir",
-        default=os.path.join("..", "shared", "data", "ptb"),
+        default=data_paths.corpus("ptb"),
         help="directory with PTB valid.txt and test.txt",
     )
     p.add_argument(
         "--wt2-dir",
-        default=os.path.join("..", "shared", "data", "wikitext-2"),
+        default=data_paths.corpus("wikitext-2"),
         help="directory with WikiText-2's valid.txt and test.txt",
     )
     p.add_argument(

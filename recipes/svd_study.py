@@ -35,6 +35,7 @@ import torch
 
 import hf_heads
 from hf_heads.cli.timing import time_per_call
+from recipes.common import data as data_paths
 
 SETTINGS = ("ptb", "wikitext-2", "smollm2")
 
@@ -282,7 +283,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="default: ptb, wikitext-2, and smollm2 where its package is installed",
     )
-    p.add_argument("--data", default=os.path.join("..", "shared", "data"), help="holds ptb/ and wikitext-2/")
+    data_paths.add_data_option(p, help="holds ptb/ and wikitext-2/")
     p.add_argument("--dim", type=int, default=256, help="LSTM hidden size (ptb, wikitext-2)")
     p.add_argument("--lm-epochs", type=int, default=4, help="LSTM training epochs")
     p.add_argument("--queries", type=int, default=4000, help="held-out tokens scored per setting")

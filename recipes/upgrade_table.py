@@ -35,6 +35,7 @@ import shlex
 from typing import Dict, List, Optional
 
 from recipes.reproduce.engine import sweep as sweep_rules
+from recipes.common import data as data_paths
 
 #: row -> the options of recipes.upgrade_head that make it (MoS gets K = 3 from upgrade_head's default for pretrained
 #: models; Mixtape and PLIF their library defaults)
@@ -78,7 +79,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default="smollm2", help="what recipes.upgrade_head's --model takes")
     p.add_argument(
         "--data",
-        default=os.path.join("..", "shared", "data", "wikitext-2"),
+        default=data_paths.corpus("wikitext-2"),
         help="a folder with train.txt, valid.txt and test.txt",
     )
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), help="the rows to run")

@@ -19,9 +19,8 @@ from typing import List, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce.tables.translation import MINI_BPE
+from recipes.common import data as data_paths
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -90,7 +89,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="mini: the stopping rule's cap on epochs; the language-model tables (lm-ptb, lm-wt2, lm-1b) at full "
         "size: the epochs a cell trains (default: the table's)",
     )
-    p.add_argument("--data", default=DEFAULT_DATA, help=f"shared data directory (default {DEFAULT_DATA})")
+    data_paths.add_data_option(p)
     p.add_argument("--out", default=os.path.join("results", "reproduce"), help="output directory")
     p.add_argument("--dry-run", action="store_true", help="print the commands and parameter counts, run nothing")
     p.add_argument(

@@ -25,6 +25,7 @@ from typing import Dict
 
 from recipes.reproduce.data import prepare as data_prep
 from recipes.reproduce.engine.runner import tool
+from recipes.common import data as data_paths
 
 CORPORA: Dict[str, Dict] = {
     "ptb": {
@@ -98,7 +99,7 @@ def prepare(corpus: str, data: str) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m recipes.reproduce.data.lm_corpora", description=__doc__.split("\n")[0])
     p.add_argument("--corpus", required=True, choices=sorted(CORPORA))
-    p.add_argument("--data", default=os.path.join("..", "shared", "data"))
+    data_paths.add_data_option(p)
     args = p.parse_args(argv)
     print(json.dumps({"prepared": prepare(args.corpus, args.data)}), file=sys.stdout)
 

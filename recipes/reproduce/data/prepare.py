@@ -19,6 +19,7 @@ import os
 import socket
 import sys
 from typing import Any, Dict, List, Sequence
+from recipes.common import data as data_paths
 
 #: Multi30k splits: our name -> the file stem in DATA/multi30k
 MULTI30K_SPLITS = {
@@ -240,14 +241,14 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m recipes.reproduce.data.prepare", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     m = sub.add_parser("multi30k", help="Multi30k task 1 from --data, joint BPE, raw references")
-    m.add_argument("--data", default=os.path.join("..", "shared", "data"))
+    data_paths.add_data_option(m)
     m.add_argument("--src", required=True, choices=["en", "de", "fr"])
     m.add_argument("--tgt", required=True, choices=["en", "de", "fr"])
     m.add_argument("--bpe-size", type=int, default=4000)
     m.add_argument("--limit", type=int, default=0, help="first N lines of every split (0: all)")
     m.add_argument("--out", required=True)
     lm = sub.add_parser("lm", help="an LM corpus from the standard train/valid/test splits (see prepare_lm)")
-    lm.add_argument("--data", default=os.path.join("..", "shared", "data"))
+    data_paths.add_data_option(lm)
     lm.add_argument("--corpus", required=True, choices=sorted(LM_CORPORA))
     lm.add_argument("--limit", type=int, default=0, help="first N lines of train.txt (0: all)")
     lm.add_argument("--eval-limit", type=int, default=0, help="first N lines of valid.txt and test.txt (0: all)")

@@ -25,6 +25,7 @@ from typing import Any, Dict
 
 from recipes.reproduce.data import prepare as data_prep
 from recipes.reproduce.engine.runner import tool
+from recipes.common import data as data_paths
 
 CORPORA = {
     "en-de": {
@@ -142,7 +143,7 @@ def prepare(pair: str, data: str, max_words: int = 250, ratio: float = 1.5) -> s
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m recipes.reproduce.data.wmt", description=__doc__.split("\n")[0])
     p.add_argument("--pair", required=True, choices=sorted(CORPORA))
-    p.add_argument("--data", default=os.path.join("..", "shared", "data"))
+    data_paths.add_data_option(p)
     args = p.parse_args(argv)
     out = prepare(args.pair, args.data)
     print(json.dumps({"prepared": out}))

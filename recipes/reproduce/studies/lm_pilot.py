@@ -41,6 +41,7 @@ from recipes.reproduce.tables.lm_ptb import TABLE
 from recipes.reproduce.engine.runner import Runner, cpu_seconds, parse_train_wall, shell_line
 from recipes.reproduce.engine.table import DOCS
 from recipes.reproduce.engine.variants import resolve
+from recipes.common import data as data_paths
 
 #: epochs of each head's arms (the same for both optimisers)
 EPOCHS = {"softmax": 4, "mos-4": 2}
@@ -203,7 +204,7 @@ def main(argv=None) -> None:
         epilog=__doc__,
     )
     p.add_argument("--arms", nargs="+", default=ARMS + ["probes"], choices=ARMS + ["probes"])
-    p.add_argument("--data", default=os.path.join(os.path.dirname(DOCS), "..", "shared", "data"))
+    data_paths.add_data_option(p)
     p.add_argument("--out", default=os.path.join(os.path.dirname(DOCS), "results", "reproduce", "lm-ptb-pilot"))
     p.add_argument("--collect", action="store_true", help="write OUT/pilot.json from the finished arms")
     p.add_argument("--commit", action="store_true", help="with --collect: also docs/reproduction/lm-ptb-pilot.json")

@@ -31,6 +31,7 @@ from recipes.reproduce.tables.lm_ptb import TABLE
 from recipes.reproduce.engine.runner import Runner, relative_paths, shell_line
 from recipes.reproduce.engine.table import DOCS
 from recipes.reproduce.engine.variants import resolve
+from recipes.common import data as data_paths
 
 PROTOCOLS = ("blocks", "streams")  # how a cell trains
 SCORINGS = ("blocks", "stateless", "stateful")  # how its checkpoint is scored
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--seeds", type=int, default=3, help="seeds per protocol (default 3)")
     p.add_argument("--epochs", type=int, default=EPOCHS, help=f"epochs per cell (default {EPOCHS})")
-    p.add_argument("--data", default=os.path.join("..", "shared", "data"))
+    data_paths.add_data_option(p)
     p.add_argument("--out", default=os.path.join("results", "protocols"))
     p.add_argument("--commit", action="store_true", help="copy the results to docs/reproduction/lm-ptb-protocols.json")
     p.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)  # tests: first N lines of every split
