@@ -13,15 +13,13 @@ committed cells continues where the last one stopped.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import os
-import socket
 import statistics
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from hf_heads.core.registry import versioned_options
+from recipes.common.runtime import claimed, load_json, save_json  # noqa: F401 (the engine's names for them)
 from recipes.reproduce.engine.runner import located_paths
 
 ROW_KEYS = (
@@ -74,14 +72,6 @@ def cell_dir(table_dir: str, head: str, seed: int, lr: Optional[float] = None) -
     return os.path.join(table_dir, head, *([] if lr is None else [f"lr{lr:g}"]), f"seed{seed}")
 
 
-def load_json(path: str) -> Any:
-    """The JSON file at ``path``, or None when there is none."""
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
 def load_cell(table_dir: str, head: str, seed: int, lr: Optional[float] = None) -> Optional[Dict[str, Any]]:
     """The finished cell's record, or None."""
     return load_json(cell_path(table_dir, head, seed, lr))
@@ -96,66 +86,6 @@ def file_md5(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def save_json(path: str, obj: Any) -> None:
-    """Write ``obj`` as indented JSON, atomically (a killed run never leaves half a file)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=False, default=_json_default)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def claimed(path: str) -> Iterator[bool]:
-    """Claim the result file ``path`` for this process while the block runs: True when it is this process's to make,
-    False when a running process of this host holds it (``path + ".lock"``, its host and pid; removed when the block
-    ends). A lock left by a process that ended (killed, or on another machine) is taken over. Two processes that
-    share a results folder so split its cells between them, each making what the other does not hold."""
-    lock, me = path + ".lock", f"{socket.gethostname()} {os.getpid()}"
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    while True:
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                with open(lock) as f:
-                    host, pid = f.read().split()
-            except (OSError, ValueError):  # being written by the process that just made it (or just removed)
-                yield False
-                return
-            if host == socket.gethostname() and int(pid) != os.getpid() and _running(int(pid)):
-                yield False
-                return
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(lock)  # its process has ended: the claim is free
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(me)
-        break
-    try:
-        yield True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(lock)
-
-
-def _json_default(o):
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def load_rows(path: str) -> List[Dict[str, Any]]:

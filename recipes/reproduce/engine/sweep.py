@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from recipes.common.runtime import choose_lr, extend_grid  # noqa: F401 (the sweep's rules, by their names here)
+
 
 @dataclass(frozen=True)
 class StopRule:
@@ -104,31 +106,6 @@ def stopped(curve: Sequence[Mapping[str, float]], rule: StopRule) -> Optional[st
 def rate_key(lr: float) -> str:
     """A learning rate as written in cell names and tables (``0.005``, ``1e-05``)."""
     return f"{lr:g}"
-
-
-def choose_lr(best_losses: Mapping[float, float]) -> float:
-    """The rate of the lowest best valid loss (``{rate: loss}``; the smaller rate on a tie)."""
-    if not best_losses:
-        raise ValueError("choose_lr: no finished sweep cell")
-    return min(best_losses, key=lambda lr: (best_losses[lr], lr))
-
-
-def extend_grid(
-    rates: Sequence[float], best_losses: Mapping[float, float], factor: Optional[float], max_rates: int
-) -> Optional[float]:
-    """The next rate to try when the best so far is the smallest or largest tried (``best / factor`` or
-    ``best * factor``; ``factor`` None: the grid's own step at that end, the ratio of its two end rates), or None:
-    the best is inside the grid, a cell is missing, or ``max_rates`` are tried."""
-    if len(rates) >= max_rates or any(lr not in best_losses for lr in rates):
-        return None
-    best, grid = choose_lr(best_losses), sorted(rates)
-    if len(grid) < 2 and factor is None:
-        return None
-    if best == grid[-1]:
-        return best * (factor or grid[-1] / grid[-2])
-    if best == grid[0]:
-        return best / (factor or grid[1] / grid[0])
-    return None
 
 
 def grid(center: float, factor: float, size: int = 3) -> List[float]:

@@ -1,0 +1,107 @@
+"""The recipes' experiment runtime, one for every study: a cell is a json file (a finished cell is read, not run
+again; :func:`claimed` splits the cells of a shared folder between the processes that run them), committed cells come
+back from a page's json (:func:`restore`), a learning-rate grid grows past a best end and chooses the lowest valid loss
+(:func:`choose_lr`, :func:`extend_grid`, :func:`grown_grid`). The reproduced tables (``recipes.reproduce.engine``),
+the bottleneck map and its joint check, the upgrade table and the Mixtape forms all run on it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import socket
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+
+def load_json(path: str) -> Any:
+    """The JSON file at ``path``, or None when there is none."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def save_json(path: str, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically (a killed run never leaves half a file)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=False, default=_json_default)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def claimed(path: str) -> Iterator[bool]:
+    """Claim the result file ``path`` for this process while the block runs: True when it is this process's to make,
+    False when a running process of this host holds it (``path + ".lock"``, its host and pid; removed when the block
+    ends). A lock left by a process that ended (killed, or on another machine) is taken over. Two processes that
+    share a results folder so split its cells between them, each making what the other does not hold."""
+    lock, me = path + ".lock", f"{socket.gethostname()} {os.getpid()}"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                with open(lock) as f:
+                    host, pid = f.read().split()
+            except (OSError, ValueError):  # being written by the process that just made it (or just removed)
+                yield False
+                return
+            if host == socket.gethostname() and int(pid) != os.getpid() and _running(int(pid)):
+                yield False
+                return
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(lock)  # its process has ended: the claim is free
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me)
+        break
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(lock)
+
+
+def _json_default(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def choose_lr(best_losses: Mapping[float, float]) -> float:
+    """The rate of the lowest best valid loss (``{rate: loss}``; the smaller rate on a tie)."""
+    if not best_losses:
+        raise ValueError("choose_lr: no finished sweep cell")
+    return min(best_losses, key=lambda lr: (best_losses[lr], lr))
+
+
+def extend_grid(
+    rates: Sequence[float], best_losses: Mapping[float, float], factor: Optional[float], max_rates: int
+) -> Optional[float]:
+    """The next rate to try when the best so far is the smallest or largest tried (``best / factor`` or
+    ``best * factor``; ``factor`` None: the grid's own step at that end, the ratio of its two end rates), or None:
+    the best is inside the grid, a cell is missing, or ``max_rates`` are tried."""
+    if len(rates) >= max_rates or any(lr not in best_losses for lr in rates):
+        return None
+    best, grid = choose_lr(best_losses), sorted(rates)
+    if len(grid) < 2 and factor is None:
+        return None
+    if best == grid[-1]:
+        return best * (factor or grid[-1] / grid[-2])
+    if best == grid[0]:
+        return best / (factor or grid[1] / grid[0])
+    return None
