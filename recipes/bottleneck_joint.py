@@ -23,6 +23,7 @@ import argparse
 import os
 from typing import Any, Dict, List
 from recipes.common import data as data_paths
+from recipes.common import runtime
 
 #: the check the issue asks for: softmax and MoS-4, at the map's smallest and largest d
 HEADS = ["softmax", "mos-4"]
@@ -82,24 +83,20 @@ def restore(args, log=print) -> int:
     where that cell is missing, for the heads and d values asked, when they ran with the same rate and epoch cap;
     returns how many it wrote. Training does not depend on any earlier run (the whole model trains from its seed),
     so a committed cell stands for the cell this machine would train."""
-    from recipes.reproduce.engine import results as result_files
-
     if not args.restore:
         return 0
-    copied = 0
-    for cell in (result_files.load_json(args.restore) or {}).get("joint", []):
-        path = record_path(args, cell["head"], cell["d"], cell["seed"])
+
+    def destination(cell):
         wanted = cell["head"] in args.heads and cell["d"] in args.dims and cell["seed"] <= args.seeds
         same = cell.get("lr") == args.lr and cell.get("epoch_cap") == args.epochs
-        if wanted and same and not os.path.exists(path):
-            result_files.save_json(path, cell)
-            copied += 1
+        return record_path(args, cell["head"], cell["d"], cell["seed"]) if wanted and same else None
+
+    copied = runtime.restore((runtime.load_json(args.restore) or {}).get("joint", []), destination)
     log(f"restored {copied} joint cell(s) from {args.restore}")
     return copied
 
 
 def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -> Dict[str, Any]:
-    from recipes.reproduce.engine import results as result_files
     from recipes.reproduce.engine.runner import cpu_seconds, shell_line, training_done
 
     name = cell_name(variant.name, d, seed)
@@ -122,14 +119,12 @@ def run_cell(table, variant, d: int, seed: int, args, table_args, runner, log) -
         "command": shell_line(train),
     }
     log(f"{name}: valid {ppl['valid']:.2f}, test {ppl['test']:.2f} perplexity")
-    result_files.save_json(record_path(args, variant.name, d, seed), record)
     return record
 
 
 def main(argv=None, log=print) -> List[Dict[str, Any]]:
     args = parse_args(argv)
     from recipes.reproduce import get_table
-    from recipes.reproduce.engine import results as result_files
     from recipes.reproduce.__main__ import parse_args as table_parse_args
     from recipes.reproduce.engine.runner import Runner
 
@@ -142,11 +137,12 @@ def main(argv=None, log=print) -> List[Dict[str, Any]]:
     for seed in range(1, args.seeds + 1):
         for d in args.dims:
             for variant in variants:
-                path = record_path(args, variant.name, d, seed)
-                if os.path.exists(path):
-                    records.append(result_files.load_json(path))
-                else:
-                    records.append(run_cell(table, variant, d, seed, args, table_args, runner, log))
+                record = runtime.cell(
+                    record_path(args, variant.name, d, seed),
+                    lambda v=variant, d=d, seed=seed: run_cell(table, v, d, seed, args, table_args, runner, log),
+                )
+                if record is not None:  # (None: another process trains it)
+                    records.append(record)
     return records
 
 

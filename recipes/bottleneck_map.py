@@ -41,6 +41,7 @@ from torch import nn
 import hf_heads
 from hf_heads.hf.upgrade import States, nll_per_block, train_head_on_states
 from recipes.reproduce.engine import results as result_files
+from recipes.common import runtime
 
 #: the heads of the map, as the issue names them (library defaults otherwise; Mixtape in its default form)
 HEADS = {
@@ -302,18 +303,17 @@ def choose_rate(args, name: str, data, log=print) -> Optional[float]:
     """The head's learning rate: the grid's best valid NLL at ``--rate-d``, seed 1 (cells under ``rates/``); None while
     another process still trains one of its rate cells (:func:`recipes.reproduce.engine.results.claimed`)."""
     losses = {}
-    for lr in args.rates:
-        path = rate_cell_path(args, name, args.rate_d, lr)
-        if not os.path.exists(path):  # the chosen one's floor comes later, from the weights kept
-            with result_files.claimed(path) as mine:
-                if mine and not os.path.exists(path):
-                    keep = rate_cell_path(args, name, args.rate_d, lr, ".pt")
-                    result_files.save_json(path, run_cell(args, name, args.rate_d, 1, lr, data, log, keep=keep))
-        if os.path.exists(path):
-            losses[lr] = result_files.load_json(path)["valid_nll"]
+    for lr in args.rates:  # (the chosen one's floor comes later, from the weights kept)
+        keep = rate_cell_path(args, name, args.rate_d, lr, ".pt")
+        record = runtime.cell(
+            rate_cell_path(args, name, args.rate_d, lr),
+            lambda lr=lr, keep=keep: run_cell(args, name, args.rate_d, 1, lr, data, log, keep=keep),
+        )
+        if record is not None:
+            losses[lr] = record["valid_nll"]
     if len(losses) < len(args.rates):
         return None
-    best = min(losses, key=losses.get)
+    best = runtime.choose_lr(losses)
     log(
         f"{name}: learning rate {best:g} (valid NLL at d={args.rate_d}: "
         + ", ".join(f"{lr:g}: {v:.4f}" for lr, v in sorted(losses.items()))
@@ -464,20 +464,20 @@ def restore(args, meta: Dict, log=print) -> int:
             "its rate search alone)"
         )
         return 0
-    copied = 0
-    for cell in committed.get("rate_cells", []):
-        path = rate_cell_path(args, cell["head"], cell["d"], cell["lr"])
-        if cell["head"] in args.heads and not os.path.exists(path):
-            result_files.save_json(path, cell if same else {"trunk_md5": before.get("trunk_md5"), **cell})
-            copied += 1
+    copied = runtime.restore(
+        committed.get("rate_cells", []),
+        lambda c: rate_cell_path(args, c["head"], c["d"], c["lr"]) if c["head"] in args.heads else None,
+        saved=lambda c: c if same else {"trunk_md5": before.get("trunk_md5"), **c},
+    )
     if not same:
         log(f"restored {copied} rate cell(s) from {args.restore} (another trunk: its rates carry over, no cell)")
         return copied
-    for cell in committed.get("cells", []):
-        path = cell_path(args, cell["head"], cell["d"], cell["seed"])
-        if cell["head"] in args.heads and cell["d"] in args.dims and not os.path.exists(path):
-            result_files.save_json(path, cell)
-            copied += 1
+    copied += runtime.restore(
+        committed.get("cells", []),
+        lambda c: (
+            cell_path(args, c["head"], c["d"], c["seed"]) if c["head"] in args.heads and c["d"] in args.dims else None
+        ),
+    )
     log(f"restored {copied} cell(s) from {args.restore} (the same trunk)")
     return copied
 
@@ -537,14 +537,13 @@ def main(argv=None, log=print) -> Dict:
             if h not in rates:
                 waiting += 1
                 continue
-            with result_files.claimed(path) as mine:
-                if not mine:
-                    waiting += 1
-                elif not os.path.exists(path):  # (not saved by another process since this pass began)
-                    result_files.save_json(
-                        path, made_cell(args, h, d, s, rates[h], data, log, f"cell {i}/{len(cells)}")
-                    )
-                    made += 1
+            where = f"cell {i}/{len(cells)}"
+            if runtime.cell(
+                path, lambda h=h, d=d, s=s, lr=rates[h], where=where: made_cell(args, h, d, s, lr, data, log, where)
+            ):
+                made += 1
+            else:
+                waiting += 1
         if not waiting:
             break
         if not made:  # every cell left is another process's: look again later

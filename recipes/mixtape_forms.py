@@ -32,6 +32,7 @@ import torch
 
 from recipes import synthetic_bottleneck as sb
 from recipes.common import stats
+from recipes.common import runtime
 
 #: the two forms, by the name the tables give them: ``scaled_input`` of each
 FORMS = {"scaled": True, "nn.Linear": False}
@@ -45,13 +46,12 @@ def run_key(optimizer: str, form: str, lr: float, seed: int) -> str:
 
 
 def choose(runs: Dict[str, Dict], optimizer: str, form: str, lrs: Sequence[float]) -> Optional[float]:
-    """The rate of the lowest final KL on the tuning seed (0) among ``lrs``; None until all of them ran. A run that
-    diverged (KL not finite) is never chosen."""
-    kls = [runs.get(run_key(optimizer, form, lr, 0), {}).get("kl") for lr in lrs]
-    if any(k is None for k in kls):
+    """The rate of the lowest final KL on the tuning seed (0) among ``lrs``; None until all of them ran, or when every
+    one diverged. A run that diverged (KL not finite) is never chosen."""
+    kls = {lr: runs.get(run_key(optimizer, form, lr, 0), {}).get("kl") for lr in lrs}
+    if any(k is None for k in kls.values()) or not any(math.isfinite(k) for k in kls.values()):
         return None
-    finite = [(k, lr) for k, lr in zip(kls, lrs) if math.isfinite(k)]
-    return min(finite)[1] if finite else None
+    return runtime.choose_lr({lr: k if math.isfinite(k) else math.inf for lr, k in kls.items()})
 
 
 #: how many rates a grid grows by, at most, past an end that was best (each a grid step further)
@@ -60,20 +60,11 @@ MAX_GROWTH = 3
 
 def grown_grid(runs: Dict[str, Dict], optimizer: str, form: str, grid: Sequence[float], run_rate) -> List[float]:
     """``grid`` run on the tuning seed (``run_rate(lr)``), grown while its best rate is an end of it: one rate a
-    grid step beyond that end (the ratio of the two rates there), at most :data:`MAX_GROWTH` times. Returns the
-    rates run."""
-    rates = sorted(grid)
-    for _ in range(MAX_GROWTH + 1):
-        for lr in rates:
-            run_rate(lr)
-        chosen = choose(runs, optimizer, form, rates)
-        if len(rates) < 2 or chosen not in (rates[0], rates[-1]) or len(rates) >= len(grid) + MAX_GROWTH:
-            break
-        if chosen == rates[-1]:
-            rates.append(float(f"{rates[-1] * rates[-1] / rates[-2]:.3g}"))
-        else:
-            rates.insert(0, float(f"{rates[0] * rates[0] / rates[1]:.3g}"))
-    return rates
+    grid step beyond that end (the ratio of the two rates there, 3 significant digits), at most :data:`MAX_GROWTH`
+    times (:func:`recipes.common.runtime.grown_grid`). Returns the rates run."""
+    return runtime.grown_grid(
+        grid, lambda lr: runs[run_key(optimizer, form, lr, 0)]["kl"], run_rate, MAX_GROWTH, digits=3
+    )
 
 
 def compare(runs: Dict[str, Dict], optimizer: str, chosen: Dict[str, float], seeds: Sequence[int]):

@@ -34,7 +34,7 @@ import os
 import shlex
 from typing import Dict, List, Optional
 
-from recipes.reproduce.engine import sweep as sweep_rules
+from recipes.common import runtime
 from recipes.common import data as data_paths
 
 #: row -> the options of recipes.upgrade_head that make it (MoS gets K = 3 from upgrade_head's default for pretrained
@@ -218,7 +218,7 @@ def pilot_losses(cells: Dict[float, Dict]) -> Dict[float, float]:
 
 def best_rate(cells: Dict[float, Dict]) -> float:
     """The rate whose pilot cell has the lowest valid NLL after its epoch (a diverged, non-finite one never)."""
-    return sweep_rules.choose_lr(pilot_losses(cells))
+    return runtime.choose_lr(pilot_losses(cells))
 
 
 def choose_rates(pilot: Dict[str, Dict[float, Dict]]) -> Dict[str, Dict]:
@@ -275,23 +275,22 @@ def restore(args, stage: str, rates: Optional[Dict[str, Dict]] = None, log=print
     if part is None:
         log(f"--restore {args.restore}: no {stage} cells there ran with this run's options; nothing restored")
         return 0
-    committed = page[part]
-    copied = 0
-    for cell in committed.get(stage, []):
+
+    def destination(cell):
         row = cell["row"]
         if row not in args.rows or (
             stage == "cells" and (cell["lr"] != rates[row]["lr"] or cell["seed"] not in args.seeds)
         ):
-            continue
-        path = os.path.join(cell_dir(args, stage, row, cell["lr" if stage == "pilot" else "seed"]), "results.json")
-        if not os.path.exists(path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                json.dump({k: v for k, v in cell.items() if k != "row"}, f, indent=1)
-            copied += 1
-    if copied:
-        log(f"restored {copied} {stage} cell(s) from {args.restore}")
-    return copied
+            return None
+        return os.path.join(cell_dir(args, stage, row, cell["lr" if stage == "pilot" else "seed"]), "results.json")
+
+    return runtime.restore(
+        page[part].get(stage, []),
+        destination,
+        log,
+        f"{stage} cell(s) from {args.restore}",
+        saved=lambda cell: {k: v for k, v in cell.items() if k != "row"},
+    )
 
 
 def main(argv=None, log=print) -> Dict:
@@ -317,10 +316,16 @@ def main(argv=None, log=print) -> Dict:
         )
         return {}
     for row in args.rows:  # a best rate at an end of the grid: a grid step past it, up to --extra-rates times
-        most = len(pilot[row]) + args.extra_rates
-        while (more := sweep_rules.extend_grid(list(pilot[row]), pilot_losses(pilot[row]), None, most)) is not None:
-            lr = float(f"{more:g}")  # as its command line and folder write it
-            pilot[row][lr] = run_cell(pilot_argv(args, row, lr), False, log)
+        cells = pilot[row]
+        pilot_losses(cells)  # (refuses a row whose every rate diverged)
+
+        def run(lr, row=row, cells=cells):
+            if lr not in cells:
+                cells[lr] = run_cell(pilot_argv(args, row, lr), False, log)
+
+        runtime.grown_grid(
+            list(cells), lambda lr, cells=cells: cells[lr]["curve"][1]["valid_nll"], run, args.extra_rates
+        )
     rates = choose_rates(pilot)
     with open(os.path.join(args.out, "rates.json"), "w") as f:
         json.dump(rates, f, indent=1)

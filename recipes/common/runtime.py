@@ -11,7 +11,7 @@ import json
 import math
 import os
 import socket
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 
 def load_json(path: str) -> Any:
@@ -105,3 +105,62 @@ def extend_grid(
     if best == grid[0]:
         return best / (factor or grid[1] / grid[0])
     return None
+
+
+def grown_grid(
+    grid: Sequence[float], loss_of: Callable[[float], float], run: Callable[[float], Any], extra: int, digits: int = 6
+) -> List[float]:
+    """Run every rate of ``grid`` (``run(lr)``; a finished cell is read, not run again), then, while the lowest
+    ``loss_of(lr)`` is at an end of the rates run, one rate a grid step past that end (the ratio of the two rates
+    there, written to ``digits`` significant digits), at most ``extra`` more (:func:`extend_grid`). A diverged rate's
+    loss counts as infinity, never the best; when every rate diverged the grid stops. Returns the rates run, sorted."""
+    rates = sorted(grid)
+    while True:
+        for lr in rates:
+            run(lr)
+        losses = {lr: loss_of(lr) for lr in rates}
+        if not any(math.isfinite(v) for v in losses.values()):
+            return rates
+        losses = {lr: v if math.isfinite(v) else math.inf for lr, v in losses.items()}
+        more = extend_grid(rates, losses, None, len(grid) + extra)
+        if more is None:
+            return rates
+        rates = sorted(rates + [float(f"{more:.{digits}g}")])
+
+
+def restore(
+    records: Iterable[Dict],
+    destination: Callable[[Dict], Optional[str]],
+    log=None,
+    what: str = "",
+    saved: Optional[Callable[[Dict], Dict]] = None,
+) -> int:
+    """Write each committed record (a page json's cells) to ``destination(record)``, its path in this run, where that
+    file is missing (as ``saved(record)`` where given: the record as the run keeps it); ``destination`` returns None
+    for a record this run would not make (another head, rate or setting). Returns how many it wrote (and says so
+    through ``log`` as ``restored N WHAT``)."""
+    copied = 0
+    for record in records:
+        path = destination(record)
+        if path is not None and not os.path.exists(path):
+            save_json(path, saved(record) if saved else record)
+            copied += 1
+    if log is not None and copied:
+        log(f"restored {copied} {what}".rstrip())
+    return copied
+
+
+def cell(path: str, make: Callable[[], Optional[Dict]]) -> Optional[Dict]:
+    """A cell's record: read from ``path`` when it is there, else made (``make()``) and saved there by this process,
+    unless another running process holds it (:func:`claimed`): then None, to look again later."""
+    if os.path.exists(path):
+        return load_json(path)
+    with claimed(path) as mine:
+        if not mine:
+            return None
+        if not os.path.exists(path):  # (not saved by another process since the look above)
+            record = make()
+            if record is not None:
+                save_json(path, record)
+            return record
+    return load_json(path)

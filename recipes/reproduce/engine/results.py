@@ -19,6 +19,7 @@ import statistics
 from typing import Any, Dict, Iterable, List, Optional
 
 from hf_heads.core.registry import versioned_options
+from recipes.common import runtime
 from recipes.common.runtime import claimed, load_json, save_json  # noqa: F401 (the engine's names for them)
 from recipes.reproduce.engine.runner import located_paths
 
@@ -145,20 +146,23 @@ def restore_cells(table_dir: str, committed: str, log=print, wanted=None) -> int
     heads = {r["head"] for r in current} - {r["head"] for r in records if r not in current}
     chosen = {head: entry["chosen"] for head, entry in (obj.get("sweep") or {}).items()}
     entries = restore_head_entries(table_dir, heads, obj.get("rows") or [], obj.get("sweep") or {})
-    restored = 0
-    for record in current:
+
+    def destination(record):
+        if "commands" not in record:
+            return None
+        return cell_path(table_dir, record["head"], record["seed"], record.get("lr"))
+
+    def saved(record):  # its commands located in this run's folder, its committed hypotheses copied back beside it
         lr = record.get("lr")
-        if "commands" not in record or load_cell(table_dir, record["head"], record["seed"], lr) is not None:
-            continue
-        record["commands"] = [located_paths(line, record["table"], table_dir) for line in record["commands"]]
-        save_json(cell_path(table_dir, record["head"], record["seed"], lr), record)
         names = [cell_name(record["head"], record["seed"], lr)]  # a running sweep's, then a chosen cell's
         if lr is None or chosen.get(record["head"]) == lr:
             names.append(cell_name(record["head"], record["seed"]))
         restore_hypotheses(
             os.path.dirname(committed), record, names, cell_dir(table_dir, record["head"], record["seed"], lr)
         )
-        restored += 1
+        return {**record, "commands": [located_paths(line, record["table"], table_dir) for line in record["commands"]]}
+
+    restored = runtime.restore(current, destination, saved=saved)
     if restored:
         log(f"restored {restored} finished cell(s) from {committed}, with the hypotheses committed beside it")
     if entries:
