@@ -1,0 +1,809 @@
+"""The bottleneck map page's statistics, tables, plots and commands from its json (``docs/bottleneck_map.json``), and
+the numbers its reading cites beyond the json (:func:`numbers`: ``docs/bottleneck_map-numbers.json``).
+
+The primary test, fixed before the seed cells ran: for MoS-4 and Mixtape, the seed-paired difference of test NLL (head
+minus softmax, same d and seed), averaged over the seeds at each d, regressed on log2 d by least squares: the slope,
+its 95% interval and two-sided p (t on the number of d values - 2 degrees of freedom: d is the unit, as the seeds at
+one d share the trunk, the test set and the rate), Holm over the two heads (one without 3 d values counts as p = 1).
+Per (head, d), the paired differences, Holm over every planned (head, d) pair, those without two seeds yet counting as
+p = 1 (one family; the upgrade table's comparisons are another).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+from typing import Dict, List
+
+from hf_heads.heads.mixtape import MixtapeConfig
+from recipes import bottleneck_map, upgrade_table
+from recipes.common import stats as paired_stats
+
+PRIMARY, BASELINE, CONTROLS, NAMES = (
+    ("mos-4", "mixtape"),
+    "softmax",
+    ("softmax", "softmax-mlp"),
+    upgrade_table.ROW_NAMES,
+)
+TRUNK_TABLE, KEPT = "lm-ptb", "artifacts"  # the trunk: lm-ptb's seed-1 softmax cell, kept in artifacts/ (its --out)
+PAIRED_HEADER = f"mean [95% CI] | paired t p | Holm p | detectable ({paired_stats.POWER:.0%} power) |"
+DETECTABLE = (
+    f"Detectable: the difference a paired t-test of these seeds detects with {paired_stats.POWER:.0%} power at "
+    f"{paired_stats.ALPHA:g} / m (Holm's first step over the family's m planned comparisons), from the observed "
+    "spread of the seed differences (an estimate)."
+)
+
+
+def by_key(cells: List[Dict]) -> Dict:
+    return {(c["head"], c["d"], c["seed"]): c for c in cells}
+
+
+def rate_key(cell: Dict) -> tuple:
+    return cell["head"], cell["d"], cell["lr"]
+
+
+def carried_rate_cells(obj: Dict) -> List[Dict]:
+    """The rate cells that ran on another trunk than ``obj``'s (``--carry-rates``: each marked with its trunk's md5)."""
+    md5 = obj["meta"].get("trunk_md5")
+    return [c for c in obj["rate_cells"] if c.get("trunk_md5", md5) != md5]
+
+
+def finite(obj: Dict):
+    """``(obj, diverged)``: ``obj`` with only the cells whose valid and test NLL are finite and whose training improved
+    on its untrained start (a run that diverges keeps its epoch-0 weights, finite but untrained), and the others."""
+    ok = [c for c in obj["cells"] if math.isfinite(c["test_nll"] + c["valid_nll"]) and not c["curve"][0].get("best")]
+    return {**obj, "cells": ok}, [c for c in obj["cells"] if c not in ok]
+
+
+def capped(obj: Dict, cells: List[Dict]) -> int:
+    """How many of ``cells`` the epoch cap ended, not their stopping rule (best epoch within the last patience)."""
+    a = obj["meta"]["args"]
+    return sum(bottleneck_map.ended_by(c["curve"], a["max_epochs"], a["patience"]) == "max_epochs" for c in cells)
+
+
+def planned_order(a: Dict, present) -> List[str]:
+    """The heads of ``present`` in the order the run's arguments ``a`` name them (softmax first), any others after."""
+    return [h for h in a["heads"] if h in present] + sorted(set(present) - set(a["heads"]))
+
+
+def missing_cells(obj: Dict) -> List[tuple]:
+    """The planned (head, d, seed) cells not finished (a diverged cell has finished)."""
+    a, done = obj["meta"]["args"], set(by_key(obj["cells"]))
+    planned = [(h, d, s) for s in range(1, a["seeds"] + 1) for d in a["dims"] for h in a["heads"]]
+    return [k for k in planned if k not in done]
+
+
+def with_holm(rows: List[Dict], planned: int) -> List[Dict]:
+    """``rows`` with ``holm``, each ``paired`` p Holm-adjusted over a family of ``planned`` comparisons however many
+    have run (the others p = 1), and ``detectable`` (80% power at alpha / family: :func:`paired_stats.detectable`)."""
+    family = max(planned, len(rows))
+    for row, adjusted in zip(rows, paired_stats.holm([r["paired"].p for r in rows], planned)):
+        p = row["paired"]
+        row.update(holm=adjusted, detectable=paired_stats.detectable(p.std, p.n, paired_stats.ALPHA / family))
+    return rows
+
+
+def paired_rows(obj: Dict) -> List[Dict]:
+    """Every (head, d) against softmax at the same d, seed by seed, on test NLL (``by_seed``: seed -> head - softmax;
+    ``capped``: how many of the head's and of softmax's cells the cap ended); Holm over the planned (head, d) pairs."""
+    cells, a, rows = by_key(obj["cells"]), obj["meta"]["args"], []
+    for head in planned_order(a, {c["head"] for c in obj["cells"]} - {BASELINE}):
+        for d in sorted({c["d"] for c in obj["cells"]}):
+            seeds = sorted(s for (h, dd, s) in cells if h == head and dd == d and (BASELINE, d, s) in cells)
+            if seeds:
+                mine, base = ([cells[(h, d, s)] for s in seeds] for h in (head, BASELINE))
+                p = paired_stats.paired([c["test_nll"] for c in mine], [c["test_nll"] for c in base])
+                by_seed = {s: m["test_nll"] - b["test_nll"] for s, m, b in zip(seeds, mine, base)}
+                row = {"head": head, "d": d, "seeds": len(seeds), "paired": p, "by_seed": by_seed}
+                rows.append({**row, "capped": (capped(obj, mine), capped(obj, base))})
+    return with_holm(rows, len(set(a["heads"]) - {BASELINE}) * len(a["dims"]))
+
+
+def line_fit(per_d: Dict[int, List[float]]) -> Dict:
+    """The least-squares line of ``per_d``'s means on log2 d: slope, 95% t interval, p, df (none under 3 d values)."""
+    from scipy import stats
+
+    dims = sorted(per_d)
+    x, y = [math.log2(d) for d in dims], [sum(per_d[d]) / len(per_d[d]) for d in dims]
+    if len(x) < 3 or len(set(y)) < 2:
+        return {"slope": None, "p": None}
+    fit = stats.linregress(x, y)
+    half = stats.t.ppf(0.975, len(x) - 2) * fit.stderr
+    out = {"slope": fit.slope, "low": fit.slope - half, "high": fit.slope + half, "p": fit.pvalue}
+    out = {k: float(v) for k, v in out.items()}
+    return {**out, "df": len(x) - 2, "intercept": float(fit.intercept), "means": dict(zip(dims, y))}
+
+
+def slope_test(obj: Dict) -> List[Dict]:
+    """The primary test per head of ``PRIMARY`` (:func:`line_fit` of its paired differences per d, and without the
+    smallest d), Holm over the two heads, a head without a test counting as p = 1."""
+    cells, out = by_key(obj["cells"]), []
+    for head in PRIMARY:
+        per_d: Dict[int, List[float]] = {}
+        for (h, d, s), c in sorted(cells.items()):
+            if h == head and (BASELINE, d, s) in cells:
+                per_d.setdefault(d, []).append(c["test_nll"] - cells[(BASELINE, d, s)]["test_nll"])
+        row = {"head": head, "dims": sorted(per_d), "seeds": sorted({len(v) for v in per_d.values()})}
+        row.update(line_fit(per_d))
+        if row["slope"] is not None:
+            row["without_smallest_d"] = line_fit({d: v for d, v in per_d.items() if d != row["dims"][0]})
+        out.append(row)
+    for r, adjusted in zip(out, paired_stats.holm([r["p"] for r in out], len(out))):
+        r["holm"] = adjusted
+    return out
+
+
+def grid(obj: Dict, value, diverged=()) -> Dict:
+    """``{head: {d: [(cell, value(cell)), ...]}}`` over the planned heads and d values (and any others run), cells
+    whose value is None left out."""
+    a = obj["meta"]["args"]
+    heads = planned_order(a, {c["head"] for c in list(obj["cells"]) + list(diverged)})
+    out = {h: {d: [] for d in sorted(set(a["dims"]) | {c["d"] for c in obj["cells"]})} for h in heads}
+    for c in obj["cells"]:
+        if (v := value(c)) is not None:
+            out[c["head"]][c["d"]].append((c, v))
+    return out
+
+
+def means(obj: Dict, value) -> Dict:
+    """The mean of ``value`` per head and d (None where no cell has one)."""
+    mean = lambda x: statistics.fmean(v for _, v in x) if x else None  # noqa: E731
+    return {h: {d: mean(x) for d, x in row.items()} for h, row in grid(obj, value).items()}
+
+
+def cap_reach(obj: Dict) -> List[Dict]:
+    """Per head cell the cap ended (softmax's apart): its best valid NLL minus softmax's at the same d and seed
+    (``gap``), its mean valid gain per epoch over its last patience + 1 epochs as they ran (``pace``), the epochs that
+    pace needs to draw level (``epochs``, a lower bound; None where it is ahead or not gaining)."""
+    a, cells, rows = obj["meta"]["args"], by_key(obj["cells"]), []
+    span, order = a["patience"] + 1, {h: i for i, h in enumerate(a["heads"])}
+    for (head, d, seed), cell in sorted(cells.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1:])):
+        base, valid = cells.get((BASELINE, d, seed)), [e["valid_nll"] for e in cell["curve"] if "valid_nll" in e]
+        if head == BASELINE or base is None or not capped(obj, [cell]) or len(valid) <= span:
+            continue
+        gap, pace = cell["valid_nll"] - base["valid_nll"], (valid[-1 - span] - valid[-1]) / span
+        epochs = math.ceil(gap / pace) if gap > 0 and pace > 0 else None
+        rows.append(dict(head=head, d=d, seed=seed, gap=gap, pace=pace, epochs=epochs, base=capped(obj, [base])))
+    return rows
+
+
+def chosen_rate(obj: Dict, head: str):
+    """The head's rate: rates.json's, else, once the whole grid has run, its lowest valid NLL at --rate-d; else None."""
+    a = obj["meta"]["args"]
+    by_lr = {c["lr"]: c["valid_nll"] for c in obj["rate_cells"] if c["head"] == head and c["d"] == a["rate_d"]}
+    if head in obj["rates"] or not set(a["rates"]) <= set(by_lr):
+        return obj["rates"].get(head)
+    return min(by_lr, key=lambda lr: by_lr[lr] if math.isfinite(by_lr[lr]) else math.inf)
+
+
+def cells_cpu_hours(obj: Dict, elsewhere=frozenset()) -> float:
+    """CPU-hours of the map's cells and rate cells, a chosen rate's cell once (it is also a seed-1 cell, once that has
+    been saved; its floor run, measured then, is the seed-1 cell's; a seed-1 cell its rate cell was run again for
+    counts apart from it). ``elsewhere``: the rate keys (:func:`rate_key`) whose rate cell another collection counts
+    (an earlier trunk's rates carried to a later one): the seed-1 cell copying one counts its floor run alone."""
+    copied = {rate_key(c) for c in obj["cells"] if c["seed"] == 1 and not c.get("rate_cell_trained_again")}
+    chosen = {(h, obj["meta"]["args"]["rate_d"], lr) for h, lr in obj["rates"].items()} & copied
+    carried = carried_rate_cells(obj)  # another trunk's run, never a copy of this trunk's seed-1 cell
+    rate_cells = [c for c in obj["rate_cells"] if rate_key(c) not in chosen or c in carried]
+    twice = [c for c in obj["cells"] if c["seed"] == 1 and rate_key(c) in chosen & set(elsewhere)]
+    spent = sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + rate_cells)
+    return (spent - sum(c["cpu_s"] for c in twice)) / 3600
+
+
+def set_aside_hours(obj: Dict) -> float:
+    """CPU-hours of the earlier trunks' cells (``obj["set_aside"]``), each counted as its own run counted them, less
+    the rate cells carried from them to this trunk (counted here)."""
+    carried, hours = {rate_key(c): c.get("trunk_md5") for c in carried_rate_cells(obj)}, 0.0
+    for e in obj.get("set_aside", []):
+        mine = {k for k, md5 in carried.items() if md5 == e.get("trunk_md5")}
+        hours += cells_cpu_hours({**e, "meta": {"args": {"rate_d": e["rate_d"]}}}, mine)
+    return hours
+
+
+def cap_cells(obj: Dict) -> List[Dict]:
+    return (obj.get("upgrade_cap") or {}).get("cells") or []
+
+
+def cost(obj: Dict) -> List[Dict]:
+    """CPU-hours spent per part (``obj`` with every cell, the diverged too): the map's cells and rate cells, the earlier
+    trunks' set aside, the joint check, the upgrade table's pilot, cells and cap check (a cell run before its whole
+    process's CPU time was recorded: its training steps')."""
+    aside, joint, up = obj.get("set_aside", []), obj.get("joint") or [], obj.get("upgrade") or {}
+    rows = [("the map's cells and rate cells (a chosen rate's cell once)", obj["cells"], obj["rate_cells"])]
+    rows += [("earlier trunks' cells, set aside", *([c for e in aside for c in e[k]] for k in ("cells", "rate_cells")))]
+    hours = [cells_cpu_hours(obj), set_aside_hours(obj), sum(c.get("cpu_seconds", 0.0) for c in joint) / 3600]
+    rows.append(("the joint check", joint, None))
+    for part, cells in (("rate pilot", up.get("pilot")), ("cells", up.get("cells")), ("cap check", cap_cells(obj))):
+        steps = lambda c: sum(e.get("train_cpu_seconds", 0) for e in c["curve"])  # noqa: E731
+        hours.append(sum(c["curve"][-1].get("cpu_seconds", steps(c)) for c in cells or []) / 3600)
+        rows.append((f"the upgrade table's {part}", cells or [], None))
+    return [
+        {"part": p, "cells": len(c), "rate_cells": r if r is None else len(r), "hours": h}
+        for (p, c, r), h in zip(rows, hours)
+    ]
+
+
+def upgrade_pairs(run) -> List[tuple]:
+    """The (row, control) comparisons among the rows ``run``: every row against control (a), the heads also against
+    control (b), in the table's row order."""
+    pairs = [(r, c) for r in upgrade_table.ROWS for c in CONTROLS if r in run and c in run and r != c]
+    return [(r, c) for r, c in pairs if not (r in CONTROLS and c == "softmax-mlp")]
+
+
+def upgrade_rows(up: Dict) -> List[Dict]:
+    """The upgrade table's paired test comparisons, seed by seed on test NLL (every row against control (a), the heads
+    also against (b)); Holm over every comparison of the rows the run planned (of its pilot, rates or cells)."""
+    cells = {(c["row"], c["seed"]): c for c in up.get("cells", [])}
+    planned = upgrade_pairs({c["row"] for c in up.get("pilot", []) + up.get("cells", [])} | set(up.get("rates") or {}))
+    rows = []
+    for row, control in planned:
+        if seeds := sorted(s for (r, s) in cells if r == row and (control, s) in cells):
+            nll = [[math.log(cells[(r, s)]["after"]["test"]["ppl"]) for s in seeds] for r in (row, control)]
+            rows.append({"row": row, "control": control, "seeds": len(seeds), "paired": paired_stats.paired(*nll)})
+    return with_holm(rows, len(planned))
+
+
+def cap_pairs(obj: Dict) -> List[Dict]:
+    """The cap check's row-minus-control test NLL differences per seed, at the table's cap and at the check's."""
+    ppl = lambda cells: {(c["row"], c["seed"]): c["after"]["test"]["ppl"] for c in cells}  # noqa: E731
+    table, checked = ppl((obj.get("upgrade") or {}).get("cells") or []), ppl(cap_cells(obj))
+    gap = lambda v, r, c, s: math.log(v[(r, s)] / v[(c, s)]) if (r, s) in v and (c, s) in v else None  # noqa: E731
+    keys = [(r, c, s) for r, c in upgrade_pairs({r for r, _ in checked}) for r2, s in sorted(checked) if r2 == r]
+    keys = [(r, c, s) for r, c, s in keys if (c, s) in checked]
+    return [
+        dict(row=r, control=c, seed=s, table=gap(table, r, c, s), cap_check=gap(checked, r, c, s)) for r, c, s in keys
+    ]
+
+
+def joint_rows(obj: Dict) -> List[Dict]:
+    """The joint-training cells beside the frozen-trunk cells of the same head, d and seed: test perplexity both ways,
+    head minus softmax in test NLL both ways, the joint cell's perplexity over the frozen one's, its CPU minutes."""
+    frozen, joint, rows = by_key(obj["cells"]), by_key(obj.get("joint") or []), []
+    for (head, d, seed), c in sorted(joint.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0] != BASELINE)):
+        f, base, fbase = frozen.get((head, d, seed)), joint.get((BASELINE, d, seed)), frozen.get((BASELINE, d, seed))
+        row = {"head": head, "d": d, "seed": seed, "test_ppl": c["ppl"]["test"]}
+        row.update(frozen_ppl=f and math.exp(f["test_nll"]), cpu_minutes=c.get("cpu_seconds"))
+        row["over_frozen"] = f and c["ppl"]["test"] / row["frozen_ppl"]
+        row["diff"] = math.log(c["ppl"]["test"] / base["ppl"]["test"]) if base and head != BASELINE else None
+        row["frozen_diff"] = f["test_nll"] - fbase["test_nll"] if f and fbase and head != BASELINE else None
+        rows.append({**row, "cpu_minutes": row["cpu_minutes"] and row["cpu_minutes"] / 60})
+    return rows
+
+
+def set_aside_rows(obj: Dict) -> List[Dict]:
+    """The earlier trunks' cells beside this trunk's of the same head, d and seed: test perplexity there and here,
+    head minus softmax in test NLL on each trunk, and how far it moved between them."""
+    here, rows = by_key(obj["cells"]), []
+
+    def diff(cells, key):
+        cell, base = cells.get(key), cells.get((BASELINE, *key[1:]))
+        return cell["test_nll"] - base["test_nll"] if cell and base and key[0] != BASELINE else None
+
+    for e in obj.get("set_aside", []):
+        there = by_key(e["cells"])
+        for key in sorted(there, key=lambda k: (k[1], k[2], k[0] != BASELINE, k[0])):
+            a, b, mine = diff(there, key), diff(here, key), here.get(key)
+            row = {"trunk": e["trunk_md5"], "head": key[0], "d": key[1], "seed": key[2]}
+            row.update(there=math.exp(there[key]["test_nll"]), here=mine and math.exp(mine["test_nll"]))
+            row.update(diff_there=a, diff_here=b, moved=abs(b - a) if None not in (a, b) else None)
+            rows.append(row)
+    return rows
+
+
+def pair_numbers(r: Dict, *names: str) -> Dict:
+    """A paired row's numbers: its ``names``, seeds, mean, interval, p, Holm p and detectable difference."""
+    p = r["paired"]
+    return {**{k: r[k] for k in names + ("seeds", "holm", "detectable")}, **{k: getattr(p, k) for k in PAIRED}}
+
+
+PAIRED = ("mean", "low", "high", "p")
+
+
+def map_numbers(obj: Dict) -> Dict:
+    """The map's derived numbers: the paired rows with their spread over seeds (and its median), the primary test
+    (with its steps from d to d), the cap table's rows, softmax's own cells' test perplexity and spread per d, the
+    floors against softmax's, the ranks' means, the first singular value's share, Mixtape's S."""
+    a, cells, rows, out = obj["meta"]["args"], obj["cells"], paired_rows(obj), {}
+    spread = [max(r["by_seed"].values()) - min(r["by_seed"].values()) for r in rows]
+    out["pairs"] = [{**pair_numbers(r, "head", "d", "by_seed"), "spread": s} for r, s in zip(rows, spread)]
+    out.update(pair_spread_median=statistics.median(spread) if spread else None, cap_reach=cap_reach(obj))
+    out["slopes"] = [{k: v for k, v in s.items() if k not in ("dims", "seeds", "intercept")} for s in slope_test(obj)]
+    for s in out["slopes"]:
+        m = [s["means"][d] for d in sorted(s.get("means") or {})]
+        s["steps"] = [y - x for x, y in zip(m, m[1:])]
+    out["softmax"] = {}
+    for d in sorted({c["d"] for c in cells if c["head"] == BASELINE}):
+        nll = [c["test_nll"] for c in sorted(cells, key=lambda c: c["seed"]) if c["head"] == BASELINE and c["d"] == d]
+        out["softmax"][d] = {"test_ppl": [math.exp(v) for v in nll], "spread": max(nll) - min(nll)}
+    floors = means(obj, lambda c: c.get("train_nll_floor"))
+    base = floors.get(BASELINE, {})
+    out["floor_over_softmax"] = {
+        h: {d: v - base[d] for d, v in r.items() if v and base.get(d)} for h, r in floors.items()
+    }
+    rank_at = lambda t: lambda c: c["spectrum"].get("rank_at", {}).get(f"{t:g}")  # noqa: E731
+    out["rank"] = {f"{t:g}": means(obj, rank_at(t)) for t in bottleneck_map.RELATIVE_TOLERANCES}
+    shares = [c["spectrum"]["first_share"] for c in cells if "first_share" in c["spectrum"]]
+    out["first_share"] = [min(shares), max(shares)] if shares else None
+    if "mixtape" in a["heads"]:  # Mixtape's rank bound S + d + 2: its S most frequent words have gates of their own
+        config = MixtapeConfig(hidden_size=1, vocab_size=obj["meta"]["vocab"], **bottleneck_map.HEADS["mixtape"][1])
+        out["mixtape_frequent_words"] = config.num_frequent
+    return out
+
+
+def upgrade_numbers(up: Dict) -> Dict:
+    """The upgrade table's: per row its mean test perplexity and inference cost over seeds, its parameters added over
+    control (b)'s (and that ratio less 1), the valid NLL its last epoch gained (least and most over seeds); its
+    pairs."""
+    cells, rows = up.get("cells", []), {}
+    base = {c["seed"]: c["head_parameters"] for c in cells if c["row"] == "softmax"}
+    added = {c["row"]: c["head_parameters"] - base[c["seed"]] for c in cells if c["seed"] in base}
+    for row in [r for r in upgrade_table.ROWS if any(c["row"] == r for c in cells)]:
+        mine = [c for c in cells if c["row"] == row]
+        gains = [c["curve"][-2]["valid_nll"] - c["curve"][-1]["valid_nll"] for c in mine if len(c["curve"]) > 2]
+        rows[row] = {"test_ppl": statistics.fmean(c["after"]["test"]["ppl"] for c in mine)}
+        rows[row]["inference_ratio"] = statistics.fmean(c["inference_costs"]["ratio"] for c in mine)
+        rows[row]["last_epoch_gain"] = [min(gains), max(gains)] if gains else None
+        if added.get("softmax-mlp") and row in added:
+            ratio = added[row] / added["softmax-mlp"]
+            rows[row].update(added_over_b=ratio, apart_from_b=ratio - 1)
+    return {"rows": rows, "pairs": [pair_numbers(r, "row", "control") for r in upgrade_rows(up)]}
+
+
+def rounded(x):
+    """``x`` with every float at 10 significant digits (what the page shows, whatever a machine's last bits) and every
+    key a string, as json reads it back."""
+    if isinstance(x, dict):
+        return {str(k): rounded(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [rounded(v) for v in x]
+    return (float(f"{x:.10g}") if math.isfinite(x) else None) if isinstance(x, float) else x
+
+
+def numbers(obj: Dict) -> Dict:
+    """The page's derived numbers (``docs/bottleneck_map-numbers.json``): what its reading cites that the json does
+    not hold as such, from the functions its tables use."""
+    (finished, diverged), meta, up = finite(obj), obj["meta"], obj.get("upgrade") or {}
+    out = {"alpha": paired_stats.ALPHA, "power": paired_stats.POWER, "cpu_hours": cost(obj)}
+    names = [f"{c['head']} d={c['d']} seed {c['seed']}" for c in diverged]
+    out["cells"] = {"finished": len(finished["cells"]), "diverged": names, "missing": len(missing_cells(obj))}
+    curve, nll = [p["valid_ppl"] for p in meta.get("trunk_curve") or []], meta.get("trunk_nll") or {}
+    out["trunk"] = {f"{k}_ppl": math.exp(v) for k, v in nll.items()}
+    if len(curve) > 1:
+        out["trunk"]["last_epoch_change"] = curve[-1] / curve[-2] - 1
+    for e in obj.get("set_aside", []) if nll else []:  # each earlier trunk's valid NLL over this one's
+        out.setdefault("earlier_trunks", {})[e["trunk_md5"]] = e["trunk_nll"]["valid"] - nll["valid"]
+    for key, present, part in (("map", finished["cells"], map_numbers), ("joint", obj.get("joint"), joint_rows)):
+        out.update({key: part(finished)} if present else {})
+    out.update({"set_aside": set_aside_rows(finished)} if obj.get("set_aside") else {})
+    out.update({"upgrade": upgrade_numbers(up)} if up.get("cells") else {})
+    return rounded({**out, "cap_check": cap_pairs(obj)} if cap_cells(obj) else out)
+
+
+# --- the tables, the plots, the commands ----------------------------------------------------------------------------
+
+
+def mean_sd(values: List[float], digits: int = 2) -> str:
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return f"{m:,.{digits}f}"
+    return f"{m:,.{digits}f} ± {math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)):,.{digits}f}"
+
+
+def optional(value, fmt: str, missing: str = "-") -> str:
+    return missing if value is None else fmt.format(value)
+
+
+def para(*texts: str) -> List[str]:
+    """Markdown blocks, each followed by a blank line."""
+    return [line for text in texts for line in (text, "")]
+
+
+def rows_table(header: str, rows) -> List[str]:
+    """A markdown table: its ``header`` line and its ``rows`` (lists of cells), a blank line after."""
+    lines = ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    return [header, "|" + "---|" * (header.count("|") - 1)] + lines + [""]
+
+
+def table(obj: Dict, value, digits: int = 2, mark=None, diverged=(), corner: str = "head") -> List[str]:
+    """A heads x d table of ``value(cell)`` (mean ± sd over seeds, n seeds; :func:`grid`), ``-`` where none has
+    finished; ``mark(cells)``, a note after an entry; ``diverged``, cells left out, counted in their entry."""
+    cells, dims = grid(obj, value, diverged), sorted(set(obj["meta"]["args"]["dims"]) | {c["d"] for c in obj["cells"]})
+
+    def entry(h, d, pairs):
+        lost, vals = sum(1 for c in diverged if c["head"] == h and c["d"] == d), [v for _, v in pairs]
+        shown = f"{mean_sd(vals, digits)} ({len(vals)}){mark([c for c, _ in pairs]) if mark else ''}" if vals else "-"
+        return shown + (f" diverged {lost}" if lost else "")
+
+    header = f"| {corner} | " + " | ".join(f"d = {d}" for d in dims) + " |"
+    return rows_table(header, [[h] + [entry(h, d, row[d]) for d in dims] for h, row in cells.items()])
+
+
+def paired_cells(row: Dict) -> str:
+    """A paired row's ``mean [95% CI] | paired t p | Holm p | detectable`` table cells."""
+    p, fp = row["paired"], paired_stats.format_p
+    ci = f"[{p.low:+.4f}, {p.high:+.4f}]" if p.low is not None else "(one seed)"
+    return f"{p.mean:+.4f} {ci} | {fp(p.p)} | {fp(row['holm'])} | " + optional(row["detectable"], "±{:.4f}")
+
+
+def slope_table(obj: Dict, slopes: List[Dict]) -> List[str]:
+    a, fp, rows = obj["meta"]["args"], paired_stats.format_p, []
+    for r in slopes:
+        low, high = (r["seeds"][0], r["seeds"][-1]) if r["seeds"] else (0, 0)
+        per_d = (str(low) if low == high else f"{low}-{high}") + (f" of {a['seeds']}" if low < a["seeds"] else "")
+        few = f" ({len(r['dims'])} of {len(a['dims'])})" if len(r["dims"]) < len(a["dims"]) else ""
+        fit = ["too few d values (3 needed)", "-", "-", "-"]
+        if r["slope"] is not None:
+            fit = [f"{r['slope']:+.4f} [{r['low']:+.4f}, {r['high']:+.4f}]", r["df"], fp(r["p"]), fp(r["holm"])]
+        rows.append([r["head"], (", ".join(map(str, r["dims"])) or "none") + few, per_d, *fit])
+    return rows_table("| head | d values | seeds per d | slope [95% CI] | df | p | Holm p |", rows)
+
+
+def paired_table(rows: List[Dict]) -> List[str]:
+    cells = []
+    for r in rows:
+        by_seed = ", ".join(f"s{s} {v:+.4f}" for s, v in sorted(r["by_seed"].items()))
+        cells.append([r["head"], r["d"], r["seeds"], "{}, {}".format(*r["capped"]), by_seed, paired_cells(r)])
+    header = "| head | d | seeds | capped (head, softmax) | by seed | " + PAIRED_HEADER
+    return rows_table(header, cells) + para(DETECTABLE)
+
+
+def cap_reach_table(obj: Dict) -> List[str]:
+    rows, cells = cap_reach(obj), []
+    for r in rows:
+        need = "ahead" if r["gap"] <= 0 else f"at least {r['epochs']}" if r["epochs"] else "never at that pace"
+        cells.append(
+            [r["head"], r["d"], r["seed"], f"{r['gap']:+.4f}", f"{r['pace']:.4f}", need, "no yes".split()[r["base"]]]
+        )
+    caption = (
+        "Per head cell the epoch cap ended: its best valid NLL minus softmax's (same d and seed, nats), its valid gain "
+        "per epoch over its last patience + 1 epochs, the epochs that pace needs to draw level (a lower bound)."
+    )
+    header = "| head | d | seed | valid NLL, head - softmax | gain / epoch, last {} | epochs to draw level | "
+    header += "softmax capped |"
+    return para(caption) + rows_table(header.format(obj["meta"]["args"]["patience"] + 1), cells) if rows else []
+
+
+def rate_table(obj: Dict) -> List[str]:
+    """Each head's valid NLL per rate at --rate-d (seed 1), its rate in bold, ``(cap)`` where the cap ended the cell."""
+    a, rows, rates = obj["meta"]["args"], [], sorted(obj["meta"]["args"]["rates"])
+    for head in a["heads"]:
+        mine = {c["lr"]: c for c in obj["rate_cells"] if c["head"] == head and c["d"] == a["rate_d"]}
+        chosen = chosen_rate(obj, head) if mine else None
+        for lr, c in mine.items():
+            v = f"{c['valid_nll']:.4f}"
+            mine[lr] = (f"**{v}**" if lr == chosen else v) + " (cap)" * capped(obj, [c])
+        rows += [[head] + [mine.get(lr, "-") for lr in rates]] if mine else []
+    caption = "Valid NLL at the rate search's d (seed 1); bold: the head's rate; (cap): the cap ended the cell."
+    header = "| head | " + " | ".join(f"{lr:g}" for lr in rates) + " |"
+    return para("## Learning rates", caption) + rows_table(header, rows)
+
+
+def joint_table(obj: Dict) -> List[str]:
+    a, rows = obj["meta"]["args"], []
+    for r in joint_rows(obj):
+        planned = r["head"] in a["heads"] and r["d"] in a["dims"] and r["seed"] <= a["seeds"]
+        not_run = "not run yet" if planned else "not in the map's plan (--heads / --dims / --seeds)"
+        diffs = [optional(r[k], "{:+.4f}") for k in ("diff", "frozen_diff")]
+        cpu = optional(r["cpu_minutes"], "{:.0f}")
+        rows.append(
+            [r["head"], r["d"], r["seed"], f"{r['test_ppl']:.2f}", optional(r["frozen_ppl"], "{:.2f}", not_run)]
+        )
+        rows[-1] += [*diffs, cpu]
+    caption = (
+        "Test perplexity of `python -m recipes.bottleneck_joint` (the whole AWD-LSTM trained, its last layer d units "
+        "wide) beside the frozen-trunk cell; diffs: head minus softmax, test NLL (nats), same d and seed."
+    )
+    header = "| head | d | seed | jointly | frozen trunk | joint diff | frozen diff | joint CPU minutes |"
+    return para("## Trained jointly with the trunk", caption) + rows_table(header, rows) if rows else []
+
+
+def set_aside_table(obj: Dict) -> List[str]:
+    rows = []
+    for r in set_aside_rows(obj):
+        rows.append([f"`{r['trunk'][:8]}`", r["head"], r["d"], r["seed"], f"{r['there']:.2f}"])
+        rows[-1] += [optional(r["here"], "{:.2f}")] + [optional(r[k], "{:+.4f}") for k in ("diff_there", "diff_here")]
+    caption = (
+        "Cells of an earlier trunk from the same command (its md5's first 8 digits), in no other table or test, beside "
+        "this trunk's: test perplexity; diffs: head minus softmax in test NLL (nats)."
+    )
+    header = "| trunk | head | d | seed | there | here | diff there | diff here |"
+    return para("## Cells of an earlier trunk", caption) + rows_table(header, rows) if rows else []
+
+
+def pilot_table(up: Dict) -> List[str]:
+    """The upgrade table's rate pilot: each row's valid NLL per rate, bold the rate it chose."""
+    pilot, chosen = up.get("pilot", []), {row: r["lr"] for row, r in (up.get("rates") or {}).items()}
+    rates, rows = sorted({c["lr"] for c in pilot}), []
+    for row in [r for r in upgrade_table.ROWS if any(c["row"] == r for c in pilot)]:
+        by_lr = {c["lr"]: c["curve"][1]["valid_nll"] for c in pilot if c["row"] == row}
+        shown = {lr: "diverged" if not math.isfinite(v) else f"{v:.4f}" for lr, v in by_lr.items()}
+        shown = {lr: f"**{v}**" if lr == chosen.get(row) and v != "diverged" else v for lr, v in shown.items()}
+        rows.append([NAMES[row]] + [shown.get(lr, "-") for lr in rates])
+    caption = "**Rate pilot**: valid NLL after one epoch of seed 0 on a shorter text; bold: the rate the row chose."
+    return para(caption) + rows_table("| row | " + " | ".join(f"lr {r:g}" for r in rates) + " |", rows) if pilot else []
+
+
+def upgrade_section(up: Dict) -> List[str]:
+    """The head-upgrade table: its rate pilot, its rows (means over seeds), the paired comparisons with controls."""
+    cells = up.get("cells", [])
+    if not cells and not up.get("pilot"):
+        return []
+    lines = para("## Upgrading a pretrained LM's head") + pilot_table(up)
+    if not cells:
+        return lines
+    planned = len((up.get("meta") or {}).get("args", {}).get("seeds") or {c["seed"] for c in cells})
+    base, rows = {c["seed"]: c["head_parameters"] for c in cells if c["row"] == "softmax"}, []
+    for row in [r for r in upgrade_table.ROWS if any(c["row"] == r for c in cells)]:
+        mine = [c for c in cells if c["row"] == row]
+        added = sorted({c["head_parameters"] - base[c["seed"]] for c in mine if c["seed"] in base})
+        test = f"{mean_sd([c['after']['test']['ppl'] for c in mine])} ({paired_stats.format_seeds(len(mine), planned)})"
+        rows.append([NAMES[row], ", ".join(f"{lr:g}" for lr in sorted({c["lr"] for c in mine}))])
+        rows[-1] += [
+            ", ".join(f"{a:,}" for a in added) or "-",
+            test,
+            mean_sd([c["after"]["test"]["word_ppl"] for c in mine]),
+        ]
+        rows[-1] += [
+            mean_sd([c[k] for c in mine]) for k in ("train_cpu_ms_per_1k_tokens", "inference_cpu_ms_per_1k_tokens")
+        ]
+        rows[-1].append(mean_sd([c["inference_costs"]["ratio"] for c in mine], 3))
+    lines += para(
+        "**The table**: test perplexity per token and per word, mean ± sd over seeds (seeds); CPU ms per 1k tokens of "
+        "the head alone; the whole model at inference over the pretrained one (each cell's own process)."
+    )
+    header = "| row | lr | parameters added | test ppl / token | test ppl / word | train ms / 1k | score ms / 1k | "
+    lines += rows_table(header + "model at inference (x pretrained) |", rows)
+    lines += para(
+        "Paired on seeds, test NLL (nats), row minus control; Holm over every planned comparison of this table, those "
+        "not yet run counting as p = 1:"
+    )
+    paired = [
+        [NAMES[r["row"]], NAMES[r["control"]].split(" ")[0], r["seeds"], paired_cells(r)] for r in upgrade_rows(up)
+    ]
+    paired = [[row, control, paired_stats.format_seeds(n, planned), rest] for row, control, n, rest in paired]
+    table = rows_table("| row | control | seeds | " + PAIRED_HEADER, paired)
+    if not paired:
+        return lines + table[:2] + ["| no comparison yet (a row and its control share no seed) | | | | | | |", ""]
+    return lines + table + para(DETECTABLE)
+
+
+def cap_section(obj: Dict) -> List[str]:
+    """The upgrade table's cap check: seed-1 rows trained again under a higher epoch cap beside the table's cells at
+    its cap (test perplexity; how each ended), and the row-minus-control differences at both caps."""
+    table = {(c["row"], c["seed"]): c for c in (obj.get("upgrade") or {}).get("cells") or []}
+    at, rows = ", ".join(map(str, sorted({c["max_epochs"] for c in table.values()}))) or "-", []
+    for c in sorted(cap_cells(obj), key=lambda c: (list(upgrade_table.ROWS).index(c["row"]), c["seed"])):
+        t, by = table.get((c["row"], c["seed"])), bottleneck_map.ended_by(c["curve"], c["max_epochs"], c["patience"])
+        ended = "stopping rule" if by == "patience" else f"cap ({c['max_epochs']} epochs)"
+        rows.append([NAMES[c["row"]], c["seed"], bottleneck_map.best_epoch(c["curve"]), ended])
+        rows[-1] += [optional(t and t["after"]["test"]["ppl"], "{:.2f}"), f"{c['after']['test']['ppl']:.2f}"]
+    gaps = []
+    for p in cap_pairs(obj):
+        gaps.append([NAMES[p["row"]].split(" ")[0], NAMES[p["control"]].split(" ")[0], p["seed"]])
+        gaps[-1] += [optional(p[k], "{:+.4f}") for k in ("table", "cap_check")]
+    caption = (
+        "**The cap, checked**: seed 1 of each row trained again under a higher epoch cap, beside the table's cell."
+    )
+    lines = para(caption) + rows_table(
+        f"| row | seed | best epoch | ended by | test ppl / token, the table (cap {at}) | the cap check |", rows
+    )
+    lines += rows_table("| row | control | seed | row - control, the table | the cap check |", gaps) if gaps else []
+    return lines if rows else []
+
+
+def train_ms_per_1k(cell: Dict) -> float:
+    """CPU milliseconds per 1k training tokens of a cell's training steps alone (None for a curve without them)."""
+    epochs = cell["curve"][1:]
+    if not epochs or any("train_cpu_seconds" not in e for e in epochs):
+        return None
+    return 1e6 * sum(e["train_cpu_seconds"] for e in epochs) / (cell["train_tokens"] * len(epochs))
+
+
+#: the CPU tables of the map's cells: (caption, value, digits)
+CPU_TABLES = (
+    ("CPU minutes of the stopping-rule run per cell (validation included).", lambda c: c["cpu_s"] / 60, 2),
+    ("CPU minutes of a floor run.", lambda c: c["floor_cpu_s"] / 60 if "floor_cpu_s" in c else None, 2),
+    (
+        "CPU ms per 1k tokens of the training steps alone, over the cell's epochs (compare the heads here).",
+        train_ms_per_1k,
+        0,
+    ),
+)
+
+
+def cpu_tables(obj: Dict, full: Dict) -> List[str]:
+    """The map cells' CPU time per head and d (``obj``, when it has cells), and CPU-hours spent per part of the page
+    (``full``: every cell, the diverged too; :func:`cost`)."""
+    lines = para("## Cost")
+    for caption, value, digits in CPU_TABLES if obj["cells"] else ():
+        lines += para(caption) + table(obj, value, digits)
+    rows = [r for r in cost(full) if r["part"].startswith("the map") or r["cells"] or r["rate_cells"]]
+    cells = [[r["part"], r["cells"], optional(r["rate_cells"], "{}"), f"{r['hours']:.1f}"] for r in rows]
+    total = [sum(r[k] or 0 for r in rows) for k in ("cells", "rate_cells")] + [f"{sum(r['hours'] for r in rows):.1f}"]
+    return (
+        lines
+        + para("CPU-hours spent, per part of the page.")
+        + rows_table("| part | cells | rate cells | CPU-hours |", cells + [["in all", *total]])
+    )
+
+
+def log_share(cell: Dict):
+    """log10 of the share of the squared singular values past d + 2 among all but the first (None for a cut one)."""
+    share = cell["spectrum"].get("beyond_bound_after_first")
+    return None if share is None else math.log10(max(share, 1e-300))
+
+
+def rank_at(tol: float):
+    return lambda c: c["spectrum"].get("rank_at", {}).get(f"{tol:g}")
+
+
+#: the map's heads x d tables after the primary test, the paired differences and the rates: (section and caption,
+#: value, digits, the header's first cell)
+MAP_TABLES = (
+    (
+        ("## What each head can express: the train-NLL floor within a fixed budget",
+         "Lowest train NLL (nats) within a fixed number of further epochs on train, mean ± sd (seeds)."),
+        lambda c: c.get("train_nll_floor"), 2, "head",
+    ),
+    (
+        ("## Numerical rank of the log-probability matrix",
+         "Mean ± sd (seeds); a softmax over d inputs has rank at most d + 2 (W h, the bias, the normaliser)."),
+        lambda c: c["spectrum"]["rank"], 1, "rank (numpy's tolerance)",
+    ),
+    *(((), rank_at(t), 1, f"rank at {t:g}") for t in bottleneck_map.RELATIVE_TOLERANCES),
+    ((), log_share, 1, "log10 share past d + 2"),
+)  # fmt: skip
+
+
+def map_tables(obj: Dict, rows: List[Dict], slopes: List[Dict], png: str) -> List[str]:
+    """The map's sections after its main table: the primary test, the paired differences and their plot, the cap
+    table, the rates, the floors, the ranks and spectra, the parameters."""
+    lines = para(
+        "## The primary test: does the head's difference from softmax change with d?",
+        "Slope of the per-d mean paired difference on log2 d (nats per doubling; d the unit); Holm over the two heads.",
+    )
+    lines += slope_table(obj, slopes) + para(
+        "## Paired differences per d",
+        "Test NLL, head minus softmax at the same d and seed (nats); Holm over the planned (head, d) pairs.",
+    )
+    figures = [os.path.basename(p) for p in (png, spectra_png(png))]
+    lines += paired_table(rows) + para(f"![{figures[0]}]({figures[0]})") + cap_reach_table(obj) + rate_table(obj)
+    for texts, value, digits, corner in MAP_TABLES:
+        lines += para(*texts) + table(obj, value, digits, corner=corner)
+    if any(c["seed"] == 1 for c in obj["cells"]):
+        lines += para(f"![{figures[1]}]({figures[1]})", "Seed 1's singular values over its largest, per d.")
+    lines += para("## Parameters", "The projection's and the head's parameters (seed 1's cell).")
+    return lines + table(obj, lambda c: c["parameters"] if c["seed"] == 1 else None, 0)
+
+
+def portable(path: str) -> str:
+    """A results path as the commands write it from the repository's root (``results/...``), wherever it ran: from
+    its ``results/``, the trunk kept in the repository from its ``artifacts/`` (:data:`KEPT`), else, for the trunk's
+    table run with another ``--out``, from the table's folder as the page's trunk command writes it."""
+    for mark in ("results" + os.sep, KEPT + os.sep):
+        if mark in path:
+            return path[path.index(mark) :]
+    table = os.sep + TRUNK_TABLE + os.sep
+    return os.path.join("results", "reproduce", path[path.index(table) + 1 :]) if table in path else path
+
+
+#: the commands' comments
+COMMENTS = dict(
+    trunk="# the trunk: lm-ptb's seed-1 softmax cell at its chosen rate (trained again, it is not bit for bit this "
+    "one, and the map's --restore refuses the committed cells)",
+    kept=f"# kept in the repository ({KEPT}/README.md); it came from",
+    map="# the map: the same command started in a second shell shares its cells (two cores)",
+    restore="# with --restore docs/bottleneck_map.json it resumes from the committed cells (a new machine, this trunk)",
+    cap="# the cap check: seed 1 of every row at 3 x the table's epoch cap (its rate pilot restored from the table's)",
+)
+
+
+def commands_section(obj: Dict) -> List[str]:
+    """The commands that rerun every number of the page from the repository's root, with the options the cells
+    recorded (every option of the map; the joint check, the upgrade table and its cap check at what they ran)."""
+    a, trunk = obj["meta"]["args"], portable(obj["meta"]["trunk"])
+    rate = next(iter(re.findall(r"[/\\]lr([0-9.e+-]+)[/\\]", trunk)), "")  # the trunk's cell folder names its rate
+    a, flags = {**a, "floor_seeds": a.get("floor_seeds", a["seeds"])}, []  # a run before the option: every seed floored
+    for k in [k for k in ("heads", "dims", "rates") + bottleneck_map.COUNTS if k in a]:
+        values = " ".join(
+            f"{v:g}" if isinstance(v, float) else str(v) for v in (a[k] if isinstance(a[k], list) else [a[k]])
+        )
+        flags.append(f"--{k.replace('_', '-')} {values}")
+    train = (
+        f"python -m recipes.reproduce {TRUNK_TABLE} --scale mini --heads softmax --seeds 1"
+        + f" --lrs {rate}" * bool(rate)
+    )
+    lines = para(
+        "## Commands",
+        "From the repository's root (`make install` first); each is resumable and reads the cells already saved:",
+    )
+    lines += ["```bash", COMMENTS["trunk"]]
+    lines += [COMMENTS["kept"], f"#   {train} --out {KEPT}"] if trunk.startswith(KEPT + os.sep) else [train]
+    lines += [COMMENTS["map"], f"python -m recipes.bottleneck_map --trunk {trunk} --data {portable(a['data'])} \\"]
+    lines += ["    --out results/bottleneck_map " + " ".join(flags), COMMENTS["restore"]]
+    if joint := obj.get("joint") or []:
+        runs = f"--heads {' '.join(dict.fromkeys(c['head'] for c in joint))} --dims "
+        runs += " ".join(map(str, sorted({c["d"] for c in joint}))) + f" --seeds {max(c['seed'] for c in joint)}"
+        runs += f" --epochs {max(c['epoch_cap'] for c in joint)} --lr {max(c['lr'] for c in joint):g}"
+        lines.append(
+            f"python -m recipes.bottleneck_joint --bin {portable(a['data'])} --out results/bottleneck_joint {runs}"
+        )
+    up, cap = obj.get("upgrade") or {}, obj.get("upgrade_cap") or {}
+    if up.get("pilot") or up.get("cells"):
+        default = "python -m recipes.upgrade_table --out results/upgrade_table --data ../shared/data/wikitext-2"
+        table = upgrade_table.command_line(up["meta"]) if up.get("meta") else default
+        lines.append(table + "   # --dry-run: every upgrade_head command")
+    if cap.get("meta") or (up.get("meta") and up.get("cells")):
+        args = up.get("meta", {}).get("args", {})
+        meta = cap.get("meta") or {
+            **up["meta"],
+            "args": {**args, "seeds": [1], "max_epochs": 3 * args.get("max_epochs", 0)},
+        }
+        lines += [
+            COMMENTS["cap"],
+            upgrade_table.command_line(meta, "results/upgrade_cap") + " --restore docs/bottleneck_map.json",
+        ]
+    report = "python -m recipes.bottleneck_report --results results/bottleneck_map --joint results/bottleneck_joint \\"
+    return lines + [report, "    --upgrade results/upgrade_table --upgrade-cap results/upgrade_cap", "```", ""]
+
+
+def spectra_png(png: str) -> str:
+    return png[: -len(".png")] + "-spectra.png"
+
+
+def plot(obj: Dict, rows: List[Dict], slopes: List[Dict], path: str, interim=()) -> None:
+    """The paired differences per d (``path``; each head's points a little apart on the d axis, ``slopes``: the
+    primary test's fitted lines, dashed; ``interim``: heads whose fit waits for cells), and seed 1's normalised
+    spectra (:func:`spectra_png` of it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    heads, fits = sorted({r["head"] for r in rows}), {f["head"]: f for f in slopes if f["slope"] is not None}
+    for i, head in enumerate(heads):
+        mine = [r for r in rows if r["head"] == head]
+        spread = [r for r in mine if r["paired"].low is not None]
+        shift = 2 ** (0.06 * (i - (len(heads) - 1) / 2))  # apart on the log axis, so the intervals do not overlap
+        line = ax.plot([r["d"] * shift for r in mine], [r["paired"].mean for r in mine], marker="o", label=head)[0]
+        if f := fits.get(head):
+            label = f"{head}: slope {f['slope']:+.4f} / doubling, Holm p {paired_stats.format_p(f['holm'])}"
+            y = [f["intercept"] + f["slope"] * math.log2(d) for d in f["dims"]]
+            ax.plot(f["dims"], y, ls="--", lw=1, color=line.get_color(), label=label + " (interim)" * (head in interim))
+        x, y = [r["d"] * shift for r in spread], [r["paired"].mean for r in spread]
+        yerr = [
+            [r["paired"].mean - r["paired"].low for r in spread],
+            [r["paired"].high - r["paired"].mean for r in spread],
+        ]
+        ax.errorbar(x, y, yerr=yerr, fmt="none", capsize=3, color=line.get_color())
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("d (the projection's width)")
+    ax.set_ylabel("test NLL, head - softmax (nats; < 0: head better)")
+    title = "Head - softmax per d: mean over seeds, 95% t intervals per d (not adjusted; none for one seed);\n"
+    ax.set_title(title + "dashed: the primary test's least-squares line on log2 d", fontsize=8)
+    if heads:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    cells = [c for c in obj["cells"] if c["seed"] == 1]
+    if not (dims := sorted({c["d"] for c in cells})):
+        return
+    fig, axes = plt.subplots(1, len(dims), figsize=(2.6 * len(dims), 3), squeeze=False)
+    for ax, d in zip(axes[0], dims):
+        for c in sorted((c for c in cells if c["d"] == d), key=lambda c: c["head"]):
+            top = c["spectrum"]["top"]
+            ax.semilogy(range(1, len(top) + 1), [v / top[0] for v in top], label=c["head"], lw=1)
+        ax.axvline(d + 2, color="grey", lw=0.8, ls=":")
+        ax.set_title(f"d = {d}", fontsize=9)
+        ax.set_xlabel("index", fontsize=8)
+    axes[0][0].set_ylabel("singular value / largest", fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Log-probability matrix spectra (seed 1; dotted: d + 2, a softmax's bound)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(spectra_png(path), dpi=110)
+    plt.close(fig)
