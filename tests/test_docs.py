@@ -275,3 +275,68 @@ def test_not_run_markers_are_few_and_say_why():
         for number, line in enumerate(text, start=1):
             if "snippet:" in line and line.strip().startswith("<!--"):
                 assert NOT_RUN.match(line.strip()), f"{rel}:{number}: write `<!-- snippet: not run — REASON -->`"
+
+
+# ----------------------------------------------------------------------------- the reproduction page
+REPRODUCTION = os.path.join(DOCS, "reproduction")
+
+
+def _names(suffix):
+    return sorted(name[: -len(suffix)] for name in os.listdir(REPRODUCTION) if name.endswith(suffix))
+
+
+def test_the_reproduction_page_is_what_its_generator_writes_from_the_committed_json(tmp_path):
+    """docs/reproduction.md (every table, plot and full-size plan) is what `python -m recipes.reproduce.report
+    --no-collect` writes from the committed json and readings: rerun it after changing either."""
+    import shutil
+
+    from recipes.reproduce.report import page
+
+    (tmp_path / "reproduction").mkdir()
+    for name in os.listdir(REPRODUCTION):
+        if name.endswith((".json", "-reading.md")):
+            shutil.copy(os.path.join(REPRODUCTION, name), tmp_path / "reproduction" / name)
+    assert page.build_report(str(tmp_path)) == _read("docs/reproduction.md")
+
+
+def test_the_reproduction_pages_derived_numbers_are_what_its_generator_computes():
+    """docs/reproduction/NAME-numbers.json, the derived numbers the hand-written readings cite (paired means,
+    intervals, Holm p, detectable differences, ratios, the papers' numbers), equal what the report computes from the
+    committed json; one per reading."""
+    from recipes.reproduce.report import page
+
+    derived = page.numbers(DOCS)
+    assert set(_names("-numbers.json")) == set(derived) == set(_names("-reading.md"))
+    for name, values in derived.items():
+        with open(os.path.join(REPRODUCTION, f"{name}-numbers.json")) as f:
+            assert json.load(f) == values, f"{name}-numbers.json: run python -m recipes.reproduce.report --no-collect"
+
+
+def test_every_number_of_a_reproduction_reading_is_a_json_value_as_the_page_writes_it():
+    """Each decimal, percentage and number with a unit of docs/reproduction/NAME-reading.md is a value of NAME.json
+    or NAME-numbers.json as one of the page's formatters writes it, or one of at most ten listed exceptions, each
+    used; every table's json has its reading."""
+    from recipes.reproduce.report import page
+
+    names = _names("-reading.md")
+    assert set(_names(".json")) - {"compute-set-aside"} <= set(names) | {n + "-numbers" for n in names}
+    assert {name: page.unmatched(DOCS, name) for name in names} == {name: [] for name in names}
+    assert sum(len(numbers) for numbers in page.EXCEPTIONS.values()) <= 10
+    for name, numbers in page.EXCEPTIONS.items():
+        text = _read(f"docs/reproduction/{name}-reading.md")
+        assert all(number in text for number in numbers), f"{name}: an exception no longer in its reading"
+
+
+def test_the_reproduction_page_and_each_of_its_sections_open_with_a_table():
+    """The page opens with its overview table after the title and one short line, each section with its table; no
+    line of prose is longer than 400 characters."""
+    lines = _read("docs/reproduction.md").split("\n")
+    assert lines[0].startswith("# ") and len(lines[2]) <= 120 and lines[4].startswith("| table |")
+    prose = _prose("\n".join(lines)).split("\n")  # a code block's `# ...` lines are no headings
+    for i, line in enumerate(prose[1:], start=1):
+        if line.startswith("#"):
+            first = next(x for x in lines[i + 1 :] if x.strip())
+            assert first.startswith("|") or first == "_no finished cells yet_", f"line {i + 1}: {line}"
+    assert max(len(line) for line in prose if not line.startswith("|")) <= 400
+    # a wrapped line of a reading or a note starts no list item, quote or heading underline
+    assert not [line for line in prose if re.match(r"([-+*=>]|\d+[.)])(\s|$)", line)]

@@ -19,7 +19,7 @@ pytest.importorskip("sentencepiece", reason="sentencepiece not installed: run `m
 
 from recipes.reproduce import __main__ as cli  # noqa: E402
 from recipes.reproduce.engine import costs as cost_columns  # noqa: E402
-from recipes.reproduce.report import collect, layout, page, sections, sentences  # noqa: E402
+from recipes.reproduce.report import collect, layout, page, sections  # noqa: E402
 from recipes.reproduce.engine import results as result_files  # noqa: E402
 from recipes.reproduce.tables.translation import hypotheses  # noqa: E402
 
@@ -124,7 +124,11 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
         "seeds": [1],
         "values": [corpus_bleu([h.upper() for h in hyps], [r.lower() for r in refs], lowercase=True)],
     }
-    assert "BLEU lowercased (sacrebleu -lc" in page.build_report(str(docs))
+    # the lowercased table: each head's mean (± std) over its seeds, per test set
+    text = page.build_report(str(docs))
+    for head, by_set in committed["lowercased"].items():
+        means = [layout.mean_std(**layout.mean_sd(e["values"])) for e in by_set.values()]
+        assert f"| {head} | " + " | ".join(means) + f" | {len(next(iter(by_set.values()))['values'])} |" in text
     same = ["The cat sat on the mat today ."]
     assert corpus_bleu(same, [same[0].lower()], lowercase=True) == 100.0 > corpus_bleu(same, [same[0].lower()])
     for line in [c for cell in committed["cells"] for c in cell["commands"]] + [
@@ -189,7 +193,7 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     assert costs["ratios"]["mixtape"]["time_out_layer_same_bsz"] > 0
 
 
-def test_costs_of_heads_added_later_merge_beside_the_measured_ones():
+def test_costs_of_heads_added_later_merge_beside_the_measured_ones(tmp_path):
     def run(heads, softmax_s, other_s):
         seconds = {h: {"out_bsz": softmax_s if h == "softmax" else other_s} for h in heads}
         return {
@@ -211,8 +215,10 @@ def test_costs_of_heads_added_later_merge_beside_the_measured_ones():
     assert merged["added"]["mixtape-unscaled"]["softmax_seconds"] == {"out_bsz": 4.0}
     assert merged["added"]["mixtape-unscaled"]["command"] == "added-cmd"  # rows of later runs name it too
     assert "mixtape-unscaled" not in measured["ratios"]  # the measured table is left as it was
-    assert "mixtape-unscaled: added to the table later" in sentences.added_heads(merged)
-    assert sentences.added_heads(measured) == ""
+    # the report lists a head timed later, with the command that timed it, under the cost table
+    obj = {"table": "mt-en-de", "description": "d", "rows": [], "cells": [], "costs": merged}
+    assert "| mixtape-unscaled | `added-cmd` |" in sections.table_section(obj, str(tmp_path))
+    assert "timed later" not in sections.table_section({**obj, "costs": measured}, str(tmp_path))
 
 
 def test_full_size_dry_runs_count_the_papers_parameters(tmp_path, capsys):
@@ -310,17 +316,24 @@ def test_report_from_a_fixture(tmp_path):
     text = page.build_report(str(docs))
     assert text == (docs / "reproduction.md").read_text()
     assert "| softmax | 31.00 ± 1.00 | 3 | 29.0 |" in text and "| mixtape | 31.50 ± 1.00 | 3 | 29.3 |" in text
-    # the wording follows the Holm-adjusted paired tests: mos-4 (+5.0, +4.2, +2.8 over 3 seeds) passes, mixtape not
-    assert "mixtape against softmax: no significant difference on test_2016_flickr (mean difference +0.50)" in text
-    assert "mos-4 against softmax: better on test_2016_flickr (+4.00 BLEU, Holm p = 0.0497, 3 seeds)" in text
-    assert "plif against softmax: one seed on test_2016_flickr: not tested" in text
+    # the paired comparisons' table, from the seeds: mos-4 (+5.0, +4.2, +2.8 over 3 seeds) passes Holm, mixtape not;
+    # plif has one seed: no test
+    from recipes.common.stats import format_p, holm, paired
+
+    mixtape, mos = paired([31.5, 30.5, 32.5], [30.0, 31.0, 32.0]), paired([35.0, 35.2, 34.8], [30.0, 31.0, 32.0])
+    adjusted = holm([mixtape.p, mos.p])
+    assert adjusted[0] >= 0.05 > adjusted[1]
+    assert f"| mixtape - softmax | test_2016_flickr | 3 | +0.50 [{mixtape.low:+.2f}, {mixtape.high:+.2f}] | " in text
+    assert f"| {format_p(mixtape.p)} | {format_p(adjusted[0])} |" in text
     assert "| mos-4 - softmax | test_2016_flickr | 3 | +4.00 [+1.23, +6.77] | 0.0249 | 0.0497 | 0.25 |" in text
+    assert "| plif - softmax | test_2016_flickr | 1 | -2.00 - | - | - | 1.00 | - |" in text
     assert "2.50x / 2.70x" in text
-    assert (
-        "mean over the seeds that logged one; other runs shared the machine's 2 cores, so it is no measure of cost): "
-        "softmax 2.0, mixtape 2.0 (1 of its 3 seeds logged a time)."
-    ) in text
-    assert "Worst seed on test_2016_flickr:" in text and "name another cell's directory" not in text
+    # each head's cells: minutes a cell over the seeds that logged one (softmax 1, 2, 3; mixtape seed 1's 2)
+    assert "| softmax | 3 (0 scored) | 2.0 |" in text and "| mixtape | 3 (0 scored) | 2.0 (1 of 3) |" in text
+    assert "another cell's directory" not in text  # every recorded command names its own cell
+    assert page.numbers(str(docs))["mt-en-de"]["worst_seed"] == {
+        "test_2016_flickr": {"softmax": 1, "mixtape": 2, "mos-4": 3}
+    }
     for name in ("mt-en-de-scores.png", "mt-en-de-valid-loss.png", "mt-en-de-cost.png"):
         assert (docs / "reproduction" / name).stat().st_size > 1000 and f"reproduction/{name}" in text
 
@@ -401,10 +414,16 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     for head in ("softmax", "mixtape"):
         record = json.load(open(tmp_path / "lm-ptb" / "cells" / f"{head}-lr0.005-seed1.json"))
         assert all(f"/lm-ptb/{head}/lr0.005/seed1/" in c for c in record["commands"]), record["commands"]
-    assert sentences.misrecorded([record], "lm-ptb") == ""
-    assert "mixtape-unscaled seed 2 name another cell's directory" in sentences.misrecorded(
-        [{**record, "head": "mixtape-unscaled", "seed": 2}], "lm-ptb"
-    )
+    assert sections.table_facts({"table": "lm-ptb", "rows": [], "cells": [record]})["misrecorded"] == []
+    wrong = {
+        "table": "lm-ptb",
+        "description": "d",
+        "rows": [],
+        "cells": [{**record, "head": "mixtape-unscaled", "seed": 2}],
+    }
+    assert sections.table_facts(wrong)["misrecorded"] == [("mixtape-unscaled", 2)]
+    rerun = "| mixtape-unscaled | 2 | `python -m recipes.reproduce lm-ptb --heads mixtape-unscaled` |"
+    assert rerun in sections.table_section(wrong, str(tmp_path))
     assert next(r for r in rows if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.1  # the LM setting
     commands = (tmp_path / "lm-ptb" / "commands.sh").read_text()
     for needle in (
@@ -650,10 +669,13 @@ def test_report_shows_the_full_size_plan(tmp_path):
         {"table": "lm-1b", "description": "1B", "rows": [], "cells": [], "costs": None, "plan": plan},
     )
     text = page.build_report(str(docs))
-    assert "parameters per head: softmax 19.6M, mixtape 21.7M. a note." in text
     assert "fairseq-train bin --output-head h11" in text and "h12" not in text and "every command in the json" in text
-    assert "full only" in text
-    assert "| softmax | 19.6M | 42.77 |" in text and "| mixtape | 21.7M | 36.52 |" in text
+    assert "| lm-1b | 1B | full only (the plan; not run here) | 0 |" in text  # the overview table
+    # the section opens with the parameters beside the paper's numbers; the plan's note under the dry run's command
+    section = text[text.index("## lm-1b: 1B") :]
+    assert section.split("\n")[2:4] == ["| head | parameters (ours) | paper test |", "|---|---|---|"]
+    assert "| softmax | 19.6M | 42.77 |" in section and "| mixtape | 21.7M | 36.52 |" in section
+    assert "`python -m recipes.reproduce lm-1b --scale full --dry-run`" in section and "\na note.\n" in section
     # a new plan alone (no results.json) rewrites the plan, not the notes of the rows committed beside it
     row = result_files.make_row(
         table="lm-ptb",
@@ -708,8 +730,8 @@ def test_full_size_data_scripts_stop_offline_naming_what_they_need(tmp_path, mon
 def test_timing_noise_is_the_largest_gap_between_the_twin_tables():
     ratios = lambda mos, plif: {"softmax": {"out": 1.0}, "mos-4": {"out": mos}, "plif": {"out": plif}}  # noqa: E731
     objs = {"mt-en-de": {"costs": {"ratios": ratios(2.0, 1.5)}}, "mt-en-fr": {"costs": {"ratios": ratios(2.2, 1.0)}}}
-    assert "up to 50% (plif, out: 1.50x and 1.00x)" in sentences.timing_noise(objs)
-    assert sentences.timing_noise({"mt-en-de": objs["mt-en-de"]}) == ""  # one table: no evidence
+    assert page.timing_gap(objs) == {"gap": 0.5, "head": "plif", "key": "out", "ratios": [1.5, 1.0]}
+    assert page.timing_gap({"mt-en-de": objs["mt-en-de"]}) == {}  # one table: no evidence
 
 
 def test_a_cell_directory_left_by_other_settings_is_cleared(tmp_path):
@@ -764,6 +786,7 @@ def test_training_time_from_fairseq_and_from_the_finetuning_recipe():
 
 
 def test_protocols_summary_and_report_section():
+    from recipes.common.stats import holm
     from recipes.reproduce.studies import protocols
 
     cells = [
@@ -780,14 +803,18 @@ def test_protocols_summary_and_report_section():
     assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in lines
     text = sections.protocols_section({"table": "lm-ptb", "description": "d", "cells": cells})
     assert "| streams | stateful | 103.50 ± 0.71 | 93.50 ± 0.71 | 2 |" in text
-    # valid chose the checkpoints: described; the test comparisons are the Holm family
-    assert "stateful minus stateless, valid: +1.00 [+1.00, +1.00], described (per seed +1.00, +1.00)" in text
-    assert "stateful minus stateless, test: +1.00 [+1.00, +1.00], p = 0.0e+00" in text
-    assert "each scored as it trained, test: +2.00 [+2.00, +2.00]" in text and "(per seed +2.00, +2.00)" in text
-    assert "Holm-adjusted over the 2 test comparisons" in text and ", Holm p = 0.0e+00 (per seed" in text
+    # valid chose the checkpoints: described; the test comparisons are the Holm family (every seed +1.00 / +2.00:
+    # no spread, p = 0)
+    same = "stateful minus stateless (the same checkpoint, trained on streams)"
+    assert f"| {same} | valid | 2 | +1.00 [+1.00, +1.00] | - | (valid: described) | +1.00, +1.00 |" in text
+    assert f"| {same} | test | 2 | +1.00 [+1.00, +1.00] | 0.0e+00 | 0.0e+00 | +1.00, +1.00 |" in text
+    trained = "trained on streams minus on blocks (each scored as it trained)"
+    assert f"| {trained} | test | 2 | +2.00 [+2.00, +2.00] | 0.0e+00 | 0.0e+00 | +2.00, +2.00 |" in text
+    tests = [d for d in sections.protocols_numbers({"cells": cells}) if d["split"] == "test"]
+    assert [d["holm"] for d in tests] == holm([d["p"] for d in tests])  # the two test comparisons together
     # the heading names the data the study trained on, where its json says
     titled = sections.protocols_section({"table": "lm-ptb", "description": "d", "data": "valid.txt", "cells": cells})
-    assert "against fairseq's blocks, trained on valid.txt\n" in titled and ", trained on" not in text
+    assert "against fairseq's blocks, trained on valid.txt\n" in titled and ", trained on" not in text.split("\n")[0]
 
 
 @pytest.mark.slow  # two tiny trainings and twelve fairseq-eval-lm runs: about 2 minutes
@@ -870,7 +897,8 @@ def test_pilot_collects_its_arms_and_the_report_shows_them(tmp_path):
     result_files.save_json(str(docs / "reproduction" / "lm-ptb-pilot.json"), result)
     text = sections.pilot_section(str(docs))
     assert "| softmax-ntasgd | 0.005 | 2 | 1 | 181.0, 147.0 | 150.00 | 150.00 | 0.50 |" in text
-    assert "mos-4 15.5 min" in text and "1.00 core-hours of training" in text and "**Decision.**" in text
+    assert "| mos-4 | 15.5 |" in text and "**Decision.**" in text  # the probe's 930 s an epoch
+    assert "| CPU-core-hours, training |" in text and "|---|\n| 1.00 |" in text  # the two arms' 3600 s
     assert sections.pilot_section(str(tmp_path / "nowhere")) == ""
 
 

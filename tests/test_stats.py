@@ -7,7 +7,7 @@ import pytest
 
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy not installed: run `make install` (recipes extra)")
 
-from recipes.common.stats import holm, paired  # noqa: E402
+from recipes.common.stats import format_diff, holm, paired  # noqa: E402
 
 
 def test_paired_t_by_hand():
@@ -107,7 +107,7 @@ def _row(head, split, values):
 
 def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_against_the_matched_softmax():
     from recipes.reproduce.report import compare as head_comparison
-    from recipes.reproduce.report import sentences
+    from recipes.reproduce.report import layout, sections
     from recipes.reproduce.tables.lm_ptb import TABLE
 
     rows = [_row("softmax", s, [100.0, 102.0, 98.0, 101.0, 99.0]) for s in ("valid", "test")]
@@ -126,28 +126,35 @@ def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_agains
     for line in text.splitlines():  # a valid row gives its difference and interval, no p-value to read as a test
         if "| valid |" in line:
             assert line.endswith("| - | (valid: described) | - | - |"), line
-    assert "described, not tested" in head_comparison.reading(family, "ppl")
-    # the papers' claims on our scale, and which of them the seeds cannot test
-    claims = sentences.claims_for(TABLE, family, rows)
+    # the papers' claims on our scale: the table's column, and the derived numbers a reading cites
+    claims = sections.claims_for(TABLE, family, rows)
     plif = next(c for c in tests if c.head == "plif" and c.baseline == "softmax")
     assert claims[("plif", "softmax", "test")] == pytest.approx((57.25 / 58.37 - 1) * 100.0)
     assert ("mos-4", "softmax-matched", "test") in claims and ("softmax-matched", "softmax", "test") not in claims
-    sources = sentences.claim_sources(claims, TABLE)
-    assert "mos-4: Mixtape T3: MoS-3 57.62 vs softmax 59.19; MoS-4 lies between MoS-3 and MoS-5" in sources
-    assert (
-        sentences.scored_part([{"ppl": {"test": 1.0}}, {"curve": []}])
-        == ", 1 of them scored so far (a cell is " + ("scored right after its training)")
-        and sentences.scored_part([{"ppl": {"test": 1.0}}]) == ""
+    claimed = head_comparison.family_table(family, "ppl", claims=claims)
+    row = next(line for line in claimed.splitlines() if line.startswith("| plif - softmax | test |"))
+    assert row.endswith(f"| ±{plif.detectable:.2f} | {claims[('plif', 'softmax', 'test')]:+.2f} |")
+    obj = {"table": "lm-ptb", "description": "d", "rows": rows, "cells": []}
+    derived = sections.numbers(obj, sections.table_facts(obj))
+    entry = next(
+        c for c in derived["comparisons"] if (c["head"], c["baseline"], c["split"]) == ("plif", "softmax", "test")
     )
-    sentence = sentences.untestable_claims(family, claims, TABLE)
-    assert (abs(claims[("plif", "softmax", "test")]) < plif.detectable) == ("plif - softmax on test" in sentence)
+    assert (
+        entry["claim"] == pytest.approx(claims[("plif", "softmax", "test")]) and entry["detectable"] == plif.detectable
+    )
+    assert entry["per_seed"] == pytest.approx([-0.1, -0.5, 0.2, -0.6, -0.1]) and derived["claims"][
+        "plif"
+    ] == pytest.approx(57.25 / 58.37 - 1)
+    # each head's cells: how many, and how many of them scored so far
+    heads = sections.head_facts([{"head": "plif", "seed": 1, "ppl": {"test": 1.0}}, {"head": "plif", "seed": 2}], [])
+    assert "| plif | 2 (1 scored) |" in layout.cells_table(heads)
     # the translation tables state theirs too, in BLEU (En-Fr's MoS number is another system's: no claim)
     from recipes.reproduce.tables.mt_en_de import TABLE as EN_DE
     from recipes.reproduce.tables.mt_en_fr import TABLE as EN_FR
 
     bleu = [_row(h, "test_2016_flickr", [30.0 + i + b for i in range(3)]) for h, b in (("softmax", 0), ("mos-4", -2))]
     mt = head_comparison.family(bleu)
-    assert sentences.claims_for(EN_DE, mt, bleu)[("mos-4", "softmax", "test_2016_flickr")] == pytest.approx(
+    assert sections.claims_for(EN_DE, mt, bleu)[("mos-4", "softmax", "test_2016_flickr")] == pytest.approx(
         (29.5 / 29.0 - 1) * 31.0
     )
     assert "mos-4" not in EN_FR.paper_claims and "mixtape-unscaled" in EN_FR.paper_claims
@@ -171,26 +178,28 @@ def test_family_with_planned_seeds_keeps_its_size_while_seeds_are_missing():
     assert mos_fixed.detectable > mos.detectable  # at 0.05 / 3, not 0.05
     assert mos_fixed.planned == 5 and head_comparison.seeds_of(mos_fixed) == "3 of 5"
     assert "| mos-4 - softmax | test | 3 of 5 |" in head_comparison.family_table(fixed, "ppl")
-    text = head_comparison.reading(fixed, "ppl")
-    assert "no significant difference yet on test (mean difference -3.33 over 3 of 5 seeds, where the test detects" in (
-        text
-    )
-    assert "one seed (of 5 planned) on test: not tested" in text
+    text = head_comparison.family_table(fixed, "ppl")
+    detects = f"±{format_diff(mos_fixed.detectable, sign=False)}"
+    assert "| mos-4 - softmax | test | 3 of 5 | -3.33 [" in text and f"| 0.25 | {detects} |" in text
+    assert "| plif - softmax | test | 1 of 5 | -1.00 - | - | - | 1.00 | - |" in text  # one seed: not tested
 
 
-def test_cap_sentence_says_at_the_cap_with_the_last_epochs_slope():
-    from recipes.reproduce.report import sentences
+def test_the_cap_facts_give_the_last_epochs_slope():
+    from recipes.reproduce.report import sections
 
     def cell(stopped, losses):
         return {"stopped": stopped, "curve": [{"epoch": i + 1, "loss": x, "nll_loss": x} for i, x in enumerate(losses)]}
 
     capped = [cell("max_epochs", [6.0, 5.5, 5.3, 5.2]), cell("max_epochs", [6.0, 5.6, 5.4, 5.36])]
-    text = sentences.cap_sentence(capped + [cell("patience", [6.0, 5.0, 5.1, 5.2])])
-    assert text.startswith("2 of the 3 cells of the rows stopped at the cap (4 epochs)") and "not converged" in text
+    facts = sections.cap_facts(capped + [cell("patience", [6.0, 5.0, 5.1, 5.2])])
+    assert (facts["capped"], facts["cells"], facts["epochs"]) == (2, 3, 4)
     # the median of an even count is the mean of the middle two (not the upper one, -0.120)
-    assert "-0.135 bits an epoch over the last two epochs (median; from -0.150 to -0.120; -8.9% perplexity" in text
-    assert [sentences.bits(x) for x in (-0.0123, -0.0003, 0.0)] == ["-0.012", "-0.0003", "+0.000"]  # not -0.000
-    assert sentences.cap_sentence(capped[:1] + [cell("patience", [6, 5, 5.1, 5.2])] * 2) == ""  # most by patience
+    assert facts["slopes"] == pytest.approx([-0.15, -0.12]) and facts["median"] == pytest.approx(-0.135)
+    assert (
+        facts["ppl_pct_at_median"] == pytest.approx(100 * (2**-0.135 - 1))
+        and f"{facts['ppl_pct_at_median']:.1f}" == "-8.9"
+    )
+    assert sections.cap_facts([cell("patience", [6, 5, 5.1, 5.2])]) is None  # none at the cap
 
 
 def test_a_difference_that_rounds_to_zero_keeps_two_significant_digits():

@@ -464,7 +464,7 @@ def test_report_section_of_a_swept_table(tmp_path):
     )
     (tmp_path / "reproduction" / "lm-ptb-reading.md").write_text("<!-- cells: 10 -->\nMixtape is ahead\nof softmax.\n")
     text = page.build_report(str(tmp_path))
-    assert "**Reading.** Mixtape is ahead of softmax.\n" in text  # written for the 10 cells there are
+    assert "**Reading.** Mixtape is ahead\nof softmax.\n" in text  # written for the 10 cells there are, as written
     (tmp_path / "reproduction" / "lm-ptb-reading.md").write_text("<!-- cells: 8 -->\nMixtape is ahead.")
     stale = "**Reading.** *(Written when 8 cells had finished; 10 have now: the numbers below may have moved since.)*"
     assert stale + "\n\nMixtape is ahead.\n" in page.build_report(str(tmp_path))  # the note first, where one starts
@@ -475,32 +475,40 @@ def test_report_section_of_a_swept_table(tmp_path):
         "| mixtape | 4.303 (ep 2, patience) | 4.305 (ep 2, patience) | **4.010 (ep 2, patience)** | 0.01 (an end"
         in text
     )
-    assert "Compute: 0.2 CPU-core-hours of training for this table (0.1 in the rates not chosen" in text
-    assert "| mixtape - softmax | test | 3 | -10.00 [" in text  # every seed 10 lower: no spread, p = 0
-    assert "mixtape against softmax: better on test (-10.00 perplexity" in text
-    assert "| mixtape | 3 | 40 |" in text and "Previous protocol" not in text
+    # the table's training hours, in the derived numbers its reading may cite: the sweep's other rates (softmax 2 x
+    # 120 s, mixtape 2 x 80 s) and the chosen rates' seeds (3 x 40 s + 3 x 80 s)
+    spent = page.numbers(str(tmp_path))["lm-ptb"]["cpu_hours"]
+    assert spent == pytest.approx({"sweep": 400 / 3600, "chosen": 360 / 3600, "wall": 760 / 3600, "total": 760 / 3600})
+    # every seed 10 lower: no spread, p = 0, below 0.05 after Holm
+    assert "| mixtape - softmax | test | 3 | -10.00 [-10.00, -10.00] | 0.0e+00 | 0.0e+00 |" in text
+    assert "| mixtape | 3 | 40 |" in text and "previous protocol" not in text
     # the lead per epoch (a perplexity table), in bits: level after epoch 1, 0.2 below at every later epoch
     assert "| head | seeds | epoch 1 | epoch 2 | epoch 3 | epoch 4 |" in text
     lead = "| mixtape | 3 | +0.000 (+0.000 to +0.000) | -0.200 (-0.200 to -0.200) | -0.200 (-0.200 to -0.200) |"
     assert lead in text
     assert "| lm-ptb | 4 | 6 | 0.1 / 0.1 / 0.2 | 0.2 |" in text  # the compute section: 400 s + 360 s, all wall-clock
-    assert "In all 0.2 of the 40 CPU-core-hours planned (1%). 0.2 of them are wall-clock bounds" in text
+    assert "| all, with the cells set aside | - | - | - / - / 0.2 | 0.2 |" in text
     # a cell's training time: the chosen rate's seeds (40 s), not the sweep's other rates (120 s)
-    assert "minutes, mean over the seeds that logged one; " in text and ": softmax 0.7, mixtape 1.3." in text
-    assert "CPU time of a cell's training" not in text  # none recorded
+    assert (
+        "| softmax | 3 | 0.005 | patience 3 | 2, 2, 2 | 0.7 |" in text
+        and "| mixtape | 3 | 0.01 | patience 3 | 2, 2, 2 | 1.3 |" in text
+    )
+    assert "CPU minutes" not in text  # none recorded
     obj = result_files.load_json(str(tmp_path / "reproduction" / "lm-ptb.json"))
     for c in obj["cells"]:
         if c["lr"] == {"softmax": 0.005, "mixtape": 0.01}[c["head"]] and c["seed"] < 3:
             c["cpu_s"] = 60.0 * c["seed"]
     result_files.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"), obj)
     text = page.build_report(str(tmp_path))
-    assert "not inflated by the jobs beside it): softmax 1.5 (2 of 3 seeds), mixtape 1.5 (2 of 3 seeds)." in text
+    assert "| softmax | 3 | 0.005 | patience 3 | 2, 2, 2 | 0.7 | 1.5 (2 of 3) |" in text
+    assert "| mixtape | 3 | 0.01 | patience 3 | 2, 2, 2 | 1.3 | 1.5 (2 of 3) |" in text
     for c in obj["cells"]:  # a run too short for fairseq to log a wall time (0.0) still has its CPU time
         if c["head"] == "softmax":
             c["train_wall_s"] = 0.0
     result_files.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"), obj)
     text = page.build_report(str(tmp_path))
-    assert ": mixtape 1.3." in text and "): softmax 1.5 (2 of 3 seeds), mixtape 1.5 (2 of 3 seeds)." in text
+    assert "| softmax | 3 | 0.005 | patience 3 | 2, 2, 2 | - | 1.5 (2 of 3) |" in text
+    assert "| mixtape | 3 | 0.01 | patience 3 | 2, 2, 2 | 1.3 | 1.5 (2 of 3) |" in text
 
 
 def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
@@ -540,10 +548,8 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
     )
     text = page.build_report(str(tmp_path))
     assert "| mt-en-de, set aside: 4096-token batches | 2 | - | - / - / 1.7 | 1.5 |" in text
-    assert (
-        "In all 2.7 of the 40 CPU-core-hours planned (7%); the tables' own cells took 1.0 (2% of the plan), the "
-        "cells set aside 1.7. 2.5 of them are wall-clock bounds"
-    ) in text
+    assert "| the tables' own cells | - | - | - / - / 1.0 | - |" in text
+    assert "| all, with the cells set aside | - | - | - / - / 2.7 | 2.5 |" in text
     with pytest.raises(SystemExit, match="no cell's train.log"):
         collect.set_aside(str(tmp_path / "empty"), "mt-en-de", "x", str(tmp_path))
     # the train splits' plan counts its own set-aside cells in its table (the earlier plan's no longer has them)
@@ -556,7 +562,7 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
     assert "| mt-en-de, set aside: 4096-token batches | 2 | - |" not in page.build_report(str(tmp_path))
 
 
-def test_cells_lost_from_the_train_split_plan_count_in_its_own_compute_table():
+def test_cells_lost_from_the_train_split_plan_count_in_its_own_compute_table(tmp_path):
     """A set-aside entry of the train splits' plan (cells lost with a machine) counts in that plan's total and
     projection, not in the earlier plan's table."""
     from recipes.reproduce.report import sections
@@ -568,10 +574,15 @@ def test_cells_lost_from_the_train_split_plan_count_in_its_own_compute_table():
         "old": {"table": "mt-en-de", "reason": "old batches", "cells": 1, "total": 5.0, "wall": 5.0},
         "lost": {"table": "lm-ptb", "plan": "train-splits", "reason": "lost", "cells": "1 unfinished", "total": 0.5},
     }
-    text = sections.train_split_budget(objs, None, aside)
+    text = sections.compute_section(sections.compute_numbers(objs, None, aside), str(tmp_path), 1)
     assert "| lm-ptb, set aside: lost | 1 unfinished | 0.5 |" in text and "old batches" not in text
-    assert "In all 1.5 of 40 (4%) spent; with the seed cells still to train, about 2.5." in text
-    assert "lost" not in sections.budget_section({}, aside) and "lost" not in sections.budget_section(objs, aside)
+    # 1.0 (the cell) + 0.5 spent; softmax's second planned seed estimated at its first's 1.0
+    assert "| all | - | 1.5 |" in text and "| all, with the seed cells still to train | - | ~2.5 |" in text
+    # the earlier plan's table (cells not on the train split) counts the other set-aside entry only
+    earlier = {"mt-en-de": {"table": "mt-en-de", "sweep": sweep, "cells": [_cell("softmax", 1, 0.005, [5, 4.2], 1800)]}}
+    text = sections.compute_section(sections.compute_numbers(earlier, None, aside), str(tmp_path), 1)
+    table = text.split("### The perplexity tables on the train splits")[0]
+    assert "| mt-en-de, set aside: old batches | 1 | - | - / - / 5.0 | 5.0 |" in table and "lost" not in table
 
 
 def test_patience_zero_trains_the_table_cap_without_early_stopping():
@@ -720,7 +731,7 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
     obj = result_files.load_json(str(docs / "reproduction" / "lm-ptb.json"))
     assert obj["rows"] == [] and [c["lr"] for c in obj["cells"]] == [0.0025] and obj["notes"] != "Old."
     text = page.build_report(str(docs))
-    assert "Scale: **mini, learning-rate sweep running (no head has its rate and seeds yet)**" in text
+    assert "| mini, learning-rate sweep running | 1 |" in text  # the overview table (collect wrote the description)
     assert "| softmax | 4.500 (ep 2, patience) | - | - | not yet (sweep running) |" in text
     assert "no finished cells yet" not in text
     assert "| lm-ptb | 1 | 0 | 0.0 / 0.0 / 0.0 | 0.0 |" in text  # counted as the sweep's
@@ -836,10 +847,14 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     assert head_comparison.rates_by_nll([softmax, mos, disagrees], wide) == {"mos-4": 0.005}
     # the report says the NLL check's outcome where a rate was chosen here, and says nothing where all were borrowed
     obj = {"table": "mt-en-fr", "description": "d", "rows": [], "cells": [softmax, mos, disagrees], "sweep": wide}
-    assert "would choose another rate for mos-4 (0.005)" in sections.table_section(obj, str(tmp_path))
+    assert sections.numbers(obj, sections.table_facts(obj))["nll_rates"] == {"mos-4": 0.005}
     borrowed = {h: {**s, "from": "mt-en-de"} for h, s in sweep.items()}
     text = sections.table_section({**obj, "cells": [softmax, mos], "sweep": borrowed}, str(tmp_path))
-    assert "Not swept here" in text and "The NLL of the same checkpoints" not in text
+    assert "| 0.005 (mt-en-de's choice, not swept here) |" in text
+    assert "nll_rates" not in sections.numbers(
+        obj | {"cells": [softmax, mos], "sweep": borrowed},
+        sections.table_facts(obj | {"cells": [softmax, mos], "sweep": borrowed}),
+    )
     plain = [{**c, "curve": [{**p, "nll_loss": p["loss"]} for p in c["curve"]]} for c in (softmax, mos)]
     plain = [{**c, "best": sweep_rules.best_point(c["curve"])} for c in plain]
     assert "**3.600 (ep 2, patience)**" in head_comparison.sweep_table(plain, sweep) and not sweep_rules.label_smoothed(
@@ -850,30 +865,30 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     )  # no smoothing: the loss
 
 
-def test_the_scale_line_says_which_heads_have_their_rate_while_others_sweep():
-    from recipes.reproduce.report.sentences import scale_phrase
+def test_the_overview_says_which_heads_have_their_rate_while_others_sweep():
+    from recipes.reproduce.report.sections import status
 
-    row = {"scale": "mini"}
+    row = {"scale": "mini", "head": "softmax", "seeds": [1]}
     sweep = {"softmax": {"chosen": 0.0025}, "mos-4": {"chosen": 0.0025}, "plif": {"chosen": None}}
-    assert scale_phrase({"rows": [row], "sweep": sweep}, False) == (
-        "mini, running: the rate chosen for softmax, mos-4, whose seeds train; the learning-rate sweep of plif running"
-    )
+    table = {"table": "lm-ptb", "rows": [row], "sweep": sweep}
+    assert status(table, False) == "mini, running: rates chosen for softmax, mos-4; sweeping plif"
     sweep["plif"]["chosen"] = 0.005
-    assert scale_phrase({"rows": [row], "sweep": sweep}, False) == "mini"
+    assert status(table, False) == "mini"
     # every rate chosen: the seed cells fixed before the runs that are still to train (a row per split and head)
     rows = [{"scale": "mini", "head": h, "seeds": s} for h, s in (("softmax", [1, 2]), ("mos-4", [1]))] * 2
     planned = {"softmax": 3, "mos-4": 3, "plif": 1}
-    assert scale_phrase({"rows": rows, "sweep": sweep, "seeds_planned": planned}, False) == (
-        "mini, running: every head's rate chosen; 4 of the 7 seed cells fixed before the runs still train"
+    assert status({**table, "rows": rows, "seeds_planned": planned}, False) == (
+        "mini, running: 4 of the 7 planned seed cells to train"
     )
     rows += [
         {"scale": "mini", "head": "mos-4", "seeds": [1, 2, 3]},
         {"scale": "mini", "head": "softmax", "seeds": [1, 2, 3]},
     ]
     rows = rows[-2:] + [{"scale": "mini", "head": "plif", "seeds": [1]}]
-    assert scale_phrase({"rows": rows, "sweep": sweep, "seeds_planned": planned}, False) == "mini"
+    assert status({**table, "rows": rows, "seeds_planned": planned}, False) == "mini"
     rows += [{"scale": "mini", "head": h, "seeds": []} for h in planned]  # the cost columns' rows: no seeds
-    assert scale_phrase({"rows": rows, "sweep": sweep, "seeds_planned": planned}, False) == "mini"
-    assert scale_phrase({"rows": [], "sweep": {"plif": {"chosen": None}}}, False).startswith(
-        "mini, learning-rate sweep"
+    assert status({**table, "rows": rows, "seeds_planned": planned}, False) == "mini"
+    assert (
+        status({**table, "rows": [], "sweep": {"plif": {"chosen": None}}}, False) == "mini, learning-rate sweep running"
     )
+    assert status({**table, "rows": []}, True) == "full only (the plan; not run here)"

@@ -22,7 +22,6 @@ from recipes.reproduce.tables.translation import MINI_BPE
 from recipes.common import data as data_paths
 
 
-
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m recipes.reproduce",

@@ -1,21 +1,9 @@
-"""What a table's cells say about its heads, as the report writes it: paired comparisons tested per table, the
-learning-rate sweep, the comparison at equal training seconds, and the compute spent.
-
-* :func:`family`: every head against softmax on every split (and the two forms of Mixtape against each other, and the
-  mixtures against a size-matched softmax), each over the seeds both have (seed K of two heads shares the data
-  order and the shared layers' initialisation), by :func:`recipes.common.stats.paired`. The test splits'
-  p-values are Holm-adjusted together; the valid split chose every rate and checkpoint, so its differences are
-  biased and are described, not tested (in the family they would only cost power). Each test comparison also gets
-  the difference it could detect (:func:`recipes.common.stats.detectable`, 80% power at ``0.05 / m``, Holm's
-  first step over the ``m`` test comparisons; with the seeds fixed before the runs, ``m`` counts the planned ones).
-* :func:`reading`: the sentences the report prints, which follow the adjusted tests: a difference is called one only
-  where its Holm-adjusted p is below 0.05; otherwise "no significant difference".
-* :func:`bootstrap`: sacrebleu's paired bootstrap for every BLEU comparison and seed, from the hypotheses.
-* :func:`equal_compute`: each head's best valid loss within the updates and within the training seconds softmax
-  took (same seed), against softmax's best: what the same number of steps, and the same bill, buy.
-* :func:`epoch_lead`: each head's valid NLL minus softmax's (same seed) at every epoch both validated: whether a lead
-  grows or shrinks as training goes on (in bits, a log-ratio of perplexities: a perplexity gap shrinks as both fall).
-"""
+"""What a table's cells say about its heads: the paired comparisons of a table (:func:`family`: each head against
+softmax, per split, over the seeds both have; the test splits' p-values Holm-adjusted together, each with the
+difference it detects with 80% power at Holm's first level; the valid split, which chose every rate and checkpoint,
+described only), sacrebleu's paired bootstrap (:func:`bootstrap`), each head within softmax's updates and training
+seconds (:func:`equal_compute`), the lead per epoch (:func:`epoch_lead`, in bits), the sweep and the compute spent;
+and their markdown tables."""
 
 from __future__ import annotations
 
@@ -29,6 +17,8 @@ from recipes.reproduce.engine import sweep as sweep_rules
 
 #: the comparisons of a table beside "each head against softmax": (head, baseline)
 EXTRA_PAIRS = (("mixtape-unscaled", "mixtape"),)
+#: sacrebleu's paired bootstrap: resamplings of a test set per comparison and seed
+BOOTSTRAP = 1000
 #: the size-matched softmax row: every head with a context projection (MoS, Mixtape) is also read against it
 MATCHED = "softmax-matched"
 
@@ -100,7 +90,7 @@ def family(rows: Sequence[Mapping[str, Any]], planned: Optional[Mapping[str, int
 
 
 def metric_unit(metric: str) -> str:
-    """How the report names a table's score in its sentences and headers: BLEU or perplexity."""
+    """How the report names a table's score in its headers: BLEU or perplexity."""
     return "BLEU" if metric == "bleu" else "perplexity"
 
 
@@ -159,57 +149,11 @@ def seeds_of(c: Comparison) -> str:
     return stats.format_seeds(c.result.n, c.planned)
 
 
-def reading(comparisons: Sequence[Comparison], metric: str) -> str:
-    """One sentence per head: where its difference with the baseline is significant after Holm, and where not."""
-    higher = metric != "ppl"
-    unit = metric_unit(metric)
-    out = []
-    for head, base in dict.fromkeys((c.head, c.baseline) for c in comparisons):
-        mine = [c for c in comparisons if c.head == head and c.baseline == base]
-        described = [c for c in mine if not is_test(c.split)]
-        mine = [c for c in mine if is_test(c.split)]
-        significant = [c for c in mine if c.holm is not None and c.holm < ALPHA]
-        untestable = [c for c in mine if c.result.p is None]
-        parts = []
-        for c in significant:
-            better = (c.result.mean > 0) == higher
-            parts.append(
-                f"{'better' if better else 'worse'} on {c.split} ({stats.format_diff(c.result.mean)} {unit}, "
-                f"Holm p = {stats.format_p(c.holm)}, {c.result.n} seeds)"
-            )
-        rest = [c for c in mine if c not in significant and c not in untestable]
-        waiting = [c for c in rest if c.planned and c.result.n < c.planned]  # tested on the seeds so far
-        done = [c for c in rest if c not in waiting]
-        if done:
-            spread = ", ".join(stats.format_diff(c.result.mean) for c in done)
-            plural = "s" if len(done) > 1 else ""
-            parts.append(
-                f"no significant difference on {', '.join(c.split for c in done)} (mean difference{plural} {spread})"
-            )
-        for c in waiting:  # what the test could detect with the seeds it has
-            parts.append(
-                f"no significant difference yet on {c.split} (mean difference {stats.format_diff(c.result.mean)} "
-                f"over {seeds_of(c)} seeds, where the test detects ±{stats.format_diff(c.detectable, sign=False)} "
-                f"with 80% power)"
-            )
-        if untestable:
-            so_far = f" (of {untestable[0].planned} planned)" if untestable[0].planned else ""
-            parts.append(f"one seed{so_far} on {', '.join(c.split for c in untestable)}: not tested")
-        if described:
-            parts.append(
-                ", ".join(f"{stats.format_diff(c.result.mean)} on {c.split}" for c in described) + " (described)"
-            )
-        out.append(f"{head} against {base}: " + "; ".join(parts) + ".")
-    if any(not is_test(c.split) for c in comparisons):
-        out.append("Valid differences are described, not tested: the valid split chose each rate and checkpoint.")
-    return " ".join(out)
-
-
 def bootstrap(
     heads_hyps: Mapping[str, Mapping[int, Mapping[str, Sequence[str]]]],
     references: Mapping[str, Sequence[str]],
     scores: Mapping[str, Mapping[int, Mapping[str, float]]],
-    samples: int = 1000,
+    samples: int = BOOTSTRAP,
 ) -> List[Dict[str, Any]]:
     """sacrebleu's paired bootstrap of every head against softmax (and :data:`EXTRA_PAIRS`), per seed and test
     set: ``[{"head", "baseline", "seed", "split", "delta" (BLEU difference), "p"}]``. ``heads_hyps[head][seed]

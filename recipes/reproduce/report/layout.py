@@ -1,11 +1,15 @@
-"""The report's markdown tables: scores (mean +- std over seeds beside the paper's) and the cost columns."""
+"""The report's markdown tables: scores (mean ± std over seeds beside the paper's), costs, each head's cells, the
+full-size plan and the commands."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import re
+import statistics
+import textwrap
+from typing import Any, Dict, List, Optional, Sequence
 
 from recipes.common.stats import format_seeds
-
+from recipes.reproduce.engine.sweep import rate_key
 
 METRIC_NAMES = {
     "bleu": "BLEU",
@@ -15,18 +19,40 @@ METRIC_NAMES = {
     "time_out_layer_same_mem": "out layer, same memory",
     "time_all_layers_same_mem": "all layers, same memory",
 }
-
-
 SCORES = ("bleu", "ppl")
-
-
 MAX_PLAN_LINES = 12  # full-size commands shown in the report (all of them are in the json)
+#: how a markdown line starts a list item, a heading, a quote or a heading's underline
+BLOCK_START = re.compile(r"([-+*=>]|#+|\d+[.)])(\s|$)")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A markdown table ("" without rows)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]) + "\n" if rows else ""
+
+
+def wrap(text: str) -> str:
+    """A json string of prose (a table's notes, a plan's note) in lines of at most 120 columns, none of which starts
+    a list, a heading or a quote (its first word then moves to the line before's last)."""
+    lines: List[str] = []
+    for line in textwrap.wrap(text, 120, break_long_words=False, break_on_hyphens=False):
+        if lines and BLOCK_START.match(line):
+            head, _, last = lines.pop().rpartition(" ")
+            lines += [head] if head else []
+            line = f"{last} {line}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def mean_std(mean: Optional[float], std: Optional[float], digits: int = 2) -> str:
     if mean is None:
         return "-"
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
+def mean_sd(values: Sequence[float]) -> Dict[str, Optional[float]]:
+    """The mean and sample std (None for one value) of a head's seeds."""
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None}
 
 
 def score_rows(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -39,9 +65,9 @@ def score_table(
     paper: Optional[Dict[str, Dict[str, float]]] = None,
     planned: Optional[Dict[str, int]] = None,
 ) -> str:
-    """Markdown table: one line per head, one column per split (mean ± std, n seeds), the paper's number. With
-    ``sources`` (head -> paper, ``"*"`` for the others) and the table's ``paper`` numbers: each row's from its paper,
-    named. With ``planned`` (``{head: seeds}`` fixed before the runs), a row short of its seeds says ``n of N``."""
+    """One line per head, one column per split (mean ± std, n seeds), the paper's number: with ``sources`` (head ->
+    paper, ``"*"`` for the others) and the table's ``paper`` numbers, each row's from its paper, named; with
+    ``planned`` (``{head: seeds}`` fixed before the runs), a row short of its seeds says ``n of N``."""
     rows = score_rows(rows)
     if not rows:
         return "_no finished cells yet_\n"
@@ -49,72 +75,88 @@ def score_table(
     heads = list(dict.fromkeys(r["head"] for r in rows))
     metric = METRIC_NAMES.get(rows[0]["metric"], rows[0]["metric"])
     by_head = {h: {r["split"]: r for r in rows if r["head"] == h} for h in heads}
+    labels = {}
     if sources and paper is not None:
         numbers = {h: [paper.get(s, {}).get(h) for s in splits] for h in heads}
         papers = {h: ["-" if v is None else f"{v:.2f}" for v in numbers[h]] for h in heads}
-        labels = {
-            h: sources.get(h, sources.get("*")) if any(v is not None for v in numbers[h]) else None for h in heads
-        }
+        labels = {h: sources.get(h, sources.get("*")) for h in heads if any(v is not None for v in numbers[h])}
     else:
         papers = {
             h: ["-" if by.get(s, {}).get("paper") is None else f"{by[s]['paper']:.1f}" for s in splits]
             for h, by in by_head.items()
         }
-        labels = {}
     per_split = any(len(set(p)) > 1 for p in papers.values())  # else one number (e.g. newstest2014 for both)
-    lines = [
-        "| head | "
-        + " | ".join(f"{metric} {s}" for s in splits)
-        + " | seeds | paper (full scale"
-        + (f"; {' / '.join(splits)}" if per_split else "")
-        + ") |",
-        "|---|" + "---|" * (len(splits) + 2),
-    ]
+    header = ["head", *(f"{metric} {s}" for s in splits), "seeds"]
+    header.append("paper (full scale" + (f"; {' / '.join(splits)}" if per_split else "") + ")")
+    out = []
     for head, by_split in by_head.items():
-        any_row = next(iter(by_split.values()))
         cells = [mean_std(by_split[s]["mean"], by_split[s]["std"]) if s in by_split else "-" for s in splits]
-        paper = " / ".join(papers[head]) if per_split else papers[head][0]
-        paper += f" ({labels[head]})" if labels.get(head) else ""
-        seeds = format_seeds(len(any_row["values"]), (planned or {}).get(head))
-        lines.append(f"| {head} | " + " | ".join(cells) + f" | {seeds} | {paper} |")
-    return "\n".join(lines) + "\n"
+        number = (" / ".join(papers[head]) if per_split else papers[head][0]) + (
+            f" ({labels[head]})" if labels.get(head) else ""
+        )
+        seeds = format_seeds(len(next(iter(by_split.values()))["values"]), (planned or {}).get(head))
+        out.append([head, *cells, seeds, number])
+    return table(header, out)
 
 
 def cost_table(rows: List[Dict[str, Any]]) -> str:
     rows = [r for r in rows if r["metric"].startswith("time_")]
-    if not rows:
-        return ""
     metrics = list(dict.fromkeys(r["metric"] for r in rows))
-    heads = list(dict.fromkeys(r["head"] for r in rows))
-    lines = [
-        "| head | " + " | ".join(f"{METRIC_NAMES[m]} (ours / paper)" for m in metrics) + " |",
-        "|---|" + "---|" * len(metrics),
+    by = {(r["head"], r["metric"]): r for r in rows}
+
+    def cell(r):
+        return "-" if r is None else f"{r['mean']:.2f}x / " + ("-" if r["paper"] is None else f"{r['paper']:.2f}x")
+
+    heads = dict.fromkeys(r["head"] for r in rows)
+    return table(
+        ["head", *(f"{METRIC_NAMES[m]} (ours / paper)" for m in metrics)],
+        [[h, *(cell(by.get((h, m))) for m in metrics)] for h in heads],
+    )
+
+
+def cells_table(heads: Dict[str, Dict[str, Any]]) -> str:
+    """Each head's cells at its chosen rate (:func:`recipes.reproduce.report.sections.head_facts`); a column that no
+    head has is left out."""
+
+    def minutes(f, key):
+        m = f[key]
+        return (
+            "-" if m is None else f"{m['mean']:.1f}" + (f" ({m['n']} of {f['cells']})" if m["n"] < f["cells"] else "")
+        )
+
+    columns = {
+        "cells": lambda f: f["cells"] if f["scored"] == f["cells"] else f"{f['cells']} ({f['scored']} scored)",
+        "models": lambda f: ", ".join(f["models"]) or "-",
+        "lr": lambda f: "-" if f["lr"] is None else rate_key(f["lr"]),
+        "parameters": lambda f: "-" if f["parameters"] is None else f"{f['parameters'] / 1e6:.2f}M",
+        "stopped by": lambda f: ", ".join(f"{k} {n}" for k, n in f["stopped"].items()) or "-",
+        "best epoch per seed": lambda f: ", ".join(str(e) for e in f["best_epochs"]) or "-",
+        "wall-clock minutes a cell (mean)": lambda f: minutes(f, "wall_minutes"),
+        "CPU minutes a cell (mean)": lambda f: minutes(f, "cpu_minutes"),
+    }
+    cols = {name: [get(f) for f in heads.values()] for name, get in columns.items()}
+    cols = {name: c for name, c in cols.items() if any(v != "-" for v in c)}
+    return table(["head", *cols], [[h, *(c[i] for c in cols.values())] for i, h in enumerate(heads)])
+
+
+def lowercased_table(lowercased: Dict[str, Dict[str, Dict[str, Any]]]) -> str:
+    """Each head's case-insensitive BLEU per test set (``sacrebleu -lc``; mean ± std over its seeds)."""
+    sets = list(dict.fromkeys(t for by_set in lowercased.values() for t in by_set))
+    rows = [
+        [h, *(mean_std(by[t]["mean"], by[t]["std"]) if t in by else "-" for t in sets), by[sets[0]]["n"]]
+        for h, by in lowercased.items()
     ]
-    for head in heads:
-        by = {r["metric"]: r for r in rows if r["head"] == head}
-        cells = []
-        for m in metrics:
-            r = by.get(m)
-            cells.append(
-                "-" if r is None else f"{r['mean']:.2f}x / " + ("-" if r["paper"] is None else f"{r['paper']:.2f}x")
-            )
-        lines.append(f"| {head} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return table(["head", *(f"BLEU lowercased {t}" for t in sets), "seeds"], rows)
 
 
 def paper_plan_table(plan: Dict[str, Any]) -> List[str]:
     """The paper's numbers beside each head's full-size parameters (for a table with no rows of ours)."""
     paper = plan.get("paper") or {}
     splits = sorted({split for by_split in paper.values() for split in by_split})
-    lines = [
-        "| head | parameters (ours) | " + " | ".join(f"paper {s}" for s in splits) + " |",
-        "|---|---|" + "---|" * len(splits),
+    rows = [
+        [h, f"{n / 1e6:.1f}M", *(paper.get(h, {}).get(s, "-") for s in splits)] for h, n in plan["parameters"].items()
     ]
-    lines += [
-        f"| {h} | {n / 1e6:.1f}M | " + " | ".join(str(paper.get(h, {}).get(s, "-")) for s in splits) + " |"
-        for h, n in plan["parameters"].items()
-    ]
-    return lines + [""]
+    return table(["head", "parameters (ours)", *(f"paper {s}" for s in splits)], rows).splitlines() + [""]
 
 
 def plan_block(commands: List[str]) -> List[str]:
@@ -125,10 +167,5 @@ def plan_block(commands: List[str]) -> List[str]:
 
 def first_commands(rows: List[Dict[str, Any]]) -> List[str]:
     """The first seed's command of each head (one per model where a cell trains several) as a code block."""
-    lines = ["Commands (first seed of each head; every seed in the json):", "", "```"]
-    seen = set()
-    for r in score_rows(rows):
-        if r["command"] not in seen:
-            seen.add(r["command"])
-            lines.append(r["command"])
-    return lines + ["```", ""]
+    commands = dict.fromkeys(r["command"] for r in score_rows(rows))
+    return ["Commands (first seed of each head; every seed in the json):", "", "```", *commands, "```", ""]
