@@ -480,6 +480,11 @@ def rate_table(obj: Dict) -> List[str]:
     return para("## Learning rates", caption) + rows_table(header, rows)
 
 
+def section(title: str, caption: str, header: str, rows) -> List[str]:
+    """A section of one captioned table, or nothing without rows."""
+    return para(title, caption) + rows_table(header, rows) if rows else []
+
+
 def joint_table(obj: Dict) -> List[str]:
     a, rows = obj["meta"]["args"], []
     for r in joint_rows(obj):
@@ -496,7 +501,7 @@ def joint_table(obj: Dict) -> List[str]:
         "wide) beside the frozen-trunk cell; diffs: head minus softmax, test NLL (nats), same d and seed."
     )
     header = "| head | d | seed | jointly | frozen trunk | joint diff | frozen diff | joint CPU minutes |"
-    return para("## Trained jointly with the trunk", caption) + rows_table(header, rows) if rows else []
+    return section("## Trained jointly with the trunk", caption, header, rows)
 
 
 def set_aside_table(obj: Dict) -> List[str]:
@@ -509,7 +514,7 @@ def set_aside_table(obj: Dict) -> List[str]:
         "this trunk's: test perplexity; diffs: head minus softmax in test NLL (nats)."
     )
     header = "| trunk | head | d | seed | there | here | diff there | diff here |"
-    return para("## Cells of an earlier trunk", caption) + rows_table(header, rows) if rows else []
+    return section("## Cells of an earlier trunk", caption, header, rows)
 
 
 def pilot_table(up: Dict) -> List[str]:
