@@ -23,6 +23,7 @@ from recipes.common import data as data_paths
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command's options, checked (each error names the option, the value and what is allowed)."""
     p = argparse.ArgumentParser(
         prog="python -m recipes.reproduce",
         description=__doc__.split("\n")[0],
@@ -52,42 +53,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "the table's); at mini scale a cap beside the stopping rule. The language-model tables count epochs: "
         "--max-epochs",
     )
-    p.add_argument(
-        "--lrs",
-        type=float,
-        nargs="+",
-        default=None,
-        help="mini: the learning rates every head is swept over (default: the table's grid, grown by a "
-        "factor 2 beyond an end that is best, up to 5 rates)",
-    )
-    p.add_argument(
-        "--max-rates",
-        type=int,
-        default=None,
-        help="mini: how many rates a head's sweep may grow to when its best is at an end of the grid "
-        "(default: 5 for the table's grid; the rates --lrs gives, that is no growth, for --lrs)",
-    )
-    p.add_argument(
-        "--lr-from",
-        default=None,
-        metavar="TABLE",
-        help="mini: no sweep; each head trains at the rate TABLE's sweep chose for it (OUT/TABLE/"
-        "sweep.json, chosen on TABLE's valid split), e.g. mt-en-fr at mt-en-de's rates",
-    )
-    p.add_argument(
-        "--patience",
-        type=int,
-        default=None,
-        help="mini: epochs without a better valid loss before a cell stops (default: the table's; 0: no "
-        "early stopping)",
-    )
-    p.add_argument(
-        "--max-epochs",
-        type=int,
-        default=None,
-        help="mini: the stopping rule's cap on epochs; the language-model tables (lm-ptb, lm-wt2, lm-1b) at full "
-        "size: the epochs a cell trains (default: the table's)",
-    )
+    add_rate_and_stopping_options(p)
     data_paths.add_data_option(p)
     p.add_argument("--out", default=os.path.join("results", "reproduce"), help="output directory")
     p.add_argument("--dry-run", action="store_true", help="print the commands and parameter counts, run nothing")
@@ -137,6 +103,46 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.bpe_size < 100:
         p.error(f"--bpe-size must be >= 100 (got {args.bpe_size})")
     return args
+
+
+def add_rate_and_stopping_options(p: argparse.ArgumentParser) -> None:
+    """The mini cells' learning-rate sweep (or borrowed rates) and stopping rule."""
+    p.add_argument(
+        "--lrs",
+        type=float,
+        nargs="+",
+        default=None,
+        help="mini: the learning rates every head is swept over (default: the table's grid, grown by a "
+        "factor 2 beyond an end that is best, up to 5 rates)",
+    )
+    p.add_argument(
+        "--max-rates",
+        type=int,
+        default=None,
+        help="mini: how many rates a head's sweep may grow to when its best is at an end of the grid "
+        "(default: 5 for the table's grid; the rates --lrs gives, that is no growth, for --lrs)",
+    )
+    p.add_argument(
+        "--lr-from",
+        default=None,
+        metavar="TABLE",
+        help="mini: no sweep; each head trains at the rate TABLE's sweep chose for it (OUT/TABLE/"
+        "sweep.json, chosen on TABLE's valid split), e.g. mt-en-fr at mt-en-de's rates",
+    )
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=None,
+        help="mini: epochs without a better valid loss before a cell stops (default: the table's; 0: no "
+        "early stopping)",
+    )
+    p.add_argument(
+        "--max-epochs",
+        type=int,
+        default=None,
+        help="mini: the stopping rule's cap on epochs; the language-model tables (lm-ptb, lm-wt2, lm-1b) at full "
+        "size: the epochs a cell trains (default: the table's)",
+    )
 
 
 def _stderr(message: str) -> None:
