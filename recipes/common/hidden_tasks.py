@@ -63,6 +63,44 @@ def make_ptb_task(data_dir: str, dim: int, epochs: int, seed: int, progress: boo
     return make_lm_task(data_dir, "ptb", dim, epochs, seed, progress, **kw)
 
 
+def lm_token_ids(data_dir: str, corpus: str):
+    """The ids of ``valid.txt`` (the task's train text) and ``test.txt``, words ordered by their count in valid.txt,
+    and the vocabulary size (at least :data:`VOCAB`'s for ``corpus``)."""
+    train_w, test_w = (read_words(os.path.join(data_dir, f)) for f in ("valid.txt", "test.txt"))
+    counts: Dict[str, int] = {}
+    for w in train_w:
+        counts[w] = counts.get(w, 0) + 1
+    vocab_words = sorted(set(train_w) | set(test_w), key=lambda w: (-counts.get(w, 0), w))
+    ids = {w: i for i, w in enumerate(vocab_words)}
+    vocab = max(len(ids), VOCAB[corpus])
+    return torch.tensor([ids[w] for w in train_w]), torch.tensor([ids[w] for w in test_w]), vocab
+
+
+def trained_or_cached(body, head, settings: Dict, train, cache_dir: Optional[str]) -> None:
+    """``train()`` the LM's ``body`` and ``head``, or, with ``cache_dir`` holding the weights of the same
+    ``settings``, load them and torch's random state after their training; a training with ``cache_dir`` keeps them
+    there."""
+    cached = lm_cache_path(cache_dir, settings) if cache_dir else None
+    if cached and os.path.isfile(cached):
+        saved = torch.load(cached, weights_only=True)
+        body.load_state_dict(saved["body"])
+        head.load_state_dict(saved["head"])
+        torch.set_rng_state(saved["rng"])  # where training left it: what the caller draws next is the same
+        print(f"{settings['corpus']} LSTM: the trained weights from {cached}")
+        return
+    train()
+    if cached:
+        os.makedirs(cache_dir, exist_ok=True)
+        state = {
+            "settings": settings,
+            "body": body.state_dict(),
+            "head": head.state_dict(),
+            "rng": torch.get_rng_state(),
+        }
+        torch.save(state, cached + ".tmp")
+        os.replace(cached + ".tmp", cached)
+
+
 def make_lm_task(
     data_dir: str,
     corpus: str,
@@ -86,16 +124,7 @@ def make_lm_task(
     missing = [f for f in ("valid.txt", "test.txt") if not os.path.isfile(os.path.join(data_dir, f))]
     if missing:
         raise FileNotFoundError(f"{corpus}: {data_dir} lacks {', '.join(missing)} (the corpus's text files)")
-    train_w, test_w = (read_words(os.path.join(data_dir, f)) for f in ("valid.txt", "test.txt"))
-    counts: Dict[str, int] = {}
-    for w in train_w:
-        counts[w] = counts.get(w, 0) + 1
-    vocab_words = sorted(set(train_w) | set(test_w), key=lambda w: (-counts.get(w, 0), w))
-    ids = {w: i for i, w in enumerate(vocab_words)}
-    vocab = max(len(ids), VOCAB[corpus])
-    train = torch.tensor([ids[w] for w in train_w])
-    test = torch.tensor([ids[w] for w in test_w])
-
+    train, test, vocab = lm_token_ids(data_dir, corpus)
     torch.manual_seed(seed)
     body = LSTMLM(vocab, dim, layers, dropout=0.5)
     head = hf_heads.build_head("softmax", hidden_size=dim, vocab_size=vocab)
@@ -110,27 +139,9 @@ def make_lm_task(
         "lr": lr,
         "text": text_checksum(data_dir),
     }
-    cached = lm_cache_path(cache_dir, settings) if cache_dir else None
-    if cached and os.path.isfile(cached):
-        saved = torch.load(cached, weights_only=True)
-        body.load_state_dict(saved["body"])
-        head.load_state_dict(saved["head"])
-        torch.set_rng_state(saved["rng"])  # where training left it: what the caller draws next is the same
-        print(f"{corpus} LSTM: the trained weights from {cached}")
-    else:
-        train_lm(body, head, train, epochs, bptt, batch, lr, progress, corpus)
-        if cached:
-            os.makedirs(cache_dir, exist_ok=True)
-            torch.save(
-                {
-                    "settings": settings,
-                    "body": body.state_dict(),
-                    "head": head.state_dict(),
-                    "rng": torch.get_rng_state(),
-                },
-                cached + ".tmp",
-            )
-            os.replace(cached + ".tmp", cached)
+    trained_or_cached(
+        body, head, settings, lambda: train_lm(body, head, train, epochs, bptt, batch, lr, progress, corpus), cache_dir
+    )
     body.eval()
     head.eval()
 
