@@ -175,6 +175,19 @@ def with_options(base: Sequence[str], extra: Sequence[str]) -> List[str]:
     return out
 
 
+def data_options(streams: bool, delta: int, batch: int, chunks: int) -> List[str]:
+    """fairseq-train's task and batching: the papers' streams (``--task awd_language_modeling``, 70-token BPTT with
+    their length jitter ``delta``, ``batch`` streams in ``chunks`` accumulated pieces), or fairseq's 70-token blocks
+    (the protocol study's other arm). The first two words are the task."""
+    if streams:
+        return ["--task", "awd_language_modeling", "--bptt", "70", "--max-seq-len-delta", str(delta)] + [
+            "--batch-size", str(batch // chunks), "--update-freq", str(chunks)
+        ]  # fmt: skip
+    return ["--task", "language_modeling", "--tokens-per-sample", "70", "--batch-size", str(batch)] + [
+        "--required-batch-size-multiple", "1"
+    ]  # fmt: skip
+
+
 @dataclass
 class LanguageModelTable(Table):
     """One perplexity table: a corpus, the paper's numbers, the MoS preset for its full size."""
@@ -341,31 +354,7 @@ class LanguageModelTable(Table):
         rule = None if full else self.stop_rule(args)
         length = [*(["--patience", str(rule.patience)] if rule else []), "--max-epoch", str(self.epochs(args))]
         untie = ["--untie-weights"] if variant.head in ("ds_softmax", "d_softmax") else []
-        data = (
-            [
-                "--task",
-                "awd_language_modeling",
-                "--bptt",
-                "70",
-                "--max-seq-len-delta",
-                str(delta),
-                "--batch-size",
-                str(batch // chunks),
-                "--update-freq",
-                str(chunks),
-            ]
-            if streams
-            else [
-                "--task",
-                "language_modeling",
-                "--tokens-per-sample",
-                "70",
-                "--batch-size",
-                str(batch),
-                "--required-batch-size-multiple",
-                "1",
-            ]
-        )
+        data = data_options(streams, delta, batch, chunks)
         return [
             tool("fairseq-train"),
             bin_dir,
