@@ -33,7 +33,6 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    table = obj["table"]
     written = []
 
     def save(fig, name):
@@ -42,6 +41,14 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
         plt.close(fig)
         written.append(name)
 
+    for plot in (scores_plot, curves_plot, cost_plot):
+        plot(obj, plt, save)
+    return written
+
+
+def scores_plot(obj: Dict[str, Any], plt, save) -> None:
+    """``TABLE-scores.png``: each split's score per head, the mean a bar, every seed a dot."""
+    table = obj["table"]
     rows = score_rows(obj["rows"])
     if rows:
         splits = list(dict.fromkeys(r["split"] for r in rows))
@@ -77,6 +84,10 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
             fontsize=9,
         )
         save(fig, f"{table}-scores.png")
+
+
+def curves_plot(obj: Dict[str, Any], plt, save) -> None:
+    """``TABLE-valid-loss.png``: valid NLL against updates (and training seconds), every seed at its chosen rate."""
     curves = [c for c in chosen_cells(obj) if c.get("curve") or c.get("valid_curve")]
     if curves:
         timed = any(p.get("seconds") is not None for c in curves for p in c.get("curve", []))
@@ -109,6 +120,11 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
             fontsize=10,
         )
         save(fig, f"{obj['table']}-valid-loss.png")
+
+
+def cost_plot(obj: Dict[str, Any], plt, save) -> None:
+    """``TABLE-cost.png``: each head's training time over softmax's, per cost measure."""
+    table = obj["table"]
     cost_rows = [r for r in obj["rows"] if r["metric"].startswith("time_")]
     if cost_rows:
         metrics = list(dict.fromkeys(r["metric"] for r in cost_rows))
@@ -129,4 +145,3 @@ def plots(obj: Dict[str, Any], out_dir: str) -> List[str]:
         ax.set_title(f"{table}: training cost (mini model, CPU)", fontsize=10)
         ax.legend(fontsize=8)
         save(fig, f"{table}-cost.png")
-    return written
