@@ -745,7 +745,7 @@ def test_a_cell_directory_left_by_other_settings_is_cleared(tmp_path):
     (cell / "checkpoints").mkdir()
     TABLE.start_cell(str(tmp_path / "lm-ptb"), variant, 1, args, log=lambda m: None)  # same settings: resumes
     assert (cell / "checkpoints").is_dir()
-    args.max_updates = 2  # other settings: the old checkpoints must not resume
+    args.max_epochs = 2  # other settings (the LM tables count epochs): the old checkpoints must not resume
     TABLE.start_cell(str(tmp_path / "lm-ptb"), variant, 1, args, log=lambda m: None)
     assert not (cell / "checkpoints").exists() and json.load(open(cell / "cell-config.json"))["updates"] == 2
 
