@@ -316,8 +316,7 @@ def main(argv=None, log=print) -> Dict:
         )
         return {}
     for row in args.rows:  # a best rate at an end of the grid: a grid step past it, up to --extra-rates times
-        cells = pilot[row]
-        pilot_losses(cells)  # (refuses a row whose every rate diverged)
+        cells = pilot[row]  # (a row whose every rate diverged is not grown; choose_rates refuses it)
 
         def run(lr, row=row, cells=cells):
             if lr not in cells:

@@ -80,6 +80,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each cell's checkpoints")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
+    check_args(p, args)
+    return args
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse values out of range and options that contradict each other (``p.error``: the option, the value)."""
     if not args.list and not args.table:
         p.error("name a table (or --list)")
     for name in ("seeds", "max_updates", "cost_batch", "max_epochs", "max_rates"):
@@ -102,7 +108,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error(f"--lr-from: no table {args.lr_from!r} (tables: {', '.join(TABLE_MODULES)})")
     if args.bpe_size < 100:
         p.error(f"--bpe-size must be >= 100 (got {args.bpe_size})")
-    return args
 
 
 def add_rate_and_stopping_options(p: argparse.ArgumentParser) -> None:
