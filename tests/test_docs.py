@@ -12,6 +12,7 @@ import warnings
 import pytest
 
 from hf_heads.docs import heads_table, starts_table
+from recipes.reproduce.analysis import facts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -303,9 +304,8 @@ def test_the_reproduction_pages_derived_numbers_are_what_its_generator_computes(
     """docs/reproduction/NAME-numbers.json, the derived numbers the hand-written readings cite (paired means,
     intervals, Holm p, detectable differences, ratios, the papers' numbers), equal what the report computes from the
     committed json; one per reading."""
-    from recipes.reproduce.report import page
 
-    derived = page.numbers(DOCS)
+    derived = facts.all_numbers(DOCS)
     assert set(_names("-numbers.json")) == set(derived) == set(_names("-reading.md"))
     for name, values in derived.items():
         with open(os.path.join(REPRODUCTION, f"{name}-numbers.json")) as f:

@@ -18,8 +18,9 @@ pytest.importorskip("fairseq", reason="fairseq not installed: run `make install`
 pytest.importorskip("sentencepiece", reason="sentencepiece not installed: run `make install` (the reproduce extra)")
 
 from recipes.reproduce import __main__ as cli  # noqa: E402
+from recipes.reproduce.analysis import collect, facts  # noqa: E402
 from recipes.reproduce.engine import costs as cost_columns  # noqa: E402
-from recipes.reproduce.report import collect, layout, page, sections  # noqa: E402
+from recipes.reproduce.report import layout, page, sections  # noqa: E402
 from recipes.reproduce.engine import results as result_files  # noqa: E402
 from recipes.reproduce.tables.translation import hypotheses  # noqa: E402
 
@@ -127,7 +128,7 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     # the lowercased table: each head's mean (± std) over its seeds, per test set
     text = page.build_report(str(docs))
     for head, by_set in committed["lowercased"].items():
-        means = [layout.mean_std(**layout.mean_sd(e["values"])) for e in by_set.values()]
+        means = [layout.mean_std(**facts.mean_sd(e["values"])) for e in by_set.values()]
         assert f"| {head} | " + " | ".join(means) + f" | {len(next(iter(by_set.values()))['values'])} |" in text
     same = ["The cat sat on the mat today ."]
     assert corpus_bleu(same, [same[0].lower()], lowercase=True) == 100.0 > corpus_bleu(same, [same[0].lower()])
@@ -331,7 +332,7 @@ def test_report_from_a_fixture(tmp_path):
     # each head's cells: minutes a cell over the seeds that logged one (softmax 1, 2, 3; mixtape seed 1's 2)
     assert "| softmax | 3 (0 scored) | 2.0 |" in text and "| mixtape | 3 (0 scored) | 2.0 (1 of 3) |" in text
     assert "another cell's directory" not in text  # every recorded command names its own cell
-    assert page.numbers(str(docs))["mt-en-de"]["worst_seed"] == {
+    assert facts.all_numbers(str(docs))["mt-en-de"]["worst_seed"] == {
         "test_2016_flickr": {"softmax": 1, "mixtape": 2, "mos-4": 3}
     }
     for name in ("mt-en-de-scores.png", "mt-en-de-valid-loss.png", "mt-en-de-cost.png"):
@@ -414,14 +415,14 @@ def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     for head in ("softmax", "mixtape"):
         record = json.load(open(tmp_path / "lm-ptb" / "cells" / f"{head}-lr0.005-seed1.json"))
         assert all(f"/lm-ptb/{head}/lr0.005/seed1/" in c for c in record["commands"]), record["commands"]
-    assert sections.table_facts({"table": "lm-ptb", "rows": [], "cells": [record]})["misrecorded"] == []
+    assert facts.table_facts({"table": "lm-ptb", "rows": [], "cells": [record]})["misrecorded"] == []
     wrong = {
         "table": "lm-ptb",
         "description": "d",
         "rows": [],
         "cells": [{**record, "head": "mixtape-unscaled", "seed": 2}],
     }
-    assert sections.table_facts(wrong)["misrecorded"] == [("mixtape-unscaled", 2)]
+    assert facts.table_facts(wrong)["misrecorded"] == [("mixtape-unscaled", 2)]
     rerun = "| mixtape-unscaled | 2 | `python -m recipes.reproduce lm-ptb --heads mixtape-unscaled` |"
     assert rerun in sections.table_section(wrong, str(tmp_path))
     assert next(r for r in rows if r["head"] == "mixtape")["options"]["frequent_fraction"] == 0.1  # the LM setting
@@ -730,8 +731,8 @@ def test_full_size_data_scripts_stop_offline_naming_what_they_need(tmp_path, mon
 def test_timing_noise_is_the_largest_gap_between_the_twin_tables():
     ratios = lambda mos, plif: {"softmax": {"out": 1.0}, "mos-4": {"out": mos}, "plif": {"out": plif}}  # noqa: E731
     objs = {"mt-en-de": {"costs": {"ratios": ratios(2.0, 1.5)}}, "mt-en-fr": {"costs": {"ratios": ratios(2.2, 1.0)}}}
-    assert page.timing_gap(objs) == {"gap": 0.5, "head": "plif", "key": "out", "ratios": [1.5, 1.0]}
-    assert page.timing_gap({"mt-en-de": objs["mt-en-de"]}) == {}  # one table: no evidence
+    assert facts.timing_gap(objs) == {"gap": 0.5, "head": "plif", "key": "out", "ratios": [1.5, 1.0]}
+    assert facts.timing_gap({"mt-en-de": objs["mt-en-de"]}) == {}  # one table: no evidence
 
 
 def test_a_cell_directory_left_by_other_settings_is_cleared(tmp_path):
@@ -810,7 +811,7 @@ def test_protocols_summary_and_report_section():
     assert f"| {same} | test | 2 | +1.00 [+1.00, +1.00] | 0.0e+00 | 0.0e+00 | +1.00, +1.00 |" in text
     trained = "trained on streams minus on blocks (each scored as it trained)"
     assert f"| {trained} | test | 2 | +2.00 [+2.00, +2.00] | 0.0e+00 | 0.0e+00 | +2.00, +2.00 |" in text
-    tests = [d for d in sections.protocols_numbers({"cells": cells}) if d["split"] == "test"]
+    tests = [d for d in facts.protocols_numbers({"cells": cells}) if d["split"] == "test"]
     assert [d["holm"] for d in tests] == holm([d["p"] for d in tests])  # the two test comparisons together
     # the heading names the data the study trained on, where its json says
     titled = sections.protocols_section({"table": "lm-ptb", "description": "d", "data": "valid.txt", "cells": cells})

@@ -8,6 +8,9 @@ import pytest
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy not installed: run `make install` (recipes extra)")
 
 from recipes.common.stats import format_diff, holm, paired  # noqa: E402
+from recipes.reproduce.analysis import compare as head_comparison  # noqa: E402
+from recipes.reproduce.analysis import facts  # noqa: E402
+from recipes.reproduce.report import layout as tables  # noqa: E402
 
 
 def test_paired_t_by_hand():
@@ -106,8 +109,7 @@ def _row(head, split, values):
 
 
 def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_against_the_matched_softmax():
-    from recipes.reproduce.report import compare as head_comparison
-    from recipes.reproduce.report import layout, sections
+    from recipes.reproduce.report import layout
     from recipes.reproduce.tables.lm_ptb import TABLE
 
     rows = [_row("softmax", s, [100.0, 102.0, 98.0, 101.0, 99.0]) for s in ("valid", "test")]
@@ -121,21 +123,21 @@ def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_agains
     assert [c.holm for c in tests] == pytest.approx(holm([c.result.p for c in tests]))  # a family of 4, not 8
     assert all(c.holm is None and c.detectable is None for c in family if c.split == "valid")
     assert all(c.detectable > 0 for c in tests)
-    text = head_comparison.family_table(family, "ppl")
+    text = tables.family_table(family, "ppl")
     assert "(valid: described)" in text and "detectable (80% power)" in text
     for line in text.splitlines():  # a valid row gives its difference and interval, no p-value to read as a test
         if "| valid |" in line:
             assert line.endswith("| - | (valid: described) | - | - |"), line
     # the papers' claims on our scale: the table's column, and the derived numbers a reading cites
-    claims = sections.claims_for(TABLE, family, rows)
+    claims = facts.claims_for(TABLE, family, rows)
     plif = next(c for c in tests if c.head == "plif" and c.baseline == "softmax")
     assert claims[("plif", "softmax", "test")] == pytest.approx((57.25 / 58.37 - 1) * 100.0)
     assert ("mos-4", "softmax-matched", "test") in claims and ("softmax-matched", "softmax", "test") not in claims
-    claimed = head_comparison.family_table(family, "ppl", claims=claims)
+    claimed = tables.family_table(family, "ppl", claims=claims)
     row = next(line for line in claimed.splitlines() if line.startswith("| plif - softmax | test |"))
     assert row.endswith(f"| ±{plif.detectable:.2f} | {claims[('plif', 'softmax', 'test')]:+.2f} |")
     obj = {"table": "lm-ptb", "description": "d", "rows": rows, "cells": []}
-    derived = sections.numbers(obj, sections.table_facts(obj))
+    derived = facts.numbers(obj, facts.table_facts(obj))
     entry = next(
         c for c in derived["comparisons"] if (c["head"], c["baseline"], c["split"]) == ("plif", "softmax", "test")
     )
@@ -146,7 +148,7 @@ def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_agains
         "plif"
     ] == pytest.approx(57.25 / 58.37 - 1)
     # each head's cells: how many, and how many of them scored so far
-    heads = sections.head_facts([{"head": "plif", "seed": 1, "ppl": {"test": 1.0}}, {"head": "plif", "seed": 2}], [])
+    heads = facts.head_facts([{"head": "plif", "seed": 1, "ppl": {"test": 1.0}}, {"head": "plif", "seed": 2}], [])
     assert "| plif | 2 (1 scored) |" in layout.cells_table(heads)
     # the translation tables state theirs too, in BLEU (En-Fr's MoS number is another system's: no claim)
     from recipes.reproduce.tables.mt_en_de import TABLE as EN_DE
@@ -154,7 +156,7 @@ def test_family_holm_adjusts_the_test_comparisons_only_and_reads_mixtures_agains
 
     bleu = [_row(h, "test_2016_flickr", [30.0 + i + b for i in range(3)]) for h, b in (("softmax", 0), ("mos-4", -2))]
     mt = head_comparison.family(bleu)
-    assert sections.claims_for(EN_DE, mt, bleu)[("mos-4", "softmax", "test_2016_flickr")] == pytest.approx(
+    assert facts.claims_for(EN_DE, mt, bleu)[("mos-4", "softmax", "test_2016_flickr")] == pytest.approx(
         (29.5 / 29.0 - 1) * 31.0
     )
     assert "mos-4" not in EN_FR.paper_claims and "mixtape-unscaled" in EN_FR.paper_claims
@@ -164,7 +166,6 @@ def test_family_with_planned_seeds_keeps_its_size_while_seeds_are_missing():
     """With the seeds fixed before the runs, Holm's m counts every planned test comparison (the untestable ones
     enter as p = 1), so adjusted p-values and detectable differences do not shrink while rows wait for seeds; the
     table and the reading say how many of the planned seeds a comparison has."""
-    from recipes.reproduce.report import compare as head_comparison
 
     rows = [_row("softmax", s, [100.0, 102.0, 98.0]) for s in ("valid", "test")]
     rows += [_row("mos-4", s, [96.0, 99.5, 94.5]) for s in ("valid", "test")]
@@ -176,30 +177,28 @@ def test_family_with_planned_seeds_keeps_its_size_while_seeds_are_missing():
     assert mos.holm == pytest.approx(mos.result.p)  # alone in the family of what can be tested today
     assert mos_fixed.holm == pytest.approx(min(1.0, 3 * mos.result.p))
     assert mos_fixed.detectable > mos.detectable  # at 0.05 / 3, not 0.05
-    assert mos_fixed.planned == 5 and head_comparison.seeds_of(mos_fixed) == "3 of 5"
-    assert "| mos-4 - softmax | test | 3 of 5 |" in head_comparison.family_table(fixed, "ppl")
-    text = head_comparison.family_table(fixed, "ppl")
+    assert mos_fixed.planned == 5 and tables.seeds_of(mos_fixed) == "3 of 5"
+    assert "| mos-4 - softmax | test | 3 of 5 |" in tables.family_table(fixed, "ppl")
+    text = tables.family_table(fixed, "ppl")
     detects = f"±{format_diff(mos_fixed.detectable, sign=False)}"
     assert "| mos-4 - softmax | test | 3 of 5 | -3.33 [" in text and f"| 0.25 | {detects} |" in text
     assert "| plif - softmax | test | 1 of 5 | -1.00 - | - | - | 1.00 | - |" in text  # one seed: not tested
 
 
 def test_the_cap_facts_give_the_last_epochs_slope():
-    from recipes.reproduce.report import sections
-
     def cell(stopped, losses):
         return {"stopped": stopped, "curve": [{"epoch": i + 1, "loss": x, "nll_loss": x} for i, x in enumerate(losses)]}
 
     capped = [cell("max_epochs", [6.0, 5.5, 5.3, 5.2]), cell("max_epochs", [6.0, 5.6, 5.4, 5.36])]
-    facts = sections.cap_facts(capped + [cell("patience", [6.0, 5.0, 5.1, 5.2])])
-    assert (facts["capped"], facts["cells"], facts["epochs"]) == (2, 3, 4)
+    got = facts.cap_facts(capped + [cell("patience", [6.0, 5.0, 5.1, 5.2])])
+    assert (got["capped"], got["cells"], got["epochs"]) == (2, 3, 4)
     # the median of an even count is the mean of the middle two (not the upper one, -0.120)
-    assert facts["slopes"] == pytest.approx([-0.15, -0.12]) and facts["median"] == pytest.approx(-0.135)
+    assert got["slopes"] == pytest.approx([-0.15, -0.12]) and got["median"] == pytest.approx(-0.135)
     assert (
-        facts["ppl_pct_at_median"] == pytest.approx(100 * (2**-0.135 - 1))
-        and f"{facts['ppl_pct_at_median']:.1f}" == "-8.9"
+        got["ppl_pct_at_median"] == pytest.approx(100 * (2**-0.135 - 1))
+        and f"{got['ppl_pct_at_median']:.1f}" == "-8.9"
     )
-    assert sections.cap_facts([cell("patience", [6, 5, 5.1, 5.2])]) is None  # none at the cap
+    assert facts.cap_facts([cell("patience", [6, 5, 5.1, 5.2])]) is None  # none at the cap
 
 
 def test_a_difference_that_rounds_to_zero_keeps_two_significant_digits():

@@ -11,6 +11,9 @@ import pytest
 
 from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.engine import sweep as sweep_rules
+from recipes.reproduce.analysis import collect, facts
+from recipes.reproduce.analysis import compare as head_comparison
+from recipes.reproduce.report import layout as tables
 
 
 def _log(points, walls):
@@ -244,7 +247,6 @@ def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(
     """--lr-from TABLE: one rate per head, the one TABLE's sweep chose (no grid, no growth), marked in sweep.json and
     in the report's sweep table; a head TABLE never swept, or a table named twice, is an error naming the fix; a run
     of some heads keeps the other heads' sweep entries."""
-    from recipes.reproduce.report import compare as head_comparison
     from recipes.reproduce.__main__ import parse_args
 
     result_files.save_json(
@@ -265,7 +267,7 @@ def test_lr_from_trains_each_head_at_another_tables_chosen_rate_without_a_sweep(
     assert sweep["softmax"] == {"rates": [0.01], "chosen": 0.01, "from": "mt-en-de"}
     # the borrowed rate is chosen before the first cell trains: a report of the run so far shows it, not "running"
     assert table.sweep_seen[0] == sweep
-    assert "| 0.01 (mt-en-de's choice, not swept here) |" in head_comparison.sweep_table(
+    assert "| 0.01 (mt-en-de's choice, not swept here) |" in tables.sweep_table(
         [result_files.load_cell(str(tmp_path / "fake"), "softmax", 1, 0.01)], {"softmax": sweep["softmax"]}
     )
     # a head the source table has not chosen a rate for
@@ -315,7 +317,6 @@ def _cell(head, seed, lr, losses, wall, threads=1, **extra):
 
 
 def test_sweep_table_equal_compute_and_cpu_hours():
-    from recipes.reproduce.report import compare as head_comparison
 
     sweep = {
         "softmax": {"rates": [0.0025, 0.005, 0.01], "chosen": 0.005},
@@ -331,7 +332,7 @@ def test_sweep_table_equal_compute_and_cpu_hours():
         _cell("softmax", 2, 0.005, [5, 4.25, 4.3, 4.4], 10),
         _cell("mixtape", 2, 0.01, [5, 4.0, 4.1, 4.2], 20),
     ]
-    table = head_comparison.sweep_table(cells, sweep)
+    table = tables.sweep_table(cells, sweep)
     assert (
         "| mixtape | 4.600 (ep 2, patience) | 4.300 (ep 2, patience) | **4.000 (ep 3, patience)** | 0.01 (an end"
         in table
@@ -356,15 +357,15 @@ def test_sweep_table_equal_compute_and_cpu_hours():
     assert row["seconds"]["diff"].mean == pytest.approx(((4.1 - 4.2) + (4.0 - 4.25)) / 2)
     assert row["updates"]["diff"].mean == pytest.approx(((4.0 - 4.2) + (4.0 - 4.25)) / 2)
     assert row["head_seconds_to_best"] == pytest.approx((60 + 40) / 2)
-    assert "| mixtape | 2 | 40 | -0.225 [" in head_comparison.equal_compute_table([row])
-    assert "| 40 | -0.175 [" in head_comparison.equal_compute_table([row])
+    assert "| mixtape | 2 | 40 | -0.225 [" in tables.equal_compute_table([row])
+    assert "| 40 | -0.175 [" in tables.equal_compute_table([row])
     # the same bill by the measured cost per update: mixtape at 2x a softmax update gets 20 updates (epoch 2)
     (costed,) = head_comparison.equal_compute(chosen, {"mixtape": 2.0})
     assert costed["cost"]["diff"].mean == pytest.approx(((4.1 - 4.2) + (4.0 - 4.25)) / 2)
     assert costed["cost"]["ratio"] == 2.0 and costed["updates"] == row["updates"]
-    assert "| 20 (2.00x a softmax update) | -0.175 [" in head_comparison.equal_compute_table([costed])
-    assert "cost" not in row and "a softmax update" not in head_comparison.equal_compute_table([row])
-    assert row["clock"] == "wall" and "training seconds (mean)" in head_comparison.equal_compute_table([row])
+    assert "| 20 (2.00x a softmax update) | -0.175 [" in tables.equal_compute_table([costed])
+    assert "cost" not in row and "a softmax update" not in tables.equal_compute_table([row])
+    assert row["clock"] == "wall" and "training seconds (mean)" in tables.equal_compute_table([row])
     # with every cell's CPU time recorded the bill is CPU seconds: softmax had its core to itself (40 CPU-s in its
     # 40 logged s), mixtape shared one (100 / 80 logged s, 40 CPU-s): in softmax's 40 CPU-s it ran every epoch and
     # reached its best, 4.0, in both seeds (epoch 3 at 24 CPU-s, epoch 2 at 20)
@@ -373,14 +374,13 @@ def test_sweep_table_equal_compute_and_cpu_hours():
     assert cpu_row["clock"] == "cpu" and cpu_row["seconds"]["softmax"] == pytest.approx(40.0)
     assert cpu_row["seconds"]["diff"].mean == pytest.approx(((4.0 - 4.2) + (4.0 - 4.25)) / 2)
     assert cpu_row["updates"] == row["updates"] and cpu_row["head_seconds_to_best"] == pytest.approx((24 + 20) / 2)
-    assert "within softmax's training CPU seconds (mean)" in head_comparison.equal_compute_table([cpu_row])
+    assert "within softmax's training CPU seconds (mean)" in tables.equal_compute_table([cpu_row])
     assert (
         head_comparison.equal_compute(timed[:-1] + [{**chosen[-1]}])[0]["clock"] == "wall"
     )  # one cell without: wall-clock
 
 
 def test_epoch_lead_pairs_each_seed_with_softmax_at_the_epochs_every_seed_validated():
-    from recipes.reproduce.report import compare as head_comparison
 
     cells = [
         _cell("softmax", 1, 0.01, [5, 4, 3], 10),
@@ -395,15 +395,14 @@ def test_epoch_lead_pairs_each_seed_with_softmax_at_the_epochs_every_seed_valida
     assert mos["epochs"][1] == pytest.approx([4 - 5, 4.5 - 5])  # the NLL's difference (bits)
     assert mos["epochs"][2] == pytest.approx([3.5 - 4, 4.4 - 4.5])
     assert plif["seeds"] == [1] and plif["epochs"] == {1: [0.0]}
-    table = head_comparison.epoch_lead_table([mos, plif])
+    table = tables.epoch_lead_table([mos, plif])
     assert "| head | seeds | epoch 1 | epoch 2 |" in table
     assert "| mos | 2 | -0.750 (-1.000 to -0.500) | -0.300 (-0.500 to -0.100) |" in table
     assert "| plif | 1 | +0.000 | - |" in table  # one seed: no range; an epoch it did not reach: -
-    assert head_comparison.epoch_lead_table([]) == ""
+    assert tables.epoch_lead_table([]) == ""
 
 
 def test_bootstrap_of_every_head_and_seed_against_softmax():
-    from recipes.reproduce.report import compare as head_comparison
 
     import random
 
@@ -416,7 +415,7 @@ def test_bootstrap_of_every_head_and_seed_against_softmax():
     out = head_comparison.bootstrap(hyps, {"t": refs}, scores, samples=200)
     assert [(b["head"], b["seed"], b["delta"]) for b in out] == [("mixtape", 1, 30.0), ("mixtape", 2, 0.0)]
     assert out[0]["p"] < 0.05  # a real difference
-    table = head_comparison.family_table([], "bleu", out)
+    table = tables.family_table([], "bleu", out)
     assert table == ""  # no paired rows: nothing to print
 
 
@@ -477,7 +476,7 @@ def test_report_section_of_a_swept_table(tmp_path):
     )
     # the table's training hours, in the derived numbers its reading may cite: the sweep's other rates (softmax 2 x
     # 120 s, mixtape 2 x 80 s) and the chosen rates' seeds (3 x 40 s + 3 x 80 s)
-    spent = page.numbers(str(tmp_path))["lm-ptb"]["cpu_hours"]
+    spent = facts.all_numbers(str(tmp_path))["lm-ptb"]["cpu_hours"]
     assert spent == pytest.approx({"sweep": 400 / 3600, "chosen": 360 / 3600, "wall": 760 / 3600, "total": 760 / 3600})
     # every seed 10 lower: no spread, p = 0, below 0.05 after Holm
     assert "| mixtape - softmax | test | 3 | -10.00 [-10.00, -10.00] | 0.0e+00 | 0.0e+00 |" in text
@@ -514,7 +513,7 @@ def test_report_section_of_a_swept_table(tmp_path):
 def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
     """Cells moved aside when a table's mini settings changed: their CPU time where recorded, else their training
     seconds (a resumed run's every process) times their threads, in their own row and in the total."""
-    from recipes.reproduce.report import collect, page
+    from recipes.reproduce.report import page
     from recipes.reproduce.engine import runner as RN
 
     aside = tmp_path / "mt-en-de-4096"
@@ -574,13 +573,13 @@ def test_cells_lost_from_the_train_split_plan_count_in_its_own_compute_table(tmp
         "old": {"table": "mt-en-de", "reason": "old batches", "cells": 1, "total": 5.0, "wall": 5.0},
         "lost": {"table": "lm-ptb", "plan": "train-splits", "reason": "lost", "cells": "1 unfinished", "total": 0.5},
     }
-    text = sections.compute_section(sections.compute_numbers(objs, None, aside), str(tmp_path), 1)
+    text = sections.compute_section(facts.compute_numbers(objs, None, aside), str(tmp_path), 1)
     assert "| lm-ptb, set aside: lost | 1 unfinished | 0.5 |" in text and "old batches" not in text
     # 1.0 (the cell) + 0.5 spent; softmax's second planned seed estimated at its first's 1.0
     assert "| all | - | 1.5 |" in text and "| all, with the seed cells still to train | - | ~2.5 |" in text
     # the earlier plan's table (cells not on the train split) counts the other set-aside entry only
     earlier = {"mt-en-de": {"table": "mt-en-de", "sweep": sweep, "cells": [_cell("softmax", 1, 0.005, [5, 4.2], 1800)]}}
-    text = sections.compute_section(sections.compute_numbers(earlier, None, aside), str(tmp_path), 1)
+    text = sections.compute_section(facts.compute_numbers(earlier, None, aside), str(tmp_path), 1)
     table = text.split("### The perplexity tables on the train splits")[0]
     assert "| mt-en-de, set aside: old batches | 1 | - | - / - / 5.0 | 5.0 |" in table and "lost" not in table
 
@@ -690,7 +689,7 @@ def test_a_new_machine_restores_only_the_cells_of_the_protocol_the_table_runs_no
 def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path):
     """A machine may end mid-sweep: its finished cells are committed (collect.collect from sweep.json, before any
     results.json) and reported as a running sweep; the rows of a replaced protocol are not kept beside it."""
-    from recipes.reproduce.report import collect, page
+    from recipes.reproduce.report import page
 
     docs = tmp_path / "docs"
     result_files.save_json(
@@ -745,7 +744,6 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
 def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
     """mt-en-de's sweep spans machines: seed 1's hypotheses are committed under the cell's name while its head's
     rate is open, come back with the cell on the next machine, and become HEAD-seed1 once the rate is chosen there."""
-    from recipes.reproduce.report import collect
 
     docs = tmp_path / "docs"
     hyps = {
@@ -812,7 +810,6 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     """A mixture's label-smoothed valid loss can be below softmax's while its NLL is above (the smoothing also
     rewards the probability a head leaves on every word, more of it in a mixture's tail): the equal-compute table
     pairs the NLL, the sweep table shows both, and a table without label smoothing shows the loss alone."""
-    from recipes.reproduce.report import compare as head_comparison
     from recipes.reproduce.report import sections
 
     def cell(head, losses, nlls):
@@ -835,7 +832,7 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     assert row["updates"]["diff"].mean == pytest.approx(0.1) and row["seconds"]["diff"].mean == pytest.approx(0.1)
     assert row["head_seconds_to_best"] == 20.0  # the scored checkpoint: the lowest loss, epoch 2
     sweep = {h: {"rates": [0.005], "chosen": 0.005} for h in ("softmax", "mos-4")}
-    table = head_comparison.sweep_table([softmax, mos], sweep)
+    table = tables.sweep_table([softmax, mos], sweep)
     assert "**3.600, NLL 2.200 (ep 2, patience)**" in table and "**3.500, NLL 2.350 (ep 2, patience)**" in table
     assert sweep_rules.label_smoothed([softmax, mos])
     assert head_comparison.rates_by_nll([softmax, mos], sweep) == {}
@@ -847,19 +844,17 @@ def test_equal_compute_pairs_the_nll_not_the_label_smoothed_loss(tmp_path):
     assert head_comparison.rates_by_nll([softmax, mos, disagrees], wide) == {"mos-4": 0.005}
     # the report says the NLL check's outcome where a rate was chosen here, and says nothing where all were borrowed
     obj = {"table": "mt-en-fr", "description": "d", "rows": [], "cells": [softmax, mos, disagrees], "sweep": wide}
-    assert sections.numbers(obj, sections.table_facts(obj))["nll_rates"] == {"mos-4": 0.005}
+    assert facts.numbers(obj, facts.table_facts(obj))["nll_rates"] == {"mos-4": 0.005}
     borrowed = {h: {**s, "from": "mt-en-de"} for h, s in sweep.items()}
     text = sections.table_section({**obj, "cells": [softmax, mos], "sweep": borrowed}, str(tmp_path))
     assert "| 0.005 (mt-en-de's choice, not swept here) |" in text
-    assert "nll_rates" not in sections.numbers(
+    assert "nll_rates" not in facts.numbers(
         obj | {"cells": [softmax, mos], "sweep": borrowed},
-        sections.table_facts(obj | {"cells": [softmax, mos], "sweep": borrowed}),
+        facts.table_facts(obj | {"cells": [softmax, mos], "sweep": borrowed}),
     )
     plain = [{**c, "curve": [{**p, "nll_loss": p["loss"]} for p in c["curve"]]} for c in (softmax, mos)]
     plain = [{**c, "best": sweep_rules.best_point(c["curve"])} for c in plain]
-    assert "**3.600 (ep 2, patience)**" in head_comparison.sweep_table(plain, sweep) and not sweep_rules.label_smoothed(
-        plain
-    )
+    assert "**3.600 (ep 2, patience)**" in tables.sweep_table(plain, sweep) and not sweep_rules.label_smoothed(plain)
     assert head_comparison.equal_compute(plain)[0]["updates"]["diff"].mean == pytest.approx(
         -0.1
     )  # no smoothing: the loss

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Dict
 
 from recipes.common.reading import number_values, unmatched_numbers
-from recipes.common.stats import ALPHA, POWER, format_diff, format_p
+from recipes.common.stats import format_diff, format_p
 from recipes.reproduce import TABLE_MODULES
+from recipes.reproduce.analysis.collect import DOCS, SET_ASIDE, collect, set_aside
+from recipes.reproduce.analysis.facts import TRAIN_SPLIT_PLAN, all_numbers, compute_numbers, load, table_facts
 from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.engine.sweep import rate_key
-from recipes.reproduce.report import compare, sections
-from recipes.reproduce.report.collect import DOCS, SET_ASIDE, collect, set_aside
+from recipes.reproduce.report import sections
 from recipes.reproduce.report.layout import table
 
 TITLE = "# The papers' tables at mini scale"
@@ -39,66 +39,6 @@ EXCEPTIONS = {
     # softmax in the Mixtape paper's Table 3: the table's claims quote it (its paper numbers hold PLIF's softmax)
     "lm-ptb": ("59.19",),
 }
-#: two tables whose mini models have the same sizes: how far their cost ratios differ shows the timing noise
-TWIN_COST_TABLES = ("mt-en-de", "mt-en-fr")
-
-
-def timing_gap(objs: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
-    """The largest gap between the cost ratios of :data:`TWIN_COST_TABLES` (same model sizes: a gap is noise), or {}
-    until both are measured."""
-    a, b = ((objs.get(t) or {}).get("costs") or {} for t in TWIN_COST_TABLES)
-    if not a or not b:
-        return {}
-    gaps = [
-        (abs(a["ratios"][h][k] / b["ratios"][h][k] - 1), h, k)
-        for h in a["ratios"]
-        if h in b["ratios"] and h != "softmax"
-        for k in a["ratios"][h]
-        if k in b["ratios"][h]
-    ]
-    gap, head, key = max(gaps)
-    return {"gap": gap, "head": head, "key": key, "ratios": [a["ratios"][head][key], b["ratios"][head][key]]}
-
-
-def load(docs_dir: str) -> Dict[str, Any]:
-    src = os.path.join(docs_dir, "reproduction")
-    objs = {t: result_files.load_json(os.path.join(src, f"{t}.json")) for t in TABLE_MODULES}
-    objs = {t: o for t, o in objs.items() if o is not None}
-    extra = {n: result_files.load_json(os.path.join(src, n)) for n in ("lm-ptb-pilot.json", SET_ASIDE)}
-    return {
-        "objs": objs,
-        **extra,
-        "protocols": {t: result_files.load_json(os.path.join(src, f"{t}-protocols.json")) for t in objs},
-    }
-
-
-def numbers(docs_dir: str) -> Dict[str, Dict[str, Any]]:
-    """``{name: derived numbers}`` of every reading (``NAME-numbers.json`` beside ``NAME-reading.md``), from the
-    committed json alone."""
-    data = load(docs_dir)
-    objs, pilot = data["objs"], data["lm-ptb-pilot.json"]
-    out = {"intro": {"alpha": ALPHA, "confidence": 1 - ALPHA, "power": POWER, "bootstrap_samples": compare.BOOTSTRAP}}
-    out["compute"] = sections.compute_numbers(objs, pilot, data[SET_ASIDE])
-    gap = timing_gap(objs)
-    for t, obj in objs.items():
-        out[t] = {
-            **sections.numbers(obj, sections.table_facts(obj)),
-            **({"timing_gap": gap} if gap and t in TWIN_COST_TABLES else {}),
-        }
-        if data["protocols"][t]:
-            out[f"{t}-protocols"] = {"comparisons": sections.protocols_numbers(data["protocols"][t])}
-    if pilot and pilot.get("arms"):
-        out["lm-ptb-pilot"] = sections.pilot_numbers(pilot)
-    return {n: rounded(v) for n, v in out.items()}
-
-
-def rounded(x):
-    """Floats to 10 significant digits (what the page shows is far coarser: the same on every machine)."""
-    if isinstance(x, float):
-        return float(f"{x:.10g}")
-    if isinstance(x, dict):
-        return {str(k): rounded(v) for k, v in x.items()}
-    return [rounded(v) for v in x] if isinstance(x, (list, tuple)) else x
 
 
 def unmatched(docs_dir: str, name: str) -> list:
@@ -119,18 +59,18 @@ def build_report(docs_dir: str = DOCS) -> str:
     """Write ``docs_dir/reproduction.md``, its plots and its derived numbers from ``docs_dir/reproduction/*.json``."""
     src = os.path.join(docs_dir, "reproduction")
     os.makedirs(src, exist_ok=True)
-    data, derived = load(docs_dir), numbers(docs_dir)
+    data, derived = load(docs_dir), all_numbers(docs_dir)
     for name, values in derived.items():
         result_files.save_json(os.path.join(src, f"{name}-numbers.json"), values)
     objs = data["objs"]
-    facts = {t: sections.table_facts(o) for t, o in objs.items()}
+    facts = {t: table_facts(o) for t, o in objs.items()}
     overview = [
         [t, o["description"], sections.status(o, facts[t]["full_only"]), len(o.get("cells") or [])]
         for t, o in objs.items()
     ]
     parts = [TITLE, "", GENERATED, "", table(["table", "what it reproduces", "scale", "cells finished"], overview)]
     parts += sections.reading(src, "intro", 0, label="")
-    spent = sections.compute_numbers(objs, data["lm-ptb-pilot.json"], data[SET_ASIDE])
+    spent = compute_numbers(objs, data["lm-ptb-pilot.json"], data[SET_ASIDE])
     compute = sections.compute_section(spent, src, sum(len(o.get("cells") or []) for o in objs.values()))
     parts += [compute] if compute else []
     for t, obj in objs.items():
@@ -168,7 +108,7 @@ def main(argv=None) -> None:
     if args.set_aside:
         if not (args.table and args.reason):
             p.error("--set-aside needs --table and --reason")
-        plan = sections.TRAIN_SPLIT_PLAN if args.train_splits else None
+        plan = TRAIN_SPLIT_PLAN if args.train_splits else None
         entry = set_aside(args.set_aside, args.table, args.reason, args.docs, plan=plan)
         print(f"set aside {entry['cells']} cells of {args.table}: {entry['total']:.1f} CPU-core-hours")
     if not args.no_collect:

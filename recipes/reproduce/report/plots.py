@@ -6,10 +6,11 @@ import os
 from typing import Any, Dict, List
 
 from recipes.common.stats import format_seeds
-from recipes.reproduce.report import compare as head_comparison
+from recipes.reproduce.analysis import compare as head_comparison
+from recipes.reproduce.analysis.collect import chosen_cells
+from recipes.reproduce.analysis.facts import score_rows
 from recipes.reproduce.engine import sweep as sweep_rules
-from recipes.reproduce.report.collect import chosen_cells
-from recipes.reproduce.report.layout import METRIC_NAMES, score_rows
+from recipes.reproduce.report.layout import METRIC_NAMES
 
 
 def curves_to_plot(cells: List[Dict[str, Any]]) -> tuple:

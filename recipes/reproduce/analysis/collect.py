@@ -9,7 +9,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from recipes.reproduce import TABLE_MODULES, get_table
-from recipes.reproduce.report import compare as head_comparison
+from recipes.reproduce.analysis import compare as head_comparison
 from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.engine.runner import canonical_paths, cpu_seconds, parse_train_wall
 
