@@ -132,13 +132,13 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
             assert measures["beyond_bound_after_first"] > 1e-12
     assert max(c["spectrum"]["rank"] for c in result["cells"]) > 4  # the measure is not stuck at the d = 2 bound
     # the page: the primary test's slope (4 paired points for MoS-4; Mixtape did not run), the tables, the plot
-    from recipes import bottleneck_report
+    from recipes import bottleneck_analysis, bottleneck_report
 
     docs = tmp_path / "docs"
     docs.mkdir()
     text = bottleneck_report.main(["--results", str(tmp_path), "--docs", str(docs)], log=lambda *_: None)
     slopes = {
-        s["head"]: s for s in bottleneck_report.slope_test(json.loads((docs / "bottleneck_map.json").read_text()))
+        s["head"]: s for s in bottleneck_analysis.slope_test(json.loads((docs / "bottleneck_map.json").read_text()))
     }
     # two d values: the primary test (d the unit, tested by hand in test_bottleneck_report.py) needs three
     assert slopes["mos-4"]["dims"] == [2, 8] and slopes["mos-4"]["slope"] is None
@@ -235,7 +235,7 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
         for c in obj["rate_cells"]
         if c["head"] != "mos-4" or c["lr"] != result["rates"]["mos-4"]
     )
-    assert bottleneck_report.cells_cpu_hours(obj) == pytest.approx(counted / 3600)
+    assert bottleneck_analysis.cells_cpu_hours(obj) == pytest.approx(counted / 3600)
 
 
 def test_two_processes_share_one_map_by_claiming_its_cells(trunk, tmp_path, monkeypatch):

@@ -10,10 +10,11 @@ import os
 
 import pytest
 
-from recipes import bottleneck_map, bottleneck_page, bottleneck_report
+from recipes import bottleneck_analysis, bottleneck_map, bottleneck_page, bottleneck_report
+from recipes.common import stats as paired_stats
 from recipes.common.reading import number_values, unmatched_numbers
 
-paired_p = bottleneck_report.paired_stats.format_p
+paired_p = paired_stats.format_p
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
 
 
@@ -108,7 +109,7 @@ def test_the_primary_test_fits_the_per_d_means_with_d_as_the_unit():
     test counting as p = 1."""
     from scipy import stats as scipy_stats
 
-    slopes = {r["head"]: r for r in bottleneck_report.slope_test(_map(_cells()))}
+    slopes = {r["head"]: r for r in bottleneck_analysis.slope_test(_map(_cells()))}
     x = [2.0, 4.0, 6.0]  # log2 of 4, 16, 64
     y = [sum(DIFFS[d]) / 3 for d in (4, 16, 64)]
     mx, my = sum(x) / 3, sum(y) / 3
@@ -140,7 +141,10 @@ def test_cells_the_cap_ended_are_read_from_their_curves():
     ]
     cells[1]["curve"], cells[3]["curve"] = cap[:21], cap[21:]  # two MoS-4 cells: best at 20, best at 18
     obj = _map(cells)
-    assert [bottleneck_page.capped(obj, [c for c in cells if c["head"] == h]) for h in ("softmax", "mos-4")] == [0, 1]
+    assert [bottleneck_analysis.capped(obj, [c for c in cells if c["head"] == h]) for h in ("softmax", "mos-4")] == [
+        0,
+        1,
+    ]
     text = bottleneck_report.page(obj, "/tmp/x.png")
     tests = _rows(text, "| head | d = ")  # the page's main table: test perplexity
     mos = next(line for line in tests if line.startswith("| mos-4 |"))
@@ -199,7 +203,7 @@ def test_the_cap_table_says_how_far_behind_a_capped_head_is_and_how_fast_it_stil
         "| mixtape | 16 | 1 | +0.0300 | -0.0010 | never at that pace | yes |",
     ]
     assert "gain / epoch, last 3" in bottleneck_report.page(_map(cells), "/tmp/x.png")
-    reach = bottleneck_page.numbers(_map(cells))["map"]["cap_reach"]  # the reading's numbers: the table's
+    reach = bottleneck_analysis.numbers(_map(cells))["map"]["cap_reach"]  # the reading's numbers: the table's
     assert [(r["gap"], r["epochs"]) for r in reach] == [(0.105, 11), (0.05, 15), (-0.02, None), (0.03, None)]
     assert bottleneck_page.cap_reach_table(_map(_cells())) == []  # nothing capped: no table
 
@@ -211,9 +215,9 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     never = [{"epoch": e, "train_cpu_seconds": 0.5 * (e > 0), **({"best": True} if e == 0 else {})} for e in range(3)]
     cells = _cells() + [_cell("mixtape", 64, 1, float("nan")), _cell("mixtape", 64, 2, 4.0, curve=never)]
     text = bottleneck_report.page(_map(cells), "/tmp/x.png")
-    counts = bottleneck_page.numbers(_map(cells))["cells"]
+    counts = bottleneck_analysis.numbers(_map(cells))["cells"]
     assert counts == {"finished": 24, "diverged": ["mixtape d=64 seed 1", "mixtape d=64 seed 2"], "missing": 1}
-    assert bottleneck_page.missing_cells(_map(cells)) == [("mixtape", 64, 3)]
+    assert bottleneck_analysis.missing_cells(_map(cells)) == [("mixtape", 64, 3)]
     assert "| mixtape | 4, 16 (2 of 3) | 3 | too few d values (3 needed) | - | - | - |" in text
     assert "| d = 64 |" in text and "| - diverged 2 |" in text  # the planned d column, its diverged cells counted
     assert "| mos-4 | 4, 16, 64 | 3 | " in text
@@ -226,9 +230,9 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     # each seed's difference beside the paired test: mos-4 at d = 16 is DIFFS[16], seed by seed
     assert "| mos-4 | 16 | 3 | 0, 0 | s1 -0.1200, s2 -0.1500, s3 -0.1000 | -0.1233 [" in text
     # the family is the 6 planned (head, d) pairs, the one with a single finite seed counting as p = 1
-    rows = bottleneck_page.paired_rows(bottleneck_page.finite(_map(cells))[0])
+    rows = bottleneck_analysis.paired_rows(bottleneck_analysis.finite(_map(cells))[0])
     pvalues = [r["paired"].p for r in rows]
-    expected = bottleneck_report.paired_stats.holm(pvalues + [1.0] * (6 - sum(p is not None for p in pvalues)))
+    expected = paired_stats.holm(pvalues + [1.0] * (6 - sum(p is not None for p in pvalues)))
     assert [r["holm"] for r in rows] == expected[: len(rows)]
     # 26 cells of 1 CPU-minute, the diverged too, and 3 rate cells of 30 (the 3 chosen rate cells are seed-1 cells,
     # counted there; counted twice, the total would be 4.9)
@@ -266,7 +270,7 @@ def test_the_command_writes_page_and_plots_around_a_diverged_cell(tmp_path, monk
     assert " (2) diverged 1 |" in text and "| mixtape | 4 | 2 |" in text
     assert json.loads((tmp_path / bottleneck_report.NUMBERS).read_text())["cells"]["diverged"] == ["mixtape d=4 seed 1"]
     assert "dashed: the primary test" not in text  # (the plot's title, not the page's)
-    fits = {f["head"]: f for f in bottleneck_report.slope_test(bottleneck_page.finite(_map(cells))[0])}
+    fits = {f["head"]: f for f in bottleneck_analysis.slope_test(bottleneck_analysis.finite(_map(cells))[0])}
     fitted = [h for h in sorted(fits) if fits[h]["slope"] is not None]
     assert "mos-4" in fitted and [label for label, _ in dashed] == [
         f"{h}: slope {fits[h]['slope']:+.4f} / doubling, Holm p {paired_p(fits[h]['holm'])}" for h in fitted
@@ -292,7 +296,7 @@ def test_before_the_seed_cells_the_page_opens_with_the_rate_search_and_no_empty_
         "| mos-4 | **5.0500** | 5.0500 |",  # its grid whole: its lowest (the first of a tie)
         "| mixtape | 5.0500 | - |",  # its grid not whole: no rate yet
     ]
-    assert bottleneck_page.numbers(obj)["cells"] == {"finished": 0, "diverged": [], "missing": 27}
+    assert bottleneck_analysis.numbers(obj)["cells"] == {"finished": 0, "diverged": [], "missing": 27}
     assert "| head | d = " not in text and "| head |  |" not in text and "## Commands" in text
     assert not (tmp_path / "bottleneck_map.png").exists()
 
@@ -305,7 +309,7 @@ def test_the_reading_written_beside_the_page_follows_its_table_and_says_when_cel
     (tmp_path / "bottleneck_map.json").write_text(json.dumps(obj))
     run = ["--docs", str(tmp_path), "--no-collect"]
     assert "## Reading" not in bottleneck_report.main(run, log=lambda *_: None)
-    n = bottleneck_report.page_cells(obj)
+    n = bottleneck_analysis.page_cells(obj)
     assert n == len(obj["cells"]) > 0
     two = f"<!-- cells: {n} -->\nMoS-4 pays\nbelow d = 16.\n \nNot at 64.\n"  # a blank line (spaces too) ends one
     (tmp_path / bottleneck_report.READING).write_text(two)
@@ -430,7 +434,7 @@ def test_the_joint_check_sits_beside_the_frozen_cells():
 
     text = "\n".join(bottleneck_page.joint_table({**obj, "joint": joint()}))
     assert "| mos-4 | 4 | 1 | 90.00 | 90.92 | -0.1054 | -0.3000 | - |" in text
-    [_, mos] = bottleneck_page.numbers({**obj, "joint": joint()})["joint"]
+    [_, mos] = bottleneck_analysis.numbers({**obj, "joint": joint()})["joint"]
     assert mos["diff"] == pytest.approx(math.log(0.9)) and mos["over_frozen"] == pytest.approx(90.0 / 90.92, abs=1e-4)
     text = "\n".join(bottleneck_page.joint_table({**obj, "joint": joint(128)}))
     assert "| mos-4 | 128 | 1 | 90.00 | not in the map's plan (--heads / --dims / --seeds) | -0.1054 | - | - |" in text
@@ -516,9 +520,9 @@ def test_the_numbers_say_how_the_trunk_scores_and_whether_it_still_improved():
     curve = [{"epoch": e, "valid_ppl": p} for e, p in enumerate((242.86, 169.01, 125.98, 116.24), 1)]
     obj = _map(_cells())
     obj["meta"] = {**obj["meta"], "trunk_curve": curve, "trunk_nll": {"valid": math.log(116.0), "test": 4.6}}
-    trunk = bottleneck_page.numbers(obj)["trunk"]
+    trunk = bottleneck_analysis.numbers(obj)["trunk"]
     assert f"{100 * trunk['last_epoch_change']:+.1f}%" == "-7.7%" and f"{trunk['valid_ppl']:.2f}" == "116.00"
-    assert bottleneck_page.numbers(_map(_cells()))["trunk"] == {}
+    assert bottleneck_analysis.numbers(_map(_cells()))["trunk"] == {}
 
 
 def _upgrade_row(row, seed, params, ppl):
@@ -546,7 +550,7 @@ def test_the_upgrade_numbers_say_how_far_each_head_is_from_control_b_s_size():
             ("mixtape", 2000, 26.0),
         )
     ]
-    rows = bottleneck_page.upgrade_numbers({"cells": cells})["rows"]
+    rows = bottleneck_analysis.upgrade_numbers({"cells": cells})["rows"]
     assert rows["mos-3"]["apart_from_b"] == pytest.approx(-0.01) and rows["mixtape"]["added_over_b"] == pytest.approx(
         2.0
     )
@@ -564,7 +568,7 @@ def test_each_paired_difference_gives_the_difference_its_seeds_could_detect():
     table = text.split("## Paired differences per d")[1].split("![")[0]
     family = 2 * 3
     std = statistics.stdev(DIFFS[4])
-    det = bottleneck_report.paired_stats.detectable(std, 3, 0.05 / family, 0.8)
+    det = paired_stats.detectable(std, 3, 0.05 / family, 0.8)
     row = next(line for line in table.splitlines() if line.startswith("| mos-4 | 4 | 3 |"))
     assert row.endswith(f"| ±{det:.4f} |")
     assert "| detectable (80% power) |" in table and "Detectable: the difference a paired t-test" in table
@@ -586,7 +590,7 @@ def test_spectrum_measures_by_hand_and_only_from_a_whole_spectrum(tmp_path):
     cut = _cell("softmax", 1, 2, 5.0, spectrum={"rank": 5, "contexts": 20, "top": whole["spectrum"]["top"][:11]})
     for c in (whole, cut):
         (tmp_path / "cells" / f"softmax-d1-s{c['seed']}.json").write_text(json.dumps(c))
-    got = {c["seed"]: c["spectrum"] for c in bottleneck_report.collect(str(tmp_path))["cells"]}
+    got = {c["seed"]: c["spectrum"] for c in bottleneck_analysis.collect(str(tmp_path))["cells"]}
     assert got[1]["rank_at"] == bottleneck_map.spectrum_measures(whole["spectrum"]["top"], 1)["rank_at"]
     assert len(got[1]["top"]) == 11 and "rank_at" not in got[2] and "beyond_bound_after_first" not in got[2]
     obj = _map(_cells())
@@ -594,7 +598,7 @@ def test_spectrum_measures_by_hand_and_only_from_a_whole_spectrum(tmp_path):
         c["spectrum"].update(bottleneck_map.spectrum_measures(c["spectrum"]["top"], c["d"]))
     shares = [c["spectrum"]["first_share"] for c in obj["cells"][1:]]
     text = bottleneck_report.page(obj, "/tmp/x.png")
-    assert bottleneck_page.numbers(obj)["map"]["first_share"] == pytest.approx([min(shares), max(shares)])
+    assert bottleneck_analysis.numbers(obj)["map"]["first_share"] == pytest.approx([min(shares), max(shares)])
     for corner in ("| rank at 0.001 |", "| rank at 0.0001 |", "| log10 share past d + 2 |"):
         softmax = _cells_of(_rows(text, corner)[0])
         assert softmax[0] == "softmax" and softmax[1].endswith(" (2)") and softmax[2].endswith(" (3)")
@@ -630,21 +634,21 @@ def test_the_cap_check_sits_beside_the_tables_seed_1_cells():
     mos_b = (math.log(25.9 / 26.4), math.log(25.9 / 25.0))  # MoS-3 - (b): ahead at the cap, behind past it
     assert f"| MoS-3 | (b) | 1 | {mos_b[0]:+.4f} | {mos_b[1]:+.4f} |" in text
     assert f"| (b) | (a) | 1 | {math.log(26.4 / 32.0):+.4f} | {math.log(25.0 / 30.0):+.4f} |" in text
-    pairs = bottleneck_page.cap_pairs(obj)  # (the numbers' cap_check)
+    pairs = bottleneck_analysis.cap_pairs(obj)  # (the numbers' cap_check)
     assert [(p["row"], p["control"]) for p in pairs] == [
         ("softmax-mlp", "softmax"),
         ("mos-3", "softmax"),
         ("mos-3", "softmax-mlp"),
     ]
     assert pairs[2]["cap_check"] == pytest.approx(mos_b[1])
-    assert bottleneck_report.page_cells(obj) == len(obj["cells"]) + 6
+    assert bottleneck_analysis.page_cells(obj) == len(obj["cells"]) + 6
     assert bottleneck_page.cap_section({**obj, "upgrade_cap": {}}) == []
     new = {"meta": obj["meta"], "upgrade": {"cells": table[:1]}}
-    kept = bottleneck_report.carry_over(new, obj, {"upgrade"})
+    kept = bottleneck_analysis.carry_over(new, obj, {"upgrade"})
     assert kept["upgrade_cap"] == obj["upgrade_cap"] and kept["upgrade"] == new["upgrade"]  # the collected one kept
     # a cap folder whose run has begun (its meta written) but not finished a cell keeps the committed cells
     begun = {"meta": obj["meta"], "upgrade_cap": {"meta": {}, "cells": []}}
-    assert bottleneck_report.carry_over(begun, obj, {"upgrade_cap"})["upgrade_cap"] == obj["upgrade_cap"]
+    assert bottleneck_analysis.carry_over(begun, obj, {"upgrade_cap"})["upgrade_cap"] == obj["upgrade_cap"]
 
 
 def test_the_cost_table_counts_each_part_s_cpu_hours():
@@ -665,7 +669,7 @@ def test_the_cost_table_counts_each_part_s_cpu_hours():
         "3.0",
     ]
     assert cost["the upgrade table's cap check"] == ["1", "-", "2.0"] and "the joint check" not in cost
-    hours = bottleneck_page.cells_cpu_hours(_map(_cells()))
+    hours = bottleneck_analysis.cells_cpu_hours(_map(_cells()))
     assert cost["in all"] == ["28", "6", f"{hours + 5.5:.1f}"]  # 24 map cells and 4 upgrade cells
 
 
@@ -679,10 +683,11 @@ def test_a_rate_search_carried_from_another_trunk_is_named_and_counted_once():
     new = _map([c for c in _cells() if c["seed"] == 2])
     new["meta"] = {**new["meta"], "trunk_md5": "new", "trunk_nll": {"valid": 4.71, "test": 4.6}}
     new["rate_cells"] = carried
-    assert bottleneck_page.carried_rate_cells(new) == carried
+    assert bottleneck_analysis.carried_rate_cells(new) == carried
     mixed = {**new, "rate_cells": carried[:2] + committed["rate_cells"][2:]}  # softmax's two rates carried
     assert (
-        bottleneck_page.carried_rate_cells(mixed) == carried[:2] and bottleneck_page.carried_rate_cells(committed) == []
+        bottleneck_analysis.carried_rate_cells(mixed) == carried[:2]
+        and bottleneck_analysis.carried_rate_cells(committed) == []
     )
     assert "| mos-4 | 5.0500 | **5.0500** |" in "\n".join(bottleneck_page.rate_table(new))  # still its rate
     for c in committed["cells"]:  # a chosen rate's seed-1 cell is its rate cell's run: the same CPU time
@@ -690,21 +695,23 @@ def test_a_rate_search_carried_from_another_trunk_is_named_and_counted_once():
             (
                 r["cpu_s"]
                 for r in carried
-                if c["seed"] == 1 and bottleneck_report.rate_key(r) == bottleneck_report.rate_key(c)
+                if c["seed"] == 1 and bottleneck_analysis.rate_key(r) == bottleneck_analysis.rate_key(c)
             ),
             c["cpu_s"],
         )
-    obj = bottleneck_report.carry_over(new, committed, set())
+    obj = bottleneck_analysis.carry_over(new, committed, set())
     [aside] = obj["set_aside"]
     # every run counted once: the earlier trunk's cells and rate cells (a chosen rate's cell is also its seed-1 cell
     # there) and this trunk's cells, the rate cells carried here and not again in the set-aside cell copying them
     here = sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in new["cells"]) / 3600
-    once = bottleneck_page.cells_cpu_hours(committed) + here
-    assert bottleneck_page.cells_cpu_hours(obj) + bottleneck_page.set_aside_hours(obj) == pytest.approx(once)
+    once = bottleneck_analysis.cells_cpu_hours(committed) + here
+    assert bottleneck_analysis.cells_cpu_hours(obj) + bottleneck_analysis.set_aside_hours(obj) == pytest.approx(once)
     with_seed1 = {**obj, "cells": obj["cells"] + [c for c in committed["cells"] if c["seed"] == 1]}
     seed1 = sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in committed["cells"] if c["seed"] == 1) / 3600
     # this trunk's own seed-1 cell at --rate-d does not take the carried rate cell's place in the count
-    assert bottleneck_page.cells_cpu_hours(with_seed1) == pytest.approx(bottleneck_page.cells_cpu_hours(obj) + seed1)
+    assert bottleneck_analysis.cells_cpu_hours(with_seed1) == pytest.approx(
+        bottleneck_analysis.cells_cpu_hours(obj) + seed1
+    )
     assert aside["trunk_md5"] == "old" and aside["cells"] == committed["cells"] and aside["rate_cells"] == []
     # the set-aside cells beside this trunk's: seed 2 here (the same cells), seed 1 there alone
     text = "\n".join(bottleneck_page.set_aside_table(obj))
@@ -714,7 +721,7 @@ def test_a_rate_search_carried_from_another_trunk_is_named_and_counted_once():
     assert f"| `old` | mos-4 | 4 | 2 | {ppl:.2f} | {ppl:.2f} | {gap:+.4f} | {gap:+.4f} |" in text
     assert f"| `old` | mos-4 | 4 | 1 | {math.exp(there[('mos-4', 4, 1)]):.2f} | - | " in text
     assert "| `old` | softmax | 4 | 1 |" in text and text.count("| `old` |") == len(committed["cells"])
-    moved = {(r["head"], r["d"], r["seed"]): r["moved"] for r in bottleneck_page.numbers(obj)["set_aside"]}
+    moved = {(r["head"], r["d"], r["seed"]): r["moved"] for r in bottleneck_analysis.numbers(obj)["set_aside"]}
     assert moved[("mos-4", 4, 2)] == pytest.approx(0.0) and moved[("mos-4", 4, 1)] is None
     assert "## Cells of an earlier trunk" in bottleneck_report.page(obj, "/tmp/x.png")
     assert bottleneck_page.set_aside_table(committed) == []  # no earlier trunk
@@ -730,7 +737,7 @@ def test_the_floor_table_gives_each_cell_s_floor_and_none_where_it_did_not_run()
     ]
     text = bottleneck_report.page(_map(cells), "/tmp/x.png").split("## What each head can express")[1]
     assert _rows(text, "| head | d = ")[:2] == ["| softmax | 4.70 (1) | - | - |", "| mos-4 | 5.00 (1) | - | - |"]
-    floors = bottleneck_page.numbers(_map(cells))["map"]["floor_over_softmax"]
+    floors = bottleneck_analysis.numbers(_map(cells))["map"]["floor_over_softmax"]
     assert floors["mos-4"] == {"4": pytest.approx(0.3)}
 
 
@@ -744,7 +751,7 @@ def test_the_numbers_give_mixtape_s_rank_bound_and_a_mixtape_head_keeps_it():
     import hf_heads
 
     obj = _map(_cells())  # a vocabulary of 100: S = round(0.1 x 100)
-    assert bottleneck_page.numbers(obj)["map"]["mixtape_frequent_words"] == 10
+    assert bottleneck_analysis.numbers(obj)["map"]["mixtape_frequent_words"] == 10
     torch.manual_seed(0)
     name, options = bottleneck_map.HEADS["mixtape"]
     head = hf_heads.build_head(name, hidden_size=3, vocab_size=100, **options).double().eval()
@@ -752,7 +759,7 @@ def test_the_numbers_give_mixtape_s_rank_bound_and_a_mixtape_head_keeps_it():
         rank = np.linalg.matrix_rank(head.log_probs_2d(torch.randn(400, 3, dtype=torch.float64)).numpy())
     assert 3 + 2 < rank <= 10 + 3 + 2
     other = {**obj, "meta": {**obj["meta"], "args": {**obj["meta"]["args"], "heads": ["softmax", "mos-4"]}}}
-    assert "mixtape_frequent_words" not in bottleneck_page.numbers(other)["map"]
+    assert "mixtape_frequent_words" not in bottleneck_analysis.numbers(other)["map"]
 
 
 def test_an_upgrade_table_best_at_its_cap_gives_the_cap_check_s_command():

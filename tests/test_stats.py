@@ -195,8 +195,7 @@ def test_the_cap_facts_give_the_last_epochs_slope():
     # the median of an even count is the mean of the middle two (not the upper one, -0.120)
     assert got["slopes"] == pytest.approx([-0.15, -0.12]) and got["median"] == pytest.approx(-0.135)
     assert (
-        got["ppl_pct_at_median"] == pytest.approx(100 * (2**-0.135 - 1))
-        and f"{got['ppl_pct_at_median']:.1f}" == "-8.9"
+        got["ppl_pct_at_median"] == pytest.approx(100 * (2**-0.135 - 1)) and f"{got['ppl_pct_at_median']:.1f}" == "-8.9"
     )
     assert facts.cap_facts([cell("patience", [6, 5, 5.1, 5.2])]) is None  # none at the cap
 

@@ -383,7 +383,8 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     request.addfinalizer(lambda: torch.set_num_threads(threads))
     torch.set_num_threads(1)
 
-    from recipes import bottleneck_page, bottleneck_report, upgrade_table
+    from recipes import bottleneck_analysis, bottleneck_page, upgrade_table
+    from recipes.common import stats as paired_stats
 
     tmp_path, _ = pretrained
     out = tmp_path / "table"
@@ -393,7 +394,7 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     argv += ["--pilot-tokens", "1024", "--pilot-valid-tokens", "256", "--train-tokens", "2048", "--valid-tokens", "512"]
     argv += ["--block-size", "32", "--batch-tokens", "256"]  # passed on to recipes.upgrade_head
     result = upgrade_table.main(argv, log=lambda *_: None)
-    pilot = bottleneck_report.collect_upgrade(str(out))["pilot"]
+    pilot = bottleneck_analysis.collect_upgrade(str(out))["pilot"]
     assert len(pilot) == 6 and {c["tokens"]["train"] for c in pilot} == {1024 // 32 * 31}
     for row, chosen in result["rates"].items():
         scores = {c["lr"]: c["curve"][1]["valid_nll"] for c in pilot if c["row"] == row}
@@ -412,7 +413,7 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     assert json.dumps(again, sort_keys=True) == json.dumps(result["cells"], sort_keys=True)  # (NaN != NaN in ==)
     # a new machine: --restore copies the committed cells (the page's json) into a fresh --out, none runs
     page = tmp_path / "page.json"
-    page.write_text(json.dumps({"upgrade": bottleneck_report.collect_upgrade(str(out))}))
+    page.write_text(json.dumps({"upgrade": bottleneck_analysis.collect_upgrade(str(out))}))
     fresh = argv[: argv.index("--out")] + ["--out", str(tmp_path / "fresh")] + argv[argv.index("--out") + 2 :]
     restored = upgrade_table.main(fresh + ["--restore", str(page)], log=lambda *_: None)
     assert json.dumps(restored["cells"], sort_keys=True) == json.dumps(result["cells"], sort_keys=True)
@@ -424,7 +425,7 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     assert upgrade_table.restore(other, "cells", result["rates"], log=lambda *_: None) == 0
     # the cap check (the table's command at a higher --max-epochs): its cells restore from the page's upgrade_cap part,
     # its pilot from the table's
-    committed = bottleneck_report.collect_upgrade(str(out))
+    committed = bottleneck_analysis.collect_upgrade(str(out))
     cap_meta = {**committed["meta"], "args": {**committed["meta"]["args"], "max_epochs": 3}}
     page.write_text(json.dumps({"upgrade": committed, "upgrade_cap": {"cells": committed["cells"], "meta": cap_meta}}))
     capped = upgrade_table.parse_args(fresh + ["--restore", str(page), "--out", str(tmp_path / "cap")])
@@ -434,15 +435,15 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     capped.max_epochs, capped.out = 4, str(tmp_path / "cap4")  # neither part ran at this cap
     assert upgrade_table.restore(capped, "cells", result["rates"], log=lambda *_: None) == 0
     # the page's section
-    up = bottleneck_report.collect_upgrade(str(out))
-    rows = {(r["row"], r["control"]): r for r in bottleneck_page.upgrade_rows(up)}
+    up = bottleneck_analysis.collect_upgrade(str(out))
+    rows = {(r["row"], r["control"]): r for r in bottleneck_analysis.upgrade_rows(up)}
     assert set(rows) == {("softmax-mlp", "softmax"), ("mos-3", "softmax"), ("mos-3", "softmax-mlp")}
     table_rows = ("softmax", "softmax-mlp", "mos-3")
     nll = {k: math.log(c["after"]["test"]["ppl"]) for k, c in result["cells"].items()}
     expected = sum(nll[f"mos-3-seed{s}"] - nll[f"softmax-seed{s}"] for s in (1, 2)) / 2
     assert rows[("mos-3", "softmax")]["paired"].mean == pytest.approx(expected)
-    holm = bottleneck_report.paired_stats.holm([r["paired"].p for r in bottleneck_page.upgrade_rows(up)])
-    assert [r["holm"] for r in bottleneck_page.upgrade_rows(up)] == holm
+    holm = paired_stats.holm([r["paired"].p for r in bottleneck_analysis.upgrade_rows(up)])
+    assert [r["holm"] for r in bottleneck_analysis.upgrade_rows(up)] == holm
     text = "\n".join(bottleneck_page.upgrade_section(up))
     assert "| MoS-3 | (a) | 2 |" in text
     assert f"| MoS-3 | (a) | 2 | {expected:+.4f} [" in text  # the pair's mean, as computed from the cells
@@ -451,7 +452,7 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     mos_row = next(line for line in table.splitlines() if line.startswith("| MoS-3 |"))
     ratios = [result["cells"][f"mos-3-seed{s}"]["inference_costs"]["ratio"] for s in (1, 2)]
     assert mos_row.endswith(f"| {bottleneck_page.mean_sd(ratios, 3)} |") and "x pretrained" in table
-    names = bottleneck_page.NAMES  # the pilot table: each row's valid NLL per rate, bold its chosen rate's
+    names = bottleneck_analysis.NAMES  # the pilot table: each row's valid NLL per rate, bold its chosen rate's
     for r in table_rows:
         scores = {c["lr"]: c["curve"][1]["valid_nll"] for c in pilot if c["row"] == r}
         line = next(ln for ln in text.splitlines() if ln.startswith(f"| {names[r]} | ") and "**" in ln)
@@ -459,7 +460,7 @@ def test_the_upgrade_table_chooses_each_rows_rate_on_valid_pairs_seeds_and_resum
     assert "| (b) softmax + residual MLP (MoS-3's added parameters) |" in text
     # the run's options (OUT/meta.json): the rerun command with every one, passed options last; the seeds planned
     assert up["meta"]["args"]["seeds"] == [1, 2] and up["meta"]["passed"] == argv[-4:]
-    command = bottleneck_report.upgrade_table.command_line(up["meta"])
+    command = upgrade_table.command_line(up["meta"])
     assert "--rows softmax softmax-mlp mos-3 --rates 0.001 0.03" in command and command.endswith(" ".join(argv[-4:]))
     assert "--seeds 1 2 " in command and "--max-epochs 2" in command
     # a table short of its seeds says so: the seed-2 cells gone, each row and comparison has "1 of 2"
