@@ -5,10 +5,11 @@
     python -m recipes.fast_report --svd results/svd_study --ds results/ds_wt2    # copies, then writes the page
     python -m recipes.fast_report --no-collect                                   # the page from the committed json
 
-Collecting copies each run's ``results.json`` (and the SVD study's plots) into ``docs/fast_study/`` with the ``--note``
-text (e.g. the machine's load while it was timed); the page is written from those files only: its tables (ours beside
-the sources', :data:`POSTER`, :data:`POSTER_SVD`), plots, commands, the hand-written reading (:data:`READING`), and
-``docs/fast_study/numbers.json``, the derived numbers (:func:`derived`) the tables and the reading cite.
+Collecting (:mod:`recipes.fast_analysis`) copies each run's ``results.json`` (and the SVD study's plots) into
+``docs/fast_study/`` with the ``--note`` text (e.g. the machine's load while it was timed); the page is written from
+those files only: its tables (ours beside the sources', the DS-Softmax poster's and its SVD-10 column), plots,
+commands, the hand-written reading (:data:`READING`), and ``docs/fast_study/numbers.json``, the derived numbers the
+tables and the reading cite.
 """
 
 from __future__ import annotations
@@ -16,25 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import textwrap
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from recipes.common.reading import written_reading
+from recipes.fast_analysis import collect, derived, load, method_rows
 from recipes.ds_softmax import HEADER as DS_HEADER
-from recipes.ds_softmax import PAPER as POSTER
 from recipes.ds_softmax import format_row as ds_row
 from recipes.ds_softmax import from_json
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
-#: the poster's SVD-10 column (top-1 accuracy full -> SVD, FLOPs reduction, ms full -> SVD, on a GPU)
-POSTER_SVD = {
-    "PTB": {"full": 0.252, "svd": 0.251, "flops": 5.00, "ms": (0.73, 0.18)},
-    "Wiki-2": {"full": 0.257, "svd": 0.255, "flops": 5.38, "ms": (3.07, 0.60)},
-}
-PLOTS = ("svd-spectra.png", "svd-ppl-vs-window.png")
 READING = "fast_softmax_study-reading.md"  # beside the page; first line <!-- cells: N -->, N = the runs it read
-WITHIN = 0.01  # the smallest preview window keeps the perplexity within this (relative) of the exact softmax's
 #: the formatters of the page's tables (a percentage is a fraction's hundredfold, "points" one of top-1)
 FORMATS = tuple(f"{{:.{n}f}}".format for n in range(4))
 #: the numbers of the reading that are no json value as the page prints it, each with why (at most ten)
@@ -58,70 +51,6 @@ SVD_CMP = (
     "| method | perplexity | top-1 agreement | top-10 overlap | fewer mults | ms per token | speed-up |",
     "| {name} | {ppl:.2f} | {top1:.3f} | {top10:.3f} | {cost_gain:.1f}x | {ms_per_token} | {speedup} |",
 )
-
-
-def collect(svd: Optional[str], ds: Optional[str], out_dir: str, note: Optional[str]) -> None:
-    """Copy the runs' ``results.json`` (and plots) into ``out_dir`` as ``svd_study.json`` / ``ds_wt2.json``, each
-    as ``{"notes": [...], "results": [...]}``."""
-    os.makedirs(out_dir, exist_ok=True)
-    for run, name in [(r, n) for r, n in ((svd, "svd_study"), (ds, "ds_wt2")) if r]:
-        path = os.path.join(run, "results.json")
-        if not os.path.isfile(path):
-            raise SystemExit(f"--{name.split('_')[0]} {run}: no results.json there (run its command first)")
-        with open(path) as f, open(os.path.join(out_dir, f"{name}.json"), "w") as out:
-            json.dump({"notes": [note] if note else [], "results": json.load(f)}, out, indent=1)
-        for plot in PLOTS if name == "svd_study" else ():
-            shutil.copyfile(os.path.join(run, plot), os.path.join(out_dir, plot))
-
-
-def load(out_dir: str, name: str) -> Optional[Dict]:
-    path = os.path.join(out_dir, f"{name}.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            return json.load(f)
-
-
-def _rows(result: Dict, method: str = "svd_softmax") -> List[Dict]:
-    return [r for r in result["rows"] if r["method"] == method]
-
-
-def _setting(result: Dict) -> Dict:
-    """At the largest N: the smallest W within :data:`WITHIN` of the exact perplexity per preview, the excess of the
-    largest W's perplexity over the exact one, and the hierarchical softmax's."""
-    ppl, svd, hier = result["rows"][0]["ppl"], _rows(result), _rows(result, "class_softmax")
-    n, w = max(r["N"] for r in svd), max(r["W"] for r in svd)
-    ok = sorted((r["W"], r["preview"]) for r in svd if r["N"] == n and r["ppl"] <= ppl * (1 + WITHIN))
-    return {
-        "setting": result["setting"],
-        "N": n,
-        "smallest_window": {p: next((x for x, q in ok if q == p), None) for p in ("adaptive", "leading")},
-        "largest_window_excess": {r["preview"]: r["ppl"] / ppl - 1 for r in svd if (r["N"], r["W"]) == (n, w)},
-        "hierarchical_excess": hier[0]["ppl"] / ppl - 1 if hier else None,
-    }
-
-
-def _source(name: str, p: Dict, fast: str) -> Dict:
-    """A source's row: its top-1 difference, wall-clock speed-up and the speed-up's share of its FLOPs reduction."""
-    wall, top1 = p["ms"][0] / p["ms"][1], p[fast] - p["full"]
-    extra = {"name": name, "fast": p[fast], "top1": top1, "wall_clock": wall, "wall_per_flops": wall / p["flops"]}
-    return {**p, "ms": list(p["ms"]), **extra}
-
-
-def _ds(r: Dict) -> Dict:
-    """A DS-Softmax row's batch-1 speed-up as a share of its FLOPs reduction, and its top-1 gain."""
-    top1 = r["top1_ds"] - r["top1_softmax"]
-    return {"experts": r["experts"], "wall_per_flops": r["speedup"][1] / r["flops_reduction"], "top1": top1}
-
-
-def derived(ds: Optional[Dict], svd: Optional[Dict]) -> Dict:
-    """The numbers the tables and the reading cite that no run's json holds (``numbers.json``)."""
-    return {
-        "within": WITHIN,
-        "sources": [_source("DS-64 Wiki-2", POSTER["Wiki-2"], "ds")]
-        + [_source(f"SVD-10 {k}", p, "svd") for k, p in POSTER_SVD.items()],
-        "ds": [_ds(from_json(r)) for r in (ds["results"] if ds else [])],
-        "svd": [_setting(r) for r in (svd["results"] if svd else [])],
-    }
 
 
 def table(template: Tuple[str, str], rows: List[Dict]) -> List[str]:
@@ -159,12 +88,12 @@ def svd_section(svd: Dict, nums: Dict) -> List[str]:
         "![perplexity against the preview window](fast_study/svd-ppl-vs-window.png)",
     )
     for result, d in zip(svd["results"], nums["svd"]):
-        by = {(r["N"], r["W"], r["preview"]): r for r in _rows(result)}
+        by = {(r["N"], r["W"], r["preview"]): r for r in method_rows(result)}
         adaptive = [r for k, r in sorted(by.items()) if k[2] == "adaptive" and (*k[:2], "leading") in by]
-        timed = [r for r in _rows(result) if r["N"] == d["N"] and "ms_per_token" in r]
+        timed = [r for r in method_rows(result) if r["N"] == d["N"] and "ms_per_token" in r]
         named = [(r["method"], r) for r in result["rows"][:1]]
         named += [(f"svd_softmax {r['preview']} W={r['W']} N={r['N']}", r) for r in timed]
-        named += [(f"class_softmax ({r['classes']} classes)", r) for r in _rows(result, "class_softmax")]
+        named += [(f"class_softmax ({r['classes']} classes)", r) for r in method_rows(result, "class_softmax")]
         timing = {"ms_per_token": "{:.3f}", "speedup": "{:.2f}x"}
         cmp = [{**r, "name": x, **{k: f.format(r[k]) if k in r else "-" for k, f in timing.items()}} for x, r in named]
         lines += [f"### {result['setting']} (V = {result['V']}, d = {result['d']}, {result['tokens']} tokens)", ""]

@@ -117,6 +117,7 @@ def test_fast_study_page_from_both_commands(tmp_path):
     """The docs page is written from the two commands' outputs only: it opens with the DS-Softmax rows, then the
     poster's, the perplexity-against-W tables, both plots, the SVD-vs-hierarchical table and numbers.json."""
     from recipes import ds_softmax as dsr
+    from recipes import fast_analysis as FA
     from recipes import fast_report as FR
 
     tiny_corpus(tmp_path / "ptb", num_words=30, valid_lines=60, seed=2)
@@ -200,7 +201,7 @@ def test_fast_study_page_from_both_commands(tmp_path):
     ds = json.loads((docs / "fast_study" / "ds_wt2.json").read_text())
     svd = json.loads((docs / "fast_study" / "svd_study.json").read_text())
     nums = json.loads((docs / "fast_study" / "numbers.json").read_text())
-    assert nums == json.loads(json.dumps(FR.derived(ds, svd)))
+    assert nums == json.loads(json.dumps(FA.derived(ds, svd)))
     (r,) = ds["results"]
     assert nums["ds"] == [
         {
@@ -210,7 +211,7 @@ def test_fast_study_page_from_both_commands(tmp_path):
         }
     ]
     assert f"| {r['speedup']['1'] / r['flops_reduction']:.2f} |" in text
-    for plot in FR.PLOTS:
+    for plot in FA.PLOTS:
         assert (docs / "fast_study" / plot).stat().st_size > 100
     # the page again from the committed json alone: the same text
     assert FR.main(["--no-collect", "--docs", str(docs)]) == text
@@ -222,6 +223,7 @@ def test_fast_study_committed_page_numbers_and_reading():
     """The committed page and numbers.json are what the generator makes of the committed json (and the reading);
     every decimal, percentage and number with a unit of the hand-written reading is one of their values as the
     page's tables format it, or one of the at most ten listed exceptions."""
+    from recipes import fast_analysis as FA
     from recipes import fast_report as FR
     from recipes.common.reading import number_values, unmatched_numbers
 
@@ -237,7 +239,7 @@ def test_fast_study_committed_page_numbers_and_reading():
     with open(os.path.join(FR.DOCS, FR.READING)) as f:
         reading = f.read()
     assert max(len(line) for line in reading.splitlines()) <= 120
-    values = number_values(nums) + [v for n in ("ds_wt2", "svd_study") for v in number_values(FR.load(out_dir, n))]
+    values = number_values(nums) + [v for n in ("ds_wt2", "svd_study") for v in number_values(FA.load(out_dir, n))]
     assert len(FR.EXCEPTIONS) <= 10
     assert unmatched_numbers(reading, values, FR.FORMATS, FR.EXCEPTIONS) == []
     assert unmatched_numbers("65.1x and 37%", values, FR.FORMATS) == ["65.1x"]  # 37%: 64 experts' 0.37 of the FLOPs
