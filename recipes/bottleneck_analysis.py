@@ -21,7 +21,9 @@ from typing import Dict, List
 
 from hf_heads.heads.mixtape import MixtapeConfig
 from recipes import bottleneck_map, upgrade_table
+from recipes.common import runtime
 from recipes.common import stats as paired_stats
+from recipes.common.reading import rounded
 
 
 PRIMARY, BASELINE, CONTROLS, NAMES = (
@@ -184,7 +186,7 @@ def cells_cpu_hours(obj: Dict, elsewhere=frozenset()) -> float:
     carried = carried_rate_cells(obj)  # another trunk's run, never a copy of this trunk's seed-1 cell
     rate_cells = [c for c in obj["rate_cells"] if rate_key(c) not in chosen or c in carried]
     twice = [c for c in obj["cells"] if c["seed"] == 1 and rate_key(c) in chosen & set(elsewhere)]
-    spent = sum(c["cpu_s"] + c.get("floor_cpu_s", 0) for c in obj["cells"] + rate_cells)
+    spent = sum(map(runtime.cpu_seconds, obj["cells"] + rate_cells))
     return (spent - sum(c["cpu_s"] for c in twice)) / 3600
 
 
@@ -209,11 +211,10 @@ def cost(obj: Dict) -> List[Dict]:
     aside, joint, up = obj.get("set_aside", []), obj.get("joint") or [], obj.get("upgrade") or {}
     rows = [("the map's cells and rate cells (a chosen rate's cell once)", obj["cells"], obj["rate_cells"])]
     rows += [("earlier trunks' cells, set aside", *([c for e in aside for c in e[k]] for k in ("cells", "rate_cells")))]
-    hours = [cells_cpu_hours(obj), set_aside_hours(obj), sum(c.get("cpu_seconds", 0.0) for c in joint) / 3600]
+    hours = [cells_cpu_hours(obj), set_aside_hours(obj), sum(map(runtime.cpu_seconds, joint)) / 3600]
     rows.append(("the joint check", joint, None))
     for part, cells in (("rate pilot", up.get("pilot")), ("cells", up.get("cells")), ("cap check", cap_cells(obj))):
-        steps = lambda c: sum(e.get("train_cpu_seconds", 0) for e in c["curve"])  # noqa: E731
-        hours.append(sum(c["curve"][-1].get("cpu_seconds", steps(c)) for c in cells or []) / 3600)
+        hours.append(sum(map(runtime.cpu_seconds, cells or [])) / 3600)
         rows.append((f"the upgrade table's {part}", cells or [], None))
     return [
         {"part": p, "cells": len(c), "rate_cells": r if r is None else len(r), "hours": h}
@@ -345,16 +346,6 @@ def upgrade_numbers(up: Dict) -> Dict:
             ratio = added[row] / added["softmax-mlp"]
             rows[row].update(added_over_b=ratio, apart_from_b=ratio - 1)
     return {"rows": rows, "pairs": [pair_numbers(r, "row", "control") for r in upgrade_rows(up)]}
-
-
-def rounded(x):
-    """``x`` with every float at 10 significant digits (what the page shows, whatever a machine's last bits) and every
-    key a string, as json reads it back."""
-    if isinstance(x, dict):
-        return {str(k): rounded(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [rounded(v) for v in x]
-    return (float(f"{x:.10g}") if math.isfinite(x) else None) if isinstance(x, float) else x
 
 
 def numbers(obj: Dict) -> Dict:

@@ -1,6 +1,7 @@
 """The README and docs/*.md: the heads table is generated from the registry, every relative link and anchor
 resolves, and every ```python block runs (the blocks of one file in order, in one fresh process)."""
 
+import ast
 import json
 import os
 import re
@@ -340,3 +341,33 @@ def test_the_reproduction_page_and_each_of_its_sections_open_with_a_table():
     assert max(len(line) for line in prose if not line.startswith("|")) <= 400
     # a wrapped line of a reading or a note starts no list item, quote or heading underline
     assert not [line for line in prose if re.match(r"([-+*=>]|\d+[.)])(\s|$)", line)]
+
+
+#: the code that writes the results pages: tables, plots, commands and the pasted readings (what they render, the
+#: statistics, the collection and the derived numbers, lives in each page's analysis: recipes/bottleneck_analysis.py,
+#: recipes/fast_analysis.py, recipes/reproduce/analysis/)
+PAGE_WRITERS = (
+    "recipes/bottleneck_page.py",
+    "recipes/bottleneck_report.py",
+    "recipes/fast_report.py",
+    "recipes/reproduce/report",
+)
+
+
+def test_the_code_that_writes_the_pages_stays_small_and_writes_no_sentences_from_numbers():
+    """About 1.5k lines in all, and no f-string in it is prose long enough to be a generated sentence about the
+    numbers (a caption, a header and a note are short; a reading is written by hand, beside its page)."""
+    files = []
+    for path in (os.path.join(ROOT, p) for p in PAGE_WRITERS):
+        files += (
+            [os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".py")]
+            if os.path.isdir(path)
+            else [path]
+        )
+    lines = sum(len(open(f).read().splitlines()) for f in files)
+    assert lines <= 1550, f"the page writers are {lines} lines (at most about 1.5k)"
+    for f in files:
+        for node in ast.walk(ast.parse(open(f).read())):
+            if isinstance(node, ast.JoinedStr):
+                text = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
+                assert len(text) <= 200 or text.count(". ") < 2, f"{f}: an f-string of {len(text)} characters"

@@ -11,6 +11,7 @@ import pytest
 
 from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.engine import sweep as sweep_rules
+from recipes.common import runtime
 from recipes.reproduce.analysis import collect, facts
 from recipes.reproduce.analysis import compare as head_comparison
 from recipes.reproduce.report import layout as tables
@@ -346,7 +347,7 @@ def test_sweep_table_equal_compute_and_cpu_hours():
     measured = [{**c, "cpu_s": 3.6} if c["head"] == "mixtape" else c for c in cells]
     spent = head_comparison.cpu_hours(measured, sweep)
     assert spent["total"] == pytest.approx((4 * 3.6 + 40 + 40 + 40 + 40) / 3600)
-    assert spent["wall"] == pytest.approx(160 / 3600) and head_comparison.cell_cpu_hours(measured[-1]) == pytest.approx(
+    assert spent["wall"] == pytest.approx(160 / 3600) and runtime.cpu_seconds(measured[-1]) / 3600 == pytest.approx(
         0.001
     )
     chosen = [c for c in cells if c["lr"] == sweep[c["head"]]["chosen"]]
@@ -887,3 +888,17 @@ def test_the_overview_says_which_heads_have_their_rate_while_others_sweep():
         status({**table, "rows": [], "sweep": {"plif": {"chosen": None}}}, False) == "mini, learning-rate sweep running"
     )
     assert status({**table, "rows": []}, True) == "full only (the plan; not run here)"
+
+
+def test_every_page_counts_a_cells_cpu_time_one_way():
+    """recipes.common.runtime.cpu_seconds, the one CPU-hour account of the reproduction, the bottleneck map and the
+    upgrade table: measured CPU time first (with a floor run's), then the joint check's, then an upgrade cell's
+    curve (its process's time at the last epoch, else its training steps'), then training seconds times threads."""
+    assert runtime.cpu_seconds({"cpu_s": 30.0, "floor_cpu_s": 12.0, "train_wall_s": 999}) == 42.0
+    assert runtime.cpu_seconds({"cpu_s": 30.0, "train_wall_s": 999, "threads": 2}) == 30.0
+    assert runtime.cpu_seconds({"cpu_seconds": 7.5}) == 7.5
+    curve = [{"epoch": 0}, {"epoch": 1, "train_cpu_seconds": 4.0}, {"epoch": 2, "train_cpu_seconds": 5.0}]
+    assert runtime.cpu_seconds({"curve": curve}) == 9.0  # the steps alone: the process's time not recorded
+    assert runtime.cpu_seconds({"curve": curve[:-1] + [{**curve[-1], "cpu_seconds": 20.0}]}) == 20.0
+    assert runtime.cpu_seconds({"train_wall_s": 10.0, "threads": 2, "curve": [{"epoch": 1, "loss": 3.0}]}) == 20.0
+    assert runtime.cpu_seconds({"train_wall_s": None}) == 0.0

@@ -114,3 +114,14 @@ def unmatched_numbers(
         if not signs or (sign and sign not in signs and not (sign == "+" and magnitude.strip("0.") == "")):
             missing.append(written)
     return missing
+
+
+def rounded(x):
+    """``x`` (a page's derived numbers) with every float at 10 significant digits (what the page shows is far
+    coarser: the same on every machine, whatever its last bits), a non-finite one None, and every key a string, as
+    json reads it back."""
+    if isinstance(x, dict):
+        return {str(k): rounded(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [rounded(v) for v in x]
+    return (float(f"{x:.10g}") if math.isfinite(x) else None) if isinstance(x, float) else x

@@ -1,7 +1,8 @@
 """The recipes' experiment runtime, one for every study: a cell is a json file (a finished cell is read, not run
 again; :func:`claimed` splits the cells of a shared folder between the processes that run them), committed cells come
 back from a page's json (:func:`restore`), a learning-rate grid grows past a best end and chooses the lowest valid loss
-(:func:`choose_lr`, :func:`extend_grid`, :func:`grown_grid`). The reproduced tables (``recipes.reproduce.engine``),
+(:func:`choose_lr`, :func:`extend_grid`, :func:`grown_grid`), and what a cell cost is counted one way
+(:func:`cpu_seconds`). The reproduced tables (``recipes.reproduce.engine``),
 the bottleneck map and its joint check, the upgrade table and the Mixtape forms all run on it."""
 
 from __future__ import annotations
@@ -30,6 +31,25 @@ def save_json(path: str, obj: Any) -> None:
         json.dump(obj, f, indent=1, sort_keys=False, default=_json_default)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def cpu_seconds(cell: Mapping[str, Any]) -> float:
+    """A cell's CPU-core-seconds, the one account of every page, from what its kind of run recorded: its processes'
+    CPU time (``cpu_s``, user + system, with its floor run's ``floor_cpu_s`` where it had one: the reproduced tables,
+    the bottleneck map); the joint check's ``cpu_seconds``; an upgrade cell's curve (its process's ``cpu_seconds`` at
+    the last epoch, else its training steps' ``train_cpu_seconds``); else its training seconds times its threads
+    (``train_wall_s``: cells trained before the CPU time was recorded; on a core shared with other jobs this counts
+    the waiting too, an upper bound); 0 with none of them."""
+    if cell.get("cpu_s") is not None:
+        return cell["cpu_s"] + cell.get("floor_cpu_s", 0)
+    if cell.get("cpu_seconds") is not None:
+        return cell["cpu_seconds"]
+    curve = cell.get("curve") or []
+    if curve and "cpu_seconds" in curve[-1]:
+        return curve[-1]["cpu_seconds"]
+    if any("train_cpu_seconds" in e for e in curve):
+        return sum(e.get("train_cpu_seconds", 0) for e in curve)
+    return (cell.get("train_wall_s") or 0.0) * (cell.get("threads") or 1)
 
 
 def _running(pid: int) -> bool:

@@ -8,6 +8,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
+from recipes.common import runtime
 from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce.analysis import compare as head_comparison
 from recipes.reproduce.engine import results as result_files
@@ -159,7 +160,7 @@ def set_aside(
     cells_dir: str, table: str, reason: str, docs_dir: str = DOCS, plan: Optional[str] = None
 ) -> Dict[str, Any]:
     """Count the training CPU-core-hours of every cell under ``cells_dir`` (a table's results moved aside when its
-    mini settings changed: the new settings train them again) as :func:`.compare.cpu_hours` counts
+    mini settings changed: the new settings train them again) as :func:`recipes.common.runtime.cpu_seconds` counts
     a cell (measured CPU time, else training seconds times threads: one where no record says), and keep the count in
     ``docs_dir/reproduction/`` (:data:`SET_ASIDE`) under the directory's name, so the Compute section keeps counting
     what they cost (``plan``: the plan whose Compute table counts them, e.g. the train splits'; None: the earlier
@@ -180,7 +181,7 @@ def set_aside(
         with open(log) as f:
             text = f.read()
         cell = {"cpu_s": cpu_seconds(log, text), "train_wall_s": parse_train_wall(text), "threads": threads.get(log)}
-        hours = head_comparison.cell_cpu_hours(cell)
+        hours = runtime.cpu_seconds(cell) / 3600.0
         entry["cells"] += 1
         entry["total"] += hours
         entry["wall"] += hours if cell["cpu_s"] is None else 0.0

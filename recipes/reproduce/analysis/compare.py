@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from recipes.common import stats
+from recipes.common import runtime, stats
 from recipes.common.stats import ALPHA, POWER
 from recipes.reproduce.engine import sweep as sweep_rules
 
@@ -250,24 +250,14 @@ def rates_by_nll(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping
     return out
 
 
-def cell_cpu_hours(cell: Mapping[str, Any]) -> float:
-    """A cell's training CPU-core-hours: the CPU time its training processes used (``cpu_s``, user + system, as the
-    runner records it) where recorded, else its training seconds times its threads (``train_wall_s``: cells trained
-    before the CPU time was recorded; on a core shared with other jobs this counts the waiting too, an upper
-    bound)."""
-    if cell.get("cpu_s") is not None:
-        return cell["cpu_s"] / 3600.0
-    return (cell.get("train_wall_s") or 0.0) * (cell.get("threads") or 1) / 3600.0
-
-
 def cpu_hours(cells: Sequence[Mapping[str, Any]], sweep: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
-    """Training CPU-core-hours of a table's cells (:func:`cell_cpu_hours`): ``{"sweep": rates not chosen, "chosen":
-    the chosen rates' cells (seed 1 included), "total", "wall": the part counted from training seconds, not measured
-    CPU time}``; scoring excluded."""
+    """Training CPU-core-hours of a table's cells (:func:`recipes.common.runtime.cpu_seconds`): ``{"sweep": rates
+    not chosen, "chosen": the chosen rates' cells (seed 1 included), "total", "wall": the part counted from training
+    seconds, not measured CPU time}``; scoring excluded."""
     chosen = {h: s["chosen"] for h, s in sweep.items()}
     out = {"sweep": 0.0, "chosen": 0.0, "wall": 0.0}
     for c in cells:
-        hours = cell_cpu_hours(c)
+        hours = runtime.cpu_seconds(c) / 3600.0
         out["chosen" if chosen.get(c["head"]) == c.get("lr") else "sweep"] += hours
         if c.get("cpu_s") is None:
             out["wall"] += hours

@@ -8,6 +8,8 @@ import statistics
 from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence
 
+from recipes.common import runtime
+from recipes.common.reading import rounded
 from recipes.common.stats import ALPHA, POWER, holm, paired
 from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce.analysis import compare
@@ -273,7 +275,7 @@ def cells_to_train(obj: Dict[str, Any]) -> tuple:
     for head, planned in obj["seeds_planned"].items():
         mine = [c for c in chosen if c["head"] == head]
         cells += max(0, planned - len(mine))
-        hours += max(0, planned - len(mine)) * sum(map(compare.cell_cpu_hours, mine)) / len(mine) if mine else 0.0
+        hours += max(0, planned - len(mine)) * sum(map(runtime.cpu_seconds, mine)) / 3600.0 / len(mine) if mine else 0.0
     return cells, hours
 
 
@@ -302,7 +304,9 @@ def compute_numbers(objs: Dict[str, Dict[str, Any]], pilot, aside) -> Dict[str, 
     )
     for t, o in objs.items():  # a cell without its CPU time counts its training seconds times its threads
         mine = [c for c in o.get("cells", []) if train_split(c)]
-        parts += [{"name": t, "cells": len(mine), "hours": sum(map(compare.cell_cpu_hours, mine))}] if mine else []
+        parts += (
+            [{"name": t, "cells": len(mine), "hours": sum(map(runtime.cpu_seconds, mine)) / 3600.0}] if mine else []
+        )
     parts += [
         {"name": f"{e['table']}, set aside: {e['reason']}", "cells": e["cells"], "hours": e["total"]}
         for e in aside
@@ -380,12 +384,3 @@ def all_numbers(docs_dir: str) -> Dict[str, Dict[str, Any]]:
     if pilot and pilot.get("arms"):
         out["lm-ptb-pilot"] = pilot_numbers(pilot)
     return {n: rounded(v) for n, v in out.items()}
-
-
-def rounded(x):
-    """Floats to 10 significant digits (what the page shows is far coarser: the same on every machine)."""
-    if isinstance(x, float):
-        return float(f"{x:.10g}")
-    if isinstance(x, dict):
-        return {str(k): rounded(v) for k, v in x.items()}
-    return [rounded(v) for v in x] if isinstance(x, (list, tuple)) else x
