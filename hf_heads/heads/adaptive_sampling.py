@@ -148,113 +148,133 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
         return {"variance_scale": self.config.variance_scale, **best}
 
     def _bandit_topk(self, g: torch.Tensor, k: int):
-        """One query: ``(log_probs [k], indices [k], stats)``."""
+        """One query: ``(log_probs [k], indices [k], stats)``: the coordinates drawn (:meth:`_coordinate_order`), the
+        arms eliminated round by round (:meth:`_eliminate`, steps 1), then the winners' exact logits and the exact
+        logits that the partition function needs (:meth:`_winners`, steps 2 and 3)."""
         c = self.config
         wt, atom_weights, bias = self.sampling_tables(g.dtype)
-        vocab, d = c.vocab_size, c.embedding_size
-        mults = d  # the importance weights |g_j| * sum_i |W_ij|
+        drawn = self._coordinate_order(g, atom_weights)
+        if drawn is None:  # g = 0 (or W = 0): every logit is its bias
+            logits = g.new_zeros(c.vocab_size) if bias is None else bias.clone()
+            top, idx = logits.topk(k)
+            stats = {"multiplications": float(c.embedding_size), "rounds": 0.0, "exact_arms": float(c.vocab_size)}
+            return top - torch.logsumexp(logits, 0), idx, {**stats, "pulls_per_arm": 0.0}
+        arms = _Arms(g, wt, bias, *drawn)
+        survivors, rounds, pulls = self._eliminate(arms, k)
+        log_probs, winners, exact, made_exact = self._winners(arms, survivors, k)
+        stats = {
+            "multiplications": float(c.embedding_size + pulls + exact),  # the importance weights' d, then the pulls
+            "rounds": float(rounds),
+            "exact_arms": float(made_exact),
+            "pulls_per_arm": float(arms.pulled.double().mean()),
+        }
+        return log_probs, winners, stats
 
-        # coordinate order: Gumbel-top sampling without replacement, proportional to q_j
+    def _coordinate_order(self, g: torch.Tensor, atom_weights: torch.Tensor):
+        """The coordinates in a Gumbel-top order without replacement, proportional to ``q_j = |g_j| sum_i |W_ij|``:
+        ``(order, keys, log_q)`` of the coordinates with ``q_j > 0``, or None when there is none."""
         q = g.abs() * atom_weights
         usable = int((q > 0).sum())
-        if usable == 0:  # g = 0 (or W = 0): every logit is its bias
-            logits = g.new_zeros(vocab) if bias is None else bias.clone()
-            top, idx = logits.topk(k)
-            return (
-                top - torch.logsumexp(logits, 0),
-                idx,
-                {"multiplications": float(mults), "rounds": 0.0, "exact_arms": float(vocab), "pulls_per_arm": 0.0},
-            )
+        if usable == 0:
+            return None
         log_q = torch.log(q / q.sum())
         # drawn on the CPU (the head's generator: the same draws on every device), then moved to g's device
+        d = self.config.embedding_size
         u = torch.rand(d, generator=self._generator, dtype=torch.float64).to(g.device, g.dtype).clamp_(1e-12, 1 - 1e-12)
         keys, order = (log_q - torch.log(-torch.log(u))).sort(descending=True)
-        order, keys, log_q = order[:usable], keys[:usable], log_q[order[:usable]]
+        return order[:usable], keys[:usable], log_q[order[:usable]]
 
-        def weights(n):
-            """1 / pi_j and (1 - pi_j) / pi_j^2 for the first n coordinates of the order."""
-            if n >= usable:
-                one = g.new_ones(n)
-                return one, g.new_zeros(n)
-            pi = -torch.expm1(-torch.exp(log_q[:n] - keys[n]))
-            pi = pi.clamp_min(1e-30)
-            return 1.0 / pi, (1.0 - pi) / pi**2
-
-        bound = math.sqrt(2.0 * math.log(6.0 * vocab * math.log(max(d, 3)) / (c.delta / 2)))
-        arms = torch.arange(vocab, device=g.device)
-        est_all = g.new_zeros(vocab)
-        var_all = g.new_zeros(vocab)
-        pulled_all = torch.zeros(vocab, dtype=torch.long, device=g.device)
+    def _eliminate(self, arms: "_Arms", k: int):
+        """Step 1, successive elimination: every arm gets ``initial_pulls`` coordinates, then the arms whose upper
+        bound falls under the k-th best lower bound go and the others get twice as many, until at most k remain or
+        every coordinate is used. Returns ``(the surviving arms, rounds, multiplications)``."""
+        c, g, wt, order, usable = self.config, arms.g, arms.wt, arms.order, arms.usable
+        bound = math.sqrt(2.0 * math.log(6.0 * c.vocab_size * math.log(max(c.embedding_size, 3)) / (c.delta / 2)))
+        alive = torch.arange(c.vocab_size, device=g.device)
         n = min(c.initial_pulls, usable)
         products = (wt.index_select(0, order[:n]) * g[order[:n], None]).T.contiguous()  # [arms, n]
-        mults += n * vocab
-        rounds = 0
+        mults, rounds = n * c.vocab_size, 0
         while True:
             rounds += 1
-            inv_pi, var_w = weights(n)
+            inv_pi, var_w = arms.weights(n)
             est = products @ inv_pi
-            if bias is not None:
-                est = est + bias[arms]
+            if arms.bias is not None:
+                est = est + arms.bias[alive]
             var = (products * products) @ var_w
-            est_all[arms], var_all[arms], pulled_all[arms] = est, var, n
-            if len(arms) <= k or n >= usable:
+            arms.est[alive], arms.var[alive], arms.pulled[alive] = est, var, n
+            if len(alive) <= k or n >= usable:
                 break
             radius = bound * (c.variance_scale * var).sqrt()
             kth_lower = (est - radius).topk(k).values[-1]
             keep = (est + radius >= kth_lower).nonzero().squeeze(1)
-            arms, products = arms[keep], products.index_select(0, keep)
-            if len(arms) <= k:
+            alive, products = alive[keep], products.index_select(0, keep)
+            if len(alive) <= k:
                 break
             n_next = min(2 * n, usable)
             cols = order[n:n_next]
-            fresh = (wt.index_select(0, cols).index_select(1, arms) * g[cols, None]).T
+            fresh = (wt.index_select(0, cols).index_select(1, alive) * g[cols, None]).T
             products = torch.cat([products, fresh], dim=1)
-            mults += (n_next - n) * len(arms)
+            mults += (n_next - n) * len(alive)
             n = n_next
+        return alive, rounds, mults
 
-        def make_exact(which: torch.Tensor) -> Tuple[int, int]:
-            """Exact logits for the arms ``which`` not yet exact; returns (multiplications, arms made exact)."""
-            which = which[pulled_all[which] < usable]
-            if len(which) == 0:
-                return 0, 0
-            est_all[which] = g @ wt[:, which] + (0 if bias is None else bias[which])
-            var_all[which] = 0
-            done = int((usable - pulled_all[which]).sum())
-            pulled_all[which] = usable
-            return done, len(which)
-
-        winners = arms[est_all[arms].topk(min(k, len(arms))).indices]
+    def _winners(self, arms: "_Arms", alive: torch.Tensor, k: int):
+        """Steps 2 and 3: the k best survivors (and, with fewer than k, the best of the rest by estimate) get their
+        exact logits; then, while the normal bound on Z's error exceeds ``epsilon / 2 * Z``, the arms carrying most
+        of its variance get theirs (twice as many each time). Returns ``(log-probs, winners, multiplications, arms
+        made exact)``, the winners in descending order."""
+        c, est_all, var_all = self.config, arms.est, arms.var
+        winners = alive[est_all[alive].topk(min(k, len(alive))).indices]
         if len(winners) < k:  # fewer survivors than k (k close to V): the best of the rest by estimate
             rest = est_all.clone()
             rest[winners] = -float("inf")
             winners = torch.cat([winners, rest.topk(k - len(winners)).indices])
-        done, exact_arms = make_exact(winners)
-        mults += done
-
-        # partition function: exact logits for the arms that carry its variance
-        z_bound = math.sqrt(2.0 * math.log(4.0 / c.delta))
-        chunk = max(16, k)
+        mults, exact_arms = arms.make_exact(winners)
+        z_bound, chunk = math.sqrt(2.0 * math.log(4.0 / c.delta)), max(16, k)
         while True:
             top = est_all.max()
             contrib = torch.exp(2 * (est_all - top)) * var_all  # exp(2 mu) var, scaled by exp(-2 top)
             z = torch.exp(est_all - top).sum()
             if z_bound * contrib.sum().sqrt() <= 0.5 * c.epsilon * z or not bool((var_all > 0).any()):
                 break
-            worst = contrib.topk(min(chunk, vocab)).indices
-            done, count = make_exact(worst)
+            done, count = arms.make_exact(contrib.topk(min(chunk, c.vocab_size)).indices)
             mults, exact_arms = mults + done, exact_arms + count
             chunk *= 2
-        log_z = top + torch.log(z)
-        order_k = est_all[winners].argsort(descending=True)
-        winners = winners[order_k]
-        stats = {
-            "multiplications": float(mults),
-            "rounds": float(rounds),
-            "exact_arms": float(exact_arms),
-            "pulls_per_arm": float(pulled_all.double().mean()),
-        }
-        return est_all[winners] - log_z, winners, stats
+        winners = winners[est_all[winners].argsort(descending=True)]
+        return est_all[winners] - (top + torch.log(z)), winners, mults, exact_arms
 
     def extra_repr(self) -> str:
         c = self.config
         return f"{super().extra_repr()}, epsilon={c.epsilon}, delta={c.delta}"
+
+
+class _Arms:
+    """One query's arms: the coordinates in their drawn order (``order``, their Gumbel ``keys`` and log-importances
+    ``log_q``; the first ``usable`` with ``q_j > 0``), and per arm its logit's estimate, the estimate's variance and
+    the coordinates it has pulled (``usable``: exact)."""
+
+    def __init__(self, g, wt, bias, order, keys, log_q):
+        self.g, self.wt, self.bias = g, wt, bias
+        self.order, self.keys, self.log_q, self.usable = order, keys, log_q, len(order)
+        vocab = wt.shape[1]
+        self.est, self.var = g.new_zeros(vocab), g.new_zeros(vocab)
+        self.pulled = torch.zeros(vocab, dtype=torch.long, device=g.device)
+
+    def weights(self, n: int):
+        """``1 / pi_j`` and ``(1 - pi_j) / pi_j^2`` for the first ``n`` coordinates of the order."""
+        if n >= self.usable:
+            return self.g.new_ones(n), self.g.new_zeros(n)
+        pi = -torch.expm1(-torch.exp(self.log_q[:n] - self.keys[n]))
+        pi = pi.clamp_min(1e-30)
+        return 1.0 / pi, (1.0 - pi) / pi**2
+
+    def make_exact(self, which: torch.Tensor) -> Tuple[int, int]:
+        """Exact logits for the arms ``which`` not yet exact; returns (multiplications, arms made exact)."""
+        which = which[self.pulled[which] < self.usable]
+        if len(which) == 0:
+            return 0, 0
+        self.est[which] = self.g @ self.wt[:, which] + (0 if self.bias is None else self.bias[which])
+        self.var[which] = 0
+        done = int((self.usable - self.pulled[which]).sum())
+        self.pulled[which] = self.usable
+        return done, len(which)
