@@ -11,7 +11,7 @@ and, for each, the lean loss's three V-wide products in float32 (``lean_product_
 parameters / autocast say (``"follow"``: bf16 operands, float32 results). The two runs of a pair start from the same
 weights and see the same batches, so the difference of their curves is the products' alone. The default follows the
 parameters if every pair's curves (the mean training loss of each ``--log-every`` steps) stay within ``--threshold``
-nats at every logged point (issue 77); the json says which way it went.
+nats at every logged point; the json says which way it went.
 
     python -m recipes.bf16_products --steps 300 --out docs/bf16_products
 """

@@ -25,7 +25,7 @@ from typing import Any, Dict, List
 from recipes.common import data as data_paths
 from recipes.common import runtime
 
-#: the check the issue asks for: softmax and MoS-4, at the map's smallest and largest d
+#: the check: softmax and MoS-4, trained jointly with the trunk, at the map's smallest and largest d
 HEADS = ["softmax", "mos-4"]
 DIMS = [4, 128]
 

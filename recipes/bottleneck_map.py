@@ -43,7 +43,8 @@ from hf_heads.hf.upgrade import States, nll_per_block, train_head_on_states
 from recipes.reproduce.engine import results as result_files
 from recipes.common import runtime
 
-#: the heads of the map, as the issue names them (library defaults otherwise; Mixtape in its default form)
+#: the heads of the map: softmax, the primary test's MoS-4 and Mixtape, PLIF and Sigsoftmax (library defaults
+#: otherwise; Mixtape in its default form)
 HEADS = {
     "softmax": ("softmax", {}),
     "mos-4": ("mos", {"num_components": 4}),
