@@ -1,6 +1,7 @@
-"""The bottleneck map's analysis from its json (``docs/bottleneck_map.json``): its statistics, the CPU-hours spent,
-the collection of the runs' folders into that json, and the numbers its reading cites beyond the json (:func:`numbers`:
-``docs/bottleneck_map-numbers.json``). :mod:`recipes.bottleneck_page` renders them as tables and plots.
+"""The bottleneck map's analysis from its json (``records/bottleneck_map/bottleneck_map.json``): its statistics, the
+CPU-hours spent, the collection of the runs' folders into that json, and the numbers its reading cites beyond the json
+(:func:`numbers`: ``records/bottleneck_map/bottleneck_map-numbers.json``). :mod:`recipes.bottleneck_page` renders
+them as tables and plots.
 
 The primary test, fixed before the seed cells ran: for MoS-4 and Mixtape, the seed-paired difference of test NLL (head
 minus softmax, same d and seed), averaged over the seeds at each d, regressed on log2 d by least squares: the slope,
@@ -22,10 +23,12 @@ from typing import Dict, List
 from hf_heads.heads.mixtape import MixtapeConfig
 from recipes import bottleneck_map, upgrade_table
 from recipes.common import runtime
+from recipes.common.data import records
 from recipes.common import stats as paired_stats
 from recipes.common.reading import rounded
 
-
+#: the page's committed json, where ``--restore`` reads the committed cells (from the checkout's root)
+PAGE_JSON = os.path.join(records("bottleneck_map"), "bottleneck_map.json")
 PRIMARY, BASELINE, CONTROLS, NAMES = (
     ("mos-4", "mixtape"),
     "softmax",
@@ -349,8 +352,8 @@ def upgrade_numbers(up: Dict) -> Dict:
 
 
 def numbers(obj: Dict) -> Dict:
-    """The page's derived numbers (``docs/bottleneck_map-numbers.json``): what its reading cites that the json does
-    not hold as such, from the functions its tables use."""
+    """The page's derived numbers (``records/bottleneck_map/bottleneck_map-numbers.json``): what its reading cites
+    that the json does not hold as such, from the functions its tables use."""
     (finished, diverged), meta, up = finite(obj), obj["meta"], obj.get("upgrade") or {}
     out = {"alpha": paired_stats.ALPHA, "power": paired_stats.POWER, "cpu_hours": cost(obj)}
     names = [f"{c['head']} d={c['d']} seed {c['seed']}" for c in diverged]

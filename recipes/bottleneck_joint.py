@@ -13,8 +13,8 @@ converged::
 Each (head, d, seed) cell writes ``OUT/cells/HEAD-dD-sS.json`` (valid / test perplexity of the best checkpoint,
 scored as the table scores; epochs; CPU seconds; the command); a finished cell is skipped on the next call, an
 interrupted one resumes from its last checkpoint. ``python -m recipes.bottleneck_report`` reads them beside the map.
-On a new machine, ``--restore docs/bottleneck_map.json`` writes the page's committed cells back first (those run with
-the same rate and epoch cap), so only the missing cells train.
+On a new machine, ``--restore records/bottleneck_map/bottleneck_map.json`` writes the page's committed cells back
+first (those run with the same rate and epoch cap), so only the missing cells train.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--restore",
         default=None,
-        help="the page's json (docs/bottleneck_map.json): its joint cells run with the same --lr and --epochs are "
-        "written into --out where it has none, so a new machine trains only the missing cells",
+        help="the page's json (records/bottleneck_map/bottleneck_map.json): its joint cells run with the same --lr and "
+        "--epochs are written into --out where it has none, so a new machine trains only the missing cells",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)

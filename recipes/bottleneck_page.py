@@ -1,5 +1,5 @@
-"""The bottleneck map page's tables, plots and commands from its json (``docs/bottleneck_map.json``), on the
-statistics of :mod:`recipes.bottleneck_analysis`."""
+"""The bottleneck map page's tables, plots and commands from its json (``records/bottleneck_map/bottleneck_map.json``),
+on the statistics of :mod:`recipes.bottleneck_analysis`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Dict, List
 from recipes import bottleneck_map, upgrade_table
 from recipes.bottleneck_analysis import (
     NAMES,
+    PAGE_JSON,
     cap_cells,
     cap_pairs,
     cap_reach,
@@ -349,7 +350,7 @@ COMMENTS = dict(
     "one, and the map's --restore refuses the committed cells)",
     kept=f"# kept in the repository ({KEPT}/README.md); it came from",
     map="# the map: the same command started in a second shell shares its cells (two cores)",
-    restore="# with --restore docs/bottleneck_map.json it resumes from the committed cells (a new machine, this trunk)",
+    restore=f"# with --restore {PAGE_JSON} it resumes from the committed cells (a new machine, this trunk)",
     cap="# the cap check: seed 1 of every row at 3 x the table's epoch cap (its rate pilot restored from the table's)",
 )
 
@@ -397,7 +398,7 @@ def commands_section(obj: Dict) -> List[str]:
         }
         lines += [
             COMMENTS["cap"],
-            upgrade_table.command_line(meta, "results/upgrade_cap") + " --restore docs/bottleneck_map.json",
+            upgrade_table.command_line(meta, "results/upgrade_cap") + f" --restore {PAGE_JSON}",
         ]
     report = "python -m recipes.bottleneck_report --results results/bottleneck_map --joint results/bottleneck_joint \\"
     return lines + [report, "    --upgrade results/upgrade_table --upgrade-cap results/upgrade_cap", "```", ""]

@@ -12,7 +12,7 @@ recipes.upgrade_table``, and with ``--upgrade-cap DIR`` its cap check (the same 
 table, the reading written by hand beside it (``docs/bottleneck_map-reading.md``, first line ``<!-- cells: N -->``,
 with a note when the page's finished cells are no longer N), the other tables, plots and commands
 (:mod:`recipes.bottleneck_page`); beside it, the numbers the reading cites beyond the json
-(``docs/bottleneck_map-numbers.json``).
+(``records/bottleneck_map/bottleneck_map-numbers.json``, beside the page's json).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from recipes.common import stats as paired_stats
 from recipes.common.reading import written_reading
 
 READING = "bottleneck_map-reading.md"  # the page's hand-written reading, beside the page (when there is one)
-NUMBERS = "bottleneck_map-numbers.json"  # the numbers the reading cites beyond the json, beside the page
+NUMBERS = "bottleneck_map-numbers.json"  # the numbers the reading cites beyond the json, beside the json
 #: the formats the page's tables write numbers in (the reading's number check reads its numbers in these)
 FORMATS = ("{:.4f}".format, "{:.3f}".format, "{:,.2f}".format, "{:.1f}".format, "{:,.0f}".format, paired_stats.format_p)
 #: the numbers the reading may write that are no json value as the page formats it (at most ten), each with its reason;
@@ -37,16 +37,17 @@ FORMATS = ("{:.4f}".format, "{:.3f}".format, "{:,.2f}".format, "{:.1f}".format, 
 READING_EXCEPTIONS: tuple = ()
 
 
-def page(obj: Dict, png: str, draw: bool = False) -> str:
-    """The page's markdown from the collected json ``obj`` and the reading beside ``png`` (:data:`READING`): its main
-    table (test perplexity per head and d; before any map cell, the rate search) first, the reading, the other tables
-    and the commands; with ``draw``, also its plots (at ``png``), from the rows and fits the page prints."""
+def page(obj: Dict, png: str, draw: bool = False, source: str = os.path.join("..", ba.PAGE_JSON)) -> str:
+    """The page's markdown from the collected json ``obj`` (linked as ``source``, relative to the page) and the reading
+    beside ``png`` (:data:`READING`): its main table (test perplexity per head and d; before any map cell, the rate
+    search) first, the reading, the other tables and the commands; with ``draw``, also its plots (at ``png``), from the
+    rows and fits the page prints."""
     full, (obj, diverged) = obj, ba.finite(obj)  # full: every cell, the diverged ones too (what the cost counts)
     rows, slopes, missing = ba.paired_rows(obj), ba.slope_test(obj), {h for h, _, _ in ba.missing_cells(full)}
     if draw and obj["cells"]:
         bp.plot(obj, rows, slopes, png, {r["head"] for r in slopes if {r["head"], "softmax"} & missing})
     lines = ["# Does breaking the softmax bottleneck pay, and where? A map over the head's input width", ""]
-    source = "from [bottleneck_map.json](bottleneck_map.json) by `python -m recipes.bottleneck_report`"
+    source = f"from [bottleneck_map.json]({source}) by `python -m recipes.bottleneck_report`"
     if obj["cells"]:
         caption = (
             "Test perplexity, mean ± sd over seeds (seeds); cap k: k ended by the epoch cap; diverged k: k left out"
@@ -67,14 +68,20 @@ def page(obj: Dict, png: str, draw: bool = False) -> str:
 def main(argv=None, log=print) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default="results/bottleneck_map", help="where python -m recipes.bottleneck_map ran")
-    p.add_argument("--docs", default="docs", help="the folder of bottleneck_map.md / .json / .png")
+    p.add_argument("--docs", default="docs", help="the folder of bottleneck_map.md, its plots and its reading")
+    p.add_argument(
+        "--records",
+        default=os.path.dirname(ba.PAGE_JSON),
+        help="the folder of the page's committed json and its derived numbers (what --restore reads)",
+    )
     p.add_argument("--joint", default=os.path.join("results", "bottleneck_joint"), help="where bottleneck_joint ran")
     p.add_argument("--upgrade", default=os.path.join("results", "upgrade_table"), help="where upgrade_table ran")
     cap = "where the upgrade table's cap check ran (recipes.upgrade_table with a higher --max-epochs, seed 1)"
     p.add_argument("--upgrade-cap", default=os.path.join("results", "upgrade_cap"), help=cap)
     p.add_argument("--no-collect", action="store_true", help="only rebuild the page from the committed json")
     args = p.parse_args(argv)
-    path = os.path.join(args.docs, "bottleneck_map.json")
+    path = os.path.join(args.records, "bottleneck_map.json")
+    os.makedirs(args.records, exist_ok=True)
     if not args.no_collect:
         given = zip(ba.PARTS, (args.joint, args.upgrade, args.upgrade_cap))
         folders = {part: folder for part, folder in given if os.path.isdir(folder)}
@@ -90,11 +97,12 @@ def main(argv=None, log=print) -> str:
     with open(path) as f:
         obj = json.load(f)
     png = os.path.join(args.docs, "bottleneck_map.png")
-    text = page(obj, png, draw=True)
-    for name, content in (("bottleneck_map.md", text), (NUMBERS, json.dumps(ba.numbers(obj), indent=1))):
-        with open(os.path.join(args.docs, name), "w") as f:
+    text = page(obj, png, draw=True, source=os.path.relpath(path, args.docs))
+    written = ((args.docs, "bottleneck_map.md", text), (args.records, NUMBERS, json.dumps(ba.numbers(obj), indent=1)))
+    for folder, name, content in written:
+        with open(os.path.join(folder, name), "w") as f:
             f.write(content + "\n")
-    log(f"wrote {os.path.join(args.docs, 'bottleneck_map.md')} and {NUMBERS}")
+    log(f"wrote {os.path.join(args.docs, 'bottleneck_map.md')} and {os.path.join(args.records, NUMBERS)}")
     return text
 
 

@@ -4,7 +4,8 @@ read, not rerun).
 
     python -m recipes.upgrade_table --out results/upgrade_table              # the rate pilot, then the table
     python -m recipes.upgrade_table --out results/upgrade_table --dry-run    # the plan: every command, nothing run
-    python -m recipes.upgrade_table --out results/upgrade_table --restore docs/bottleneck_map.json  # a new machine
+    python -m recipes.upgrade_table --out results/upgrade_table \
+        --restore records/bottleneck_map/bottleneck_map.json                  # a new machine: the committed cells
 
 The rows: MoS-3, Mixtape (the library's default form) and PLIF, each started at the pretrained ``lm_head``; the
 controls (a) the pretrained softmax fine-tuned the same way (domain adaptation alone) and (b) that softmax behind a
@@ -99,9 +100,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--restore",
         metavar="PAGE_JSON",
-        help="first copy the cells committed in PAGE_JSON (docs/bottleneck_map.json) that this run would make (the "
-        "same model, tokens and passed options; a table cell also at the rate chosen now) into --out: a new machine "
-        "goes on from them instead of training them again",
+        help="first copy the cells committed in PAGE_JSON (records/bottleneck_map/bottleneck_map.json) that this run "
+        "would make (the same model, tokens and passed options; a table cell also at the rate chosen now) into --out: "
+        "a new machine goes on from them instead of training them again",
     )
     p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
     args, passed = p.parse_known_args(argv)

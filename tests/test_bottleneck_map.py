@@ -136,7 +136,9 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
 
     docs = tmp_path / "docs"
     docs.mkdir()
-    text = bottleneck_report.main(["--results", str(tmp_path), "--docs", str(docs)], log=lambda *_: None)
+    text = bottleneck_report.main(
+        ["--results", str(tmp_path), "--docs", str(docs), "--records", str(docs)], log=lambda *_: None
+    )
     slopes = {
         s["head"]: s for s in bottleneck_analysis.slope_test(json.loads((docs / "bottleneck_map.json").read_text()))
     }
@@ -168,7 +170,8 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
         cell["command"] = "fairseq-train bin --patience 3 --max-epoch 3"
         (joint / f"{head}-d2-s1.json").write_text(json.dumps(cell))
     text = bottleneck_report.main(
-        ["--results", str(tmp_path), "--docs", str(docs), "--joint", str(tmp_path / "joint")], log=lambda *_: None
+        ["--results", str(tmp_path), "--docs", str(docs), "--records", str(docs), "--joint", str(tmp_path / "joint")],
+        log=lambda *_: None,
     )
     cells = {(c["head"], c["d"], c["seed"]): c for c in result["cells"]}
     frozen_diff = cells[("mos-4", 2, 1)]["test_nll"] - cells[("softmax", 2, 1)]["test_nll"]
@@ -396,7 +399,9 @@ def test_a_collection_without_cells_leaves_the_committed_page_json_as_it_was(tmp
     (docs / "bottleneck_map.json").write_text('{"committed": true}')
     (tmp_path / "run").mkdir()
     with pytest.raises(SystemExit, match="no cells"):
-        bottleneck_report.main(["--results", str(tmp_path / "run"), "--docs", str(docs)], log=lambda *_: None)
+        bottleneck_report.main(
+            ["--results", str(tmp_path / "run"), "--docs", str(docs), "--records", str(docs)], log=lambda *_: None
+        )
     assert (docs / "bottleneck_map.json").read_text() == '{"committed": true}'
 
 

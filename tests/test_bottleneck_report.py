@@ -15,7 +15,8 @@ from recipes.common import stats as paired_stats
 from recipes.common.reading import number_values, unmatched_numbers
 
 paired_p = paired_stats.format_p
-DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS, RECORDS = os.path.join(ROOT, "docs"), os.path.join(ROOT, "records", "bottleneck_map")
 
 
 def _rows(text, header):
@@ -247,7 +248,7 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     assert "--trunk results/reproduce/lm-ptb/softmax/lr0.01/seed1/checkpoints/checkpoint_best.pt" in commands
     assert "python -m recipes.reproduce lm-ptb --scale mini --heads softmax --seeds 1 --lrs 0.01\n" in commands
     assert "--dims 4 16 64 --rates 0.001 0.01 --seeds 3 --rate-d 16" in commands and "--floor-seeds 1" in commands
-    assert "# with --restore docs/bottleneck_map.json it resumes from the committed cells (a new machine" in commands
+    assert "# with --restore records/bottleneck_map/bottleneck_map.json it resumes from the committed cells (a new machine" in commands
     assert "- (0) |" not in text and "| mos-4 | - | - | - |" in text.split("## What each head can express")[1]
 
 
@@ -266,7 +267,9 @@ def test_the_command_writes_page_and_plots_around_a_diverged_cell(tmp_path, monk
     cells = _cells()
     cells[2]["test_nll"] = float("nan")  # mixtape d=4 seed 1, beside two paired seeds
     (tmp_path / "bottleneck_map.json").write_text(json.dumps(_map(cells)))
-    text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
+    text = bottleneck_report.main(
+        ["--docs", str(tmp_path), "--records", str(tmp_path), "--no-collect"], log=lambda *_: None
+    )
     assert " (2) diverged 1 |" in text and "| mixtape | 4 | 2 |" in text
     assert json.loads((tmp_path / bottleneck_report.NUMBERS).read_text())["cells"]["diverged"] == ["mixtape d=4 seed 1"]
     assert "dashed: the primary test" not in text  # (the plot's title, not the page's)
@@ -288,7 +291,9 @@ def test_before_the_seed_cells_the_page_opens_with_the_rate_search_and_no_empty_
     obj["rate_cells"] = [c for c in obj["rate_cells"] if c["head"] != "mixtape" or c["lr"] == 1e-3]
     obj["rate_cells"][0]["valid_nll"] = 4.9  # softmax at 1e-3: its grid is whole, so its rate is known
     (tmp_path / "bottleneck_map.json").write_text(json.dumps(obj))
-    text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
+    text = bottleneck_report.main(
+        ["--docs", str(tmp_path), "--records", str(tmp_path), "--no-collect"], log=lambda *_: None
+    )
     lines = text.split("\n")
     assert lines[0].startswith("# ") and lines[4] == "| head | 0.001 | 0.01 |"  # title, one line, the table
     assert _rows(text, "| head | 0.001 |") == [
@@ -307,7 +312,7 @@ def test_the_reading_written_beside_the_page_follows_its_table_and_says_when_cel
     together) it says the numbers may have moved; without the file the page has no reading."""
     obj = _map(_cells())
     (tmp_path / "bottleneck_map.json").write_text(json.dumps(obj))
-    run = ["--docs", str(tmp_path), "--no-collect"]
+    run = ["--docs", str(tmp_path), "--records", str(tmp_path), "--no-collect"]
     assert "## Reading" not in bottleneck_report.main(run, log=lambda *_: None)
     n = bottleneck_analysis.page_cells(obj)
     assert n == len(obj["cells"]) > 0
@@ -324,23 +329,27 @@ def test_the_reading_written_beside_the_page_follows_its_table_and_says_when_cel
 
 
 def _committed():
-    with open(os.path.join(DOCS, "bottleneck_map.json")) as f:
+    with open(os.path.join(RECORDS, "bottleneck_map.json")) as f:
         return json.load(f)
 
 
 def test_the_committed_page_and_its_numbers_are_what_its_committed_json_gives(tmp_path):
-    """docs/bottleneck_map.md and docs/bottleneck_map-numbers.json are generated: rebuilt from docs/bottleneck_map.json
-    they come out the same, so a change of the generator lands with the page and the numbers it writes."""
+    """docs/bottleneck_map.md and records/bottleneck_map/bottleneck_map-numbers.json are generated: rebuilt from
+    records/bottleneck_map/bottleneck_map.json they come out the same, so a change of the generator lands with the page
+    and the numbers it writes."""
     import shutil
 
-    for name in ("bottleneck_map.json", bottleneck_report.READING):
-        if os.path.exists(os.path.join(DOCS, name)):
-            shutil.copy(os.path.join(DOCS, name), tmp_path / name)
-    text = bottleneck_report.main(["--docs", str(tmp_path), "--no-collect"], log=lambda *_: None)
+    docs, records = tmp_path / "docs", tmp_path / "records" / "bottleneck_map"
+    docs.mkdir()
+    records.mkdir(parents=True)
+    shutil.copy(os.path.join(RECORDS, "bottleneck_map.json"), records / "bottleneck_map.json")
+    if os.path.exists(os.path.join(DOCS, bottleneck_report.READING)):
+        shutil.copy(os.path.join(DOCS, bottleneck_report.READING), docs / bottleneck_report.READING)
+    text = bottleneck_report.main(["--docs", str(docs), "--records", str(records), "--no-collect"], log=lambda *_: None)
     with open(os.path.join(DOCS, "bottleneck_map.md")) as f:
         assert text + "\n" == f.read()
-    with open(os.path.join(DOCS, bottleneck_report.NUMBERS)) as f:
-        assert json.load(f) == json.loads((tmp_path / bottleneck_report.NUMBERS).read_text())
+    with open(os.path.join(RECORDS, bottleneck_report.NUMBERS)) as f:
+        assert json.load(f) == json.loads((records / bottleneck_report.NUMBERS).read_text())
 
 
 def test_every_number_of_the_reading_is_a_json_value_as_the_page_formats_it():
@@ -348,7 +357,7 @@ def test_every_number_of_the_reading_is_a_json_value_as_the_page_formats_it():
     or of its derived numbers, written in a format of the page's tables (or one of at most ten listed exceptions)."""
     with open(os.path.join(DOCS, bottleneck_report.READING)) as f:
         reading = f.read()
-    with open(os.path.join(DOCS, bottleneck_report.NUMBERS)) as f:
+    with open(os.path.join(RECORDS, bottleneck_report.NUMBERS)) as f:
         values = number_values(_committed()) + number_values(json.load(f))
     assert len(bottleneck_report.READING_EXCEPTIONS) <= 10
     formats = bottleneck_report.FORMATS
@@ -468,7 +477,8 @@ def test_a_collection_on_another_trunk_sets_the_committed_cells_aside_and_keeps_
     (results / "rates").mkdir(parents=True)
     (results / "meta.json").write_text(json.dumps(new["meta"]))
     (results / "rates" / "softmax-lr0.001.json").write_text(json.dumps(_cell("softmax", 16, 1, 5.0, lr=1e-3)))
-    argv = ["--docs", str(docs), "--results", str(results), "--joint", str(tmp_path / "no"), "--upgrade", "-"]
+    argv = ["--docs", str(docs), "--records", str(docs), "--results", str(results), "--joint", str(tmp_path / "no")]
+    argv += ["--upgrade", "-"]
     text = bottleneck_report.main(argv, log=lambda *_: None)
     obj = json.loads((docs / "bottleneck_map.json").read_text())
     assert obj["joint"] == committed["joint"] and obj["upgrade"] == committed["upgrade"]
@@ -772,4 +782,4 @@ def test_an_upgrade_table_best_at_its_cap_gives_the_cap_check_s_command():
     lines = bottleneck_page.commands_section(obj)
     [line] = [ln for ln in lines if ln.startswith("python -m recipes.upgrade_table --out results/upgrade_cap ")]
     assert "--seeds 1 --" in line and f"--max-epochs {3 * cap}" in line
-    assert line.endswith(" --restore docs/bottleneck_map.json")
+    assert line.endswith(" --restore records/bottleneck_map/bottleneck_map.json")

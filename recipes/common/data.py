@@ -1,7 +1,8 @@
 """Where the recipes read the shared data: one root, ``--data`` where a command takes the root, with one default,
 :func:`default_root` (``$SOFTMAX_HEADS_DATA``, else the ``shared/data`` folder beside the checkout, written relative to
 the working folder: ``../shared/data`` from the checkout's root, as the docs' commands run). A command that reads one
-corpus takes its folder under that root by default (:func:`corpus`)."""
+corpus takes its folder under that root by default (:func:`corpus`). The committed results a page is made from are
+under :data:`RECORDS` (:func:`records`), apart from the pages in docs/."""
 
 from __future__ import annotations
 
@@ -11,6 +12,16 @@ import os
 ENV = "SOFTMAX_HEADS_DATA"
 #: the checkout's root (recipes/common/data.py is two folders down)
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+#: the committed raw results each page of docs/ is made from, a folder per page (cells, hypotheses, logs, the derived
+#: numbers a reading cites), relative to the checkout's root as the docs' commands run
+RECORDS = "records"
+
+
+def records(page: str) -> str:
+    """The folder of ``page``'s committed results (``records/bottleneck_map``), relative to the checkout's root."""
+    return os.path.join(RECORDS, page)
 
 
 def default_root() -> str:
