@@ -1,5 +1,6 @@
 """The fast-softmax study's analysis apart from its page (:mod:`recipes.fast_report`): the runs' json collected into
-``docs/fast_study/``, read back, and the derived numbers (:func:`derived`) the page's tables and its reading cite."""
+``records/fast_softmax_study/`` (their plots into ``docs/fast_study/``), read back, and the derived numbers
+(:func:`derived`) the page's tables and its reading cite."""
 
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ PLOTS = ("svd-spectra.png", "svd-ppl-vs-window.png")
 WITHIN = 0.01  # the smallest preview window keeps the perplexity within this (relative) of the exact softmax's
 
 
-def collect(svd: Optional[str], ds: Optional[str], out_dir: str, note: Optional[str]) -> None:
-    """Copy the runs' ``results.json`` (and plots) into ``out_dir`` as ``svd_study.json`` / ``ds_wt2.json``, each
-    as ``{"notes": [...], "results": [...]}``."""
-    os.makedirs(out_dir, exist_ok=True)
+def collect(svd: Optional[str], ds: Optional[str], out_dir: str, note: Optional[str], figures: str = "") -> None:
+    """Copy the runs' ``results.json`` into ``out_dir`` as ``svd_study.json`` / ``ds_wt2.json``, each as
+    ``{"notes": [...], "results": [...]}``, and the SVD study's plots into ``figures`` (default ``out_dir``)."""
+    figures = figures or out_dir
+    for folder in (out_dir, figures):
+        os.makedirs(folder, exist_ok=True)
     for run, name in [(r, n) for r, n in ((svd, "svd_study"), (ds, "ds_wt2")) if r]:
         path = os.path.join(run, "results.json")
         if not os.path.isfile(path):
@@ -36,7 +39,7 @@ def collect(svd: Optional[str], ds: Optional[str], out_dir: str, note: Optional[
         with open(path) as f, open(os.path.join(out_dir, f"{name}.json"), "w") as out:
             json.dump({"notes": [note] if note else [], "results": json.load(f)}, out, indent=1)
         for plot in PLOTS if name == "svd_study" else ():
-            shutil.copyfile(os.path.join(run, plot), os.path.join(out_dir, plot))
+            shutil.copyfile(os.path.join(run, plot), os.path.join(figures, plot))
 
 
 def load(out_dir: str, name: str) -> Optional[Dict]:

@@ -248,7 +248,10 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     assert "--trunk results/reproduce/lm-ptb/softmax/lr0.01/seed1/checkpoints/checkpoint_best.pt" in commands
     assert "python -m recipes.reproduce lm-ptb --scale mini --heads softmax --seeds 1 --lrs 0.01\n" in commands
     assert "--dims 4 16 64 --rates 0.001 0.01 --seeds 3 --rate-d 16" in commands and "--floor-seeds 1" in commands
-    assert "# with --restore records/bottleneck_map/bottleneck_map.json it resumes from the committed cells (a new machine" in commands
+    assert (
+        "# with --restore records/bottleneck_map/bottleneck_map.json it resumes from the committed cells (a new machine"
+        in commands
+    )
     assert "- (0) |" not in text and "| mos-4 | - | - | - |" in text.split("## What each head can express")[1]
 
 

@@ -173,7 +173,7 @@ def test_fast_study_page_from_both_commands(tmp_path):
             str(tmp_path / "ds"),
         ]
     )
-    docs = tmp_path / "docs"
+    docs, records = tmp_path / "docs", tmp_path / "records" / "fast_softmax_study"
     docs.mkdir()
     FR.main(
         [
@@ -183,6 +183,8 @@ def test_fast_study_page_from_both_commands(tmp_path):
             str(tmp_path / "ds"),
             "--docs",
             str(docs),
+            "--records",
+            str(records),
             "--note",
             "timed beside two busy processes",
         ]
@@ -198,9 +200,9 @@ def test_fast_study_page_from_both_commands(tmp_path):
     assert "| class_softmax (100 classes) |" in text and "| softmax (exact) |" in text
     assert "Reading" not in text  # no reading beside this page, and no sentence generated in its place
     assert max(len(line) for line in lines if not line.startswith("|")) <= 400
-    ds = json.loads((docs / "fast_study" / "ds_wt2.json").read_text())
-    svd = json.loads((docs / "fast_study" / "svd_study.json").read_text())
-    nums = json.loads((docs / "fast_study" / "numbers.json").read_text())
+    ds = json.loads((records / "ds_wt2.json").read_text())
+    svd = json.loads((records / "svd_study.json").read_text())
+    nums = json.loads((records / "numbers.json").read_text())
     assert nums == json.loads(json.dumps(FA.derived(ds, svd)))
     (r,) = ds["results"]
     assert nums["ds"] == [
@@ -214,9 +216,10 @@ def test_fast_study_page_from_both_commands(tmp_path):
     for plot in FA.PLOTS:
         assert (docs / "fast_study" / plot).stat().st_size > 100
     # the page again from the committed json alone: the same text
-    assert FR.main(["--no-collect", "--docs", str(docs)]) == text
+    assert FR.main(["--no-collect", "--docs", str(docs), "--records", str(records)]) == text
+    assert "from `records/fast_softmax_study/*.json`" in text and "(../records/fast_softmax_study/numbers.json)" in text
     with pytest.raises(SystemExit):
-        FR.main(["--docs", str(docs)])  # nothing to collect
+        FR.main(["--docs", str(docs), "--records", str(records)])  # nothing to collect
 
 
 def test_fast_study_committed_page_numbers_and_reading():
@@ -227,7 +230,7 @@ def test_fast_study_committed_page_numbers_and_reading():
     from recipes import fast_report as FR
     from recipes.common.reading import number_values, unmatched_numbers
 
-    out_dir = os.path.join(FR.DOCS, "fast_study")
+    out_dir = FR.RECORDS
     text, nums = FR.render(out_dir, FR.DOCS)
     with open(os.path.join(FR.DOCS, "fast_softmax_study.md")) as f:
         assert f.read() == text
