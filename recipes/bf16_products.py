@@ -13,7 +13,7 @@ weights and see the same batches, so the difference of their curves is the produ
 parameters if every pair's curves (the mean training loss of each ``--log-every`` steps) stay within ``--threshold``
 nats at every logged point; the json says which way it went.
 
-    python -m recipes.bf16_products --steps 300 --out docs/bf16_products
+    python -m recipes.bf16_products --steps 300 --out records/bf16_products --figures docs/bf16_products
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ def summarise(results: Dict, threshold: float) -> Dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", default=data_paths.corpus("ptb"), help="PTB's folder (train.txt, valid.txt)")
-    p.add_argument("--out", default="results/bf16_products")
+    p.add_argument("--out", default="results/bf16_products", help="where runs.json and summary.json go")
+    p.add_argument("--figures", help="where curves.png goes (default: --out)")
     p.add_argument("--heads", nargs="+", default=list(HEADS), choices=list(HEADS))
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--log-every", type=int, default=10)
@@ -173,7 +174,8 @@ def main(argv=None) -> None:
     }
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    plot(results, os.path.join(args.out, "curves.png"))
+    os.makedirs(args.figures or args.out, exist_ok=True)
+    plot(results, os.path.join(args.figures or args.out, "curves.png"))
     print(json.dumps({k: summary[k] for k in ("all_within", "default")}))
 
 

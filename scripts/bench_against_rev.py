@@ -2,13 +2,13 @@
 
 Run beside the old code, a refactor of the loss engine is held to the old times (issue 48: within 5%). Separate
 ``python -m recipes.bench_heads`` runs of the same code differ by up to 18% in a ratio on the 2-core machine
-(docs/lean_engine_check/), so this script puts both in one process instead: ``git archive REV hf_heads`` is unpacked
+(records/lean_engine_check/), so this script puts both in one process instead: ``git archive REV hf_heads`` is unpacked
 under another package name (``hf_heads_rev``, its absolute imports renamed), both builds of every head start from
 the same weights, and ``head.loss(hidden, target).backward()`` of the two alternate, round by round (the order
 flips every round), in training mode (the memory-lean path). Prints and writes each head's median time of both and
 their ratio, with both losses (equal: the same math).
 
-    python scripts/bench_against_rev.py --rev ce3bed9 --rounds 5 --out docs/lean_engine_check/paired.json
+    python scripts/bench_against_rev.py --rev ce3bed9 --rounds 5 --out records/lean_engine_check/paired.json
     python scripts/bench_against_rev.py --rev ce3bed9 --rounds 21 --vocab 10000 --heads sigsoftmax class_softmax
 """
 

@@ -7,7 +7,8 @@
 #   OUT/test-gpu.log   the CUDA tier's pytest output       OUT/bench.log     the benchmark's progress
 #   OUT/bench/results.json, OUT/bench/table.md             the benchmark (rewritten after every setting)
 # Exits non-zero when anything failed or did not run: never a silent skip.
-#   bash scripts/gpu_check.sh OUT [TEST_SECONDS BENCH_SECONDS [BENCH_OPTION...]]
+#   bash scripts/gpu_check.sh [OUT [TEST_SECONDS BENCH_SECONDS [BENCH_OPTION...]]]   (OUT: records/gpu_check/DATE-TIME,
+#   where the committed GPU runs are, unless given)
 # By default (within 5 minutes with the install): the CUDA tier, the Triton kernels' checks in bf16 / fp16 / fp32
 # included (60 s; 26 s on an H100 before the kernels), then the benchmark at the issue's two bf16 shapes, d = 2048,
 # V = 50k and SmolLM2-135M's d = 576, V = 49,152 (every head by default and with the kernels, the fused peers, the
@@ -16,7 +17,7 @@
 # a second, optional call:  bash scripts/gpu_check.sh OUT-grid 0 540 --dtype bfloat16 float32 --no-model
 # (TEST_SECONDS 0 skips the tier.)
 set -uo pipefail
-OUT=${1:?usage: bash scripts/gpu_check.sh OUT [TEST_SECONDS BENCH_SECONDS]}
+OUT=${1:-records/gpu_check/$(date -u +%Y-%m-%d-%H%M)}
 TEST_SECONDS=${2:-60}
 BENCH_SECONDS=${3:-210}
 BENCH_OPTIONS=("${@:4}")
