@@ -61,7 +61,7 @@ reproduce: install
 	for t in $(PLAN_TABLES); do $(PYTHON) -m recipes.reproduce $$t --scale full --dry-run > /dev/null || exit 1; done
 	$(PYTHON) -m recipes.reproduce.report
 
-# the report alone, from the committed docs/reproduction/*.json
+# the report alone, from the committed records/reproduction/*.json
 report:
 	$(PYTHON) -m recipes.reproduce.report --no-collect
 

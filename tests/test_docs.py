@@ -280,11 +280,11 @@ def test_not_run_markers_are_few_and_say_why():
 
 
 # ----------------------------------------------------------------------------- the reproduction page
-REPRODUCTION = os.path.join(DOCS, "reproduction")
+REPRODUCTION, RECORDS = os.path.join(DOCS, "reproduction"), os.path.join(ROOT, "records", "reproduction")
 
 
-def _names(suffix):
-    return sorted(name[: -len(suffix)] for name in os.listdir(REPRODUCTION) if name.endswith(suffix))
+def _names(suffix, folder=REPRODUCTION):
+    return sorted(name[: -len(suffix)] for name in os.listdir(folder) if name.endswith(suffix))
 
 
 def test_the_reproduction_page_is_what_its_generator_writes_from_the_committed_json(tmp_path):
@@ -295,32 +295,34 @@ def test_the_reproduction_page_is_what_its_generator_writes_from_the_committed_j
     from recipes.reproduce.report import page
 
     (tmp_path / "reproduction").mkdir()
-    for name in os.listdir(REPRODUCTION):
-        if name.endswith((".json", "-reading.md")):
-            shutil.copy(os.path.join(REPRODUCTION, name), tmp_path / "reproduction" / name)
-    assert page.build_report(str(tmp_path)) == _read("docs/reproduction.md")
+    for folder, suffix in ((RECORDS, ".json"), (REPRODUCTION, "-reading.md")):
+        for name in os.listdir(folder):
+            if name.endswith(suffix):
+                shutil.copy(os.path.join(folder, name), tmp_path / "reproduction" / name)
+    assert page.build_report(str(tmp_path), str(tmp_path / "reproduction")) == _read("docs/reproduction.md")
 
 
 def test_the_reproduction_pages_derived_numbers_are_what_its_generator_computes():
-    """docs/reproduction/NAME-numbers.json, the derived numbers the hand-written readings cite (paired means,
+    """records/reproduction/NAME-numbers.json, the derived numbers the hand-written readings cite (paired means,
     intervals, Holm p, detectable differences, ratios, the papers' numbers), equal what the report computes from the
     committed json; one per reading."""
 
-    derived = facts.all_numbers(DOCS)
-    assert set(_names("-numbers.json")) == set(derived) == set(_names("-reading.md"))
+    derived = facts.all_numbers(RECORDS)
+    assert set(_names("-numbers.json", RECORDS)) == set(derived) == set(_names("-reading.md"))
     for name, values in derived.items():
-        with open(os.path.join(REPRODUCTION, f"{name}-numbers.json")) as f:
+        with open(os.path.join(RECORDS, f"{name}-numbers.json")) as f:
             assert json.load(f) == values, f"{name}-numbers.json: run python -m recipes.reproduce.report --no-collect"
 
 
 def test_every_number_of_a_reproduction_reading_is_a_json_value_as_the_page_writes_it():
     """Each decimal, percentage and number with a unit of docs/reproduction/NAME-reading.md is a value of NAME.json
-    or NAME-numbers.json as one of the page's formatters writes it, or one of at most ten listed exceptions, each
-    used; every table's json has its reading."""
+    or NAME-numbers.json (records/reproduction/) as one of the page's formatters writes it, or one of at most ten
+    listed exceptions, each used; every table's json has its reading."""
     from recipes.reproduce.report import page
 
     names = _names("-reading.md")
-    assert set(_names(".json")) - {"compute-set-aside"} <= set(names) | {n + "-numbers" for n in names}
+    assert set(_names(".json", RECORDS)) - {"compute-set-aside"} <= set(names) | {n + "-numbers" for n in names}
+    assert not _names(".json")  # docs/ holds the pages, their plots and readings; the json is under records/
     assert {name: page.unmatched(DOCS, name) for name in names} == {name: [] for name in names}
     assert sum(len(numbers) for numbers in page.EXCEPTIONS.values()) <= 10
     for name, numbers in page.EXCEPTIONS.items():

@@ -112,7 +112,7 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
     recorded = result_files.load_cell(str(table), "mixtape", 1, 0.003)["train_wall_s"]
     with open(table / "mixtape" / "lr0.003" / "seed1" / "train.log", "a") as f:  # a resumed process's clock restarts
         f.write('| train | {"epoch": 9, "train_wall": "0.5"}\n')
-    collect.collect(str(tmp_path), str(docs))
+    collect.collect(str(tmp_path), str(docs / "reproduction"))
     committed = json.load(open(docs / "reproduction" / "mt-en-de.json"))
     assert [c["train_wall_s"] for c in committed["cells"] if c["head"] == "mixtape"] == [recorded + 0.5]
     # the hypotheses are committed and scored case-insensitively too (as published Multi30k numbers are)
@@ -126,7 +126,7 @@ def test_mini_translation_table_end_to_end_and_resume(fake_data, tmp_path):
         "values": [corpus_bleu([h.upper() for h in hyps], [r.lower() for r in refs], lowercase=True)],
     }
     # the lowercased table: each head's mean (± std) over its seeds, per test set
-    text = page.build_report(str(docs))
+    text = page.build_report(str(docs), str(docs / "reproduction"))
     for head, by_set in committed["lowercased"].items():
         means = [layout.mean_std(**facts.mean_sd(e["values"])) for e in by_set.values()]
         assert f"| {head} | " + " | ".join(means) + f" | {len(next(iter(by_set.values()))['values'])} |" in text
@@ -314,7 +314,7 @@ def test_report_from_a_fixture(tmp_path):
         str(docs / "reproduction" / "mt-en-de.json"),
         {"table": "mt-en-de", "description": "En-De", "rows": _fixture_rows(), "cells": cells, "costs": None},
     )
-    text = page.build_report(str(docs))
+    text = page.build_report(str(docs), str(docs / "reproduction"))
     assert text == (docs / "reproduction.md").read_text()
     assert "| softmax | 31.00 ± 1.00 | 3 | 29.0 |" in text and "| mixtape | 31.50 ± 1.00 | 3 | 29.3 |" in text
     # the paired comparisons' table, from the seeds: mos-4 (+5.0, +4.2, +2.8 over 3 seeds) passes Holm, mixtape not;
@@ -332,7 +332,7 @@ def test_report_from_a_fixture(tmp_path):
     # each head's cells: minutes a cell over the seeds that logged one (softmax 1, 2, 3; mixtape seed 1's 2)
     assert "| softmax | 3 (0 scored) | 2.0 |" in text and "| mixtape | 3 (0 scored) | 2.0 (1 of 3) |" in text
     assert "another cell's directory" not in text  # every recorded command names its own cell
-    assert facts.all_numbers(str(docs))["mt-en-de"]["worst_seed"] == {
+    assert facts.all_numbers(str(docs / "reproduction"))["mt-en-de"]["worst_seed"] == {
         "test_2016_flickr": {"softmax": 1, "mixtape": 2, "mos-4": 3}
     }
     for name in ("mt-en-de-scores.png", "mt-en-de-valid-loss.png", "mt-en-de-cost.png"):
@@ -669,7 +669,7 @@ def test_report_shows_the_full_size_plan(tmp_path):
         str(docs / "reproduction" / "lm-1b.json"),
         {"table": "lm-1b", "description": "1B", "rows": [], "cells": [], "costs": None, "plan": plan},
     )
-    text = page.build_report(str(docs))
+    text = page.build_report(str(docs), str(docs / "reproduction"))
     assert "fairseq-train bin --output-head h11" in text and "h12" not in text and "every command in the json" in text
     assert "| lm-1b | 1B | full only (the plan; not run here) | 0 |" in text  # the overview table
     # the section opens with the parameters beside the paper's numbers; the plan's note under the dry run's command
@@ -704,13 +704,13 @@ def test_report_shows_the_full_size_plan(tmp_path):
         },
     )
     result_files.save_json(str(tmp_path / "results" / "lm-ptb" / "plan.json"), plan)
-    collect.collect(str(tmp_path / "results"), str(docs))
+    collect.collect(str(tmp_path / "results"), str(docs / "reproduction"))
     kept = result_files.load_json(str(docs / "reproduction" / "lm-ptb.json"))
     assert kept["notes"] == "How these rows ran." and kept["rows"] == [row] and kept["plan"]["note"] == "a note."
     # two workers write results.json in the order their heads finish: the json keeps the table's order, softmax first
     rows = [{**row, "head": h} for h in ("softmax-matched", "plif", "softmax", "mos-4")]
     result_files.save_json(str(tmp_path / "results" / "lm-ptb" / "results.json"), rows)
-    collect.collect(str(tmp_path / "results"), str(docs))
+    collect.collect(str(tmp_path / "results"), str(docs / "reproduction"))
     kept = result_files.load_json(str(docs / "reproduction" / "lm-ptb.json"))
     assert [r["head"] for r in kept["rows"]] == ["softmax", "softmax-matched", "mos-4", "plif"]
 
@@ -896,11 +896,11 @@ def test_pilot_collects_its_arms_and_the_report_shows_them(tmp_path):
     assert lm_pilot.switch_epoch(4) == 2 and lm_pilot.switch_epoch(2) == 1
     docs = tmp_path / "docs"
     result_files.save_json(str(docs / "reproduction" / "lm-ptb-pilot.json"), result)
-    text = sections.pilot_section(str(docs))
+    text = sections.pilot_section(str(docs / "reproduction"), str(docs / "reproduction"))
     assert "| softmax-ntasgd | 0.005 | 2 | 1 | 181.0, 147.0 | 150.00 | 150.00 | 0.50 |" in text
     assert "| mos-4 | 15.5 |" in text and "**Decision.**" in text  # the probe's 930 s an epoch
     assert "| CPU-core-hours, training |" in text and "|---|\n| 1.00 |" in text  # the two arms' 3600 s
-    assert sections.pilot_section(str(tmp_path / "nowhere")) == ""
+    assert sections.pilot_section(str(tmp_path / "nowhere"), "") == ""
 
 
 WT2_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")

@@ -463,13 +463,15 @@ def test_report_section_of_a_swept_table(tmp_path):
         },
     )
     (tmp_path / "reproduction" / "lm-ptb-reading.md").write_text("<!-- cells: 10 -->\nMixtape is ahead\nof softmax.\n")
-    text = page.build_report(str(tmp_path))
+    text = page.build_report(str(tmp_path), str(tmp_path / "reproduction"))
     assert "**Reading.** Mixtape is ahead\nof softmax.\n" in text  # written for the 10 cells there are, as written
     (tmp_path / "reproduction" / "lm-ptb-reading.md").write_text("<!-- cells: 8 -->\nMixtape is ahead.")
     stale = "**Reading.** *(Written when 8 cells had finished; 10 have now: the numbers below may have moved since.)*"
-    assert stale + "\n\nMixtape is ahead.\n" in page.build_report(str(tmp_path))  # the note first, where one starts
+    assert stale + "\n\nMixtape is ahead.\n" in page.build_report(
+        str(tmp_path), str(tmp_path / "reproduction")
+    )  # the note first, where one starts
     (tmp_path / "reproduction" / "lm-ptb-reading.md").unlink()
-    text = page.build_report(str(tmp_path))
+    text = page.build_report(str(tmp_path), str(tmp_path / "reproduction"))
     assert "**Reading.**" not in text
     assert (
         "| mixtape | 4.303 (ep 2, patience) | 4.305 (ep 2, patience) | **4.010 (ep 2, patience)** | 0.01 (an end"
@@ -477,7 +479,7 @@ def test_report_section_of_a_swept_table(tmp_path):
     )
     # the table's training hours, in the derived numbers its reading may cite: the sweep's other rates (softmax 2 x
     # 120 s, mixtape 2 x 80 s) and the chosen rates' seeds (3 x 40 s + 3 x 80 s)
-    spent = facts.all_numbers(str(tmp_path))["lm-ptb"]["cpu_hours"]
+    spent = facts.all_numbers(str(tmp_path / "reproduction"))["lm-ptb"]["cpu_hours"]
     assert spent == pytest.approx({"sweep": 400 / 3600, "chosen": 360 / 3600, "wall": 760 / 3600, "total": 760 / 3600})
     # every seed 10 lower: no spread, p = 0, below 0.05 after Holm
     assert "| mixtape - softmax | test | 3 | -10.00 [-10.00, -10.00] | 0.0e+00 | 0.0e+00 |" in text
@@ -499,14 +501,14 @@ def test_report_section_of_a_swept_table(tmp_path):
         if c["lr"] == {"softmax": 0.005, "mixtape": 0.01}[c["head"]] and c["seed"] < 3:
             c["cpu_s"] = 60.0 * c["seed"]
     result_files.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"), obj)
-    text = page.build_report(str(tmp_path))
+    text = page.build_report(str(tmp_path), str(tmp_path / "reproduction"))
     assert "| softmax | 3 | 0.005 | patience 3 | 2, 2, 2 | 0.7 | 1.5 (2 of 3) |" in text
     assert "| mixtape | 3 | 0.01 | patience 3 | 2, 2, 2 | 1.3 | 1.5 (2 of 3) |" in text
     for c in obj["cells"]:  # a run too short for fairseq to log a wall time (0.0) still has its CPU time
         if c["head"] == "softmax":
             c["train_wall_s"] = 0.0
     result_files.save_json(str(tmp_path / "reproduction" / "lm-ptb.json"), obj)
-    text = page.build_report(str(tmp_path))
+    text = page.build_report(str(tmp_path), str(tmp_path / "reproduction"))
     assert "| softmax | 3 | 0.005 | patience 3 | 2, 2, 2 | - | 1.5 (2 of 3) |" in text
     assert "| mixtape | 3 | 0.01 | patience 3 | 2, 2, 2 | 1.3 | 1.5 (2 of 3) |" in text
 
@@ -531,7 +533,7 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
     result_files.save_json(
         str(aside / "cells" / "softmax-lr0.01-seed1.json"), {"head": "softmax", "seed": 1, "lr": 0.01, "threads": 2}
     )
-    entry = collect.set_aside(str(aside), "mt-en-de", "4096-token batches", str(tmp_path))
+    entry = collect.set_aside(str(aside), "mt-en-de", "4096-token batches", str(tmp_path / "reproduction"))
     assert entry["cells"] == 2 and entry["total"] == pytest.approx(0.2 + 1.5) and entry["wall"] == pytest.approx(1.5)
     sweep = {"softmax": {"rates": [0.005], "chosen": 0.005}}
     result_files.save_json(
@@ -546,20 +548,23 @@ def test_cells_set_aside_keep_counting_in_the_compute_section(tmp_path):
             "cells": [_cell("softmax", 1, 0.005, [5, 4.2], 1800)],
         },
     )
-    text = page.build_report(str(tmp_path))
+    text = page.build_report(str(tmp_path), str(tmp_path / "reproduction"))
     assert "| mt-en-de, set aside: 4096-token batches | 2 | - | - / - / 1.7 | 1.5 |" in text
     assert "| the tables' own cells | - | - | - / - / 1.0 | - |" in text
     assert "| all, with the cells set aside | - | - | - / - / 2.7 | 2.5 |" in text
     with pytest.raises(SystemExit, match="no cell's train.log"):
-        collect.set_aside(str(tmp_path / "empty"), "mt-en-de", "x", str(tmp_path))
+        collect.set_aside(str(tmp_path / "empty"), "mt-en-de", "x", str(tmp_path / "reproduction"))
     # the train splits' plan counts its own set-aside cells in its table (the earlier plan's no longer has them)
     page.main(
-        ["--no-collect", "--docs", str(tmp_path), "--set-aside", str(aside), "--table", "mt-en-de"]
+        ["--no-collect", "--docs", str(tmp_path), "--records", str(tmp_path / "reproduction")]
+        + ["--set-aside", str(aside), "--table", "mt-en-de"]
         + ["--reason", "4096-token batches", "--train-splits"]
     )
     kept = json.loads((tmp_path / "reproduction" / collect.SET_ASIDE).read_text())["mt-en-de-4096"]
     assert kept["plan"] == "train-splits" and kept["total"] == pytest.approx(1.7)
-    assert "| mt-en-de, set aside: 4096-token batches | 2 | - |" not in page.build_report(str(tmp_path))
+    assert "| mt-en-de, set aside: 4096-token batches | 2 | - |" not in page.build_report(
+        str(tmp_path), str(tmp_path / "reproduction")
+    )
 
 
 def test_cells_lost_from_the_train_split_plan_count_in_its_own_compute_table(tmp_path):
@@ -727,10 +732,10 @@ def test_a_sweep_cut_short_is_collected_and_reported_as_far_as_it_went(tmp_path)
             "commands": ["fairseq-train x"],
         },
     )
-    collect.collect(str(tmp_path / "results"), str(docs))
+    collect.collect(str(tmp_path / "results"), str(docs / "reproduction"))
     obj = result_files.load_json(str(docs / "reproduction" / "lm-ptb.json"))
     assert obj["rows"] == [] and [c["lr"] for c in obj["cells"]] == [0.0025] and obj["notes"] != "Old."
-    text = page.build_report(str(docs))
+    text = page.build_report(str(docs), str(docs / "reproduction"))
     assert "| mini, learning-rate sweep running | 1 |" in text  # the overview table (collect wrote the description)
     assert "| softmax | 4.500 (ep 2, patience) | - | - | not yet (sweep running) |" in text
     assert "no finished cells yet" not in text
@@ -773,13 +778,13 @@ def test_hypotheses_of_a_running_sweep_survive_a_new_machine(tmp_path):
     (first / "softmax" / "lr0.005" / "seed1").mkdir(parents=True)
     for testset, text in hyps.items():
         (first / "softmax" / "lr0.005" / "seed1" / f"{testset}.hyp").write_text(text)
-    collect.collect(str(tmp_path / "first"), str(docs))
+    collect.collect(str(tmp_path / "first"), str(docs / "reproduction"))
     committed = docs / "reproduction" / "hyps" / "mt-en-de"
     assert sorted(p.name for p in committed.iterdir()) == [f"softmax-lr0.005-seed1.{t}.hyp" for t in sorted(hyps)]
     second = machine("second", 0.005)  # the next machine chose 0.005 after training 0.01
     assert result_files.restore_cells(str(second), str(docs / "reproduction" / "mt-en-de.json"), lambda m: None) == 1
     assert (second / "softmax" / "lr0.005" / "seed1" / "test_2017_flickr.hyp").read_text() == hyps["test_2017_flickr"]
-    collect.collect(str(tmp_path / "second"), str(docs))
+    collect.collect(str(tmp_path / "second"), str(docs / "reproduction"))
     assert sorted(p.name for p in committed.iterdir()) == [f"softmax-seed1.{t}.hyp" for t in sorted(hyps)]
     assert result_files.load_json(str(docs / "reproduction" / "mt-en-de.json"))["lowercased"]["softmax"][
         "test_2016_flickr"

@@ -1,4 +1,4 @@
-"""Collecting the tables' results into the committed json (``docs/reproduction/TABLE.json``), the hypotheses
+"""Collecting the tables' results into the committed json (``records/reproduction/TABLE.json``), the hypotheses
 beside them, the cells a table set aside, and which cells a table reports."""
 
 from __future__ import annotations
@@ -15,21 +15,18 @@ from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.engine.runner import canonical_paths, cpu_seconds, parse_train_wall
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from recipes.reproduce.engine.table import DOCS, RECORDS  # noqa: F401 (the page's defaults)
 
 
-DOCS = os.path.join(ROOT, "docs")
-
-
-def collect(results_dir: str, docs_dir: str) -> List[str]:
-    """Copy every table's results under ``results_dir`` into ``docs_dir/reproduction/TABLE.json`` (commands with
+def collect(results_dir: str, records_dir: str) -> List[str]:
+    """Copy every table's results under ``results_dir`` into ``records_dir/TABLE.json`` (commands with
     :func:`canonical_paths`; each cell's training time read again from its train.log when it is there)."""
     written = []
     for table in TABLE_MODULES:
         table_dir = os.path.join(results_dir, table)
         path = os.path.join(table_dir, "results.json")
         plan_path = os.path.join(table_dir, "plan.json")
-        out = os.path.join(docs_dir, "reproduction", f"{table}.json")
+        out = os.path.join(records_dir, f"{table}.json")
         sweep_here = result_files.load_json(
             os.path.join(table_dir, "sweep.json")
         )  # written after every cell of a sweep
@@ -81,7 +78,7 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
             ),
         }
         if sweep and get_table(table).metric == "bleu":
-            committed = commit_hypotheses(table_dir, obj, docs_dir)
+            committed = commit_hypotheses(table_dir, obj, records_dir)
             for key in ("bootstrap", "lowercased"):
                 obj[key] = committed.get(key) or before.get(key)
         result_files.save_json(out, obj)
@@ -89,8 +86,8 @@ def collect(results_dir: str, docs_dir: str) -> List[str]:
     return written
 
 
-def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> Dict[str, Any]:
-    """Copy the hypotheses of a translation table's chosen cells to ``docs/reproduction/hyps/TABLE/`` (one file per
+def commit_hypotheses(table_dir: str, obj: Dict[str, Any], records_dir: str) -> Dict[str, Any]:
+    """Copy the hypotheses of a translation table's chosen cells to ``records_dir/hyps/TABLE/`` (one file per
     head, seed and test set: ``HEAD-seedK.TESTSET.hyp``) and score them against the run's references:
     ``{"bootstrap": sacrebleu's paired bootstrap records, "lowercased": {head: {testset: {"seeds", "values"}}}}``
     (case-insensitive BLEU, as published Multi30k systems are scored); {} when the run's files are not here. The
@@ -109,7 +106,7 @@ def commit_hypotheses(table_dir: str, obj: Dict[str, Any], docs_dir: str) -> Dic
         return {}
     sweep = obj.get("sweep") or {}
     running = [c for c in obj.get("cells", []) if c["head"] in sweep and sweep[c["head"]]["chosen"] is None]
-    out_dir = os.path.join(docs_dir, "reproduction", "hyps", obj["table"])
+    out_dir = os.path.join(records_dir, "hyps", obj["table"])
     os.makedirs(out_dir, exist_ok=True)
     for c in running:
         for testset, path in (
@@ -151,18 +148,18 @@ def chosen_cells(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [c for c in obj.get("cells", []) if c["head"] not in chosen or c.get("lr") == chosen[c["head"]]]
 
 
-#: the training compute of cells set aside when a table's mini settings changed, in ``docs/reproduction/``:
+#: the training compute of cells set aside when a table's mini settings changed, in ``records/reproduction/``:
 #: ``{name: {"table", "reason", "cells", "total", "wall"}}`` (:func:`set_aside`); the Compute section counts it
 SET_ASIDE = "compute-set-aside.json"
 
 
 def set_aside(
-    cells_dir: str, table: str, reason: str, docs_dir: str = DOCS, plan: Optional[str] = None
+    cells_dir: str, table: str, reason: str, records_dir: str = RECORDS, plan: Optional[str] = None
 ) -> Dict[str, Any]:
     """Count the training CPU-core-hours of every cell under ``cells_dir`` (a table's results moved aside when its
     mini settings changed: the new settings train them again) as :func:`recipes.common.runtime.cpu_seconds` counts
     a cell (measured CPU time, else training seconds times threads: one where no record says), and keep the count in
-    ``docs_dir/reproduction/`` (:data:`SET_ASIDE`) under the directory's name, so the Compute section keeps counting
+    ``records_dir`` (:data:`SET_ASIDE`) under the directory's name, so the Compute section keeps counting
     what they cost (``plan``: the plan whose Compute table counts them, e.g. the train splits'; None: the earlier
     tables'); returns the entry."""
     threads = {
@@ -187,7 +184,7 @@ def set_aside(
         entry["wall"] += hours if cell["cpu_s"] is None else 0.0
     if not entry["cells"]:
         raise SystemExit(f"--set-aside {cells_dir}: no cell's train.log under it")
-    path = os.path.join(docs_dir, "reproduction", SET_ASIDE)
+    path = os.path.join(records_dir, SET_ASIDE)
     kept = result_files.load_json(path) or {}
     kept[os.path.basename(os.path.normpath(cells_dir))] = entry
     result_files.save_json(path, kept)

@@ -354,8 +354,10 @@ def timing_gap(objs: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     return {"gap": gap, "head": head, "key": key, "ratios": [a["ratios"][head][key], b["ratios"][head][key]]}
 
 
-def load(docs_dir: str) -> Dict[str, Any]:
-    src = os.path.join(docs_dir, "reproduction")
+def load(records_dir: str) -> Dict[str, Any]:
+    """The committed json under ``records_dir``: every table's, the lm-ptb pilot's, the cells set aside, the
+    protocol studies'."""
+    src = records_dir
     objs = {t: result_files.load_json(os.path.join(src, f"{t}.json")) for t in TABLE_MODULES}
     objs = {t: o for t, o in objs.items() if o is not None}
     extra = {n: result_files.load_json(os.path.join(src, n)) for n in ("lm-ptb-pilot.json", SET_ASIDE)}
@@ -366,10 +368,10 @@ def load(docs_dir: str) -> Dict[str, Any]:
     }
 
 
-def all_numbers(docs_dir: str) -> Dict[str, Dict[str, Any]]:
-    """``{name: derived numbers}`` of every reading (``NAME-numbers.json`` beside ``NAME-reading.md``), from the
-    committed json alone."""
-    data = load(docs_dir)
+def all_numbers(records_dir: str) -> Dict[str, Dict[str, Any]]:
+    """``{name: derived numbers}`` of every reading (``NAME-numbers.json`` in ``records_dir``, for
+    ``docs/reproduction/NAME-reading.md``), from the committed json alone."""
+    data = load(records_dir)
     objs, pilot = data["objs"], data["lm-ptb-pilot.json"]
     out = {"intro": {"alpha": ALPHA, "confidence": 1 - ALPHA, "power": POWER, "bootstrap_samples": compare.BOOTSTRAP}}
     out["compute"] = compute_numbers(objs, pilot, data[SET_ASIDE])

@@ -130,7 +130,7 @@ REQUIRED_CONFIG = ("lr", "stop")
 
 
 def restore_cells(table_dir: str, committed: str, log=print, wanted=None) -> int:
-    """Copy the finished cells of a committed table file (``docs/reproduction/TABLE.json``) that ``table_dir``
+    """Copy the finished cells of a committed table file (``records/reproduction/TABLE.json``) that ``table_dir``
     lacks into ``table_dir/cells``: a new machine continues where the last one stopped. ``wanted(record)``, when
     given, says which records to bring back (the table's: those made with the settings it runs now, so that the
     cells of a protocol it replaced do not come back to be collected beside the new ones). The results rows and

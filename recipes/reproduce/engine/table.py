@@ -24,6 +24,8 @@ from recipes.reproduce.engine.runner import ROOT, Runner, canonical_paths, cpu_s
 from recipes.reproduce.engine.variants import Variant
 
 DOCS = os.path.join(ROOT, "docs")
+#: the committed results the reproduction page is made from (``TABLE.json``, the hypotheses, the studies' json)
+RECORDS = os.path.join(ROOT, "records", "reproduction")
 #: the default --out, made absolute as the command line makes it
 DEFAULT_OUT = os.path.join(ROOT, "results", "reproduce")
 
@@ -422,7 +424,7 @@ class Table:
         if args.out == DEFAULT_OUT:  # continue from the committed cells of another machine
             result_files.restore_cells(
                 table_dir,
-                os.path.join(DOCS, "reproduction", f"{self.name}.json"),
+                os.path.join(RECORDS, f"{self.name}.json"),
                 log,
                 wanted=lambda record: self.current(record, args),
             )

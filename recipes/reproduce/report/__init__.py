@@ -1,4 +1,4 @@
-"""The reproduction report, ``docs/reproduction.md``, from the committed ``docs/reproduction/*.json`` (``python -m
+"""The reproduction report, ``docs/reproduction.md``, from the committed ``records/reproduction/*.json`` (``python -m
 recipes.reproduce.report``, :mod:`.page`): tables, plots and commands, with the readings written by hand beside them.
 
 The modules, from the page down (each imports only those below it; import-linter holds the order): :mod:`.page` (the

@@ -104,10 +104,10 @@ def table_section(obj: Dict[str, Any], out_dir: str, f: Optional[Dict[str, Any]]
     return "\n".join(lines + (layout.first_commands(rows) if rows else []))
 
 
-def pilot_section(docs_dir: str) -> str:
+def pilot_section(records_dir: str, readings_dir: str) -> str:
     """The lm-ptb pilot (``lm-ptb-pilot.json``, :mod:`recipes.reproduce.studies.lm_pilot`): each arm's valid / test
     perplexity, per epoch and its CPU time; the pilot's CPU time; the probes' epoch costs; the decision; or ""."""
-    pilot = result_files.load_json(os.path.join(docs_dir, "reproduction", "lm-ptb-pilot.json"))
+    pilot = result_files.load_json(os.path.join(records_dir, "lm-ptb-pilot.json"))
     if not pilot or not pilot.get("arms"):
         return ""
     n = pilot_numbers(pilot)
@@ -137,7 +137,7 @@ def pilot_section(docs_dir: str) -> str:
     probes = [[h, f"{m:.1f}"] for h, m in n["epoch_minutes"].items()]
     lines.append(table(["head", "minutes an epoch of PTB train (probe, one thread)"], probes))
     lines += [wrap("**Decision.** " + pilot["decision"]), ""] if pilot.get("decision") else []
-    return "\n".join(lines + reading(os.path.join(docs_dir, "reproduction"), "lm-ptb-pilot", len(pilot["arms"])))
+    return "\n".join(lines + reading(readings_dir, "lm-ptb-pilot", len(pilot["arms"])))
 
 
 def protocols_section(obj: Dict[str, Any], out_dir: str = "") -> str:

@@ -18,7 +18,7 @@ softmax trains :data:`EPOCHS` ``["softmax"]`` epochs, MoS-4 fewer (its epoch cos
 about half an hour of one thread. ``probes`` times every head of the table (its sized rows included): a short
 training run each, tokens per second from fairseq's ``wps`` after the first updates, the epoch's cost from it.
 Each arm is kept in ``OUT/ARM/record.json`` (a rerun skips it); ``--collect`` writes ``OUT/pilot.json`` and, with
-``--commit``, ``docs/reproduction/lm-ptb-pilot.json``, which the report shows.
+``--commit``, ``records/reproduction/lm-ptb-pilot.json``, which the report shows.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from recipes.reproduce.engine import sweep as sweep_rules
 from recipes.reproduce.tables.language_model import LM_HEAD_OPTIONS, MINI_OPTIMIZERS, PPL
 from recipes.reproduce.tables.lm_ptb import TABLE
 from recipes.reproduce.engine.runner import Runner, cpu_seconds, parse_train_wall, shell_line
-from recipes.reproduce.engine.table import DOCS
+from recipes.reproduce.engine.table import DOCS, RECORDS
 from recipes.reproduce.engine.variants import resolve
 from recipes.common import data as data_paths
 
@@ -51,7 +51,7 @@ ARMS = [f"{head}-{opt}" for head in EPOCHS for opt in MINI_OPTIMIZERS]
 #: updates of a cost probe, and the first ones its rate leaves out (warm-up)
 PROBE_UPDATES, PROBE_SKIP = 40, 20
 WPS = re.compile(r'"wps": "([\d.]+)"')
-COMMITTED = os.path.join(DOCS, "reproduction", "lm-ptb-pilot.json")
+COMMITTED = os.path.join(RECORDS, "lm-ptb-pilot.json")
 #: what the pilot decided, and from which of its numbers (written into its json, shown in the report)
 DECISION = (
     "Adam, at the mini grid's rates (2.5e-3, 5e-3, 1e-2). At equal epochs Adam's valid perplexity is below NT-ASGD's "
@@ -207,7 +207,7 @@ def main(argv=None) -> None:
     data_paths.add_data_option(p)
     p.add_argument("--out", default=os.path.join(os.path.dirname(DOCS), "results", "reproduce", "lm-ptb-pilot"))
     p.add_argument("--collect", action="store_true", help="write OUT/pilot.json from the finished arms")
-    p.add_argument("--commit", action="store_true", help="with --collect: also docs/reproduction/lm-ptb-pilot.json")
+    p.add_argument("--commit", action="store_true", help="with --collect: also records/reproduction/lm-ptb-pilot.json")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     args.out, args.data = os.path.abspath(args.out), os.path.abspath(args.data)

@@ -13,7 +13,7 @@ windows from a zero state (``--stateless``), and with the state carried over the
 Every finished (protocol, seed) is kept in ``OUT/cells``: a rerun continues (an interrupted cell resumes from its
 last epoch's checkpoint). Writes ``OUT/protocols.json`` (per-seed
 perplexities, the commands) and prints the table; ``--commit`` copies the json to
-``docs/reproduction/lm-ptb-protocols.json``, which the report shows.
+``records/reproduction/lm-ptb-protocols.json``, which the report shows.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Dict, List
 from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.tables.lm_ptb import TABLE
 from recipes.reproduce.engine.runner import Runner, relative_paths, shell_line
-from recipes.reproduce.engine.table import DOCS
+from recipes.reproduce.engine.table import RECORDS
 from recipes.reproduce.engine.variants import resolve
 from recipes.common import data as data_paths
 
@@ -116,7 +116,9 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=EPOCHS, help=f"epochs per cell (default {EPOCHS})")
     data_paths.add_data_option(p)
     p.add_argument("--out", default=os.path.join("results", "protocols"))
-    p.add_argument("--commit", action="store_true", help="copy the results to docs/reproduction/lm-ptb-protocols.json")
+    p.add_argument(
+        "--commit", action="store_true", help="copy the results to records/reproduction/lm-ptb-protocols.json"
+    )
     p.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)  # tests: first N lines of every split
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
@@ -139,7 +141,7 @@ def main(argv=None) -> int:
     result_files.save_json(os.path.join(out, "protocols.json"), result)
     print("\n".join(summary(records)))
     if args.commit:
-        result_files.save_json(os.path.join(DOCS, "reproduction", "lm-ptb-protocols.json"), result)
+        result_files.save_json(os.path.join(RECORDS, "lm-ptb-protocols.json"), result)
     return 0
 
 
