@@ -531,3 +531,26 @@ def test_a_cells_row_is_read_back_from_the_folder_the_table_names():
     for row in ("softmax", "softmax-mlp", "mos-3"):
         for stage, key in (("pilot", 1e-05), ("pilot", 0.003), ("cells", 2)):
             assert upgrade_table.row_of(upgrade_table.cell_dir(args, stage, row, key)) == row
+
+
+def test_a_states_cache_is_the_same_cache_with_one_thread_or_two():
+    """The cache's fingerprint digests the blocks and the body's weights byte for byte: the same under 1 and 2 threads
+    (a per-tensor sum, as before, differed in its last bits: SmolLM2's cache made with two threads was refused by a run
+    with one), and another for a weight one ulp away."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_embd=576, n_inner=1536, n_head=4, vocab_size=64, n_positions=32)
+    model, blocks, threads = GPT2LMHeadModel(config), torch.randint(0, 64, (2, 8)), torch.get_num_threads()
+    weight = model.transformer.h[0].mlp.c_fc.weight  # [576, 1536]: its float sum differs between 1 and 2 threads
+    try:
+        torch.set_num_threads(1)
+        one = upgrade.fingerprint(model, blocks)
+        torch.set_num_threads(2)
+        assert upgrade.fingerprint(model, blocks) == one
+    finally:
+        torch.set_num_threads(threads)
+    with torch.no_grad():
+        weight[0, 0] = torch.nextafter(weight[0, 0], torch.tensor(1.0))
+    assert upgrade.fingerprint(model, blocks) != one
+    assert upgrade.fingerprint(model, blocks[:1]) != upgrade.fingerprint(model, blocks)

@@ -46,12 +46,14 @@ def body(model) -> nn.Module:
 
 
 def fingerprint(model, blocks: torch.Tensor) -> str:
-    """Digest of the token blocks and the body's weights: a cache folder holds the states of one pair only."""
+    """Digest of the token blocks and the body's weights, byte for byte: a cache folder holds the states of one pair
+    only. (Of the bytes, not of a sum per tensor: a sum's last bits depend on how many threads add it up, so a cache
+    made with two threads would be refused by a run with one.)"""
     digest = hashlib.sha1(blocks.numpy().tobytes())
     for name, tensor in sorted(body(model).state_dict().items()):
         digest.update(name.encode())
-        digest.update(tensor.detach().float().sum().double().numpy().tobytes())
-        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
