@@ -48,7 +48,7 @@ from hf_heads.core import functional
 from hf_heads.cli.timing import MALLOC_ENV, busy_neighbour, busy_report, peak_memory, time_per_call
 
 
-#: (label, head name, options): the heads the benchmark times beside plain softmax (the rows of bench_targets.json)
+#: (label, head name, options): the heads the benchmark times beside plain softmax
 HEADS = [
     ("softmax (ours)", "softmax", {}),
     ("sigsoftmax", "sigsoftmax", {}),
@@ -190,8 +190,8 @@ def run_memory_child(argv) -> Dict[str, Dict[str, float]]:
 
 
 # ------------------------------------------------------------------ on a device (--device cuda)
-#: the GPU benchmark's settings unless given (the shapes of bench_targets.json: N = 8192 tokens, d = 1024 / 2048,
-#: V = 32k / 50k)
+#: the GPU benchmark's settings unless given (N = 8192 tokens, d = 1024 / 2048, V = 32k / 50k: the shapes its targets
+#: name)
 DEVICE_DEFAULTS = {"tokens": 8192, "dim": [1024, 2048], "vocab": [32000, 50000], "rounds": 3}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TORCH_LCE = "torch F.linear_cross_entropy (chunked)"

@@ -87,8 +87,8 @@ def cache_states(
             old = json.load(f)
         if old != meta:
             raise ValueError(
-                f"cache_states: {folder} holds the states of other blocks or weights ({old}); use "
-                f"another folder or empty it"
+                f"cache_states: {folder} holds the states of other blocks or weights ({old}), or states cached "
+                f"under the earlier fingerprint (a sum per weight tensor); use another folder or empty it"
             )
     else:
         with open(meta_path, "w") as f:

@@ -1,5 +1,5 @@
 """The report's sections (one per table, the lm-ptb pilot, the protocol study, the compute spent), each opening with
-its table and closing with its hand-written reading, and the derived numbers a reading may cite (:func:`numbers`)."""
+its table and closing with its hand-written reading; what they show is computed by :mod:`recipes.reproduce.analysis`."""
 
 from __future__ import annotations
 
