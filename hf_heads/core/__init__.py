@@ -13,6 +13,7 @@ from .config import (
     option,
 )
 from .convert import convert_head
+from .decoding import fast_decoding
 from .frequency import count_tokens, frequency_order
 from .interface import LinearScoresHead, OutputHead, SingleSoftmaxHead
 from .registry import (
@@ -44,6 +45,7 @@ __all__ = [
     "versioned_options",
     "convert_head",
     "count_tokens",
+    "fast_decoding",
     "frequency_order",
     "LinearScoresHead",
     "OutputHead",

@@ -106,6 +106,10 @@ class OutputHead(VocabularyMixin, nn.Module):
     #: ``{spec version: {option: the default it had then}}`` for the defaults this head changed after that version
     #: (core/config.py's SPEC_VERSION; read by :func:`~hf_heads.core.registry.versioned_options`)
     legacy_defaults: Dict[int, Dict[str, Any]] = {}
+    #: set by :func:`hf_heads.fast_decoding`: a forward without gradients then returns :meth:`topk`'s log-probs at
+    #: its ``decode_topk`` ids and ``-inf`` elsewhere (the head's fast path in a decoding loop); None: the full
+    #: distribution
+    decode_topk: Optional[int] = None
 
     @classmethod
     def check_config(cls, config: HeadConfig) -> HeadConfig:
@@ -152,10 +156,25 @@ class OutputHead(VocabularyMixin, nn.Module):
     # -- public interface -------------------------------------------------------------
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Normalised log-probabilities, shape ``[..., vocab_size]``: float32 for float32, bf16 and
-        fp16 inputs (the head math runs in float32), float64 for float64 inputs."""
+        fp16 inputs (the head math runs in float32), float64 for float64 inputs. Inside
+        :func:`hf_heads.fast_decoding` and without gradients: the top-k's log-probs, ``-inf`` elsewhere."""
         h = self._flat_hidden(hidden)
         with functional.autocast_off(h):
-            return self.log_probs_2d(h).view(*hidden.shape[:-1], self.config.vocab_size)
+            if self.decode_topk is not None and not torch.is_grad_enabled():
+                out = self._top_log_probs_2d(h, self.decode_topk)
+            else:
+                out = self.log_probs_2d(h)
+            return out.view(*hidden.shape[:-1], self.config.vocab_size)
+
+    def _top_log_probs_2d(self, h: torch.Tensor, k: int) -> torch.Tensor:
+        """:meth:`topk` of ``h`` ``[N, d1]`` spread over ``[N, V]``: its log-probs at its ids, ``-inf`` elsewhere (a
+        head without a fast ``topk``: its full distribution's top ``k``)."""
+        k = min(k, self.config.vocab_size)
+        if type(self).topk is OutputHead.topk:  # the default topk reads forward: take the full distribution's
+            lp, idx = self.log_probs_2d(h).topk(k, dim=-1)
+        else:
+            lp, idx = self.topk(h, k)
+        return lp.new_full((h.shape[0], self.config.vocab_size), -math.inf).scatter_(1, idx, lp)
 
     def loss(
         self,
