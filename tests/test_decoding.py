@@ -1,0 +1,73 @@
+"""recipes.decoding: the decoding study's agreement and speed measurements on a tiny GPT-2 with class_softmax heads,
+exact (every class searched: full agreement, no distance, identical text) and approximate (2 classes of 8), checked
+against the same quantities computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_heads
+from recipes import decoding
+
+transformers = pytest.importorskip("transformers", reason="transformers not installed: run `make install`")
+
+
+def _model(**options):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=64)
+    model = hf_heads.swap_head(transformers.GPT2LMHeadModel(config), "class_softmax", num_classes=8, **options)
+    return model.eval()
+
+
+def _generate(model):
+    def generate(prompt, fast, n=6):
+        kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        if not fast:
+            return model.generate(prompt, **kwargs)
+        with hf_heads.fast_decoding(model, k=1):
+            return model.generate(prompt, **kwargs)
+
+    return generate
+
+
+def test_an_exact_fast_head_agrees_everywhere():
+    model = _model()
+    head, hidden = hf_heads.output_head(model), torch.randn(40, 16)
+    assert decoding.top1_agreement(head, hidden) == 1.0
+    assert max(decoding.topk_total_variation(head, hidden, 5)) < 1e-6
+    prompts = [torch.randint(1, 64, (1, 4)) for _ in range(3)]
+    assert decoding.greedy_prefix(_generate(model), prompts) == [6, 6, 6]
+
+
+def test_an_approximate_fast_head_is_measured_as_by_hand():
+    model = _model(search_classes=2)
+    head, hidden = hf_heads.output_head(model), torch.randn(200, 16) * 3
+    with torch.no_grad():
+        full = head(hidden)
+        fast_top1 = head.topk(hidden, 1)[1][:, 0]
+        lp, idx = head.topk(hidden, 5)
+    agree = decoding.top1_agreement(head, hidden)
+    assert agree == pytest.approx(float((fast_top1 == full.argmax(-1)).double().mean())) and agree < 1.0
+    tv = decoding.topk_total_variation(head, hidden, 5)
+    for i in range(0, 200, 37):  # by hand: the two renormalised top-5 distributions over the union of their ids
+        p = dict(zip(full[i].topk(5).indices.tolist(), torch.softmax(full[i].topk(5).values, 0).tolist()))
+        q = dict(zip(idx[i].tolist(), torch.softmax(lp[i], 0).tolist()))
+        assert tv[i] == pytest.approx(0.5 * sum(abs(p.get(j, 0) - q.get(j, 0)) for j in set(p) | set(q)), abs=1e-6)
+    assert max(tv) > 0 and min(tv) >= 0 and max(tv) <= 1 + 1e-6
+    prompts = [torch.randint(1, 64, (1, 4)) for _ in range(4)]
+    generate, prefix = _generate(model), decoding.greedy_prefix(_generate(model), prompts)
+    assert min(prefix) < 6  # these prompts diverge somewhere: the check below sees a first difference
+    for prompt, n in zip(prompts, prefix):
+        slow, fast = generate(prompt, False)[0, 4:], generate(prompt, True)[0, 4:]
+        assert torch.equal(slow[:n], fast[:n]) and (n == 6 or slow[n] != fast[n])
+
+
+def test_decode_speed_times_both_paths_and_refuses_a_short_run():
+    model = _model(search_classes=2)
+    prompt = torch.randint(1, 64, (1, 4))
+    speed = decoding.decode_speed(_generate(model), prompt, new_tokens=4, rounds=2)
+    assert set(speed) == {"full", "fast"}
+    assert all(v["prefill_s"] > 0 and v["decode_tokens_per_s"] > 0 for v in speed.values())
+    with pytest.raises(ValueError, match="made 6 tokens, not 1"):
+        decoding.decode_speed(lambda p, fast, n: _generate(model)(p, fast, 6), prompt, new_tokens=4, rounds=1)
