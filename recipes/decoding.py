@@ -10,13 +10,16 @@ Agreement, measured so that one early divergence does not decide it:
 * :func:`greedy_prefix`: free-running greedy decoding, the length of the identical prefix per prompt.
 
 Speed (:func:`decode_speed`): decode-only tokens per second at batch 1, prefill timed apart (a run of one new token),
-the full and the fast path in interleaved rounds, medians."""
+the full and the fast path in interleaved rounds, medians. :func:`lstm_decode` is the LSTM LM's decoding loop (the
+study's WikiText-2 and PTB LMs, :class:`recipes.common.hidden_tasks.LSTMLM`), greedy or top-k sampling, through the
+head's fast path or its full softmax."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -83,3 +86,33 @@ def decode_speed(
         }
         for p, s in samples.items()
     }
+
+
+@torch.no_grad()
+def lstm_decode(
+    body,
+    head,
+    prompt: torch.Tensor,
+    new_tokens: int,
+    fast: bool = False,
+    top_k: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """``prompt`` ``[B, L]`` and ``new_tokens`` more ids from the LSTM LM ``body`` (its embedding, LSTM and dropout,
+    in evaluation mode) and ``head``, the LSTM's state carried from step to step: greedy (``top_k`` None), or sampled
+    from the ``top_k`` most probable ids (renormalised; ``generator`` draws); with ``fast``, each step's distribution
+    comes through the head's fast path (:func:`hf_heads.fast_decoding` with ``k = top_k or 1``)."""
+    out, state = body.lstm(body.embed(prompt))
+    ids = [prompt]
+    with hf_heads.fast_decoding(head, k=top_k or 1) if fast else contextlib.nullcontext():
+        for _ in range(new_tokens):
+            log_probs = head(body.drop(out[:, -1]))
+            if top_k is None:
+                step = log_probs.argmax(-1, keepdim=True)
+            else:
+                top = log_probs.topk(top_k, dim=-1)
+                pick = torch.multinomial(torch.softmax(top.values, dim=-1), 1, generator=generator)
+                step = top.indices.gather(-1, pick)
+            ids.append(step)
+            out, state = body.lstm(body.embed(step), state)
+    return torch.cat(ids, dim=1)

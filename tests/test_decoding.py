@@ -71,3 +71,35 @@ def test_decode_speed_times_both_paths_and_refuses_a_short_run():
     assert all(v["prefill_s"] > 0 and v["decode_tokens_per_s"] > 0 for v in speed.values())
     with pytest.raises(ValueError, match="made 6 tokens, not 1"):
         decoding.decode_speed(lambda p, fast, n: _generate(model)(p, fast, 6), prompt, new_tokens=4, rounds=1)
+
+
+def _lstm(**options):
+    from recipes.common.hidden_tasks import LSTMLM
+
+    torch.manual_seed(0)
+    body = LSTMLM(64, 16, 2, 0.1).eval()
+    return body, hf_heads.build_head("class_softmax", hidden_size=16, vocab_size=64, num_classes=8, **options).eval()
+
+
+def test_the_lstm_decoding_loop_through_an_exact_head_is_the_full_softmaxs():
+    body, head = _lstm()
+    prompt = torch.randint(0, 64, (2, 5))
+    slow, fast = (decoding.lstm_decode(body, head, prompt, 8, fast=f) for f in (False, True))
+    assert torch.equal(slow, fast) and slow.shape == (2, 13) and torch.equal(slow[:, :5], prompt)
+    drawn = [
+        decoding.lstm_decode(body, head, prompt, 8, fast=f, top_k=5, generator=torch.Generator().manual_seed(2))
+        for f in (False, True)
+    ]
+    assert torch.equal(*drawn) and not torch.equal(drawn[0], slow)  # sampled, the same draws either way
+
+
+def test_the_lstm_decoding_loop_carries_its_state_and_takes_the_heads_fast_top_1():
+    """Through a head searching 2 classes of 8, each new id is that head's topk on the LSTM's state after the ids
+    before it (the LSTM run again over the whole sequence, by hand)."""
+    body, head = _lstm(search_classes=2)
+    prompt = torch.randint(0, 64, (1, 5))
+    ids = decoding.lstm_decode(body, head, prompt, 8, fast=True)
+    assert head.last_stats["tokens_scored"] < 64
+    with torch.no_grad():
+        hidden = body(ids[:, :-1])[0, 4:]  # the state after each id from the prompt's last on
+        assert torch.equal(head.topk(hidden, 1)[1][:, 0], ids[0, 5:])
