@@ -211,3 +211,19 @@ def test_a_difference_that_rounds_to_zero_keeps_two_significant_digits():
         "+2.3e-05",
     ]
     assert format_diff(0.00093, sign=False) == "0.00093" and format_diff(0.42, sign=False) == "0.42"
+
+
+def test_mcnemar_by_hand():
+    """10 items: a alone right on 6, b alone on 1, both on 2, neither on 1. The 7 discordant items decide: two-sided
+    exact p = 2 P(X >= 6) for X ~ Bin(7, 1/2) = 2 (C(7, 6) + C(7, 7)) / 2^7 = 0.125; the difference 0.5."""
+    from recipes.common.stats import mcnemar
+
+    a = [True] * 6 + [False] + [True, True] + [False]
+    b = [False] * 6 + [True] + [True, True] + [False]
+    r = mcnemar(a, b)
+    assert (r.n, r.a_only, r.b_only) == (10, 6, 1) and r.difference == pytest.approx(0.5)
+    assert r.p == pytest.approx(2 * (1 + 7) / 2**7)
+    assert mcnemar(b, a).p == pytest.approx(r.p) and mcnemar(b, a).difference == pytest.approx(-0.5)
+    assert mcnemar([True, False], [True, False]).p == 1.0  # no discordant item: no evidence either way
+    with pytest.raises(ValueError, match="one of each per item"):
+        mcnemar([True], [True, False])

@@ -9,6 +9,7 @@ against softmax, per split):
   (how often the difference has one sign, under "either sign is as likely");
 * :func:`holm` adjusts the p-values of a family (Holm 1979, step-down): a comparison is significant at ``alpha`` when
   its adjusted p-value is at most ``alpha``, with the family-wise error rate at most ``alpha``;
+* :func:`mcnemar` compares two classifiers on the same items (McNemar's exact test on the items where they disagree);
 * :func:`detectable` gives what a comparison could have found: the smallest true mean difference that a two-sided
   paired t-test at a given level detects with a given power (80%), from the seeds' paired standard deviation
   (the noncentral t distribution), to set beside the difference a paper claims.
@@ -177,3 +178,26 @@ def paired_bootstrap_p(
     )
     _, scores = test()
     return float(scores["BLEU"][1].p_value)
+
+
+@dataclass(frozen=True)
+class McNemar:
+    """Two classifiers scored on the same items (``a`` and ``b`` right or wrong per item)."""
+
+    n: int  # items
+    a_only: int  # items a gets right and b wrong
+    b_only: int  # items b gets right and a wrong
+    difference: float  # a's accuracy minus b's, (a_only - b_only) / n
+    p: float  # two-sided exact McNemar test: the binomial test of a_only among the a_only + b_only discordant items
+
+
+def mcnemar(a_right: Sequence[bool], b_right: Sequence[bool]) -> McNemar:
+    """McNemar's exact test of two classifiers on the same items (e.g. two heads' top-1 on the same test tokens):
+    only the items where they disagree count, a_only of them for ``a`` against b_only for ``b``, two-sided p of
+    the binomial test at 1/2 (1 without discordant items)."""
+    a, b = np.asarray(a_right, dtype=bool), np.asarray(b_right, dtype=bool)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"mcnemar: {a.shape} and {b.shape} outcomes: one of each per item, the same items")
+    a_only, b_only = int((a & ~b).sum()), int((b & ~a).sum())
+    p = 1.0 if a_only + b_only == 0 else float(_stats.binomtest(a_only, a_only + b_only, 0.5).pvalue)
+    return McNemar(len(a), a_only, b_only, (a_only - b_only) / len(a) if len(a) else 0.0, p)
