@@ -103,3 +103,35 @@ def test_the_lstm_decoding_loop_carries_its_state_and_takes_the_heads_fast_top_1
     with torch.no_grad():
         hidden = body(ids[:, :-1])[0, 4:]  # the state after each id from the prompt's last on
         assert torch.equal(head.topk(hidden, 1)[1][:, 0], ids[0, 5:])
+
+
+def test_the_decoding_command_measures_each_converted_head_and_resumes(tmp_path):
+    """python -m recipes.decoding on a tiny GPT-2 folder: SVD-softmax converted at V = 64 refines every id (exact:
+    full agreement, every greedy prefix whole), adaptive sampling's bandit approximates; speed per thread count for
+    greedy and top-k sampling, the head's share of a step; a second run reads the heads already measured."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = [f"w{i}" for i in range(60)]
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=64, eos_token_id=1)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "test.txt").write_text(" ".join(words[(i * 7) % 60] for i in range(200)) + "\n")
+    argv = ["--model", str(tmp_path / "tiny"), "--text", str(tmp_path / "test.txt"), "--out", str(tmp_path / "out")]
+    argv += ["--prompts", "3", "--prompt-tokens", "8", "--new-tokens", "4", "--top-k", "5", "--threads", "1"]
+    out = decoding.main(argv + ["--rounds", "1"], log=lambda *_: None)
+    svd, bandit = out["heads"]["svd_softmax"], out["heads"]["adaptive_sampling"]
+    assert svd["teacher_forced_top1_agreement"] == 1.0 and svd["greedy_prefix"] == [4, 4, 4]
+    assert svd["top_k_tv"] < 1e-6 and 0 <= bandit["teacher_forced_top1_agreement"] <= 1
+    for mode in ("greedy", "top-5"):
+        assert all(svd["speed"]["1"][mode][p]["decode_tokens_per_s"] > 0 for p in ("full", "fast"))
+    assert 0 < svd["speed"]["1"]["head_share_of_decode"] < 1
+    assert decoding.main(argv + ["--rounds", "1"], log=lambda *_: 1 / 0) == out  # read back, nothing measured again
+    with pytest.raises(SystemExit):
+        decoding.parse_args(argv + ["--rounds", "0"])
