@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 import hf_heads
+from hf_heads.hf.upgrade import body
 from recipes.common import data as data_paths
 from recipes.common import runtime
 
@@ -156,7 +157,7 @@ def head_share(model, prompt: torch.Tensor, decode_s_per_token: float, rounds: i
     """The share of one decoding step's time spent in the head's full forward (one position, batch 1)."""
     head = hf_heads.output_head(model)
     with torch.no_grad():
-        hidden = model.base_model(prompt).last_hidden_state[:, -1:]
+        hidden = body(model)(prompt).last_hidden_state[:, -1:]
         times = []
         for _ in range(rounds + 1):
             start = time.perf_counter()
@@ -172,7 +173,7 @@ def measure_head(model, tokenizer, args, log=print) -> Dict:
     prompts = list(ids.view(args.prompts, args.prompt_tokens)[:, None, :].unbind(0))
     head, pad = hf_heads.output_head(model), tokenizer.pad_token_id or tokenizer.eos_token_id or 0
     with torch.no_grad():
-        hidden = model.base_model(ids.view(args.prompts, args.prompt_tokens)).last_hidden_state.flatten(0, 1)
+        hidden = body(model)(ids.view(args.prompts, args.prompt_tokens)).last_hidden_state.flatten(0, 1)
     out: Dict = {
         "teacher_forced_top1_agreement": top1_agreement(head, hidden),
         "top_k": args.top_k,

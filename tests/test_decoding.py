@@ -21,14 +21,9 @@ def _model(**options):
 
 
 def _generate(model):
-    def generate(prompt, fast, n=6):
-        kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        if not fast:
-            return model.generate(prompt, **kwargs)
-        with hf_heads.fast_decoding(model, k=1):
-            return model.generate(prompt, **kwargs)
-
-    return generate
+    """The command's own greedy ``generate(prompt, fast, n)``, 6 new tokens unless told."""
+    greedy = decoding.hf_generate(model, pad_id=0)
+    return lambda prompt, fast, n=6: greedy(prompt, fast, n)
 
 
 def test_an_exact_fast_head_agrees_everywhere():
