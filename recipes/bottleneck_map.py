@@ -42,6 +42,7 @@ import hf_heads
 from hf_heads.hf.upgrade import States, nll_per_block, train_head_on_states
 from recipes.reproduce.engine import results as result_files
 from recipes.common import runtime
+from recipes.common.lms import trunk_features
 
 #: the heads of the map: softmax, the primary test's MoS-4 and Mixtape, PLIF and Sigsoftmax (library defaults
 #: otherwise; Mixtape in its default form)
@@ -56,28 +57,6 @@ DIMS = [4, 8, 16, 32, 64, 128]
 #: streams each split is read with: the training layout for train, the papers' valid / test batches
 STREAMS = {"train": 20, "valid": 10, "test": 1}
 BPTT = 70
-
-
-@torch.no_grad()
-def trunk_features(checkpoint: str, data: str, split: str, streams: int, bptt: int = BPTT) -> States:
-    """The last layer's features (evaluation mode) of every token of ``split`` and the ids that follow them, the LSTM
-    state carried along ``streams`` contiguous streams in windows of ``bptt`` (the papers' scoring)."""
-    import fairseq_plugin  # noqa: F401  (registers the task and model)
-    from fairseq import checkpoint_utils
-    from fairseq_plugin.lm.streams import eval_windows
-
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data})
-    decoder = models[0].decoder.eval()
-    task.load_dataset(split)
-    layout = task.datasets[split].layout(streams)  # [rows, streams]
-    feats, targets, hidden = [], [], None
-    for start, length, _ in eval_windows(layout.shape[0], bptt):
-        source = layout[start : start + length].t()
-        out, extra = decoder.extract_features(source, hidden=hidden)
-        hidden = extra["hidden"]
-        feats.append(out.reshape(-1, out.shape[-1]).half())
-        targets.append(layout[start + 1 : start + 1 + length].t().reshape(-1))
-    return States(torch.cat(feats), torch.cat(targets), 1)
 
 
 def trunk_nll(checkpoint: str, data: Dict[str, States], data_dir: str) -> Dict[str, float]:

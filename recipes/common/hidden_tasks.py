@@ -14,7 +14,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -33,6 +33,8 @@ class Task:
     vocab_size: int
     super_of: Optional[torch.Tensor] = None  # [V] super class of each class (synthetic only)
     softmax: Optional[torch.nn.Module] = None  # a softmax head trained with the hidden states (LM)
+    valid_h: Optional[torch.Tensor] = None  # held-out states for a valid-based stop (the train-split LMs)
+    valid_y: Optional[torch.Tensor] = None
     info: Dict = field(default_factory=dict)
 
 
@@ -51,7 +53,13 @@ class LSTMLM(torch.nn.Module):
         self.drop = torch.nn.Dropout(dropout)
 
     def forward(self, tokens):
-        return self.drop(self.lstm(self.drop(self.embed(tokens)))[0])
+        return self.run(tokens)[0]
+
+    def run(self, tokens, state=None):
+        """The last layer's output ``[B, T, d]`` for ``tokens`` ``[B, T]`` from the LSTM state ``state`` (zeros when
+        None), and the state after them."""
+        out, state = self.lstm(self.drop(self.embed(tokens)), state)
+        return self.drop(out), state
 
 
 #: the standard word vocabularies: the shipped valid / test text uses most of them (targets outside it never occur)
@@ -224,10 +232,60 @@ def train_lm(
     bar.close()
 
 
+@dataclass
+class ValidStop:
+    """A valid-based stop for :func:`train_head`: ``score()`` (higher is better: top-1 on held-out states) is taken
+    every ``every`` steps from step ``start`` on (and at the last step); the head ends with the weights of the best
+    score, and training stops after ``patience`` scores without a new best. ``curve`` (step, score), ``best_step``
+    and ``stopped_at`` are filled in."""
+
+    score: Callable[[], float]
+    every: int
+    start: int = 0
+    patience: int = 3
+    curve: List[Dict] = field(default_factory=list)
+    best_step: Optional[int] = None
+    stopped_at: Optional[int] = None
+
+    def __post_init__(self):
+        if self.every < 1:
+            raise ValueError(f"ValidStop: every={self.every}; it must be >= 1")
+        if self.patience < 1:
+            raise ValueError(f"ValidStop: patience={self.patience}; it must be >= 1")
+
+    def due(self, step: int, steps: int) -> bool:
+        return step + 1 == steps or (step + 1 >= self.start and (step + 1 - self.start) % self.every == 0)
+
+    def check(self, head, step: int) -> bool:
+        """Score the head after ``step`` (0-based); keep its weights if best; True when training should stop."""
+        head.eval()
+        with torch.no_grad():
+            value = float(self.score())
+        head.train()
+        self.curve.append({"step": step + 1, "score": value})
+        if self.best_step is None or value > max(e["score"] for e in self.curve[:-1]):
+            self.best_step = step + 1
+            self._best = {k: v.detach().clone() for k, v in head.state_dict().items()}
+        return len(self.curve) - [e["step"] for e in self.curve].index(self.best_step) - 1 >= self.patience
+
+    def restore(self, head) -> None:
+        head.load_state_dict(self._best)
+
+
 def train_head(
-    head, h: torch.Tensor, y: torch.Tensor, steps: int, batch: int, lr: float, seed: int, desc: str, progress: bool
+    head,
+    h: torch.Tensor,
+    y: torch.Tensor,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    desc: str,
+    progress: bool,
+    stop: Optional[ValidStop] = None,
 ) -> float:
-    """Adam with cosine decay on (hidden, label) pairs; ``loss + aux_loss`` (DS-Softmax prunes itself)."""
+    """Adam with cosine decay over ``steps`` on (hidden, label) pairs; ``loss + aux_loss`` (DS-Softmax prunes
+    itself); with ``stop``, its valid-based stop (the head ends at its best score's weights). Returns the seconds."""
     from tqdm.auto import tqdm
 
     torch.manual_seed(seed)
@@ -247,5 +305,10 @@ def train_head(
         if progress and step % 20 == 0:
             kept = {"classes": int(head.mask.sum())} if hasattr(head, "mask") else {}
             bar.set_postfix(loss=f"{loss.item():.3f}", **kept)
+        if stop is not None and stop.due(step, steps) and stop.check(head, step):
+            break
+    if stop is not None:
+        stop.stopped_at = step + 1
+        stop.restore(head)
     head.eval()
     return time.perf_counter() - start

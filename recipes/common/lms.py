@@ -1,0 +1,341 @@
+"""The fast-softmax study's language models, trained on the train splits, and the hidden-state tasks they give.
+
+* WikiText-2 (:func:`train_split_lm`): a softmax LSTM of the DS-Softmax poster's size (2 layers, hidden size 200,
+  :class:`recipes.common.hidden_tasks.LSTMLM`) trained on the whole of ``train.txt`` (2.09M tokens) with Adam, the
+  LSTM state carried along ``batch`` streams in windows of ``bptt`` (truncated backpropagation), for at most
+  ``max_epochs`` epochs with a valid-based stop: the weights of the epoch of lowest valid perplexity are kept, and
+  training stops after ``patience`` epochs without a new lowest. Resumable: after every epoch the run's state (weights,
+  optimizer, random state, curve) is saved beside the result, and a rerun goes on from it; the finished LM is read,
+  not trained again.
+* PTB (:func:`trunk_features`): the mini AWD-LSTM kept in ``artifacts/lm-ptb`` (PTB's train split), read through
+  fairseq; its own softmax head is the study's softmax.
+
+:func:`split_task` makes either into a :class:`recipes.common.hidden_tasks.Task`: the last hidden states (evaluation
+mode, the state carried along the text as the papers score: one stream for test) of at most ``train_tokens`` tokens of
+the train split (the states fast heads are fitted on), of valid (their valid-based stops) and of test (what is scored).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+import hf_heads
+from hf_heads.hf.upgrade import States
+from recipes.common.hidden_tasks import LSTMLM, Task, read_words
+
+#: the train-split LSTM's settings (the poster's size); every one is in the name of its file
+LSTM_SETTINGS = {
+    "dim": 200,
+    "layers": 2,
+    "dropout": 0.2,
+    "bptt": 35,
+    "batch": 20,
+    "lr": 2e-3,
+    "max_epochs": 6,
+    "patience": 1,
+    "seed": 1,
+}
+#: streams each split is scored with (the papers' valid / test batches)
+STREAMS = {"valid": 10, "test": 1}
+
+
+@torch.no_grad()
+def trunk_features(checkpoint: str, data: str, split: str, streams: int, bptt: int = 70) -> States:
+    """The last layer's features (evaluation mode) of every token of ``split`` and the ids that follow them, the LSTM
+    state carried along ``streams`` contiguous streams in windows of ``bptt`` (the papers' scoring)."""
+    import fairseq_plugin  # noqa: F401  (registers the task and model)
+    from fairseq import checkpoint_utils
+    from fairseq_plugin.lm.streams import eval_windows
+
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data})
+    decoder = models[0].decoder.eval()
+    task.load_dataset(split)
+    layout = task.datasets[split].layout(streams)  # [rows, streams]
+    feats, targets, hidden = [], [], None
+    for start, length, _ in eval_windows(layout.shape[0], bptt):
+        source = layout[start : start + length].t()
+        out, extra = decoder.extract_features(source, hidden=hidden)
+        hidden = extra["hidden"]
+        feats.append(out.reshape(-1, out.shape[-1]).half())
+        targets.append(layout[start + 1 : start + 1 + length].t().reshape(-1))
+    return States(torch.cat(feats), torch.cat(targets), 1)
+
+
+def vocabulary(data_dir: str) -> Dict[str, int]:
+    """Word ids of a corpus: every word of train / valid / test.txt (plus ``<eos>``), ordered by its count in
+    train.txt (ties by the word)."""
+    words = {s: read_words(os.path.join(data_dir, f"{s}.txt")) for s in ("train", "valid", "test")}
+    counts: Dict[str, int] = {}
+    for w in words["train"]:
+        counts[w] = counts.get(w, 0) + 1
+    every = set().union(*words.values())
+    return {w: i for i, w in enumerate(sorted(every, key=lambda w: (-counts.get(w, 0), w)))}
+
+
+def split_ids(data_dir: str, vocab: Dict[str, int], split: str) -> torch.Tensor:
+    """The ids of ``split``.txt (each line's words, then ``<eos>``)."""
+    return torch.tensor([vocab[w] for w in read_words(os.path.join(data_dir, f"{split}.txt"))])
+
+
+def streams(ids: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets ``[n, T]``: ``ids`` cut into ``n`` contiguous streams (the remainder dropped)."""
+    length = (len(ids) - 1) // n
+    return ids[: n * length].view(n, length), ids[1 : n * length + 1].view(n, length)
+
+
+def run_streams(body: LSTMLM, x: torch.Tensor, bptt: int, fn: Callable, state=None):
+    """Run ``body`` over the streams ``x`` ``[n, T]`` in windows of ``bptt``, the LSTM state carried from window to
+    window (detached), calling ``fn(start, hidden [n, t, d])`` on each window's last-layer output."""
+    for start in range(0, x.shape[1], bptt):
+        out, state = body.run(x[:, start : start + bptt], state)
+        state = tuple(s.detach() for s in state)
+        fn(start, out)
+    return state
+
+
+@torch.no_grad()
+def split_states(body: LSTMLM, ids: torch.Tensor, n: int, bptt: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Evaluation-mode last hidden states ``[N, d]`` of ``ids`` read along ``n`` streams, and the ids that follow."""
+    body.eval()
+    x, y = streams(ids, n)
+    chunks: List[torch.Tensor] = []
+    run_streams(body, x, bptt, lambda start, out: chunks.append(out))
+    h = torch.cat(chunks, dim=1)
+    return h.reshape(-1, h.shape[-1]), y.reshape(-1)
+
+
+@torch.no_grad()
+def mean_nll(head, h: torch.Tensor, y: torch.Tensor, block: int = 4096) -> float:
+    """The head's mean NLL (nats) over the states ``h`` and targets ``y``, in blocks (33k-word logits at once would
+    not fit)."""
+    total = sum(
+        float(head.loss(h[i : i + block].float(), y[i : i + block], reduction="sum")) for i in range(0, len(y), block)
+    )
+    return total / len(y)
+
+
+def lm_path(out_dir: str, corpus: str, settings: Dict) -> str:
+    """Where :func:`train_split_lm` keeps the LM trained with ``settings`` (every one in the name)."""
+    s = settings
+    return os.path.join(
+        out_dir,
+        f"lm-{corpus}-train-d{s['dim']}-l{s['layers']}-drop{s['dropout']:g}-bptt{s['bptt']}-b{s['batch']}-"
+        f"lr{s['lr']:g}-e{s['max_epochs']}-p{s['patience']}-s{s['seed']}.pt",
+    )
+
+
+def train_split_lm(
+    data_dir: str, corpus: str, out_dir: str, settings: Optional[Dict] = None, progress: bool = True, log=print
+) -> Tuple[LSTMLM, torch.nn.Module, Dict]:
+    """The softmax LSTM LM of ``corpus`` trained on ``data_dir/train.txt`` with the valid-based stop (module
+    docstring), read from ``out_dir`` when it is there; returns the body, its softmax head (at the best epoch, in
+    evaluation mode) and the record: settings, vocabulary size, curve (valid perplexity, mean train loss, wall and
+    CPU seconds per epoch), best epoch, why it ended, CPU seconds in all and torch's thread count."""
+    from tqdm.auto import tqdm
+
+    s = {**LSTM_SETTINGS, **(settings or {})}
+    path = lm_path(out_dir, corpus, s)
+    vocab = vocabulary(data_dir)
+    torch.manual_seed(s["seed"])
+    body = LSTMLM(len(vocab), s["dim"], s["layers"], s["dropout"])
+    head = hf_heads.build_head("softmax", hidden_size=s["dim"], vocab_size=len(vocab))
+    if os.path.isfile(path):
+        saved = torch.load(path, weights_only=True)
+        body.load_state_dict(saved["body"])
+        head.load_state_dict(saved["head"])
+        log(f"{corpus} LSTM (train split): the trained weights from {path}")
+        return body.eval(), head.eval(), saved["record"]
+    os.makedirs(out_dir, exist_ok=True)
+    params = list(body.parameters()) + list(head.parameters())
+    opt = torch.optim.Adam(params, lr=s["lr"])
+    record = {"settings": s, "vocab_size": len(vocab), "threads": torch.get_num_threads(), "curve": []}
+    best = None
+    partial = path[: -len(".pt")] + "-partial.pt"
+    if os.path.isfile(partial):  # an earlier run's state after its last finished epoch
+        saved = torch.load(partial, weights_only=False)
+        body.load_state_dict(saved["body"])
+        head.load_state_dict(saved["head"])
+        opt.load_state_dict(saved["opt"])
+        torch.set_rng_state(saved["rng"])
+        record, best = saved["record"], saved["best"]
+        log(f"{corpus} LSTM: going on after epoch {len(record['curve'])} ({partial})")
+    train, valid = split_ids(data_dir, vocab, "train"), split_ids(data_dir, vocab, "valid")
+    x_all, y_all = streams(train, s["batch"])
+    steps = math.ceil(x_all.shape[1] / s["bptt"])
+    while len(record["curve"]) < s["max_epochs"] and improving(record["curve"], s["patience"]):
+        epoch = len(record["curve"]) + 1
+        wall, cpu = time.perf_counter(), time.process_time()
+        body.train()
+        head.train()
+        bar = tqdm(total=steps, desc=f"{corpus} LSTM epoch {epoch}", disable=not progress, leave=False)
+        losses: List[float] = []
+
+        def step(start, out, losses=losses, bar=bar):
+            loss = head.loss(out, y_all[:, start : start + s["bptt"]])
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 0.25 * 10)
+            opt.step()
+            losses.append(loss.item())
+            bar.update()
+            bar.set_postfix(loss=f"{losses[-1]:.2f}")
+
+        run_streams(body, x_all, s["bptt"], step)
+        bar.close()
+        head.eval()
+        valid_ppl = math.exp(mean_nll(head, *split_states(body, valid, STREAMS["valid"], s["bptt"])))
+        record["curve"].append(
+            {
+                "epoch": epoch,
+                "valid_ppl": valid_ppl,
+                "train_loss": sum(losses) / len(losses),
+                "wall_seconds": time.perf_counter() - wall,
+                "cpu_seconds": time.process_time() - cpu,
+            }
+        )
+        if best is None or valid_ppl < best["valid_ppl"]:
+            best = {"valid_ppl": valid_ppl, "epoch": epoch, "body": copy_state(body), "head": copy_state(head)}
+        state = {"body": body.state_dict(), "head": head.state_dict(), "opt": opt.state_dict()}
+        torch.save({**state, "rng": torch.get_rng_state(), "record": record, "best": best}, partial + ".tmp")
+        os.replace(partial + ".tmp", partial)
+        log(f"{corpus} LSTM epoch {epoch}: valid ppl {valid_ppl:.2f} ({record['curve'][-1]['wall_seconds']:.0f} s)")
+    body.load_state_dict(best["body"])
+    head.load_state_dict(best["head"])
+    record.update(
+        best_epoch=best["epoch"],
+        ended_by="patience" if len(record["curve"]) < s["max_epochs"] else "max_epochs",
+        cpu_seconds=sum(e["cpu_seconds"] for e in record["curve"]),
+    )
+    body.eval()
+    head.eval()
+    test_h, test_y = split_states(body, split_ids(data_dir, vocab, "test"), STREAMS["test"], s["bptt"])
+    record["valid_ppl"] = best["valid_ppl"]
+    record["test_ppl"] = math.exp(mean_nll(head, test_h, test_y))
+    torch.save({"body": body.state_dict(), "head": head.state_dict(), "record": record}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    os.remove(partial)
+    log(
+        f"{corpus} LSTM: best epoch {best['epoch']}, valid ppl {record['valid_ppl']:.2f}, test {record['test_ppl']:.2f}"
+    )
+    return body, head, record
+
+
+def copy_state(module: torch.nn.Module) -> Dict:
+    """A copy of the module's weights (its state_dict's tensors are its own: they would move on)."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def improving(curve: List[Dict], patience: int) -> bool:
+    """False once the last ``patience`` epochs of ``curve`` each failed to lower the lowest valid perplexity."""
+    if len(curve) <= patience:
+        return True
+    best_before = min(e["valid_ppl"] for e in curve[:-patience])
+    return any(e["valid_ppl"] < best_before for e in curve[-patience:])
+
+
+#: the corpora of :func:`split_task` and where their text / trunk lives by default
+CORPORA = ("ptb", "wikitext-2")
+
+
+def split_task(
+    corpus: str,
+    data_dir: str,
+    out_dir: str,
+    trunk: Optional[str] = None,
+    trunk_data: Optional[str] = None,
+    train_tokens: int = 500_000,
+    progress: bool = True,
+    log=print,
+) -> Task:
+    """The hidden-state task of ``corpus``'s study LM (module docstring): WikiText-2's LSTM trained (or read) in
+    ``out_dir`` on ``data_dir``'s text; PTB's trunk ``trunk`` (a fairseq checkpoint) on its binarised data
+    ``trunk_data``. Train states: the first ``train_tokens`` of the train split; the task's ``softmax`` is the LM's own
+    head; ``info`` has the LM's valid / test perplexity (its own head on these states), its curve and CPU seconds."""
+    if corpus not in CORPORA:
+        raise ValueError(f"split_task: corpus={corpus!r}; allowed: {', '.join(CORPORA)}")
+    if train_tokens < 1:
+        raise ValueError(f"split_task: train_tokens={train_tokens}; it must be >= 1")
+    if corpus == "wikitext-2":
+        missing = [f for f in ("train.txt", "valid.txt", "test.txt") if not os.path.isfile(os.path.join(data_dir, f))]
+        if missing:
+            raise FileNotFoundError(f"{corpus}: {data_dir} lacks {', '.join(missing)} (the corpus's text files)")
+        body, head, record = train_split_lm(data_dir, corpus, out_dir, progress=progress, log=log)
+        vocab = vocabulary(data_dir)
+        bptt = record["settings"]["bptt"]
+        ids = {split: split_ids(data_dir, vocab, split) for split in ("train", "valid", "test")}
+        ids["train"] = ids["train"][: train_tokens + 1]
+        states = {split: split_states(body, ids[split], STREAMS.get(split, 1), bptt) for split in ids}
+    else:
+        if not (trunk and os.path.isfile(trunk)):
+            raise FileNotFoundError(f"{corpus}: no trunk checkpoint at {trunk!r} (artifacts/lm-ptb keeps one)")
+        import fairseq_plugin  # noqa: F401  (registers the model)
+        from fairseq import checkpoint_utils
+
+        read = {"train": 20, **STREAMS}
+        states = {}
+        for split, n in read.items():
+            s = trunk_features(trunk, trunk_data, split, n)
+            states[split] = (s.states.float(), s.targets)
+        states["train"] = tuple(t[:train_tokens] for t in states["train"])
+        models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([trunk], arg_overrides={"data": trunk_data})
+        head = models[0].decoder.head.eval()
+        record = {"trunk": trunk}
+    nll = {split: mean_nll(head, *states[split]) for split in ("valid", "test")}
+    (train_h, train_y), (valid_h, valid_y), (test_h, test_y) = (states[s] for s in ("train", "valid", "test"))
+    return Task(
+        corpus,
+        train_h,
+        train_y,
+        test_h,
+        test_y,
+        head.weight.shape[0],
+        softmax=head,
+        valid_h=valid_h,
+        valid_y=valid_y,
+        info={
+            "dim": train_h.shape[1],
+            "train_tokens": len(train_y),
+            "valid_tokens": len(valid_y),
+            "test_tokens": len(test_y),
+            "softmax_valid_ppl": math.exp(nll["valid"]),
+            "softmax_test_ppl": math.exp(nll["test"]),
+            "lm": record,
+        },
+    )
+
+
+#: where the study's recipes keep (and look for) the trained LMs by default
+LM_DIR = os.path.join("results", "lms")
+
+
+def main(argv=None) -> Dict:
+    """``python -m recipes.common.lms``: train (or read) the WikiText-2 LSTM of the fast-softmax study, resumable;
+    prints its record."""
+    import argparse
+    import json
+
+    from recipes.common import data as data_paths
+
+    p = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", default=data_paths.corpus("wikitext-2"), help="WikiText-2's train/valid/test.txt")
+    p.add_argument("--out", default=LM_DIR, help="where the LM (and its state while training) is kept")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--max-epochs", type=int, default=LSTM_SETTINGS["max_epochs"])
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _body, _head, record = train_split_lm(
+        args.data, "wikitext-2", args.out, {"max_epochs": args.max_epochs}, progress=not args.quiet
+    )
+    print(json.dumps({k: v for k, v in record.items()}, indent=1))
+    return record
+
+
+if __name__ == "__main__":
+    main()

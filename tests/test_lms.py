@@ -1,0 +1,124 @@
+"""The study's train-split LSTM (recipes.common.lms) on a tiny generated corpus: the valid-based stop keeps the best
+epoch's weights, a run cut after an epoch goes on to the weights of an uncut run, and the task's states are the ones
+its LM scores."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from recipes.common import lms
+
+TINY = {"dim": 8, "layers": 1, "dropout": 0.1, "bptt": 5, "batch": 4, "lr": 1e-2, "max_epochs": 3, "seed": 3}
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(12)]
+    for split, lines in (("train", 60), ("valid", 12), ("test", 10)):
+        with open(tmp_path / f"{split}.txt", "w") as f:
+            for _ in range(lines):  # a Markov-ish text: each word mostly followed by the next
+                w = rng.randrange(12)
+                line = []
+                for _ in range(rng.randint(3, 8)):
+                    line.append(words[w])
+                    w = (w + 1) % 12 if rng.random() < 0.8 else rng.randrange(12)
+                f.write(" ".join(line) + "\n")
+    return tmp_path
+
+
+def test_improving():
+    curve = [{"valid_ppl": p} for p in (5.0, 4.0, 4.5)]
+    assert lms.improving(curve[:1], 1) and lms.improving(curve[:2], 1)
+    assert not lms.improving(curve, 1)
+    assert lms.improving(curve, 2)  # 4.0 < 5.0 within the last two
+
+
+def test_train_split_lm_keeps_the_best_epoch_and_resumes(corpus, tmp_path):
+    torch.set_num_threads(1)
+    full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
+    body, head, record = lms.train_split_lm(str(corpus), "tiny", str(full_dir), TINY, progress=False, log=lambda m: 0)
+    assert record["vocab_size"] == 13  # 12 words and <eos>
+    curve = record["curve"]
+    assert 1 <= len(curve) <= 3
+    assert record["best_epoch"] == min(curve, key=lambda e: e["valid_ppl"])["epoch"]
+    assert record["cpu_seconds"] == pytest.approx(sum(e["cpu_seconds"] for e in curve))
+    # the kept weights are the best epoch's: their valid perplexity is the curve's lowest
+    vocab = lms.vocabulary(str(corpus))
+    valid = lms.split_ids(str(corpus), vocab, "valid")
+    ppl = math.exp(lms.mean_nll(head, *lms.split_states(body, valid, lms.STREAMS["valid"], TINY["bptt"])))
+    assert ppl == pytest.approx(record["valid_ppl"], rel=1e-5)
+    assert record["valid_ppl"] == min(e["valid_ppl"] for e in curve)
+    assert record["test_ppl"] < 13  # learnt something: below the uniform distribution's perplexity
+
+    class Cut(Exception):
+        pass
+
+    def cut_after_first(message):
+        if "epoch 1:" in message:
+            raise Cut
+
+    with pytest.raises(Cut):
+        lms.train_split_lm(str(corpus), "tiny", str(cut_dir), TINY, progress=False, log=cut_after_first)
+    assert list(cut_dir.glob("*-partial.pt"))
+    messages = []
+    body2, head2, record2 = lms.train_split_lm(
+        str(corpus), "tiny", str(cut_dir), TINY, progress=False, log=messages.append
+    )
+    assert any("going on after epoch 1" in m for m in messages)
+    assert not list(cut_dir.glob("*-partial.pt"))
+    for a, b in zip(
+        list(body.state_dict().values()) + list(head.state_dict().values()),
+        list(body2.state_dict().values()) + list(head2.state_dict().values()),
+    ):
+        assert torch.equal(a, b)
+    assert [e["valid_ppl"] for e in record2["curve"]] == [e["valid_ppl"] for e in curve]
+    # a third call reads the finished LM
+    messages.clear()
+    lms.train_split_lm(str(corpus), "tiny", str(cut_dir), TINY, progress=False, log=messages.append)
+    assert any("trained weights from" in m for m in messages)
+
+
+def test_split_task_states(corpus, tmp_path, monkeypatch):
+    torch.set_num_threads(1)
+    monkeypatch.setattr(lms, "LSTM_SETTINGS", {**lms.LSTM_SETTINGS, **TINY})
+    task = lms.split_task(
+        "wikitext-2", str(corpus), str(tmp_path / "lm"), train_tokens=50, progress=False, log=lambda m: 0
+    )
+    assert task.train_h.shape == (50, 8) and task.vocab_size == 13
+    assert len(task.test_y) == len(lms.split_ids(str(corpus), lms.vocabulary(str(corpus)), "test")) - 1  # one stream
+    assert task.info["softmax_test_ppl"] == pytest.approx(task.info["lm"]["test_ppl"], rel=1e-5)
+    assert task.info["softmax_valid_ppl"] == pytest.approx(task.info["lm"]["valid_ppl"], rel=1e-5)
+    with pytest.raises(ValueError, match="corpus='wt103'"):
+        lms.split_task("wt103", str(corpus), str(tmp_path))
+    with pytest.raises(ValueError, match="train_tokens=0"):
+        lms.split_task("wikitext-2", str(corpus), str(tmp_path), train_tokens=0)
+
+
+def test_valid_stop_keeps_the_best_scored_weights():
+    from recipes.common.hidden_tasks import ValidStop, train_head
+
+    import hf_heads
+
+    torch.manual_seed(0)
+    h, y = torch.randn(400, 6), torch.randint(0, 5, (400,))
+    vh, vy = torch.randn(100, 6), torch.randint(0, 5, (100,))
+    head = hf_heads.build_head("softmax", hidden_size=6, vocab_size=5)
+    snapshots = {}
+
+    def score():  # valid top-1; remembers the weights it scored
+        snapshots[len(snapshots)] = head.weight.detach().clone()
+        return float((head(vh).argmax(-1) == vy).double().mean())
+
+    stop = ValidStop(score, every=5, start=10, patience=2)
+    train_head(head, h, y, 60, 32, 0.5, 0, "t", False, stop=stop)
+    steps = [e["step"] for e in stop.curve]
+    assert steps[0] == 10 and all(b - a == 5 for a, b in zip(steps, steps[1:]))
+    best = max(range(len(stop.curve)), key=lambda i: (stop.curve[i]["score"], -i))
+    assert stop.best_step == stop.curve[best]["step"]
+    assert torch.equal(head.weight, snapshots[best])  # the head ends at the best score's weights
+    assert stop.stopped_at == 60 or len(stop.curve) - 1 - best == 2  # the end, or two scores without a new best
+    with pytest.raises(ValueError, match="every=0"):
+        ValidStop(score, every=0)
