@@ -6,18 +6,22 @@ Tasks (``--tasks``, default: all that can run here):
   are sampled (centres ~ N(0, I_d)), C sub classes around each (centre = super + N(0, s_sub^2 I)),
   points around each sub class (+ N(0, s_pt^2 I)); the label is the sub class (V = S x C), the
   super class is hidden. The hidden state fed to the head is the point itself.
-* ``ptb`` / ``wikitext-2``: a word-level LSTM language model (V = 10,000 / 33,278) trained on the corpus's
-  ``valid.txt`` (a small text, so the LM trains in minutes; the train splits are not read) and scored on
-  ``test.txt``; its last hidden states feed the heads. WikiText-2 is the poster's headline row (64 experts);
+* ``ptb`` / ``wikitext-2``: a word-level LSTM language model trained on the corpus's train split
+  (:func:`recipes.common.lms.split_task`: PTB's mini AWD-LSTM kept in ``artifacts/lm-ptb``, V = 10,002; WikiText-2's
+  2-layer LSTM of hidden size 200, the poster's, V = 33,278, trained in ``--lm-dir`` the first time) and scored on
+  ``test.txt``; its last hidden states feed the heads: the heads train on the states of the first ``--train-tokens``
+  train tokens, with a valid-based stop (top-1 on valid). WikiText-2 is the poster's headline row (64 experts);
   ``--experts 16 32 64`` runs each E on the same trained LM (the curve).
 
-For each task: (1) a full softmax is trained; (2) a DS-Softmax head with ``--experts`` experts,
+For each task: (1) a full softmax is trained (synthetic), or the LM's own is taken and a copy of it is given
+DS-Softmax's extra training, the same optimizer, steps and valid-based stop on the same states (the control: a top-1
+difference is then the head's, not the extra training's); (2) a DS-Softmax head with ``--experts`` experts,
 every expert started from the trained softmax, is trained on the same hidden states with its group
 lasso, balancing loss and self-scheduled pruning; (3) both are scored on held-out data: top-1
-accuracy (the paper's metric), the classes each expert keeps, how pure the experts are with
-respect to the hidden super classes (synthetic), the FLOPs reduction, and the wall-clock time of
-``head.topk(hidden, 1)`` at batch 1 and 64 against the full softmax's, measured in the same run
-(interleaved rounds, medians; :mod:`hf_heads.cli.timing`).
+accuracy (the paper's metric; beside the control with McNemar's paired test), perplexity, the classes each
+expert keeps, how pure the experts are with respect to the hidden super classes (synthetic), the FLOPs reduction,
+and the wall-clock time of ``head.topk(hidden, 1)`` at batch 1 and 64 against the full softmax's, measured in the
+same run (interleaved rounds, medians; :mod:`hf_heads.cli.timing`).
 
     python -m recipes.ds_softmax                                   # every task but wikitext-2, ~13 min on 2 cores
     python -m recipes.ds_softmax --tasks synthetic-10x10 --steps 300
@@ -27,14 +31,19 @@ respect to the hidden super classes (synthetic), the FLOPs reduction, and the wa
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
+import math
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 import hf_heads
-from recipes.common.hidden_tasks import Task, make_lm_task, train_head
+from recipes.common import lms
+from recipes.common.hidden_tasks import Task, ValidStop, train_head
+from recipes.common.stats import mcnemar
 from hf_heads.cli.timing import time_per_call
 from recipes.common import data as data_paths
 
@@ -76,11 +85,13 @@ def make_hierarchy(
 
 # ----------------------------------------------------------------------------- training
 @torch.no_grad()
+def top1_hits(head, h: torch.Tensor, y: torch.Tensor, batch: int = 4096) -> torch.Tensor:
+    """Per state of ``h``: is the head's top-1 (``head.topk(h, 1)``) the label ``y``."""
+    return torch.cat([head.topk(h[i : i + batch], 1)[1][:, 0] == y[i : i + batch] for i in range(0, len(y), batch)])
+
+
 def top1_accuracy(head, h: torch.Tensor, y: torch.Tensor, batch: int = 4096) -> float:
-    hits = sum(
-        int((head.topk(h[i : i + batch], 1)[1][:, 0] == y[i : i + batch]).sum()) for i in range(0, len(y), batch)
-    )
-    return hits / len(y)
+    return float(top1_hits(head, h, y, batch).double().mean())
 
 
 def expert_purity(head, super_of: torch.Tensor) -> Dict:
@@ -125,26 +136,70 @@ def default_experts(name: str) -> int:
     return hierarchy_shape(name)[0] if name.startswith("synthetic-") else 16
 
 
+def valid_stop(task: Task, head, args) -> Optional[ValidStop]:
+    """The valid-based stop of a head trained on a train-split LM's states (None on a task without valid states):
+    top-1 on valid every ``steps / 20`` steps over the second half of training (DS-Softmax prunes in the first), the
+    best score's weights kept, ``--stop-patience`` scores without a new best end it. The same rule for DS-Softmax and
+    its softmax control."""
+    if task.valid_h is None:
+        return None
+    return ValidStop(
+        lambda: top1_accuracy(head, task.valid_h, task.valid_y),
+        every=max(1, args.steps // 20),
+        start=args.steps // 2,
+        patience=args.stop_patience,
+    )
+
+
+def trained(task: Task, head, args, lr: float, steps: int, desc: str) -> Dict:
+    """Train ``head`` on the task's train states (:func:`train_head`, with :func:`valid_stop` where the task has valid
+    states); what the run did: its seconds, and the stop's steps and curve."""
+    stop = valid_stop(task, head, args)
+    secs = train_head(
+        head, task.train_h, task.train_y, steps, args.batch, lr, args.seed, desc, not args.no_progress, stop
+    )
+    out = {"train_seconds": secs, "steps": steps}
+    if stop is not None:
+        out.update(best_step=stop.best_step, stopped_at=stop.stopped_at, valid_top1=stop.curve)
+    return out
+
+
+def control_scores(task: Task, lm_softmax, control, ds, hits_ds: torch.Tensor) -> Dict:
+    """DS-Softmax beside the softmax given the same extra training (``control``) and the LM's own softmax, on test:
+    top-1 and McNemar's paired test, perplexity (DS-Softmax's only over the tokens whose target its chosen expert
+    keeps, the others have probability 0 there: the control's on the same tokens beside it)."""
+    h, y = task.test_h, task.test_y
+    hits_control = top1_hits(control, h, y)
+    with torch.no_grad():
+        covered = ds.mask[ds._route(h)[0], y]
+    return {
+        "top1_control": float(hits_control.double().mean()),
+        "mcnemar_ds_vs_control": dataclasses.asdict(mcnemar(hits_ds.tolist(), hits_control.tolist())),
+        "mcnemar_control_vs_lm": dataclasses.asdict(
+            mcnemar(hits_control.tolist(), top1_hits(lm_softmax, h, y).tolist())
+        ),
+        "ppl_lm": math.exp(lms.mean_nll(lm_softmax, h, y)),
+        "ppl_control": math.exp(lms.mean_nll(control, h, y)),
+        "ppl_ds_covered": math.exp(lms.mean_nll(ds, h[covered], y[covered])),
+        "ppl_control_covered": math.exp(lms.mean_nll(control, h[covered], y[covered])),
+    }
+
+
 def run_task(task: Task, args, experts: int) -> Dict:
     d = task.train_h.shape[1]
     V = task.vocab_size
     print(f"\n== {task.name}: V={V}, d={d}, {len(task.train_y)} train / {len(task.test_y)} test")
+    runs = {}
     if task.softmax is None:
         full = hf_heads.build_head("softmax", hidden_size=d, vocab_size=V)
-        secs = train_head(
-            full,
-            task.train_h,
-            task.train_y,
-            args.softmax_steps,
-            args.batch,
-            args.lr,
-            args.seed,
-            f"{task.name} softmax",
-            not args.no_progress,
-        )
-        print(f"softmax trained in {secs:.0f}s")
+        runs["softmax"] = trained(task, full, args, args.lr, args.softmax_steps, f"{task.name} softmax")
+        print(f"softmax trained in {runs['softmax']['train_seconds']:.0f}s")
     else:
         full = task.softmax
+    control = None
+    if task.valid_h is not None:  # the LM's softmax given DS-Softmax's extra training: optimizer, steps, stop
+        control = copy.deepcopy(full)
+        runs["control"] = trained(task, control, args, args.ds_lr, args.steps, f"{task.name} softmax control")
     # the group lasso acts per class row while each row's share of the cross-entropy gradient shrinks
     # like 1/V: coefficients that prune cleanly scale like 1/V (measured: 0.1 at V=100 ... 0.001 at V=10,000)
     options = {"num_experts": experts, "group_lasso": args.lasso_per_class / V, **args.ds_options}
@@ -155,23 +210,13 @@ def run_task(task: Task, args, experts: int) -> Dict:
     )
     if args.gate_init == "kmeans":
         ds.init_gate_from_hidden(task.train_h, seed=args.seed)
-    secs = train_head(
-        ds,
-        task.train_h,
-        task.train_y,
-        args.steps,
-        args.batch,
-        args.ds_lr,
-        args.seed,
-        f"{task.name} ds_softmax",
-        not args.no_progress,
-    )
+    runs["ds_softmax"] = trained(task, ds, args, args.ds_lr, args.steps, f"{task.name} ds_softmax")
     report = ds.sparsity_report(task.test_h)
-    acc_full = top1_accuracy(full, task.test_h, task.test_y)
-    acc_ds = top1_accuracy(ds, task.test_h, task.test_y)
+    hits_ds = top1_hits(ds, task.test_h, task.test_y)
     with torch.no_grad():
         covered = float(ds.mask[ds._route(task.test_h)[0], task.test_y].float().mean())
-    times = time_top1({"softmax": full, "ds_softmax": ds}, task.test_h, args.timing_rounds, args.timing_queries)
+    timed = {"softmax": full, "ds_softmax": ds}
+    times = time_top1(timed, task.test_h, args.timing_rounds, args.timing_queries)
     cpe = torch.tensor(report["classes_per_expert"]).float()
     result = {
         "task": task.name,
@@ -179,9 +224,10 @@ def run_task(task: Task, args, experts: int) -> Dict:
         "dim": d,
         "experts": experts,
         "ds_options": ds.config.to_dict(),
-        "ds_train_seconds": secs,
-        "top1_softmax": acc_full,
-        "top1_ds": acc_ds,
+        "ds_train_seconds": runs["ds_softmax"]["train_seconds"],
+        "runs": runs,
+        "top1_softmax": top1_accuracy(full, task.test_h, task.test_y),
+        "top1_ds": float(hits_ds.double().mean()),
         "target_in_chosen_expert": covered,
         "classes_per_expert_mean": float(cpe[cpe > 0].mean()) if (cpe > 0).any() else 0.0,
         "classes_per_expert_max": int(cpe.max()),
@@ -192,6 +238,8 @@ def run_task(task: Task, args, experts: int) -> Dict:
         "speedup": {b: t["softmax"] / t["ds_softmax"] for b, t in times.items()},
         "info": task.info,
     }
+    if control is not None:
+        result.update(control_scores(task, full, control, ds, hits_ds))
     if task.super_of is not None:
         pur = expert_purity(ds, task.super_of)
         result.update({k: v for k, v in pur.items() if k != "counts"})
@@ -273,9 +321,12 @@ def load_rows(path: str) -> List[Dict]:
 
 # ----------------------------------------------------------------------------- CLI
 TASKS = ("synthetic-10x10", "synthetic-100x100", "ptb", "wikitext-2")
-#: the language-model tasks: their text directory option and default hidden size (WikiText-2's 33,278 words x 64
-#: experts x d float32 weights, with Adam's two moments and the gradient: 17 GB at d = 512, 8.7 GB at 256)
-LM_TASKS = {"ptb": ("data_dir", 512), "wikitext-2": ("wt2_dir", 256)}
+#: the language-model tasks (:func:`recipes.common.lms.split_task`: LMs trained on the train splits, d = 200;
+#: WikiText-2's 33,278 words x 64 experts x 200 float32 weights, with Adam's two moments and the gradient: 6.8 GB)
+LM_TASKS = ("ptb", "wikitext-2")
+#: the PTB trunk kept in the checkout (artifacts/README.md) and its binarised data
+TRUNK = os.path.join("artifacts", "lm-ptb", "softmax", "lr0.0025", "seed1", "checkpoints", "checkpoint_best.pt")
+TRUNK_DATA = os.path.join("artifacts", "lm-ptb", "data", "bin")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -287,23 +338,24 @@ def parse_args(argv=None) -> argparse.Namespace:
         nargs="+",
         default=None,
         choices=TASKS,
-        help="tasks to run (default: all; ptb only when --data-dir has PTB)",
+        help="tasks to run (default: all but wikitext-2; ptb where --trunk is there)",
     )
-    p.add_argument(
-        "--data-dir",
-        default=data_paths.corpus("ptb"),
-        help="directory with PTB valid.txt and test.txt",
-    )
+    p.add_argument("--trunk", default=TRUNK, help="ptb: the trained LM (a fairseq checkpoint)")
+    p.add_argument("--trunk-data", default=TRUNK_DATA, help="ptb: the trunk's binarised data")
     p.add_argument(
         "--wt2-dir",
         default=data_paths.corpus("wikitext-2"),
-        help="directory with WikiText-2's valid.txt and test.txt",
+        help="directory with WikiText-2's train.txt, valid.txt and test.txt",
     )
     p.add_argument(
-        "--dim", type=int, default=None, help="hidden size d (default: 32 synthetic, 512 ptb, 256 wikitext-2)"
+        "--lm-dir", default=lms.LM_DIR, help="wikitext-2: where its LSTM is kept (trained there when it is not)"
     )
+    p.add_argument(
+        "--train-tokens", type=int, default=500_000, help="language models: train-split states the heads train on"
+    )
+    p.add_argument("--stop-patience", type=int, default=3, help="language models: valid scores without a new best")
+    p.add_argument("--dim", type=int, default=32, help="synthetic: hidden size d")
     p.add_argument("--per-class", type=int, default=20, help="synthetic: training points per class")
-    p.add_argument("--lm-epochs", type=int, default=4, help="ptb: LSTM training epochs")
     p.add_argument(
         "--experts",
         type=int,
@@ -344,9 +396,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="keep the rows already in OUT/results.json (same task and E) and run only the others (a "
-        "language model task loads the LM its first run kept in OUT, lm-*.pt, instead of training "
-        "it again; kept whether or not --resume is given)",
+        help="keep the rows already in OUT/results.json (same task and E) and run only the others (WikiText-2's "
+        "LSTM is read from --lm-dir once trained, whether or not --resume is given)",
     )
     return p.parse_args(argv)
 
@@ -357,21 +408,21 @@ def main(argv=None) -> List[Dict]:
         torch.set_num_threads(args.threads)
     if args.experts and min(args.experts) < 1:
         raise SystemExit(f"--experts must be >= 1 (got {' '.join(map(str, args.experts))})")
+    wt2_files = ("train.txt", "valid.txt", "test.txt")
     has = {
-        name: all(os.path.isfile(os.path.join(getattr(args, option), f)) for f in ("valid.txt", "test.txt"))
-        for name, (option, _) in LM_TASKS.items()
+        "ptb": os.path.isfile(args.trunk),
+        "wikitext-2": all(os.path.isfile(os.path.join(args.wt2_dir, f)) for f in wt2_files),
     }
-    # by default every task but wikitext-2 (an hour and ~9 GB at 64 experts: ask for it)
+    # by default every task but wikitext-2 (its LSTM trains for hours the first time, DS-64 needs ~7 GB: ask for it)
     tasks = args.tasks or [t for t in TASKS if t not in LM_TASKS or (t == "ptb" and has[t])]
     for name in tasks:
         if name in LM_TASKS and not has[name]:
-            option = LM_TASKS[name][0]
-            raise SystemExit(
-                f"{name}: {getattr(args, option)} has no valid.txt/test.txt; pass "
-                f"--{option.replace('_', '-')} pointing to its text files, or leave out the {name} task"
+            where = (
+                f"--trunk {args.trunk}" if name == "ptb" else f"--wt2-dir {args.wt2_dir} (no {', '.join(wt2_files)})"
             )
+            raise SystemExit(f"{name}: nothing at {where}; point it to the right place, or leave out the {name} task")
     if args.tasks is None and not has["ptb"]:
-        print(f"(ptb skipped: no PTB text in {args.data_dir})")
+        print(f"(ptb skipped: no trunk at {args.trunk})")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
     done = load_rows(path) if args.resume and os.path.isfile(path) else []  # an earlier run's rows, kept
@@ -386,20 +437,19 @@ def main(argv=None) -> List[Dict]:
         if not todo:
             print(f"{name}: every expert count done ({path}), skipped")
             continue
-        if name in LM_TASKS:  # the trained LM is kept in --out: a resumed run does not train it again
-            option, dim = LM_TASKS[name]
-            task = make_lm_task(
-                getattr(args, option),
+        if name in LM_TASKS:  # the LM trained on the train split (WikiText-2's kept in --lm-dir)
+            task = lms.split_task(
                 name,
-                args.dim or dim,
-                args.lm_epochs,
-                args.seed,
-                not args.no_progress,
-                cache_dir=args.out,
+                args.wt2_dir,
+                args.lm_dir,
+                trunk=args.trunk,
+                trunk_data=args.trunk_data,
+                train_tokens=args.train_tokens,
+                progress=not args.no_progress,
             )
         else:
             s, c = hierarchy_shape(name)
-            task = make_hierarchy(s, c, args.dim or 32, args.per_class, args.seed)
+            task = make_hierarchy(s, c, args.dim, args.per_class, args.seed)
         for experts in todo:
             results.append(run_task(task, args, experts))
             with open(path, "w") as f:  # after every expert count: a run cut short keeps what it finished

@@ -5,11 +5,16 @@ from __future__ import annotations
 import torch
 
 
-def tiny_corpus(directory, num_words: int, valid_lines: int, seed: int, test_lines: int = 20) -> None:
-    """Write ``valid.txt`` / ``test.txt`` of 8-word lines drawn from ``w0 .. w{num_words-1}`` into ``directory``."""
+def tiny_corpus(
+    directory, num_words: int, valid_lines: int, seed: int, test_lines: int = 20, train_lines: int = 0
+) -> None:
+    """Write ``valid.txt`` / ``test.txt`` (and ``train.txt`` with ``train_lines``) of 8-word lines drawn from
+    ``w0 .. w{num_words-1}`` into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     words = [f"w{i}" for i in range(num_words)]
     g = torch.Generator().manual_seed(seed)
-    for split, n in (("valid.txt", valid_lines), ("test.txt", test_lines)):
+    for split, n in (("valid.txt", valid_lines), ("test.txt", test_lines), ("train.txt", train_lines)):
+        if not n:
+            continue
         lines = [" ".join(words[j] for j in torch.randint(0, num_words, (8,), generator=g).tolist()) for _ in range(n)]
         (directory / split).write_text("\n".join(lines) + "\n")

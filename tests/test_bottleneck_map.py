@@ -58,6 +58,23 @@ def test_cached_features_score_as_fairseq_eval_lm_scores_the_trunk(trunk):
     assert math.exp(float(nll)) == pytest.approx(expected, rel=2e-3)  # the features are stored in float16
 
 
+def test_the_fast_study_ptb_task_reads_the_trunk(trunk, tmp_path):
+    """recipes.common.lms.split_task on PTB: the trunk's features of the first train tokens, valid and test, its own
+    softmax scoring them (valid read along 10 streams, as the map reads it)."""
+    from recipes.common import lms
+
+    checkpoint, bin_dir = trunk
+    task = lms.split_task("ptb", "", str(tmp_path), trunk=str(checkpoint), trunk_data=str(bin_dir), train_tokens=50)
+    assert task.train_h.shape == (50, 16) and task.train_h.dtype == torch.float32
+    valid = bottleneck_map.trunk_features(str(checkpoint), str(bin_dir), "valid", streams=10)
+    assert torch.equal(task.valid_y, valid.targets)
+    with torch.no_grad():
+        nll = float(task.softmax.loss(valid.states.float(), valid.targets))
+    assert task.info["softmax_valid_ppl"] == pytest.approx(math.exp(nll), rel=1e-5)
+    with pytest.raises(FileNotFoundError, match="no trunk checkpoint"):
+        lms.split_task("ptb", "", str(tmp_path), trunk=str(tmp_path / "none.pt"))
+
+
 def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monkeypatch):
     checkpoint, bin_dir = trunk
     monkeypatch.setattr(bottleneck_map, "BPTT", 12)

@@ -370,126 +370,24 @@ def test_ds_recipe_recovers_the_10x10_hierarchy_and_writes_table_and_plot(tmp_pa
     assert (out / "synthetic-10x10-experts.png").stat().st_size > 5_000
 
 
-def test_ds_recipe_language_model_path_on_a_tiny_corpus(tmp_path):
-    tiny_corpus(tmp_path, num_words=30, valid_lines=60, seed=0)
-    (result,) = dsr.main(
-        [
-            "--tasks",
-            "ptb",
-            "--data-dir",
-            str(tmp_path),
-            "--dim",
-            "16",
-            "--lm-epochs",
-            "1",
-            "--experts",
-            "4",
-            "--steps",
-            "20",
-            "--timing-rounds",
-            "1",
-            "--timing-queries",
-            "64",
-            "--no-progress",
-            "--no-plot",
-            "--out",
-            str(tmp_path / "out"),
-        ]
-    )
-    assert result["vocab_size"] == 10000 and result["experts"] == 4
-    assert 0.0 <= result["top1_ds"] <= 1.0 and result["info"]["train_tokens"] == 60 * 9 - 1
-
-
-@pytest.mark.slow  # 75 s: the recipe's synthetic task stays in the default run (the test above)
-def test_ds_recipe_wikitext2_runs_every_expert_count_on_one_trained_lm(tmp_path):
-    tiny_corpus(tmp_path, num_words=40, valid_lines=50, seed=1)
-    results = dsr.main(
-        [
-            "--tasks",
-            "wikitext-2",
-            "--wt2-dir",
-            str(tmp_path),
-            "--dim",
-            "8",
-            "--lm-epochs",
-            "1",
-            "--experts",
-            "2",
-            "4",
-            "--steps",
-            "10",
-            "--timing-rounds",
-            "1",
-            "--timing-queries",
-            "8",
-            "--no-progress",
-            "--no-plot",
-            "--out",
-            str(tmp_path / "out"),
-        ]
-    )
+@pytest.mark.slow  # 40 s: the language-model path stays in the default run (the control's test below)
+def test_ds_recipe_wikitext2_runs_every_expert_count_on_one_trained_lm(tmp_path, monkeypatch):
+    argv = tiny_wt2_argv(tmp_path, monkeypatch)
+    results = dsr.main(argv + ["--experts", "2", "4"])
     assert [(r["task"], r["experts"], r["vocab_size"]) for r in results] == [
-        ("wikitext-2", 2, 33278),
-        ("wikitext-2", 4, 33278),
+        ("wikitext-2", 2, 21),
+        ("wikitext-2", 4, 21),
     ]
     assert results[0]["top1_softmax"] == results[1]["top1_softmax"]  # one trained LM and softmax for both
-    assert results[0]["info"] == results[1]["info"] and results[0]["info"]["train_tokens"] == 50 * 9 - 1
+    assert results[0]["info"] == results[1]["info"] and results[0]["info"]["train_tokens"] == 40 * 9 - 1
     # --resume keeps the finished expert counts (results.json is written after each) and runs only the new one
-    again = dsr.main(
-        [
-            "--tasks",
-            "wikitext-2",
-            "--wt2-dir",
-            str(tmp_path),
-            "--dim",
-            "8",
-            "--lm-epochs",
-            "1",
-            "--experts",
-            "2",
-            "4",
-            "3",
-            "--steps",
-            "10",
-            "--timing-rounds",
-            "1",
-            "--timing-queries",
-            "8",
-            "--no-progress",
-            "--no-plot",
-            "--out",
-            str(tmp_path / "out"),
-            "--resume",
-        ]
-    )
+    again = dsr.main(argv + ["--experts", "2", "4", "3", "--resume"])
     assert [r["experts"] for r in again] == [2, 4, 3] and again[:2] == results
-    assert again[2]["top1_softmax"] == results[0]["top1_softmax"]  # the same seed: the same language model
+    assert again[2]["top1_softmax"] == results[0]["top1_softmax"]  # the same LM, read from --lm-dir
     # an expert count's row does not depend on the counts run before it (its draws are seeded): E = 4 alone (a new
-    # --out, the LM trained again) gives the row it gave after E = 2, as a resumed run needs
-    (alone,) = dsr.main(
-        [
-            "--tasks",
-            "wikitext-2",
-            "--wt2-dir",
-            str(tmp_path),
-            "--dim",
-            "8",
-            "--lm-epochs",
-            "1",
-            "--experts",
-            "4",
-            "--steps",
-            "10",
-            "--timing-rounds",
-            "1",
-            "--timing-queries",
-            "8",
-            "--no-progress",
-            "--no-plot",
-            "--out",
-            str(tmp_path / "alone"),
-        ]
-    )
+    # --out) gives the row it gave after E = 2, as a resumed run needs
+    out = argv.index("--out") + 1
+    (alone,) = dsr.main(argv[:out] + [str(tmp_path / "alone")] + argv[out + 1 :] + ["--experts", "4"])
     assert (alone["top1_ds"], alone["flops_reduction"]) == (results[1]["top1_ds"], results[1]["flops_reduction"])
     with pytest.raises(SystemExit, match="--experts must be >= 1"):
         dsr.main(["--tasks", "synthetic-10x10", "--experts", "0"])
@@ -523,21 +421,27 @@ def test_lm_task_is_kept_and_loaded_instead_of_trained_again(tmp_path, monkeypat
         ht.make_lm_task(seed=1, **kw)
 
 
-def test_ds_recipe_resume_without_experts_keeps_the_finished_default_row(tmp_path, capsys):
-    """With no --experts a task runs its default E (16 on a language model); --resume finds that row done and runs
-    nothing, where it used to look for a row with E = None, which no run writes, and append a second one."""
-    tiny_corpus(tmp_path, num_words=20, valid_lines=20, seed=2)
-    argv = [
+#: the study's train-split LSTM at a size that trains in a second
+TINY_LM = {"dim": 8, "layers": 1, "bptt": 5, "batch": 4, "lr": 1e-2, "max_epochs": 1}
+
+
+def tiny_wt2_argv(tmp_path, monkeypatch, *extra):
+    """A wikitext-2 run of the DS recipe on a tiny generated corpus (train / valid / test) and a tiny LSTM."""
+    from recipes.common import lms
+
+    monkeypatch.setattr(lms, "LSTM_SETTINGS", {**lms.LSTM_SETTINGS, **TINY_LM})
+    tiny_corpus(tmp_path / "text", num_words=20, valid_lines=20, seed=2, train_lines=40)
+    return [
         "--tasks",
-        "ptb",
-        "--data-dir",
-        str(tmp_path),
-        "--dim",
-        "4",
-        "--lm-epochs",
-        "1",
+        "wikitext-2",
+        "--wt2-dir",
+        str(tmp_path / "text"),
+        "--lm-dir",
+        str(tmp_path / "lm"),
         "--steps",
-        "2",
+        "8",
+        "--batch",
+        "32",
         "--timing-rounds",
         "1",
         "--timing-queries",
@@ -546,18 +450,49 @@ def test_ds_recipe_resume_without_experts_keeps_the_finished_default_row(tmp_pat
         "--no-plot",
         "--out",
         str(tmp_path / "o"),
+        *extra,
     ]
+
+
+def test_ds_recipe_resume_without_experts_keeps_the_finished_default_row(tmp_path, monkeypatch, capsys):
+    """With no --experts a task runs its default E (16 on a language model); --resume finds that row done and runs
+    nothing, where it used to look for a row with E = None, which no run writes, and append a second one."""
+    argv = tiny_wt2_argv(tmp_path, monkeypatch)
     (first,) = dsr.main(argv)
-    assert first["experts"] == dsr.default_experts("ptb") == 16
+    assert first["experts"] == dsr.default_experts("wikitext-2") == 16
     assert dsr.main(argv + ["--resume"]) == [first]
     assert "every expert count done" in capsys.readouterr().out
-    assert dsr.default_experts("synthetic-100x100") == 100 and dsr.default_experts("wikitext-2") == 16
+    assert dsr.default_experts("synthetic-100x100") == 100 and dsr.default_experts("ptb") == 16
+
+
+def test_ds_recipe_gives_the_softmax_the_same_extra_training(tmp_path, monkeypatch):
+    """On a language model DS-Softmax stands beside a copy of the LM's softmax trained on the same states with the
+    same optimizer, steps and valid-based stop: both runs stop by the same rule, the control's weights moved, and
+    the paired test counts the test tokens the two heads disagree on."""
+    (r,) = dsr.main(tiny_wt2_argv(tmp_path, monkeypatch, "--experts", "2", "--stop-patience", "1"))
+    runs = r["runs"]
+    assert set(runs) == {"control", "ds_softmax"}
+    for run in runs.values():  # scored every 8 // 20 -> 1 step from step 4 on, patience 1
+        steps = [e["step"] for e in run["valid_top1"]]
+        assert steps[0] == 4 and steps == list(range(4, run["stopped_at"] + 1))
+        assert run["best_step"] in steps
+    test_tokens = r["info"]["test_tokens"]
+    for key, top1 in (("mcnemar_ds_vs_control", r["top1_ds"]), ("mcnemar_control_vs_lm", r["top1_control"])):
+        m = r[key]
+        assert m["n"] == test_tokens and 0 <= m["p"] <= 1
+        other = top1 - m["difference"]
+        assert m["difference"] == pytest.approx((m["a_only"] - m["b_only"]) / test_tokens)
+        assert 0 <= other <= 1
+    assert r["mcnemar_control_vs_lm"]["difference"] == pytest.approx(r["top1_control"] - r["top1_softmax"])
+    assert r["ppl_lm"] == pytest.approx(r["info"]["softmax_test_ppl"], rel=1e-5)
+    assert r["ppl_control"] != r["ppl_lm"]  # the control trained: its weights moved
+    assert r["ppl_ds_covered"] > 0 and r["ppl_control_covered"] > 0
 
 
 def test_ds_recipe_says_what_is_missing_offline(tmp_path):
-    with pytest.raises(SystemExit, match="has no valid.txt/test.txt"):
-        dsr.main(["--tasks", "ptb", "--data-dir", str(tmp_path / "nowhere"), "--no-progress"])
-    with pytest.raises(SystemExit, match="pass --wt2-dir pointing to its text files"):
+    with pytest.raises(SystemExit, match="nothing at --trunk"):
+        dsr.main(["--tasks", "ptb", "--trunk", str(tmp_path / "nowhere.pt"), "--no-progress"])
+    with pytest.raises(SystemExit, match="nothing at --wt2-dir .* \\(no train.txt, valid.txt, test.txt\\)"):
         dsr.main(["--tasks", "wikitext-2", "--wt2-dir", str(tmp_path / "nowhere"), "--no-progress"])
 
 

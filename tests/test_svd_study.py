@@ -113,7 +113,7 @@ def test_study_command_on_a_tiny_corpus(tmp_path):
         SS.parse_args(["--windows", "0"])
 
 
-def test_fast_study_page_from_both_commands(tmp_path):
+def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     """The docs page is written from the two commands' outputs only: it opens with the DS-Softmax rows, then the
     poster's, the perplexity-against-W tables, both plots, the SVD-vs-hierarchical table and numbers.json."""
     from recipes import ds_softmax as dsr
@@ -149,30 +149,10 @@ def test_fast_study_page_from_both_commands(tmp_path):
             str(tmp_path / "svd"),
         ]
     )
-    dsr.main(
-        [
-            "--tasks",
-            "ptb",
-            "--data-dir",
-            str(tmp_path / "ptb"),
-            "--dim",
-            "8",
-            "--lm-epochs",
-            "1",
-            "--experts",
-            "2",
-            "--steps",
-            "4",
-            "--timing-rounds",
-            "1",
-            "--timing-queries",
-            "4",
-            "--no-progress",
-            "--no-plot",
-            "--out",
-            str(tmp_path / "ds"),
-        ]
-    )
+    from test_recipes import tiny_wt2_argv
+
+    argv = tiny_wt2_argv(tmp_path, monkeypatch, "--experts", "2")
+    dsr.main(argv[: argv.index("--out") + 1] + [str(tmp_path / "ds")] + argv[argv.index("--out") + 2 :])
     docs, records = tmp_path / "docs", tmp_path / "records" / "fast_softmax_study"
     docs.mkdir()
     FR.main(
@@ -192,7 +172,7 @@ def test_fast_study_page_from_both_commands(tmp_path):
     text = (docs / "fast_softmax_study.md").read_text()
     lines = text.splitlines()
     assert lines[0].startswith("# ") and lines[4].startswith("| task |")  # the title, one caption line, the table
-    assert lines[6].startswith("| ptb | 10000 | 8 | 2 (")  # the DS row, from the json
+    assert lines[6].startswith("| wikitext-2 | 21 | 8 | 2 (")  # the DS row, from the json
     assert "| poster DS-64 Wiki-2 | 0.257 -> 0.259 | 23.86x | 3.07 -> 0.15 | 20.5x | 0.86 |" in lines
     assert "| poster SVD-10 PTB | 0.252 -> 0.251 | 5.00x | 0.73 -> 0.18 | 4.1x | 0.81 |" in lines
     assert "_timed beside two busy processes_" in text
