@@ -26,6 +26,7 @@ import torch
 
 import hf_heads
 from hf_heads.hf.upgrade import States
+from recipes.common import runtime
 from recipes.common.hidden_tasks import LSTMLM, Task, read_words
 
 #: the train-split LSTM's settings (the poster's size); every one is in the name of its file
@@ -238,6 +239,19 @@ def improving(curve: List[Dict], patience: int) -> bool:
     return any(e["valid_ppl"] < best_before for e in curve[-patience:])
 
 
+def cached_trunk_features(trunk: str, trunk_data: str, split: str, out_dir: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`trunk_features` of ``split`` (train along 20 streams, valid / test as :data:`STREAMS`) in float32, kept
+    in ``out_dir`` under the checkpoint's md5 and read from there the next time."""
+    path = os.path.join(out_dir, f"trunk-{runtime.file_md5(trunk)[:12]}-{split}.pt")
+    if not os.path.isfile(path):
+        s = trunk_features(trunk, trunk_data, split, {"train": 20, **STREAMS}[split])
+        os.makedirs(out_dir, exist_ok=True)
+        torch.save({"states": s.states, "targets": s.targets}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    saved = torch.load(path, weights_only=True)
+    return saved["states"].float(), saved["targets"]
+
+
 #: the corpora of :func:`split_task` and where their text / trunk lives by default
 CORPORA = ("ptb", "wikitext-2")
 
@@ -276,11 +290,7 @@ def split_task(
         import fairseq_plugin  # noqa: F401  (registers the model)
         from fairseq import checkpoint_utils
 
-        read = {"train": 20, **STREAMS}
-        states = {}
-        for split, n in read.items():
-            s = trunk_features(trunk, trunk_data, split, n)
-            states[split] = (s.states.float(), s.targets)
+        states = {split: cached_trunk_features(trunk, trunk_data, split, out_dir) for split in ("train", *STREAMS)}
         states["train"] = tuple(t[:train_tokens] for t in states["train"])
         models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([trunk], arg_overrides={"data": trunk_data})
         head = models[0].decoder.head.eval()

@@ -33,6 +33,17 @@ def save_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def file_md5(path: str) -> str:
+    """The md5 of the file at ``path`` (a kept checkpoint's identity)."""
+    import hashlib
+
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def cpu_seconds(cell: Mapping[str, Any]) -> float:
     """A cell's CPU-core-seconds, the one account of every page, from what its kind of run recorded: its processes'
     CPU time (``cpu_s``, user + system, with its floor run's ``floor_cpu_s`` where it had one: the reproduced tables,

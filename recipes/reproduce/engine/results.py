@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from hf_heads.core.registry import versioned_options
 from recipes.common import runtime
-from recipes.common.runtime import claimed, load_json, save_json  # noqa: F401 (the engine's names for them)
+from recipes.common.runtime import claimed, file_md5, load_json, save_json  # noqa: F401 (the engine's names for them)
 from recipes.reproduce.engine.runner import located_paths
 
 ROW_KEYS = (
@@ -76,17 +76,6 @@ def cell_dir(table_dir: str, head: str, seed: int, lr: Optional[float] = None) -
 def load_cell(table_dir: str, head: str, seed: int, lr: Optional[float] = None) -> Optional[Dict[str, Any]]:
     """The finished cell's record, or None."""
     return load_json(cell_path(table_dir, head, seed, lr))
-
-
-def file_md5(path: str) -> str:
-    """The md5 of the file at ``path`` (a kept checkpoint's identity)."""
-    import hashlib
-
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_rows(path: str) -> List[Dict[str, Any]]:
