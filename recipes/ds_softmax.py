@@ -324,9 +324,6 @@ TASKS = ("synthetic-10x10", "synthetic-100x100", "ptb", "wikitext-2")
 #: the language-model tasks (:func:`recipes.common.lms.split_task`: LMs trained on the train splits, d = 200;
 #: WikiText-2's 33,278 words x 64 experts x 200 float32 weights, with Adam's two moments and the gradient: 6.8 GB)
 LM_TASKS = ("ptb", "wikitext-2")
-#: the PTB trunk kept in the checkout (artifacts/README.md) and its binarised data
-TRUNK = os.path.join("artifacts", "lm-ptb", "softmax", "lr0.0025", "seed1", "checkpoints", "checkpoint_best.pt")
-TRUNK_DATA = os.path.join("artifacts", "lm-ptb", "data", "bin")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -340,8 +337,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=TASKS,
         help="tasks to run (default: all but wikitext-2; ptb where --trunk is there)",
     )
-    p.add_argument("--trunk", default=TRUNK, help="ptb: the trained LM (a fairseq checkpoint)")
-    p.add_argument("--trunk-data", default=TRUNK_DATA, help="ptb: the trunk's binarised data")
+    p.add_argument("--trunk", default=lms.TRUNK, help="ptb: the trained LM (a fairseq checkpoint)")
+    p.add_argument("--trunk-data", default=lms.TRUNK_DATA, help="ptb: the trunk's binarised data")
     p.add_argument(
         "--wt2-dir",
         default=data_paths.corpus("wikitext-2"),

@@ -5,11 +5,10 @@
     python -m recipes.fast_report --svd results/svd_study --ds results/ds_wt2    # copies, then writes the page
     python -m recipes.fast_report --no-collect                                   # the page from the committed json
 
-Collecting (:mod:`recipes.fast_analysis`) copies each run's ``results.json`` into ``records/fast_softmax_study/`` (the
-SVD study's plots into ``docs/fast_study/``) with the ``--note`` text (e.g. the machine's load while it was timed); the
-page is written from those files only: its tables (ours beside the sources', the DS-Softmax poster's and its SVD-10
-column), plots, commands, the hand-written reading (:data:`READING`), and ``records/fast_softmax_study/numbers.json``,
-the derived numbers the tables and the reading cite.
+Collecting (:mod:`recipes.fast_analysis`) copies each run's ``results.json`` (with the ``--note``: e.g. the load
+while it was timed) into ``records/fast_softmax_study/``, the SVD plots into ``docs/fast_study/``; the page is written
+from those only: tables (ours beside the poster's rows), plots, commands, the hand-written reading (:data:`READING`),
+and ``numbers.json`` there, the derived numbers the tables and the reading cite.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ RECORDS = os.path.join(CHECKOUT, records("fast_softmax_study"))  # the committed
 READING = "fast_softmax_study-reading.md"  # beside the page; first line <!-- cells: N -->, N = the runs it read
 #: the formatters of the page's tables (a percentage is a fraction's hundredfold, "points" one of top-1)
 FORMATS = tuple(f"{{:.{n}f}}".format for n in range(4))
-#: the numbers of the reading that are no json value as the page prints it, each with why (at most ten)
-EXCEPTIONS = ()
+EXCEPTIONS = ()  # the reading's numbers that are no json value as the page prints it, each with why (at most ten)
 #: the tables' (header, row) pairs, the rows ``str.format`` templates of a row's fields
 DS_CMP = (
     "| E | FLOPs reduction | speed-up b=1 | wall-clock / FLOPs at b=1 | speed-up b=64 | top-1 DS - softmax |",
@@ -50,9 +48,12 @@ SVD_W = (
     "| {W} | {N} | {lead[ppl]:.2f} | {lead[top1]:.3f} | {ppl:.2f} | {top1:.3f} | {cost_gain:.1f}x |",
 )
 SVD_CMP = (
-    "| method | perplexity | top-1 agreement | top-10 overlap | fewer mults | ms per token | speed-up |",
-    "| {name} | {ppl:.2f} | {top1:.3f} | {top10:.3f} | {cost_gain:.1f}x | {ms_per_token} | {speedup} |",
+    "| method | perplexity | top-1 agreement | top-10 overlap | fewer mults | ms per token: distribution | speed-up | "
+    "ms per token: known target | speed-up |",
+    "| {name} | {ppl:.2f} | {top1:.3f} | {top10:.3f} | {cost_gain:.1f}x | {ms_per_token} | {speedup} | "
+    "{ms_per_target} | {target_speedup} |",
 )
+TIMING = dict(ms_per_token="{:.3f}", speedup="{:.2f}x", ms_per_target="{:.3f}", target_speedup="{:.2f}x")
 
 
 def table(template: Tuple[str, str], rows: List[Dict]) -> List[str]:
@@ -95,9 +96,8 @@ def svd_section(svd: Dict, nums: Dict) -> List[str]:
         timed = [r for r in method_rows(result) if r["N"] == d["N"] and "ms_per_token" in r]
         named = [(r["method"], r) for r in result["rows"][:1]]
         named += [(f"svd_softmax {r['preview']} W={r['W']} N={r['N']}", r) for r in timed]
-        named += [(f"class_softmax ({r['classes']} classes)", r) for r in method_rows(result, "class_softmax")]
-        timing = {"ms_per_token": "{:.3f}", "speedup": "{:.2f}x"}
-        cmp = [{**r, "name": x, **{k: f.format(r[k]) if k in r else "-" for k, f in timing.items()}} for x, r in named]
+        named += [(f"{r['method']} ({r['classes']} classes)", r) for r in result["rows"] if "classes" in r]
+        cmp = [{**r, "name": x, **{k: f.format(r[k]) if k in r else "-" for k, f in TIMING.items()}} for x, r in named]
         lines += [f"### {result['setting']} (V = {result['V']}, d = {result['d']}, {result['tokens']} tokens)", ""]
         lines += table(SVD_W, [{**r, "lead": by[r["N"], r["W"], "leading"]} for r in adaptive])
         lines += ["SVD-softmax against the hierarchical softmax (the slides' comparison), batch 1:", ""]

