@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import statistics
@@ -30,23 +31,25 @@ import torch
 import hf_heads
 from hf_heads.hf.upgrade import body
 from recipes.common import data as data_paths
-from recipes.common import runtime
+from recipes.common import lms, runtime
 
 
 @torch.no_grad()
-def top1_agreement(head, hidden: torch.Tensor) -> float:
-    """The share of the states ``hidden`` ``[N, d]`` whose top-1 through the head's fast path is the full softmax's."""
-    full = head(hidden).argmax(-1)
+def top1_agreement(head, hidden: torch.Tensor, reference=None) -> float:
+    """The share of the states ``hidden`` ``[N, d]`` whose top-1 through the head's fast path is the full softmax's
+    (``reference``'s, the trained softmax a head was converted from; the head's own full forward when None)."""
+    full = (reference or head)(hidden).argmax(-1)
     with hf_heads.fast_decoding(head, k=1):
         fast = head(hidden).argmax(-1)
     return float((fast == full).double().mean())
 
 
 @torch.no_grad()
-def topk_total_variation(head, hidden: torch.Tensor, k: int) -> List[float]:
+def topk_total_variation(head, hidden: torch.Tensor, k: int, reference=None) -> List[float]:
     """Per state of ``hidden`` ``[N, d]``: the total-variation distance between top-k sampling from the full softmax
-    (its k most probable ids, renormalised) and from the fast path (the head's own top k, renormalised)."""
-    full = head(hidden).float()
+    (``reference``'s, else the head's own full forward: its k most probable ids, renormalised) and from the fast path
+    (the head's own top k, renormalised)."""
+    full = (reference or head)(hidden).float()
     with hf_heads.fast_decoding(head, k=k):
         fast = head(hidden).float()  # -inf outside the fast top k
     top = full.topk(k, dim=-1)
@@ -109,11 +112,11 @@ def lstm_decode(
     in evaluation mode) and ``head``, the LSTM's state carried from step to step: greedy (``top_k`` None), or sampled
     from the ``top_k`` most probable ids (renormalised; ``generator`` draws); with ``fast``, each step's distribution
     comes through the head's fast path (:func:`hf_heads.fast_decoding` with ``k = top_k or 1``)."""
-    out, state = body.lstm(body.embed(prompt))
+    out, state = body.run(prompt)
     ids = [prompt]
     with hf_heads.fast_decoding(head, k=top_k or 1) if fast else contextlib.nullcontext():
         for _ in range(new_tokens):
-            log_probs = head(body.drop(out[:, -1]))
+            log_probs = head(out[:, -1])
             if top_k is None:
                 step = log_probs.argmax(-1, keepdim=True)
             else:
@@ -121,11 +124,24 @@ def lstm_decode(
                 pick = torch.multinomial(torch.softmax(top.values, dim=-1), 1, generator=generator)
                 step = top.indices.gather(-1, pick)
             ids.append(step)
-            out, state = body.lstm(body.embed(step), state)
+            out, state = body.run(step, state)
     return torch.cat(ids, dim=1)
 
 
-# ----------------------------------------------------------------------------------- the command, on an HF model
+def lstm_generate(body, head, top_k: Optional[int] = None, seed: int = 0, reference=None):
+    """``generate(prompt, fast, n)`` for :func:`greedy_prefix` / :func:`decode_speed` on the LSTM LM: exactly ``n``
+    new tokens through :func:`lstm_decode`, greedy (``top_k`` None) or top-k sampling with a fixed seed; ``fast``
+    through the head's fast path, else through ``reference`` (the full softmax; the head's own full forward when
+    None)."""
+
+    def generate(prompt, fast, n=64):
+        h = head if fast or reference is None else reference
+        return lstm_decode(body, h, prompt, n, fast, top_k, torch.Generator().manual_seed(seed))
+
+    return generate
+
+
+# ----------------------------------------------------------------------------------- the command
 
 
 def read_ids(tokenizer, path: str, limit: int) -> torch.Tensor:
@@ -138,26 +154,27 @@ def read_ids(tokenizer, path: str, limit: int) -> torch.Tensor:
     return ids[:limit]
 
 
-def hf_generate(model, pad_id: int, top_k: Optional[int] = None, seed: int = 0):
+def hf_generate(model, pad_id: int, top_k: Optional[int] = None, seed: int = 0, reference=None):
     """``generate(prompt, fast, n)`` for :func:`greedy_prefix` / :func:`decode_speed`: exactly ``n`` new tokens, greedy
-    (``top_k`` None) or top-k sampling with a fixed seed, through the head's fast path with ``fast``."""
+    (``top_k`` None) or top-k sampling with a fixed seed, through the head's fast path with ``fast``, else through
+    ``reference`` (the model before its head was converted; ``model``'s own full forward when None)."""
 
     def generate(prompt, fast, n=64):
         kwargs = dict(max_new_tokens=n, min_new_tokens=n, pad_token_id=pad_id, do_sample=top_k is not None)
         if top_k is not None:
             kwargs.update(top_k=top_k, top_p=1.0)
         torch.manual_seed(seed)
+        if not fast and reference is not None:
+            return reference.generate(prompt, **kwargs)
         with hf_heads.fast_decoding(model, k=top_k or 1) if fast else contextlib.nullcontext():
             return model.generate(prompt, **kwargs)
 
     return generate
 
 
-def head_share(model, prompt: torch.Tensor, decode_s_per_token: float, rounds: int = 7) -> float:
-    """The share of one decoding step's time spent in the head's full forward (one position, batch 1)."""
-    head = hf_heads.output_head(model)
+def head_share(head, hidden: torch.Tensor, decode_s_per_token: float, rounds: int = 7) -> float:
+    """The share of one decoding step's time spent in the head's full forward on ``hidden`` (one position, batch 1)."""
     with torch.no_grad():
-        hidden = body(model)(prompt).last_hidden_state[:, -1:]
         times = []
         for _ in range(rounds + 1):
             start = time.perf_counter()
@@ -166,32 +183,31 @@ def head_share(model, prompt: torch.Tensor, decode_s_per_token: float, rounds: i
     return statistics.median(times[1:]) / decode_s_per_token
 
 
-def measure_head(model, tokenizer, args, log=print) -> Dict:
-    """One converted head of the model: agreement (teacher forcing, top-k TV, greedy prefixes) and, per thread count,
-    prefill and decode speed of greedy and top-k sampling through its fast path against its full softmax."""
-    ids = read_ids(tokenizer, args.text, args.prompts * args.prompt_tokens)
-    prompts = list(ids.view(args.prompts, args.prompt_tokens)[:, None, :].unbind(0))
-    head, pad = hf_heads.output_head(model), tokenizer.pad_token_id or tokenizer.eos_token_id or 0
-    with torch.no_grad():
-        hidden = body(model)(ids.view(args.prompts, args.prompt_tokens)).last_hidden_state.flatten(0, 1)
+def measure(
+    head, hidden: torch.Tensor, prompts: List[torch.Tensor], make_generate: Callable, args, log=print, reference=None
+) -> Dict:
+    """One head: agreement with the full softmax ``reference`` (the head's own full forward when None) on the states
+    ``hidden`` of test text under teacher forcing (top-1, top-k TV), greedy prefixes over ``prompts``, and, per thread
+    count, prefill and decode speed of greedy and top-k sampling through its fast path against the full softmax
+    (``make_generate(top_k)``: a ``generate(prompt, fast, n)``), with the share of a full-softmax decoding step in the
+    full softmax and the load average before and after."""
+    greedy = make_generate(None)
     out: Dict = {
-        "teacher_forced_top1_agreement": top1_agreement(head, hidden),
+        "teacher_forced_top1_agreement": top1_agreement(head, hidden, reference),
         "top_k": args.top_k,
-        "top_k_tv": statistics.fmean(topk_total_variation(head, hidden, args.top_k)),
-        "greedy_prefix": greedy_prefix(lambda p, fast: hf_generate(model, pad)(p, fast, args.new_tokens), prompts),
+        "top_k_tv": statistics.fmean(topk_total_variation(head, hidden, args.top_k, reference)),
+        "greedy_prefix": greedy_prefix(lambda p, fast: greedy(p, fast, args.new_tokens), prompts),
         "speed": {},
     }
     threads_before = torch.get_num_threads()
     try:
         for threads in args.threads:
             torch.set_num_threads(threads)
-            load = os.getloadavg()[0]
-            row = {"load_before": load}
+            row = {"load_before": os.getloadavg()[0]}
             for mode, top_k in (("greedy", None), (f"top-{args.top_k}", args.top_k)):
-                speed = decode_speed(hf_generate(model, pad, top_k), prompts[0], args.new_tokens, args.rounds)
-                row[mode] = speed
+                row[mode] = decode_speed(make_generate(top_k), prompts[0], args.new_tokens, args.rounds)
             full_step = 1.0 / row["greedy"]["full"]["decode_tokens_per_s"]
-            row["head_share_of_decode"] = head_share(model, prompts[0], full_step)
+            row["head_share_of_decode"] = head_share(reference or head, hidden[-1:], full_step)
             row["load_after"] = os.getloadavg()[0]
             out["speed"][str(threads)] = row
             log(f"{head.head_name}, {threads} thread(s): {json.dumps(row)}")
@@ -200,17 +216,67 @@ def measure_head(model, tokenizer, args, log=print) -> Dict:
     return out
 
 
+def measure_head(model, tokenizer, args, log=print, reference=None) -> Dict:
+    """:func:`measure` on an HF model's head against ``reference`` (the model before its head was converted):
+    prompts and teacher-forced states from the start of ``--text``."""
+    ids = read_ids(tokenizer, args.text, args.prompts * args.prompt_tokens)
+    prompts = list(ids.view(args.prompts, args.prompt_tokens)[:, None, :].unbind(0))
+    pad = tokenizer.pad_token_id or tokenizer.eos_token_id or 0
+    with torch.no_grad():
+        hidden = body(model)(ids.view(args.prompts, args.prompt_tokens)).last_hidden_state.flatten(0, 1)
+    full = None if reference is None else hf_heads.output_head(reference)
+    make = lambda k: hf_generate(model, pad, k, reference=reference)  # noqa: E731
+    return measure(hf_heads.output_head(model), hidden, prompts, make, args, log, full)
+
+
+def measure_lstm(lstm, head, ids: torch.Tensor, args, log=print, reference=None) -> Dict:
+    """:func:`measure` on the LSTM LM ``lstm`` with ``head`` against ``reference`` (its trained softmax): prompts and
+    teacher-forced states from the test ids ``ids``."""
+    n = args.prompts * args.prompt_tokens
+    if len(ids) < n:
+        raise ValueError(f"--prompts x --prompt-tokens = {n} test tokens, the text has {len(ids)}")
+    chunks = ids[:n].view(args.prompts, args.prompt_tokens)
+    with torch.no_grad():
+        hidden = lstm(chunks).flatten(0, 1)  # each prompt from a zero state, as decoding starts
+    prompts = list(chunks[:, None, :].unbind(0))
+    make = lambda k: lstm_generate(lstm, head, k, args.seed, reference)  # noqa: E731
+    return measure(head, hidden, prompts, make, args, log, reference)
+
+
+#: ``--model``'s name for the study's WikiText-2 LSTM (:mod:`recipes.common.lms`, read from ``--lm-dir``)
+LSTM_MODEL = "wikitext-2-lstm"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="What a fast head buys at decoding time: speed and agreement")
-    p.add_argument("--model", default="smollm2", help="a local model folder, a Hub id, or smollm2 (the shipped one)")
+    p.add_argument(
+        "--model",
+        default="smollm2",
+        help=f"a local model folder, a Hub id, smollm2 (the shipped one) or {LSTM_MODEL} (the fast study's LSTM)",
+    )
     p.add_argument("--text", default=os.path.join(data_paths.corpus("wikitext-2"), "test.txt"), help="prompts' text")
-    p.add_argument("--heads", nargs="+", default=["svd_softmax", "adaptive_sampling"], help="heads to convert to")
+    p.add_argument(
+        "--heads",
+        nargs="+",
+        default=["softmax", "svd_softmax", "adaptive_sampling"],
+        help="heads converted from the trained softmax (softmax: the softmax itself, its top-k as the fast path)",
+    )
+    p.add_argument(
+        "--head-dirs",
+        nargs="*",
+        default=[],
+        help=f"{LSTM_MODEL}: trained heads (hf_heads.save_head folders, e.g. the DS and SVD recipes' OUT/heads/*), "
+        "each measured under its folder's name",
+    )
+    p.add_argument("--wt2-dir", default=data_paths.corpus("wikitext-2"), help=f"{LSTM_MODEL}: the text it read")
+    p.add_argument("--lm-dir", default=lms.LM_DIR, help=f"{LSTM_MODEL}: where it was trained")
     p.add_argument("--prompts", type=int, default=100, help="prompts of --prompt-tokens tokens, from the text's start")
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated after each prompt")
     p.add_argument("--top-k", type=int, default=50, help="the top-k sampling measured beside greedy decoding")
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (medians)")
+    p.add_argument("--seed", type=int, default=0, help="top-k sampling's draws")
     p.add_argument("--out", default=os.path.join("results", "decoding"))
     args = p.parse_args(argv)
     for name in ("prompts", "prompt_tokens", "new_tokens", "top_k", "rounds"):
@@ -218,12 +284,26 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} is out of range; allowed: an integer >= 1")
     if any(t < 1 for t in args.threads):
         p.error(f"--threads {args.threads}: allowed: integers >= 1")
+    if args.head_dirs and args.model != LSTM_MODEL:
+        p.error(f"--head-dirs: trained heads are measured on --model {LSTM_MODEL}")
     return args
 
 
+def lstm_model(args):
+    """The fast study's WikiText-2 LSTM and its softmax (read from ``--lm-dir``, not trained here), the test ids."""
+    path = lms.lm_path(args.lm_dir, "wikitext-2", lms.LSTM_SETTINGS)
+    if not os.path.isfile(path):
+        raise SystemExit(
+            f"--model {LSTM_MODEL}: no LSTM at {path}; train it: python -m recipes.common.lms --out {args.lm_dir}"
+        )
+    lstm, softmax, _record = lms.train_split_lm(args.wt2_dir, "wikitext-2", args.lm_dir, progress=False)
+    return lstm, softmax, lms.split_ids(args.wt2_dir, lms.vocabulary(args.wt2_dir), "test")
+
+
 def main(argv=None, log=print) -> Dict:
-    """Convert the model's softmax to each of ``--heads`` and measure it (:func:`measure_head`); ``OUT/results.json``
-    (resumable: a head already measured there is read, not measured again)."""
+    """Convert the model's softmax to each of ``--heads`` (and read ``--head-dirs``) and measure each against the
+    softmax (:func:`measure_head`, :func:`measure_lstm`); ``OUT/results.json`` (resumable: a head already measured
+    there is read, not measured again)."""
     from argparse import Namespace
 
     from hf_heads.cli import finetune
@@ -232,13 +312,20 @@ def main(argv=None, log=print) -> Dict:
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
     done = runtime.load_json(path) or {"settings": vars(args), "heads": {}}
-    for name in args.heads:
-        if name in done["heads"]:
-            continue
-        source = Namespace(model=args.model, gguf_file=None, revision=None, trust_remote_code=False, tokenizer=None)
-        model, tokenizer = finetune.load_model_and_tokenizer(source)
-        model = hf_heads.convert_head(model.eval(), name)
-        done["heads"][name] = measure_head(model, tokenizer, args, log)
+    trained = {os.path.basename(os.path.normpath(d)): d for d in args.head_dirs}
+    todo = [name for name in [*args.heads, *trained] if name not in done["heads"]]
+    if todo and args.model == LSTM_MODEL:
+        lstm, softmax, ids = lstm_model(args)
+    for name in todo:
+        if args.model == LSTM_MODEL:
+            head = hf_heads.load_head(trained[name]) if name in trained else hf_heads.convert_head(softmax, name)
+            done["heads"][name] = measure_lstm(lstm, head.eval(), ids, args, log, reference=softmax)
+        else:
+            source = Namespace(model=args.model, gguf_file=None, revision=None, trust_remote_code=False, tokenizer=None)
+            model, tokenizer = finetune.load_model_and_tokenizer(source)
+            reference = hf_heads.convert_head(model.eval(), "softmax")  # the trained softmax, as a head
+            converted = hf_heads.convert_head(copy.deepcopy(model).eval(), name)
+            done["heads"][name] = measure_head(converted, tokenizer, args, log, reference=reference)
         runtime.save_json(path, done)
     return done
 

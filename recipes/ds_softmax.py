@@ -240,6 +240,8 @@ def run_task(task: Task, args, experts: int) -> Dict:
     }
     if control is not None:
         result.update(control_scores(task, full, control, ds, hits_ds))
+        # kept for the decoding study (python -m recipes.decoding --head-dirs ...)
+        hf_heads.save_head(ds, os.path.join(args.out, "heads", f"{task.name}-ds_softmax-{experts}"))
     if task.super_of is not None:
         pur = expert_purity(ds, task.super_of)
         result.update({k: v for k, v in pur.items() if k != "counts"})

@@ -170,6 +170,8 @@ def study(s: Setting, args, log=print) -> Dict:
             r = {"method": method, "classes": hier.config.num_classes, "train_seconds": secs}
             rows.append({**r, **scores(hier, s.test_h, s.test_y, exact_top)})
             heads[method] = hier
+            if not fitted:  # kept for the decoding study (python -m recipes.decoding --head-dirs ...)
+                hf_heads.save_head(hier, os.path.join(args.out, "heads", f"{s.name}-class_softmax"))
             log(f"[{s.name}] {method} ({r['classes']} classes, trained {secs:.0f}s): ppl {rows[-1]['ppl']:.2f}")
     queries = [(s.test_h[i : i + 1], s.test_y[i : i + 1]) for i in range(min(args.timing_queries, len(s.test_h)))]
     t = time_per_call({n: (lambda q, m=m: m(q[0])) for n, m in heads.items()}, queries, rounds=args.timing_rounds)

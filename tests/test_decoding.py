@@ -130,3 +130,33 @@ def test_the_decoding_command_measures_each_converted_head_and_resumes(tmp_path)
     assert decoding.main(argv + ["--rounds", "1"], log=lambda *_: 1 / 0) == out  # read back, nothing measured again
     with pytest.raises(SystemExit):
         decoding.parse_args(argv + ["--rounds", "0"])
+
+
+def test_the_decoding_command_on_the_lstm_measures_converted_and_trained_heads(tmp_path, monkeypatch):
+    """--model wikitext-2-lstm: the study's LSTM read from --lm-dir (a tiny one here), each head against its trained
+    softmax: the softmax itself agrees everywhere, SVD-softmax refining every id too, a trained class_softmax
+    (--head-dirs) is measured under its folder's name; without the LSTM the command says how to train it."""
+    from corpora import tiny_corpus
+    from test_recipes import TINY_LM
+
+    from recipes.common import lms
+
+    monkeypatch.setattr(lms, "LSTM_SETTINGS", {**lms.LSTM_SETTINGS, **TINY_LM})
+    text, lm_dir = tmp_path / "text", tmp_path / "lm"
+    tiny_corpus(text, num_words=20, valid_lines=20, seed=2, train_lines=40)
+    argv = ["--model", "wikitext-2-lstm", "--wt2-dir", str(text), "--lm-dir", str(lm_dir), "--out", str(tmp_path / "o")]
+    argv += ["--prompts", "3", "--prompt-tokens", "4", "--new-tokens", "4", "--top-k", "3", "--threads", "1"]
+    with pytest.raises(SystemExit, match="python -m recipes.common.lms"):
+        decoding.main(argv, log=lambda *_: None)
+    _lstm, softmax, _ = lms.train_split_lm(str(text), "wikitext-2", str(lm_dir), progress=False, log=lambda m: 0)
+    torch.manual_seed(1)
+    hier = hf_heads.build_head("class_softmax", hidden_size=8, vocab_size=softmax.weight.shape[0], num_classes=4)
+    hf_heads.save_head(hier, tmp_path / "class_softmax-trained")
+    argv += ["--heads", "softmax", "svd_softmax", "--head-dirs", str(tmp_path / "class_softmax-trained")]
+    out = decoding.main(argv + ["--rounds", "1"], log=lambda *_: None)["heads"]
+    assert set(out) == {"softmax", "svd_softmax", "class_softmax-trained"}
+    for name in ("softmax", "svd_softmax"):  # exact: V = 21 ids all refined by SVD-softmax's default N
+        assert out[name]["teacher_forced_top1_agreement"] == 1.0 and out[name]["greedy_prefix"] == [4, 4, 4]
+    trained = out["class_softmax-trained"]  # an untrained class head: it disagrees with the LSTM's softmax
+    assert trained["teacher_forced_top1_agreement"] < 1.0 and trained["top_k_tv"] > 0
+    assert 0 < out["softmax"]["speed"]["1"]["head_share_of_decode"] < 1

@@ -487,6 +487,8 @@ def test_ds_recipe_gives_the_softmax_the_same_extra_training(tmp_path, monkeypat
     assert r["ppl_lm"] == pytest.approx(r["info"]["softmax_test_ppl"], rel=1e-5)
     assert r["ppl_control"] != r["ppl_lm"]  # the control trained: its weights moved
     assert r["ppl_ds_covered"] > 0 and r["ppl_control_covered"] > 0
+    saved = hf_heads.load_head(tmp_path / "o" / "heads" / "wikitext-2-ds_softmax-2")  # for the decoding study
+    assert saved.head_name == "ds_softmax" and saved.config.num_experts == 2
 
 
 def test_ds_recipe_says_what_is_missing_offline(tmp_path):
