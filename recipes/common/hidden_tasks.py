@@ -160,12 +160,7 @@ def make_lm_task(
 
     train_h, train_y = states(train)
     test_h, test_y = states(test)
-    with torch.no_grad():  # in chunks: WikiText-2's test split at once is 245k x 33k logits (32 GB)
-        nll = sum(
-            float(head.loss(test_h[i : i + 4096], test_y[i : i + 4096], reduction="sum"))
-            for i in range(0, len(test_y), 4096)
-        )
-    test_ppl = math.exp(nll / len(test_y))
+    test_ppl = math.exp(mean_nll(head, test_h, test_y))
     return Task(
         corpus,
         train_h,
@@ -183,6 +178,16 @@ def make_lm_task(
             "softmax_test_ppl": test_ppl,
         },
     )
+
+
+@torch.no_grad()
+def mean_nll(head, h: torch.Tensor, y: torch.Tensor, block: int = 4096) -> float:
+    """The head's mean NLL (nats) over the states ``h`` and targets ``y``, in blocks (33k-word logits at once would
+    not fit)."""
+    total = sum(
+        float(head.loss(h[i : i + block].float(), y[i : i + block], reduction="sum")) for i in range(0, len(y), block)
+    )
+    return total / len(y)
 
 
 def text_checksum(data_dir: str) -> str:

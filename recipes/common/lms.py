@@ -27,7 +27,7 @@ import torch
 import hf_heads
 from hf_heads.hf.upgrade import States
 from recipes.common import runtime
-from recipes.common.hidden_tasks import LSTMLM, Task, read_words
+from recipes.common.hidden_tasks import LSTMLM, Task, mean_nll, read_words
 
 #: the train-split LSTM's settings (the poster's size); every one is in the name of its file
 LSTM_SETTINGS = {
@@ -108,16 +108,6 @@ def split_states(body: LSTMLM, ids: torch.Tensor, n: int, bptt: int) -> Tuple[to
     run_streams(body, x, bptt, lambda start, out: chunks.append(out))
     h = torch.cat(chunks, dim=1)
     return h.reshape(-1, h.shape[-1]), y.reshape(-1)
-
-
-@torch.no_grad()
-def mean_nll(head, h: torch.Tensor, y: torch.Tensor, block: int = 4096) -> float:
-    """The head's mean NLL (nats) over the states ``h`` and targets ``y``, in blocks (33k-word logits at once would
-    not fit)."""
-    total = sum(
-        float(head.loss(h[i : i + block].float(), y[i : i + block], reduction="sum")) for i in range(0, len(y), block)
-    )
-    return total / len(y)
 
 
 def lm_path(out_dir: str, corpus: str, settings: Dict) -> str:
