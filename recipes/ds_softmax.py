@@ -205,8 +205,15 @@ def run_task(task: Task, args, experts: int) -> Dict:
     options = {"num_experts": experts, "group_lasso": args.lasso_per_class / V, **args.ds_options}
     options.setdefault("prune_start", args.steps // 5)
     options.setdefault("prune_interval", max(1, args.steps // 50))
+    bias = None if full.bias is None else full.bias.detach()
     ds = hf_heads.build_head(
-        "ds_softmax", hidden_size=d, vocab_size=V, weight=full.weight.detach(), bias=full.bias.detach(), **options
+        "ds_softmax",
+        hidden_size=d,
+        vocab_size=V,
+        weight=full.weight.detach(),
+        bias=bias,
+        use_bias=bias is not None,
+        **options,
     )
     if args.gate_init == "kmeans":
         ds.init_gate_from_hidden(task.train_h, seed=args.seed)
@@ -322,10 +329,12 @@ def load_rows(path: str) -> List[Dict]:
 
 
 # ----------------------------------------------------------------------------- CLI
-TASKS = ("synthetic-10x10", "synthetic-100x100", "ptb", "wikitext-2")
+TASKS = ("synthetic-10x10", "synthetic-100x100", "ptb", "wikitext-2", "smollm2")
 #: the language-model tasks (:func:`recipes.common.lms.split_task`: LMs trained on the train splits, d = 200;
 #: WikiText-2's 33,278 words x 64 experts x 200 float32 weights, with Adam's two moments and the gradient: 6.8 GB)
-LM_TASKS = ("ptb", "wikitext-2")
+LM_TASKS = ("ptb", "wikitext-2", "smollm2")
+#: where the upgrade table (python -m recipes.upgrade_table) keeps SmolLM2's states of WikiText-2
+SMOLLM2_STATES = os.path.join("results", "upgrade_table", "states-cache", "table")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -348,6 +357,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--lm-dir", default=lms.LM_DIR, help="wikitext-2: where its LSTM is kept (trained there when it is not)"
+    )
+    p.add_argument(
+        "--states",
+        default=SMOLLM2_STATES,
+        help="smollm2: the folder of its cached states of WikiText-2, train/ valid/ test/ (the upgrade table's)",
     )
     p.add_argument(
         "--train-tokens", type=int, default=500_000, help="language models: train-split states the heads train on"
@@ -409,6 +423,7 @@ def main(argv=None) -> List[Dict]:
         raise SystemExit(f"--experts must be >= 1 (got {' '.join(map(str, args.experts))})")
     wt2_files = ("train.txt", "valid.txt", "test.txt")
     has = {
+        "smollm2": os.path.isdir(os.path.join(args.states, "test")),
         "ptb": os.path.isfile(args.trunk),
         "wikitext-2": all(os.path.isfile(os.path.join(args.wt2_dir, f)) for f in wt2_files),
     }
@@ -436,7 +451,12 @@ def main(argv=None) -> List[Dict]:
         if not todo:
             print(f"{name}: every expert count done ({path}), skipped")
             continue
-        if name in LM_TASKS:  # the LM trained on the train split (WikiText-2's kept in --lm-dir)
+        if name == "smollm2":  # its own lm_head over the states the upgrade table cached
+            from hf_heads.hf.upgrade import pretrained_head
+            from recipes.common.real_heads import load_smollm2
+
+            task = lms.states_task(name, args.states, pretrained_head(load_smollm2()[0]), args.train_tokens)
+        elif name in LM_TASKS:  # the LM trained on the train split (WikiText-2's kept in --lm-dir)
             task = lms.split_task(
                 name,
                 args.wt2_dir,

@@ -122,3 +122,26 @@ def test_valid_stop_keeps_the_best_scored_weights():
     assert stop.stopped_at == 60 or len(stop.curve) - 1 - best == 2  # the end, or two scores without a new best
     with pytest.raises(ValueError, match="every=0"):
         ValidStop(score, every=0)
+
+
+def test_states_task_reads_the_cached_states_and_scores_them_with_the_models_head(tmp_path):
+    """recipes.common.lms.states_task (the DS recipe's smollm2 task) on a tiny GPT-2's cached states: train cut to
+    train_tokens, and the model's own head's perplexity is the one the upgrade code's per-block NLL gives."""
+    transformers = pytest.importorskip("transformers", reason="transformers not installed: run `make install`")
+    from hf_heads.hf.upgrade import cache_states, nll_per_block, pretrained_head
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=30, n_embd=8, n_layer=1, n_head=2, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    cached = {}
+    for split, n in (("train", 6), ("valid", 3), ("test", 4)):
+        blocks = torch.randint(0, 30, (n, 9))
+        cached[split] = cache_states(model, blocks, str(tmp_path / split), shard_blocks=2, progress=False)
+    head = pretrained_head(model)
+    task = lms.states_task("tiny", str(tmp_path), head, train_tokens=20)
+    assert task.train_h.shape == (20, 8) and len(task.test_y) == 4 * 8 and task.vocab_size == 30
+    assert torch.equal(task.valid_y, cached["valid"].targets)
+    expected = math.exp(float(nll_per_block(head, cached["test"]).mean()))
+    assert task.info["softmax_test_ppl"] == pytest.approx(expected, rel=1e-4)
+    with pytest.raises(FileNotFoundError, match="no cached states"):
+        lms.states_task("tiny", str(tmp_path / "none"), head)

@@ -287,13 +287,20 @@ def split_task(
 
         states = {split: cached_trunk_features(trunk, trunk_data, split, out_dir) for split in ("train", *STREAMS)}
         states["train"] = tuple(t[:train_tokens] for t in states["train"])
-        models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([trunk], arg_overrides={"data": trunk_data})
+        models, _cfg, _fairseq_task = checkpoint_utils.load_model_ensemble_and_task(
+            [trunk], arg_overrides={"data": trunk_data}
+        )
         head = models[0].decoder.head.eval()
         record = {"trunk": trunk}
+    return make_task(corpus, states, head, record)
+
+
+def make_task(name: str, states: Dict, head, record: Dict) -> Task:
+    """The :class:`Task` of ``states`` (``{split: (hidden, targets)}``) and the LM's softmax ``head``."""
     nll = {split: mean_nll(head, *states[split]) for split in ("valid", "test")}
     (train_h, train_y), (valid_h, valid_y), (test_h, test_y) = (states[s] for s in ("train", "valid", "test"))
     return Task(
-        corpus,
+        name,
         train_h,
         train_y,
         test_h,
@@ -312,6 +319,23 @@ def split_task(
             "lm": record,
         },
     )
+
+
+def states_task(name: str, folder: str, head, train_tokens: int = 500_000) -> Task:
+    """A task from the hidden states :func:`hf_heads.hf.upgrade.cache_states` kept in ``folder/train``, ``/valid`` and
+    ``/test`` (the upgrade table's ``states-cache/table``: SmolLM2 on WikiText-2) and the model's own softmax
+    ``head`` (:func:`hf_heads.hf.upgrade.pretrained_head`); train: the first ``train_tokens`` states."""
+    import glob
+
+    states = {}
+    for split in ("train", "valid", "test"):
+        shards = sorted(glob.glob(os.path.join(folder, split, "shard-*.pt")))
+        if not shards:
+            raise FileNotFoundError(f"{name}: no cached states in {os.path.join(folder, split)} (shard-*.pt)")
+        parts = [torch.load(p, weights_only=True) for p in shards]
+        states[split] = (torch.cat([p["states"] for p in parts]).float(), torch.cat([p["targets"] for p in parts]))
+    states["train"] = tuple(t[:train_tokens] for t in states["train"])
+    return make_task(name, states, head.eval(), {"states": folder})
 
 
 def main(argv=None) -> Dict:

@@ -43,13 +43,9 @@ def smollm2_missing() -> Optional[str]:
     return None
 
 
-def smollm2_head(text_path: str, num_queries: int, context: int = 256, progress: bool = False) -> TrainedHead:
-    """SmolLM2-135M's output layer and ``num_queries`` last hidden states on the text of ``text_path``.
-
-    The text is cut into windows of ``context`` tokens; every position of a window gives a query (its
-    hidden state after the final norm, what ``lm_head`` multiplies). Raises ``RuntimeError`` with the
-    reason when the package is not installed.
-    """
+def load_smollm2():
+    """The shipped SmolLM2-135M-Instruct (its Q4_1 GGUF file de-quantised to float32), in evaluation mode, and its
+    tokenizer. Raises ``RuntimeError`` with the reason when the package is not installed."""
     reason = smollm2_missing()
     if reason:
         raise RuntimeError(reason)
@@ -64,7 +60,17 @@ def smollm2_head(text_path: str, num_queries: int, context: int = 256, progress:
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, torch_dtype=torch.float32)
     finally:
         hf_logging.set_verbosity(verbosity)
-    model.eval()
+    return model.eval(), tok
+
+
+def smollm2_head(text_path: str, num_queries: int, context: int = 256, progress: bool = False) -> TrainedHead:
+    """SmolLM2-135M's output layer and ``num_queries`` last hidden states on the text of ``text_path``.
+
+    The text is cut into windows of ``context`` tokens; every position of a window gives a query (its
+    hidden state after the final norm, what ``lm_head`` multiplies). Raises ``RuntimeError`` with the
+    reason when the package is not installed.
+    """
+    model, tok = load_smollm2()
     with open(text_path) as f:
         text = " ".join(line.strip() for line in f if line.strip() and not line.startswith(" ="))
     ids = tok(text[: 40 * num_queries + 40 * context], return_tensors="pt").input_ids[0]
