@@ -431,9 +431,11 @@ def main(argv=None) -> List[Dict]:
     tasks = args.tasks or [t for t in TASKS if t not in LM_TASKS or (t == "ptb" and has[t])]
     for name in tasks:
         if name in LM_TASKS and not has[name]:
-            where = (
-                f"--trunk {args.trunk}" if name == "ptb" else f"--wt2-dir {args.wt2_dir} (no {', '.join(wt2_files)})"
-            )
+            where = {
+                "ptb": f"--trunk {args.trunk}",
+                "wikitext-2": f"--wt2-dir {args.wt2_dir} (no {', '.join(wt2_files)})",
+                "smollm2": f"--states {args.states} (python -m recipes.upgrade_table caches them there)",
+            }[name]
             raise SystemExit(f"{name}: nothing at {where}; point it to the right place, or leave out the {name} task")
     if args.tasks is None and not has["ptb"]:
         print(f"(ptb skipped: no trunk at {args.trunk})")
