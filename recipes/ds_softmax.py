@@ -223,6 +223,7 @@ def run_task(task: Task, args, experts: int) -> Dict:
     with torch.no_grad():
         covered = float(ds.mask[ds._route(task.test_h)[0], task.test_y].float().mean())
     timed = {"softmax": full, "ds_softmax": ds}
+    load = os.getloadavg()[0]  # the machine's 1-minute load when the timing began (other jobs slow it)
     times = time_top1(timed, task.test_h, args.timing_rounds, args.timing_queries)
     cpe = torch.tensor(report["classes_per_expert"]).float()
     result = {
@@ -243,6 +244,8 @@ def run_task(task: Task, args, experts: int) -> Dict:
         "flops_reduction": report["flops_reduction"],
         "ms_per_query": {b: {n: 1e3 * v for n, v in t.items()} for b, t in times.items()},
         "speedup": {b: t["softmax"] / t["ds_softmax"] for b, t in times.items()},
+        "timing_load": [load, os.getloadavg()[0]],
+        "threads": torch.get_num_threads(),
         "info": task.info,
     }
     if control is not None:
