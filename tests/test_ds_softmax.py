@@ -90,6 +90,10 @@ def test_topk_asks_for_more_classes_than_an_expert_keeps():
         full = head(hidden)
     torch.testing.assert_close(lp, full.topk(k, dim=-1).values)
     assert not torch.isfinite(lp).all()  # the rows whose expert keeps fewer than k classes end in -inf
+    for batch in (hidden, hidden[:1]):  # inside fast_decoding the forward reads topk, whose fallback is not forward
+        with torch.no_grad(), hf_heads.fast_decoding(head, k=k):
+            fast = head(batch)
+        torch.testing.assert_close(fast.topk(k, dim=-1).values, head(batch).topk(k, dim=-1).values)
 
 
 def test_inference_tables_follow_weight_and_mask_changes():

@@ -169,11 +169,7 @@ class OutputHead(VocabularyMixin, nn.Module):
     def _top_log_probs_2d(self, h: torch.Tensor, k: int) -> torch.Tensor:
         """:meth:`topk` of ``h`` ``[N, d1]`` spread over ``[N, V]``: its log-probs at its ids, ``-inf`` elsewhere (a
         head without a fast ``topk``: its full distribution's top ``k``)."""
-        k = min(k, self.config.vocab_size)
-        if type(self).topk is OutputHead.topk:  # the default topk reads forward: take the full distribution's
-            lp, idx = self.log_probs_2d(h).topk(k, dim=-1)
-        else:
-            lp, idx = self.topk(h, k)
+        lp, idx = self.topk(h, min(k, self.config.vocab_size))
         return lp.new_full((h.shape[0], self.config.vocab_size), -math.inf).scatter_(1, idx, lp)
 
     def loss(
@@ -359,9 +355,14 @@ class OutputHead(VocabularyMixin, nn.Module):
         loaders that bypass the head's load hook and leave missing entries uninitialised)."""
 
     def topk(self, hidden: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The ``k`` most probable tokens: ``(log_probs, indices)``, each ``[..., k]``, best first."""
+        """The ``k`` most probable tokens: ``(log_probs, indices)``, each ``[..., k]``, best first (of the full
+        distribution, :meth:`log_probs_2d`, also inside :func:`hf_heads.fast_decoding`, whose forward reads this)."""
         check_int(self.head_name, "k", k, 1, self.config.vocab_size)
-        return self.forward(hidden).topk(k, dim=-1)
+        h = self._flat_hidden(hidden)
+        with functional.autocast_off(h):
+            top, idx = self.log_probs_2d(h).topk(k, dim=-1)
+        shape = (*hidden.shape[:-1], k)
+        return top.view(shape), idx.view(shape)
 
     def extra_repr(self) -> str:
         c = self.config
