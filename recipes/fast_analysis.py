@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from recipes.ds_softmax import PAPER as POSTER
 from recipes.ds_softmax import from_json
+from recipes.common.stats import format_p, holm
 
 
 #: the poster's SVD-10 column (top-1 accuracy full -> SVD, FLOPs reduction, ms full -> SVD, on a GPU)
@@ -26,20 +28,38 @@ PLOTS = ("svd-spectra.png", "svd-ppl-vs-window.png")
 WITHIN = 0.01  # the smallest preview window keeps the perplexity within this (relative) of the exact softmax's
 
 
-def collect(svd: Optional[str], ds: Optional[str], out_dir: str, note: Optional[str], figures: str = "") -> None:
-    """Copy the runs' ``results.json`` into ``out_dir`` as ``svd_study.json`` / ``ds_wt2.json``, each as
-    ``{"notes": [...], "results": [...]}``, and the SVD study's plots into ``figures`` (default ``out_dir``)."""
+def collect(svd: Optional[str], ds: Sequence[str], out_dir: str, note: Optional[str], figures: str = "") -> None:
+    """Copy the SVD study's ``results.json`` into ``out_dir`` as ``svd_study.json`` (``{"notes": [...], "results":
+    [...]}``), its plots into ``figures`` (default ``out_dir``); merge the rows of each DS-Softmax run in ``ds`` into
+    ``ds.json`` (``{"notes": {task: [...]}, "results": [...]}``): a task collected again replaces that task's rows
+    and notes, the other tasks' stay."""
     figures = figures or out_dir
     for folder in (out_dir, figures):
         os.makedirs(folder, exist_ok=True)
-    for run, name in [(r, n) for r, n in ((svd, "svd_study"), (ds, "ds_wt2")) if r]:
-        path = os.path.join(run, "results.json")
-        if not os.path.isfile(path):
-            raise SystemExit(f"--{name.split('_')[0]} {run}: no results.json there (run its command first)")
-        with open(path) as f, open(os.path.join(out_dir, f"{name}.json"), "w") as out:
-            json.dump({"notes": [note] if note else [], "results": json.load(f)}, out, indent=1)
-        for plot in PLOTS if name == "svd_study" else ():
-            shutil.copyfile(os.path.join(run, plot), os.path.join(figures, plot))
+    if svd:
+        with open(os.path.join(out_dir, "svd_study.json"), "w") as out:
+            json.dump({"notes": [note] if note else [], "results": _results(svd, "--svd")}, out, indent=1)
+        for plot in PLOTS:
+            shutil.copyfile(os.path.join(svd, plot), os.path.join(figures, plot))
+    if ds:
+        merged = load(out_dir, "ds") or {"notes": {}, "results": []}
+        new = [r for run in ds for r in _results(run, "--ds")]
+        tasks = list(dict.fromkeys(r["task"] for r in new))
+        merged["results"] = [r for r in merged["results"] if r["task"] not in tasks] + new
+        merged["notes"] = {
+            **{t: n for t, n in merged["notes"].items() if t not in tasks},
+            **{t: [note] if note else [] for t in tasks},
+        }
+        with open(os.path.join(out_dir, "ds.json"), "w") as out:
+            json.dump(merged, out, indent=1)
+
+
+def _results(run: str, option: str) -> List[Dict]:
+    path = os.path.join(run, "results.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"{option} {run}: no results.json there (run its command first)")
+    with open(path) as f:
+        return json.load(f)
 
 
 def load(out_dir: str, name: str) -> Optional[Dict]:
@@ -75,18 +95,68 @@ def _source(name: str, p: Dict, fast: str) -> Dict:
     return {**p, "ms": list(p["ms"]), **extra}
 
 
-def _ds(r: Dict) -> Dict:
-    """A DS-Softmax row's batch-1 speed-up as a share of its FLOPs reduction, and its top-1 gain."""
-    top1 = r["top1_ds"] - r["top1_softmax"]
-    return {"experts": r["experts"], "wall_per_flops": r["speedup"][1] / r["flops_reduction"], "top1": top1}
+#: the poster's corpus of a DS task
+POSTER_OF = {"ptb": "PTB", "wikitext-2": "Wiki-2"}
+
+
+def _ds(rows: List[Dict]) -> List[Dict]:
+    """Per DS-Softmax row: its batch-1 speed-up as a share of its FLOPs reduction, its top-1 against the LM's softmax
+    and (where the run had it) against the softmax given the same extra training, with McNemar's p of both, Holm-
+    adjusted over every test of the page; and whether its FLOPs reduction is the nearest its task has to the
+    poster's (by ratio)."""
+    tests = [(i, k) for i, r in enumerate(rows) for k in ("ds_vs_control", "control_vs_lm") if f"mcnemar_{k}" in r]
+    adjusted = dict(zip(tests, holm([rows[i][f"mcnemar_{k}"]["p"] for i, k in tests])))
+    out = []
+    for i, r in enumerate(rows):
+        d = {
+            "task": r["task"],
+            "experts": r["experts"],
+            "wall_per_flops": r["speedup"][1] / r["flops_reduction"],
+            "top1": r["top1_ds"] - r["top1_softmax"],
+        }
+        if "top1_control" in r:
+            d.update(
+                top1_vs_control=r["top1_ds"] - r["top1_control"],
+                p_vs_control=adjusted[i, "ds_vs_control"],
+                control_vs_lm=r["top1_control"] - r["top1_softmax"],
+                p_control_vs_lm=adjusted[i, "control_vs_lm"],
+            )
+        if r["task"] in POSTER_OF:
+            gap = abs(math.log(r["flops_reduction"] / POSTER[POSTER_OF[r["task"]]]["flops"]))
+            others = [
+                abs(math.log(o["flops_reduction"] / POSTER[POSTER_OF[r["task"]]]["flops"]))
+                for o in rows
+                if o["task"] == r["task"]
+            ]
+            d["nearest_poster"] = gap == min(others)
+        out.append(d)
+    return out
+
+
+def ds_rows(ds: Dict, nums: Dict) -> Tuple[List[Dict], List[Dict], List[Dict]]:
+    """The DS tables' rows: the runs' rows, each with its derived numbers (``points``: top-1 differences in points;
+    ``nearest``: the poster's FLOPs reduction where the row is its task's nearest to it), and those with a control
+    (``p1``, ``p2``: the adjusted p of DS against the control and of the control against the LM, as printed)."""
+    rows = [from_json(r) for r in ds["results"]]
+    cmp, control = [], []
+    for r, d in zip(rows, nums["ds"]):
+        near = POSTER[POSTER_OF[r["task"]]]["flops"] if d.get("nearest_poster") else None
+        speed = {"s1": r["speedup"][1], "s64": r["speedup"][64], "points": 100 * d["top1"]}
+        cmp.append({**r, **d, **speed, "nearest": f"yes ({near:.2f}x)" if near else ""})
+        if "top1_control" in r:
+            p = {"p1": format_p(d["p_vs_control"]), "p2": format_p(d["p_control_vs_lm"])}
+            control.append(
+                {**r, **p, "points_control": 100 * d["top1_vs_control"], "points_lm": 100 * d["control_vs_lm"]}
+            )
+    return rows, cmp, control
 
 
 def derived(ds: Optional[Dict], svd: Optional[Dict]) -> Dict:
     """The numbers the tables and the reading cite that no run's json holds (``numbers.json``)."""
     return {
         "within": WITHIN,
-        "sources": [_source("DS-64 Wiki-2", POSTER["Wiki-2"], "ds")]
+        "sources": [_source(f"DS-64 {k}", p, "ds") for k, p in POSTER.items()]
         + [_source(f"SVD-10 {k}", p, "svd") for k, p in POSTER_SVD.items()],
-        "ds": [_ds(from_json(r)) for r in (ds["results"] if ds else [])],
+        "ds": _ds([from_json(r) for r in ds["results"]]) if ds else [],
         "svd": [_setting(r) for r in (svd["results"] if svd else [])],
     }

@@ -1,14 +1,13 @@
-"""The fast-softmax study page, ``docs/fast_softmax_study.md``, generated from the runs of its two commands.
+"""The fast-softmax study page, ``docs/fast_softmax_study.md``, generated from the runs of its commands.
 
     python -m recipes.svd_study --out results/svd_study
-    python -m recipes.ds_softmax --tasks wikitext-2 --experts 16 32 64 --out results/ds_wt2
-    python -m recipes.fast_report --svd results/svd_study --ds results/ds_wt2    # copies, then writes the page
-    python -m recipes.fast_report --no-collect                                   # the page from the committed json
+    python -m recipes.ds_softmax --tasks ptb wikitext-2 smollm2 --out results/ds
+    python -m recipes.fast_report --svd results/svd_study --ds results/ds    # collects (--ds: one or more), writes
+    python -m recipes.fast_report --no-collect                               # the page from the committed json
 
-Collecting (:mod:`recipes.fast_analysis`) copies each run's ``results.json`` (with the ``--note``: e.g. the load
-while it was timed) into ``records/fast_softmax_study/``, the SVD plots into ``docs/fast_study/``; the page is written
-from those only: tables (ours beside the poster's rows), plots, commands, the hand-written reading (:data:`READING`),
-and ``numbers.json`` there, the derived numbers the tables and the reading cite.
+Collecting (:mod:`recipes.fast_analysis`) copies the runs' ``results.json`` (and the ``--note``) into
+``records/fast_softmax_study/``, the SVD plots into ``docs/fast_study/``; the page is written from those only: tables,
+plots, commands, the hand-written reading (:data:`READING`), and ``numbers.json``, the numbers they cite.
 """
 
 from __future__ import annotations
@@ -21,10 +20,9 @@ from typing import Dict, List, Tuple
 
 from recipes.common.data import CHECKOUT, records
 from recipes.common.reading import written_reading
-from recipes.fast_analysis import collect, derived, load, method_rows
+from recipes.fast_analysis import collect, derived, ds_rows, load, method_rows
 from recipes.ds_softmax import HEADER as DS_HEADER
 from recipes.ds_softmax import format_row as ds_row
-from recipes.ds_softmax import from_json
 
 DOCS = os.path.join(CHECKOUT, "docs")
 RECORDS = os.path.join(CHECKOUT, records("fast_softmax_study"))  # the committed json and the derived numbers
@@ -34,8 +32,18 @@ FORMATS = tuple(f"{{:.{n}f}}".format for n in range(4))
 EXCEPTIONS = ()  # the reading's numbers that are no json value as the page prints it, each with why (at most ten)
 #: the tables' (header, row) pairs, the rows ``str.format`` templates of a row's fields
 DS_CMP = (
-    "| E | FLOPs reduction | speed-up b=1 | wall-clock / FLOPs at b=1 | speed-up b=64 | top-1 DS - softmax |",
-    "| {experts} | {flops_reduction:.1f}x | {s1:.1f}x | {wall_per_flops:.2f} | {s64:.1f}x | {points:+.2f} points |",
+    "| task | E | FLOPs reduction | nearest the poster's | speed-up b=1 | wall-clock / FLOPs at b=1 | speed-up b=64 | "
+    "top-1 DS - LM's softmax |",
+    "| {task} | {experts} | {flops_reduction:.1f}x | {nearest} | {s1:.1f}x | {wall_per_flops:.2f} | {s64:.1f}x | "
+    "{points:+.2f} points |",
+)
+#: DS-Softmax beside the softmax given the same extra training (p: McNemar's, Holm-adjusted over the page's tests)
+DS_CONTROL = (
+    "| task | E | top-1: LM's softmax | control | DS | DS - control | p | control - LM | p | perplexity: LM | "
+    "control | DS (covered tokens) | control (covered tokens) |",
+    "| {task} | {experts} | {top1_softmax:.4f} | {top1_control:.4f} | {top1_ds:.4f} | {points_control:+.2f} points | "
+    "{p1} | {points_lm:+.2f} points | {p2} | {ppl_lm:.2f} | {ppl_control:.2f} | {ppl_ds_covered:.2f} | "
+    "{ppl_control_covered:.2f} |",
 )
 SOURCE = (
     "| source (a GPU) | top-1 full -> fast | FLOPs reduction | ms full -> fast | wall-clock speed-up | "
@@ -57,8 +65,7 @@ TIMING = dict(ms_per_token="{:.3f}", speedup="{:.2f}x", ms_per_target="{:.3f}", 
 
 
 def table(template: Tuple[str, str], rows: List[Dict]) -> List[str]:
-    header, row = template
-    return [header, "|" + "---|" * (header.count("|") - 1), *(row.format(**r) for r in rows), ""]
+    return [template[0], "|" + "---|" * (template[0].count("|") - 1), *(template[1].format(**r) for r in rows), ""]
 
 
 def fill(*texts: str) -> List[str]:
@@ -67,28 +74,23 @@ def fill(*texts: str) -> List[str]:
 
 
 def ds_tables(ds: Dict, nums: Dict) -> List[str]:
-    """DS-Softmax on WikiText-2, every expert count, its wall-clock against its FLOPs, and the poster's row."""
-    rows = [from_json(r) for r in ds["results"]]
-    cmp = [
-        {**r, **d, "s1": r["speedup"][1], "s64": r["speedup"][64], "points": 100 * d["top1"]}
-        for r, d in zip(rows, nums["ds"])
-    ]
+    """DS-Softmax's rows, its wall-clock against its FLOPs, its top-1 beside the control, and the poster's rows."""
+    rows, cmp, control = ds_rows(ds, nums)
     head = [DS_HEADER, "|" + "---|" * (DS_HEADER.count("|") - 1), *map(ds_row, rows), "", *table(DS_CMP, cmp)]
-    caption = "DS-Softmax on WikiText-2 (the poster's headline row) on this CPU, and the poster's row (a GPU):"
-    return [caption, "", *head, *table(SOURCE, [s for s in nums["sources"] if s["name"].startswith("DS")])]
+    caption = "Beside the softmax given the same extra training (the control); p: McNemar's, Holm-adjusted:"
+    lines = ["DS-Softmax on the study's LMs on this CPU, and the poster's rows (a GPU):", "", *head]
+    lines += [caption, "", *table(DS_CONTROL, control)] if control else []
+    return lines + table(SOURCE, [s for s in nums["sources"] if s["name"].startswith("DS")])
 
 
 def svd_section(svd: Dict, nums: Dict) -> List[str]:
     """Per setting, SVD-softmax's perplexity against W (both previews) and, timed at the largest N, beside the
     hierarchical softmax; the plots and the poster's SVD-10 column."""
     lines = ["## SVD-softmax as the slides measure it", ""] + fill(
-        "`python -m recipes.svd_study`: per output layer, the perplexity of SVD-softmax's whole distribution (exact "
-        "logits for the N best previews, preview logits elsewhere) on held-out text, its top-1 agreement and top-10 "
-        "overlap with the exact softmax, multiplications per token against V d, and the time per token at batch 1 "
-        "(interleaved with the exact softmax in the same process, medians).",
+        "`python -m recipes.svd_study` (its module docstring says what it measures): per output layer, SVD-softmax "
+        "against the exact softmax, then beside the hierarchical softmax.",
         *(f"_{n}_" for n in svd["notes"]),
-        "![singular values](fast_study/svd-spectra.png)",
-        "![perplexity against the preview window](fast_study/svd-ppl-vs-window.png)",
+        "![singular values](fast_study/svd-spectra.png) ![perplexity against W](fast_study/svd-ppl-vs-window.png)",
     )
     for result, d in zip(svd["results"], nums["svd"]):
         by = {(r["N"], r["W"], r["preview"]): r for r in method_rows(result)}
@@ -110,9 +112,9 @@ def render(out_dir: str, docs: str) -> Tuple[str, Dict]:
     """The page from the json in ``out_dir`` (linked relative to ``docs``) and the reading in ``docs``, and its
     derived numbers."""
     records_link, records_shown = os.path.relpath(out_dir, docs), os.path.relpath(out_dir, os.path.dirname(docs))
-    svd, ds = load(out_dir, "svd_study"), load(out_dir, "ds_wt2")
+    svd, ds = load(out_dir, "svd_study"), load(out_dir, "ds")
     if svd is None and ds is None:
-        raise SystemExit(f"{out_dir}: neither svd_study.json nor ds_wt2.json (collect with --svd / --ds first)")
+        raise SystemExit(f"{out_dir}: neither svd_study.json nor ds.json (collect with --svd / --ds first)")
     nums = derived(ds, svd)
     lines = ["# Fast softmax, measured as its sources measure it", ""]
     lines += ds_tables(ds, nums) if ds else svd_section(svd, nums)  # the page opens with its table
@@ -123,11 +125,10 @@ def render(out_dir: str, docs: str) -> Tuple[str, Dict]:
         "[fast_inference.md](fast_inference.md), DS-Softmax's synthetic and PTB rows: [ds_softmax.md](ds_softmax.md)."
     )
     if ds:
-        lines += ["## DS-Softmax on WikiText-2: the command", ""] + fill(
-            "`python -m recipes.ds_softmax --tasks wikitext-2 --experts 16 32 64`: the LSTM LM of the mini "
-            "language-model tables trained on WikiText-2's shipped text, its softmax turned into DS-Softmax with E "
-            "experts (every expert starts from it), trained on the LM's hidden states, scored on `test.txt`.",
-            *(f"_{n}_" for n in ds["notes"]),
+        lines += ["## DS-Softmax: the command", ""] + fill(
+            "`python -m recipes.ds_softmax --tasks ptb wikitext-2 smollm2` (its module docstring says what it trains "
+            "and scores); the runs:",
+            *(f"_{task}: {n}_" for task, notes in ds["notes"].items() for n in notes),
         )
     lines += svd_section(svd, nums) if ds and svd else []
     return "\n".join(lines).rstrip() + "\n", nums
@@ -137,23 +138,22 @@ def main(argv=None) -> str:
     """Collect (unless ``--no-collect``), then write the page and ``numbers.json``; returns the page."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--svd", help="an output directory of `python -m recipes.svd_study`")
-    p.add_argument("--ds", help="an output directory of `python -m recipes.ds_softmax --tasks wikitext-2`")
+    p.add_argument("--ds", nargs="+", default=[], help="output folders of `python -m recipes.ds_softmax`")
     p.add_argument("--note", help="a sentence kept with the collected numbers (e.g. how the machine was loaded)")
     p.add_argument("--no-collect", action="store_true", help="only write the page from the committed json")
     p.add_argument("--docs", default=DOCS, help="the docs directory (the page, its reading; its plots in fast_study/)")
     p.add_argument("--records", default=RECORDS, help="the folder of the committed json and the derived numbers")
     args = p.parse_args(argv)
-    out_dir = args.records
     if not args.no_collect:
         if not (args.svd or args.ds):
             p.error("--svd and/or --ds (or --no-collect)")
-        collect(args.svd, args.ds, out_dir, args.note, figures=os.path.join(args.docs, "fast_study"))
-    text, nums = render(out_dir, args.docs)
-    with open(os.path.join(out_dir, "numbers.json"), "w") as f:
+        collect(args.svd, args.ds, args.records, args.note, figures=os.path.join(args.docs, "fast_study"))
+    text, nums = render(args.records, args.docs)
+    with open(os.path.join(args.records, "numbers.json"), "w") as f:
         json.dump(nums, f, indent=1)
     with open(os.path.join(args.docs, "fast_softmax_study.md"), "w") as f:
         f.write(text)
-    print(f"wrote {f.name} and {os.path.join(out_dir, 'numbers.json')}")
+    print(f"wrote {f.name} and {os.path.join(args.records, 'numbers.json')}")
     return text
 
 

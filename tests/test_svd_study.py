@@ -180,27 +180,35 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     assert lines[0].startswith("# ") and lines[4].startswith("| task |")  # the title, one caption line, the table
     assert lines[6].startswith("| wikitext-2 | 21 | 8 | 2 (")  # the DS row, from the json
     assert "| poster DS-64 Wiki-2 | 0.257 -> 0.259 | 23.86x | 3.07 -> 0.15 | 20.5x | 0.86 |" in lines
+    assert "| poster DS-64 PTB | 0.252 -> 0.258 | 15.99x | 0.73 -> 0.05 | 14.6x | 0.91 |" in lines
     assert "| poster SVD-10 PTB | 0.252 -> 0.251 | 5.00x | 0.73 -> 0.18 | 4.1x | 0.81 |" in lines
-    assert "_timed beside two busy processes_" in text
+    assert "_timed beside two busy processes_" in text  # the SVD study's note
     assert "| 2 | 1 | " in text and "| 4 | 1 | " in text  # W = 2, 4 at N = 1, both previews
     classes = json.loads((tmp_path / "svd" / "results.json").read_text())[0]["rows"][-1]["classes"]
     assert f"| class_softmax ({classes} classes) |" in text and "| softmax (exact) |" in text
     assert f"| class_softmax (fitted to the softmax) ({classes} classes) |" in text
     assert "Reading" not in text  # no reading beside this page, and no sentence generated in its place
     assert max(len(line) for line in lines if not line.startswith("|")) <= 400
-    ds = json.loads((records / "ds_wt2.json").read_text())
+    ds = json.loads((records / "ds.json").read_text())
     svd = json.loads((records / "svd_study.json").read_text())
     nums = json.loads((records / "numbers.json").read_text())
     assert nums == json.loads(json.dumps(FA.derived(ds, svd)))
     (r,) = ds["results"]
-    assert nums["ds"] == [
-        {
-            "experts": 2,
-            "wall_per_flops": r["speedup"]["1"] / r["flops_reduction"],
-            "top1": r["top1_ds"] - r["top1_softmax"],
-        }
+    (d,) = nums["ds"]
+    assert d["wall_per_flops"] == r["speedup"]["1"] / r["flops_reduction"]
+    assert d["top1"] == r["top1_ds"] - r["top1_softmax"] and d["top1_vs_control"] == r["top1_ds"] - r["top1_control"]
+    assert d["control_vs_lm"] == r["top1_control"] - r["top1_softmax"] and d["nearest_poster"] is True  # one row
+    # two tests on the page: Holm multiplies the smaller p by 2, the larger keeps its own (at least the first)
+    raw = [r["mcnemar_ds_vs_control"]["p"], r["mcnemar_control_vs_lm"]["p"]]
+    assert sorted([d["p_vs_control"], d["p_control_vs_lm"]]) == [
+        min(1, 2 * min(raw)),
+        max(min(1, 2 * min(raw)), max(raw)),
     ]
     assert f"| {r['speedup']['1'] / r['flops_reduction']:.2f} |" in text
+    control_row = f"| wikitext-2 | 2 | {r['top1_softmax']:.4f} | {r['top1_control']:.4f} | {r['top1_ds']:.4f} |"
+    assert any(line.startswith(control_row) for line in lines)
+    assert f"| {r['ppl_ds_covered']:.2f} | {r['ppl_control_covered']:.2f} |" in text
+    assert "_wikitext-2: timed beside two busy processes_" in text
     for plot in FA.PLOTS:
         assert (docs / "fast_study" / plot).stat().st_size > 100
     # the page again from the committed json alone: the same text
@@ -208,6 +216,34 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     assert "from `records/fast_softmax_study/*.json`" in text and "(../records/fast_softmax_study/numbers.json)" in text
     with pytest.raises(SystemExit):
         FR.main(["--docs", str(docs), "--records", str(records)])  # nothing to collect
+
+
+def test_fast_study_collect_merges_ds_runs_by_task(tmp_path):
+    """Each DS run collected adds its tasks' rows (and the note) to ds.json; a task collected again replaces its own
+    rows and notes only."""
+    from recipes import fast_analysis as FA
+
+    def run(name, rows):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(rows))
+        return str(tmp_path / name)
+
+    out = str(tmp_path / "records")
+    a = run("a", [{"task": "ptb", "experts": 16}, {"task": "ptb", "experts": 64}])
+    b = run("b", [{"task": "smollm2", "experts": 4}])
+    c = run("c", [{"task": "ptb", "experts": 8}])
+    FA.collect(None, [a], out, "first")
+    FA.collect(None, [b], out, None)
+    assert FA.load(out, "ds") == {
+        "notes": {"ptb": ["first"], "smollm2": []},
+        "results": [{"task": "ptb", "experts": 16}, {"task": "ptb", "experts": 64}, {"task": "smollm2", "experts": 4}],
+    }
+    FA.collect(None, [c], out, "again")
+    got = FA.load(out, "ds")
+    assert got["results"] == [{"task": "smollm2", "experts": 4}, {"task": "ptb", "experts": 8}]
+    assert got["notes"] == {"smollm2": [], "ptb": ["again"]}
+    with pytest.raises(SystemExit, match="--ds .*nowhere: no results.json"):
+        FA.collect(None, [str(tmp_path / "nowhere")], out, None)
 
 
 def test_fast_study_committed_page_numbers_and_reading():
@@ -230,7 +266,7 @@ def test_fast_study_committed_page_numbers_and_reading():
     with open(os.path.join(FR.DOCS, FR.READING)) as f:
         reading = f.read()
     assert max(len(line) for line in reading.splitlines()) <= 120
-    values = number_values(nums) + [v for n in ("ds_wt2", "svd_study") for v in number_values(FA.load(out_dir, n))]
+    values = number_values(nums) + [v for n in ("ds", "svd_study") for v in number_values(FA.load(out_dir, n))]
     assert len(FR.EXCEPTIONS) <= 10
     assert unmatched_numbers(reading, values, FR.FORMATS, FR.EXCEPTIONS) == []
     assert unmatched_numbers("65.1x and 37%", values, FR.FORMATS) == ["65.1x"]  # 37%: 64 experts' 0.37 of the FLOPs
