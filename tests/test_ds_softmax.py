@@ -44,6 +44,15 @@ def test_eval_log_probs_match_reference_with_masks_and_minus_inf_outside_the_exp
     torch.testing.assert_close(lp.exp().sum(-1), torch.ones(20, dtype=torch.float64))
 
 
+def test_eval_nll_is_the_chosen_experts_log_softmax_at_the_target_and_inf_where_it_is_pruned():
+    head = _pruned_head().eval()
+    hidden, target = _hidden(64), torch.randint(0, V, (64,), generator=torch.Generator().manual_seed(4))
+    nll = head.nll_2d(hidden, target)
+    ref = -head.log_probs_2d(hidden).gather(1, target[:, None]).squeeze(1)
+    assert 0 < int(torch.isinf(nll).sum()) < 64 and torch.equal(torch.isinf(nll), torch.isinf(ref))
+    torch.testing.assert_close(nll[torch.isfinite(nll)], ref[torch.isfinite(ref)])
+
+
 def test_training_mode_gives_pruned_classes_logit_zero():
     head = _pruned_head(gate_noise=False).double().train()
     hidden = _hidden(9).double()

@@ -16,6 +16,8 @@ pruned classes keep logit 0 in training (``(x W_e) * m_e``) and are skipped at i
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -332,10 +334,25 @@ class DSSoftmaxHead(OutputHead):
         return out
 
     def nll_2d(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return super().nll_2d(hidden, target)
+        """Training: the dense logits' cross-entropy. Evaluation: the chosen expert's log-softmax at the target, an
+        ``[n, n_e]`` block per expert (no ``[N, V]`` tensor); a target the expert pruned has NLL ``inf``."""
         expert, gate = self._route(hidden)
-        return F.cross_entropy(self._dense_logits(hidden, expert, gate), target, reduction="none")
+        if self.training:
+            return F.cross_entropy(self._dense_logits(hidden, expert, gate), target, reduction="none")
+        order, groups = functional.group_rows(expert)
+        ws, bs = self._per_expert()
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        out = torch.full((hidden.shape[0],), math.inf, dtype=dtype, device=hidden.device)
+        pos = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=hidden.device)  # id -> column
+        for e, lo, hi in groups:
+            rows = order[lo:hi]
+            idx, lp = self._expert_log_probs(hidden[rows], gate[rows], e, ws, bs)
+            pos[idx] = torch.arange(len(idx), device=pos.device)
+            col = pos[target[rows]]
+            nll = -lp.gather(1, col.clamp(min=0)[:, None]).squeeze(1)
+            out = out.index_put((rows,), torch.where(col >= 0, nll, math.inf).to(dtype))
+            pos[idx] = -1
+        return out
 
     def topk(self, hidden: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """In evaluation mode without gradients, computes only the chosen expert's surviving classes
