@@ -23,7 +23,7 @@ expert keeps, how pure the experts are with respect to the hidden super classes 
 and the wall-clock time of ``head.topk(hidden, 1)`` at batch 1 and 64 against the full softmax's, measured in the
 same run (interleaved rounds, medians; :mod:`hf_heads.cli.timing`).
 
-    python -m recipes.ds_softmax                                   # every task but wikitext-2, ~13 min on 2 cores
+    python -m recipes.ds_softmax                                   # the synthetic tasks and ptb (each row: its seconds)
     python -m recipes.ds_softmax --tasks synthetic-10x10 --steps 300
     python -m recipes.ds_softmax --tasks wikitext-2 --experts 16 32 64   # the poster's Wiki-2 row and its curve
 """
@@ -36,6 +36,7 @@ import dataclasses
 import json
 import math
 import os
+import resource
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -136,11 +137,13 @@ def default_experts(name: str) -> int:
     return hierarchy_shape(name)[0] if name.startswith("synthetic-") else 16
 
 
-def valid_stop(task: Task, head, args) -> Optional[ValidStop]:
+def valid_stop(task: Task, head, args, baseline: bool = False) -> Optional[ValidStop]:
     """The valid-based stop of a head trained on a train-split LM's states (None on a task without valid states):
-    top-1 on valid every ``steps / 20`` steps over the second half of training (DS-Softmax prunes in the first), the
-    best score's weights kept, ``--stop-patience`` scores without a new best end it. The same rule for DS-Softmax and
-    its softmax control."""
+    top-1 on valid every ``steps / 20`` steps over the second half of training, the best score's weights kept,
+    ``--stop-patience`` scores without a new best end it. The same rule for DS-Softmax and its softmax control; the
+    control (``baseline``) also scores the LM's softmax as it came (step 0), so extra training that only hurts it is
+    not kept. DS-Softmax prunes from ``steps / 5`` on, every ``steps / 50`` steps to the end: the stop also picks its
+    sparsity (its FLOPs) among the scored steps."""
     if task.valid_h is None:
         return None
     return ValidStop(
@@ -148,13 +151,14 @@ def valid_stop(task: Task, head, args) -> Optional[ValidStop]:
         every=max(1, args.steps // 20),
         start=args.steps // 2,
         patience=args.stop_patience,
+        baseline=baseline,
     )
 
 
-def trained(task: Task, head, args, lr: float, steps: int, desc: str) -> Dict:
+def trained(task: Task, head, args, lr: float, steps: int, desc: str, baseline: bool = False) -> Dict:
     """Train ``head`` on the task's train states (:func:`train_head`, with :func:`valid_stop` where the task has valid
     states); what the run did: its seconds, and the stop's steps and curve."""
-    stop = valid_stop(task, head, args)
+    stop = valid_stop(task, head, args, baseline)
     secs = train_head(
         head, task.train_h, task.train_y, steps, args.batch, lr, args.seed, desc, not args.no_progress, stop
     )
@@ -185,11 +189,11 @@ def control_scores(task: Task, lm_softmax, control, ds, hits_ds: torch.Tensor) -
     }
 
 
-def run_task(task: Task, args, experts: int) -> Dict:
-    d = task.train_h.shape[1]
-    V = task.vocab_size
-    print(f"\n== {task.name}: V={V}, d={d}, {len(task.train_y)} train / {len(task.test_y)} test")
-    runs = {}
+def softmaxes(task: Task, args) -> Tuple[torch.nn.Module, Optional[torch.nn.Module], Dict]:
+    """The task's full softmax (trained here on a synthetic task, the LM's own on a language model) and, on a task
+    with valid states, the control: a copy of it given DS-Softmax's extra training (optimizer, lr, steps, stop; no
+    dropout, as DS-Softmax has none); the runs' records. One per task: every E is compared with the same control."""
+    d, V, runs = task.train_h.shape[1], task.vocab_size, {}
     if task.softmax is None:
         full = hf_heads.build_head("softmax", hidden_size=d, vocab_size=V)
         runs["softmax"] = trained(task, full, args, args.lr, args.softmax_steps, f"{task.name} softmax")
@@ -197,9 +201,22 @@ def run_task(task: Task, args, experts: int) -> Dict:
     else:
         full = task.softmax
     control = None
-    if task.valid_h is not None:  # the LM's softmax given DS-Softmax's extra training: optimizer, steps, stop
+    if task.valid_h is not None:
         control = copy.deepcopy(full)
-        runs["control"] = trained(task, control, args, args.ds_lr, args.steps, f"{task.name} softmax control")
+        if isinstance(getattr(control, "dropout", None), torch.nn.Dropout):
+            control.dropout.p = 0.0  # PTB's trunk head was trained with dropout on its input; DS-Softmax has none
+        runs["control"] = trained(task, control, args, args.ds_lr, args.steps, f"{task.name} control", baseline=True)
+    return full, control, runs
+
+
+def run_task(task: Task, args, experts: int, trained_softmaxes: Tuple) -> Dict:
+    """DS-Softmax with ``experts`` experts on ``task`` beside :func:`softmaxes`' heads (``trained_softmaxes``):
+    the row of results."""
+    d = task.train_h.shape[1]
+    V = task.vocab_size
+    print(f"\n== {task.name}: V={V}, d={d}, E={experts}, {len(task.train_y)} train / {len(task.test_y)} test")
+    full, control, softmax_runs = trained_softmaxes
+    runs = dict(softmax_runs)
     # the group lasso acts per class row while each row's share of the cross-entropy gradient shrinks
     # like 1/V: coefficients that prune cleanly scale like 1/V (measured: 0.1 at V=100 ... 0.001 at V=10,000)
     options = {"num_experts": experts, "group_lasso": args.lasso_per_class / V, **args.ds_options}
@@ -246,10 +263,13 @@ def run_task(task: Task, args, experts: int) -> Dict:
         "speedup": {b: t["softmax"] / t["ds_softmax"] for b, t in times.items()},
         "timing_load": [load, os.getloadavg()[0]],
         "threads": torch.get_num_threads(),
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # the process's, so far
+        "settings": settings(args),
         "info": task.info,
     }
     if control is not None:
         result.update(control_scores(task, full, control, ds, hits_ds))
+        result["valid_top1_lm"] = runs["control"]["valid_top1"][0]["score"]  # step 0: the LM's softmax as it came
         # kept for the decoding study (python -m recipes.decoding --head-dirs ...)
         hf_heads.save_head(ds, os.path.join(args.out, "heads", f"{task.name}-ds_softmax-{experts}"))
     if task.super_of is not None:
@@ -418,6 +438,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+#: the options a row depends on besides its task and E: a row of ``--resume`` is kept only when they are the same
+ROW_OPTIONS = (
+    "train_tokens",
+    "stop_patience",
+    "dim",
+    "per_class",
+    "ds_options",
+    "gate_init",
+    "lasso_per_class",
+    "steps",
+    "softmax_steps",
+    "batch",
+    "lr",
+    "ds_lr",
+    "seed",
+)
+
+
+def settings(args) -> Dict:
+    """The row's settings (:data:`ROW_OPTIONS`)."""
+    return {k: getattr(args, k) for k in ROW_OPTIONS}
+
+
 def main(argv=None) -> List[Dict]:
     args = parse_args(argv)
     if args.threads:
@@ -445,14 +488,16 @@ def main(argv=None) -> List[Dict]:
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
     done = load_rows(path) if args.resume and os.path.isfile(path) else []  # an earlier run's rows, kept
-    results = []
+    stale = [r for r in done if r.get("settings") != settings(args) and r["task"] in tasks]
+    if stale:
+        print(f"--resume: {len(stale)} row(s) of {path} ran with other settings than these: run again")
+    results = [r for r in done if r not in stale]  # every task's: a row is replaced only by its rerun
     for name in tasks:
         todo = [
             e
             for e in (args.experts or [default_experts(name)])
-            if not any(r["task"] == name and r["experts"] == e for r in done)
+            if not any(r["task"] == name and r["experts"] == e for r in results)
         ]
-        results += [r for r in done if r["task"] == name]
         if not todo:
             print(f"{name}: every expert count done ({path}), skipped")
             continue
@@ -474,8 +519,9 @@ def main(argv=None) -> List[Dict]:
         else:
             s, c = hierarchy_shape(name)
             task = make_hierarchy(s, c, args.dim, args.per_class, args.seed)
+        heads = softmaxes(task, args)
         for experts in todo:
-            results.append(run_task(task, args, experts))
+            results.append(run_task(task, args, experts, heads))
             with open(path, "w") as f:  # after every expert count: a run cut short keeps what it finished
                 json.dump(results, f, indent=2)
     table = format_table(results)

@@ -462,6 +462,13 @@ def test_ds_recipe_resume_without_experts_keeps_the_finished_default_row(tmp_pat
     assert first["experts"] == dsr.default_experts("wikitext-2") == 16
     assert dsr.main(argv + ["--resume"]) == [first]
     assert "every expert count done" in capsys.readouterr().out
+    # another task resumed into the same folder keeps this one's row; other settings run a row again
+    tasks = argv.index("--tasks") + 1
+    both = dsr.main(argv[:tasks] + ["synthetic-10x10"] + argv[tasks + 1 :] + ["--resume"])
+    assert [r["task"] for r in both] == ["wikitext-2", "synthetic-10x10"] and both[0] == first
+    again = dsr.main(argv + ["--resume", "--steps", "6"])
+    assert "1 row(s) of" in capsys.readouterr().out and [r["task"] for r in again] == ["synthetic-10x10", "wikitext-2"]
+    assert again[1]["settings"]["steps"] == 6
     assert dsr.default_experts("synthetic-100x100") == 100 and dsr.default_experts("ptb") == 16
 
 
@@ -472,10 +479,13 @@ def test_ds_recipe_gives_the_softmax_the_same_extra_training(tmp_path, monkeypat
     (r,) = dsr.main(tiny_wt2_argv(tmp_path, monkeypatch, "--experts", "2", "--stop-patience", "1"))
     runs = r["runs"]
     assert set(runs) == {"control", "ds_softmax"}
-    for run in runs.values():  # scored every 8 // 20 -> 1 step from step 4 on, patience 1
+    for name, run in runs.items():  # scored every 8 // 20 -> 1 step from step 4 on, patience 1
         steps = [e["step"] for e in run["valid_top1"]]
-        assert steps[0] == 4 and steps == list(range(4, run["stopped_at"] + 1))
+        first = [0] if name == "control" else []  # the control also scores the LM's softmax as it came
+        assert steps == first + list(range(4, run["stopped_at"] + 1))
         assert run["best_step"] in steps
+    assert r["valid_top1_lm"] == runs["control"]["valid_top1"][0]["score"]
+    assert r["settings"] == {**dsr.settings(dsr.parse_args([])), "steps": 8, "batch": 32, "stop_patience": 1}
     test_tokens = r["info"]["test_tokens"]
     for key, top1 in (("mcnemar_ds_vs_control", r["top1_ds"]), ("mcnemar_control_vs_lm", r["top1_control"])):
         m = r[key]
@@ -485,7 +495,7 @@ def test_ds_recipe_gives_the_softmax_the_same_extra_training(tmp_path, monkeypat
         assert 0 <= other <= 1
     assert r["mcnemar_control_vs_lm"]["difference"] == pytest.approx(r["top1_control"] - r["top1_softmax"])
     assert r["ppl_lm"] == pytest.approx(r["info"]["softmax_test_ppl"], rel=1e-5)
-    assert r["ppl_control"] != r["ppl_lm"]  # the control trained: its weights moved
+    assert (r["ppl_control"] != r["ppl_lm"]) == (runs["control"]["best_step"] > 0)  # kept its trained weights
     assert r["ppl_ds_covered"] > 0 and r["ppl_control_covered"] > 0
     saved = hf_heads.load_head(tmp_path / "o" / "heads" / "wikitext-2-ds_softmax-2")  # for the decoding study
     assert saved.head_name == "ds_softmax" and saved.config.num_experts == 2

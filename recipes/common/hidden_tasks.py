@@ -240,14 +240,16 @@ def train_lm(
 @dataclass
 class ValidStop:
     """A valid-based stop for :func:`train_head`: ``score()`` (higher is better: top-1 on held-out states) is taken
-    every ``every`` steps from step ``start`` on (and at the last step); the head ends with the weights of the best
-    score, and training stops after ``patience`` scores without a new best. ``curve`` (step, score), ``best_step``
-    and ``stopped_at`` are filled in."""
+    every ``every`` steps from step ``start`` on (and at the last step; with ``baseline``, also before the first, so
+    the head as it came is a candidate: step 0); the head ends with the weights of the best score, and training stops
+    after ``patience`` scores without a new best. ``curve`` (step, score), ``best_step`` and ``stopped_at`` are
+    filled in."""
 
     score: Callable[[], float]
     every: int
     start: int = 0
     patience: int = 3
+    baseline: bool = False
     curve: List[Dict] = field(default_factory=list)
     best_step: Optional[int] = None
     stopped_at: Optional[int] = None
@@ -302,6 +304,8 @@ def train_head(
     head.train()
     start = time.perf_counter()
     bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
+    if stop is not None and stop.baseline:
+        stop.check(head, -1)  # step 0: the head before training
     for step in bar:
         idx = torch.randint(0, len(y), (batch,), generator=g)
         loss = head.loss(h[idx], y[idx]) if loss_fn is None else loss_fn(head, h[idx], y[idx])

@@ -286,7 +286,7 @@ def split_task(
         from fairseq import checkpoint_utils
 
         states = {split: cached_trunk_features(trunk, trunk_data, split, out_dir) for split in ("train", *STREAMS)}
-        states["train"] = tuple(t[:train_tokens] for t in states["train"])
+        states["train"] = tuple(t[:train_tokens].clone() for t in states["train"])  # not a view of all of it
         models, _cfg, _fairseq_task = checkpoint_utils.load_model_ensemble_and_task(
             [trunk], arg_overrides={"data": trunk_data}
         )
@@ -334,7 +334,7 @@ def states_task(name: str, folder: str, head, train_tokens: int = 500_000) -> Ta
             raise FileNotFoundError(f"{name}: no cached states in {os.path.join(folder, split)} (shard-*.pt)")
         parts = [torch.load(p, weights_only=True) for p in shards]
         states[split] = (torch.cat([p["states"] for p in parts]).float(), torch.cat([p["targets"] for p in parts]))
-    states["train"] = tuple(t[:train_tokens] for t in states["train"])
+    states["train"] = tuple(t[:train_tokens].clone() for t in states["train"])  # not a view of all of it
     return make_task(name, states, head.eval(), {"states": folder})
 
 
