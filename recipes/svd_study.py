@@ -23,6 +23,7 @@ in the same run, medians); the same for ``class_softmax``; and the time of the l
 
     python -m recipes.svd_study --out results/svd_study                # ptb, wikitext-2, smollm2 (if installed)
     python -m recipes.svd_study --settings ptb --queries 500
+    python -m recipes.svd_study --out results/svd_study --resume       # keeps the settings finished with these options
 """
 
 from __future__ import annotations
@@ -296,6 +297,11 @@ def plot(results: List[Dict], out: str) -> List[str]:
     return ["svd-spectra.png", "svd-ppl-vs-window.png"]
 
 
+def options(args) -> Dict:
+    """What a setting's results depend on (every option but the settings, the output folder and how it is shown)."""
+    return {k: v for k, v in sorted(vars(args).items()) if k not in ("settings", "out", "quiet", "resume", "threads")}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -331,6 +337,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=os.path.join("results", "svd_study"))
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--resume", action="store_true", help="keep the settings OUT/results.json has with these options")
     args = p.parse_args(argv)
     for name in ("windows", "refine"):
         bad = [f for f in getattr(args, name) if not 0 < f <= 1]
@@ -346,15 +354,27 @@ def main(argv=None) -> List[Dict]:
     settings = args.settings or [s for s in SETTINGS if s != "smollm2" or smollm2_missing() is None]
     if args.settings is None and "smollm2" not in settings:
         print(f"(smollm2 skipped: {smollm2_missing()})")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
+    path, opts = os.path.join(args.out, "results.json"), options(args)
+    done = []
+    if args.resume and os.path.isfile(path):
+        with open(path) as f:  # an earlier run's settings, kept where it ran with these options
+            done = [r for r in json.load(f) if r.get("options") == opts]
     results = []
     for name in settings:
+        kept = [r for r in done if r["setting"] == name]
+        if kept:
+            print(f"[{name}] done ({path}), kept")
+            results += kept
+            continue
         s = smollm2_setting(args) if name == "smollm2" else lm_setting(name, args)
-        results.append(study(s, args))
+        results.append({**study(s, args), "options": opts, "threads": torch.get_num_threads()})
+        with open(path, "w") as f:  # after every setting: a run cut short keeps what it finished
+            json.dump(results, f, indent=1)
     text = "\n".join(format_table(r) for r in results)
     print("\n" + text)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text)
     names = plot(results, args.out)

@@ -85,27 +85,26 @@ def test_distilled_loss_is_the_cross_entropy_from_the_exact_distribution():
 
 
 def test_study_command_on_a_tiny_corpus(tmp_path, monkeypatch):
-    (result,) = SS.main(
-        [
-            *tiny_wt2_setting(tmp_path, monkeypatch),
-            "--queries",
-            "50",
-            "--windows",
-            "0.25",
-            "0.5",
-            "--refine",
-            "0.001",
-            "--hier-steps",
-            "3",
-            "--timing-queries",
-            "2",
-            "--timing-rounds",
-            "1",
-            "--quiet",
-            "--out",
-            str(tmp_path / "o"),
-        ]
-    )
+    argv = [
+        *tiny_wt2_setting(tmp_path, monkeypatch),
+        "--queries",
+        "50",
+        "--windows",
+        "0.25",
+        "0.5",
+        "--refine",
+        "0.001",
+        "--hier-steps",
+        "3",
+        "--timing-queries",
+        "2",
+        "--timing-rounds",
+        "1",
+        "--quiet",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    (result,) = SS.main(argv)
     methods = [(r["method"], r.get("preview"), r.get("W")) for r in result["rows"]]
     assert methods == [
         ("softmax (exact)", None, None),
@@ -125,6 +124,11 @@ def test_study_command_on_a_tiny_corpus(tmp_path, monkeypatch):
         assert (tmp_path / "o" / name).stat().st_size > 100
     with pytest.raises(SystemExit):
         SS.parse_args(["--windows", "0"])
+    # --resume keeps a setting finished with the same options (results.json is written after each), not another's
+    monkeypatch.setattr(SS, "study", lambda *a, **k: pytest.fail("studied again"))
+    assert SS.main(argv + ["--resume"]) == [result]
+    with pytest.raises(pytest.fail.Exception, match="studied again"):
+        SS.main(argv + ["--resume", "--queries", "40"])
 
 
 def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
