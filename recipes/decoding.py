@@ -257,7 +257,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--text", default=os.path.join(data_paths.corpus("wikitext-2"), "test.txt"), help="prompts' text")
     p.add_argument(
         "--heads",
-        nargs="+",
+        nargs="*",
         default=["softmax", "svd_softmax", "adaptive_sampling"],
         help="heads converted from the trained softmax (softmax: the softmax itself, its top-k as the fast path)",
     )
@@ -265,8 +265,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--head-dirs",
         nargs="*",
         default=[],
-        help=f"{LSTM_MODEL}: trained heads (hf_heads.save_head folders, e.g. the DS and SVD recipes' OUT/heads/*), "
-        "each measured under its folder's name",
+        help="trained heads (hf_heads.save_head folders of this model's sizes, e.g. the DS and SVD recipes' "
+        "OUT/heads/*), each measured under its folder's name",
     )
     p.add_argument("--wt2-dir", default=data_paths.corpus("wikitext-2"), help=f"{LSTM_MODEL}: the text it read")
     p.add_argument("--lm-dir", default=lms.LM_DIR, help=f"{LSTM_MODEL}: where it was trained")
@@ -284,20 +284,52 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} is out of range; allowed: an integer >= 1")
     if any(t < 1 for t in args.threads):
         p.error(f"--threads {args.threads}: allowed: integers >= 1")
-    if args.head_dirs and args.model != LSTM_MODEL:
-        p.error(f"--head-dirs: trained heads are measured on --model {LSTM_MODEL}")
     return args
 
 
+def trained_head(folder: str, vocab_size: int, hidden_size: int):
+    """The head saved in ``folder`` (:func:`hf_heads.save_head`), refused (``SystemExit`` naming it) when it was not
+    trained for this model's sizes."""
+    head = hf_heads.load_head(folder).eval()
+    sizes = (head.config.vocab_size, head.config.hidden_size)
+    if sizes != (vocab_size, hidden_size):
+        raise SystemExit(
+            f"--head-dirs {folder}: a head of V = {sizes[0]}, d = {sizes[1]}; this model's is V = {vocab_size}, "
+            f"d = {hidden_size} (a head trained on another model's states?)"
+        )
+    return head
+
+
+def with_trained_head(model, folder: str):
+    """A copy of the HF ``model`` whose output layer is the head saved in ``folder`` (its weights as trained, the
+    model's own untouched); a head that would tie to the input embedding is refused (loading it would move them)."""
+    weight = model.get_output_embeddings().weight
+    head = trained_head(folder, *weight.shape)
+    options = {k: v for k, v in head.config.to_dict().items() if k not in ("hidden_size", "vocab_size", "use_bias")}
+    converted = hf_heads.swap_head(copy.deepcopy(model), head.head_name, **options)
+    new = hf_heads.output_head(converted)
+    if new.weight is converted.get_input_embeddings().weight:
+        raise SystemExit(f"--head-dirs {folder}: a {head.head_name} head ties to the input embedding here")
+    new.load_state_dict(head.state_dict())
+    return converted.eval()
+
+
+def described(head, model: str, extra: Dict) -> Dict:
+    """What a measured head was: its name and options, the model, the dtype and the cache decoding used."""
+    return {"head": head.head_name, "config": head.config.to_dict(), "model": model, "dtype": "float32", **extra}
+
+
 def lstm_model(args):
-    """The fast study's WikiText-2 LSTM and its softmax (read from ``--lm-dir``, not trained here), the test ids."""
+    """The fast study's WikiText-2 LSTM and its softmax (read from ``--lm-dir``, not trained here), the test ids, and
+    what the LM is (its file, valid / test perplexity, best epoch)."""
     path = lms.lm_path(args.lm_dir, "wikitext-2", lms.LSTM_SETTINGS)
     if not os.path.isfile(path):
         raise SystemExit(
             f"--model {LSTM_MODEL}: no LSTM at {path}; train it: python -m recipes.common.lms --out {args.lm_dir}"
         )
-    lstm, softmax, _record = lms.train_split_lm(args.wt2_dir, "wikitext-2", args.lm_dir, progress=False)
-    return lstm, softmax, lms.split_ids(args.wt2_dir, lms.vocabulary(args.wt2_dir), "test")
+    lstm, softmax, record = lms.train_split_lm(args.wt2_dir, "wikitext-2", args.lm_dir, progress=False)
+    lm = {"path": path, **{k: record[k] for k in ("valid_ppl", "test_ppl", "best_epoch")}}
+    return lstm, softmax, lms.split_ids(args.wt2_dir, lms.vocabulary(args.wt2_dir), "test"), lm
 
 
 def main(argv=None, log=print) -> Dict:
@@ -315,17 +347,26 @@ def main(argv=None, log=print) -> Dict:
     trained = {os.path.basename(os.path.normpath(d)): d for d in args.head_dirs}
     todo = [name for name in [*args.heads, *trained] if name not in done["heads"]]
     if todo and args.model == LSTM_MODEL:
-        lstm, softmax, ids = lstm_model(args)
+        lstm, softmax, ids, lm = lstm_model(args)
+        cache = "the LSTM's recurrent state, carried from token to token"
     for name in todo:
         if args.model == LSTM_MODEL:
-            head = hf_heads.load_head(trained[name]) if name in trained else hf_heads.convert_head(softmax, name)
-            done["heads"][name] = measure_lstm(lstm, head.eval(), ids, args, log, reference=softmax)
+            V, d = softmax.weight.shape
+            head = trained_head(trained[name], V, d) if name in trained else hf_heads.convert_head(softmax, name)
+            result = measure_lstm(lstm, head.eval(), ids, args, log, reference=softmax)
+            result.update(described(head, args.model, {"cache": cache, "lm": lm}))
         else:
             source = Namespace(model=args.model, gguf_file=None, revision=None, trust_remote_code=False, tokenizer=None)
             model, tokenizer = finetune.load_model_and_tokenizer(source)
+            if name in trained:
+                converted = with_trained_head(model, trained[name])
+            else:
+                converted = hf_heads.convert_head(copy.deepcopy(model).eval(), name)
             reference = hf_heads.convert_head(model.eval(), "softmax")  # the trained softmax, as a head
-            converted = hf_heads.convert_head(copy.deepcopy(model).eval(), name)
-            done["heads"][name] = measure_head(converted, tokenizer, args, log, reference=reference)
+            result = measure_head(converted, tokenizer, args, log, reference=reference)
+            cache = "transformers' KV cache (generate's default, use_cache)"
+            result.update(described(hf_heads.output_head(converted), args.model, {"cache": cache}))
+        done["heads"][name] = result
         runtime.save_json(path, done)
     return done
 

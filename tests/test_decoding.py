@@ -59,11 +59,22 @@ def test_an_approximate_fast_head_is_measured_as_by_hand():
 
 
 def test_decode_speed_times_both_paths_and_refuses_a_short_run():
-    model = _model(search_classes=2)
+    """A generate whose cost is known (a 20 ms prefill, then 10 ms a token on the fast path, 20 ms on the full one:
+    sleeps: about 100 and 50 tokens per second; the tiny models' own timings are noise on a loaded machine) comes out at
+    its rates."""
+    import time
+
     prompt = torch.randint(1, 64, (1, 4))
-    speed = decoding.decode_speed(_generate(model), prompt, new_tokens=4, rounds=2)
-    assert set(speed) == {"full", "fast"}
-    assert all(v["prefill_s"] > 0 and v["decode_tokens_per_s"] > 0 for v in speed.values())
+
+    def generate(p, fast, n):
+        time.sleep(0.02 + (n - 1) * (0.01 if fast else 0.02))
+        return torch.cat([p, torch.zeros(1, n, dtype=p.dtype)], 1)
+
+    speed = decoding.decode_speed(generate, prompt, new_tokens=4, rounds=3)
+    assert set(speed) == {"full", "fast"} and all(v["prefill_s"] >= 0.02 for v in speed.values())
+    fast, full = speed["fast"]["decode_tokens_per_s"], speed["full"]["decode_tokens_per_s"]
+    assert 50 < fast < 150 and 25 < full < 75 and fast > full
+    model = _model(search_classes=2)
     with pytest.raises(ValueError, match="made 6 tokens, not 1"):
         decoding.decode_speed(lambda p, fast, n: _generate(model)(p, fast, 6), prompt, new_tokens=4, rounds=1)
 
@@ -128,8 +139,26 @@ def test_the_decoding_command_measures_each_converted_head_and_resumes(tmp_path)
         assert all(svd["speed"]["1"][mode][p]["decode_tokens_per_s"] > 0 for p in ("full", "fast"))
     assert 0 < svd["speed"]["1"]["head_share_of_decode"] < 1
     assert decoding.main(argv + ["--rounds", "1"], log=lambda *_: 1 / 0) == out  # read back, nothing measured again
+    assert (
+        svd["config"]["num_refine"]
+        == hf_heads.build_head("svd_softmax", hidden_size=16, vocab_size=64).config.num_refine
+    )
+    assert svd["cache"].startswith("transformers' KV cache") and svd["dtype"] == "float32"
     with pytest.raises(SystemExit):
         decoding.parse_args(argv + ["--rounds", "0"])
+    # a trained head (--head-dirs) replaces the model's output layer with its own weights; one of other sizes is refused
+    torch.manual_seed(2)
+    ds = hf_heads.build_head("ds_softmax", hidden_size=16, vocab_size=64, num_experts=2, use_bias=False)
+    hf_heads.save_head(ds, tmp_path / "ds-2")
+    hf_heads.save_head(hf_heads.build_head("softmax", hidden_size=16, vocab_size=50), tmp_path / "other")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "tiny")
+    swapped = decoding.with_trained_head(model, str(tmp_path / "ds-2"))
+    assert torch.equal(hf_heads.output_head(swapped).weight, ds.weight) and swapped is not model
+    assert torch.equal(model.lm_head.weight, model.get_input_embeddings().weight)  # the model's own untouched
+    more = decoding.main(argv + ["--rounds", "1", "--heads", "--head-dirs", str(tmp_path / "ds-2")], log=lambda *_: 0)
+    assert more["heads"]["ds-2"]["config"]["num_experts"] == 2 and set(more["heads"]) == {*out["heads"], "ds-2"}
+    with pytest.raises(SystemExit, match="--head-dirs .*other: a head of V = 50, d = 16; this model's is V = 64"):
+        decoding.main(argv + ["--heads", "--head-dirs", str(tmp_path / "other")], log=lambda *_: 0)
 
 
 def test_the_decoding_command_on_the_lstm_measures_converted_and_trained_heads(tmp_path, monkeypatch):
@@ -160,3 +189,6 @@ def test_the_decoding_command_on_the_lstm_measures_converted_and_trained_heads(t
     trained = out["class_softmax-trained"]  # an untrained class head: it disagrees with the LSTM's softmax
     assert trained["teacher_forced_top1_agreement"] < 1.0 and trained["top_k_tv"] > 0
     assert 0 < out["softmax"]["speed"]["1"]["head_share_of_decode"] < 1
+    lm = out["softmax"]["lm"]
+    assert lm["path"] == lms.lm_path(str(lm_dir), "wikitext-2", lms.LSTM_SETTINGS) and lm["test_ppl"] > 1
+    assert trained["config"]["num_classes"] == 4 and "recurrent state" in trained["cache"]
