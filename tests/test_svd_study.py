@@ -84,26 +84,15 @@ def test_distilled_loss_is_the_cross_entropy_from_the_exact_distribution():
     assert float(SS.distilled(exact)(hier, h, None)) == pytest.approx(float(expected), rel=1e-5)
 
 
+def tiny_study_argv(tmp_path, monkeypatch, out) -> list:
+    """The study on the tiny WikiText-2 setting: two windows, one refine count, a few steps, one timing round."""
+    argv = [*tiny_wt2_setting(tmp_path, monkeypatch), "--queries", "50", "--windows", "0.25", "0.5"]
+    argv += ["--refine", "0.001", "--hier-steps", "3", "--timing-queries", "2", "--timing-rounds", "1"]
+    return argv + ["--quiet", "--out", str(out)]
+
+
 def test_study_command_on_a_tiny_corpus(tmp_path, monkeypatch):
-    argv = [
-        *tiny_wt2_setting(tmp_path, monkeypatch),
-        "--queries",
-        "50",
-        "--windows",
-        "0.25",
-        "0.5",
-        "--refine",
-        "0.001",
-        "--hier-steps",
-        "3",
-        "--timing-queries",
-        "2",
-        "--timing-rounds",
-        "1",
-        "--quiet",
-        "--out",
-        str(tmp_path / "o"),
-    ]
+    argv = tiny_study_argv(tmp_path, monkeypatch, tmp_path / "o")
     (result,) = SS.main(argv)
     methods = [(r["method"], r.get("preview"), r.get("W")) for r in result["rows"]]
     assert methods == [
@@ -138,27 +127,7 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     from recipes import fast_analysis as FA
     from recipes import fast_report as FR
 
-    SS.main(
-        [
-            *tiny_wt2_setting(tmp_path, monkeypatch),
-            "--queries",
-            "50",
-            "--windows",
-            "0.25",
-            "0.5",
-            "--refine",
-            "0.001",
-            "--hier-steps",
-            "3",
-            "--timing-queries",
-            "2",
-            "--timing-rounds",
-            "1",
-            "--quiet",
-            "--out",
-            str(tmp_path / "svd"),
-        ]
-    )
+    SS.main(tiny_study_argv(tmp_path, monkeypatch, tmp_path / "svd"))
     from test_recipes import tiny_wt2_argv
 
     argv = tiny_wt2_argv(tmp_path, monkeypatch, "--experts", "2")
