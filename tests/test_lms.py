@@ -81,6 +81,28 @@ def test_train_split_lm_keeps_the_best_epoch_and_resumes(corpus, tmp_path):
     assert any("trained weights from" in m for m in messages)
 
 
+def test_export_keeps_the_lm_in_float16_and_a_fresh_machine_reads_it(corpus, tmp_path, monkeypatch):
+    """export_lm writes the trained LM's weights in float16 with its perplexities measured again on them; with no LM
+    in --out, train_split_lm reads the kept one instead of training."""
+    torch.set_num_threads(1)
+    body, head, record = lms.train_split_lm(str(corpus), "tiny", str(tmp_path / "a"), TINY, progress=False, log=print)
+    with pytest.raises(SystemExit, match="no trained LM at .*python -m recipes.common.lms --out"):
+        lms.export_lm(str(corpus), "tiny", str(tmp_path / "none"), str(tmp_path / "kept"), TINY)
+    out = lms.export_lm(str(corpus), "tiny", str(tmp_path / "a"), str(tmp_path / "kept"), TINY, log=lambda m: 0)
+    saved = torch.load(out, weights_only=True)
+    assert all(v.dtype == torch.float16 for v in saved["head"].values() if v.is_floating_point())
+    kept = saved["record"]
+    assert kept["weights"] == "float16" and kept["valid_ppl_float32"] == record["valid_ppl"]
+    assert kept["valid_ppl"] == pytest.approx(record["valid_ppl"], rel=1e-2) and kept["test_ppl"] > 1
+    monkeypatch.setattr(lms, "KEPT_LMS", str(tmp_path / "kept"))
+    messages = []
+    body2, head2, record2 = lms.train_split_lm(
+        str(corpus), "tiny", str(tmp_path / "fresh"), TINY, progress=False, log=messages.append
+    )
+    assert record2 == kept and any(out in m for m in messages) and not (tmp_path / "fresh").exists()
+    assert torch.equal(head2.weight, head.weight.half().float()) and head2.weight.dtype == torch.float32
+
+
 def test_split_task_states(corpus, tmp_path, monkeypatch):
     torch.set_num_threads(1)
     monkeypatch.setattr(lms, "LSTM_SETTINGS", {**lms.LSTM_SETTINGS, **TINY})

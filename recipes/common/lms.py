@@ -6,7 +6,8 @@
   ``max_epochs`` epochs with a valid-based stop: the weights of the epoch of lowest valid perplexity are kept, and
   training stops after ``patience`` epochs without a new lowest. Resumable: after every epoch the run's state (weights,
   optimizer, random state, curve) is saved beside the result, and a rerun goes on from it; the finished LM is read,
-  not trained again.
+  not trained again. :func:`export_lm` keeps it in the checkout (``artifacts/lm-wikitext-2``, float16 weights, its
+  perplexities measured again on them): a fresh machine then reads it instead of training for hours.
 * PTB (:func:`trunk_features`): the mini AWD-LSTM kept in ``artifacts/lm-ptb`` (PTB's train split), read through
   fairseq; its own softmax head is the study's softmax.
 
@@ -135,11 +136,12 @@ def train_split_lm(
     torch.manual_seed(s["seed"])
     body = LSTMLM(len(vocab), s["dim"], s["layers"], s["dropout"])
     head = hf_heads.build_head("softmax", hidden_size=s["dim"], vocab_size=len(vocab))
-    if os.path.isfile(path):
-        saved = torch.load(path, weights_only=True)
-        body.load_state_dict(saved["body"])
-        head.load_state_dict(saved["head"])
-        log(f"{corpus} LSTM (train split): the trained weights from {path}")
+    kept = os.path.join(KEPT_LMS, os.path.basename(path))  # the checkout's copy (export_lm), when there is one
+    for found in (p for p in (path, kept) if os.path.isfile(p)):
+        saved = torch.load(found, weights_only=True)
+        body.load_state_dict({k: v.float() for k, v in saved["body"].items()})
+        head.load_state_dict({k: v.float() for k, v in saved["head"].items()})
+        log(f"{corpus} LSTM (train split): the trained weights from {found}")
         return body.eval(), head.eval(), saved["record"]
     os.makedirs(out_dir, exist_ok=True)
     params = list(body.parameters()) + list(head.parameters())
@@ -216,6 +218,39 @@ def train_split_lm(
     return body, head, record
 
 
+def export_lm(
+    data_dir: str, corpus: str, lm_dir: str, dest: str = "", settings: Optional[Dict] = None, log=print
+) -> str:
+    """Keep the LM :func:`train_split_lm` trained in ``lm_dir`` in ``dest`` (default :data:`KEPT_LMS`) under the
+    same name, its weights in float16 (half the bytes; read back as float32), its record's ``valid_ppl`` and
+    ``test_ppl`` measured again on those weights (the float32 ones kept as ``*_float32``); returns the file."""
+    s = {**LSTM_SETTINGS, **(settings or {})}
+    path = lm_path(lm_dir, corpus, s)
+    if not os.path.isfile(path):
+        raise SystemExit(f"export: no trained LM at {path} (python -m recipes.common.lms --out {lm_dir} trains it)")
+    saved = torch.load(path, weights_only=True)
+    half = {part: {k: v.half() for k, v in saved[part].items()} for part in ("body", "head")}
+    vocab = vocabulary(data_dir)
+    body = LSTMLM(len(vocab), s["dim"], s["layers"], s["dropout"])
+    head = hf_heads.build_head("softmax", hidden_size=s["dim"], vocab_size=len(vocab))
+    body.load_state_dict({k: v.float() for k, v in half["body"].items()})
+    head.load_state_dict({k: v.float() for k, v in half["head"].items()})
+    body.eval(), head.eval()
+    record = dict(saved["record"], weights="float16", exported_from=path)
+    for split in ("valid", "test"):
+        record[f"{split}_ppl_float32"] = record[f"{split}_ppl"]
+        h, y = split_states(body, split_ids(data_dir, vocab, split), STREAMS[split], s["bptt"])
+        record[f"{split}_ppl"] = math.exp(mean_nll(head, h, y))
+    out = os.path.join(dest or KEPT_LMS, os.path.basename(path))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    torch.save({**half, "record": record}, out)
+    log(
+        f"kept {out}: valid ppl {record['valid_ppl']:.2f} (float32 {record['valid_ppl_float32']:.2f}), test "
+        f"{record['test_ppl']:.2f} (float32 {record['test_ppl_float32']:.2f})"
+    )
+    return out
+
+
 def copy_state(module: torch.nn.Module) -> Dict:
     """A copy of the module's weights (its state_dict's tensors are its own: they would move on)."""
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -246,6 +281,8 @@ def cached_trunk_features(trunk: str, trunk_data: str, split: str, out_dir: str)
 CORPORA = ("ptb", "wikitext-2")
 #: where the study's recipes keep (and look for) the trained LMs by default
 LM_DIR = os.path.join("results", "lms")
+#: the trained LMs kept in the checkout (:func:`export_lm`), read where ``LM_DIR`` has none
+KEPT_LMS = os.path.join("artifacts", "lm-wikitext-2")
 #: the PTB trunk kept in the checkout (artifacts/README.md) and its binarised data
 TRUNK = os.path.join("artifacts", "lm-ptb", "softmax", "lr0.0025", "seed1", "checkpoints", "checkpoint_best.pt")
 TRUNK_DATA = os.path.join("artifacts", "lm-ptb", "data", "bin")
@@ -352,9 +389,12 @@ def main(argv=None) -> Dict:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--max-epochs", type=int, default=LSTM_SETTINGS["max_epochs"])
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--export", metavar="DIR", help=f"keep the trained LM in DIR in float16 (e.g. {KEPT_LMS})")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.export:
+        return torch.load(export_lm(args.data, "wikitext-2", args.out, args.export), weights_only=True)["record"]
     _body, _head, record = train_split_lm(
         args.data, "wikitext-2", args.out, {"max_epochs": args.max_epochs}, progress=not args.quiet
     )
