@@ -480,3 +480,21 @@ def page_cells(obj: Dict) -> int:
     reading's ``<!-- cells: N -->`` counts)."""
     upgrade = sum(len((obj.get(part) or {}).get("cells") or []) for part in upgrade_table.PAGE_PARTS)
     return len(obj["cells"]) + len(obj.get("joint") or []) + upgrade
+
+
+def train_ms_per_1k(cell: Dict) -> float:
+    """CPU milliseconds per 1k training tokens of a cell's training steps alone (None for a curve without them)."""
+    epochs = cell["curve"][1:]
+    if not epochs or any("train_cpu_seconds" not in e for e in epochs):
+        return None
+    return 1e6 * sum(e["train_cpu_seconds"] for e in epochs) / (cell["train_tokens"] * len(epochs))
+
+
+def log_share(cell: Dict):
+    """log10 of the share of the squared singular values past d + 2 among all but the first (None for a cut one)."""
+    share = cell["spectrum"].get("beyond_bound_after_first")
+    return None if share is None else math.log10(max(share, 1e-300))
+
+
+def rank_at(tol: float):
+    return lambda c: c["spectrum"].get("rank_at", {}).get(f"{tol:g}")

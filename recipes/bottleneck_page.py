@@ -20,7 +20,10 @@ from recipes.bottleneck_analysis import (
     cost,
     grid,
     joint_rows,
+    log_share,
+    rank_at,
     set_aside_rows,
+    train_ms_per_1k,
     upgrade_rows,
 )
 from recipes.common import stats as paired_stats
@@ -248,14 +251,6 @@ def cap_section(obj: Dict) -> List[str]:
     return lines if rows else []
 
 
-def train_ms_per_1k(cell: Dict) -> float:
-    """CPU milliseconds per 1k training tokens of a cell's training steps alone (None for a curve without them)."""
-    epochs = cell["curve"][1:]
-    if not epochs or any("train_cpu_seconds" not in e for e in epochs):
-        return None
-    return 1e6 * sum(e["train_cpu_seconds"] for e in epochs) / (cell["train_tokens"] * len(epochs))
-
-
 #: the CPU tables of the map's cells: (caption, value, digits)
 CPU_TABLES = (
     ("CPU minutes of the stopping-rule run per cell (validation included).", lambda c: c["cpu_s"] / 60, 2),
@@ -282,16 +277,6 @@ def cpu_tables(obj: Dict, full: Dict) -> List[str]:
         + para("CPU-hours spent, per part of the page.")
         + rows_table("| part | cells | rate cells | CPU-hours |", cells + [["in all", *total]])
     )
-
-
-def log_share(cell: Dict):
-    """log10 of the share of the squared singular values past d + 2 among all but the first (None for a cut one)."""
-    share = cell["spectrum"].get("beyond_bound_after_first")
-    return None if share is None else math.log10(max(share, 1e-300))
-
-
-def rank_at(tol: float):
-    return lambda c: c["spectrum"].get("rank_at", {}).get(f"{tol:g}")
 
 
 #: the map's heads x d tables after the primary test, the paired differences and the rates: (section and caption,

@@ -73,6 +73,18 @@ def method_rows(result: Dict, method: str = "svd_softmax") -> List[Dict]:
     return [r for r in result["rows"] if r["method"] == method]
 
 
+def svd_rows(result: Dict, d: Dict) -> Tuple[List[Dict], List[Tuple[str, Dict]]]:
+    """A setting's SVD tables' rows: per (N, W) with both previews the adaptive row with its leading one (``lead``),
+    and the timed methods by name (the exact softmax, SVD-softmax at ``d``'s N, the class-based heads)."""
+    by = {(r["N"], r["W"], r["preview"]): r for r in method_rows(result)}
+    adaptive = [r for k, r in sorted(by.items()) if k[2] == "adaptive" and (*k[:2], "leading") in by]
+    timed = [r for r in method_rows(result) if r["N"] == d["N"] and "ms_per_token" in r]
+    named = [(r["method"], r) for r in result["rows"][:1]]
+    named += [(f"svd_softmax {r['preview']} W={r['W']} N={r['N']}", r) for r in timed]
+    named += [(f"{r['method']} ({r['classes']} classes)", r) for r in result["rows"] if "classes" in r]
+    return [{**r, "lead": by[r["N"], r["W"], "leading"]} for r in adaptive], named
+
+
 def _setting(result: Dict) -> Dict:
     """At the largest N: the smallest W within :data:`WITHIN` of the exact perplexity per preview, the excess of the
     largest W's perplexity over the exact one, and the hierarchical softmax's."""

@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 
 from recipes.common.data import CHECKOUT, records
 from recipes.common.reading import written_reading
-from recipes.fast_analysis import collect, derived, ds_rows, load, method_rows
+from recipes.fast_analysis import collect, derived, ds_rows, load, svd_rows
 from recipes.ds_softmax import HEADER as DS_HEADER
 from recipes.ds_softmax import format_row as ds_row
 
@@ -93,15 +93,10 @@ def svd_section(svd: Dict, nums: Dict) -> List[str]:
         "![singular values](fast_study/svd-spectra.png) ![perplexity against W](fast_study/svd-ppl-vs-window.png)",
     )
     for result, d in zip(svd["results"], nums["svd"]):
-        by = {(r["N"], r["W"], r["preview"]): r for r in method_rows(result)}
-        adaptive = [r for k, r in sorted(by.items()) if k[2] == "adaptive" and (*k[:2], "leading") in by]
-        timed = [r for r in method_rows(result) if r["N"] == d["N"] and "ms_per_token" in r]
-        named = [(r["method"], r) for r in result["rows"][:1]]
-        named += [(f"svd_softmax {r['preview']} W={r['W']} N={r['N']}", r) for r in timed]
-        named += [(f"{r['method']} ({r['classes']} classes)", r) for r in result["rows"] if "classes" in r]
+        windows, named = svd_rows(result, d)
         cmp = [{**r, "name": x, **{k: f.format(r[k]) if k in r else "-" for k, f in TIMING.items()}} for x, r in named]
         lines += [f"### {result['setting']} (V = {result['V']}, d = {result['d']}, {result['tokens']} tokens)", ""]
-        lines += table(SVD_W, [{**r, "lead": by[r["N"], r["W"], "leading"]} for r in adaptive])
+        lines += table(SVD_W, windows)
         lines += ["SVD-softmax against the hierarchical softmax (the slides' comparison), batch 1:", ""]
         lines += table(SVD_CMP, cmp)
     lines += ["The slides (Vlasova et al.) print no numbers; the DS-Softmax poster's SVD-10 column:", ""]
