@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from recipes.ds_softmax import PAPER as POSTER
@@ -28,11 +29,14 @@ PLOTS = ("svd-spectra.png", "svd-ppl-vs-window.png")
 WITHIN = 0.01  # the smallest preview window keeps the perplexity within this (relative) of the exact softmax's
 
 
-def collect(svd: Optional[str], ds: Sequence[str], out_dir: str, note: Optional[str], figures: str = "") -> None:
+def collect(
+    svd: Optional[str], ds: Sequence[str], out_dir: str, note: Optional[str], figures: str = "", decoding=()
+) -> None:
     """Copy the SVD study's ``results.json`` into ``out_dir`` as ``svd_study.json`` (``{"notes": [...], "results":
     [...]}``), its plots into ``figures`` (default ``out_dir``); merge the rows of each DS-Softmax run in ``ds`` into
-    ``ds.json`` (``{"notes": {task: [...]}, "results": [...]}``): a task collected again replaces that task's rows
-    and notes, the other tasks' stay."""
+    ``ds.json`` by task, and each decoding run in ``decoding`` (``python -m recipes.decoding``'s folders) into
+    ``decoding.json`` by model, a row per head (``{"notes": {task | model: [...]}, "results": [...]}``): a task or
+    model collected again replaces its own rows and notes, the others stay."""
     figures = figures or out_dir
     for folder in (out_dir, figures):
         os.makedirs(folder, exist_ok=True)
@@ -42,16 +46,28 @@ def collect(svd: Optional[str], ds: Sequence[str], out_dir: str, note: Optional[
         for plot in PLOTS:
             shutil.copyfile(os.path.join(svd, plot), os.path.join(figures, plot))
     if ds:
-        merged = load(out_dir, "ds") or {"notes": {}, "results": []}
-        new = [r for run in ds for r in _results(run, "--ds")]
-        tasks = list(dict.fromkeys(r["task"] for r in new))
-        merged["results"] = [r for r in merged["results"] if r["task"] not in tasks] + new
-        merged["notes"] = {
-            **{t: n for t, n in merged["notes"].items() if t not in tasks},
-            **{t: [note] if note else [] for t in tasks},
-        }
-        with open(os.path.join(out_dir, "ds.json"), "w") as out:
-            json.dump(merged, out, indent=1)
+        _merge(out_dir, "ds", "task", [r for run in ds for r in _results(run, "--ds")], note)
+    runs = [_results(run, "--decoding") for run in decoding]
+    if runs:
+        rows = [
+            {"model": r["settings"]["model"], "name": n, "settings": r["settings"], **h}
+            for r in runs
+            for n, h in r["heads"].items()
+        ]
+        _merge(out_dir, "decoding", "model", rows, note)
+
+
+def _merge(out_dir: str, name: str, key: str, new: List[Dict], note: Optional[str]) -> None:
+    """``new`` rows into ``out_dir/name.json``, replacing the rows and notes of the ``key`` values they have."""
+    merged = load(out_dir, name) or {"notes": {}, "results": []}
+    keys = list(dict.fromkeys(r[key] for r in new))
+    merged["results"] = [r for r in merged["results"] if r[key] not in keys] + new
+    merged["notes"] = {
+        **{k: n for k, n in merged["notes"].items() if k not in keys},
+        **{k: [note] if note else [] for k in keys},
+    }
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as out:
+        json.dump(merged, out, indent=1)
 
 
 def _results(run: str, option: str) -> List[Dict]:
@@ -165,7 +181,45 @@ def ds_rows(ds: Dict, nums: Dict) -> Tuple[List[Dict], List[Dict], List[Dict]]:
     return rows, cmp, control
 
 
-def derived(ds: Optional[Dict], svd: Optional[Dict]) -> Dict:
+def _modes(row: Dict) -> Dict[str, str]:
+    """A decoding row's modes as its speed json names them, by the names of the page's fields."""
+    return {"greedy": "greedy", "top_k": f"top-{row['top_k']}"}
+
+
+def _decoding(rows: List[Dict]) -> List[Dict]:
+    """Per decoding row (a model's head): its agreement with the full softmax (the median identical greedy prefix,
+    the share of prompts identical over all new tokens) and per thread count the fast path's decode speed-up of
+    greedy and top-k sampling, the head's share of a full-softmax decoding step and the speed-up Amdahl's law allows
+    a head that took no time at all, ``1 / (1 - share)``."""
+    out = []
+    for r in rows:
+        prefix, speed = r["greedy_prefix"], {}
+        for threads, s in r["speed"].items():
+            rate = {
+                m: s[name]["fast"]["decode_tokens_per_s"] / s[name]["full"]["decode_tokens_per_s"]
+                for m, name in _modes(r).items()
+            }
+            share = s["head_share_of_decode"]
+            bound = 1 / (1 - share) if share < 1 else math.inf
+            speed[threads] = {**{f"{m}_speedup": x for m, x in rate.items()}, "head_share": share, "bound": bound}
+        whole = sum(p == r["settings"]["new_tokens"] for p in prefix) / len(prefix)
+        out.append({"prefix_median": statistics.median(prefix), "prefix_whole": whole, "speed": speed})
+    return out
+
+
+def decoding_rows(dec: Dict, nums: Dict) -> Tuple[List[Dict], List[Dict]]:
+    """The decoding tables' rows: agreement per head, and speed per head and thread count (``greedy_full`` /
+    ``_fast``, ``top_k_full`` / ``_fast``: decode-only tokens per second), each with its derived numbers."""
+    agree, speed = [], []
+    for r, d in zip(dec["results"], nums["decoding"]):
+        agree.append({**r, **d, "new_tokens": r["settings"]["new_tokens"]})
+        for threads, s in r["speed"].items():
+            rates = {f"{m}_{p}": s[name][p]["decode_tokens_per_s"] for m, name in _modes(r).items() for p in s[name]}
+            speed.append({**r, **s, **rates, **d["speed"][threads], "threads": threads})
+    return agree, speed
+
+
+def derived(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict] = None) -> Dict:
     """The numbers the tables and the reading cite that no run's json holds (``numbers.json``)."""
     return {
         "within": WITHIN,
@@ -173,4 +227,5 @@ def derived(ds: Optional[Dict], svd: Optional[Dict]) -> Dict:
         + [_source(f"SVD-10 {k}", p, "svd") for k, p in POSTER_SVD.items()],
         "ds": _ds([from_json(r) for r in ds["results"]]) if ds else [],
         "svd": [_setting(r) for r in (svd["results"] if svd else [])],
+        "decoding": _decoding(decoding["results"]) if decoding else [],
     }

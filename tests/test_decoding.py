@@ -4,6 +4,9 @@ against the same quantities computed by hand."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import torch
 
@@ -192,3 +195,59 @@ def test_the_decoding_command_on_the_lstm_measures_converted_and_trained_heads(t
     lm = out["softmax"]["lm"]
     assert lm["path"] == lms.lm_path(str(lm_dir), "wikitext-2", lms.LSTM_SETTINGS) and lm["test_ppl"] > 1
     assert trained["config"]["num_classes"] == 4 and "recurrent state" in trained["cache"]
+
+
+def _decoding_run(folder, model, share, greedy, prefix):
+    """A decoding command's results.json by hand: one head, one thread count, ``greedy`` (full, fast) tokens/s."""
+
+    def rates(full, fast):
+        return {p: {"prefill_s": 0.1, "decode_tokens_per_s": v} for p, v in (("full", full), ("fast", fast))}
+
+    speed = {"greedy": rates(*greedy), "top-50": rates(10.0, 12.5), "head_share_of_decode": share}
+    head = {"teacher_forced_top1_agreement": 0.97, "top_k": 50, "top_k_tv": 0.125, "greedy_prefix": prefix}
+    head["speed"] = {"1": {**speed, "load_before": 1.0, "load_after": 1.25}}
+    folder.mkdir()
+    (folder / "results.json").write_text(
+        json.dumps({"settings": {"model": model, "new_tokens": 64}, "heads": {"svd_softmax": head}})
+    )
+    return str(folder)
+
+
+def test_the_fast_study_page_tabulates_decoding_runs_by_model(tmp_path):
+    """fast_report --decoding: each run's heads become rows of decoding.json under its model (a model collected again
+    replaces its own rows); the page's two decoding tables show the agreement, the speed-ups fast / full, the head's
+    share of a step and Amdahl's bound 1 / (1 - share), computed as by hand."""
+    import shutil
+
+    from recipes import fast_report as FR
+
+    records, docs = tmp_path / "records", tmp_path / "docs"
+    records.mkdir(), docs.mkdir()
+    for name in ("ds.json", "svd_study.json"):
+        shutil.copy(os.path.join(FR.RECORDS, name), records / name)
+    common = ["--docs", str(docs), "--records", str(records)]
+    FR.main(["--decoding", _decoding_run(tmp_path / "a", "smollm2", 0.75, (20.0, 50.0), [64, 3, 64, 10])] + common)
+    lstm = _decoding_run(tmp_path / "b", "wikitext-2-lstm", 0.5, (100.0, 150.0), [1, 2, 64])
+    text = FR.main(["--decoding", lstm, "--note", "paused the others"] + common)
+    dec = json.loads((records / "decoding.json").read_text())
+    assert [(r["model"], r["name"]) for r in dec["results"]] == [
+        ("smollm2", "svd_softmax"),
+        ("wikitext-2-lstm", "svd_softmax"),
+    ]
+    assert dec["notes"] == {"smollm2": [], "wikitext-2-lstm": ["paused the others"]}
+    # median prefix (3, 10, 64, 64) -> 37.0, two of four whole; 4.00x the bound of a head that is 75% of a step
+    assert "| smollm2 | svd_softmax | 0.9700 | 37.0 (64) | 0.50 | 0.1250 (50) |" in text
+    assert "| wikitext-2-lstm | svd_softmax | 0.9700 | 2.0 (64) | 0.33 | 0.1250 (50) |" in text
+    assert (
+        "| smollm2 | svd_softmax | 1 | 20.0 | 50.0 | 2.50x | 10.0 | 12.5 | 1.25x | 0.75 | 4.00x | 1.00, 1.25 |" in text
+    )
+    assert "| wikitext-2-lstm | svd_softmax | 1 | 100.0 | 150.0 | 1.50x | 10.0 | 12.5 | 1.25x | 0.50 | 2.00x |" in text
+    assert "_wikitext-2-lstm: paused the others_" in text
+    nums = json.loads((records / "numbers.json").read_text())["decoding"]
+    assert nums[0]["speed"]["1"] == {"greedy_speedup": 2.5, "top_k_speedup": 1.25, "head_share": 0.75, "bound": 4.0}
+    again = _decoding_run(tmp_path / "c", "smollm2", 0.5, (20.0, 20.0), [64])
+    FR.main(["--decoding", again] + common)
+    dec = json.loads((records / "decoding.json").read_text())
+    assert [r["model"] for r in dec["results"]] == ["wikitext-2-lstm", "smollm2"] and dec["results"][1][
+        "greedy_prefix"
+    ] == [64]
