@@ -45,12 +45,14 @@ def default_wait_policy() -> bool:
 
 
 def describe() -> str:
-    """One line for a recipe's log: torch's thread count, the cores, and how idle threads wait."""
+    """One line for a recipe's log: torch's thread count as the command starts (its ``--threads``, where it has one,
+    sets its own after), the cores, and how idle threads wait."""
     import torch
 
     policy = os.environ.get(WAIT_POLICY)
     how = f"{WAIT_POLICY}={policy}" if policy else f"{WAIT_POLICY} unset (OpenMP spins: slow beside busy processes)"
-    return f"torch: {torch.get_num_threads()} thread(s) on {os.cpu_count()} core(s), {how}"
+    threads = torch.get_num_threads()
+    return f"torch: {threads} thread(s) at the start (before any --threads) on {os.cpu_count()} core(s), {how}"
 
 
 def hide_broken_torchaudio() -> Optional[str]:
