@@ -354,7 +354,9 @@ def load_rows(path: str) -> List[Dict]:
 # ----------------------------------------------------------------------------- CLI
 TASKS = ("synthetic-10x10", "synthetic-100x100", "ptb", "wikitext-2", "smollm2")
 #: the language-model tasks (:func:`recipes.common.lms.split_task`: LMs trained on the train splits, d = 200;
-#: WikiText-2's 33,278 words x 64 experts x 200 float32 weights, with Adam's two moments and the gradient: 6.8 GB)
+#: WikiText-2's 33,278 words x 64 experts x 200 float32 weights, with Adam's two moments and the gradient, 6.8 GB
+#: alone; the best epoch's copy, the states and a batch's expert logits come on top: 64 experts at d = 256 peaked at
+#: 14.3 GB here; each row records its ``peak_rss_gb``)
 LM_TASKS = ("ptb", "wikitext-2", "smollm2")
 #: where the upgrade table (python -m recipes.upgrade_table) keeps SmolLM2's states of WikiText-2
 SMOLLM2_STATES = os.path.join("results", "upgrade_table", "states-cache", "table")
@@ -473,7 +475,7 @@ def main(argv=None) -> List[Dict]:
         "ptb": os.path.isfile(args.trunk),
         "wikitext-2": all(os.path.isfile(os.path.join(args.wt2_dir, f)) for f in wt2_files),
     }
-    # by default every task but wikitext-2 (its LSTM trains for hours the first time, DS-64 needs ~7 GB: ask for it)
+    # by default every task but wikitext-2 (its LSTM trains for hours the first time, DS-64 peaks past 14 GB: ask)
     tasks = args.tasks or [t for t in TASKS if t not in LM_TASKS or (t == "ptb" and has[t])]
     for name in tasks:
         if name in LM_TASKS and not has[name]:
