@@ -349,23 +349,28 @@ def main(argv=None, log=print) -> Dict:
     if todo and args.model == LSTM_MODEL:
         lstm, softmax, ids, lm = lstm_model(args)
         cache = "the LSTM's recurrent state, carried from token to token"
+    elif todo:  # the model once, every head a copy of it
+        source = Namespace(model=args.model, gguf_file=None, revision=None, trust_remote_code=False, tokenizer=None)
+        model, tokenizer = finetune.load_model_and_tokenizer(source)
+        reference = hf_heads.convert_head(copy.deepcopy(model).eval(), "softmax")  # the trained softmax, as a head
+        model.eval()
+        cache = "transformers' KV cache (generate's default, use_cache)"
     for name in todo:
-        if args.model == LSTM_MODEL:
-            V, d = softmax.weight.shape
-            head = trained_head(trained[name], V, d) if name in trained else hf_heads.convert_head(softmax, name)
-            result = measure_lstm(lstm, head.eval(), ids, args, log, reference=softmax)
-            result.update(described(head, args.model, {"cache": cache, "lm": lm}))
-        else:
-            source = Namespace(model=args.model, gguf_file=None, revision=None, trust_remote_code=False, tokenizer=None)
-            model, tokenizer = finetune.load_model_and_tokenizer(source)
-            if name in trained:
-                converted = with_trained_head(model, trained[name])
+        with runtime.clock({}) as took:  # the head's conversion or reading and its measurements
+            if args.model == LSTM_MODEL:
+                V, d = softmax.weight.shape
+                head = trained_head(trained[name], V, d) if name in trained else hf_heads.convert_head(softmax, name)
+                result = measure_lstm(lstm, head.eval(), ids, args, log, reference=softmax)
+                result.update(described(head, args.model, {"cache": cache, "lm": lm}))
             else:
-                converted = hf_heads.convert_head(copy.deepcopy(model).eval(), name)
-            reference = hf_heads.convert_head(model.eval(), "softmax")  # the trained softmax, as a head
-            result = measure_head(converted, tokenizer, args, log, reference=reference)
-            cache = "transformers' KV cache (generate's default, use_cache)"
-            result.update(described(hf_heads.output_head(converted), args.model, {"cache": cache}))
+                if name in trained:
+                    converted = with_trained_head(model, trained[name])
+                else:
+                    converted = hf_heads.convert_head(copy.deepcopy(model), name)
+                result = measure_head(converted, tokenizer, args, log, reference=reference)
+                result.update(described(hf_heads.output_head(converted), args.model, {"cache": cache}))
+        result.update(took)
+        log(f"{name}: {took['seconds']:.0f} s ({took['cpu_seconds']:.0f} CPU s)")
         done["heads"][name] = result
         runtime.save_json(path, done)
     return done

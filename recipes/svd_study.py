@@ -40,6 +40,7 @@ import torch
 import hf_heads
 from hf_heads.cli.timing import time_per_call
 from recipes.common import data as data_paths
+from recipes.common import runtime
 from recipes.common.lms import LM_DIR, TRUNK, TRUNK_DATA
 
 SETTINGS = ("ptb", "wikitext-2", "smollm2")
@@ -369,8 +370,11 @@ def main(argv=None) -> List[Dict]:
             print(f"[{name}] done ({path}), kept")
             results += kept
             continue
-        s = smollm2_setting(args) if name == "smollm2" else lm_setting(name, args)
-        results.append({**study(s, args), "options": opts, "threads": torch.get_num_threads()})
+        with runtime.clock({"options": opts, "threads": torch.get_num_threads()}) as took:  # its states included
+            s = smollm2_setting(args) if name == "smollm2" else lm_setting(name, args)
+            result = study(s, args)
+        results.append({**result, **took})
+        print(f"[{name}] {took['seconds']:.0f} s ({took['cpu_seconds']:.0f} CPU s)")
         with open(path, "w") as f:  # after every setting: a run cut short keeps what it finished
             json.dump(results, f, indent=1)
     text = "\n".join(format_table(r) for r in results)

@@ -141,6 +141,7 @@ def test_the_decoding_command_measures_each_converted_head_and_resumes(tmp_path)
     for mode in ("greedy", "top-5"):
         assert all(svd["speed"]["1"][mode][p]["decode_tokens_per_s"] > 0 for p in ("full", "fast"))
     assert 0 < svd["speed"]["1"]["head_share_of_decode"] < 1
+    assert svd["seconds"] > 0 and svd["cpu_seconds"] > 0  # what the head's step took
     assert decoding.main(argv + ["--rounds", "1"], log=lambda *_: 1 / 0) == out  # read back, nothing measured again
     assert (
         svd["config"]["num_refine"]

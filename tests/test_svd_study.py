@@ -109,6 +109,7 @@ def test_study_command_on_a_tiny_corpus(tmp_path, monkeypatch):
     assert all("ms_per_token" in r and "ms_per_target" in r for r in timed)
     assert result["info"]["lstm_test_ppl"] < 21  # the tiny LSTM learnt the text's chains
     assert result["spectrum"][0] == 1.0
+    assert result["seconds"] > 0 and result["cpu_seconds"] > 0  # what the setting took, its states included
     for name in ("results.md", "results.json", "svd-spectra.png", "svd-ppl-vs-window.png"):
         assert (tmp_path / "o" / name).stat().st_size > 100
     with pytest.raises(SystemExit):

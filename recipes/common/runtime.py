@@ -12,6 +12,7 @@ import json
 import math
 import os
 import socket
+import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 
@@ -61,6 +62,15 @@ def cpu_seconds(cell: Mapping[str, Any]) -> float:
     if any("train_cpu_seconds" in e for e in curve):
         return sum(e.get("train_cpu_seconds", 0) for e in curve)
     return (cell.get("train_wall_s") or 0.0) * (cell.get("threads") or 1)
+
+
+@contextlib.contextmanager
+def clock(record: Dict) -> Iterator[Dict]:
+    """Time the block into ``record``: ``seconds`` (wall clock) and ``cpu_seconds`` (this process's CPU time, all
+    its threads), what a step of a command says it took."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    yield record
+    record.update(seconds=time.perf_counter() - wall, cpu_seconds=time.process_time() - cpu)
 
 
 def _running(pid: int) -> bool:
