@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -42,7 +43,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 import hf_heads
-from recipes.common import lms
+from recipes.common import lms, runtime
 from recipes.common.hidden_tasks import Task, ValidStop, train_head
 from recipes.common.stats import mcnemar
 from hf_heads.cli.timing import time_per_call
@@ -202,11 +203,36 @@ def softmaxes(task: Task, args) -> Tuple[torch.nn.Module, Optional[torch.nn.Modu
         full = task.softmax
     control = None
     if task.valid_h is not None:
-        control = copy.deepcopy(full)
-        if isinstance(getattr(control, "dropout", None), torch.nn.Dropout):
-            control.dropout.p = 0.0  # PTB's trunk head was trained with dropout on its input; DS-Softmax has none
-        runs["control"] = trained(task, control, args, args.ds_lr, args.steps, f"{task.name} control", baseline=True)
+        control, runs["control"] = kept_control(task, full, args)
     return full, control, runs
+
+
+#: what a control's training depends on beside the task's LM (:func:`kept_control`)
+CONTROL_OPTIONS = ("train_tokens", "stop_patience", "steps", "batch", "ds_lr", "seed")
+
+
+def kept_control(task: Task, full, args) -> Tuple[torch.nn.Module, Dict]:
+    """The control of :func:`softmaxes` and its run's record, kept in ``OUT/heads/TASK-control`` (with
+    ``control.json``: the run, its options and the digest of the softmax it started from); with ``--resume`` one
+    kept there with the same options and softmax is read instead of trained again (on SmolLM2 it is an hour)."""
+    folder = os.path.join(args.out, "heads", f"{task.name}-control")
+    key = {"options": {k: getattr(args, k) for k in CONTROL_OPTIONS}, "softmax": tensor_digest(full.weight)}
+    kept = runtime.load_json(os.path.join(folder, "control.json")) if args.resume else None
+    if kept is not None and kept["key"] == key:
+        print(f"{task.name}: the control kept in {folder} (trained in {kept['run']['train_seconds']:.0f} s), read")
+        return hf_heads.load_head(folder).eval(), kept["run"]
+    control = copy.deepcopy(full)
+    if isinstance(getattr(control, "dropout", None), torch.nn.Dropout):
+        control.dropout.p = 0.0  # PTB's trunk head was trained with dropout on its input; DS-Softmax has none
+    run = trained(task, control, args, args.ds_lr, args.steps, f"{task.name} control", baseline=True)
+    hf_heads.save_head(control, folder)
+    runtime.save_json(os.path.join(folder, "control.json"), {"key": key, "run": run})
+    return control, run
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """The sha1 of a tensor's bytes (which weights a kept head started from)."""
+    return hashlib.sha1(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def run_task(task: Task, args, experts: int, trained_softmaxes: Tuple) -> Dict:

@@ -472,11 +472,13 @@ def test_ds_recipe_resume_without_experts_keeps_the_finished_default_row(tmp_pat
     assert dsr.default_experts("synthetic-100x100") == 100 and dsr.default_experts("ptb") == 16
 
 
-def test_ds_recipe_gives_the_softmax_the_same_extra_training(tmp_path, monkeypatch):
+def test_ds_recipe_gives_the_softmax_the_same_extra_training(tmp_path, monkeypatch, capsys):
     """On a language model DS-Softmax stands beside a copy of the LM's softmax trained on the same states with the
     same optimizer, steps and valid-based stop: both runs stop by the same rule, the control's weights moved, and
-    the paired test counts the test tokens the two heads disagree on."""
-    (r,) = dsr.main(tiny_wt2_argv(tmp_path, monkeypatch, "--experts", "2", "--stop-patience", "1"))
+    the paired test counts the test tokens the two heads disagree on. The control is kept: a resumed run with
+    another E reads it, one with other steps trains it again."""
+    argv = tiny_wt2_argv(tmp_path, monkeypatch, "--experts", "2", "--stop-patience", "1")
+    (r,) = dsr.main(argv)
     runs = r["runs"]
     assert set(runs) == {"control", "ds_softmax"}
     for name, run in runs.items():  # scored every 8 // 20 -> 1 step from step 4 on, patience 1
@@ -499,6 +501,12 @@ def test_ds_recipe_gives_the_softmax_the_same_extra_training(tmp_path, monkeypat
     assert r["ppl_ds_covered"] > 0 and r["ppl_control_covered"] > 0
     saved = hf_heads.load_head(tmp_path / "o" / "heads" / "wikitext-2-ds_softmax-2")  # for the decoding study
     assert saved.head_name == "ds_softmax" and saved.config.num_experts == 2
+    capsys.readouterr()
+    _, e3 = dsr.main(argv[:-4] + ["--experts", "2", "3", "--stop-patience", "1", "--resume"])
+    assert "the control kept in" in capsys.readouterr().out
+    assert e3["runs"]["control"] == runs["control"] and e3["top1_control"] == r["top1_control"]
+    (other,) = dsr.main(argv[:-4] + ["--experts", "2", "--stop-patience", "1", "--steps", "6", "--resume"])
+    assert "the control kept in" not in capsys.readouterr().out and other["runs"]["control"]["steps"] == 6
 
 
 def test_ds_recipe_says_what_is_missing_offline(tmp_path):
