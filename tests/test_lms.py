@@ -36,7 +36,7 @@ def test_improving():
     assert lms.improving(curve, 2)  # 4.0 < 5.0 within the last two
 
 
-def test_train_split_lm_keeps_the_best_epoch_and_resumes(corpus, tmp_path):
+def test_train_split_lm_keeps_the_best_epoch_and_resumes(corpus, tmp_path, monkeypatch):
     torch.set_num_threads(1)
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
     body, head, record = lms.train_split_lm(str(corpus), "tiny", str(full_dir), TINY, progress=False, log=lambda m: 0)
@@ -75,6 +75,28 @@ def test_train_split_lm_keeps_the_best_epoch_and_resumes(corpus, tmp_path):
     ):
         assert torch.equal(a, b)
     assert [e["valid_ppl"] for e in record2["curve"]] == [e["valid_ppl"] for e in curve]
+    # cut within an epoch (as it would save its 6th step, after its 3rd's was saved), it goes on from the 3rd step
+    within_dir = tmp_path / "within"
+    real_save = torch.save
+
+    def cut_saving_step_6(obj, f, *a, **k):
+        if isinstance(obj, dict) and (obj.get("within") or {}).get("start") == 6 * TINY["bptt"]:
+            raise Cut
+        real_save(obj, f, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", cut_saving_step_6)
+        with pytest.raises(Cut):
+            lms.train_split_lm(str(corpus), "tiny", str(within_dir), TINY, False, lambda m: 0, checkpoint_steps=3)
+    messages = []
+    body3, head3, record3 = lms.train_split_lm(
+        str(corpus), "tiny", str(within_dir), TINY, False, messages.append, checkpoint_steps=3
+    )
+    assert any("going on after epoch 0, step 3 of epoch 1" in m for m in messages), messages
+    for a, b in zip(body.state_dict().values(), body3.state_dict().values()):
+        assert torch.equal(a, b)
+    assert torch.equal(head.weight, head3.weight)
+    assert [e["train_loss"] for e in record3["curve"]] == [e["train_loss"] for e in curve]
     # a third call reads the finished LM
     messages.clear()
     lms.train_split_lm(str(corpus), "tiny", str(cut_dir), TINY, progress=False, log=messages.append)

@@ -4,10 +4,11 @@
   :class:`recipes.common.hidden_tasks.LSTMLM`) trained on the whole of ``train.txt`` (2.09M tokens) with Adam, the
   LSTM state carried along ``batch`` streams in windows of ``bptt`` (truncated backpropagation), for at most
   ``max_epochs`` epochs with a valid-based stop: the weights of the epoch of lowest valid perplexity are kept, and
-  training stops after ``patience`` epochs without a new lowest. Resumable: after every epoch the run's state (weights,
-  optimizer, random state, curve) is saved beside the result, and a rerun goes on from it; the finished LM is read,
-  not trained again. :func:`export_lm` keeps it in the checkout (``artifacts/lm-wikitext-2``, float16 weights, its
-  perplexities measured again on them): a fresh machine then reads it instead of training for hours.
+  training stops after ``patience`` epochs without a new lowest. Resumable: after every epoch and every 250 steps
+  within one the run's state (weights, optimizer, random state, curve; within an epoch its position and carried LSTM
+  state) is saved beside the result, and a rerun goes on from it; the finished LM is read, not trained again.
+  :func:`export_lm` keeps it in the checkout (``artifacts/lm-wikitext-2``, float16 weights, its perplexities measured
+  again on them): a fresh machine then reads it instead of training for hours.
 * PTB (:func:`trunk_features`): the mini AWD-LSTM kept in ``artifacts/lm-ptb`` (PTB's train split), read through
   fairseq; its own softmax head is the study's softmax.
 
@@ -90,13 +91,16 @@ def streams(ids: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return ids[: n * length].view(n, length), ids[1 : n * length + 1].view(n, length)
 
 
-def run_streams(body: LSTMLM, x: torch.Tensor, bptt: int, fn: Callable, state=None):
-    """Run ``body`` over the streams ``x`` ``[n, T]`` in windows of ``bptt``, the LSTM state carried from window to
-    window (detached), calling ``fn(start, hidden [n, t, d])`` on each window's last-layer output."""
-    for start in range(0, x.shape[1], bptt):
+def run_streams(body: LSTMLM, x: torch.Tensor, bptt: int, fn: Callable, state=None, begin: int = 0, after=None):
+    """Run ``body`` over the streams ``x`` ``[n, T]`` in windows of ``bptt`` from position ``begin``, the LSTM state
+    carried from window to window (detached; ``state``: the one to start from), calling ``fn(start, hidden [n, t,
+    d])`` on each window's last-layer output, then ``after(next_start, state)`` where given."""
+    for start in range(begin, x.shape[1], bptt):
         out, state = body.run(x[:, start : start + bptt], state)
         state = tuple(s.detach() for s in state)
         fn(start, out)
+        if after is not None:
+            after(start + bptt, state)
     return state
 
 
@@ -122,12 +126,20 @@ def lm_path(out_dir: str, corpus: str, settings: Dict) -> str:
 
 
 def train_split_lm(
-    data_dir: str, corpus: str, out_dir: str, settings: Optional[Dict] = None, progress: bool = True, log=print
+    data_dir: str,
+    corpus: str,
+    out_dir: str,
+    settings: Optional[Dict] = None,
+    progress: bool = True,
+    log=print,
+    checkpoint_steps: int = 250,
 ) -> Tuple[LSTMLM, torch.nn.Module, Dict]:
     """The softmax LSTM LM of ``corpus`` trained on ``data_dir/train.txt`` with the valid-based stop (module
     docstring), read from ``out_dir`` when it is there; returns the body, its softmax head (at the best epoch, in
     evaluation mode) and the record: settings, vocabulary size, curve (valid perplexity, mean train loss, wall and
-    CPU seconds per epoch), best epoch, why it ended, CPU seconds in all and torch's thread count."""
+    CPU seconds per epoch), best epoch, why it ended, CPU seconds in all and torch's thread count. The run's state is
+    saved after every epoch and every ``checkpoint_steps`` steps within one (the position in the text, the carried
+    LSTM state and the losses so far with it): a run cut short goes on from there, to the weights of an uncut run."""
     from tqdm.auto import tqdm
 
     s = {**LSTM_SETTINGS, **(settings or {})}
@@ -147,26 +159,35 @@ def train_split_lm(
     params = list(body.parameters()) + list(head.parameters())
     opt = torch.optim.Adam(params, lr=s["lr"])
     record = {"settings": s, "vocab_size": len(vocab), "threads": torch.get_num_threads(), "curve": []}
-    best = None
+    best, within = None, None
     partial = path[: -len(".pt")] + "-partial.pt"
-    if os.path.isfile(partial):  # an earlier run's state after its last finished epoch
+    if os.path.isfile(partial):  # an earlier run's state after its last finished epoch, or within one
         saved = torch.load(partial, weights_only=False)
         body.load_state_dict(saved["body"])
         head.load_state_dict(saved["head"])
         opt.load_state_dict(saved["opt"])
         torch.set_rng_state(saved["rng"])
-        record, best = saved["record"], saved["best"]
-        log(f"{corpus} LSTM: going on after epoch {len(record['curve'])} ({partial})")
+        record, best, within = saved["record"], saved["best"], saved.get("within")
+        at = f", step {within['start'] // s['bptt']} of epoch {len(record['curve']) + 1}" if within else ""
+        log(f"{corpus} LSTM: going on after epoch {len(record['curve'])}{at} ({partial})")
     train, valid = split_ids(data_dir, vocab, "train"), split_ids(data_dir, vocab, "valid")
     x_all, y_all = streams(train, s["batch"])
     steps = math.ceil(x_all.shape[1] / s["bptt"])
+
+    def save(**extra):
+        state = {"body": body.state_dict(), "head": head.state_dict(), "opt": opt.state_dict()}
+        torch.save({**state, "rng": torch.get_rng_state(), "record": record, "best": best, **extra}, partial + ".tmp")
+        os.replace(partial + ".tmp", partial)
+
     while len(record["curve"]) < s["max_epochs"] and improving(record["curve"], s["patience"]):
         epoch = len(record["curve"]) + 1
-        wall, cpu = time.perf_counter(), time.process_time()
+        part, within = within or {"start": 0, "state": None, "losses": [], "wall": 0.0, "cpu": 0.0}, None
+        wall, cpu = time.perf_counter() - part["wall"], time.process_time() - part["cpu"]
         body.train()
         head.train()
-        bar = tqdm(total=steps, desc=f"{corpus} LSTM epoch {epoch}", disable=not progress, leave=False)
-        losses: List[float] = []
+        begun = part["start"] // s["bptt"]
+        bar = tqdm(total=steps, initial=begun, desc=f"{corpus} LSTM epoch {epoch}", disable=not progress, leave=False)
+        losses: List[float] = part["losses"]
 
         def step(start, out, losses=losses, bar=bar):
             loss = head.loss(out, y_all[:, start : start + s["bptt"]])
@@ -178,7 +199,12 @@ def train_split_lm(
             bar.update()
             bar.set_postfix(loss=f"{losses[-1]:.2f}")
 
-        run_streams(body, x_all, s["bptt"], step)
+        def checkpoint(start, state, losses=losses, wall=wall, cpu=cpu):
+            if (start // s["bptt"]) % checkpoint_steps == 0 and start < x_all.shape[1]:
+                times = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+                save(within={"start": start, "state": state, "losses": losses, **times})
+
+        run_streams(body, x_all, s["bptt"], step, part["state"], part["start"], checkpoint)
         bar.close()
         head.eval()
         valid_ppl = math.exp(mean_nll(head, *split_states(body, valid, STREAMS["valid"], s["bptt"])))
@@ -193,9 +219,7 @@ def train_split_lm(
         )
         if best is None or valid_ppl < best["valid_ppl"]:
             best = {"valid_ppl": valid_ppl, "epoch": epoch, "body": copy_state(body), "head": copy_state(head)}
-        state = {"body": body.state_dict(), "head": head.state_dict(), "opt": opt.state_dict()}
-        torch.save({**state, "rng": torch.get_rng_state(), "record": record, "best": best}, partial + ".tmp")
-        os.replace(partial + ".tmp", partial)
+        save()
         log(f"{corpus} LSTM epoch {epoch}: valid ppl {valid_ppl:.2f} ({record['curve'][-1]['wall_seconds']:.0f} s)")
     body.load_state_dict(best["body"])
     head.load_state_dict(best["head"])
