@@ -213,26 +213,36 @@ CONTROL_OPTIONS = ("train_tokens", "stop_patience", "steps", "batch", "ds_lr", "
 
 def kept_control(task: Task, full, args) -> Tuple[torch.nn.Module, Dict]:
     """The control of :func:`softmaxes` and its run's record, kept in ``OUT/heads/TASK-control`` (with
-    ``control.json``: the run, its options and the digest of the softmax it started from); with ``--resume`` one
-    kept there with the same options and softmax is read instead of trained again (on SmolLM2 it is an hour)."""
+    ``control.json``: the run, its options, the digests of the softmax it started from and of its states); with
+    ``--resume`` one
+    kept there with the same options, softmax and states is read instead of trained again (on SmolLM2 it is an
+    hour)."""
     folder = os.path.join(args.out, "heads", f"{task.name}-control")
-    key = {"options": {k: getattr(args, k) for k in CONTROL_OPTIONS}, "softmax": tensor_digest(full.weight)}
+    states = (task.train_h, task.train_y, task.valid_h, task.valid_y)
+    key = {
+        "options": {k: getattr(args, k) for k in CONTROL_OPTIONS},
+        "softmax": tensor_digest(*full.state_dict().values()),
+        "states": tensor_digest(*states),  # the states it trains and stops on (--states, --trunk-data, --wt2-dir)
+    }
     kept = runtime.load_json(os.path.join(folder, "control.json")) if args.resume else None
     if kept is not None and kept["key"] == key:
         print(f"{task.name}: the control kept in {folder} (trained in {kept['run']['train_seconds']:.0f} s), read")
         return hf_heads.load_head(folder).eval(), kept["run"]
     control = copy.deepcopy(full)
     if isinstance(getattr(control, "dropout", None), torch.nn.Dropout):
-        control.dropout.p = 0.0  # PTB's trunk head was trained with dropout on its input; DS-Softmax has none
+        control.dropout.p = control.config.dropout = 0.0  # PTB's trunk head had dropout on its input; DS has none
     run = trained(task, control, args, args.ds_lr, args.steps, f"{task.name} control", baseline=True)
     hf_heads.save_head(control, folder)
     runtime.save_json(os.path.join(folder, "control.json"), {"key": key, "run": run})
     return control, run
 
 
-def tensor_digest(t: torch.Tensor) -> str:
-    """The sha1 of a tensor's bytes (which weights a kept head started from)."""
-    return hashlib.sha1(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+def tensor_digest(*tensors: torch.Tensor) -> str:
+    """The sha1 of the tensors' bytes (which weights a kept head started from, which states it trained on)."""
+    digest = hashlib.sha1()
+    for t in tensors:
+        digest.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def run_task(task: Task, args, experts: int, trained_softmaxes: Tuple) -> Dict:

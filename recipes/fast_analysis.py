@@ -70,7 +70,7 @@ def _merge(out_dir: str, name: str, key: str, new: List[Dict], note: Optional[st
         json.dump(merged, out, indent=1)
 
 
-def _results(run: str, option: str) -> List[Dict]:
+def _results(run: str, option: str):
     path = os.path.join(run, "results.json")
     if not os.path.isfile(path):
         raise SystemExit(f"{option} {run}: no results.json there (run its command first)")

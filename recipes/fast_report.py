@@ -65,7 +65,7 @@ SVD_CMP = (
 #: decoding at batch 1 (``python -m recipes.decoding``): agreement with the full softmax, then speed per thread count
 DECODE_AGREE = (
     "| model | head | top-1 agreement, teacher-forced | identical greedy prefix: median (new tokens) | prompts "
-    "identical throughout | top-k sampling: TV distance (k) |",
+    "identical throughout | top-k TV distance, teacher-forced (k) |",
     "| {model} | {name} | {teacher_forced_top1_agreement:.4f} | {prefix_median:.1f} ({new_tokens}) | "
     "{prefix_whole:.2f} | {top_k_tv:.4f} ({top_k}) |",
 )

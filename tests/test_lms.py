@@ -1,6 +1,6 @@
 """The study's train-split LSTM (recipes.common.lms) on a tiny generated corpus: the valid-based stop keeps the best
-epoch's weights, a run cut after an epoch goes on to the weights of an uncut run, and the task's states are the ones
-its LM scores."""
+epoch's weights, a run cut after an epoch or within one goes on to the weights of an uncut run, and the task's states
+are the ones its LM scores."""
 
 import math
 import random

@@ -44,15 +44,16 @@ def default_wait_policy() -> bool:
     return True
 
 
-def describe() -> str:
-    """One line for a recipe's log: torch's thread count as the command starts (its ``--threads``, where it has one,
-    sets its own after), the cores, and how idle threads wait."""
+def describe(at_start: bool = False) -> str:
+    """One line for a recipe's log: torch's thread count (``at_start``: said as the count a command starts with,
+    before its ``--threads``, where it has one, sets its own), the cores, and how idle threads wait."""
     import torch
 
     policy = os.environ.get(WAIT_POLICY)
     how = f"{WAIT_POLICY}={policy}" if policy else f"{WAIT_POLICY} unset (OpenMP spins: slow beside busy processes)"
     threads = torch.get_num_threads()
-    return f"torch: {threads} thread(s) at the start (before any --threads) on {os.cpu_count()} core(s), {how}"
+    when = " at the start (before any --threads)" if at_start else ""
+    return f"torch: {threads} thread(s){when} on {os.cpu_count()} core(s), {how}"
 
 
 def hide_broken_torchaudio() -> Optional[str]:

@@ -29,7 +29,7 @@ def run(main: Callable, argv: Optional[Sequence[str]] = None, program_name: Opti
     hide_broken_torchaudio()  # before the command loads transformers (python -m hf_heads.cli.X, torchrun -m ...)
     name = program_name or program()
     if "-h" not in sys.argv[1:] and "--help" not in sys.argv[1:]:
-        print(f"{name}: {describe()}", file=sys.stderr, flush=True)
+        print(f"{name}: {describe(at_start=True)}", file=sys.stderr, flush=True)
     try:
         code = main(argv)
     except ValueError as e:

@@ -139,7 +139,8 @@ def train_split_lm(
     evaluation mode) and the record: settings, vocabulary size, curve (valid perplexity, mean train loss, wall and
     CPU seconds per epoch), best epoch, why it ended, CPU seconds in all and torch's thread count. The run's state is
     saved after every epoch and every ``checkpoint_steps`` steps within one (the position in the text, the carried
-    LSTM state and the losses so far with it): a run cut short goes on from there, to the weights of an uncut run."""
+    LSTM state and the losses so far with it): a run cut short goes on from there, to the weights of an uncut run
+    (its seconds then count the steps kept, not those done again after the cut; each epoch says its threads)."""
     from tqdm.auto import tqdm
 
     s = {**LSTM_SETTINGS, **(settings or {})}
@@ -215,6 +216,7 @@ def train_split_lm(
                 "train_loss": sum(losses) / len(losses),
                 "wall_seconds": time.perf_counter() - wall,
                 "cpu_seconds": time.process_time() - cpu,
+                "threads": torch.get_num_threads(),
             }
         )
         if best is None or valid_ppl < best["valid_ppl"]:
