@@ -29,7 +29,7 @@ DOCS = os.path.join(CHECKOUT, "docs")
 RECORDS = os.path.join(CHECKOUT, records("fast_softmax_study"))  # the committed json and the derived numbers
 READING = "fast_softmax_study-reading.md"  # beside the page; first line <!-- cells: N -->, N = the runs it read
 #: the formatters of the page's tables (a percentage is a fraction's hundredfold, "points" one of top-1)
-FORMATS = tuple(f"{{:.{n}f}}".format for n in range(4))
+FORMATS = tuple(f"{{:.{n}f}}".format for n in range(5))
 EXCEPTIONS = ()  # the reading's numbers that are no json value as the page prints it, each with why (at most ten)
 #: the tables' (header, row) pairs, the rows ``str.format`` templates of a row's fields
 DS_CMP = (
