@@ -157,18 +157,12 @@ def train_split_lm(
         log(f"{corpus} LSTM (train split): the trained weights from {found}")
         return body.eval(), head.eval(), saved["record"]
     os.makedirs(out_dir, exist_ok=True)
-    params = list(body.parameters()) + list(head.parameters())
-    opt = torch.optim.Adam(params, lr=s["lr"])
+    opt = torch.optim.Adam(list(body.parameters()) + list(head.parameters()), lr=s["lr"])
     record = {"settings": s, "vocab_size": len(vocab), "threads": torch.get_num_threads(), "curve": []}
     best, within = None, None
     partial = path[: -len(".pt")] + "-partial.pt"
     if os.path.isfile(partial):  # an earlier run's state after its last finished epoch, or within one
-        saved = torch.load(partial, weights_only=False)
-        body.load_state_dict(saved["body"])
-        head.load_state_dict(saved["head"])
-        opt.load_state_dict(saved["opt"])
-        torch.set_rng_state(saved["rng"])
-        record, best, within = saved["record"], saved["best"], saved.get("within")
+        record, best, within = _resume(partial, body, head, opt)
         at = f", step {within['start'] // s['bptt']} of epoch {len(record['curve']) + 1}" if within else ""
         log(f"{corpus} LSTM: going on after epoch {len(record['curve'])}{at} ({partial})")
     train, valid = split_ids(data_dir, vocab, "train"), split_ids(data_dir, vocab, "valid")
@@ -184,30 +178,8 @@ def train_split_lm(
         epoch = len(record["curve"]) + 1
         part, within = within or {"start": 0, "state": None, "losses": [], "wall": 0.0, "cpu": 0.0}, None
         wall, cpu = time.perf_counter() - part["wall"], time.process_time() - part["cpu"]
-        body.train()
-        head.train()
-        begun = part["start"] // s["bptt"]
-        bar = tqdm(total=steps, initial=begun, desc=f"{corpus} LSTM epoch {epoch}", disable=not progress, leave=False)
-        losses: List[float] = part["losses"]
-
-        def step(start, out, losses=losses, bar=bar):
-            loss = head.loss(out, y_all[:, start : start + s["bptt"]])
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 0.25 * 10)
-            opt.step()
-            losses.append(loss.item())
-            bar.update()
-            bar.set_postfix(loss=f"{losses[-1]:.2f}")
-
-        def checkpoint(start, state, losses=losses, wall=wall, cpu=cpu):
-            if (start // s["bptt"]) % checkpoint_steps == 0 and start < x_all.shape[1]:
-                times = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
-                save(within={"start": start, "state": state, "losses": losses, **times})
-
-        run_streams(body, x_all, s["bptt"], step, part["state"], part["start"], checkpoint)
-        bar.close()
-        head.eval()
+        bar = tqdm(total=steps, desc=f"{corpus} LSTM epoch {epoch}", disable=not progress, leave=False)
+        losses = _train_epoch(body, head, opt, x_all, y_all, s["bptt"], part, (wall, cpu), bar, save, checkpoint_steps)
         valid_ppl = math.exp(mean_nll(head, *split_states(body, valid, STREAMS["valid"], s["bptt"])))
         record["curve"].append(
             {
@@ -223,6 +195,60 @@ def train_split_lm(
             best = {"valid_ppl": valid_ppl, "epoch": epoch, "body": copy_state(body), "head": copy_state(head)}
         save()
         log(f"{corpus} LSTM epoch {epoch}: valid ppl {valid_ppl:.2f} ({record['curve'][-1]['wall_seconds']:.0f} s)")
+    _finish(body, head, record, best, split_ids(data_dir, vocab, "test"), path, partial)
+    log(
+        f"{corpus} LSTM: best epoch {best['epoch']}, valid ppl {record['valid_ppl']:.2f}, test {record['test_ppl']:.2f}"
+    )
+    return body, head, record
+
+
+def _resume(partial: str, body, head, opt) -> Tuple[Dict, Dict, Optional[Dict]]:
+    """The weights, optimizer and random state of :func:`train_split_lm`'s run saved at ``partial``, loaded; its
+    record, best epoch and ``within`` (where it stopped within an epoch, None after a whole one)."""
+    saved = torch.load(partial, weights_only=False)
+    body.load_state_dict(saved["body"])
+    head.load_state_dict(saved["head"])
+    opt.load_state_dict(saved["opt"])
+    torch.set_rng_state(saved["rng"])
+    return saved["record"], saved["best"], saved.get("within")
+
+
+def _train_epoch(body, head, opt, x_all, y_all, bptt: int, part: Dict, clock, bar, save, checkpoint_steps: int):
+    """One epoch of :func:`train_split_lm`'s steps from ``part`` (where an earlier run stopped within it: position,
+    carried LSTM state, losses; ``clock``: the epoch's wall and CPU starts), calling ``save(within=...)`` every
+    ``checkpoint_steps`` steps; the epoch's losses. ``bar`` (a tqdm of the epoch's steps) starts at the part's
+    position and is closed at the end; body and head train in training mode, the head is in evaluation mode after."""
+    params = list(body.parameters()) + list(head.parameters())
+    losses: List[float] = part["losses"]
+    bar.update(part["start"] // bptt)
+    body.train()
+    head.train()
+
+    def step(start, out):
+        loss = head.loss(out, y_all[:, start : start + bptt])
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.25 * 10)
+        opt.step()
+        losses.append(loss.item())
+        bar.update()
+        bar.set_postfix(loss=f"{losses[-1]:.2f}")
+
+    def checkpoint(start, state):
+        if (start // bptt) % checkpoint_steps == 0 and start < x_all.shape[1]:
+            times = {"wall": time.perf_counter() - clock[0], "cpu": time.process_time() - clock[1]}
+            save(within={"start": start, "state": state, "losses": losses, **times})
+
+    run_streams(body, x_all, bptt, step, part["state"], part["start"], checkpoint)
+    bar.close()
+    head.eval()
+    return losses
+
+
+def _finish(body, head, record: Dict, best: Dict, test_ids: torch.Tensor, path: str, partial: str) -> None:
+    """:func:`train_split_lm`'s end: the best epoch's weights back, the record completed (best epoch, why it ended,
+    CPU seconds, valid and test perplexity), the LM saved at ``path`` and the run's state at ``partial`` removed."""
+    s = record["settings"]
     body.load_state_dict(best["body"])
     head.load_state_dict(best["head"])
     record.update(
@@ -232,16 +258,12 @@ def train_split_lm(
     )
     body.eval()
     head.eval()
-    test_h, test_y = split_states(body, split_ids(data_dir, vocab, "test"), STREAMS["test"], s["bptt"])
+    test_h, test_y = split_states(body, test_ids, STREAMS["test"], s["bptt"])
     record["valid_ppl"] = best["valid_ppl"]
     record["test_ppl"] = math.exp(mean_nll(head, test_h, test_y))
     torch.save({"body": body.state_dict(), "head": head.state_dict(), "record": record}, path + ".tmp")
     os.replace(path + ".tmp", path)
     os.remove(partial)
-    log(
-        f"{corpus} LSTM: best epoch {best['epoch']}, valid ppl {record['valid_ppl']:.2f}, test {record['test_ppl']:.2f}"
-    )
-    return body, head, record
 
 
 def export_lm(
