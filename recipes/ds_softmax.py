@@ -214,9 +214,8 @@ CONTROL_OPTIONS = ("train_tokens", "stop_patience", "steps", "batch", "ds_lr", "
 def kept_control(task: Task, full, args) -> Tuple[torch.nn.Module, Dict]:
     """The control of :func:`softmaxes` and its run's record, kept in ``OUT/heads/TASK-control`` (with
     ``control.json``: the run, its options, the digests of the softmax it started from and of its states); with
-    ``--resume`` one
-    kept there with the same options, softmax and states is read instead of trained again (on SmolLM2 it is an
-    hour)."""
+    ``--resume`` one kept there with the same options, softmax and states is read instead of trained again (on SmolLM2
+    it is an hour)."""
     folder = os.path.join(args.out, "heads", f"{task.name}-control")
     states = (task.train_h, task.train_y, task.valid_h, task.valid_y)
     key = {
