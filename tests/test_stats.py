@@ -227,3 +227,12 @@ def test_mcnemar_by_hand():
     assert mcnemar([True, False], [True, False]).p == 1.0  # no discordant item: no evidence either way
     with pytest.raises(ValueError, match="one of each per item"):
         mcnemar([True], [True, False])
+
+
+def test_a_p_value_prints_at_its_precision_and_one_that_underflows_as_a_bound():
+    """McNemar's test over 300k tokens can return p = 0.0 (below the smallest float): printed as a bound, not 0."""
+    from recipes.common.stats import format_p, mcnemar
+
+    assert [format_p(p) for p in (None, 0.5, 0.0497, 0.00042, 1e-250)] == ["-", "0.50", "0.0497", "4.2e-04", "1.0e-250"]
+    underflow = mcnemar([True] * 30000 + [False] * 18000, [False] * 30000 + [True] * 18000).p
+    assert underflow == 0.0 and format_p(underflow) == "< 1e-300"

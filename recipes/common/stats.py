@@ -55,9 +55,12 @@ class Paired:
 
 def format_p(p: Optional[float]) -> str:
     """A p-value as the report writes it: 2 decimals from 0.1, 4 below (so 0.0497 is not shown as 0.050), then
-    scientific below 0.001."""
+    scientific below 0.001, and "< 1e-300" below that (where a p underflows to 0, as a binomial test's over 300k
+    tokens can)."""
     if p is None:
         return "-"
+    if p < 1e-300:
+        return "< 1e-300"
     return f"{p:.2f}" if p >= 0.1 else f"{p:.4f}" if p >= 0.001 else f"{p:.1e}"
 
 
