@@ -369,13 +369,13 @@ def main(argv=None) -> List[Dict]:
         if kept:
             print(f"[{name}] done ({path}), kept")
             results += kept
-            continue
-        with runtime.clock({"options": opts, "threads": torch.get_num_threads()}) as took:  # its states included
-            s = smollm2_setting(args) if name == "smollm2" else lm_setting(name, args)
-            result = study(s, args)
-        results.append({**result, **took})
-        print(f"[{name}] {took['seconds']:.0f} s ({took['cpu_seconds']:.0f} CPU s)")
-        with open(path, "w") as f:  # after every setting: a run cut short keeps what it finished
+        else:
+            with runtime.clock({"options": opts, "threads": torch.get_num_threads()}) as took:  # its states included
+                s = smollm2_setting(args) if name == "smollm2" else lm_setting(name, args)
+                result = study(s, args)
+            results.append({**result, **took})
+            print(f"[{name}] {took['seconds']:.0f} s ({took['cpu_seconds']:.0f} CPU s)")
+        with open(path, "w") as f:  # after every setting, kept or run: a run cut short keeps what it finished
             json.dump(results, f, indent=1)
     text = "\n".join(format_table(r) for r in results)
     print("\n" + text)

@@ -119,6 +119,12 @@ def test_study_command_on_a_tiny_corpus(tmp_path, monkeypatch):
     assert SS.main(argv + ["--resume"]) == [result]
     with pytest.raises(pytest.fail.Exception, match="studied again"):
         SS.main(argv + ["--resume", "--queries", "40"])
+    # a setting kept after the last one studied stays in results.json too (the file once lost it)
+    path = tmp_path / "o" / "results.json"
+    path.write_text(json.dumps([{**result, "setting": "smollm2"}]))
+    monkeypatch.setattr(SS, "study", lambda s, a: {k: v for k, v in result.items() if k != "seconds"})
+    SS.main(["--settings", "wikitext-2", "smollm2", *argv[2:], "--resume"])
+    assert [r["setting"] for r in json.loads(path.read_text())] == ["wikitext-2", "smollm2"]
 
 
 def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
