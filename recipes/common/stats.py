@@ -55,8 +55,8 @@ class Paired:
 
 def format_p(p: Optional[float]) -> str:
     """A p-value as the report writes it: 2 decimals from 0.1, 4 below (so 0.0497 is not shown as 0.050), then
-    scientific below 0.001, and "< 1e-300" below that (where a p underflows to 0, as a binomial test's over 300k
-    tokens can)."""
+    scientific below 0.001, and "< 1e-300" below that: a p of 0 is a bound, whether it underflowed (a binomial
+    test's over 300k tokens) or came from a paired test without spread."""
     if p is None:
         return "-"
     if p < 1e-300:
