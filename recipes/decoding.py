@@ -302,14 +302,17 @@ def trained_head(folder: str, vocab_size: int, hidden_size: int):
 
 def with_trained_head(model, folder: str):
     """A copy of the HF ``model`` whose output layer is the head saved in ``folder`` (its weights as trained, the
-    model's own untouched); a head that would tie to the input embedding is refused (loading it would move them)."""
+    model's own untouched). A head that the swap ties to the input embedding (a softmax trained on a tied model's
+    states, e.g. the DS recipe's control) is untied first: it was trained alone, the input embedding kept as it was,
+    and loading it into the tied weight would move the embedding too."""
     weight = model.get_output_embeddings().weight
     head = trained_head(folder, *weight.shape)
     options = {k: v for k, v in head.config.to_dict().items() if k not in ("hidden_size", "vocab_size", "use_bias")}
     converted = hf_heads.swap_head(copy.deepcopy(model), head.head_name, **options)
     new = hf_heads.output_head(converted)
     if new.weight is converted.get_input_embeddings().weight:
-        raise SystemExit(f"--head-dirs {folder}: a {head.head_name} head ties to the input embedding here")
+        new.weight = torch.nn.Parameter(new.weight.detach().clone())
+        converted.config.tie_word_embeddings = False  # nothing re-ties them later
     new.load_state_dict(head.state_dict())
     return converted.eval()
 

@@ -159,6 +159,14 @@ def test_the_decoding_command_measures_each_converted_head_and_resumes(tmp_path)
     swapped = decoding.with_trained_head(model, str(tmp_path / "ds-2"))
     assert torch.equal(hf_heads.output_head(swapped).weight, ds.weight) and swapped is not model
     assert torch.equal(model.lm_head.weight, model.get_input_embeddings().weight)  # the model's own untouched
+    # a softmax trained alone on a tied model's states (the DS recipe's control): untied, the input embedding kept
+    control = hf_heads.build_head("softmax", hidden_size=16, vocab_size=64, use_bias=False)
+    hf_heads.save_head(control, tmp_path / "control")
+    untied = decoding.with_trained_head(model, str(tmp_path / "control"))
+    embedding = untied.get_input_embeddings().weight
+    assert torch.equal(hf_heads.output_head(untied).weight, control.weight)
+    assert torch.equal(embedding, model.get_input_embeddings().weight) and not torch.equal(embedding, control.weight)
+    assert not untied.config.tie_word_embeddings
     more = decoding.main(argv + ["--rounds", "1", "--heads", "--head-dirs", str(tmp_path / "ds-2")], log=lambda *_: 0)
     assert more["heads"]["ds-2"]["config"]["num_experts"] == 2 and set(more["heads"]) == {*out["heads"], "ds-2"}
     with pytest.raises(SystemExit, match="--head-dirs .*other: a head of V = 50, d = 16; this model's is V = 64"):
