@@ -323,12 +323,14 @@ def described(head, model: str, extra: Dict) -> Dict:
 
 
 def lstm_model(args):
-    """The fast study's WikiText-2 LSTM and its softmax (read from ``--lm-dir``, not trained here), the test ids, and
-    what the LM is (its file, valid / test perplexity, best epoch)."""
-    path = lms.lm_path(args.lm_dir, "wikitext-2", lms.LSTM_SETTINGS)
-    if not os.path.isfile(path):
+    """The fast study's WikiText-2 LSTM and its softmax (read from ``--lm-dir``, else the checkout's kept copy; not
+    trained here), the test ids, and what the LM is (its file, valid / test perplexity, best epoch)."""
+    path = lms.trained_lm_path(args.lm_dir, "wikitext-2")
+    if path is None:
+        missing = lms.lm_path(args.lm_dir, "wikitext-2", lms.LSTM_SETTINGS)
         raise SystemExit(
-            f"--model {LSTM_MODEL}: no LSTM at {path}; train it: python -m recipes.common.lms --out {args.lm_dir}"
+            f"--model {LSTM_MODEL}: no LSTM at {missing} nor in {lms.KEPT_LMS}; train it: "
+            f"python -m recipes.common.lms --out {args.lm_dir}"
         )
     lstm, softmax, record = lms.train_split_lm(args.wt2_dir, "wikitext-2", args.lm_dir, progress=False)
     lm = {"path": path, **{k: record[k] for k in ("valid_ppl", "test_ppl", "best_epoch")}}

@@ -176,7 +176,8 @@ def test_the_decoding_command_measures_each_converted_head_and_resumes(tmp_path)
 def test_the_decoding_command_on_the_lstm_measures_converted_and_trained_heads(tmp_path, monkeypatch):
     """--model wikitext-2-lstm: the study's LSTM read from --lm-dir (a tiny one here), each head against its trained
     softmax: the softmax itself agrees everywhere, SVD-softmax refining every id too, a trained class_softmax
-    (--head-dirs) is measured under its folder's name; without the LSTM the command says how to train it."""
+    (--head-dirs) is measured under its folder's name; without the LSTM the command says how to train it, and where
+    --lm-dir has none it reads the checkout's kept copy."""
     from corpora import tiny_corpus
     from test_recipes import TINY_LM
 
@@ -204,6 +205,12 @@ def test_the_decoding_command_on_the_lstm_measures_converted_and_trained_heads(t
     lm = out["softmax"]["lm"]
     assert lm["path"] == lms.lm_path(str(lm_dir), "wikitext-2", lms.LSTM_SETTINGS) and lm["test_ppl"] > 1
     assert trained["config"]["num_classes"] == 4 and "recurrent state" in trained["cache"]
+    # a fresh clone has no --lm-dir LM: the command reads the checkout's kept copy (export_lm)
+    monkeypatch.setattr(lms, "KEPT_LMS", str(tmp_path / "kept"))
+    kept = lms.export_lm(str(text), "wikitext-2", str(lm_dir), log=lambda m: 0)
+    argv[argv.index("--lm-dir") + 1], argv[argv.index("--out") + 1] = str(tmp_path / "empty"), str(tmp_path / "o2")
+    again = decoding.main(argv[: argv.index("--heads")] + ["--heads", "softmax", "--rounds", "1"], log=lambda *_: 0)
+    assert again["heads"]["softmax"]["lm"]["path"] == kept and again["heads"]["softmax"]["greedy_prefix"] == [4, 4, 4]
 
 
 def _decoding_run(folder, model, share, greedy, prefix):

@@ -125,6 +125,14 @@ def lm_path(out_dir: str, corpus: str, settings: Dict) -> str:
     )
 
 
+def trained_lm_path(out_dir: str, corpus: str, settings: Optional[Dict] = None) -> Optional[str]:
+    """The file :func:`train_split_lm` reads the trained LM from: ``out_dir``'s (:func:`lm_path`), else the
+    checkout's copy under :data:`KEPT_LMS` (:func:`export_lm`); None when neither is there."""
+    path = lm_path(out_dir, corpus, {**LSTM_SETTINGS, **(settings or {})})
+    kept = os.path.join(KEPT_LMS, os.path.basename(path))
+    return next((p for p in (path, kept) if os.path.isfile(p)), None)
+
+
 def train_split_lm(
     data_dir: str,
     corpus: str,
@@ -149,8 +157,8 @@ def train_split_lm(
     torch.manual_seed(s["seed"])
     body = LSTMLM(len(vocab), s["dim"], s["layers"], s["dropout"])
     head = hf_heads.build_head("softmax", hidden_size=s["dim"], vocab_size=len(vocab))
-    kept = os.path.join(KEPT_LMS, os.path.basename(path))  # the checkout's copy (export_lm), when there is one
-    for found in (p for p in (path, kept) if os.path.isfile(p)):
+    found = trained_lm_path(out_dir, corpus, s)  # out_dir's, else the checkout's copy (export_lm)
+    if found:
         saved = torch.load(found, weights_only=True)
         body.load_state_dict({k: v.float() for k, v in saved["body"].items()})
         head.load_state_dict({k: v.float() for k, v in saved["head"].items()})
