@@ -189,8 +189,9 @@ def _modes(row: Dict) -> Dict[str, str]:
 def _decoding(rows: List[Dict]) -> List[Dict]:
     """Per decoding row (a model's head): its agreement with the full softmax (the median identical greedy prefix,
     the share of prompts identical over all new tokens) and per thread count the fast path's decode speed-up of
-    greedy and top-k sampling, the head's share of a full-softmax decoding step and the speed-up Amdahl's law allows
-    a head that took no time at all, ``1 / (1 - share)``."""
+    greedy and top-k sampling, the head's share of a full-softmax decoding step, the speed-up Amdahl's law allows
+    a head that took no time at all, ``1 / (1 - share)``, and the milliseconds of that step (greedy) and of the
+    head's full forward in it."""
     out = []
     for r in rows:
         prefix, speed = r["greedy_prefix"], {}
@@ -201,7 +202,14 @@ def _decoding(rows: List[Dict]) -> List[Dict]:
             }
             share = s["head_share_of_decode"]
             bound = 1 / (1 - share) if share < 1 else math.inf
-            speed[threads] = {**{f"{m}_speedup": x for m, x in rate.items()}, "head_share": share, "bound": bound}
+            step_ms = 1000 / s["greedy"]["full"]["decode_tokens_per_s"]
+            speed[threads] = {
+                **{f"{m}_speedup": x for m, x in rate.items()},
+                "head_share": share,
+                "bound": bound,
+                "step_ms": step_ms,
+                "head_ms": share * step_ms,
+            }
         whole = sum(p == r["settings"]["new_tokens"] for p in prefix) / len(prefix)
         out.append({"prefix_median": statistics.median(prefix), "prefix_whole": whole, "speed": speed})
     return out

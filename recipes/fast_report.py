@@ -71,10 +71,10 @@ DECODE_AGREE = (
 )
 DECODE_SPEED = (
     "| model | head | threads | greedy tokens/s: full | fast | speed-up | top-k: full | fast | speed-up | head's "
-    "share of a step | Amdahl bound | load before, after |",
+    "share of a step | Amdahl bound | full step, head (ms) | load before, after |",
     "| {model} | {name} | {threads} | {greedy_full:.1f} | {greedy_fast:.1f} | {greedy_speedup:.2f}x | "
     "{top_k_full:.1f} | {top_k_fast:.1f} | {top_k_speedup:.2f}x | {head_share:.2f} | {bound:.2f}x | "
-    "{load_before:.2f}, {load_after:.2f} |",
+    "{step_ms:.2f}, {head_ms:.2f} | {load_before:.2f}, {load_after:.2f} |",
 )
 TIMING = dict(ms_per_token="{:.3f}", speedup="{:.2f}x", ms_per_target="{:.3f}", target_speedup="{:.2f}x")
 

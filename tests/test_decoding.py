@@ -235,7 +235,8 @@ def _decoding_run(folder, model, share, greedy, prefix):
 def test_the_fast_study_page_tabulates_decoding_runs_by_model(tmp_path):
     """fast_report --decoding: each run's heads become rows of decoding.json under its model (a model collected again
     replaces its own rows); the page's two decoding tables show the agreement, the speed-ups fast / full, the head's
-    share of a step and Amdahl's bound 1 / (1 - share), computed as by hand."""
+    share of a step, Amdahl's bound 1 / (1 - share) and the milliseconds of the full step and of the head in it,
+    computed as by hand."""
     import shutil
 
     from recipes import fast_report as FR
@@ -258,12 +259,23 @@ def test_the_fast_study_page_tabulates_decoding_runs_by_model(tmp_path):
     assert "| smollm2 | svd_softmax | 0.9700 | 37.0 (64) | 0.50 | 0.1250 (50) |" in text
     assert "| wikitext-2-lstm | svd_softmax | 0.9700 | 2.0 (64) | 0.33 | 0.1250 (50) |" in text
     assert (
-        "| smollm2 | svd_softmax | 1 | 20.0 | 50.0 | 2.50x | 10.0 | 12.5 | 1.25x | 0.75 | 4.00x | 1.00, 1.25 |" in text
+        "| smollm2 | svd_softmax | 1 | 20.0 | 50.0 | 2.50x | 10.0 | 12.5 | 1.25x | 0.75 | 4.00x | 50.00, 37.50 | "
+        "1.00, 1.25 |" in text
+    )  # 20 greedy tokens/s: a 50 ms step, 0.75 of it the head's
+    assert (
+        "| wikitext-2-lstm | svd_softmax | 1 | 100.0 | 150.0 | 1.50x | 10.0 | 12.5 | 1.25x | 0.50 | 2.00x | 10.00, 5.00 |"
+        in text
     )
-    assert "| wikitext-2-lstm | svd_softmax | 1 | 100.0 | 150.0 | 1.50x | 10.0 | 12.5 | 1.25x | 0.50 | 2.00x |" in text
     assert "_wikitext-2-lstm: paused the others_" in text
     nums = json.loads((records / "numbers.json").read_text())["decoding"]
-    assert nums[0]["speed"]["1"] == {"greedy_speedup": 2.5, "top_k_speedup": 1.25, "head_share": 0.75, "bound": 4.0}
+    assert nums[0]["speed"]["1"] == {
+        "greedy_speedup": 2.5,
+        "top_k_speedup": 1.25,
+        "head_share": 0.75,
+        "bound": 4.0,
+        "step_ms": 50.0,
+        "head_ms": 37.5,
+    }
     again = _decoding_run(tmp_path / "c", "smollm2", 0.5, (20.0, 20.0), [64])
     FR.main(["--decoding", again] + common)
     dec = json.loads((records / "decoding.json").read_text())
