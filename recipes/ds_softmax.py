@@ -244,6 +244,22 @@ def tensor_digest(*tensors: torch.Tensor) -> str:
     return digest.hexdigest()
 
 
+#: a FLOPs reduction under this after training: DS-Softmax pruned almost nothing (:func:`little_pruned_warning`)
+LITTLE_PRUNED = 1.5
+
+
+def little_pruned_warning(flops_reduction: float, cutoff: float, row_rms: float) -> str:
+    """What to do when DS-Softmax pruned almost nothing: ``prune_cutoff`` is an absolute norm and Adam moves each
+    weight by about its learning rate a step, so both want scaling with the softmax's class rows (``row_rms``, their
+    median RMS norm: 0.279 on the PTB trunk, where the defaults prune)."""
+    return (
+        f"warning: DS-Softmax pruned almost nothing (FLOPs reduction {flops_reduction:.2f}x): prune_cutoff "
+        f"{cutoff:g} is an absolute norm, and this softmax's class rows have a median RMS norm of {row_rms:.3f}; "
+        "scale --ds-lr and --ds-options' prune_cutoff by the ratio of that norm to the one they were set for "
+        "(the defaults prune the PTB trunk's rows, median 0.279)"
+    )
+
+
 def run_task(task: Task, args, experts: int, trained_softmaxes: Tuple) -> Dict:
     """DS-Softmax with ``experts`` experts on ``task`` beside :func:`softmaxes`' heads (``trained_softmaxes``):
     the row of results."""
@@ -258,6 +274,8 @@ def run_task(task: Task, args, experts: int, trained_softmaxes: Tuple) -> Dict:
     options.setdefault("prune_start", args.steps // 5)
     options.setdefault("prune_interval", max(1, args.steps // 50))
     bias = None if full.bias is None else full.bias.detach()
+    row_rms = float(full.weight.detach().pow(2).mean(1).sqrt().median())  # the scale prune_cutoff is absolute in
+    print(f"{task.name}: the softmax's class rows' median RMS norm {row_rms:.3f} (prune_cutoff's and --ds-lr's unit)")
     ds = hf_heads.build_head(
         "ds_softmax",
         hidden_size=d,
@@ -271,6 +289,8 @@ def run_task(task: Task, args, experts: int, trained_softmaxes: Tuple) -> Dict:
         ds.init_gate_from_hidden(task.train_h, seed=args.seed)
     runs["ds_softmax"] = trained(task, ds, args, args.ds_lr, args.steps, f"{task.name} ds_softmax")
     report = ds.sparsity_report(task.test_h)
+    if report["flops_reduction"] < LITTLE_PRUNED:
+        print(little_pruned_warning(report["flops_reduction"], ds.config.prune_cutoff, row_rms))
     hits_ds = top1_hits(ds, task.test_h, task.test_y)
     with torch.no_grad():
         covered = float(ds.mask[ds._route(task.test_h)[0], task.test_y].float().mean())
@@ -294,6 +314,7 @@ def run_task(task: Task, args, experts: int, trained_softmaxes: Tuple) -> Dict:
         "experts_alive": int((cpe > 0).sum()),
         "expected_classes_computed": report["expected_classes_computed"],
         "flops_reduction": report["flops_reduction"],
+        "softmax_row_rms_median": row_rms,
         "ms_per_query": {b: {n: 1e3 * v for n, v in t.items()} for b, t in times.items()},
         "speedup": {b: t["softmax"] / t["ds_softmax"] for b, t in times.items()},
         "timing_load": [load, os.getloadavg()[0]],
@@ -458,7 +479,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--softmax-steps", type=int, default=600, help="synthetic: full softmax training steps")
     p.add_argument("--batch", type=int, default=1024, help="training batch (hidden states)")
     p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate of the full softmax")
-    p.add_argument("--ds-lr", type=float, default=5e-3, help="Adam learning rate of DS-Softmax")
+    p.add_argument(
+        "--ds-lr",
+        type=float,
+        default=5e-3,
+        help="Adam learning rate of DS-Softmax (and of the control); with --ds-options' prune_cutoff, an absolute "
+        "norm, in the units of the softmax's class rows: scale both with the rows' median RMS norm, printed first",
+    )
     p.add_argument("--timing-rounds", type=int, default=7, help="interleaved timing rounds (median)")
     p.add_argument("--timing-queries", type=int, default=640, help="queries per timing round")
     p.add_argument("--seed", type=int, default=0)

@@ -370,6 +370,19 @@ def test_ds_recipe_recovers_the_10x10_hierarchy_and_writes_table_and_plot(tmp_pa
     assert (out / "synthetic-10x10-experts.png").stat().st_size > 5_000
 
 
+def test_ds_recipe_warns_when_it_pruned_almost_nothing(tmp_path, capsys):
+    """prune_cutoff is an absolute norm: a run that pruned almost nothing (here pruning off) says so, with the
+    softmax rows' median RMS norm it records, and how to scale the cutoff and the learning rate."""
+    argv = ["--tasks", "synthetic-10x10", "--steps", "20", "--softmax-steps", "20", "--timing-rounds", "1"]
+    argv += ["--timing-queries", "4", "--no-progress", "--no-plot", "--out", str(tmp_path / "ds")]
+    (r,) = dsr.main(argv + ["--ds-options", '{"prune_cutoff": 0}'])
+    out = capsys.readouterr().out
+    assert r["flops_reduction"] < dsr.LITTLE_PRUNED and r["softmax_row_rms_median"] > 0
+    assert f"median RMS norm of {r['softmax_row_rms_median']:.3f}" in out and "scale --ds-lr and" in out
+    (pruned,) = dsr.main(argv[:-1] + [str(tmp_path / "cut")] + ["--ds-options", '{"prune_cutoff": 100}'])
+    assert pruned["flops_reduction"] > dsr.LITTLE_PRUNED and "pruned almost nothing" not in capsys.readouterr().out
+
+
 @pytest.mark.slow  # 40 s: the language-model path stays in the default run (the control's test below)
 def test_ds_recipe_wikitext2_runs_every_expert_count_on_one_trained_lm(tmp_path, monkeypatch):
     argv = tiny_wt2_argv(tmp_path, monkeypatch)
