@@ -525,6 +525,28 @@ def settings(args) -> Dict:
     return {k: getattr(args, k) for k in ROW_OPTIONS}
 
 
+def task_states(name: str, args) -> Task:
+    """The task ``name``'s hidden states: SmolLM2's own ``lm_head`` over the states the upgrade table cached, a
+    language model trained on its train split (WikiText-2's kept in ``--lm-dir``), or a synthetic hierarchy."""
+    if name == "smollm2":
+        from hf_heads.hf.upgrade import pretrained_head
+        from recipes.common.real_heads import load_smollm2
+
+        return lms.states_task(name, args.states, pretrained_head(load_smollm2()[0]), args.train_tokens)
+    if name in LM_TASKS:
+        return lms.split_task(
+            name,
+            args.wt2_dir,
+            args.lm_dir,
+            trunk=args.trunk,
+            trunk_data=args.trunk_data,
+            train_tokens=args.train_tokens,
+            progress=not args.no_progress,
+        )
+    s, c = hierarchy_shape(name)
+    return make_hierarchy(s, c, args.dim, args.per_class, args.seed)
+
+
 def main(argv=None) -> List[Dict]:
     args = parse_args(argv)
     if args.threads:
@@ -565,27 +587,15 @@ def main(argv=None) -> List[Dict]:
         if not todo:
             print(f"{name}: every expert count done ({path}), skipped")
             continue
-        if name == "smollm2":  # its own lm_head over the states the upgrade table cached
-            from hf_heads.hf.upgrade import pretrained_head
-            from recipes.common.real_heads import load_smollm2
-
-            task = lms.states_task(name, args.states, pretrained_head(load_smollm2()[0]), args.train_tokens)
-        elif name in LM_TASKS:  # the LM trained on the train split (WikiText-2's kept in --lm-dir)
-            task = lms.split_task(
-                name,
-                args.wt2_dir,
-                args.lm_dir,
-                trunk=args.trunk,
-                trunk_data=args.trunk_data,
-                train_tokens=args.train_tokens,
-                progress=not args.no_progress,
-            )
-        else:
-            s, c = hierarchy_shape(name)
-            task = make_hierarchy(s, c, args.dim, args.per_class, args.seed)
-        heads = softmaxes(task, args)
+        with runtime.clock({}) as took:  # the task's states and its softmaxes (the control trained or read)
+            task = task_states(name, args)
+            heads = softmaxes(task, args)
+        print(f"{name}: states and softmaxes {took['seconds']:.0f} s ({took['cpu_seconds']:.0f} CPU s)")
         for experts in todo:
-            results.append(run_task(task, args, experts, heads))
+            with runtime.clock({"task_clock": took}) as row_took:  # each row of a run keeps its task's clock too
+                row = run_task(task, args, experts, heads)
+            results.append({**row, **row_took})
+            print(f"{name} E={experts}: {row_took['seconds']:.0f} s ({row_took['cpu_seconds']:.0f} CPU s)")
             with open(path, "w") as f:  # after every expert count: a run cut short keeps what it finished
                 json.dump(results, f, indent=2)
     table = format_table(results)

@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from recipes.ds_softmax import PAPER as POSTER
 from recipes.ds_softmax import from_json
-from recipes.common.stats import format_p, holm
+from recipes.common.runtime import cpu_seconds
+from recipes.common.stats import format_p, holm, wilson
 
 
 #: the poster's SVD-10 column (top-1 accuracy full -> SVD, FLOPs reduction, ms full -> SVD, on a GPU)
@@ -22,6 +23,11 @@ POSTER_SVD = {
     "Wiki-2": {"full": 0.257, "svd": 0.255, "flops": 5.38, "ms": (3.07, 0.60)},
 }
 
+
+#: the adaptive-sampling paper's figure as the spec quotes it (../shared/SPEC.md; the paper's summary in
+#: ../shared/papers prints no table value): up to 30x fewer multiplications on Mistral-7B (V = 32,000, d = 4,096) over
+#: WikiText, at its success criterion with epsilon = 0.3 and delta = 0.01
+ADAPTIVE_PAPER = {"setting": "paper: Mistral-7B, WikiText", "V": 32000, "d": 4096, "delta": 0.01, "gain": 30.0}
 
 PLOTS = ("svd-spectra.png", "svd-ppl-vs-window.png")
 
@@ -227,6 +233,45 @@ def decoding_rows(dec: Dict, nums: Dict) -> Tuple[List[Dict], List[Dict]]:
     return agree, speed
 
 
+def _adaptive(results: List[Dict]) -> List[Dict]:
+    """Per setting with the adaptive-sampling part (:func:`recipes.svd_study.adaptive_study`) and per delta, for the
+    bound as written and the calibrated variance scale: the success rate's 95% Wilson interval over the test states."""
+    out = []
+    for r in results:
+        part = r.get("adaptive")
+        for row in part["rows"] if part else []:
+            ci = {m: wilson(row[m]["success"] * part["queries"], part["queries"]) for m in ("bound", "calibrated")}
+            out.append({"setting": r["setting"], "delta": row["delta"], **{f"{m}_ci": list(v) for m, v in ci.items()}})
+    return out
+
+
+def _cpu(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict]) -> Dict:
+    """The CPU-core-hours the kept runs recorded, a row per command and part (:func:`recipes.common.runtime.
+    cpu_seconds`): the WikiText-2 LSTM's training (once), each SVD setting and its adaptive-sampling part, each DS
+    task's control (once) and DS row (its whole run where recorded, else its training seconds x threads: its states,
+    scoring and timing then uncounted), each decoding head; and their total."""
+    rows, lstm = [], None
+    for r in (svd or {}).get("results", []):
+        rows.append({"command": "svd_study", "part": r["setting"], "hours": cpu_seconds(r) / 3600})
+        if "adaptive" in r:
+            part = f"{r['setting']} adaptive sampling"
+            rows.append({"command": "svd_study", "part": part, "hours": cpu_seconds(r["adaptive"]) / 3600})
+    controls = {}
+    for r in (ds or {}).get("results", []):
+        lstm = lstm or ((r["info"].get("lm") or {}).get("cpu_seconds") if r["task"] == "wikitext-2" else None)
+        threads = r.get("threads") or 1
+        if "control" in r["runs"]:
+            controls.setdefault(r["task"], r["runs"]["control"]["train_seconds"] * threads)
+        row_cpu = r.get("cpu_seconds", r["ds_train_seconds"] * threads)
+        rows.append({"command": "ds_softmax", "part": f"{r['task']} E={r['experts']}", "hours": row_cpu / 3600})
+    rows += [{"command": "ds_softmax", "part": f"{t} control", "hours": s / 3600} for t, s in controls.items()]
+    for r in (decoding or {}).get("results", []):
+        rows.append({"command": "decoding", "part": f"{r['model']} {r['name']}", "hours": cpu_seconds(r) / 3600})
+    if lstm:
+        rows.insert(0, {"command": "lms", "part": "wikitext-2 LSTM", "hours": lstm / 3600})
+    return {"rows": rows, "total_hours": sum(r["hours"] for r in rows)}
+
+
 def derived(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict] = None) -> Dict:
     """The numbers the tables and the reading cite that no run's json holds (``numbers.json``)."""
     return {
@@ -236,4 +281,6 @@ def derived(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict] = 
         "ds": _ds([from_json(r) for r in ds["results"]]) if ds else [],
         "svd": [_setting(r) for r in (svd["results"] if svd else [])],
         "decoding": _decoding(decoding["results"]) if decoding else [],
+        "adaptive": _adaptive(svd["results"] if svd else []),
+        "cpu": _cpu(ds, svd, decoding),
     }

@@ -21,7 +21,7 @@ from typing import Dict, List, Tuple
 
 from recipes.common.data import CHECKOUT, records
 from recipes.common.reading import written_reading
-from recipes.fast_analysis import collect, decoding_rows, derived, ds_rows, load, svd_rows
+from recipes.fast_analysis import ADAPTIVE_PAPER, collect, decoding_rows, derived, ds_rows, load, svd_rows
 from recipes.ds_softmax import HEADER as DS_HEADER
 from recipes.ds_softmax import format_row as ds_row
 
@@ -76,7 +76,28 @@ DECODE_SPEED = (
     "{top_k_full:.1f} | {top_k_fast:.1f} | {top_k_speedup:.2f}x | {head_share:.2f} | {bound:.2f}x | "
     "{step_ms:.2f}, {head_ms:.2f} | {load_before:.2f}, {load_after:.2f} |",
 )
+#: adaptive sampling at its paper's criterion (python -m recipes.svd_study's adaptive part), the paper's figure below
+ADAPTIVE = (
+    "| output layer | V | d | delta | bound as written: success (95% interval) | top-1 agreement | fewer mults | "
+    "calibrated: variance scale | success (95% interval) | top-1 agreement | fewer mults |",
+    "| {setting} | {V} | {d} | {delta} | {bound[success]:.3f} ({bound_ci[0]:.3f}, {bound_ci[1]:.3f}) | "
+    "{bound[top1]:.3f} | {bound[gain]:.1f}x | {calibrated[variance_scale]:.3f} | {calibrated[success]:.3f} "
+    "({calibrated_ci[0]:.3f}, {calibrated_ci[1]:.3f}) | {calibrated[top1]:.3f} | {calibrated[gain]:.1f}x |",
+)
+PAPER_ROW = "| {setting} | {V} | {d} | {delta} | - | - | - | - | - | - | up to {gain:.0f}x |"
+CPU = ("| command | part | CPU-hours |", "| {command} | {part} | {hours:.2f} |")
 TIMING = dict(ms_per_token="{:.3f}", speedup="{:.2f}x", ms_per_target="{:.3f}", target_speedup="{:.2f}x")
+
+
+ADAPTIVE_CAPTION = (
+    "`python -m recipes.svd_study`'s adaptive part: adaptive sampling converted from each trained output layer, k = 1, "
+    "epsilon = 0.3; success: the top word right and its probability within a factor 1 +- epsilon; fewer mults: V d "
+    "over its mean multiplications; calibrated: the variance scale fitted on valid states as the authors' code does."
+)
+CPU_CAPTION = (
+    "What the kept runs recorded (their CPU seconds; a DS row without them: its training seconds x threads). Runs cut "
+    "short or discarded recorded nothing here: the reading counts them."
+)
 
 
 def table(template: Tuple[str, str], rows: List[Dict]) -> List[str]:
@@ -142,9 +163,16 @@ def render(out_dir: str, docs: str) -> Tuple[str, Dict]:
     )
     lines += commands("DS-Softmax", "ds_softmax --tasks ptb wikitext-2 smollm2", ds["notes"]) if ds else []
     lines += svd_section(svd, nums) if ds and svd else []
+    if svd and nums["adaptive"]:
+        lines += ["## Adaptive sampling as its paper measures it", ""] + fill(ADAPTIVE_CAPTION)
+        rows = [{**r, **row} for r in svd["results"] for row in r.get("adaptive", {}).get("rows", [])]
+        lines += table(ADAPTIVE, [{**r, **d} for r, d in zip(rows, nums["adaptive"])])[:-1]
+        lines += [PAPER_ROW.format(**ADAPTIVE_PAPER), ""]
     if dec:
         lines += commands("Decoding at batch 1", "decoding", dec["notes"])
         lines += [x for t, rows in zip((DECODE_AGREE, DECODE_SPEED), decoding_rows(dec, nums)) for x in table(t, rows)]
+    total = {"command": "all", "part": "", "hours": nums["cpu"]["total_hours"]}
+    lines += ["## CPU-hours of the kept runs", "", *fill(CPU_CAPTION), *table(CPU, nums["cpu"]["rows"] + [total])]
     return "\n".join(lines).rstrip() + "\n", nums
 
 

@@ -21,6 +21,12 @@ token against V d, and the time per token at batch 1 (the whole distribution; in
 in the same run, medians); the same for ``class_softmax``; and the time of the log-probability of a known target
 (``head.nll_2d``: the perplexity pass, where a class-based softmax computes two small softmaxes instead of V logits).
 
+Adaptive sampling converted from the same trained output layer, as its paper measures it (:func:`adaptive_study`):
+its success rate (the top-1 word right and its probability within a factor 1 +- epsilon, epsilon = 0.3) and its
+multiplications against V d, per ``--deltas``, with the confidence bound as written and with the variance scale
+calibrated on valid states as the authors' code does. A finished setting without it (or with other
+``--adaptive-queries`` / ``--calibration-*`` / ``--deltas``) gets this part alone under ``--resume``.
+
     python -m recipes.svd_study --out results/svd_study                # ptb, wikitext-2, smollm2 (if installed)
     python -m recipes.svd_study --settings ptb --queries 500
     python -m recipes.svd_study --out results/svd_study --resume       # keeps the settings finished with these options
@@ -59,6 +65,7 @@ class Setting:
     train_h: Optional[torch.Tensor] = None
     train_y: Optional[torch.Tensor] = None
     info: Dict = field(default_factory=dict)
+    valid_h: Optional[torch.Tensor] = None  # held-out states to calibrate adaptive sampling on
 
 
 def spectrum(weight: torch.Tensor) -> torch.Tensor:
@@ -99,6 +106,11 @@ def distilled(exact):
         return -(p * head(h)).sum(-1).mean()
 
     return loss
+
+
+def spread(n: int, count: int) -> torch.Tensor:
+    """``min(count, n)`` indices spread evenly over ``range(n)`` (queries from the whole text, not its start)."""
+    return torch.linspace(0, n - 1, min(count, n)).long()
 
 
 def windows(d: int, fractions) -> List[int]:
@@ -198,6 +210,50 @@ def study(s: Setting, args, log=print) -> Dict:
     }
 
 
+#: the options of :func:`adaptive_study` (apart from the SVD study's: a finished setting keeps its SVD part)
+ADAPTIVE_OPTIONS = ("adaptive_queries", "calibration_queries", "calibration_steps", "deltas")
+
+
+def adaptive_study(s: Setting, args, log=print) -> Dict:
+    """Adaptive sampling on the setting's trained output layer at its paper's criterion (epsilon = 0.3, k = 1), per
+    delta in ``args.deltas``: on ``args.adaptive_queries`` test states spread over the text, the success rate (top-1
+    right and its probability within a factor 1 +- epsilon of the exact one), the top-1 agreement and V d / the mean
+    multiplications (:meth:`AdaptiveSamplingHead.success_rate`), with the confidence bound as written (variance scale
+    1) and with the variance scale calibrated on the valid states ``s.valid_h`` (:meth:`~AdaptiveSamplingHead.
+    calibrate`: the smallest scale whose success there is at least 1 - delta)."""
+    V, d = s.weight.shape
+    test = s.test_h[spread(len(s.test_h), args.adaptive_queries)]
+    rows = []
+    for delta in args.deltas:
+        head = hf_heads.build_head(
+            "adaptive_sampling",
+            hidden_size=d,
+            vocab_size=V,
+            weight=s.weight,
+            bias=s.bias,
+            use_bias=s.bias is not None,
+            delta=delta,
+        ).eval()
+        bound = head.success_rate(test)
+        fit = head.calibrate(s.valid_h, steps=args.calibration_steps)
+        calibrated = {**head.success_rate(test), "variance_scale": fit["variance_scale"]}
+        calibrated["valid_success"] = fit["success"]
+        rows.append({"delta": delta, "bound": bound, "calibrated": calibrated})
+        log(
+            f"[{s.name}] adaptive_sampling delta={delta}: bound {bound['success']:.3f} success at "
+            f"{bound['gain']:.1f}x fewer multiplications; calibrated (scale {fit['variance_scale']:.3g}) "
+            f"{calibrated['success']:.3f} at {calibrated['gain']:.1f}x"
+        )
+    options = {k: getattr(args, k) for k in ADAPTIVE_OPTIONS}
+    return {
+        "epsilon": head.config.epsilon,
+        "queries": len(test),
+        "calibration_queries": len(s.valid_h),
+        "rows": rows,
+        "options": options,
+    }
+
+
 # ----------------------------------------------------------------------------- settings
 def lm_setting(corpus: str, args) -> Setting:
     from recipes.common.lms import split_task
@@ -212,7 +268,7 @@ def lm_setting(corpus: str, args) -> Setting:
         progress=not args.quiet,
     )
     soft = task.softmax
-    test = torch.linspace(0, len(task.test_y) - 1, min(args.queries, len(task.test_y))).long()  # spread over text
+    test = spread(len(task.test_y), args.queries)
     return Setting(
         corpus,
         soft.weight.detach().clone(),
@@ -227,14 +283,17 @@ def lm_setting(corpus: str, args) -> Setting:
             "lstm_valid_ppl": task.info["softmax_valid_ppl"],
             "lstm_test_ppl": task.info["softmax_test_ppl"],
         },
+        task.valid_h[spread(len(task.valid_h), args.calibration_queries)].contiguous(),
     )
 
 
 def smollm2_setting(args) -> Setting:
     from recipes.common.real_heads import smollm2_head
 
-    h = smollm2_head(os.path.join(args.data, "wikitext-2", "test.txt"), args.queries, progress=not args.quiet)
-    return Setting("smollm2", h.weight, h.bias, h.hidden, h.targets, info=h.info)
+    text = os.path.join(args.data, "wikitext-2", "{}.txt")
+    h = smollm2_head(text.format("test"), args.queries, progress=not args.quiet)
+    valid = smollm2_head(text.format("valid"), args.calibration_queries).hidden
+    return Setting("smollm2", h.weight, h.bias, h.hidden, h.targets, info=h.info, valid_h=valid)
 
 
 # ----------------------------------------------------------------------------- output
@@ -255,6 +314,15 @@ def format_table(result: Dict) -> str:
             f"| {r['method']} | {r.get('preview', '-')} | {r.get('W', '-')} | {r.get('N', '-')} | "
             f"{r['ppl']:.2f} | {r['top1']:.3f} | {r['top10']:.3f} | {r['cost_gain']:.1f}x | {' | '.join(timing)} |"
         )
+    part = result.get("adaptive")
+    if part:
+        lines += ["", f"adaptive_sampling (epsilon = {part['epsilon']}, k = 1, {part['queries']} test states):", ""]
+        lines += ["| delta | bound: success | V d / mults | calibrated: scale | success | V d / mults |"]
+        lines += ["|" + "---|" * 6] + [
+            f"| {r['delta']} | {b['success']:.3f} | {b['gain']:.1f}x | {c['variance_scale']:.3g} | "
+            f"{c['success']:.3f} | {c['gain']:.1f}x |"
+            for r, b, c in ((r, r["bound"], r["calibrated"]) for r in part["rows"])
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -299,8 +367,10 @@ def plot(results: List[Dict], out: str) -> List[str]:
 
 
 def options(args) -> Dict:
-    """What a setting's results depend on (every option but the settings, the output folder and how it is shown)."""
-    return {k: v for k, v in sorted(vars(args).items()) if k not in ("settings", "out", "quiet", "resume", "threads")}
+    """What a setting's SVD part depends on (every option but the settings, the output folder, how it is shown and
+    :data:`ADAPTIVE_OPTIONS`)."""
+    shown = ("settings", "out", "quiet", "resume", "threads")
+    return {k: v for k, v in sorted(vars(args).items()) if k not in shown + ADAPTIVE_OPTIONS}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -335,6 +405,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hier-steps", type=int, default=600, help="class_softmax training steps")
     p.add_argument("--timing-queries", type=int, default=200)
     p.add_argument("--timing-rounds", type=int, default=5)
+    p.add_argument("--adaptive-queries", type=int, default=500, help="adaptive sampling: test states scored")
+    p.add_argument("--calibration-queries", type=int, default=200, help="adaptive sampling: valid states it fits on")
+    p.add_argument("--calibration-steps", type=int, default=6, help="adaptive sampling: bisection steps of calibrate()")
+    p.add_argument(
+        "--deltas", type=float, nargs="+", default=[0.1, 0.01], help="adaptive sampling: PAC deltas (paper: 0.01)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=os.path.join("results", "svd_study"))
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -345,6 +421,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         bad = [f for f in getattr(args, name) if not 0 < f <= 1]
         if bad:
             p.error(f"--{name}: fractions in (0, 1], got {' '.join(map(str, bad))}")
+    if not all(0 < x < 1 for x in args.deltas):
+        p.error(f"--deltas: in (0, 1), got {' '.join(map(str, args.deltas))}")
+    for name in ("queries", "adaptive_queries", "calibration_queries", "calibration_steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: at least 1, got {getattr(args, name)}")
     return args
 
 
@@ -363,18 +444,25 @@ def main(argv=None) -> List[Dict]:
     if args.resume and os.path.isfile(path):
         with open(path) as f:  # an earlier run's settings, kept where it ran with these options
             done = [r for r in json.load(f) if r.get("options") == opts]
-    results = []
+    results, adaptive_opts = [], {k: getattr(args, k) for k in ADAPTIVE_OPTIONS}
     for name in settings:
-        kept = [r for r in done if r["setting"] == name]
+        kept, s = [r for r in done if r["setting"] == name], None
+        load = smollm2_setting if name == "smollm2" else (lambda a, n=name: lm_setting(n, a))
         if kept:
             print(f"[{name}] done ({path}), kept")
-            results += kept
+            result = kept[0]
         else:
             with runtime.clock({"options": opts, "threads": torch.get_num_threads()}) as took:  # its states included
-                s = smollm2_setting(args) if name == "smollm2" else lm_setting(name, args)
+                s = load(args)
                 result = study(s, args)
-            results.append({**result, **took})
+            result.update(took)
             print(f"[{name}] {took['seconds']:.0f} s ({took['cpu_seconds']:.0f} CPU s)")
+        if result.get("adaptive", {}).get("options") != adaptive_opts:
+            with runtime.clock({"threads": torch.get_num_threads()}) as took:  # the states again for a kept setting
+                result = {**result, "adaptive": adaptive_study(s or load(args), args)}
+            result["adaptive"].update(took)
+            print(f"[{name}] adaptive sampling: {took['seconds']:.0f} s ({took['cpu_seconds']:.0f} CPU s)")
+        results.append(result)
         with open(path, "w") as f:  # after every setting, kept or run: a run cut short keeps what it finished
             json.dump(results, f, indent=1)
     text = "\n".join(format_table(r) for r in results)

@@ -236,3 +236,16 @@ def test_a_p_value_prints_at_its_precision_and_one_that_underflows_as_a_bound():
     assert [format_p(p) for p in (None, 0.5, 0.0497, 0.00042, 1e-250)] == ["-", "0.50", "0.0497", "4.2e-04", "1.0e-250"]
     underflow = mcnemar([True] * 30000 + [False] * 18000, [False] * 30000 + [True] * 18000).p
     assert underflow == 0.0 and format_p(underflow) == "< 1e-300"
+
+
+def test_wilson_interval_matches_published_values_and_stays_in_bounds():
+    """Wilson's score interval at 95%: 0 of 10 -> [0, 0.2775], 5 of 10 -> [0.2366, 0.7634] (Newcombe 1998, table I's
+    method 3 gives these); all of n stays below 1, and n = 0 is refused."""
+    from recipes.common.stats import wilson
+
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    low, high = wilson(10, 10)
+    assert low == pytest.approx(1 - 0.2775, abs=1e-4) and high == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="n=0"):
+        wilson(0, 0)

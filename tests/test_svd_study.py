@@ -88,6 +88,7 @@ def tiny_study_argv(tmp_path, monkeypatch, out) -> list:
     """The study on the tiny WikiText-2 setting: two windows, one refine count, a few steps, one timing round."""
     argv = [*tiny_wt2_setting(tmp_path, monkeypatch), "--queries", "50", "--windows", "0.25", "0.5"]
     argv += ["--refine", "0.001", "--hier-steps", "3", "--timing-queries", "2", "--timing-rounds", "1"]
+    argv += ["--adaptive-queries", "30", "--calibration-queries", "12", "--calibration-steps", "2"]
     return argv + ["--quiet", "--out", str(out)]
 
 
@@ -112,19 +113,54 @@ def test_study_command_on_a_tiny_corpus(tmp_path, monkeypatch):
     assert result["seconds"] > 0 and result["cpu_seconds"] > 0  # what the setting took, its states included
     for name in ("results.md", "results.json", "svd-spectra.png", "svd-ppl-vs-window.png"):
         assert (tmp_path / "o" / name).stat().st_size > 100
-    with pytest.raises(SystemExit):
-        SS.parse_args(["--windows", "0"])
+    for bad in (["--windows", "0"], ["--deltas", "1"], ["--adaptive-queries", "0"]):
+        with pytest.raises(SystemExit):
+            SS.parse_args(bad)
+    # adaptive sampling at its paper's criterion: a row per delta, on the test states (at most --adaptive-queries),
+    # its variance scale calibrated on --calibration-queries valid states
+    part = result["adaptive"]
+    assert [r["delta"] for r in part["rows"]] == [0.1, 0.01] and part["epsilon"] == 0.3
+    assert (part["queries"], part["calibration_queries"]) == (30, 12) and part["cpu_seconds"] > 0
+    for r in part["rows"]:
+        assert r["bound"]["top1"] >= r["bound"]["success"] and r["calibrated"]["gain"] > 0
+        assert r["calibrated"]["variance_scale"] == 1.0 or r["calibrated"]["valid_success"] >= 1 - r["delta"]
+    assert "| delta | bound: success |" in (tmp_path / "o" / "results.md").read_text()
     # --resume keeps a setting finished with the same options (results.json is written after each), not another's
     monkeypatch.setattr(SS, "study", lambda *a, **k: pytest.fail("studied again"))
     assert SS.main(argv + ["--resume"]) == [result]
     with pytest.raises(pytest.fail.Exception, match="studied again"):
         SS.main(argv + ["--resume", "--queries", "40"])
+    # other adaptive-sampling options redo that part alone, the SVD part kept
+    (other,) = SS.main(argv + ["--resume", "--deltas", "0.05"])
+    assert other["rows"] == result["rows"] and [r["delta"] for r in other["adaptive"]["rows"]] == [0.05]
     # a setting kept after the last one studied stays in results.json too (the file once lost it)
     path = tmp_path / "o" / "results.json"
     path.write_text(json.dumps([{**result, "setting": "smollm2"}]))
-    monkeypatch.setattr(SS, "study", lambda s, a: {k: v for k, v in result.items() if k != "seconds"})
+    monkeypatch.setattr(SS, "study", lambda s, a: {k: v for k, v in result.items() if k not in ("seconds", "adaptive")})
     SS.main(["--settings", "wikitext-2", "smollm2", *argv[2:], "--resume"])
     assert [r["setting"] for r in json.loads(path.read_text())] == ["wikitext-2", "smollm2"]
+
+
+def test_adaptive_study_measures_the_heads_own_criterion_on_spread_queries():
+    """The adaptive part is the head's success rate (its paper's criterion) on test states spread over the text,
+    with the bound as written, then calibrated on the valid states: the same numbers as the head computes itself."""
+    g = torch.Generator().manual_seed(3)
+    V, d = 40, 12
+    weight, bias = torch.randn(V, d, generator=g), 0.1 * torch.randn(V, generator=g)
+    hidden, valid = 3 * torch.randn(50, d, generator=g), 3 * torch.randn(20, d, generator=g)
+    s = SS.Setting("t", weight, bias, hidden, torch.zeros(50, dtype=torch.long), valid_h=valid)
+    args = SS.parse_args(["--adaptive-queries", "10", "--calibration-steps", "2", "--deltas", "0.2"])
+    (row,) = SS.adaptive_study(s, args, log=lambda *_: None)["rows"]
+    head = hf_heads.build_head("adaptive_sampling", hidden_size=d, vocab_size=V, weight=weight, bias=bias, delta=0.2)
+    queries = hidden[SS.spread(50, 10)]
+    assert SS.spread(50, 10).tolist() == [0, 5, 10, 16, 21, 27, 32, 38, 43, 49]
+    assert row["bound"] == head.eval().success_rate(queries)
+    fit = head.calibrate(valid, steps=2)
+    assert row["calibrated"] == {
+        **head.success_rate(queries),
+        "variance_scale": fit["variance_scale"],
+        "valid_success": fit["success"],
+    }
 
 
 def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):

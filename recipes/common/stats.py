@@ -10,6 +10,7 @@ against softmax, per split):
 * :func:`holm` adjusts the p-values of a family (Holm 1979, step-down): a comparison is significant at ``alpha`` when
   its adjusted p-value is at most ``alpha``, with the family-wise error rate at most ``alpha``;
 * :func:`mcnemar` compares two classifiers on the same items (McNemar's exact test on the items where they disagree);
+* :func:`wilson` gives a proportion's interval (a success rate over queries);
 * :func:`detectable` gives what a comparison could have found: the smallest true mean difference that a two-sided
   paired t-test at a given level detects with a given power (80%), from the seeds' paired standard deviation
   (the noncentral t distribution), to set beside the difference a paper claims.
@@ -204,3 +205,13 @@ def mcnemar(a_right: Sequence[bool], b_right: Sequence[bool]) -> McNemar:
     a_only, b_only = int((a & ~b).sum()), int((b & ~a).sum())
     p = 1.0 if a_only + b_only == 0 else float(_stats.binomtest(a_only, a_only + b_only, 0.5).pvalue)
     return McNemar(len(a), a_only, b_only, (a_only - b_only) / len(a) if len(a) else 0.0, p)
+
+
+def wilson(successes: float, n: int, z: float = 1.959963984540054) -> tuple:
+    """Wilson's score interval ``(low, high)`` of a binomial proportion, ``successes`` of ``n`` (95% by default):
+    unlike the normal approximation it stays inside [0, 1] and is not empty at 0 or ``n`` successes."""
+    if n < 1:
+        raise ValueError(f"wilson: n={n}; it must be >= 1")
+    p = successes / n
+    centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
