@@ -27,6 +27,7 @@ from recipes.bottleneck_analysis import (
     upgrade_rows,
 )
 from recipes.common import stats as paired_stats
+from recipes.common.reading import markdown_table
 
 TRUNK_TABLE, KEPT = "lm-ptb", "artifacts"  # the trunk: lm-ptb's seed-1 softmax cell, kept in artifacts/ (its --out)
 PAIRED_HEADER = f"mean [95% CI] | paired t p | Holm p | detectable ({paired_stats.POWER:.0%} power) |"
@@ -53,12 +54,6 @@ def para(*texts: str) -> List[str]:
     return [line for text in texts for line in (text, "")]
 
 
-def rows_table(header: str, rows) -> List[str]:
-    """A markdown table: its ``header`` line and its ``rows`` (lists of cells), a blank line after."""
-    lines = ["| " + " | ".join(map(str, r)) + " |" for r in rows]
-    return [header, "|" + "---|" * (header.count("|") - 1)] + lines + [""]
-
-
 def table(obj: Dict, value, digits: int = 2, mark=None, diverged=(), corner: str = "head") -> List[str]:
     """A heads x d table of ``value(cell)`` (mean ± sd over seeds, n seeds; :func:`grid`), ``-`` where none has
     finished; ``mark(cells)``, a note after an entry; ``diverged``, cells left out, counted in their entry."""
@@ -70,7 +65,7 @@ def table(obj: Dict, value, digits: int = 2, mark=None, diverged=(), corner: str
         return shown + (f" diverged {lost}" if lost else "")
 
     header = f"| {corner} | " + " | ".join(f"d = {d}" for d in dims) + " |"
-    return rows_table(header, [[h] + [entry(h, d, row[d]) for d in dims] for h, row in cells.items()])
+    return markdown_table(header, [[h] + [entry(h, d, row[d]) for d in dims] for h, row in cells.items()])
 
 
 def paired_cells(row: Dict) -> str:
@@ -90,7 +85,7 @@ def slope_table(obj: Dict, slopes: List[Dict]) -> List[str]:
         if r["slope"] is not None:
             fit = [f"{r['slope']:+.4f} [{r['low']:+.4f}, {r['high']:+.4f}]", r["df"], fp(r["p"]), fp(r["holm"])]
         rows.append([r["head"], (", ".join(map(str, r["dims"])) or "none") + few, per_d, *fit])
-    return rows_table("| head | d values | seeds per d | slope [95% CI] | df | p | Holm p |", rows)
+    return markdown_table("| head | d values | seeds per d | slope [95% CI] | df | p | Holm p |", rows)
 
 
 def paired_table(rows: List[Dict]) -> List[str]:
@@ -99,7 +94,7 @@ def paired_table(rows: List[Dict]) -> List[str]:
         by_seed = ", ".join(f"s{s} {v:+.4f}" for s, v in sorted(r["by_seed"].items()))
         cells.append([r["head"], r["d"], r["seeds"], "{}, {}".format(*r["capped"]), by_seed, paired_cells(r)])
     header = "| head | d | seeds | capped (head, softmax) | by seed | " + PAIRED_HEADER
-    return rows_table(header, cells) + para(DETECTABLE)
+    return markdown_table(header, cells) + para(DETECTABLE)
 
 
 def cap_reach_table(obj: Dict) -> List[str]:
@@ -115,7 +110,7 @@ def cap_reach_table(obj: Dict) -> List[str]:
     )
     header = "| head | d | seed | valid NLL, head - softmax | gain / epoch, last {} | epochs to draw level | "
     header += "softmax capped |"
-    return para(caption) + rows_table(header.format(obj["meta"]["args"]["patience"] + 1), cells) if rows else []
+    return para(caption) + markdown_table(header.format(obj["meta"]["args"]["patience"] + 1), cells) if rows else []
 
 
 def rate_table(obj: Dict) -> List[str]:
@@ -130,12 +125,12 @@ def rate_table(obj: Dict) -> List[str]:
         rows += [[head] + [mine.get(lr, "-") for lr in rates]] if mine else []
     caption = "Valid NLL at the rate search's d (seed 1); bold: the head's rate; (cap): the cap ended the cell."
     header = "| head | " + " | ".join(f"{lr:g}" for lr in rates) + " |"
-    return para("## Learning rates", caption) + rows_table(header, rows)
+    return para("## Learning rates", caption) + markdown_table(header, rows)
 
 
 def section(title: str, caption: str, header: str, rows) -> List[str]:
     """A section of one captioned table, or nothing without rows."""
-    return para(title, caption) + rows_table(header, rows) if rows else []
+    return para(title, caption) + markdown_table(header, rows) if rows else []
 
 
 def joint_table(obj: Dict) -> List[str]:
@@ -180,7 +175,11 @@ def pilot_table(up: Dict) -> List[str]:
         shown = {lr: f"**{v}**" if lr == chosen.get(row) and v != "diverged" else v for lr, v in shown.items()}
         rows.append([NAMES[row]] + [shown.get(lr, "-") for lr in rates])
     caption = "**Rate pilot**: valid NLL after one epoch of seed 0 on a shorter text; bold: the rate the row chose."
-    return para(caption) + rows_table("| row | " + " | ".join(f"lr {r:g}" for r in rates) + " |", rows) if pilot else []
+    return (
+        para(caption) + markdown_table("| row | " + " | ".join(f"lr {r:g}" for r in rates) + " |", rows)
+        if pilot
+        else []
+    )
 
 
 def upgrade_section(up: Dict) -> List[str]:
@@ -212,7 +211,7 @@ def upgrade_section(up: Dict) -> List[str]:
         "the head alone; the whole model at inference over the pretrained one (each cell's own process)."
     )
     header = "| row | lr | parameters added | test ppl / token | test ppl / word | train ms / 1k | score ms / 1k | "
-    lines += rows_table(header + "model at inference (x pretrained) |", rows)
+    lines += markdown_table(header + "model at inference (x pretrained) |", rows)
     lines += para(
         "Paired on seeds, test NLL (nats), row minus control; Holm over every planned comparison of this table, those "
         "not yet run counting as p = 1:"
@@ -221,7 +220,7 @@ def upgrade_section(up: Dict) -> List[str]:
         [NAMES[r["row"]], NAMES[r["control"]].split(" ")[0], r["seeds"], paired_cells(r)] for r in upgrade_rows(up)
     ]
     paired = [[row, control, paired_stats.format_seeds(n, planned), rest] for row, control, n, rest in paired]
-    table = rows_table("| row | control | seeds | " + PAIRED_HEADER, paired)
+    table = markdown_table("| row | control | seeds | " + PAIRED_HEADER, paired)
     if not paired:
         return lines + table[:2] + ["| no comparison yet (a row and its control share no seed) | | | | | | |", ""]
     return lines + table + para(DETECTABLE)
@@ -244,10 +243,10 @@ def cap_section(obj: Dict) -> List[str]:
     caption = (
         "**The cap, checked**: seed 1 of each row trained again under a higher epoch cap, beside the table's cell."
     )
-    lines = para(caption) + rows_table(
+    lines = para(caption) + markdown_table(
         f"| row | seed | best epoch | ended by | test ppl / token, the table (cap {at}) | the cap check |", rows
     )
-    lines += rows_table("| row | control | seed | row - control, the table | the cap check |", gaps) if gaps else []
+    lines += markdown_table("| row | control | seed | row - control, the table | the cap check |", gaps) if gaps else []
     return lines if rows else []
 
 
@@ -275,7 +274,7 @@ def cpu_tables(obj: Dict, full: Dict) -> List[str]:
     return (
         lines
         + para("CPU-hours spent, per part of the page.")
-        + rows_table("| part | cells | rate cells | CPU-hours |", cells + [["in all", *total]])
+        + markdown_table("| part | cells | rate cells | CPU-hours |", cells + [["in all", *total]])
     )
 
 

@@ -249,7 +249,7 @@ def _cpu(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict]) -> D
     """The CPU-core-hours the kept runs recorded, a row per command and part (:func:`recipes.common.runtime.
     cpu_seconds`): the WikiText-2 LSTM's training (once), each SVD setting and its adaptive-sampling part, each DS
     task's control (once) and DS row (its whole run where recorded, else its training seconds x threads: its states,
-    scoring and timing then uncounted), each decoding head; and their total."""
+    scoring and timing then uncounted), each decoding head; and their total (also the last row's)."""
     rows, lstm = [], None
     for r in (svd or {}).get("results", []):
         rows.append({"command": "svd_study", "part": r["setting"], "hours": cpu_seconds(r) / 3600})
@@ -269,7 +269,8 @@ def _cpu(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict]) -> D
         rows.append({"command": "decoding", "part": f"{r['model']} {r['name']}", "hours": cpu_seconds(r) / 3600})
     if lstm:
         rows.insert(0, {"command": "lms", "part": "wikitext-2 LSTM", "hours": lstm / 3600})
-    return {"rows": rows, "total_hours": sum(r["hours"] for r in rows)}
+    total = sum(r["hours"] for r in rows)
+    return {"rows": rows + [{"command": "all", "part": "", "hours": total}], "total_hours": total}
 
 
 def derived(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict] = None) -> Dict:

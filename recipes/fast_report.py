@@ -85,19 +85,10 @@ ADAPTIVE = (
     "({calibrated_ci[0]:.3f}, {calibrated_ci[1]:.3f}) | {calibrated[top1]:.3f} | {calibrated[gain]:.1f}x |",
 )
 PAPER_ROW = "| {setting} | {V} | {d} | {delta} | - | - | - | - | - | - | up to {gain:.0f}x |"
+ADAPTIVE_CAPTION = "k = 1, epsilon = 0.3; success: the top word right and its probability within a factor 1 +- epsilon."
 CPU = ("| command | part | CPU-hours |", "| {command} | {part} | {hours:.2f} |")
+CPU_CAPTION = "The kept runs' own record (a DS row without CPU seconds: its training's); the reading adds the rest."
 TIMING = dict(ms_per_token="{:.3f}", speedup="{:.2f}x", ms_per_target="{:.3f}", target_speedup="{:.2f}x")
-
-
-ADAPTIVE_CAPTION = (
-    "`python -m recipes.svd_study`'s adaptive part: adaptive sampling converted from each trained output layer, k = 1, "
-    "epsilon = 0.3; success: the top word right and its probability within a factor 1 +- epsilon; fewer mults: V d "
-    "over its mean multiplications; calibrated: the variance scale fitted on valid states as the authors' code does."
-)
-CPU_CAPTION = (
-    "What the kept runs recorded (their CPU seconds; a DS row without them: its training seconds x threads). Runs cut "
-    "short or discarded recorded nothing here: the reading counts them."
-)
 
 
 def table(template: Tuple[str, str], rows: List[Dict]) -> List[str]:
@@ -142,7 +133,12 @@ def svd_section(svd: Dict, nums: Dict) -> List[str]:
         lines += ["SVD-softmax against the hierarchical softmax (the slides' comparison), batch 1:", ""]
         lines += table(SVD_CMP, cmp)
     lines += ["The slides (Vlasova et al.) print no numbers; the DS-Softmax poster's SVD-10 column:", ""]
-    return lines + table(SOURCE, [s for s in nums["sources"] if s["name"].startswith("SVD")])
+    lines += table(SOURCE, [s for s in nums["sources"] if s["name"].startswith("SVD")])
+    rows = [{**r, **row} for r in svd["results"] for row in r.get("adaptive", {}).get("rows", [])]
+    if rows:  # adaptive sampling, the same command's other part
+        lines += ["## Adaptive sampling as its paper measures it", "", *fill(ADAPTIVE_CAPTION)]
+        lines += table(ADAPTIVE, [{**r, **d} for r, d in zip(rows, nums["adaptive"])])[:-1]
+    return lines + [PAPER_ROW.format(**ADAPTIVE_PAPER), ""] if rows else lines
 
 
 def render(out_dir: str, docs: str) -> Tuple[str, Dict]:
@@ -163,16 +159,10 @@ def render(out_dir: str, docs: str) -> Tuple[str, Dict]:
     )
     lines += commands("DS-Softmax", "ds_softmax --tasks ptb wikitext-2 smollm2", ds["notes"]) if ds else []
     lines += svd_section(svd, nums) if ds and svd else []
-    if svd and nums["adaptive"]:
-        lines += ["## Adaptive sampling as its paper measures it", ""] + fill(ADAPTIVE_CAPTION)
-        rows = [{**r, **row} for r in svd["results"] for row in r.get("adaptive", {}).get("rows", [])]
-        lines += table(ADAPTIVE, [{**r, **d} for r, d in zip(rows, nums["adaptive"])])[:-1]
-        lines += [PAPER_ROW.format(**ADAPTIVE_PAPER), ""]
     if dec:
         lines += commands("Decoding at batch 1", "decoding", dec["notes"])
         lines += [x for t, rows in zip((DECODE_AGREE, DECODE_SPEED), decoding_rows(dec, nums)) for x in table(t, rows)]
-    total = {"command": "all", "part": "", "hours": nums["cpu"]["total_hours"]}
-    lines += ["## CPU-hours of the kept runs", "", *fill(CPU_CAPTION), *table(CPU, nums["cpu"]["rows"] + [total])]
+    lines += ["## CPU-hours of the kept runs", "", *fill(CPU_CAPTION), *table(CPU, nums["cpu"]["rows"])]
     return "\n".join(lines).rstrip() + "\n", nums
 
 

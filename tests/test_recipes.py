@@ -393,6 +393,9 @@ def test_ds_recipe_wikitext2_runs_every_expert_count_on_one_trained_lm(tmp_path,
     ]
     assert results[0]["top1_softmax"] == results[1]["top1_softmax"]  # one trained LM and softmax for both
     assert results[0]["info"] == results[1]["info"] and results[0]["info"]["train_tokens"] == 40 * 9 - 1
+    # each row says what it took, and what its task's states and softmaxes took (the same clock for both rows)
+    assert all(r["cpu_seconds"] > 0 and r["seconds"] >= r["ds_train_seconds"] for r in results)
+    assert results[0]["task_clock"] == results[1]["task_clock"] and results[0]["task_clock"]["seconds"] > 0
     # --resume keeps the finished expert counts (results.json is written after each) and runs only the new one
     again = dsr.main(argv + ["--experts", "2", "4", "3", "--resume"])
     assert [r["experts"] for r in again] == [2, 4, 3] and again[:2] == results

@@ -169,6 +169,7 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     from recipes import ds_softmax as dsr
     from recipes import fast_analysis as FA
     from recipes import fast_report as FR
+    from recipes.common.stats import wilson
 
     SS.main(tiny_study_argv(tmp_path, monkeypatch, tmp_path / "svd"))
     from test_recipes import tiny_wt2_argv
@@ -224,6 +225,24 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     control_row = f"| wikitext-2 | 2 | {r['top1_softmax']:.4f} | {r['top1_control']:.4f} | {r['top1_ds']:.4f} |"
     assert any(line.startswith(control_row) for line in lines)
     assert f"| {r['ppl_ds_covered']:.2f} | {r['ppl_control_covered']:.2f} |" in text
+    # adaptive sampling at its paper's criterion, a row per delta with its success's Wilson interval, the paper's
+    # figure after them; the CPU-hours the kept runs recorded, per part, and their sum
+    (setting,) = svd["results"]
+    for row, d in zip(setting["adaptive"]["rows"], nums["adaptive"]):
+        n, b = setting["adaptive"]["queries"], row["bound"]
+        assert d["bound_ci"] == pytest.approx(wilson(b["success"] * n, n)) and d["delta"] == row["delta"]
+        assert f"| wikitext-2 | 21 | 8 | {row['delta']} | {b['success']:.3f} ({d['bound_ci'][0]:.3f}, " in text
+    assert "| paper: Mistral-7B, WikiText | 32000 | 4096 | 0.01 | - | - | - | - | - | - | up to 30x |" in lines
+    cpu = {(c["command"], c["part"]): c["hours"] for c in nums["cpu"]["rows"]}
+    assert cpu["svd_study", "wikitext-2"] == pytest.approx(setting["cpu_seconds"] / 3600)
+    assert cpu["svd_study", "wikitext-2 adaptive sampling"] == pytest.approx(setting["adaptive"]["cpu_seconds"] / 3600)
+    assert cpu["ds_softmax", "wikitext-2 E=2"] == pytest.approx(r["cpu_seconds"] / 3600)  # its whole run, recorded
+    assert cpu["ds_softmax", "wikitext-2 control"] == pytest.approx(
+        r["runs"]["control"]["train_seconds"] * r["threads"] / 3600
+    )
+    assert cpu["lms", "wikitext-2 LSTM"] == pytest.approx(r["info"]["lm"]["cpu_seconds"] / 3600)
+    assert cpu["all", ""] == nums["cpu"]["total_hours"] == pytest.approx(sum(cpu.values()) - cpu["all", ""])
+    assert f"| all |  | {nums['cpu']['total_hours']:.2f} |" in lines
     assert "_wikitext-2: timed beside two busy processes_" in text
     for plot in FA.PLOTS:
         assert (docs / "fast_study" / plot).stat().st_size > 100

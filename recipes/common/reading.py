@@ -10,10 +10,33 @@ from __future__ import annotations
 import math
 import os
 import re
+import textwrap
 from typing import Callable, Iterable, List, Sequence, Tuple
 
 #: the first line of a reading: how many cells it was written for
 READING_CELLS = re.compile(r"<!--\s*cells:\s*(\d+)\s*-->")
+
+
+#: how a markdown line starts a list item, a heading, a quote or a heading's underline
+BLOCK_START = re.compile(r"([-+*=>]|#+|\d+[.)])(\s|$)")
+
+
+def wrap(text: str) -> str:
+    """A json string of prose (a table's notes, a plan's note) in lines of at most 120 columns, none of which starts
+    a list, a heading or a quote (its first word then moves to the line before's last)."""
+    lines: List[str] = []
+    for line in textwrap.wrap(text, 120, break_long_words=False, break_on_hyphens=False):
+        if lines and BLOCK_START.match(line):
+            head, _, last = lines.pop().rpartition(" ")
+            lines += [head] if head else []
+            line = f"{last} {line}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def markdown_table(header: str, rows: Iterable[Sequence]) -> List[str]:
+    """A markdown table's lines: its ``header`` line, the separator, a line per row (a row's cells), a blank line."""
+    return [header, "|" + "---|" * (header.count("|") - 1), *("| " + " | ".join(map(str, r)) + " |" for r in rows), ""]
 
 
 def written_reading(path: str, cells: int) -> str:

@@ -3,11 +3,10 @@ full-size plan and the commands, the paired comparisons, equal compute, the lead
 
 from __future__ import annotations
 
-import re
-import textwrap
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from recipes.common import stats
+from recipes.common.reading import markdown_table
 from recipes.common.stats import ALPHA, format_seeds
 from recipes.reproduce.analysis.compare import Comparison, is_test
 from recipes.reproduce.analysis.facts import score_rows
@@ -23,27 +22,11 @@ METRIC_NAMES = {
     "time_all_layers_same_mem": "all layers, same memory",
 }
 MAX_PLAN_LINES = 12  # full-size commands shown in the report (all of them are in the json)
-#: how a markdown line starts a list item, a heading, a quote or a heading's underline
-BLOCK_START = re.compile(r"([-+*=>]|#+|\d+[.)])(\s|$)")
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A markdown table ("" without rows)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]) + "\n" if rows else ""
-
-
-def wrap(text: str) -> str:
-    """A json string of prose (a table's notes, a plan's note) in lines of at most 120 columns, none of which starts
-    a list, a heading or a quote (its first word then moves to the line before's last)."""
-    lines: List[str] = []
-    for line in textwrap.wrap(text, 120, break_long_words=False, break_on_hyphens=False):
-        if lines and BLOCK_START.match(line):
-            head, _, last = lines.pop().rpartition(" ")
-            lines += [head] if head else []
-            line = f"{last} {line}"
-        lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(markdown_table("| " + " | ".join(header) + " |", rows)) if rows else ""
 
 
 def mean_std(mean: Optional[float], std: Optional[float], digits: int = 2) -> str:

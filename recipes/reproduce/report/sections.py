@@ -7,13 +7,13 @@ import os
 from collections import Counter
 from typing import Any, Dict, List, Optional
 
-from recipes.common.reading import written_reading
+from recipes.common.reading import wrap, written_reading
 from recipes.common.stats import format_diff, format_p
 from recipes.reproduce import TABLE_MODULES, get_table
 from recipes.reproduce.analysis.facts import pilot_numbers, protocols_numbers, table_facts
 from recipes.reproduce.engine import results as result_files
 from recipes.reproduce.report import layout
-from recipes.reproduce.report.layout import table, wrap
+from recipes.reproduce.report.layout import table
 from recipes.reproduce.report.plots import plots
 
 #: the one-line caption of each table of a section
