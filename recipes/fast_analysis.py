@@ -245,11 +245,17 @@ def _adaptive(results: List[Dict]) -> List[Dict]:
     return out
 
 
-def _cpu(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict]) -> Dict:
-    """The CPU-core-hours the kept runs recorded, a row per command and part (:func:`recipes.common.runtime.
-    cpu_seconds`): the WikiText-2 LSTM's training (once), each SVD setting and its adaptive-sampling part, each DS
-    task's control (once) and DS row (its whole run where recorded, else its training seconds x threads: its states,
-    scoring and timing then uncounted), each decoding head; and their total (also the last row's)."""
+#: CPU-hours that no kept run's json holds (runs cut short or discarded, steps not timed then), estimated from the
+#: sessions' notes: ``records/fast_softmax_study/cpu_unrecorded.json``, ``{"rows": [{"part", "hours"}, ...]}``
+UNRECORDED = "cpu_unrecorded"
+
+
+def _cpu(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict], unrecorded: Optional[Dict]) -> Dict:
+    """The study's CPU-core-hours, a row per command and part: what the kept runs recorded (:func:`recipes.common.
+    runtime.cpu_seconds`; the WikiText-2 LSTM's training once, each SVD setting and its adaptive-sampling part, each DS
+    task's control once and DS row: its whole run where recorded, else its training seconds x threads, its states,
+    scoring and timing then uncounted; each decoding head), then the estimates of :data:`UNRECORDED`; and the total
+    (also the last row's)."""
     rows, lstm = [], None
     for r in (svd or {}).get("results", []):
         rows.append({"command": "svd_study", "part": r["setting"], "hours": cpu_seconds(r) / 3600})
@@ -269,12 +275,17 @@ def _cpu(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict]) -> D
         rows.append({"command": "decoding", "part": f"{r['model']} {r['name']}", "hours": cpu_seconds(r) / 3600})
     if lstm:
         rows.insert(0, {"command": "lms", "part": "wikitext-2 LSTM", "hours": lstm / 3600})
+    rows = [{**r, "source": "recorded"} for r in rows]
+    rows += [{"command": "-", **r, "source": "estimated"} for r in (unrecorded or {}).get("rows", [])]
     total = sum(r["hours"] for r in rows)
-    return {"rows": rows + [{"command": "all", "part": "", "hours": total}], "total_hours": total}
+    return {"rows": rows + [{"command": "all", "part": "", "hours": total, "source": ""}], "total_hours": total}
 
 
-def derived(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict] = None) -> Dict:
-    """The numbers the tables and the reading cite that no run's json holds (``numbers.json``)."""
+def derived(
+    ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict] = None, unrecorded: Optional[Dict] = None
+) -> Dict:
+    """The numbers the tables and the reading cite that no run's json holds (``numbers.json``); ``unrecorded``: the
+    CPU-hours no run recorded (:data:`UNRECORDED`)."""
     return {
         "within": WITHIN,
         "sources": [_source(f"DS-64 {k}", p, "ds") for k, p in POSTER.items()]
@@ -283,5 +294,5 @@ def derived(ds: Optional[Dict], svd: Optional[Dict], decoding: Optional[Dict] = 
         "svd": [_setting(r) for r in (svd["results"] if svd else [])],
         "decoding": _decoding(decoding["results"]) if decoding else [],
         "adaptive": _adaptive(svd["results"] if svd else []),
-        "cpu": _cpu(ds, svd, decoding),
+        "cpu": _cpu(ds, svd, decoding, unrecorded),
     }

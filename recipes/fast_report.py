@@ -21,7 +21,7 @@ from typing import Dict, List, Tuple
 
 from recipes.common.data import CHECKOUT, records
 from recipes.common.reading import written_reading
-from recipes.fast_analysis import ADAPTIVE_PAPER, collect, decoding_rows, derived, ds_rows, load, svd_rows
+from recipes.fast_analysis import ADAPTIVE_PAPER, UNRECORDED, collect, decoding_rows, derived, ds_rows, load, svd_rows
 from recipes.ds_softmax import HEADER as DS_HEADER
 from recipes.ds_softmax import format_row as ds_row
 
@@ -86,8 +86,8 @@ ADAPTIVE = (
 )
 PAPER_ROW = "| {setting} | {V} | {d} | {delta} | - | - | - | - | - | - | up to {gain:.0f}x |"
 ADAPTIVE_CAPTION = "k = 1, epsilon = 0.3; success: the top word right and its probability within a factor 1 +- epsilon."
-CPU = ("| command | part | CPU-hours |", "| {command} | {part} | {hours:.2f} |")
-CPU_CAPTION = "The kept runs' own record (a DS row without CPU seconds: its training's); the reading adds the rest."
+CPU = ("| command | part | CPU-hours | from |", "| {command} | {part} | {hours:.2f} | {source} |")
+CPU_CAPTION = "Recorded: in the kept runs' json (a DS row without CPU seconds: its training's); estimated: from notes."
 TIMING = dict(ms_per_token="{:.3f}", speedup="{:.2f}x", ms_per_target="{:.3f}", target_speedup="{:.2f}x")
 
 
@@ -148,7 +148,7 @@ def render(out_dir: str, docs: str) -> Tuple[str, Dict]:
     svd, ds, dec = (load(out_dir, name) for name in ("svd_study", "ds", "decoding"))
     if svd is None and ds is None:
         raise SystemExit(f"{out_dir}: neither svd_study.json nor ds.json (collect with --svd / --ds first)")
-    nums = derived(ds, svd, dec)
+    nums = derived(ds, svd, dec, load(out_dir, UNRECORDED))
     lines = ["# Fast softmax, measured as its sources measure it", ""]
     lines += ds_tables(ds, nums) if ds else svd_section(svd, nums)  # the page opens with its table
     reading = written_reading(os.path.join(docs, READING), sum(len(o["results"]) for o in (ds, svd, dec) if o))

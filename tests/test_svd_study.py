@@ -242,12 +242,17 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     )
     assert cpu["lms", "wikitext-2 LSTM"] == pytest.approx(r["info"]["lm"]["cpu_seconds"] / 3600)
     assert cpu["all", ""] == nums["cpu"]["total_hours"] == pytest.approx(sum(cpu.values()) - cpu["all", ""])
-    assert f"| all |  | {nums['cpu']['total_hours']:.2f} |" in lines
+    assert f"| all |  | {nums['cpu']['total_hours']:.2f} |  |" in lines
     assert "_wikitext-2: timed beside two busy processes_" in text
     for plot in FA.PLOTS:
         assert (docs / "fast_study" / plot).stat().st_size > 100
     # the page again from the committed json alone: the same text
     assert FR.main(["--no-collect", "--docs", str(docs), "--records", str(records)]) == text
+    # the CPU-hours no run recorded (estimated from notes, committed beside the runs' json) join the table and total
+    (records / f"{FA.UNRECORDED}.json").write_text(json.dumps({"rows": [{"part": "a discarded run", "hours": 0.25}]}))
+    again = FR.main(["--no-collect", "--docs", str(docs), "--records", str(records)])
+    total = nums["cpu"]["total_hours"] + 0.25
+    assert "| - | a discarded run | 0.25 | estimated |" in again and f"| all |  | {total:.2f} |  |" in again
     assert "from `records/fast_softmax_study/*.json`" in text and "(../records/fast_softmax_study/numbers.json)" in text
     with pytest.raises(SystemExit):
         FR.main(["--docs", str(docs), "--records", str(records)])  # nothing to collect
