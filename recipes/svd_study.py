@@ -118,19 +118,16 @@ def windows(d: int, fractions) -> List[int]:
     return sorted({max(1, round(d * f)) for f in fractions})
 
 
-def svd_head(s: Setting, rank: int, refine: int, dims: str):
+def layer_head(s: Setting, name: str, **options):
+    """The head ``name`` on the setting's trained output layer (its weight and bias), in evaluation mode."""
     V, d = s.weight.shape
     return hf_heads.build_head(
-        "svd_softmax",
-        hidden_size=d,
-        vocab_size=V,
-        weight=s.weight,
-        bias=s.bias,
-        use_bias=s.bias is not None,
-        preview_rank=rank,
-        num_refine=refine,
-        preview_dims=dims,
+        name, hidden_size=d, vocab_size=V, weight=s.weight, bias=s.bias, use_bias=s.bias is not None, **options
     ).eval()
+
+
+def svd_head(s: Setting, rank: int, refine: int, dims: str):
+    return layer_head(s, "svd_softmax", preview_rank=rank, num_refine=refine, preview_dims=dims)
 
 
 def study(s: Setting, args, log=print) -> Dict:
@@ -138,9 +135,7 @@ def study(s: Setting, args, log=print) -> Dict:
     from recipes.common.hidden_tasks import train_head
 
     V, d = s.weight.shape
-    exact = hf_heads.build_head(
-        "softmax", hidden_size=d, vocab_size=V, weight=s.weight, bias=s.bias, use_bias=s.bias is not None
-    ).eval()
+    exact = layer_head(s, "softmax")
     with torch.no_grad():
         exact_top = exact(s.test_h).topk(10, dim=1).indices
     rows = [{"method": "softmax (exact)", **scores(exact, s.test_h, s.test_y, exact_top)}]
@@ -221,19 +216,10 @@ def adaptive_study(s: Setting, args, log=print) -> Dict:
     multiplications (:meth:`AdaptiveSamplingHead.success_rate`), with the confidence bound as written (variance scale
     1) and with the variance scale calibrated on the valid states ``s.valid_h`` (:meth:`~AdaptiveSamplingHead.
     calibrate`: the smallest scale whose success there is at least 1 - delta)."""
-    V, d = s.weight.shape
     test = s.test_h[spread(len(s.test_h), args.adaptive_queries)]
     rows = []
     for delta in args.deltas:
-        head = hf_heads.build_head(
-            "adaptive_sampling",
-            hidden_size=d,
-            vocab_size=V,
-            weight=s.weight,
-            bias=s.bias,
-            use_bias=s.bias is not None,
-            delta=delta,
-        ).eval()
+        head = layer_head(s, "adaptive_sampling", delta=delta)
         bound = head.success_rate(test)
         fit = head.calibrate(s.valid_h, steps=args.calibration_steps)
         calibrated = {**head.success_rate(test), "variance_scale": fit["variance_scale"]}
