@@ -24,7 +24,7 @@ in the same run, medians); the same for ``class_softmax``; and the time of the l
 Adaptive sampling converted from the same trained output layer, as its paper measures it (:func:`adaptive_study`):
 its success rate (the top-1 word right and its probability within a factor 1 +- epsilon, epsilon = 0.3) and its
 multiplications against V d, per ``--deltas``, with the confidence bound as written and with the variance scale
-calibrated on valid states as the authors' code does. A finished setting without it (or with other
+calibrated on valid states (:meth:`AdaptiveSamplingHead.calibrate`). A finished setting without it (or with other
 ``--adaptive-queries`` / ``--calibration-*`` / ``--deltas``) gets this part alone under ``--resume``.
 
     python -m recipes.svd_study --out results/svd_study                # ptb, wikitext-2, smollm2 (if installed)

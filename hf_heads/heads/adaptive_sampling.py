@@ -128,9 +128,10 @@ class AdaptiveSamplingHead(SingleSoftmaxHead):
 
     @torch.no_grad()
     def calibrate(self, hidden: torch.Tensor, steps: int = 8) -> Dict[str, float]:
-        """Fit ``variance_scale`` on calibration queries ``hidden`` [N, d], as the authors' code does
-        (``tune_fudge_factors``): a bisection on ``log10(variance_scale)`` in [-3, 0] for the smallest
-        scale whose success rate (:meth:`success_rate`) is still at least ``1 - delta``. Sets the
+        """Fit ``variance_scale`` on calibration queries ``hidden`` [N, d], a simpler form of the authors'
+        ``tune_fudge_factors`` (which fits a second factor for the partition function's step too; this
+        head's step 3 keeps the unscaled variance): a bisection on ``log10(variance_scale)`` in [-3, 0] for the
+        smallest scale whose success rate (:meth:`success_rate`) is still at least ``1 - delta``. Sets the
         option and returns ``{"variance_scale", "success", "top1", "gain"}`` measured at it. Calibrate
         on queries you do not evaluate on; the guarantee then holds empirically, not by the bound."""
         lo, hi = -3.0, 0.0
