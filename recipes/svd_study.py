@@ -47,6 +47,7 @@ import hf_heads
 from hf_heads.cli.timing import time_per_call
 from recipes.common import data as data_paths
 from recipes.common import runtime
+from recipes.common.reading import markdown_table
 from recipes.common.lms import LM_DIR, TRUNK, TRUNK_DATA
 
 SETTINGS = ("ptb", "wikitext-2", "smollm2")
@@ -274,11 +275,11 @@ def lm_setting(corpus: str, args) -> Setting:
 
 
 def smollm2_setting(args) -> Setting:
-    from recipes.common.real_heads import smollm2_head
+    from recipes.common.real_heads import load_smollm2, smollm2_head
 
-    text = os.path.join(args.data, "wikitext-2", "{}.txt")
-    h = smollm2_head(text.format("test"), args.queries, progress=not args.quiet)
-    valid = smollm2_head(text.format("valid"), args.calibration_queries).hidden
+    text, loaded = os.path.join(args.data, "wikitext-2", "{}.txt"), load_smollm2()  # loaded once for both texts
+    h = smollm2_head(text.format("test"), args.queries, progress=not args.quiet, loaded=loaded)
+    valid = smollm2_head(text.format("valid"), args.calibration_queries, loaded=loaded).hidden
     return Setting("smollm2", h.weight, h.bias, h.hidden, h.targets, info=h.info, valid_h=valid)
 
 
@@ -302,13 +303,14 @@ def format_table(result: Dict) -> str:
         )
     part = result.get("adaptive")
     if part:
-        lines += ["", f"adaptive_sampling (epsilon = {part['epsilon']}, k = 1, {part['queries']} test states):", ""]
-        lines += ["| delta | bound: success | V d / mults | calibrated: scale | success | V d / mults |"]
-        lines += ["|" + "---|" * 6] + [
-            f"| {r['delta']} | {b['success']:.3f} | {b['gain']:.1f}x | {c['variance_scale']:.3g} | "
-            f"{c['success']:.3f} | {c['gain']:.1f}x |"
+        header = "| delta | bound: success | V d / mults | calibrated: scale | success | V d / mults |"
+        cells = [
+            [r["delta"], f"{b['success']:.3f}", f"{b['gain']:.1f}x"]
+            + [f"{c['variance_scale']:.3g}", f"{c['success']:.3f}", f"{c['gain']:.1f}x"]
             for r, b, c in ((r, r["bound"], r["calibrated"]) for r in part["rows"])
         ]
+        lines += ["", f"adaptive_sampling (epsilon = {part['epsilon']}, k = 1, {part['queries']} test states):", ""]
+        lines += markdown_table(header, cells)[:-1]
     return "\n".join(lines) + "\n"
 
 

@@ -63,14 +63,17 @@ def load_smollm2():
     return model.eval(), tok
 
 
-def smollm2_head(text_path: str, num_queries: int, context: int = 256, progress: bool = False) -> TrainedHead:
+def smollm2_head(
+    text_path: str, num_queries: int, context: int = 256, progress: bool = False, loaded=None
+) -> TrainedHead:
     """SmolLM2-135M's output layer and ``num_queries`` last hidden states on the text of ``text_path``.
 
     The text is cut into windows of ``context`` tokens; every position of a window gives a query (its
-    hidden state after the final norm, what ``lm_head`` multiplies). Raises ``RuntimeError`` with the
+    hidden state after the final norm, what ``lm_head`` multiplies). ``loaded``: :func:`load_smollm2`'s
+    ``(model, tokenizer)`` where the caller has them (else loaded here). Raises ``RuntimeError`` with the
     reason when the package is not installed.
     """
-    model, tok = load_smollm2()
+    model, tok = loaded or load_smollm2()
     with open(text_path) as f:
         text = " ".join(line.strip() for line in f if line.strip() and not line.startswith(" ="))
     ids = tok(text[: 40 * num_queries + 40 * context], return_tensors="pt").input_ids[0]
