@@ -114,8 +114,8 @@ def _no_randomness(model):
             if isinstance(getattr(m, name, None), float):
                 setattr(m, name, 0.0)
     head = hf_heads.output_head(model)
-    if hasattr(head.config, "gate_noise"):
-        head.config.gate_noise = 0.0
+    if hasattr(head.config, "gate_noise"):  # (Mixtape's is a rate, DS-Softmax's a switch)
+        head.config.gate_noise = False if isinstance(head.config.gate_noise, bool) else 0.0
     return model
 
 

@@ -291,7 +291,7 @@ MAPPED = {
 
 def _holders(model, field):
     """The configs (and nested configs) and modules of ``model`` that have ``field``."""
-    return [c for c in output_layer._configs(model.config) if field in vars(c)] + [
+    return [c for c in output_layer.nested_configs(model.config) if field in vars(c)] + [
         m for m in model.modules() if field in vars(m)
     ]
 

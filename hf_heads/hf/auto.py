@@ -4,18 +4,21 @@ model classes with ``AutoModelForCausalLM`` / ``AutoModelForSeq2SeqLM``."""
 
 from __future__ import annotations
 
-from typing import Any, Dict
+import warnings
+from typing import Any, Dict, Optional
 
 from transformers import AutoConfig, PretrainedConfig
 
-from ..core import SPEC_VERSION, check_head_options, start_options
-from .config import MODEL_TYPE, head_config_class, head_spec, spec_options, without_model_sizes
+from ..core import SPEC_VERSION, start_options
+from .config import MODEL_TYPE, check_output_head, head_config_class, head_spec, without_model_sizes
 from .modeling import head_model_class
 
 
 def _base_config_class(base_model_type: str) -> type:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    if base_model_type == MODEL_TYPE:  # (CONFIG_MAPPING knows it: this class, which would ask again)
+        raise ValueError(f"{MODEL_TYPE}: base_model_type {MODEL_TYPE!r} names no model; give the wrapped model's type")
     try:
         return CONFIG_MAPPING[base_model_type]
     except KeyError:
@@ -51,6 +54,8 @@ class SoftmaxHeadsConfig(PretrainedConfig):
         spec = config_dict.get("output_head")
         if isinstance(spec, dict) and "version" not in spec:  # saved before specs had versions: version 1
             config_dict = {**config_dict, "output_head": {**spec, "version": 1}}
+        if config_dict.get("base_model_type") == MODEL_TYPE:
+            config_dict = {**config_dict, "base_model_type": _legacy_base_type(config_dict)}
         result = head_config_class(_base_config_class(_required_base_type(config_dict))).from_dict(
             config_dict, **kwargs
         )
@@ -67,6 +72,39 @@ def _required_base_type(options: Dict[str, Any]) -> str:
             f"'options': {{}}}}, n_layer=2), or hf_heads.head_config(GPT2Config(...), 'mixtape')"
         )
     return base
+
+
+def _base_model_class(architecture: str) -> Optional[type]:
+    """The transformers class that a head model class's name wraps (``SoftmaxHeadsLlamaForCausalLM``:
+    ``LlamaForCausalLM``), or None."""
+    import transformers
+
+    prefix = "SoftmaxHeads"
+    found = getattr(transformers, architecture[len(prefix) :], None) if architecture.startswith(prefix) else None
+    return found if isinstance(found, type) and getattr(found, "config_class", None) is not None else None
+
+
+def _legacy_base_type(config_dict: Dict[str, Any]) -> str:
+    """The base model type of a config.json that records ``base_model_type: "softmax-heads"`` (softmax-heads 0.2.0
+    and before wrote it where ``swap_head`` changed a config several models shared), read from its architectures,
+    with a warning that says how to write it right; ``ValueError`` where no architecture names a transformers class.
+    Whether the weights hold the head it names, ``from_pretrained`` checks (:func:`checkpoint.check_loaded_head`)."""
+    names = config_dict.get("architectures") or []
+    for name in names:
+        base_class = _base_model_class(name)
+        if base_class is not None:
+            base = base_class.config_class.model_type
+            warnings.warn(
+                f"config.json records base_model_type {MODEL_TYPE!r} (softmax-heads 0.2.0 and before wrote it where "
+                f"swap_head changed a config that several models shared); read as {base!r} from its architecture "
+                f"{name}: once it loads, save it again with save_pretrained to write a config.json that says so",
+                stacklevel=3,
+            )
+            return base
+    raise ValueError(
+        f"{MODEL_TYPE}: config.json records base_model_type {MODEL_TYPE!r} and no architecture it names ({names}) is a "
+        f"transformers model class: set base_model_type in config.json to the wrapped model's type (e.g. 'llama')"
+    )
 
 
 def head_config(base_config, name: str, use_bias: bool = False, start=None, **options) -> PretrainedConfig:
@@ -103,40 +141,16 @@ def head_config(base_config, name: str, use_bias: bool = False, start=None, **op
     return config
 
 
-def check_output_head(config, caller: str) -> None:
-    """``ValueError`` (one line, naming the head option, its value and the allowed range, or the nearest head name)
-    where ``config.output_head`` does not build, so a bad head fails when its config is made, not at
-    ``from_config``: the registry checks the options against the model's sizes without building the head."""
-    spec = getattr(config, "output_head", None)
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ValueError(f"{caller}: output_head must be a dict {{'name': HEAD, 'options': {{...}}}}, got {spec!r}")
-    extra = sorted(set(spec) - {"name", "options", "use_bias", "version"})
-    if extra or not isinstance(spec.get("options", {}), dict):
-        raise ValueError(
-            f"{caller}: output_head has keys {sorted(spec)}; expected 'name', 'options' (a dict) and "
-            f"optionally 'use_bias' and 'version'"
-        )
-    text = config.get_text_config()
-    check_head_options(
-        spec["name"],
-        hidden_size=text.hidden_size,
-        vocab_size=text.vocab_size,
-        use_bias=bool(spec.get("use_bias", False)),
-        **spec_options(spec, caller),
-    )
-
-
 def _register_model_classes(config) -> None:
     """Make the Auto model classes know the head model classes of a loaded head config: the class
     named in ``architectures`` (``SoftmaxHeads<Class>``), else the family's Auto-mapped LM classes."""
-    import transformers
     from transformers.models.auto import modeling_auto
 
     base_config = type(config).__mro__[1]
     found = False
     for arch in getattr(config, "architectures", None) or []:
-        base_cls = getattr(transformers, arch[len("SoftmaxHeads") :], None) if arch.startswith("SoftmaxHeads") else None
-        if isinstance(base_cls, type):
+        base_cls = _base_model_class(arch)
+        if base_cls is not None:
             head_model_class(base_cls)
             found = True
     if not found:

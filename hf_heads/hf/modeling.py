@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import os
@@ -13,8 +14,8 @@ import torch
 from torch import nn
 
 from ..core import OutputHead, build_head, start_options
-from .config import head_config_class, head_spec, spec_options, without_model_sizes
-from . import liger, remote_code, trl
+from .config import head_config_class, head_spec, is_head_config, spec_options, unwrap_head_config, without_model_sizes
+from . import checkpoint, liger, remote_code, trl
 from .lean_forward import decoder_inputs_from_labels, is_seq2seq, lean_forward
 from .output_layer import absorb_or_refuse, output_layer, output_layer_path, run_probe
 from .peft import running_head
@@ -45,7 +46,9 @@ class HeadModelMixin:
     the head's ``aux_loss()`` to the model's loss."""
 
     def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
+        # a config of its own: the head may change it (a soft-cap it moves into the head, convert_head, auto_map),
+        # and other models built from the caller's object must not change with it (hf_heads/hf/checkpoint.py)
+        super().__init__(copy.deepcopy(config), *args, **kwargs)
         spec = getattr(config, "output_head", None)
         if not spec:
             raise ValueError(f"{type(self).__name__} needs config.output_head = {{'name': ..., 'options': {{...}}}}")
@@ -69,13 +72,17 @@ class HeadModelMixin:
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        """transformers' ``from_pretrained``, then the check of a new model (:meth:`_probe_new_model`) on the loaded
-        one: a plain checkpoint loaded with a head config (``config=head_config(...)``) may scale or soft-cap its
-        logits after its output layer, which the head then takes over (the model builds on the meta device, where
-        nothing can be checked)."""
-        loaded = super().from_pretrained(*args, **kwargs)
-        (loaded[0] if isinstance(loaded, tuple) else loaded)._probe_new_model()
-        return loaded
+        """transformers' ``from_pretrained``, refused in one line where the checkpoint's config.json names the head
+        and its weights lack a tensor of it or hold one it does not have (:func:`checkpoint.check_loaded_head`),
+        then the check of a new model (:meth:`_probe_new_model`) on the loaded one: a plain checkpoint loaded with a
+        head config (``config=head_config(...)``) may scale or soft-cap its logits after its output layer, which the
+        head then takes over (the model builds on the meta device, where nothing can be checked)."""
+        strict = checkpoint.loads_saved_head(args, kwargs)
+        model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True})
+        if strict:
+            checkpoint.check_loaded_head(model, info, args[0] if args else kwargs.get("pretrained_model_name_or_path"))
+        model._probe_new_model()
+        return (model, info) if kwargs.get("output_loading_info") else model
 
     def _probe_new_model(self) -> None:
         """A model with its weights (``from_config``, and ``from_pretrained`` after loading): where it scales or
@@ -113,7 +120,9 @@ class HeadModelMixin:
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' ``save_pretrained`` (``push_to_hub`` and ``Trainer.save_model`` call it), plus the code
         that loads the model where softmax-heads is not installed: ``from_pretrained(folder,
-        trust_remote_code=True)`` (:mod:`hf_heads.hf.remote_code`)."""
+        trust_remote_code=True)`` (:mod:`hf_heads.hf.remote_code`). A model whose folder would not load as it is
+        refused before anything is written (:func:`checkpoint.check_saveable`)."""
+        checkpoint.check_saveable(self)
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             self._write_remote_code(save_directory)
@@ -351,7 +360,10 @@ def swap_head(
     ``final_logits_bias`` where the model has them); if the model ties its output embedding to its
     input embedding, the head stays tied (a head that keeps several copies of it, DS-Softmax, starts
     from it untied, and ``from_pretrained`` leaves it untied). The model's class becomes ``SoftmaxHeads<Class>`` (a
-    subclass), its config records the head, and ``save_pretrained`` / ``from_pretrained`` restore it.
+    subclass), its config records the head, and ``save_pretrained`` / ``from_pretrained`` restore it. The config
+    is the model's own: a deep copy replaces the object the model was built from (in every module that holds it),
+    so the caller's config keeps its class and values and other models built from it are untouched; a head config
+    given to a plain model class (``LlamaForCausalLM(head_config(...))``) becomes its family's config again.
     Works for any model with ``get_output_embeddings()`` returning a ``V x d`` projection: causal LMs
     (GPT-2, Llama family, ...) and seq2seq LMs (BART, Marian, T5, FSMT, ...; FSMT's output layer is its decoder's
     ``output_projection``, :data:`OUTPUT_LAYERS`).
@@ -363,7 +375,7 @@ def swap_head(
     Before anything changes, one forward of the model on a tiny input checks that its output layer makes the
     logits it returns (:func:`probe_output_layer`). A model that scales or soft-caps them after the layer by a field
     of its config (Gemma 2's ``final_logit_softcapping``, Cohere's ``logit_scale``, Granite's ``logits_scaling``, ...)
-    has that field switched off, in the live model and in its config, and the head applies the map instead, on every
+    has that field switched off, in the live model and in its own config, and the head applies the map instead, on every
     path (its options ``logit_scale`` / ``logit_softcap``; MoS on each component's logits, Mixtape on its gated
     logits, PLIF as ``f(cap(s z))``): :func:`absorb_logit_map`, which probes again to check. A model that
     transforms its logits in any other way, whose head would get that transform applied to its log-probs, or whose
@@ -381,14 +393,42 @@ def swap_head(
     options = without_model_sizes("swap_head", options, hidden_size=weight.shape[1], vocab_size=weight.shape[0])
     options = start_options(name, start, options, where="swap_head: start")
     model_class = head_model_class(type(model))  # (refuses a class Liger patched, before running it)
-    # a model on the meta device (built to count its parameters) computes nothing: no forward to probe
+    # a config of its own first: the caller's config object, and other models built from it, stay as they are
+    restore = checkpoint.own_config(model)
+    if is_head_config(model.config):  # a plain class built from a head config: its family's config again
+        unwrap_head_config(model.config)
+    try:
+        head, options, use_bias = _start_head(model, old, name, options, frequency_order, token_counts)
+    except BaseException:  # (an out-of-memory too: the model keeps its own map and config, as it was)
+        restore()
+        raise
+    inputs = model.get_input_embeddings()
+    tied = inputs is not None and getattr(inputs, "weight", None) is weight
+    base_type = model.config.model_type
+    model.__class__ = model_class
+    model.config.__class__ = head_config_class(type(model.config))
+    model.config.base_model_type = base_type
+    model.config.output_head = head_spec(name, options, use_bias)
+    model.set_output_embeddings(head)
+    if tied and head.can_tie:
+        head.tie_weight(inputs)
+    model._forget_head_ties()  # a head that cannot be tied (DS-Softmax) starts from a copy instead
+    if torch.is_tensor(getattr(model, "final_logits_bias", None)):
+        model.final_logits_bias.zero_()  # folded into the head's bias: log-probs stay normalised
+    return model
+
+
+def _start_head(model, old: nn.Module, name: str, options: dict, frequency_order, token_counts):
+    """``(head, options, use_bias)``: the head ``name`` started from ``model``'s output layer ``old`` (and its bias),
+    with the options it records; where the model scales or soft-caps its logits after the layer, the map switched off
+    in the model and moved into the head (:func:`absorb_or_refuse`), put back if the head does not build."""
+    weight = old.weight
     where = f"swap_head: {type(model).__name__}"
+    # a model on the meta device (built to count its parameters) computes nothing: no forward to probe
     probe = None if weight.device.type == "meta" else run_probe(model, old)
     absorbed = None if probe is None else absorb_or_refuse(model, old, probe, options, where)
     if absorbed is not None:
         options = {**options, **absorbed.options}
-    inputs = model.get_input_embeddings()
-    tied = inputs is not None and getattr(inputs, "weight", None) is weight
     bias, use_bias = _output_bias(model, old)
     try:
         head = build_head(
@@ -402,25 +442,14 @@ def swap_head(
             token_counts=token_counts,
             **options,
         ).to(device=weight.device, dtype=weight.dtype)
-    except BaseException as e:  # (an out-of-memory too: the model keeps its own map, as it was)
+    except BaseException as e:
         if absorbed is None:
             raise
         absorbed.undo()
         if isinstance(e, ValueError):
             raise ValueError(f"{where} {absorbed.sentence()}: {e}") from None
         raise
-    base_type = model.config.model_type
-    model.__class__ = model_class
-    model.config.__class__ = head_config_class(type(model.config))
-    model.config.base_model_type = base_type
-    model.config.output_head = head_spec(name, options, use_bias)
-    model.set_output_embeddings(head)
-    if tied and head.can_tie:
-        head.tie_weight(inputs)
-    model._forget_head_ties()  # a head that cannot be tied (DS-Softmax) starts from a copy instead
-    if torch.is_tensor(getattr(model, "final_logits_bias", None)):
-        model.final_logits_bias.zero_()  # folded into the head's bias: log-probs stay normalised
-    return model
+    return head, options, use_bias
 
 
 def _plain_output_projection(model) -> nn.Module:

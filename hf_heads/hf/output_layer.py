@@ -207,7 +207,7 @@ class AbsorbedMap:
         return f"applies {fields} to its logits after its output layer, which moves into the head"
 
 
-def _configs(config) -> List[Any]:
+def nested_configs(config) -> List[Any]:
     """``config`` and every config nested in it (a multimodal model's ``text_config``, an encoder's and decoder's)."""
     found, todo = [], [config]
     while todo:
@@ -229,7 +229,7 @@ def _number_fields(model) -> Dict[str, Tuple[float, List[Any]]]:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 and v != 1
 
     fields: Dict[str, Tuple[float, List[Any]]] = {}
-    for config in _configs(model.config):
+    for config in nested_configs(model.config):
         for name, value in vars(config).items():
             if number(value) and fields.get(name, (value,))[0] == value:
                 fields.setdefault(name, (value, []))[1].append(config)

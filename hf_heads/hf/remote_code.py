@@ -33,7 +33,18 @@ CONFIG_FILE = "configuration_softmax_heads"
 MODELING_FILE = "modeling_softmax_heads"
 #: the package's modules a saved model needs (its transformers runtime, not the Auto registration or converters)
 PACKAGES = ("core", "heads")
-HF_MODULES = ("config", "lean_forward", "liger", "modeling", "output_layer", "peft", "remote_code", "resize", "trl")
+HF_MODULES = (
+    "checkpoint",
+    "config",
+    "lean_forward",
+    "liger",
+    "modeling",
+    "output_layer",
+    "peft",
+    "remote_code",
+    "resize",
+    "trl",
+)
 #: what transformers follows to find the files to copy (transformers.dynamic_module_utils.get_relative_imports)
 RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\S+)\s+import", re.MULTILINE)
 

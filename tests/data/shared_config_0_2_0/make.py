@@ -21,7 +21,8 @@ import torch
 
 import hf_heads
 
-FAMILIES = {  # family -> ((config class, model class), sizes, the first head, the second head): untied Llama, tied GPT-2
+# family -> ((config class, model class), sizes, the first head, the second head): untied Llama, tied GPT-2
+FAMILIES = {
     "llama": (
         ("LlamaConfig", "LlamaForCausalLM"),
         dict(
