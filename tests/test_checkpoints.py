@@ -211,6 +211,17 @@ def test_the_configs_nested_in_a_models_config_are_its_own_after_swap_head():
     assert all(any(c is o for o in own) for c in held) and not any(c is o for c in held for o in callers)
 
 
+def test_convert_head_and_save_pretrained_write_only_the_models_own_config(tmp_path):
+    shared = hf_heads.head_config(tiny_config("llama"), "softmax")
+    cls = hf_heads.hf.head_model_class(transformers.LlamaForCausalLM)
+    first, second = cls(shared), cls(shared)  # built directly from one head config
+    hf_heads.convert_head(first, "mos", num_components=2)
+    first.save_pretrained(tmp_path / "first")
+    assert first.config.output_head["name"] == "mos" and first.config.auto_map
+    for config in (shared, second.config):
+        assert config.output_head["name"] == "softmax" and not getattr(config, "auto_map", None)
+
+
 def test_a_plain_class_built_from_a_head_config_is_refused_at_save_in_one_line(tmp_path):
     model = transformers.LlamaForCausalLM(hf_heads.head_config(tiny_config("llama"), "mos", num_components=2))
     with pytest.raises(ValueError) as e:
