@@ -25,7 +25,7 @@ $(STAMP): setup.cfg pyproject.toml scripts/fix_torchaudio.py
 demo: install
 	$(PYTHON) -m recipes.synthetic_bottleneck --out $(DEMO_OUT)
 
-# the suite on every core (pytest-xdist; each worker's torch gets its share of the cores: tests/conftest.py);
+# the suite on every core (pytest-xdist; each worker's torch gets its share of the cores: conftest.py);
 # TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= auto
 test: install lint

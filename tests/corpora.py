@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+#: WikiText-2 in ../shared/data beside the checkout, where it is there
+WIKI = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "data", "wikitext-2"
+)
 
 
 def tiny_corpus(
@@ -18,3 +25,15 @@ def tiny_corpus(
             continue
         lines = [" ".join(words[j] for j in torch.randint(0, num_words, (8,), generator=g).tolist()) for _ in range(n)]
         (directory / split).write_text("\n".join(lines) + "\n")
+
+
+def text_files(tmp_path):
+    """WikiText-2 from ../shared/data when present, else a small generated corpus: ``(train text, valid text)``."""
+    if os.path.isdir(WIKI):
+        return os.path.join(WIKI, "valid.txt"), os.path.join(WIKI, "test.txt")
+    rng = torch.Generator().manual_seed(0)
+    words = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "far", "away", "and", "then"]
+    lines = [" ".join(words[i] for i in torch.randint(0, len(words), (30,), generator=rng)) for _ in range(200)]
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path), str(path)

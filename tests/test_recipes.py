@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hf_heads
-from corpora import tiny_corpus
+from corpora import WIKI, text_files, tiny_corpus
 from recipes import ds_softmax as dsr
 from recipes import synthetic_bottleneck as sb
 
@@ -90,25 +90,10 @@ def test_full_demo_shows_the_bottleneck(tmp_path):
 
 
 # ----------------------------------------------------------------------------- HF fine-tuning recipe
-WIKI = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "data", "wikitext-2"
-)
-
-
-def _text_files(tmp_path):
-    """WikiText-2 from ../shared/data when present, else a small generated corpus."""
-    if os.path.isdir(WIKI):
-        return os.path.join(WIKI, "valid.txt"), os.path.join(WIKI, "test.txt")
-    rng = torch.Generator().manual_seed(0)
-    words = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "far", "away", "and", "then"]
-    lines = [" ".join(words[i] for i in torch.randint(0, len(words), (30,), generator=rng)) for _ in range(200)]
-    path = tmp_path / "corpus.txt"
-    path.write_text("\n".join(lines) + "\n")
-    return str(path), str(path)
 
 
 def _finetune_args(tmp_path, *extra):
-    train, valid = _text_files(tmp_path)
+    train, valid = text_files(tmp_path)
     return [
         "--model-config",
         "gpt2-tiny",
@@ -227,7 +212,7 @@ def test_finetune_recipe_scores_a_pretrained_model_without_training(tmp_path):
 
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64)).save_pretrained(tmp_path / "pre")
-    train, valid = _text_files(tmp_path)
+    train, valid = text_files(tmp_path)
     args = [
         "--model",
         str(tmp_path / "pre"),
@@ -705,99 +690,3 @@ def test_finetune_recipe_scores_a_bounded_validation_sample_with_progress(tmp_pa
     assert "validation perplexity on the first 640 tokens (--max-valid-tokens all: the whole file)" in out
     for bar in ("valid perplexity before", "fine-tune", "valid perplexity after"):
         assert bar in err, bar
-
-
-def test_mixtape_forms_chooses_each_rate_on_the_tuning_seed_and_pairs_the_seeds(tmp_path, monkeypatch):
-    """recipes.mixtape_forms: the rate of each (optimizer, form) is the tuning seed's lowest KL; seeds 1..S run at
-    it; the paired difference is nn.Linear minus scaled per seed; a rerun trains nothing again."""
-    from recipes import mixtape_forms as mf
-
-    argv = [
-        "--num-contexts",
-        "16",
-        "--num-outcomes",
-        "32",
-        "--dim",
-        "4",
-        "--steps",
-        "6",
-        "--seeds",
-        "2",
-        "--adam-lrs",
-        "0.01",
-        "0.1",
-        "--sgd-lrs",
-        "3",
-        "30",
-        "--out",
-        str(tmp_path),
-        "--no-progress",
-    ]
-    runs = mf.main(argv)
-    grids = json.load(open(tmp_path / "results.json"))["grids"]  # the grids as run: grown past a best end
-    assert len(runs) == sum(len(g) + 2 for by_form in grids.values() for g in by_form.values())
-    for opt, start in (("adam", [0.01, 0.1]), ("sgd", [3.0, 30.0])):
-        chosen = {}
-        for form in mf.FORMS:
-            grid = grids[opt][form]
-            assert set(start) <= set(grid) and len(grid) <= len(start) + mf.MAX_GROWTH
-            kls = {lr: runs[mf.run_key(opt, form, lr, 0)]["kl"] for lr in grid}
-            chosen[form] = min(kls, key=kls.get)
-            assert mf.choose(runs, opt, form, grid) == chosen[form]
-        paired, lower = mf.compare(runs, opt, chosen, [1, 2])
-        diffs = [
-            runs[mf.run_key(opt, "nn.Linear", chosen["nn.Linear"], s)]["kl"]
-            - runs[mf.run_key(opt, "scaled", chosen["scaled"], s)]["kl"]
-            for s in (1, 2)
-        ]
-        assert paired.mean == pytest.approx(sum(diffs) / 2) and lower == sum(d < 0 for d in diffs)
-    text = (tmp_path / "results.md").read_text()
-    assert "| optimizer | seeds | mean difference [95% CI] |" in text and "**What it shows.** Under adam" in text
-    # a grid grows a step past a best end (at most 3 times), both ways
-    import math
-
-    for kl_of, grid, expected in (
-        (lambda lr: abs(math.log(lr)), [0.01, 0.1], [0.01, 0.1, 1.0, 10.0]),
-        (lambda lr: -lr, [0.01, 0.1], [0.01, 0.1, 1.0, 10.0, 100.0]),
-        (lambda lr: lr, [1.0, 3.0], [0.037, 0.111, 0.333, 1.0, 3.0]),
-        (lambda lr: abs(lr - 2.5), [1.0, 3.0, 9.0], [1.0, 3.0, 9.0]),
-    ):
-        fake_runs = {}
-
-        def fake_run(lr):
-            fake_runs[mf.run_key("adam", "scaled", lr, 0)] = {"kl": kl_of(lr)}
-
-        assert mf.grown_grid(fake_runs, "adam", "scaled", grid, fake_run) == expected
-    # a diverged rate (KL not finite) is never chosen; a grid not fully run has no choice yet
-    fake = {mf.run_key("sgd", "scaled", lr, 0): {"kl": kl} for lr, kl in ((1.0, float("nan")), (2.0, 0.5))}
-    assert mf.choose(fake, "sgd", "scaled", [1.0, 2.0]) == 2.0 and mf.choose(fake, "sgd", "scaled", [1.0, 3.0]) is None
-    with pytest.raises(ValueError, match="optimizer='lbfgs'; allowed: adam, sgd"):
-        sb.train_head("softmax", torch.rand(2, 4).softmax(1), 2, 1, 0.1, 0, optimizer="lbfgs")
-    monkeypatch.setattr(sb, "train_head", lambda *a, **k: pytest.fail("trained again"))
-    assert mf.main(argv) == runs  # every run kept in results.json
-
-
-def test_bf16_products_study_runs_pairs_decides_and_resumes(tmp_path):
-    """recipes/bf16_products.py at a tiny size: a pair per precision (float32 against following products) from the same
-    weights and batches, the largest difference of their curves, the decision by the threshold, and a rerun that keeps
-    the finished runs."""
-    from recipes import bf16_products
-
-    data = tmp_path / "data"
-    data.mkdir()
-    train_text, _ = _text_files(tmp_path)  # (PTB's word-level format: words separated by spaces, a line a sentence)
-    (data / "train.txt").write_text(open(train_text).read())
-    args = ["--steps", "4", "--log-every", "2", "--heads", "softmax", "--dim", "16", "--vocab", "300"]
-    args += ["--data-dir", str(data), "--out", str(tmp_path / "out"), "--no-progress"]
-    bf16_products.main(args)
-    out = tmp_path / "out"
-    summary = json.load(open(out / "summary.json"))
-    assert set(summary["pairs"]) == {"softmax/bf16", "softmax/autocast"}
-    runs = json.load(open(out / "runs.json"))
-    assert all(len(r["curve"]) == 2 for r in runs.values())
-    assert summary["all_within"] == all(p["max_abs_diff"] <= 0.02 for p in summary["pairs"].values())
-    assert summary["default"] == ("follow" if summary["all_within"] else None)
-    assert (out / "curves.png").stat().st_size > 0
-    before = {k: r["seconds"] for k, r in runs.items()}
-    bf16_products.main(args)  # resumed: nothing trains again
-    assert {k: r["seconds"] for k, r in json.load(open(out / "runs.json")).items()} == before

@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.skipif(not triton_rows.triton_installed(), reason="triton is not installed (make install brings it)"),
     pytest.mark.skipif(
         not triton_rows.interpreting(),
-        reason="triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it for the CPU tier)",
+        reason="triton was imported without TRITON_INTERPRET=1 (conftest.py sets it for the CPU tier)",
     ),
 ]
 KERNEL_CASES = [c for c in HEAD_CASES if hf_heads.get_head_class(c.name).row_kernels]

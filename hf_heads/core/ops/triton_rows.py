@@ -19,7 +19,7 @@ priors, the gated logits and their gradients, the priors recomputed in the backw
 
 Ignored positions never reach the kernels (the lean loss keeps the valid rows). The kernels themselves are in
 :mod:`._row_kernels`, imported when they first run. On the CPU they run in Triton's interpreter (``TRITON_INTERPRET=1``,
-set before triton is first imported, as tests/conftest.py does: for tests, slow); where triton cannot be imported, or
+set before triton is first imported, as conftest.py does: for tests, slow); where triton cannot be imported, or
 the tensors are on a device it cannot run on, :func:`check_can_run` says so in one line.
 """
 

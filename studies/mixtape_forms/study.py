@@ -17,7 +17,7 @@ forms are compared seed by seed: the mean paired difference of KL (nn.Linear min
 paired t-test and the sign test (:mod:`recipes.common.stats`), Holm-adjusted over the optimizers. Every run is
 kept in ``OUT/results.json`` as it finishes (a rerun continues); ``OUT/results.md`` has the tables.
 
-    python -m recipes.mixtape_forms --out results/mixtape_forms       # 2 optimizers x 2 forms, 4 rates, 5 seeds
+    python -m studies.mixtape_forms --out results/mixtape_forms       # 2 optimizers x 2 forms, 4 rates, 5 seeds
 """
 
 from __future__ import annotations
@@ -151,7 +151,9 @@ def format_tables(runs: Dict[str, Dict], setup: Dict, grids: Dict[str, Dict[str,
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        prog="python -m studies.mixtape_forms",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     sb.add_task_args(p, dim=64, steps=300)  # d: the hidden size the projections read
     p.add_argument("--seeds", type=int, default=5, help="evaluation seeds (1..S) after the tuning seed 0")
@@ -233,9 +235,3 @@ def main(argv=None) -> Dict[str, Dict]:
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text + "\n")
     return runs
-
-
-if __name__ == "__main__":
-    from hf_heads.cli.runner import run
-
-    run(main)

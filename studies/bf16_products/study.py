@@ -13,7 +13,7 @@ weights and see the same batches, so the difference of their curves is the produ
 parameters if every pair's curves (the mean training loss of each ``--log-every`` steps) stay within ``--threshold``
 nats at every logged point; the json says which way it went.
 
-    python -m recipes.bf16_products --steps 300 --out records/bf16_products --figures docs/bf16_products
+    python -m studies.bf16_products --steps 300 --out studies/bf16_products/records --figures studies/bf16_products
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import torch
 from tqdm.auto import tqdm
 
 import hf_heads
-from hf_heads.cli.runner import run as run_cli
 from recipes.common.hidden_tasks import read_words
 from recipes.common import data as data_paths
 
@@ -131,7 +130,7 @@ def summarise(results: Dict, threshold: float) -> Dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m studies.bf16_products", description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", default=data_paths.corpus("ptb"), help="PTB's folder (train.txt, valid.txt)")
     p.add_argument("--out", default="results/bf16_products", help="where runs.json and summary.json go")
     p.add_argument("--figures", help="where curves.png goes (default: --out)")
@@ -167,7 +166,7 @@ def main(argv=None) -> None:
             json.dump(results, f, indent=1)
         os.replace(path + ".tmp", path)
     summary = {
-        "command": "python -m recipes.bf16_products " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m studies.bf16_products " + " ".join(sys.argv[1:] if argv is None else argv),
         "settings": vars(args),
         "torch": torch.__version__,
         **summarise(results, args.threshold),
@@ -177,7 +176,3 @@ def main(argv=None) -> None:
     os.makedirs(args.figures or args.out, exist_ok=True)
     plot(results, os.path.join(args.figures or args.out, "curves.png"))
     print(json.dumps({k: summary[k] for k in ("all_within", "default")}))
-
-
-if __name__ == "__main__":
-    run_cli(main)

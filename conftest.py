@@ -15,7 +15,8 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
     )
 
-sys.path.insert(0, os.path.dirname(__file__))
+# the tests' helpers (head_cases, hf_families, corpora), imported by name from tests/ and studies/*/
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
 
 
 @pytest.fixture(autouse=True)
