@@ -282,6 +282,37 @@ def test_a_save_records_the_options_the_head_holds_where_its_config_would_build_
         torch.testing.assert_close(log_probs(loaded), log_probs(model), rtol=0, atol=1e-6)
 
 
+def test_a_head_models_config_saves_alone_where_its_base_config_named_a_plain_class(tmp_path):
+    hub_like = tiny_config("llama")
+    hub_like.architectures = ["LlamaForCausalLM"]  # as a config from the Hub names its class
+    model = hf_heads.swap_head(transformers.LlamaForCausalLM(hub_like), "softmax")
+    model.config.save_pretrained(tmp_path / "swapped")
+    config = hf_heads.head_config(hub_like, "mos", num_components=2)
+    config.save_pretrained(tmp_path / "new")
+    for folder, head in (("swapped", "softmax"), ("new", "mos")):
+        assert transformers.AutoConfig.from_pretrained(tmp_path / folder).output_head["name"] == head
+
+
+def test_a_save_checks_the_state_dict_it_is_given_and_refuses_a_peft_wrapped_head(tmp_path):
+    peft = pytest.importorskip("peft", reason="peft not installed: run `make install`")
+    model = swapped("llama", "mos", 0)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("lm_head.prior_proj")}
+    with pytest.raises(ValueError, match=r"the model's head lacks prior_proj.weight"):
+        model.save_pretrained(tmp_path / "partial", state_dict=state)  # as FSDP / DeepSpeed pass the tensors to write
+    model.save_pretrained(tmp_path / "whole", state_dict=model.state_dict())
+    config = peft.LoraConfig(r=2, target_modules=["q_proj"], modules_to_save=["lm_head"], task_type="CAUSAL_LM")
+    wrapped = peft.get_peft_model(model, config)
+    with pytest.raises(ValueError, match=r"its head is wrapped by PEFT .*merge_and_unload\(\)"):
+        wrapped.get_base_model().save_pretrained(tmp_path / "wrapped")
+    assert not (tmp_path / "wrapped").exists()
+    wrapped.save_pretrained(tmp_path / "adapter")  # the adapter itself saves as PEFT writes it
+    merged = wrapped.merge_and_unload()
+    merged.save_pretrained(tmp_path / "merged")
+    torch.testing.assert_close(
+        log_probs(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged")), log_probs(merged)
+    )
+
+
 def _mos_folder(tmp_path) -> str:
     folder = str(tmp_path / "mos")
     swapped("llama", "mos", 0).save_pretrained(folder)
@@ -309,6 +340,23 @@ def test_a_head_checkpoint_lacking_head_tensors_is_refused_naming_them(tmp_path)
         transformers.AutoModelForCausalLM.from_pretrained(
             folder, config=transformers.AutoConfig.from_pretrained(folder)
         )
+
+
+def test_a_head_tensor_of_another_shape_is_refused_even_with_ignore_mismatched_sizes(tmp_path):
+    folder = _mos_folder(tmp_path)
+    config = json.loads(open(os.path.join(folder, "config.json")).read())
+    config["output_head"]["options"]["num_components"] = 3
+    (tmp_path / "mos" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as e:
+        transformers.AutoModelForCausalLM.from_pretrained(folder, ignore_mismatched_sizes=True)
+    assert "lm_head.prior_proj.weight in another shape than its mos head's" in str(e.value)
+
+
+def test_weights_given_as_a_state_dict_load_without_a_checkpoint_to_read():
+    model = swapped("llama", "mos", 0)
+    cls = type(model)
+    loaded = cls.from_pretrained(None, config=model.config, state_dict=model.state_dict())
+    torch.testing.assert_close(log_probs(loaded), log_probs(model), rtol=0, atol=0)
 
 
 def test_a_complete_head_checkpoint_loads_and_output_loading_info_still_answers(tmp_path):

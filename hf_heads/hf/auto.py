@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 from transformers import AutoConfig, PretrainedConfig
 
 from ..core import SPEC_VERSION, start_options
-from .config import MODEL_TYPE, check_output_head, head_config_class, head_spec, without_model_sizes
+from .config import CLASS_PREFIX, MODEL_TYPE, check_output_head, head_config_class, head_spec, without_model_sizes
 from .modeling import head_model_class
 
 
@@ -79,7 +79,7 @@ def _base_model_class(architecture: str) -> Optional[type]:
     ``LlamaForCausalLM``), or None."""
     import transformers
 
-    prefix = "SoftmaxHeads"
+    prefix = CLASS_PREFIX
     found = getattr(transformers, architecture[len(prefix) :], None) if architecture.startswith(prefix) else None
     return found if isinstance(found, type) and getattr(found, "config_class", None) is not None else None
 
@@ -97,7 +97,9 @@ def _legacy_base_type(config_dict: Dict[str, Any]) -> str:
             warnings.warn(
                 f"config.json records base_model_type {MODEL_TYPE!r} (softmax-heads 0.2.0 and before wrote it where "
                 f"swap_head changed a config that several models shared); read as {base!r} from its architecture "
-                f"{name}: once it loads, save it again with save_pretrained to write a config.json that says so",
+                f"{name}. Its head's tensors are checked as it loads, its options without tensors cannot be (a "
+                f"soft-cap, gate_noise): compare its outputs with the model that saved it, then save it again with "
+                f"save_pretrained to write a config.json that says {base!r}",
                 stacklevel=3,
             )
             return base
@@ -134,7 +136,8 @@ def head_config(base_config, name: str, use_bias: bool = False, start=None, **op
     options = start_options(name, start, options, where="head_config: start")
     spec = head_spec(name, options, use_bias)
     config = head_config_class(type(base_config)).from_dict(
-        {**base_config.to_dict(), "base_model_type": base_config.model_type, "output_head": spec}
+        # (a plain class named in architectures, as a Hub config names it, is the head model's class at save)
+        {**base_config.to_dict(), "base_model_type": base_config.model_type, "output_head": spec, "architectures": None}
     )
     check_output_head(config, "head_config")
     _register_model_classes(config)

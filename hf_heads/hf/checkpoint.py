@@ -13,12 +13,12 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from ..core import OutputHead, check_head_options
-from .config import MODEL_TYPE, check_output_head, spec_options
+from ..core import OutputHead
+from .config import MODEL_TYPE, check_output_head, spec_head_config
 from .output_layer import nested_configs
 from .peft import running_head
 
@@ -47,6 +47,32 @@ def own_config(model) -> Callable[[], None]:
     return undo
 
 
+def pretrained_path(args, kwargs):
+    """The checkpoint ``from_pretrained(*args, **kwargs)`` reads (None where weights come as ``state_dict=``)."""
+    return args[0] if args else kwargs.get("pretrained_model_name_or_path")
+
+
+def _with_prefix(prefix: str, keys) -> List[str]:
+    """The names among ``keys`` that start with ``prefix``, sorted (a key may be a tuple led by its name, as
+    transformers lists mismatched keys)."""
+    return sorted({name for name in (k[0] if isinstance(k, tuple) else k for k in keys) if name.startswith(prefix)})
+
+
+def _saved_head_keys(model, head: OutputHead, state_dict: Optional[Dict[str, Any]]) -> set:
+    """The names, within the head, of the head's tensors that ``save_pretrained`` writes: those under the head's path
+    in ``state_dict`` where one is given, else the live head's; a weight tied to the input embedding counts (it is
+    written once, as the embedding)."""
+    if state_dict is None:
+        keys = set(head.state_dict())  # (a quantized layer may hold more)
+    else:
+        prefix = head_path(model, head) + "."
+        keys = {k[len(prefix) :] for k in state_dict if k.startswith(prefix)}
+    weight = getattr(head, "weight", None)
+    if weight is not None and getattr(model.get_input_embeddings(), "weight", None) is weight:
+        keys.add("weight")
+    return keys
+
+
 def head_path(model, head: OutputHead) -> str:
     """The name of ``head`` among ``model``'s modules (``"lm_head"``, FSMT's ``"model.decoder.output_projection"``)."""
     return next(name for name, m in model.named_modules() if m is head)
@@ -61,29 +87,26 @@ def _spec_problem(model) -> Optional[str]:
     config = model.config
     family = type(config).__mro__[1]
     base = getattr(config, "base_model_type", None)
-    if base != family.model_type or base not in CONFIG_MAPPING:
+    if base != family.model_type:
         return f"config.base_model_type is {base!r}, not the model type of its {family.__name__}"
+    if base not in CONFIG_MAPPING:
+        return f"its base model type {base!r} is not one this version of transformers knows (code of its own, or newer)"
     try:
         check_output_head(config, "config.output_head")
     except ValueError as e:
         return str(e)
-    head = running_head(model.get_output_embeddings())
+    layer = model.get_output_embeddings()
+    head = running_head(layer)
     if head is None:
-        return f"its output layer is a {type(model.get_output_embeddings()).__name__}, not a head"
+        return f"its output layer is a {type(layer).__name__}, not a head"
+    if head is not layer:
+        return (
+            f"its head is wrapped by PEFT ({type(layer).__name__}), whose keys the folder would hold; save the PEFT "
+            f"model (its adapter), or call merge_and_unload() on it and save the model that returns"
+        )
     if head.head_name != config.output_head["name"]:
         return f"config.output_head names a {config.output_head['name']} head, but the model's head is {head.head_name}"
     return None
-
-
-def _spec_config(head: OutputHead, spec: Dict[str, Any]):
-    """The head config ``spec`` builds at ``head``'s sizes (``ValueError`` where it does not)."""
-    return check_head_options(
-        spec["name"],
-        hidden_size=head.config.hidden_size,
-        vocab_size=head.config.vocab_size,
-        use_bias=bool(spec.get("use_bias", False)),
-        **spec_options(spec),
-    )
 
 
 def _held_spec(head: OutputHead, spec: Dict[str, Any], built: OutputHead, unset: set) -> Dict[str, Any]:
@@ -101,23 +124,24 @@ def _held_spec(head: OutputHead, spec: Dict[str, Any], built: OutputHead, unset:
     return held if differ else spec
 
 
-def check_saveable(model) -> None:
+def check_saveable(model, state_dict: Optional[Dict[str, Any]] = None) -> None:
     """Before ``model.save_pretrained`` writes anything: ``ValueError`` in one line where the folder would not load
     as ``model`` (:func:`_spec_problem`, or the head that ``output_head`` builds has a tensor the model's head lacks,
     or the options the head holds build no head); else the options of the model's head that ``output_head`` would
     build otherwise (a ``variance_scale`` set by ``calibrate``, an option set on ``head.config``) written into
-    ``output_head``, as a resize writes its own."""
+    ``output_head``, as a resize writes its own. A ``state_dict`` given to ``save_pretrained`` (FSDP's, DeepSpeed's:
+    the tensors written) is where the head's tensors must be; else the live head."""
     problem = _spec_problem(model)
     if problem is None:
         head, spec = running_head(model.get_output_embeddings()), model.config.output_head
-        wanted = _spec_config(head, spec)
+        wanted = spec_head_config(spec, head.config.hidden_size, head.config.vocab_size)
         unset = {k for k, v in wanted.to_dict().items() if v is None}
         with torch.device("meta"):
             built = type(head)(wanted)
-        lacking = sorted(set(built.state_dict()) - set(head.state_dict()))  # (a quantized layer may hold more)
+        lacking = sorted(set(built.state_dict()) - _saved_head_keys(model, head, state_dict))
         held = _held_spec(head, spec, built, {k for k in unset if getattr(built.config, k) is not None})
         try:
-            _spec_config(head, held)
+            spec_head_config(held, head.config.hidden_size, head.config.vocab_size)
         except ValueError as e:
             problem = f"the options its head holds build no head ({e})"
         if lacking:
@@ -137,12 +161,13 @@ def loads_saved_head(args, kwargs) -> bool:
     ``output_head=`` keyword) starts the head's other parts on purpose."""
     from transformers import PretrainedConfig
 
-    config = kwargs.get("config")
+    config, path = kwargs.get("config"), pretrained_path(args, kwargs)
     if "output_head" in kwargs:
         return False
     if not isinstance(config, PretrainedConfig):
         return True
-    path = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+    if path is None:  # (weights given as state_dict=: no config.json to compare)
+        return False
     try:
         saved, _ = PretrainedConfig.get_config_dict(path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
     except (OSError, ValueError, TypeError):
@@ -162,15 +187,18 @@ def check_loaded_head(model, info: Dict[str, Any], path) -> None:
     if head is None:
         return
     prefix = head_path(model, head) + "."
-    missing = sorted(k for k in info.get("missing_keys", ()) if k.startswith(prefix))
-    unexpected = sorted(k for k in info.get("unexpected_keys", ()) if k.startswith(prefix))
-    if not missing and not unexpected:
+    optional = {prefix + k for k in head.optional_state_keys}  # (transformers 4 may list them: older weights lack them)
+    missing = [k for k in _with_prefix(prefix, info.get("missing_keys", ())) if k not in optional]
+    unexpected = _with_prefix(prefix, info.get("unexpected_keys", ()))
+    mismatched = _with_prefix(prefix, info.get("mismatched_keys", ()))
+    if not missing and not unexpected and not mismatched:
         return
     found = " and ".join(
         part
         for part in (
             missing and f"lack {', '.join(missing)}, which its {head.head_name} head needs",
             unexpected and f"hold {', '.join(unexpected)}, which its {head.head_name} head does not have",
+            mismatched and f"hold {', '.join(mismatched)} in another shape than its {head.head_name} head's",
         )
         if part
     )

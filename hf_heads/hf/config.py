@@ -9,6 +9,7 @@ from ..core.config import SPEC_VERSION, check_spec_version
 from ..core.registry import check_head_options, versioned_options
 
 MODEL_TYPE = "softmax-heads"  # the pip package name: what transformers prints when it is missing
+CLASS_PREFIX = "SoftmaxHeads"  # of a head config class's and a head model class's name: SoftmaxHeadsLlamaForCausalLM
 _CONFIG_CLASSES: Dict[type, type] = {}
 
 
@@ -19,7 +20,7 @@ def head_config_class(base_config_class: type) -> type:
         return base_config_class
     if base_config_class not in _CONFIG_CLASSES:
         _CONFIG_CLASSES[base_config_class] = type(
-            f"SoftmaxHeads{base_config_class.__name__}",
+            f"{CLASS_PREFIX}{base_config_class.__name__}",
             (base_config_class,),
             {
                 "model_type": MODEL_TYPE,
@@ -42,7 +43,7 @@ def _checked_save(base_save):
     model its weights do not hold)."""
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        plain = [a for a in getattr(self, "architectures", None) or [] if not a.startswith("SoftmaxHeads")]
+        plain = [a for a in getattr(self, "architectures", None) or [] if not a.startswith(CLASS_PREFIX)]
         if plain:
             raise ValueError(
                 f"save_pretrained: {plain[0]} is a plain model class, built from a config that names a "
@@ -104,10 +105,16 @@ def check_output_head(config, caller: str) -> None:
             f"optionally 'use_bias' and 'version'"
         )
     text = config.get_text_config()
-    check_head_options(
+    spec_head_config(spec, text.hidden_size, text.vocab_size, caller)
+
+
+def spec_head_config(spec: Dict[str, Any], hidden_size: int, vocab_size: int, where: str = "output_head"):
+    """The head config that ``spec`` builds at these sizes, checked as ``build_head`` checks it (``ValueError`` naming
+    the option, its value and the allowed range)."""
+    return check_head_options(
         spec["name"],
-        hidden_size=text.hidden_size,
-        vocab_size=text.vocab_size,
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
         use_bias=bool(spec.get("use_bias", False)),
-        **spec_options(spec, caller),
+        **spec_options(spec, where),
     )

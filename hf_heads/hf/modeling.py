@@ -14,7 +14,15 @@ import torch
 from torch import nn
 
 from ..core import OutputHead, build_head, start_options
-from .config import head_config_class, head_spec, is_head_config, spec_options, unwrap_head_config, without_model_sizes
+from .config import (
+    CLASS_PREFIX,
+    head_config_class,
+    head_spec,
+    is_head_config,
+    spec_options,
+    unwrap_head_config,
+    without_model_sizes,
+)
 from . import checkpoint, liger, remote_code, trl
 from .lean_forward import decoder_inputs_from_labels, is_seq2seq, lean_forward
 from .output_layer import absorb_or_refuse, output_layer, output_layer_path, run_probe
@@ -49,6 +57,7 @@ class HeadModelMixin:
         # a config of its own: the head may change it (a soft-cap it moves into the head, convert_head, auto_map),
         # and other models built from the caller's object must not change with it (hf_heads/hf/checkpoint.py)
         super().__init__(copy.deepcopy(config), *args, **kwargs)
+        self.config.architectures = [type(self).__name__]  # (a plain class there would make its save refused)
         spec = getattr(config, "output_head", None)
         if not spec:
             raise ValueError(f"{type(self).__name__} needs config.output_head = {{'name': ..., 'options': {{...}}}}")
@@ -80,7 +89,7 @@ class HeadModelMixin:
         strict = checkpoint.loads_saved_head(args, kwargs)
         model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True})
         if strict:
-            checkpoint.check_loaded_head(model, info, args[0] if args else kwargs.get("pretrained_model_name_or_path"))
+            checkpoint.check_loaded_head(model, info, checkpoint.pretrained_path(args, kwargs))
         model._probe_new_model()
         return (model, info) if kwargs.get("output_loading_info") else model
 
@@ -122,7 +131,8 @@ class HeadModelMixin:
         that loads the model where softmax-heads is not installed: ``from_pretrained(folder,
         trust_remote_code=True)`` (:mod:`hf_heads.hf.remote_code`). A model whose folder would not load as it is
         refused before anything is written (:func:`checkpoint.check_saveable`)."""
-        checkpoint.check_saveable(self)
+        if not getattr(self, "_hf_peft_config_loaded", False):  # (transformers' PEFT integration saves the adapter)
+            checkpoint.check_saveable(self, kwargs.get("state_dict"))
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             self._write_remote_code(save_directory)
@@ -202,7 +212,7 @@ class HeadModelMixin:
         head = self.get_output_embeddings()
         if not isinstance(head, OutputHead) or head.can_tie:
             return None
-        return next(name for name, m in self.named_modules() if m is head) + "."
+        return checkpoint.head_path(self, head) + "."
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         """transformers' tie map, without the output embedding when the head keeps several copies of it
@@ -321,7 +331,7 @@ def head_model_class(base_model_class: type) -> type:
         liger.check_base_forward(base_model_class)
         config_class = head_config_class(base_model_class.config_class)
         cls = type(
-            f"SoftmaxHeads{base_model_class.__name__}",
+            f"{CLASS_PREFIX}{base_model_class.__name__}",
             (HeadModelMixin, base_model_class),
             {
                 "config_class": config_class,
@@ -409,6 +419,7 @@ def swap_head(
     model.config.__class__ = head_config_class(type(model.config))
     model.config.base_model_type = base_type
     model.config.output_head = head_spec(name, options, use_bias)
+    model.config.architectures = [model_class.__name__]  # (what save_pretrained writes; config.save_pretrained reads)
     model.set_output_embeddings(head)
     if tied and head.can_tie:
         head.tie_weight(inputs)
