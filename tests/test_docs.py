@@ -347,11 +347,11 @@ def test_the_reproduction_page_and_each_of_its_sections_open_with_a_table():
 
 #: the code that writes the results pages: tables, plots, commands and the pasted readings (what they render, the
 #: statistics, the collection and the derived numbers, lives in each page's analysis: recipes/bottleneck_analysis.py,
-#: recipes/fast_analysis.py, recipes/reproduce/analysis/)
+#: studies/fast_softmax/fast_analysis.py, recipes/reproduce/analysis/)
 PAGE_WRITERS = (
     "recipes/bottleneck_page.py",
     "recipes/bottleneck_report.py",
-    "recipes/fast_report.py",
+    "studies/fast_softmax/fast_report.py",
     "recipes/reproduce/report",
 )
 

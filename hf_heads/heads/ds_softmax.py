@@ -41,7 +41,7 @@ class DSSoftmaxConfig(HeadConfig):
         0.002,
         "coefficient of the class-level group lasso sum_e sum_v sqrt(mean_d W_e[v]^2) (authors: 0.002-0.005). "
         "Each class row's share of the cross-entropy gradient shrinks like 1/V, so scale it like 1/V: "
-        "about 10/V pruned cleanly here (recipes/ds_softmax.py)",
+        "about 10/V pruned cleanly here (studies/fast_softmax/ds_softmax.py)",
     )
     expert_lasso: float = option(
         0.002, "coefficient of the expert-level lasso sum_e sqrt(mean W_e^2), which lets whole experts die"

@@ -23,9 +23,9 @@ expert keeps, how pure the experts are with respect to the hidden super classes 
 and the wall-clock time of ``head.topk(hidden, 1)`` at batch 1 and 64 against the full softmax's, measured in the
 same run (interleaved rounds, medians; :mod:`hf_heads.cli.timing`).
 
-    python -m recipes.ds_softmax                                   # the synthetic tasks and ptb (each row: its seconds)
-    python -m recipes.ds_softmax --tasks synthetic-10x10 --steps 300
-    python -m recipes.ds_softmax --tasks wikitext-2 --experts 16 32 64   # the poster's Wiki-2 row and its curve
+    python -m studies.fast_softmax.ds_softmax           # the synthetic tasks and ptb (each row: its seconds)
+    python -m studies.fast_softmax.ds_softmax --tasks synthetic-10x10 --steps 300
+    python -m studies.fast_softmax.ds_softmax --tasks wikitext-2 --experts 16 32 64   # the poster's Wiki-2 row, curve
 """
 
 from __future__ import annotations
@@ -326,7 +326,7 @@ def run_task(task: Task, args, experts: int, trained_softmaxes: Tuple) -> Dict:
     if control is not None:
         result.update(control_scores(task, full, control, ds, hits_ds))
         result["valid_top1_lm"] = runs["control"]["valid_top1"][0]["score"]  # step 0: the LM's softmax as it came
-        # kept for the decoding study (python -m recipes.decoding --head-dirs ...)
+        # kept for the decoding study (python -m studies.fast_softmax.decoding --head-dirs ...)
         hf_heads.save_head(ds, os.path.join(args.out, "heads", f"{task.name}-ds_softmax-{experts}"))
     if task.super_of is not None:
         pur = expert_purity(ds, task.super_of)

@@ -14,8 +14,8 @@ and the method's own cost figure (``V d`` / multiplications, from ``head.last_st
 sampling also the paper's success rate (top-1 right and probability within epsilon), with the
 variance scale of the bound (1.0) and fitted on separate queries (``calibrate``, as the authors do).
 
-    python -m recipes.bench_fast_inference --out results/fast_inference     # all three settings
-    python -m recipes.bench_fast_inference --settings random --vocab 10000  # a quick look
+    python -m studies.fast_softmax.bench_fast_inference --out results/fast_inference     # all three settings
+    python -m studies.fast_softmax.bench_fast_inference --settings random --vocab 10000  # a quick look
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""recipes.decoding: the decoding study's agreement and speed measurements on a tiny GPT-2 with class_softmax heads,
-exact (every class searched: full agreement, no distance, identical text) and approximate (2 classes of 8), checked
-against the same quantities computed by hand."""
+"""studies.fast_softmax.decoding: the decoding study's agreement and speed measurements on a tiny GPT-2 with
+class_softmax heads, exact (every class searched: full agreement, no distance, identical text) and approximate
+(2 classes of 8), checked against the same quantities computed by hand."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hf_heads
-from recipes import decoding
+from studies.fast_softmax import decoding
 
 transformers = pytest.importorskip("transformers", reason="transformers not installed: run `make install`")
 
@@ -116,9 +116,9 @@ def test_the_lstm_decoding_loop_carries_its_state_and_takes_the_heads_fast_top_1
 
 
 def test_the_decoding_command_measures_each_converted_head_and_resumes(tmp_path):
-    """python -m recipes.decoding on a tiny GPT-2 folder: SVD-softmax converted at V = 64 refines every id (exact:
-    full agreement, every greedy prefix whole), adaptive sampling's bandit approximates; speed per thread count for
-    greedy and top-k sampling, the head's share of a step; a second run reads the heads already measured."""
+    """python -m studies.fast_softmax.decoding on a tiny GPT-2 folder: SVD-softmax converted at V = 64 refines every id
+    (exact: full agreement, every greedy prefix whole), adaptive sampling's bandit approximates; speed per thread count
+    for greedy and top-k sampling, the head's share of a step; a second run reads the heads already measured."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     words = [f"w{i}" for i in range(60)]
@@ -180,7 +180,7 @@ def test_the_decoding_command_on_the_lstm_measures_converted_and_trained_heads(t
     (--head-dirs) is measured under its folder's name; without the LSTM the command says how to train it, and where
     --lm-dir has none it reads the checkout's kept copy."""
     from corpora import tiny_corpus
-    from test_recipes import TINY_LM
+    from corpora import TINY_LM
 
     from recipes.common import lms
 
@@ -239,7 +239,7 @@ def test_the_fast_study_page_tabulates_decoding_runs_by_model(tmp_path):
     computed as by hand."""
     import shutil
 
-    from recipes import fast_report as FR
+    from studies.fast_softmax import fast_report as FR
 
     records, docs = tmp_path / "records", tmp_path / "docs"
     records.mkdir(), docs.mkdir()

@@ -27,9 +27,9 @@ multiplications against V d, per ``--deltas``, with the confidence bound as writ
 calibrated on valid states (:meth:`AdaptiveSamplingHead.calibrate`). A finished setting without it (or with other
 ``--adaptive-queries`` / ``--calibration-*`` / ``--deltas``) gets this part alone under ``--resume``.
 
-    python -m recipes.svd_study --out results/svd_study                # ptb, wikitext-2, smollm2 (if installed)
-    python -m recipes.svd_study --settings ptb --queries 500
-    python -m recipes.svd_study --out results/svd_study --resume       # keeps the settings finished with these options
+    python -m studies.fast_softmax.svd_study --out results/svd_study           # ptb, wikitext-2, smollm2 if installed
+    python -m studies.fast_softmax.svd_study --settings ptb --queries 500
+    python -m studies.fast_softmax.svd_study --out results/svd_study --resume  # keeps what finished with these options
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def study(s: Setting, args, log=print) -> Dict:
             r = {"method": method, "classes": hier.config.num_classes, "train_seconds": secs}
             rows.append({**r, **scores(hier, s.test_h, s.test_y, exact_top)})
             heads[method] = hier
-            if not fitted:  # kept for the decoding study (python -m recipes.decoding --head-dirs ...)
+            if not fitted:  # kept for the decoding study (python -m studies.fast_softmax.decoding --head-dirs ...)
                 hf_heads.save_head(hier, os.path.join(args.out, "heads", f"{s.name}-class_softmax"))
             log(f"[{s.name}] {method} ({r['classes']} classes, trained {secs:.0f}s): ppl {rows[-1]['ppl']:.2f}")
     queries = [(s.test_h[i : i + 1], s.test_y[i : i + 1]) for i in range(min(args.timing_queries, len(s.test_h)))]

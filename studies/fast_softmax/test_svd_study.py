@@ -1,5 +1,5 @@
-"""recipes/svd_study.py: spectra of a known matrix, the perplexity of SVD-softmax's distribution against a slow
-per-query reference (and the exact softmax where the approximation is exact), and the command end to end on a tiny
+"""studies/fast_softmax/svd_study.py: spectra of a known matrix, the perplexity of SVD-softmax's distribution against a
+slow per-query reference (and the exact softmax where the approximation is exact), and the command end to end on a tiny
 corpus."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 import hf_heads
 from corpora import tiny_corpus
-from recipes import svd_study as SS
+from studies.fast_softmax import svd_study as SS
 
 
 def test_spectrum_of_a_known_matrix():
@@ -68,7 +68,7 @@ def test_perplexity_of_the_approximation_equals_a_slow_reference(dims):
 def tiny_wt2_setting(tmp_path, monkeypatch):
     """The wikitext-2 setting on a tiny generated corpus (train / valid / test) and a tiny train-split LSTM."""
     from recipes.common import lms
-    from test_recipes import TINY_LM
+    from corpora import TINY_LM
 
     monkeypatch.setattr(lms, "LSTM_SETTINGS", {**lms.LSTM_SETTINGS, **TINY_LM})
     tiny_corpus(tmp_path / "data" / "wikitext-2", num_words=20, valid_lines=20, seed=2, train_lines=60)
@@ -166,13 +166,13 @@ def test_adaptive_study_measures_the_heads_own_criterion_on_spread_queries():
 def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     """The docs page is written from the two commands' outputs only: it opens with the DS-Softmax rows, then the
     poster's, the perplexity-against-W tables, both plots, the SVD-vs-hierarchical table and numbers.json."""
-    from recipes import ds_softmax as dsr
-    from recipes import fast_analysis as FA
-    from recipes import fast_report as FR
+    from studies.fast_softmax import ds_softmax as dsr
+    from studies.fast_softmax import fast_analysis as FA
+    from studies.fast_softmax import fast_report as FR
     from recipes.common.stats import wilson
 
     SS.main(tiny_study_argv(tmp_path, monkeypatch, tmp_path / "svd"))
-    from test_recipes import tiny_wt2_argv
+    from studies.fast_softmax.test_ds_softmax_recipe import tiny_wt2_argv
 
     argv = tiny_wt2_argv(tmp_path, monkeypatch, "--experts", "2")
     dsr.main(argv[: argv.index("--out") + 1] + [str(tmp_path / "ds")] + argv[argv.index("--out") + 2 :])
@@ -261,7 +261,7 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
 def test_fast_study_collect_merges_ds_runs_by_task(tmp_path):
     """Each DS run collected adds its tasks' rows (and the note) to ds.json; a task collected again replaces its own
     rows and notes only."""
-    from recipes import fast_analysis as FA
+    from studies.fast_softmax import fast_analysis as FA
 
     def run(name, rows):
         (tmp_path / name).mkdir()
@@ -290,8 +290,8 @@ def test_fast_study_committed_page_numbers_and_reading():
     """The committed page and numbers.json are what the generator makes of the committed json (and the reading);
     every decimal, percentage and number with a unit of the hand-written reading is one of their values as the
     page's tables format it, or one of the at most ten listed exceptions."""
-    from recipes import fast_analysis as FA
-    from recipes import fast_report as FR
+    from studies.fast_softmax import fast_analysis as FA
+    from studies.fast_softmax import fast_report as FR
     from recipes.common.reading import number_values, unmatched_numbers
 
     out_dir = FR.RECORDS

@@ -1,13 +1,13 @@
 """The fast-softmax study page, ``docs/fast_softmax_study.md``, generated from the runs of its commands.
 
-    python -m recipes.svd_study --out results/svd_study
-    python -m recipes.ds_softmax --tasks ptb wikitext-2 smollm2 --out results/ds
-    python -m recipes.decoding --model smollm2 --out results/decoding-smollm2
-    python -m recipes.fast_report --svd results/svd_study --ds results/ds --decoding results/decoding-smollm2
-    python -m recipes.fast_report --no-collect     # the page from the committed json (the command above collects)
+    python -m studies.fast_softmax.svd_study --out results/svd_study
+    python -m studies.fast_softmax.ds_softmax --tasks ptb wikitext-2 smollm2 --out results/ds
+    python -m studies.fast_softmax.decoding --model smollm2 --out results/dec-smollm2
+    python -m studies.fast_softmax.fast_report --svd results/svd_study --ds results/ds --decoding results/dec-smollm2
+    python -m studies.fast_softmax.fast_report --no-collect     # the page from the committed json (above: collects)
 
-Collecting (:mod:`recipes.fast_analysis`) copies the runs' ``results.json`` (and the ``--note``) into
-``records/fast_softmax_study/``, the SVD plots into ``docs/fast_study/``; the page is written from those only: tables,
+Collecting (:mod:`studies.fast_softmax.fast_analysis`) copies the runs' ``results.json`` (and the ``--note``) into
+``studies/fast_softmax/records/``, the SVD plots into ``docs/fast_study/``; the page is written from those only: tables,
 plots, commands, the hand-written reading (:data:`READING`), and ``numbers.json``, the numbers they cite.
 """
 
@@ -19,14 +19,14 @@ import os
 import textwrap
 from typing import Dict, List, Tuple
 
-from recipes.common.data import CHECKOUT, records
+from recipes.common.data import CHECKOUT
 from recipes.common.reading import written_reading
-from recipes.fast_analysis import ADAPTIVE_PAPER, UNRECORDED, collect, decoding_rows, derived, ds_rows, load, svd_rows
-from recipes.ds_softmax import HEADER as DS_HEADER
-from recipes.ds_softmax import format_row as ds_row
+from .ds_softmax import HEADER as DS_HEADER
+from .ds_softmax import format_row as ds_row
+from .fast_analysis import ADAPTIVE_PAPER, UNRECORDED, collect, decoding_rows, derived, ds_rows, load, svd_rows
 
 DOCS = os.path.join(CHECKOUT, "docs")
-RECORDS = os.path.join(CHECKOUT, records("fast_softmax_study"))  # the committed json and the derived numbers
+RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")  # the committed json, derived numbers
 READING = "fast_softmax_study-reading.md"  # beside the page; first line <!-- cells: N -->, N = the runs it read
 #: the formatters of the page's tables (a percentage is a fraction's hundredfold, "points" one of top-1)
 FORMATS = tuple(f"{{:.{n}f}}".format for n in range(5))
@@ -62,7 +62,7 @@ SVD_CMP = (
     "| {name} | {ppl:.2f} | {top1:.3f} | {top10:.3f} | {cost_gain:.1f}x | {ms_per_token} | {speedup} | "
     "{ms_per_target} | {target_speedup} |",
 )
-#: decoding at batch 1 (``python -m recipes.decoding``): agreement with the full softmax, then speed per thread count
+#: decoding at batch 1 (``studies.fast_softmax.decoding``): agreement with the full softmax, then speed per thread count
 DECODE_AGREE = (
     "| model | head | top-1 agreement, teacher-forced | identical greedy prefix: median (new tokens) | prompts "
     "identical throughout | top-k TV distance, teacher-forced (k) |",
@@ -76,7 +76,7 @@ DECODE_SPEED = (
     "{top_k_full:.1f} | {top_k_fast:.1f} | {top_k_speedup:.2f}x | {head_share:.2f} | {bound:.2f}x | "
     "{step_ms:.2f}, {head_ms:.2f} | {load_before:.2f}, {load_after:.2f} |",
 )
-#: adaptive sampling at its paper's criterion (python -m recipes.svd_study's adaptive part), the paper's figure below
+#: adaptive sampling at its paper's criterion (studies.fast_softmax.svd_study's adaptive part), the paper's figure below
 ADAPTIVE = (
     "| output layer | V | d | delta | bound as written: success (95% interval) | top-1 agreement | fewer mults | "
     "calibrated: variance scale | success (95% interval) | top-1 agreement | fewer mults |",
@@ -102,7 +102,7 @@ def fill(*texts: str) -> List[str]:
 
 def commands(title: str, command: str, notes: Dict[str, List[str]]) -> List[str]:
     """A section naming the command of its runs and the notes collected with them, per task or model."""
-    text = f"`python -m recipes.{command}` (its module docstring says what it does); the runs:"
+    text = f"`python -m studies.fast_softmax.{command}` (its module docstring says what it does); the runs:"
     return [f"## {title}: the command", "", *fill(text, *(f"_{k}: {n}_" for k, ns in notes.items() for n in ns))]
 
 
@@ -120,8 +120,8 @@ def svd_section(svd: Dict, nums: Dict) -> List[str]:
     """Per setting, SVD-softmax's perplexity against W (both previews) and, timed at the largest N, beside the
     hierarchical softmax; the plots and the poster's SVD-10 column."""
     lines = ["## SVD-softmax as the slides measure it", ""] + fill(
-        "`python -m recipes.svd_study` (its module docstring says what it measures): per output layer, SVD-softmax "
-        "against the exact softmax, then beside the hierarchical softmax.",
+        "`python -m studies.fast_softmax.svd_study` (its module docstring says what it measures): per output layer, "
+        "SVD-softmax against the exact softmax, then beside the hierarchical softmax.",
         *(f"_{n}_" for n in svd["notes"]),
         "![singular values](fast_study/svd-spectra.png) ![perplexity against W](fast_study/svd-ppl-vs-window.png)",
     )
@@ -153,8 +153,8 @@ def render(out_dir: str, docs: str) -> Tuple[str, Dict]:
     lines += ds_tables(ds, nums) if ds else svd_section(svd, nums)  # the page opens with its table
     reading = written_reading(os.path.join(docs, READING), sum(len(o["results"]) for o in (ds, svd, dec) if o))
     lines += (["## Reading", "", reading, ""] if reading else []) + fill(
-        f"Generated by `python -m recipes.fast_report` from `{records_shown}/*.json` (the derived numbers: "
-        f"[numbers.json]({records_link}/numbers.json)); how the heads work and the speed benchmark: "
+        f"Generated by `python -m studies.fast_softmax.fast_report` from `{records_shown}/*.json` (the derived "
+        f"numbers: [numbers.json]({records_link}/numbers.json)); how the heads work and the speed benchmark: "
         "[fast_inference.md](fast_inference.md), DS-Softmax's synthetic and PTB rows: [ds_softmax.md](ds_softmax.md)."
     )
     lines += commands("DS-Softmax", "ds_softmax --tasks ptb wikitext-2 smollm2", ds["notes"]) if ds else []
@@ -169,9 +169,9 @@ def render(out_dir: str, docs: str) -> Tuple[str, Dict]:
 def main(argv=None) -> str:
     """Collect (unless ``--no-collect``), then write the page and ``numbers.json``; returns the page."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--svd", help="an output directory of `python -m recipes.svd_study`")
-    p.add_argument("--ds", nargs="+", default=[], help="output folders of `python -m recipes.ds_softmax`")
-    p.add_argument("--decoding", nargs="+", default=[], help="output folders of `python -m recipes.decoding`")
+    p.add_argument("--svd", help="an output directory of the study's svd_study command")
+    p.add_argument("--ds", nargs="+", default=[], help="output folders of the study's ds_softmax command")
+    p.add_argument("--decoding", nargs="+", default=[], help="output folders of the study's decoding command")
     p.add_argument("--note", help="a sentence kept with the collected numbers (e.g. how the machine was loaded)")
     p.add_argument("--no-collect", action="store_true", help="only write the page from the committed json")
     p.add_argument("--docs", default=DOCS, help="the docs directory (the page, its reading; its plots in fast_study/)")

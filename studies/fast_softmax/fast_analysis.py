@@ -1,6 +1,6 @@
-"""The fast-softmax study's analysis apart from its page (:mod:`recipes.fast_report`): the runs' json collected into
-``records/fast_softmax_study/`` (their plots into ``docs/fast_study/``), read back, and the derived numbers
-(:func:`derived`) the page's tables and its reading cite."""
+"""The fast-softmax study's analysis apart from its page (:mod:`studies.fast_softmax.fast_report`): the runs' json
+collected into ``studies/fast_softmax/records/`` (their plots into ``docs/fast_study/``), read back, and the derived
+numbers (:func:`derived`) the page's tables and its reading cite."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import shutil
 import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from recipes.ds_softmax import PAPER as POSTER
-from recipes.ds_softmax import from_json
+from studies.fast_softmax.ds_softmax import PAPER as POSTER
+from studies.fast_softmax.ds_softmax import from_json
 from recipes.common.runtime import cpu_seconds
 from recipes.common.stats import format_p, holm, wilson
 
@@ -41,9 +41,9 @@ def collect(
 ) -> None:
     """Copy the SVD study's ``results.json`` into ``out_dir`` as ``svd_study.json`` (``{"notes": [...], "results":
     [...]}``), its plots into ``figures`` (default ``out_dir``); merge the rows of each DS-Softmax run in ``ds`` into
-    ``ds.json`` by task, and each decoding run in ``decoding`` (``python -m recipes.decoding``'s folders) into
-    ``decoding.json`` by model, a row per head (``{"notes": {task | model: [...]}, "results": [...]}``): a task or
-    model collected again replaces its own rows and notes, the others stay."""
+    ``ds.json`` by task, and each decoding run in ``decoding`` (``python -m studies.fast_softmax.decoding``'s
+    folders) into ``decoding.json`` by model, a row per head (``{"notes": {task | model: [...]}, "results": [...]}``):
+    a task or model collected again replaces its own rows and notes, the others stay."""
     figures = figures or out_dir
     for folder in (out_dir, figures):
         os.makedirs(folder, exist_ok=True)
@@ -235,8 +235,9 @@ def decoding_rows(dec: Dict, nums: Dict) -> Tuple[List[Dict], List[Dict]]:
 
 
 def _adaptive(results: List[Dict]) -> List[Dict]:
-    """Per setting with the adaptive-sampling part (:func:`recipes.svd_study.adaptive_study`) and per delta, for the
-    bound as written and the calibrated variance scale: the success rate's 95% Wilson interval over the test states."""
+    """Per setting with the adaptive-sampling part (:func:`studies.fast_softmax.svd_study.adaptive_study`) and per
+    delta, for the bound as written and the calibrated variance scale: the success rate's 95% Wilson interval over the
+    test states."""
     out = []
     for r in results:
         part = r.get("adaptive")
@@ -247,7 +248,7 @@ def _adaptive(results: List[Dict]) -> List[Dict]:
 
 
 #: CPU-hours that no kept run's json holds (runs cut short or discarded, steps not timed then), estimated from the
-#: sessions' notes: ``records/fast_softmax_study/cpu_unrecorded.json``, ``{"rows": [{"part", "hours"}, ...]}``
+#: sessions' notes: ``studies/fast_softmax/records/cpu_unrecorded.json``, ``{"rows": [{"part", "hours"}, ...]}``
 UNRECORDED = "cpu_unrecorded"
 
 
