@@ -23,6 +23,7 @@ with ``trust_remote_code=True`` (transformers prefers a model type registered in
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -133,7 +134,15 @@ def code_files() -> Dict[str, str]:
             for f in sorted(os.listdir(here))
             if f.startswith(PREFIX + "_") and f.endswith(".py")
         }
-    modules = _package_modules(root)
+    stamped = tuple((module, path, os.stat(path).st_mtime_ns) for module, path in _package_modules(root).items())
+    return dict(_rewritten(stamped))
+
+
+@functools.lru_cache(maxsize=4)
+def _rewritten(stamped: Tuple[Tuple[str, str, int], ...]) -> Dict[str, str]:
+    """:func:`code_files` from the installed package: each ``(module, file, modification time)`` read and rewritten
+    once per process while its file stays as it was (a save then costs no parsing)."""
+    modules = {module: path for module, path, _ in stamped}
     files = {}
     for module, path in modules.items():
         with open(path, encoding="utf-8") as f:
@@ -185,7 +194,7 @@ def auto_map(model_class: type, auto_class: str) -> Dict[str, str]:
 def write_code(folder: str, model_class: type, auto_class: str) -> List[str]:
     """Write the files of a model saved in ``folder`` (see the module docstring) and point ``config.json``'s
     ``auto_map`` at them; returns the file names written."""
-    code = code_files()  # (reads and rewrites every module: once per save)
+    code = code_files()  # (rewritten once per process: _rewritten)
     files = {**code, **_entry_files(model_class, auto_class, sorted(code))}
     for name, source in files.items():
         missing = [m for m in RELATIVE_IMPORT.findall(source) if m + ".py" not in files and m != "."]
