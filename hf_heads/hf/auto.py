@@ -10,7 +10,15 @@ from typing import Any, Dict, Optional
 from transformers import AutoConfig, PretrainedConfig
 
 from ..core import SPEC_VERSION, start_options
-from .config import CLASS_PREFIX, MODEL_TYPE, check_output_head, head_config_class, head_spec, without_model_sizes
+from .config import (
+    CLASS_PREFIX,
+    MODEL_TYPE,
+    check_output_head,
+    head_config_class,
+    head_spec,
+    is_head_config,
+    without_model_sizes,
+)
 from .modeling import head_model_class
 
 
@@ -79,8 +87,8 @@ def _base_model_class(architecture: str) -> Optional[type]:
     ``LlamaForCausalLM``), or None."""
     import transformers
 
-    prefix = CLASS_PREFIX
-    found = getattr(transformers, architecture[len(prefix) :], None) if architecture.startswith(prefix) else None
+    name = architecture[len(CLASS_PREFIX) :] if architecture.startswith(CLASS_PREFIX) else None
+    found = getattr(transformers, name, None) if name else None
     return found if isinstance(found, type) and getattr(found, "config_class", None) is not None else None
 
 
@@ -126,7 +134,7 @@ def head_config(base_config, name: str, use_bias: bool = False, start=None, **op
         raise ValueError(
             f"head_config: expected a transformers config (e.g. GPT2Config(...)), got {type(base_config).__name__}"
         )
-    if base_config.model_type == MODEL_TYPE:
+    if is_head_config(base_config):
         raise ValueError(
             f"head_config: the config already names a head ({base_config.output_head['name']}); "
             f"start from the base model's config"

@@ -109,14 +109,14 @@ def _spec_problem(model) -> Optional[str]:
     return None
 
 
-def _held_spec(head: OutputHead, spec: Dict[str, Any], built: OutputHead, unset: set) -> Dict[str, Any]:
+def _held_spec(head: OutputHead, spec: Dict[str, Any], built: OutputHead, resolved: set) -> Dict[str, Any]:
     """``spec`` with the options ``head`` holds where the head ``built`` from it holds others, except the sizes (the
-    model's) and the options ``unset`` that ``spec`` left at None for the head to set itself (Mixtape's form)."""
+    model's) and the options ``resolved``, which ``spec`` left at None for the head to set itself (Mixtape's form)."""
     have = head.config.to_dict()
     differ = {
         k: have[k]
         for k, v in built.config.to_dict().items()
-        if k not in unset | {"hidden_size", "vocab_size"} and have.get(k) != v
+        if k not in resolved | {"hidden_size", "vocab_size"} and have.get(k) != v
     }
     held = {**spec, "options": {**spec.get("options", {}), **{k: v for k, v in differ.items() if k != "use_bias"}}}
     if "use_bias" in differ:
@@ -135,11 +135,12 @@ def check_saveable(model, state_dict: Optional[Dict[str, Any]] = None) -> None:
     if problem is None:
         head, spec = running_head(model.get_output_embeddings()), model.config.output_head
         wanted = spec_head_config(spec, head.config.hidden_size, head.config.vocab_size)
-        unset = {k for k, v in wanted.to_dict().items() if v is None}
+        unset = [k for k, v in wanted.to_dict().items() if v is None]
         with torch.device("meta"):
             built = type(head)(wanted)
         lacking = sorted(set(built.state_dict()) - _saved_head_keys(model, head, state_dict))
-        held = _held_spec(head, spec, built, {k for k in unset if getattr(built.config, k) is not None})
+        resolved = {k for k in unset if getattr(built.config, k) is not None}  # (set by the head itself)
+        held = _held_spec(head, spec, built, resolved)
         try:
             spec_head_config(held, head.config.hidden_size, head.config.vocab_size)
         except ValueError as e:
