@@ -18,7 +18,7 @@ from recipes.reproduce.analysis import facts
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
 MARKDOWN = ["README.md"] + sorted(f"docs/{name}" for name in os.listdir(DOCS) if name.endswith(".md"))
-GENERATED = {  # written by a command (no Python blocks): recipes.reproduce.report, recipes.bottleneck_report
+GENERATED = {  # written by a command (no Python blocks): recipes.reproduce.report, studies.bottleneck_map.report
     "docs/reproduction.md",
     "docs/bottleneck_map.md",
 }
@@ -346,11 +346,11 @@ def test_the_reproduction_page_and_each_of_its_sections_open_with_a_table():
 
 
 #: the code that writes the results pages: tables, plots, commands and the pasted readings (what they render, the
-#: statistics, the collection and the derived numbers, lives in each page's analysis: recipes/bottleneck_analysis.py,
-#: studies/fast_softmax/fast_analysis.py, recipes/reproduce/analysis/)
+#: statistics, the collection and the derived numbers, lives in each page's analysis:
+#: studies/bottleneck_map/analysis.py, studies/fast_softmax/fast_analysis.py, recipes/reproduce/analysis/)
 PAGE_WRITERS = (
-    "recipes/bottleneck_page.py",
-    "recipes/bottleneck_report.py",
+    "studies/bottleneck_map/page.py",
+    "studies/bottleneck_map/report.py",
     "studies/fast_softmax/fast_report.py",
     "recipes/reproduce/report",
 )

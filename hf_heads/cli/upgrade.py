@@ -30,8 +30,8 @@ from hf_heads.cli import finetune as finetune_hf
 
 
 class Extension:
-    """What a study adds to the command (``recipes/upgrade_head.py``: the residual-MLP control): its options, their
-    checks, a wrapper of the new head before it trains, and what ``results.json`` records of it. This one adds
+    """What a study adds to the command (``studies/head_upgrade/command.py``: the residual-MLP control): its options,
+    their checks, a wrapper of the new head before it trains, and what ``results.json`` records of it. This one adds
     nothing."""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

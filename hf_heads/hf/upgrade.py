@@ -468,12 +468,12 @@ def untie_output_embedding(model) -> None:
 
 
 #: names that moved out of this module -> where they are now (a checkout's study code); one release of warnings
-_MOVED = {"ResidualMLP": "recipes.upgrade_control", "mlp_size_matching": "recipes.upgrade_control"}
+_MOVED = {"ResidualMLP": "studies.head_upgrade.control", "mlp_size_matching": "studies.head_upgrade.control"}
 
 
 def __getattr__(name: str):
     """``hf_heads.hf.upgrade.ResidualMLP`` and ``mlp_size_matching`` (softmax-heads 0.1) for one more release: they are
-    the upgrade study's control now (``recipes/upgrade_control.py``, in a checkout, not in the wheel); a
+    the upgrade study's control now (``studies/head_upgrade/control.py``, in a checkout, not in the wheel); a
     ``FutureWarning`` says so and, from a checkout, the name still resolves to the study's."""
     if name not in _MOVED:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

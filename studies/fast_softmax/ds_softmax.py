@@ -414,7 +414,7 @@ TASKS = ("synthetic-10x10", "synthetic-100x100", "ptb", "wikitext-2", "smollm2")
 #: alone; the best epoch's copy, the states and a batch's expert logits come on top: 64 experts at d = 256 peaked at
 #: 14.3 GB here; each row records its ``peak_rss_gb``)
 LM_TASKS = ("ptb", "wikitext-2", "smollm2")
-#: where the upgrade table (python -m recipes.upgrade_table) keeps SmolLM2's states of WikiText-2
+#: where the upgrade table (python -m studies.head_upgrade.table) keeps SmolLM2's states of WikiText-2
 SMOLLM2_STATES = os.path.join("results", "upgrade_table", "states-cache", "table")
 
 
@@ -566,7 +566,7 @@ def main(argv=None) -> List[Dict]:
             where = {
                 "ptb": f"--trunk {args.trunk}",
                 "wikitext-2": f"--wt2-dir {args.wt2_dir} (no {', '.join(wt2_files)})",
-                "smollm2": f"--states {args.states} (python -m recipes.upgrade_table caches them there)",
+                "smollm2": f"--states {args.states} (python -m studies.head_upgrade.table caches them there)",
             }[name]
             raise SystemExit(f"{name}: nothing at {where}; point it to the right place, or leave out the {name} task")
     if args.tasks is None and not has["ptb"]:

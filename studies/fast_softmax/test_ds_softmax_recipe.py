@@ -180,7 +180,7 @@ def test_ds_recipe_says_what_is_missing_offline(tmp_path):
         dsr.main(["--tasks", "ptb", "--trunk", str(tmp_path / "nowhere.pt"), "--no-progress"])
     with pytest.raises(SystemExit, match="nothing at --wt2-dir .* \\(no train.txt, valid.txt, test.txt\\)"):
         dsr.main(["--tasks", "wikitext-2", "--wt2-dir", str(tmp_path / "nowhere"), "--no-progress"])
-    states_msg = "nothing at --states .* \\(python -m recipes.upgrade_table caches them there\\)"
+    states_msg = "nothing at --states .* \\(python -m studies.head_upgrade.table caches them there\\)"
     with pytest.raises(SystemExit, match=states_msg):
         dsr.main(["--tasks", "smollm2", "--states", str(tmp_path / "nowhere"), "--no-progress"])
 

@@ -1,5 +1,5 @@
 """Does the bottleneck map carry to training the whole model? Softmax and MoS trained jointly with the trunk at a
-small and a large head input size d, beside the frozen-trunk map (``python -m recipes.bottleneck_map``).
+small and a large head input size d, beside the frozen-trunk map (``python -m studies.bottleneck_map``).
 
 The map freezes a trained AWD-LSTM and learns ``head(W_p f)`` on its 200-d features. Here nothing is frozen: the
 lm-ptb table's AWD-LSTM cell (its model, optimizer, data order and the papers' stateful protocol) is trained with its
@@ -8,13 +8,13 @@ V x d output embedding, so softmax's logits have rank at most d + 1, and MoS's K
 map). A shorter schedule than the table's (``--epochs``, stated in every record), so the numbers are at that cap, not
 converged::
 
-    python -m recipes.bottleneck_joint --bin results/reproduce/lm-ptb/data/bin --out results/bottleneck_joint
+    python -m studies.bottleneck_map.joint --bin results/reproduce/lm-ptb/data/bin --out results/bottleneck_joint
 
 Each (head, d, seed) cell writes ``OUT/cells/HEAD-dD-sS.json`` (valid / test perplexity of the best checkpoint,
 scored as the table scores; epochs; CPU seconds; the command); a finished cell is skipped on the next call, an
-interrupted one resumes from its last checkpoint. ``python -m recipes.bottleneck_report`` reads them beside the map.
-On a new machine, ``--restore records/bottleneck_map/bottleneck_map.json`` writes the page's committed cells back
-first (those run with the same rate and epoch cap), so only the missing cells train.
+interrupted one resumes from its last checkpoint. ``python -m studies.bottleneck_map.report`` reads them beside the map.
+On a new machine, ``--restore studies/bottleneck_map/records/bottleneck_map.json`` writes the page's committed cells
+back first (those run with the same rate and epoch cap), so only the missing cells train.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ DIMS = [4, 128]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m recipes.bottleneck_joint", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m studies.bottleneck_map.joint", description=__doc__.split("\n")[0])
     p.add_argument("--bin", required=True, help="lm-ptb's binarised data (RESULTS/lm-ptb/data/bin)")
     p.add_argument("--out", default=os.path.join("results", "bottleneck_joint"))
     p.add_argument("--heads", nargs="+", default=HEADS, help="lm-ptb table heads (default: softmax mos-4)")
@@ -43,8 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--restore",
         default=None,
-        help="the page's json (records/bottleneck_map/bottleneck_map.json): its joint cells run with the same --lr and "
-        "--epochs are written into --out where it has none, so a new machine trains only the missing cells",
+        help="the page's json (studies/bottleneck_map/records/bottleneck_map.json): its joint cells run with the same "
+        "--lr and --epochs are written into --out where it has none, so a new machine trains only the missing cells",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)

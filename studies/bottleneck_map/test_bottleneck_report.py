@@ -1,4 +1,4 @@
-"""The bottleneck map's page (``python -m recipes.bottleneck_report``): its primary test by hand, its families and
+"""The bottleneck map's page (``python -m studies.bottleneck_map.report``): its primary test by hand, its families and
 what it leaves out, its tables against the cells they come from, on made-up cells (no training); the committed page,
 its derived numbers, and every number of its hand-written reading against the json."""
 
@@ -10,13 +10,16 @@ import os
 
 import pytest
 
-from recipes import bottleneck_analysis, bottleneck_map, bottleneck_page, bottleneck_report
+from studies.bottleneck_map import analysis as bottleneck_analysis
+from studies.bottleneck_map import page as bottleneck_page
+from studies.bottleneck_map import report as bottleneck_report
+from studies.bottleneck_map import study as bottleneck_map
 from recipes.common import stats as paired_stats
 from recipes.common.reading import number_values, unmatched_numbers
 
 paired_p = paired_stats.format_p
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS, RECORDS = os.path.join(ROOT, "docs"), os.path.join(ROOT, "records", "bottleneck_map")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOCS, RECORDS = os.path.join(ROOT, "docs"), os.path.join(ROOT, bottleneck_analysis.RECORDS)
 
 
 def _rows(text, header):
@@ -249,14 +252,14 @@ def test_the_page_leaves_diverged_cells_out_and_counts_the_chosen_rate_cell_once
     assert "python -m recipes.reproduce lm-ptb --scale mini --heads softmax --seeds 1 --lrs 0.01\n" in commands
     assert "--dims 4 16 64 --rates 0.001 0.01 --seeds 3 --rate-d 16" in commands and "--floor-seeds 1" in commands
     assert (
-        "# with --restore records/bottleneck_map/bottleneck_map.json it resumes from the committed cells (a new machine"
-        in commands
+        "# with --restore studies/bottleneck_map/records/bottleneck_map.json it resumes from the committed cells "
+        "(a new machine" in commands
     )
     assert "- (0) |" not in text and "| mos-4 | - | - | - |" in text.split("## What each head can express")[1]
 
 
 def test_the_command_writes_page_and_plots_around_a_diverged_cell(tmp_path, monkeypatch):
-    """``python -m recipes.bottleneck_report --no-collect``: a NaN cell among paired seeds is left out of the plot's
+    """``python -m studies.bottleneck_map.report --no-collect``: a NaN cell among paired seeds is left out of the plot's
     tests too (a NaN p-value would stop Holm), both plots are written, and the differences' plot draws the primary
     test's line of each head it fits, with its slope and Holm p."""
     from matplotlib.axes import Axes
@@ -337,12 +340,12 @@ def _committed():
 
 
 def test_the_committed_page_and_its_numbers_are_what_its_committed_json_gives(tmp_path):
-    """docs/bottleneck_map.md and records/bottleneck_map/bottleneck_map-numbers.json are generated: rebuilt from
-    records/bottleneck_map/bottleneck_map.json they come out the same, so a change of the generator lands with the page
-    and the numbers it writes."""
+    """docs/bottleneck_map.md and records/bottleneck_map-numbers.json are generated: rebuilt from
+    records/bottleneck_map.json they come out the same, so a change of the generator lands with the page and the
+    numbers it writes."""
     import shutil
 
-    docs, records = tmp_path / "docs", tmp_path / "records" / "bottleneck_map"
+    docs, records = tmp_path / "docs", tmp_path / bottleneck_analysis.RECORDS
     docs.mkdir()
     records.mkdir(parents=True)
     shutil.copy(os.path.join(RECORDS, "bottleneck_map.json"), records / "bottleneck_map.json")
@@ -468,7 +471,7 @@ def test_a_collection_on_another_trunk_sets_the_committed_cells_aside_and_keeps_
             "epoch_cap": 3,
             "ppl": {"valid": 150.0, "test": 140.0},
             "cpu_seconds": 7200.0,
-            "command": "python -m recipes.bottleneck_joint",
+            "command": "python -m studies.bottleneck_map.joint",
         }
     ]
     committed["upgrade"] = {"rates": {}, "pilot": [], "cells": []}
@@ -783,6 +786,6 @@ def test_an_upgrade_table_best_at_its_cap_gives_the_cap_check_s_command():
     cap = up["meta"]["args"]["max_epochs"]
     assert all(next(e["epoch"] for e in c["curve"] if e.get("best")) == cap for c in up["cells"])
     lines = bottleneck_page.commands_section(obj)
-    [line] = [ln for ln in lines if ln.startswith("python -m recipes.upgrade_table --out results/upgrade_cap ")]
+    [line] = [ln for ln in lines if ln.startswith("python -m studies.head_upgrade.table --out results/upgrade_cap ")]
     assert "--seeds 1 --" in line and f"--max-epochs {3 * cap}" in line
-    assert line.endswith(" --restore records/bottleneck_map/bottleneck_map.json")
+    assert line.endswith(" --restore studies/bottleneck_map/records/bottleneck_map.json")

@@ -1,5 +1,4 @@
-"""The bottleneck map page's tables, plots and commands from its json (``records/bottleneck_map/bottleneck_map.json``),
-on the statistics of :mod:`recipes.bottleneck_analysis`."""
+"""The bottleneck map page's tables, plots and commands from its json, on :mod:`studies.bottleneck_map.analysis`."""
 
 from __future__ import annotations
 
@@ -8,8 +7,9 @@ import os
 import re
 from typing import Dict, List
 
-from recipes import bottleneck_map, upgrade_table
-from recipes.bottleneck_analysis import (
+from studies.bottleneck_map import study as bottleneck_map
+from studies.head_upgrade import table as upgrade_table
+from studies.bottleneck_map.analysis import (
     NAMES,
     PAGE_JSON,
     cap_cells,
@@ -145,8 +145,8 @@ def joint_table(obj: Dict) -> List[str]:
         )
         rows[-1] += [*diffs, cpu]
     caption = (
-        "Test perplexity of `python -m recipes.bottleneck_joint` (the whole AWD-LSTM trained, its last layer d units "
-        "wide) beside the frozen-trunk cell; diffs: head minus softmax, test NLL (nats), same d and seed."
+        "Test perplexity of `python -m studies.bottleneck_map.joint` (the whole AWD-LSTM trained, its last layer d "
+        "units wide) beside the frozen-trunk cell; diffs: head minus softmax, test NLL (nats), same d and seed."
     )
     header = "| head | d | seed | jointly | frozen trunk | joint diff | frozen diff | joint CPU minutes |"
     return section("## Trained jointly with the trunk", caption, header, rows)
@@ -360,18 +360,18 @@ def commands_section(obj: Dict) -> List[str]:
     )
     lines += ["```bash", COMMENTS["trunk"]]
     lines += [COMMENTS["kept"], f"#   {train} --out {KEPT}"] if trunk.startswith(KEPT + os.sep) else [train]
-    lines += [COMMENTS["map"], f"python -m recipes.bottleneck_map --trunk {trunk} --data {portable(a['data'])} \\"]
+    lines += [COMMENTS["map"], f"python -m studies.bottleneck_map --trunk {trunk} --data {portable(a['data'])} \\"]
     lines += ["    --out results/bottleneck_map " + " ".join(flags), COMMENTS["restore"]]
     if joint := obj.get("joint") or []:
         runs = f"--heads {' '.join(dict.fromkeys(c['head'] for c in joint))} --dims "
         runs += " ".join(map(str, sorted({c["d"] for c in joint}))) + f" --seeds {max(c['seed'] for c in joint)}"
         runs += f" --epochs {max(c['epoch_cap'] for c in joint)} --lr {max(c['lr'] for c in joint):g}"
         lines.append(
-            f"python -m recipes.bottleneck_joint --bin {portable(a['data'])} --out results/bottleneck_joint {runs}"
+            f"python -m studies.bottleneck_map.joint --bin {portable(a['data'])} --out results/bottleneck_joint {runs}"
         )
     up, cap = obj.get("upgrade") or {}, obj.get("upgrade_cap") or {}
     if up.get("pilot") or up.get("cells"):
-        default = "python -m recipes.upgrade_table --out results/upgrade_table --data ../shared/data/wikitext-2"
+        default = "python -m studies.head_upgrade.table --out results/upgrade_table --data ../shared/data/wikitext-2"
         table = upgrade_table.command_line(up["meta"]) if up.get("meta") else default
         lines.append(table + "   # --dry-run: every upgrade_head command")
     if cap.get("meta") or (up.get("meta") and up.get("cells")):
@@ -384,8 +384,8 @@ def commands_section(obj: Dict) -> List[str]:
             COMMENTS["cap"],
             upgrade_table.command_line(meta, "results/upgrade_cap") + f" --restore {PAGE_JSON}",
         ]
-    report = "python -m recipes.bottleneck_report --results results/bottleneck_map --joint results/bottleneck_joint \\"
-    return lines + [report, "    --upgrade results/upgrade_table --upgrade-cap results/upgrade_cap", "```", ""]
+    report = "python -m studies.bottleneck_map.report --results results/bottleneck_map --joint results/bottleneck_joint"
+    return lines + [report + " \\", "    --upgrade results/upgrade_table --upgrade-cap results/upgrade_cap", "```", ""]
 
 
 def spectra_png(png: str) -> str:

@@ -16,9 +16,9 @@ seed-1 cell at ``--rate-d`` is the chosen rate's cell of the rate search, not tr
 stopping-rule weights, ``OUT/rates/*.pt``, and its floor run goes on from them once its rate is chosen: the rates not
 chosen have none; a rate cell run before rate cells kept their weights is run again as the seed-1 cell).
 
-    python -m recipes.bottleneck_map --trunk CKPT --data BIN --out results/bottleneck_map           # resumable
-    python -m recipes.bottleneck_map ... --restore records/bottleneck_map/bottleneck_map.json  # a new machine
-    python -m recipes.bottleneck_map --plan ...                                                      # cells, cost
+    python -m studies.bottleneck_map --trunk CKPT --data BIN --out results/bottleneck_map           # resumable
+    python -m studies.bottleneck_map ... --restore studies/bottleneck_map/records/bottleneck_map.json  # a new machine
+    python -m studies.bottleneck_map --plan ...                                                      # cells, cost
 
 One map over two cores: the same command run twice. Each process claims a cell before training it (a lock beside its
 record, :func:`recipes.reproduce.engine.results.claimed`) and passes over the cells the other holds, a head's seed cells
@@ -373,9 +373,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--restore",
         metavar="PAGE_JSON",
-        help="first copy the cells committed in PAGE_JSON (records/bottleneck_map/bottleneck_map.json) into --out when "
-        "they came from this trunk (the same checkpoint by md5, or its valid and test NLL equal to 1e-9 nats: a trunk "
-        "trained again, bit for bit) and the same options: a new machine goes on from them",
+        help="first copy the cells committed in PAGE_JSON (studies/bottleneck_map/records/bottleneck_map.json) into "
+        "--out when they came from this trunk (the same checkpoint by md5, or its valid and test NLL equal to 1e-9 "
+        "nats: a trunk trained again, bit for bit) and the same options: a new machine goes on from them",
     )
     p.add_argument(
         "--carry-rates",
@@ -533,9 +533,3 @@ def main(argv=None, log=print) -> Dict:
             time.sleep(WAIT_SECONDS)
     results = [result_files.load_json(cell_path(args, h, d, s)) for h, d, s in cells]
     return {"meta": meta, "rates": rates, "cells": results}
-
-
-if __name__ == "__main__":
-    from hf_heads.cli.runner import run
-
-    run(main)

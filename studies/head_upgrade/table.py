@@ -1,11 +1,11 @@
 """The head-upgrade table of docs/bottleneck_map.md: SmolLM2-135M's head upgraded on WikiText-2, every row and control,
-three seeds, by ``python -m recipes.upgrade_head`` cell after cell (resumable: a cell with its ``results.json`` is
+three seeds, by ``python -m studies.head_upgrade`` cell after cell (resumable: a cell with its ``results.json`` is
 read, not rerun).
 
-    python -m recipes.upgrade_table --out results/upgrade_table              # the rate pilot, then the table
-    python -m recipes.upgrade_table --out results/upgrade_table --dry-run    # the plan: every command, nothing run
-    python -m recipes.upgrade_table --out results/upgrade_table \
-        --restore records/bottleneck_map/bottleneck_map.json                  # a new machine: the committed cells
+    python -m studies.head_upgrade.table --out results/upgrade_table              # the rate pilot, then the table
+    python -m studies.head_upgrade.table --out results/upgrade_table --dry-run    # the plan: every command, nothing run
+    python -m studies.head_upgrade.table --out results/upgrade_table \
+        --restore studies/bottleneck_map/records/bottleneck_map.json   # a new machine: the committed cells
 
 The rows: MoS-3, Mixtape (the library's default form) and PLIF, each started at the pretrained ``lm_head``; the
 controls (a) the pretrained softmax fine-tuned the same way (domain adaptation alone) and (b) that softmax behind a
@@ -22,8 +22,8 @@ residual MLP with as many parameters as MoS-3 adds (more parameters, not more ra
 
 The model's states are cached once per text (``OUT/states-cache/pilot`` and ``OUT/states-cache/table``) and shared
 by every cell of the stage. ``python -m
-recipes.bottleneck_report --upgrade OUT`` puts the table on the page. Options this command does not know go to every
-``recipes.upgrade_head`` call (e.g. ``--block-size``).
+studies.bottleneck_map.report --upgrade OUT`` puts the table on the page. Options this command does not know go to every
+``studies.head_upgrade`` call (e.g. ``--block-size``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Dict, List, Optional
 from recipes.common import runtime
 from recipes.common import data as data_paths
 
-#: row -> the options of recipes.upgrade_head that make it (MoS gets K = 3 from upgrade_head's default for pretrained
+#: row -> the options of studies.head_upgrade that make it (MoS gets K = 3 from upgrade_head's default for pretrained
 #: models; Mixtape and PLIF their library defaults)
 ROWS: Dict[str, List[str]] = {
     "softmax": ["--head", "softmax"],
@@ -77,7 +77,7 @@ def parse_args(argv=None):
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     p.add_argument("--out", default=os.path.join("results", "upgrade_table"), help="the cells, rates and state cache")
-    p.add_argument("--model", default="smollm2", help="what recipes.upgrade_head's --model takes")
+    p.add_argument("--model", default="smollm2", help="what studies.head_upgrade's --model takes")
     p.add_argument(
         "--data",
         default=data_paths.corpus("wikitext-2"),
@@ -100,9 +100,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--restore",
         metavar="PAGE_JSON",
-        help="first copy the cells committed in PAGE_JSON (records/bottleneck_map/bottleneck_map.json) that this run "
-        "would make (the same model, tokens and passed options; a table cell also at the rate chosen now) into --out: "
-        "a new machine goes on from them instead of training them again",
+        help="first copy the cells committed in PAGE_JSON (studies/bottleneck_map/records/bottleneck_map.json) that "
+        "this run would make (the same model, tokens and passed options; a table cell also at the rate chosen now) "
+        "into --out: a new machine goes on from them instead of training them again",
     )
     p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
     args, passed = p.parse_known_args(argv)
@@ -200,10 +200,10 @@ def run_cell(argv: List[str], dry_run: bool, log) -> Optional[Dict]:
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
-    log("python -m recipes.upgrade_head " + " ".join(shlex.quote(a) for a in argv))
+    log("python -m studies.head_upgrade " + " ".join(shlex.quote(a) for a in argv))
     if dry_run:
         return None
-    from recipes import upgrade_head
+    from studies.head_upgrade import command as upgrade_head
 
     return upgrade_head.main(argv, log=log)
 
@@ -235,7 +235,7 @@ def command_line(meta: Dict, out: str = "results/upgrade_table") -> str:
     """The command that reruns a recorded run (``OUT/meta.json``) from the repository's root into ``out``, every
     recorded option written out, the options passed on to upgrade_head after them."""
     a = meta["args"]
-    words = [f"python -m recipes.upgrade_table --out {out} --data ../shared/data/wikitext-2"]
+    words = [f"python -m studies.head_upgrade.table --out {out} --data ../shared/data/wikitext-2"]
     for key in META_OPTIONS:
         values = a[key] if isinstance(a[key], list) else [a[key]]
         words.append(
@@ -336,7 +336,7 @@ def main(argv=None, log=print) -> Dict:
         for row in args.rows:
             cells[f"{row}-seed{seed}"] = run_cell(table_argv(args, row, rates[row]["lr"], seed), False, log)
     log(
-        f"{len(cells)} cells in {os.path.join(args.out, 'cells')}; the page: python -m recipes.bottleneck_report "
+        f"{len(cells)} cells in {os.path.join(args.out, 'cells')}; the page: python -m studies.bottleneck_map.report "
         f"--upgrade {args.out}"
     )
     return {"rates": rates, "cells": cells}

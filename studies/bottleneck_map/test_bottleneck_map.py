@@ -1,4 +1,4 @@
-"""The bottleneck map (``python -m recipes.bottleneck_map``): a trunk's cached features score as fairseq scores the
+"""The bottleneck map (``python -m studies.bottleneck_map``): a trunk's cached features score as fairseq scores the
 trunk, and the map's cells train, choose their rates on valid and resume, on a tiny AWD-LSTM in seconds."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytest.importorskip("fairseq", reason="fairseq not installed: run `make install`
 from test_fairseq_cli import PLUGIN, cli, data  # noqa: E402,F401  (data: the tiny corpus fixture)
 from test_streams import train_args  # noqa: E402
 
-from recipes import bottleneck_map  # noqa: E402
+from studies.bottleneck_map import study as bottleneck_map  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,8 @@ def test_map_cells_train_choose_rates_on_valid_and_resume(trunk, tmp_path, monke
             assert measures["beyond_bound_after_first"] > 1e-12
     assert max(c["spectrum"]["rank"] for c in result["cells"]) > 4  # the measure is not stuck at the d = 2 bound
     # the page: the primary test's slope (4 paired points for MoS-4; Mixtape did not run), the tables, the plot
-    from recipes import bottleneck_analysis, bottleneck_report
+    from studies.bottleneck_map import analysis as bottleneck_analysis
+    from studies.bottleneck_map import report as bottleneck_report
 
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -340,9 +341,9 @@ def test_map_refuses_a_d_above_the_features_width(trunk, tmp_path):
 
 # ----------------------------------------------------------------------------- the joint-training check
 def test_the_joint_check_trains_the_tables_cell_with_a_d_unit_last_layer_and_an_untied_head(tmp_path):
-    """recipes.bottleneck_joint: the lm-ptb table's command for the head, only the last layer's units, the epoch cap
+    """studies.bottleneck_map.joint: the lm-ptb table's command for the head, only the last layer's units, the epoch cap
     and the untied head changed (so softmax's logits have rank <= d + 1, and MoS's contexts are d-dimensional)."""
-    from recipes import bottleneck_joint
+    from studies.bottleneck_map import joint as bottleneck_joint
     from recipes.reproduce import get_table
     from recipes.reproduce.__main__ import parse_args as table_parse_args
 
@@ -365,7 +366,7 @@ def test_the_joint_check_trains_the_tables_cell_with_a_d_unit_last_layer_and_an_
 def test_the_joint_check_restores_the_pages_cells_run_with_its_rate_and_cap(tmp_path):
     """--restore: a new machine writes the committed joint cells back (those run with the same --lr and --epochs, of
     the heads, d values and seeds asked) and trains only the missing ones; a cell already there is kept."""
-    from recipes import bottleneck_joint
+    from studies.bottleneck_map import joint as bottleneck_joint
 
     def cell(head, d, seed=1, lr=0.0025, cap=3):
         return {"head": head, "d": d, "seed": seed, "lr": lr, "epoch_cap": cap, "ppl": {"valid": 9.0, "test": 8.0}}
@@ -392,7 +393,7 @@ def test_the_joint_check_restores_the_pages_cells_run_with_its_rate_and_cap(tmp_
 def test_the_joint_check_runs_end_to_end_and_resumes(data, tmp_path):
     from fairseq import checkpoint_utils
 
-    from recipes import bottleneck_joint
+    from studies.bottleneck_map import joint as bottleneck_joint
 
     argv = ["--bin", str(data / "lm-bin"), "--out", str(tmp_path), "--dims", "4", "--epochs", "1", "--quiet"]
     records = bottleneck_joint.main(argv, log=lambda *_: None)
@@ -409,7 +410,7 @@ def test_the_joint_check_runs_end_to_end_and_resumes(data, tmp_path):
 
 
 def test_a_collection_without_cells_leaves_the_committed_page_json_as_it_was(tmp_path):
-    from recipes import bottleneck_report
+    from studies.bottleneck_map import report as bottleneck_report
 
     docs = tmp_path / "docs"
     docs.mkdir()

@@ -1,7 +1,7 @@
-"""The bottleneck map's analysis from its json (``records/bottleneck_map/bottleneck_map.json``): its statistics, the
-CPU-hours spent, the collection of the runs' folders into that json, and the numbers its reading cites beyond the json
-(:func:`numbers`: ``records/bottleneck_map/bottleneck_map-numbers.json``). :mod:`recipes.bottleneck_page` renders
-them as tables and plots.
+"""The bottleneck map's analysis from its json (``records/bottleneck_map.json``): its statistics, the CPU-hours
+spent, the collection of the runs' folders into that json, and the numbers its reading cites beyond the json
+(:func:`numbers`: ``records/bottleneck_map-numbers.json``). :mod:`studies.bottleneck_map.page` renders them as tables
+and plots.
 
 The primary test, fixed before the seed cells ran: for MoS-4 and Mixtape, the seed-paired difference of test NLL (head
 minus softmax, same d and seed), averaged over the seeds at each d, regressed on log2 d by least squares: the slope,
@@ -21,14 +21,16 @@ import statistics
 from typing import Dict, List
 
 from hf_heads.heads.mixtape import MixtapeConfig
-from recipes import bottleneck_map, upgrade_table
+from studies.bottleneck_map import study as bottleneck_map
+from studies.head_upgrade import table as upgrade_table
 from recipes.common import runtime
-from recipes.common.data import records
 from recipes.common import stats as paired_stats
 from recipes.common.reading import rounded
 
+#: the study's committed results (the page's json, its derived numbers), relative to the checkout's root
+RECORDS = os.path.join("studies", "bottleneck_map", "records")
 #: the page's committed json, where ``--restore`` reads the committed cells (from the checkout's root)
-PAGE_JSON = os.path.join(records("bottleneck_map"), "bottleneck_map.json")
+PAGE_JSON = os.path.join(RECORDS, "bottleneck_map.json")
 PRIMARY, BASELINE, CONTROLS, NAMES = (
     ("mos-4", "mixtape"),
     "softmax",
@@ -352,8 +354,8 @@ def upgrade_numbers(up: Dict) -> Dict:
 
 
 def numbers(obj: Dict) -> Dict:
-    """The page's derived numbers (``records/bottleneck_map/bottleneck_map-numbers.json``): what its reading cites
-    that the json does not hold as such, from the functions its tables use."""
+    """The page's derived numbers (``records/bottleneck_map-numbers.json``): what its reading cites that the json
+    does not hold as such, from the functions its tables use."""
     (finished, diverged), meta, up = finite(obj), obj["meta"], obj.get("upgrade") or {}
     out = {"alpha": paired_stats.ALPHA, "power": paired_stats.POWER, "cpu_hours": cost(obj)}
     names = [f"{c['head']} d={c['d']} seed {c['seed']}" for c in diverged]
@@ -384,7 +386,7 @@ def collect(results: str, joint: str = "", upgrade: str = "", cap: str = "") -> 
 
     files = {k: sorted(glob.glob(os.path.join(results, k, "*.json"))) for k in ("cells", "rates")}
     if not files["cells"] and not files["rates"]:
-        raise SystemExit(f"{results}: no cells (run python -m recipes.bottleneck_map first)")
+        raise SystemExit(f"{results}: no cells (run python -m studies.bottleneck_map first)")
     meta = load(os.path.join(results, "meta.json"))
 
     def small(cell):
@@ -451,8 +453,9 @@ def has_cells(part) -> bool:
 
 
 def collect_upgrade(folder: str) -> Dict:
-    """``python -m recipes.upgrade_table``'s pilot and table cells (each named by its row, read back from its folder by
-    :func:`recipes.upgrade_table.row_of`), the rates it chose and the options it ran with (``meta``, where recorded)."""
+    """``python -m studies.head_upgrade.table``'s pilot and table cells (each named by its row, read back from its
+    folder by :func:`studies.head_upgrade.table.row_of`), the rates it chose and the options it ran with (``meta``,
+    where recorded)."""
 
     def cells(stage):
         out = []

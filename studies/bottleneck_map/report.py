@@ -1,18 +1,18 @@
 """The bottleneck map's page: docs/bottleneck_map.md (and its json, its derived numbers and its plots) from the cells
-of ``python -m recipes.bottleneck_map``.
+of ``python -m studies.bottleneck_map``.
 
-    python -m recipes.bottleneck_report --results results/bottleneck_map    # collect the cells, write the page
-    python -m recipes.bottleneck_report --no-collect                        # the page from the committed json
+    python -m studies.bottleneck_map.report --results results/bottleneck_map    # collect the cells, write the page
+    python -m studies.bottleneck_map.report --no-collect                        # the page from the committed json
 
 With ``--joint DIR`` (default ``results/bottleneck_joint``, read when it exists) the page also holds the joint-training
-check of ``python -m recipes.bottleneck_joint``; with ``--upgrade DIR`` the head-upgrade table of ``python -m
-recipes.upgrade_table``, and with ``--upgrade-cap DIR`` its cap check (the same command with a higher
+check of ``python -m studies.bottleneck_map.joint``; with ``--upgrade DIR`` the head-upgrade table of ``python -m
+studies.head_upgrade.table``, and with ``--upgrade-cap DIR`` its cap check (the same command with a higher
 ``--max-epochs`` on seed 1). A collection keeps what the committed json holds and this machine has no folder for
-(:func:`recipes.bottleneck_analysis.carry_over`), and sets the map cells of an earlier trunk aside. The page: its main
-table, the reading written by hand beside it (``docs/bottleneck_map-reading.md``, first line ``<!-- cells: N -->``,
+(:func:`studies.bottleneck_map.analysis.carry_over`), and sets the map cells of an earlier trunk aside. The page: its
+main table, the reading written by hand beside it (``docs/bottleneck_map-reading.md``, first line ``<!-- cells: N -->``,
 with a note when the page's finished cells are no longer N), the other tables, plots and commands
-(:mod:`recipes.bottleneck_page`); beside it, the numbers the reading cites beyond the json
-(``records/bottleneck_map/bottleneck_map-numbers.json``, beside the page's json).
+(:mod:`studies.bottleneck_map.page`); beside it, the numbers the reading cites beyond the json
+(``studies/bottleneck_map/records/bottleneck_map-numbers.json``, beside the page's json).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import math
 import os
 from typing import Dict
 
-from recipes import bottleneck_analysis as ba
-from recipes import bottleneck_page as bp
+from studies.bottleneck_map import analysis as ba
+from studies.bottleneck_map import page as bp
 from recipes.common import stats as paired_stats
 from recipes.common.reading import written_reading
 
@@ -47,7 +47,7 @@ def page(obj: Dict, png: str, draw: bool = False, source: str = os.path.join("..
     if draw and obj["cells"]:
         bp.plot(obj, rows, slopes, png, {r["head"] for r in slopes if {r["head"], "softmax"} & missing})
     lines = ["# Does breaking the softmax bottleneck pay, and where? A map over the head's input width", ""]
-    source = f"from [bottleneck_map.json]({source}) by `python -m recipes.bottleneck_report`"
+    source = f"from [bottleneck_map.json]({source}) by `python -m studies.bottleneck_map.report`"
     if obj["cells"]:
         caption = (
             "Test perplexity, mean ± sd over seeds (seeds); cap k: k ended by the epoch cap; diverged k: k left out"
@@ -67,7 +67,7 @@ def page(obj: Dict, png: str, draw: bool = False, source: str = os.path.join("..
 
 def main(argv=None, log=print) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", default="results/bottleneck_map", help="where python -m recipes.bottleneck_map ran")
+    p.add_argument("--results", default="results/bottleneck_map", help="where python -m studies.bottleneck_map ran")
     p.add_argument("--docs", default="docs", help="the folder of bottleneck_map.md, its plots and its reading")
     p.add_argument(
         "--records",
@@ -76,7 +76,7 @@ def main(argv=None, log=print) -> str:
     )
     p.add_argument("--joint", default=os.path.join("results", "bottleneck_joint"), help="where bottleneck_joint ran")
     p.add_argument("--upgrade", default=os.path.join("results", "upgrade_table"), help="where upgrade_table ran")
-    cap = "where the upgrade table's cap check ran (recipes.upgrade_table with a higher --max-epochs, seed 1)"
+    cap = "where the upgrade table's cap check ran (studies.head_upgrade.table with a higher --max-epochs, seed 1)"
     p.add_argument("--upgrade-cap", default=os.path.join("results", "upgrade_cap"), help=cap)
     p.add_argument("--no-collect", action="store_true", help="only rebuild the page from the committed json")
     args = p.parse_args(argv)

@@ -1,5 +1,5 @@
-"""``python -m recipes.upgrade_head``: ``softmax-heads upgrade`` (:mod:`hf_heads.cli.upgrade`) with the upgrade study's
-"more parameters" control, ``--residual-mlp UNITS | mos-K`` (:mod:`recipes.upgrade_control`); the command the docs,
+"""``python -m studies.head_upgrade``: ``softmax-heads upgrade`` (:mod:`hf_heads.cli.upgrade`) with the upgrade study's
+"more parameters" control, ``--residual-mlp UNITS | mos-K`` (:mod:`studies.head_upgrade.control`); the command the docs,
 the upgrade table and its cells write. Every other option is the library command's."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ import argparse
 from typing import Dict
 
 from hf_heads.cli import upgrade as _command
-from hf_heads.cli.runner import run
-from recipes.upgrade_control import ResidualMLPControl
+from studies.head_upgrade.control import ResidualMLPControl
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -20,7 +19,3 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None, log=print) -> Dict:
     """``softmax-heads upgrade`` with ``--residual-mlp``; returns what ``results.json`` holds."""
     return _command.main(argv, log, ResidualMLPControl())
-
-
-if __name__ == "__main__":
-    run(main)
