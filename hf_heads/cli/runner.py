@@ -1,7 +1,7 @@
-"""How every command starts and ends: ``softmax-heads COMMAND`` (or ``python -m recipes.X``) says how many threads
-torch uses and how they wait (:func:`hf_heads.cli.process.describe`, on stderr); with a bad head, option or value it
-prints the library's ``ValueError`` as one line (``softmax-heads COMMAND: error: ...``) and exits 2, as argparse does
-for its own checks, instead of a traceback; ``SOFTMAX_HEADS_TRACEBACK=1`` shows the traceback."""
+"""How every command starts and ends: ``softmax-heads COMMAND`` (or ``python -m hf_heads.cli COMMAND``) says how many
+threads torch uses and how they wait (:func:`hf_heads.cli.process.describe`, on stderr); with a bad head, option or
+value it prints the library's ``ValueError`` as one line (``softmax-heads COMMAND: error: ...``) and exits 2, as
+argparse does for its own checks, instead of a traceback; ``SOFTMAX_HEADS_TRACEBACK=1`` shows the traceback."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ TRACEBACK_ENV = "SOFTMAX_HEADS_TRACEBACK"
 
 
 def program() -> str:
-    """The running command's module name (``recipes.finetune_hf``), else the script's name."""
+    """The running command's module name (``hf_heads.cli``), else the script's name."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and spec.name:
         return spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name
@@ -38,14 +38,3 @@ def run(main: Callable, argv: Optional[Sequence[str]] = None, program_name: Opti
         print(f"{name}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     raise SystemExit(code if isinstance(code, int) else 0)
-
-
-def alias(name: str, command: str) -> None:
-    """Make the module ``name`` (``recipes.finetune_hf``) an alias of :mod:`hf_heads.cli.<command>`: run as
-    ``python -m``, it runs that command; imported, ``sys.modules`` holds the command's module under its name."""
-    import importlib
-
-    module = importlib.import_module(f"hf_heads.cli.{command}")
-    if name == "__main__":
-        run(module.main)
-    sys.modules[name] = module

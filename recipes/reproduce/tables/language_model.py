@@ -5,7 +5,7 @@ with each head, trained with NT-ASGD and scored by ``fairseq-eval-lm`` on the av
   ``valid.txt`` validates: the rate, the checkpoint, the stopping rule; ``test.txt`` tests) with the papers'
   protocol (``--task awd_language_modeling``: streams, the state carried, BPTT lengths drawn; scored with the state
   carried, 10 streams valid / 1 test); a scaled-down AWD-LSTM (:data:`MINI_MODEL`) with the optimiser the pilot
-  chose (:mod:`recipes.reproduce.studies.lm_pilot`, :data:`MINI_OPTIMIZERS`), under the stopping rule; scored on its
+  chose (:mod:`recipes.reproduce.pilots.lm_pilot`, :data:`MINI_OPTIMIZERS`), under the stopping rule; scored on its
   best checkpoint (NT-ASGD: the averaged weights that validated best).
 * ``--scale full``: the MoS settings (``head_awd_lstm_lm_ptb`` / ``_wt2``, 1000 epochs, NT-ASGD) on the standard
   splits; ``--dry-run`` prints the commands and each model's parameter count.
@@ -53,7 +53,7 @@ MINI_MODEL = [
     "--dropoutl",
     "0.15",
 ]
-#: the mini optimisers the pilot compares (:mod:`recipes.reproduce.studies.lm_pilot`): Adam at a fixed rate, or the
+#: the mini optimisers the pilot compares (:mod:`recipes.reproduce.pilots.lm_pilot`): Adam at a fixed rate, or the
 #: papers' NT-ASGD (SGD at a constant rate, averaging from the non-monotone trigger; validated and scored on the
 #: averages)
 MINI_OPTIMIZERS = {

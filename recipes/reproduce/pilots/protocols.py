@@ -1,6 +1,6 @@
 """The papers' language-model protocol against fairseq's, on the mini Penn Treebank model.
 
-    python -m recipes.reproduce.studies.protocols [--seeds 3] [--epochs 5] [--out results/protocols]
+    python -m recipes.reproduce.pilots.protocols [--seeds 3] [--epochs 5] [--out results/protocols]
 
 For each seed, the mini ``lm-ptb`` softmax cell (``recipes.reproduce.tables.language_model``'s ``MINI_MODEL``, Adam, the
 table's data: train.txt trains, valid.txt validates, test.txt tests; the committed study ran before PTB's train split
@@ -110,7 +110,7 @@ def summary(records: List[Dict]) -> List[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m recipes.reproduce.studies.protocols", description=__doc__.split("\n\n")[0]
+        prog="python -m recipes.reproduce.pilots.protocols", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--seeds", type=int, default=3, help="seeds per protocol (default 3)")
     p.add_argument("--epochs", type=int, default=EPOCHS, help=f"epochs per cell (default {EPOCHS})")

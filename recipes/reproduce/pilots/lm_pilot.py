@@ -1,8 +1,8 @@
 """The pilot of the ``lm-ptb`` table on PTB's train split: which optimiser, and what each head's epoch costs.
 
-    python -m recipes.reproduce.studies.lm_pilot [--arms softmax-adam mos-4-ntasgd ...] \
+    python -m recipes.reproduce.pilots.lm_pilot [--arms softmax-adam mos-4-ntasgd ...] \
         [--out results/reproduce/lm-ptb-pilot]
-    python -m recipes.reproduce.studies.lm_pilot --collect [--commit]
+    python -m recipes.reproduce.pilots.lm_pilot --collect [--commit]
 
 Four arms train the table's mini AWD-LSTM (``recipes.reproduce.tables.language_model``'s ``MINI_MODEL``, the papers'
 protocol, ``train.txt`` / ``valid.txt`` / ``test.txt``) for a fixed number of epochs, seed 1, no early stopping:
@@ -198,7 +198,7 @@ def collect(args) -> Dict[str, Any]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m recipes.reproduce.studies.lm_pilot",
+        prog="python -m recipes.reproduce.pilots.lm_pilot",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
