@@ -6,7 +6,7 @@ import os
 
 import torch
 
-#: the LSTM settings of a tiny language model (recipes.common.lms.LSTM_SETTINGS) for the recipes' and studies' tests
+#: the LSTM settings of a tiny language model (studies.common.lms.LSTM_SETTINGS) for the recipes' and studies' tests
 TINY_LM = {"dim": 8, "layers": 1, "bptt": 5, "batch": 4, "lr": 1e-2, "max_epochs": 1}
 #: WikiText-2 in ../shared/data beside the checkout, where it is there
 WIKI = os.path.join(

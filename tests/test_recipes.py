@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf_heads
-from corpora import WIKI, text_files, tiny_corpus
+from corpora import WIKI, text_files
 from recipes import synthetic_bottleneck as sb
 
 
@@ -310,34 +310,6 @@ def test_smollm2_real_model_swap_and_finetune(tmp_path):
     assert result["valid_ppl_after"] < result["valid_ppl_before"]
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "smol")
     assert type(model).__name__ == "SoftmaxHeadsLlamaForCausalLM"
-
-
-def test_lm_task_is_kept_and_loaded_instead_of_trained_again(tmp_path, monkeypatch):
-    """make_lm_task(cache_dir=...) keeps the trained LM (named by its settings and the text's checksum) and a later
-    call loads it: the same hidden states, perplexity and random draws after it, no training; another seed or text
-    trains anew."""
-    from recipes.common import hidden_tasks as ht
-
-    tiny_corpus(tmp_path / "text", num_words=30, valid_lines=30, seed=3)
-    kw = dict(data_dir=str(tmp_path / "text"), corpus="ptb", dim=8, epochs=1, progress=False, cache_dir=str(tmp_path))
-    first = ht.make_lm_task(seed=1, **kw)
-    after_first = torch.rand(3)
-    (kept,) = [p for p in os.listdir(tmp_path) if p.endswith(".pt")]
-    assert kept.startswith("lm-ptb-d8-l1-e1-s1-") and ht.text_checksum(str(tmp_path / "text")) in kept
-
-    def no_training(*a, **k):
-        raise AssertionError("trained again")
-
-    monkeypatch.setattr(ht, "train_lm", no_training)
-    again = ht.make_lm_task(seed=1, **kw)
-    assert torch.equal(again.train_h, first.train_h) and torch.equal(again.test_h, first.test_h)
-    assert again.info == first.info and torch.equal(torch.rand(3), after_first)
-    with pytest.raises(AssertionError, match="trained again"):
-        ht.make_lm_task(seed=2, **kw)
-    with open(tmp_path / "text" / "test.txt", "a") as f:
-        f.write("w1 w2\n")
-    with pytest.raises(AssertionError, match="trained again"):  # the text changed: its checksum names another file
-        ht.make_lm_task(seed=1, **kw)
 
 
 def test_training_cost_benchmark_tiny_run(tmp_path):

@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 import hf_heads
-from recipes.common.hidden_tasks import read_words
+from studies.common.hidden_tasks import read_words
 from recipes.common import data as data_paths
 
 HEADS = {

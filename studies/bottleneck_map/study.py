@@ -42,7 +42,7 @@ import hf_heads
 from hf_heads.hf.upgrade import States, nll_per_block, train_head_on_states
 from recipes.reproduce.engine import results as result_files
 from recipes.common import runtime
-from recipes.common.lms import trunk_features
+from studies.common.lms import trunk_features
 
 #: the heads of the map: softmax, the primary test's MoS-4 and Mixtape, PLIF and Sigsoftmax (library defaults
 #: otherwise; Mixtape in its default form)

@@ -59,9 +59,9 @@ def test_cached_features_score_as_fairseq_eval_lm_scores_the_trunk(trunk):
 
 
 def test_the_fast_study_ptb_task_reads_the_trunk(trunk, tmp_path):
-    """recipes.common.lms.split_task on PTB: the trunk's features of the first train tokens, valid and test, its own
+    """studies.common.lms.split_task on PTB: the trunk's features of the first train tokens, valid and test, its own
     softmax scoring them (valid read along 10 streams, as the map reads it)."""
-    from recipes.common import lms
+    from studies.common import lms
 
     checkpoint, bin_dir = trunk
     task = lms.split_task("ptb", "", str(tmp_path), trunk=str(checkpoint), trunk_data=str(bin_dir), train_tokens=50)

@@ -29,7 +29,7 @@ from typing import Dict, List
 import torch
 
 import hf_heads
-from recipes.common.real_heads import TrainedHead, random_head, smollm2_head, smollm2_missing
+from studies.common.real_heads import TrainedHead, random_head, smollm2_head, smollm2_missing
 from hf_heads.cli.timing import busy_neighbour, busy_report, time_per_call
 from recipes.common import data as data_paths
 
@@ -141,7 +141,7 @@ def run_setting(name: str, head: TrainedHead, extra: Dict[str, torch.nn.Module],
 
 def lm_setting(args, log=print):
     """Setting (b): train the DS recipe's LSTM LM on PTB; class_softmax and d_softmax on its states."""
-    from recipes.common.hidden_tasks import make_ptb_task, train_head
+    from studies.common.hidden_tasks import make_ptb_task, train_head
 
     task = make_ptb_task(args.ptb_dir, dim=512, epochs=args.lm_epochs, seed=args.seed, progress=args.progress)
     V, d = task.vocab_size, task.train_h.shape[1]

@@ -12,7 +12,7 @@ Agreement, measured so that one early divergence does not decide it:
 Speed (:func:`decode_speed`): decode-only tokens per second at batch 1, prefill timed apart (a run of one new token),
 the full and the fast path in interleaved rounds, medians, with the share of a decoding step in the head
 (:func:`head_share`). :func:`lstm_decode` is the LSTM LM's decoding loop (the
-study's WikiText-2 and PTB LMs, :class:`recipes.common.hidden_tasks.LSTMLM`), greedy or top-k sampling, through the
+study's WikiText-2 and PTB LMs, :class:`studies.common.hidden_tasks.LSTMLM`), greedy or top-k sampling, through the
 head's fast path or its full softmax."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import torch
 import hf_heads
 from hf_heads.hf.upgrade import body
 from recipes.common import data as data_paths
-from recipes.common import lms, runtime
+from recipes.common import runtime
+from studies.common import lms
 
 
 @torch.no_grad()
@@ -243,7 +244,7 @@ def measure_lstm(lstm, head, ids: torch.Tensor, args, log=print, reference=None)
     return measure(head, hidden, prompts, make, args, log, reference)
 
 
-#: ``--model``'s name for the study's WikiText-2 LSTM (:mod:`recipes.common.lms`, read from ``--lm-dir``)
+#: ``--model``'s name for the study's WikiText-2 LSTM (:mod:`studies.common.lms`, read from ``--lm-dir``)
 LSTM_MODEL = "wikitext-2-lstm"
 
 
@@ -330,7 +331,7 @@ def lstm_model(args):
         missing = lms.lm_path(args.lm_dir, "wikitext-2", lms.LSTM_SETTINGS)
         raise SystemExit(
             f"--model {LSTM_MODEL}: no LSTM at {missing} nor in {lms.KEPT_LMS}; train it: "
-            f"python -m recipes.common.lms --out {args.lm_dir}"
+            f"python -m studies.common.lms --out {args.lm_dir}"
         )
     lstm, softmax, record = lms.train_split_lm(args.wt2_dir, "wikitext-2", args.lm_dir, progress=False)
     lm = {"path": path, **{k: record[k] for k in ("valid_ppl", "test_ppl", "best_epoch")}}

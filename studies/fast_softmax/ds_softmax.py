@@ -7,7 +7,7 @@ Tasks (``--tasks``, default: all that can run here):
   points around each sub class (+ N(0, s_pt^2 I)); the label is the sub class (V = S x C), the
   super class is hidden. The hidden state fed to the head is the point itself.
 * ``ptb`` / ``wikitext-2``: a word-level LSTM language model trained on the corpus's train split
-  (:func:`recipes.common.lms.split_task`: PTB's mini AWD-LSTM kept in ``artifacts/lm-ptb``, V = 10,002; WikiText-2's
+  (:func:`studies.common.lms.split_task`: PTB's mini AWD-LSTM kept in ``artifacts/lm-ptb``, V = 10,002; WikiText-2's
   2-layer LSTM of hidden size 200, the poster's, V = 33,278, trained in ``--lm-dir`` the first time) and scored on
   ``test.txt``; its last hidden states feed the heads: the heads train on the states of the first ``--train-tokens``
   train tokens, with a valid-based stop (top-1 on valid). WikiText-2 is the poster's headline row (64 experts);
@@ -43,8 +43,9 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 import hf_heads
-from recipes.common import lms, runtime
-from recipes.common.hidden_tasks import Task, ValidStop, train_head
+from recipes.common import runtime
+from studies.common import lms
+from studies.common.hidden_tasks import Task, ValidStop, train_head
 from recipes.common.stats import mcnemar
 from hf_heads.cli.timing import time_per_call
 from recipes.common import data as data_paths
@@ -409,7 +410,7 @@ def load_rows(path: str) -> List[Dict]:
 
 # ----------------------------------------------------------------------------- CLI
 TASKS = ("synthetic-10x10", "synthetic-100x100", "ptb", "wikitext-2", "smollm2")
-#: the language-model tasks (:func:`recipes.common.lms.split_task`: LMs trained on the train splits, d = 200;
+#: the language-model tasks (:func:`studies.common.lms.split_task`: LMs trained on the train splits, d = 200;
 #: WikiText-2's 33,278 words x 64 experts x 200 float32 weights, with Adam's two moments and the gradient, 6.8 GB
 #: alone; the best epoch's copy, the states and a batch's expert logits come on top: 64 experts at d = 256 peaked at
 #: 14.3 GB here; each row records its ``peak_rss_gb``)
@@ -530,7 +531,7 @@ def task_states(name: str, args) -> Task:
     language model trained on its train split (WikiText-2's kept in ``--lm-dir``), or a synthetic hierarchy."""
     if name == "smollm2":
         from hf_heads.hf.upgrade import pretrained_head
-        from recipes.common.real_heads import load_smollm2
+        from studies.common.real_heads import load_smollm2
 
         return lms.states_task(name, args.states, pretrained_head(load_smollm2()[0]), args.train_tokens)
     if name in LM_TASKS:

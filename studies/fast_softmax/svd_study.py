@@ -6,7 +6,7 @@ token, plot the singular values of output layers of different models, and the lo
 This recipe does the same on trained output layers here:
 
 * ``ptb`` / ``wikitext-2``: the LSTM language model trained on the corpus's train split
-  (:func:`recipes.common.lms.split_task`: PTB's mini AWD-LSTM kept in ``artifacts/lm-ptb``, WikiText-2's 2-layer
+  (:func:`studies.common.lms.split_task`: PTB's mini AWD-LSTM kept in ``artifacts/lm-ptb``, WikiText-2's 2-layer
   LSTM of hidden size 200; scored on ``test.txt``; ids ordered by frequency), its softmax, and a ``class_softmax``
   (two-level hierarchical, sqrt(V) frequency classes) on the states of the first ``--train-tokens`` train tokens, twice:
   trained on the labels (a separate model) and fitted to the trained softmax's distribution (an approximation of it);
@@ -48,7 +48,7 @@ from hf_heads.cli.timing import time_per_call
 from recipes.common import data as data_paths
 from recipes.common import runtime
 from recipes.common.reading import markdown_table
-from recipes.common.lms import LM_DIR, TRUNK, TRUNK_DATA
+from studies.common.lms import LM_DIR, TRUNK, TRUNK_DATA
 
 SETTINGS = ("ptb", "wikitext-2", "smollm2")
 
@@ -133,7 +133,7 @@ def svd_head(s: Setting, rank: int, refine: int, dims: str):
 
 def study(s: Setting, args, log=print) -> Dict:
     """Every measurement of one setting (see the module's docstring)."""
-    from recipes.common.hidden_tasks import train_head
+    from studies.common.hidden_tasks import train_head
 
     V, d = s.weight.shape
     exact = layer_head(s, "softmax")
@@ -243,7 +243,7 @@ def adaptive_study(s: Setting, args, log=print) -> Dict:
 
 # ----------------------------------------------------------------------------- settings
 def lm_setting(corpus: str, args) -> Setting:
-    from recipes.common.lms import split_task
+    from studies.common.lms import split_task
 
     task = split_task(
         corpus,
@@ -275,7 +275,7 @@ def lm_setting(corpus: str, args) -> Setting:
 
 
 def smollm2_setting(args) -> Setting:
-    from recipes.common.real_heads import load_smollm2, smollm2_head
+    from studies.common.real_heads import load_smollm2, smollm2_head
 
     text, loaded = os.path.join(args.data, "wikitext-2", "{}.txt"), load_smollm2()  # loaded once for both texts
     h = smollm2_head(text.format("test"), args.queries, progress=not args.quiet, loaded=loaded)
@@ -418,7 +418,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> List[Dict]:
-    from recipes.common.real_heads import smollm2_missing
+    from studies.common.real_heads import smollm2_missing
 
     args = parse_args(argv)
     settings = args.settings or [s for s in SETTINGS if s != "smollm2" or smollm2_missing() is None]

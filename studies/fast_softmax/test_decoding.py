@@ -84,7 +84,7 @@ def test_decode_speed_times_both_paths_and_refuses_a_short_run():
 
 
 def _lstm(**options):
-    from recipes.common.hidden_tasks import LSTMLM
+    from studies.common.hidden_tasks import LSTMLM
 
     torch.manual_seed(0)
     body = LSTMLM(64, 16, 2, 0.1).eval()
@@ -182,14 +182,14 @@ def test_the_decoding_command_on_the_lstm_measures_converted_and_trained_heads(t
     from corpora import tiny_corpus
     from corpora import TINY_LM
 
-    from recipes.common import lms
+    from studies.common import lms
 
     monkeypatch.setattr(lms, "LSTM_SETTINGS", {**lms.LSTM_SETTINGS, **TINY_LM})
     text, lm_dir = tmp_path / "text", tmp_path / "lm"
     tiny_corpus(text, num_words=20, valid_lines=20, seed=2, train_lines=40)
     argv = ["--model", "wikitext-2-lstm", "--wt2-dir", str(text), "--lm-dir", str(lm_dir), "--out", str(tmp_path / "o")]
     argv += ["--prompts", "3", "--prompt-tokens", "4", "--new-tokens", "4", "--top-k", "3", "--threads", "1"]
-    with pytest.raises(SystemExit, match="python -m recipes.common.lms"):
+    with pytest.raises(SystemExit, match="python -m studies.common.lms"):
         decoding.main(argv, log=lambda *_: None)
     _lstm, softmax, _ = lms.train_split_lm(str(text), "wikitext-2", str(lm_dir), progress=False, log=lambda m: 0)
     torch.manual_seed(1)

@@ -16,7 +16,7 @@ from studies.fast_softmax import ds_softmax as dsr
 
 def tiny_wt2_argv(tmp_path, monkeypatch, *extra):
     """A wikitext-2 run of the DS recipe on a tiny generated corpus (train / valid / test) and a tiny LSTM."""
-    from recipes.common import lms
+    from studies.common import lms
 
     monkeypatch.setattr(lms, "LSTM_SETTINGS", {**lms.LSTM_SETTINGS, **TINY_LM})
     tiny_corpus(tmp_path / "text", num_words=20, valid_lines=20, seed=2, train_lines=40)

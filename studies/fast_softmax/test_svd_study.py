@@ -67,7 +67,7 @@ def test_perplexity_of_the_approximation_equals_a_slow_reference(dims):
 
 def tiny_wt2_setting(tmp_path, monkeypatch):
     """The wikitext-2 setting on a tiny generated corpus (train / valid / test) and a tiny train-split LSTM."""
-    from recipes.common import lms
+    from studies.common import lms
     from corpora import TINY_LM
 
     monkeypatch.setattr(lms, "LSTM_SETTINGS", {**lms.LSTM_SETTINGS, **TINY_LM})

@@ -1,14 +1,16 @@
-"""The study's train-split LSTM (recipes.common.lms) on a tiny generated corpus: the valid-based stop keeps the best
+"""The study's train-split LSTM (studies.common.lms) on a tiny generated corpus: the valid-based stop keeps the best
 epoch's weights, a run cut after an epoch or within one goes on to the weights of an uncut run, and the task's states
 are the ones its LM scores."""
 
 import math
+import os
 import random
 
 import pytest
 import torch
 
-from recipes.common import lms
+from corpora import tiny_corpus
+from studies.common import lms
 
 TINY = {"dim": 8, "layers": 1, "dropout": 0.1, "bptt": 5, "batch": 4, "lr": 1e-2, "max_epochs": 3, "seed": 3}
 
@@ -108,7 +110,7 @@ def test_export_keeps_the_lm_in_float16_and_a_fresh_machine_reads_it(corpus, tmp
     in --out, train_split_lm reads the kept one instead of training."""
     torch.set_num_threads(1)
     body, head, record = lms.train_split_lm(str(corpus), "tiny", str(tmp_path / "a"), TINY, progress=False, log=print)
-    with pytest.raises(SystemExit, match="no trained LM at .*python -m recipes.common.lms --out"):
+    with pytest.raises(SystemExit, match="no trained LM at .*python -m studies.common.lms --out"):
         lms.export_lm(str(corpus), "tiny", str(tmp_path / "none"), str(tmp_path / "kept"), TINY)
     out = lms.export_lm(str(corpus), "tiny", str(tmp_path / "a"), str(tmp_path / "kept"), TINY, log=lambda m: 0)
     saved = torch.load(out, weights_only=True)
@@ -142,7 +144,7 @@ def test_split_task_states(corpus, tmp_path, monkeypatch):
 
 
 def test_valid_stop_keeps_the_best_scored_weights():
-    from recipes.common.hidden_tasks import ValidStop, train_head
+    from studies.common.hidden_tasks import ValidStop, train_head
 
     import hf_heads
 
@@ -169,7 +171,7 @@ def test_valid_stop_keeps_the_best_scored_weights():
 
 
 def test_states_task_reads_the_cached_states_and_scores_them_with_the_models_head(tmp_path):
-    """recipes.common.lms.states_task (the DS recipe's smollm2 task) on a tiny GPT-2's cached states: train cut to
+    """studies.common.lms.states_task (the DS recipe's smollm2 task) on a tiny GPT-2's cached states: train cut to
     train_tokens, and the model's own head's perplexity is the one the upgrade code's per-block NLL gives."""
     transformers = pytest.importorskip("transformers", reason="transformers not installed: run `make install`")
     from hf_heads.hf.upgrade import cache_states, nll_per_block, pretrained_head
@@ -189,3 +191,31 @@ def test_states_task_reads_the_cached_states_and_scores_them_with_the_models_hea
     assert task.info["softmax_test_ppl"] == pytest.approx(expected, rel=1e-4)
     with pytest.raises(FileNotFoundError, match="no cached states"):
         lms.states_task("tiny", str(tmp_path / "none"), head)
+
+
+def test_lm_task_is_kept_and_loaded_instead_of_trained_again(tmp_path, monkeypatch):
+    """make_lm_task(cache_dir=...) keeps the trained LM (named by its settings and the text's checksum) and a later
+    call loads it: the same hidden states, perplexity and random draws after it, no training; another seed or text
+    trains anew."""
+    from studies.common import hidden_tasks as ht
+
+    tiny_corpus(tmp_path / "text", num_words=30, valid_lines=30, seed=3)
+    kw = dict(data_dir=str(tmp_path / "text"), corpus="ptb", dim=8, epochs=1, progress=False, cache_dir=str(tmp_path))
+    first = ht.make_lm_task(seed=1, **kw)
+    after_first = torch.rand(3)
+    (kept,) = [p for p in os.listdir(tmp_path) if p.endswith(".pt")]
+    assert kept.startswith("lm-ptb-d8-l1-e1-s1-") and ht.text_checksum(str(tmp_path / "text")) in kept
+
+    def no_training(*a, **k):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(ht, "train_lm", no_training)
+    again = ht.make_lm_task(seed=1, **kw)
+    assert torch.equal(again.train_h, first.train_h) and torch.equal(again.test_h, first.test_h)
+    assert again.info == first.info and torch.equal(torch.rand(3), after_first)
+    with pytest.raises(AssertionError, match="trained again"):
+        ht.make_lm_task(seed=2, **kw)
+    with open(tmp_path / "text" / "test.txt", "a") as f:
+        f.write("w1 w2\n")
+    with pytest.raises(AssertionError, match="trained again"):  # the text changed: its checksum names another file
+        ht.make_lm_task(seed=1, **kw)

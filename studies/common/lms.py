@@ -1,7 +1,7 @@
 """The fast-softmax study's language models, trained on the train splits, and the hidden-state tasks they give.
 
 * WikiText-2 (:func:`train_split_lm`): a softmax LSTM of the DS-Softmax poster's size (2 layers, hidden size 200,
-  :class:`recipes.common.hidden_tasks.LSTMLM`) trained on the whole of ``train.txt`` (2.09M tokens) with Adam, the
+  :class:`studies.common.hidden_tasks.LSTMLM`) trained on the whole of ``train.txt`` (2.09M tokens) with Adam, the
   LSTM state carried along ``batch`` streams in windows of ``bptt`` (truncated backpropagation), for at most
   ``max_epochs`` epochs with a valid-based stop: the weights of the epoch of lowest valid perplexity are kept, and
   training stops after ``patience`` epochs without a new lowest. Resumable: after every epoch and every 250 steps
@@ -12,7 +12,7 @@
 * PTB (:func:`trunk_features`): the mini AWD-LSTM kept in ``artifacts/lm-ptb`` (PTB's train split), read through
   fairseq; its own softmax head is the study's softmax.
 
-:func:`split_task` makes either into a :class:`recipes.common.hidden_tasks.Task`: the last hidden states (evaluation
+:func:`split_task` makes either into a :class:`studies.common.hidden_tasks.Task`: the last hidden states (evaluation
 mode, the state carried along the text as the papers score: one stream for test) of at most ``train_tokens`` tokens of
 the train split (the states fast heads are fitted on), of valid (their valid-based stops) and of test (what is scored).
 """
@@ -29,7 +29,7 @@ import torch
 import hf_heads
 from hf_heads.hf.upgrade import States
 from recipes.common import runtime
-from recipes.common.hidden_tasks import LSTMLM, Task, mean_nll, read_words
+from studies.common.hidden_tasks import LSTMLM, Task, mean_nll, read_words
 
 #: the train-split LSTM's settings (the poster's size); every one is in the name of its file
 LSTM_SETTINGS = {
@@ -283,7 +283,7 @@ def export_lm(
     s = {**LSTM_SETTINGS, **(settings or {})}
     path = lm_path(lm_dir, corpus, s)
     if not os.path.isfile(path):
-        raise SystemExit(f"export: no trained LM at {path} (python -m recipes.common.lms --out {lm_dir} trains it)")
+        raise SystemExit(f"export: no trained LM at {path} (python -m studies.common.lms --out {lm_dir} trains it)")
     saved = torch.load(path, weights_only=True)
     half = {part: {k: v.half() for k, v in saved[part].items()} for part in ("body", "head")}
     vocab = vocabulary(data_dir)
@@ -432,7 +432,7 @@ def states_task(name: str, folder: str, head, train_tokens: int = 500_000) -> Ta
 
 
 def main(argv=None) -> Dict:
-    """``python -m recipes.common.lms``: train (or read) the WikiText-2 LSTM of the fast-softmax study, resumable;
+    """``python -m studies.common.lms``: train (or read) the WikiText-2 LSTM of the fast-softmax study, resumable;
     prints its record."""
     import argparse
     import json
