@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, one command on a GPU machine (docs/testing.md): installs the wheels of scripts/gpu_wheels.txt from
 # .gpu-wheels/ (fetch them first, where pip reaches PyPI: bash scripts/fetch_gpu_wheels.sh), runs the CUDA tier
-# (tests/test_device.py --device cuda) and the GPU benchmark (softmax-heads bench --device cuda), and writes
+# (tests/test_device.py --device cuda) and the GPU benchmark (python -m benchmarks.heads --device cuda), and writes
 # into OUT as it goes, so a run cut off keeps what it measured:
 #   OUT/gpu_check.log  every step and its exit status     OUT/machine.json  GPU, driver, torch and package versions
 #   OUT/test-gpu.log   the CUDA tier's pytest output       OUT/bench.log     the benchmark's progress
@@ -80,7 +80,7 @@ if [ "$TEST_SECONDS" != 0 ]; then
     step test-gpu "$OUT/test-gpu.log" timeout "$TEST_SECONDS" $PY -m pytest tests/test_device.py --device cuda \
         -p no:xdist -q -ra --durations=10
 fi
-step bench "$OUT/bench.log" timeout "$BENCH_SECONDS" $PY -m hf_heads.cli bench --device cuda --out "$OUT/bench" \
+step bench "$OUT/bench.log" timeout "$BENCH_SECONDS" $PY -m benchmarks.heads --device cuda --out "$OUT/bench" \
     "${BENCH_OPTIONS[@]}"
 
 if [ ${#failed[@]} -gt 0 ]; then

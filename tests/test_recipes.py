@@ -312,42 +312,6 @@ def test_smollm2_real_model_swap_and_finetune(tmp_path):
     assert type(model).__name__ == "SoftmaxHeadsLlamaForCausalLM"
 
 
-def test_training_cost_benchmark_tiny_run(tmp_path):
-    from hf_heads.cli import bench as bench_heads
-
-    res = bench_heads.main(
-        [
-            "--vocab",
-            "500",
-            "--tokens",
-            "64",
-            "--dim",
-            "32",
-            "--heads",
-            "softmax (ours)",
-            "mos K=3",
-            "--no-model",
-            "--no-peer",
-            "--rounds",
-            "1",
-            "--memory-repeats",
-            "1",
-            "--out",
-            str(tmp_path),
-            "--busy",
-        ],
-        log=lambda *_: None,
-    )
-    rows = res["V=500"]
-    assert set(rows) == {bench_heads.BASELINE, "softmax (ours)", "mos K=3"}
-    assert rows[bench_heads.BASELINE]["time_ratio"] == 1.0 and rows[bench_heads.BASELINE]["memory_ratio"] == 1.0
-    assert all(r["ms"] > 0 and r["peak_mib"] >= 0 for r in rows.values())
-    assert "| mos K=3 |" in (tmp_path / "table.md").read_text()
-    busy = json.loads((tmp_path / "results.json").read_text())["busy"]["V=500"]
-    assert busy[bench_heads.BASELINE]["relative_slowdown"] == 1.0 and busy["mos K=3"]["busy_s"] > 0
-    assert "| V=500 | mos K=3 |" in (tmp_path / "table.md").read_text().split("busy neighbour")[1]
-
-
 def test_busy_neighbour_runs_only_inside_its_block_and_the_report_divides_right():
     from hf_heads.cli.timing import busy_neighbour, busy_report
 

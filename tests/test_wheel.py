@@ -6,6 +6,7 @@ checkpoint saved with the plugin (softmax-heads 0.1.0's, tests/data/saved_0_1_0)
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,10 +69,12 @@ def test_the_wheel_holds_the_library_the_plugin_and_the_command_not_the_recipes(
         names = z.namelist()
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         scripts = z.read(entry_points).decode()
+        texts = {n: z.read(n).decode() for n in names if n.endswith((".py", ".json", ".txt", ".md"))}
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"hf_heads", "fairseq_plugin"}, tops
     assert "hf_heads/cli/__main__.py" in names and "fairseq_plugin/checkpoint.py" in names
-    assert "hf_heads/cli/bench_targets.json" in names  # the benchmark's goals, package data
+    for name, text in texts.items():  # the wheel names no issue and no planning document
+        assert not re.search(r"\bissues? #?\d+|planning|ROADMAP", text, re.I), name
     assert "softmax-heads = hf_heads.cli.__main__:console" in scripts
 
 

@@ -419,10 +419,8 @@ LM_TASKS = ("ptb", "wikitext-2", "smollm2")
 SMOLLM2_STATES = os.path.join("results", "upgrade_table", "states-cache", "table")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+def add_task_options(p: argparse.ArgumentParser) -> None:
+    """The tasks' options: which tasks, where each one's data and trained LM are, and the synthetic task's size."""
     p.add_argument(
         "--tasks",
         nargs="+",
@@ -451,6 +449,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stop-patience", type=int, default=3, help="language models: valid scores without a new best")
     p.add_argument("--dim", type=int, default=32, help="synthetic: hidden size d")
     p.add_argument("--per-class", type=int, default=20, help="synthetic: training points per class")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    add_task_options(p)
     p.add_argument(
         "--experts",
         type=int,

@@ -1,6 +1,6 @@
 """Time the heads' training loss of this checkout against an earlier commit's, in one process, paired.
 
-Run beside the old code, a refactor of the loss engine is held to the old times (issue 48: within 5%). Separate
+Run beside the old code, a refactor of the loss engine is held to the old times (within 5%). Separate
 ``softmax-heads bench`` runs of the same code differ by up to 18% in a ratio on the 2-core machine
 (records/lean_engine_check/), so this script puts both in one process instead: ``git archive REV hf_heads`` is unpacked
 under another package name (``hf_heads_rev``, its absolute imports renamed), both builds of every head start from
@@ -8,8 +8,8 @@ the same weights, and ``head.loss(hidden, target).backward()`` of the two altern
 flips every round), in training mode (the memory-lean path). Prints and writes each head's median time of both and
 their ratio, with both losses (equal: the same math).
 
-    python scripts/bench_against_rev.py --rev ce3bed9 --rounds 5 --out records/lean_engine_check/paired.json
-    python scripts/bench_against_rev.py --rev ce3bed9 --rounds 21 --vocab 10000 --heads sigsoftmax class_softmax
+    python -m benchmarks.against_rev --rev ce3bed9 --rounds 5 --out records/lean_engine_check/paired.json
+    python -m benchmarks.against_rev --rev ce3bed9 --rounds 21 --vocab 10000 --heads sigsoftmax class_softmax
 """
 
 from __future__ import annotations
