@@ -1,5 +1,5 @@
 """A results page's hand-written reading: what a person wrote on what the numbers mean, kept beside the page
-(``docs/reproduction/TABLE-reading.md``, ``docs/bottleneck_map-reading.md``) and pasted into it as written (its lines
+(``docs/reproduction/TABLE-reading.md``, ``studies/bottleneck_map/reading.md``) and pasted into it as written (its lines
 of at most 120 columns, its paragraphs separated by a blank line) when the page is generated. Its first line
 ``<!-- cells: N -->`` says how many cells had finished when it was written; the page says so when the count has moved
 since, as the numbers the reading discusses may have too. :func:`unmatched_numbers` checks its numbers against the

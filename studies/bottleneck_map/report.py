@@ -1,5 +1,5 @@
-"""The bottleneck map's page: docs/bottleneck_map.md (and its json, its derived numbers and its plots) from the cells
-of ``python -m studies.bottleneck_map``.
+"""The bottleneck map's page: its README.md (and its json, its derived numbers and its plots) from the cells of
+``python -m studies.bottleneck_map``.
 
     python -m studies.bottleneck_map.report --results results/bottleneck_map    # collect the cells, write the page
     python -m studies.bottleneck_map.report --no-collect                        # the page from the committed json
@@ -9,7 +9,7 @@ check of ``python -m studies.bottleneck_map.joint``; with ``--upgrade DIR`` the 
 studies.head_upgrade.table``, and with ``--upgrade-cap DIR`` its cap check (the same command with a higher
 ``--max-epochs`` on seed 1). A collection keeps what the committed json holds and this machine has no folder for
 (:func:`studies.bottleneck_map.analysis.carry_over`), and sets the map cells of an earlier trunk aside. The page: its
-main table, the reading written by hand beside it (``docs/bottleneck_map-reading.md``, first line ``<!-- cells: N -->``,
+main table, the reading written by hand beside it (``reading.md``, first line ``<!-- cells: N -->``,
 with a note when the page's finished cells are no longer N), the other tables, plots and commands
 (:mod:`studies.bottleneck_map.page`); beside it, the numbers the reading cites beyond the json
 (``studies/bottleneck_map/records/bottleneck_map-numbers.json``, beside the page's json).
@@ -28,7 +28,9 @@ from studies.bottleneck_map import page as bp
 from recipes.common import stats as paired_stats
 from recipes.common.reading import written_reading
 
-READING = "bottleneck_map-reading.md"  # the page's hand-written reading, beside the page (when there is one)
+READING = "reading.md"  # the page's hand-written reading, beside the page (when there is one)
+PAGE = "README.md"  # the page, in the study's folder (GitHub shows it there)
+HOME = os.path.dirname(ba.RECORDS)  # the study's folder, relative to the checkout's root
 NUMBERS = "bottleneck_map-numbers.json"  # the numbers the reading cites beyond the json, beside the json
 #: the formats the page's tables write numbers in (the reading's number check reads its numbers in these)
 FORMATS = ("{:.4f}".format, "{:.3f}".format, "{:,.2f}".format, "{:.1f}".format, "{:,.0f}".format, paired_stats.format_p)
@@ -37,7 +39,7 @@ FORMATS = ("{:.4f}".format, "{:.3f}".format, "{:,.2f}".format, "{:.1f}".format, 
 READING_EXCEPTIONS: tuple = ()
 
 
-def page(obj: Dict, png: str, draw: bool = False, source: str = os.path.join("..", ba.PAGE_JSON)) -> str:
+def page(obj: Dict, png: str, draw: bool = False, source: str = os.path.relpath(ba.PAGE_JSON, HOME)) -> str:
     """The page's markdown from the collected json ``obj`` (linked as ``source``, relative to the page) and the reading
     beside ``png`` (:data:`READING`): its main table (test perplexity per head and d; before any map cell, the rate
     search) first, the reading, the other tables and the commands; with ``draw``, also its plots (at ``png``), from the
@@ -68,7 +70,7 @@ def page(obj: Dict, png: str, draw: bool = False, source: str = os.path.join("..
 def main(argv=None, log=print) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default="results/bottleneck_map", help="where python -m studies.bottleneck_map ran")
-    p.add_argument("--docs", default="docs", help="the folder of bottleneck_map.md, its plots and its reading")
+    p.add_argument("--docs", default=HOME, help="the folder of the page (README.md), its plots and its reading")
     p.add_argument(
         "--records",
         default=os.path.dirname(ba.PAGE_JSON),
@@ -98,11 +100,11 @@ def main(argv=None, log=print) -> str:
         obj = json.load(f)
     png = os.path.join(args.docs, "bottleneck_map.png")
     text = page(obj, png, draw=True, source=os.path.relpath(path, args.docs))
-    written = ((args.docs, "bottleneck_map.md", text), (args.records, NUMBERS, json.dumps(ba.numbers(obj), indent=1)))
+    written = ((args.docs, PAGE, text), (args.records, NUMBERS, json.dumps(ba.numbers(obj), indent=1)))
     for folder, name, content in written:
         with open(os.path.join(folder, name), "w") as f:
             f.write(content + "\n")
-    log(f"wrote {os.path.join(args.docs, 'bottleneck_map.md')} and {os.path.join(args.records, NUMBERS)}")
+    log(f"wrote {os.path.join(args.docs, PAGE)} and {os.path.join(args.records, NUMBERS)}")
     return text
 
 

@@ -19,7 +19,7 @@ from recipes.common.reading import number_values, unmatched_numbers
 
 paired_p = paired_stats.format_p
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DOCS, RECORDS = os.path.join(ROOT, "docs"), os.path.join(ROOT, bottleneck_analysis.RECORDS)
+DOCS, RECORDS = os.path.join(ROOT, bottleneck_report.HOME), os.path.join(ROOT, bottleneck_analysis.RECORDS)
 
 
 def _rows(text, header):
@@ -313,7 +313,7 @@ def test_before_the_seed_cells_the_page_opens_with_the_rate_search_and_no_empty_
 
 
 def test_the_reading_written_beside_the_page_follows_its_table_and_says_when_cells_have_finished_since(tmp_path):
-    """docs/bottleneck_map-reading.md, written by hand for N finished cells, follows the page's main table, its lines
+    """reading.md, written by hand for N finished cells, follows the page's main table, its lines
     and paragraphs as written; once the page counts another number of cells (map, joint check and upgrade table
     together) it says the numbers may have moved; without the file the page has no reading."""
     obj = _map(_cells())
@@ -340,26 +340,25 @@ def _committed():
 
 
 def test_the_committed_page_and_its_numbers_are_what_its_committed_json_gives(tmp_path):
-    """docs/bottleneck_map.md and records/bottleneck_map-numbers.json are generated: rebuilt from
+    """The page (README.md) and records/bottleneck_map-numbers.json are generated: rebuilt from
     records/bottleneck_map.json they come out the same, so a change of the generator lands with the page and the
     numbers it writes."""
     import shutil
 
-    docs, records = tmp_path / "docs", tmp_path / bottleneck_analysis.RECORDS
-    docs.mkdir()
+    docs, records = tmp_path / bottleneck_report.HOME, tmp_path / bottleneck_analysis.RECORDS
     records.mkdir(parents=True)
     shutil.copy(os.path.join(RECORDS, "bottleneck_map.json"), records / "bottleneck_map.json")
     if os.path.exists(os.path.join(DOCS, bottleneck_report.READING)):
         shutil.copy(os.path.join(DOCS, bottleneck_report.READING), docs / bottleneck_report.READING)
     text = bottleneck_report.main(["--docs", str(docs), "--records", str(records), "--no-collect"], log=lambda *_: None)
-    with open(os.path.join(DOCS, "bottleneck_map.md")) as f:
+    with open(os.path.join(DOCS, bottleneck_report.PAGE)) as f:
         assert text + "\n" == f.read()
     with open(os.path.join(RECORDS, bottleneck_report.NUMBERS)) as f:
         assert json.load(f) == json.loads((records / bottleneck_report.NUMBERS).read_text())
 
 
 def test_every_number_of_the_reading_is_a_json_value_as_the_page_formats_it():
-    """Each decimal, percentage and number with a unit of docs/bottleneck_map-reading.md is a value of the page json
+    """Each decimal, percentage and number with a unit of reading.md is a value of the page json
     or of its derived numbers, written in a format of the page's tables (or one of at most ten listed exceptions)."""
     with open(os.path.join(DOCS, bottleneck_report.READING)) as f:
         reading = f.read()
@@ -375,7 +374,7 @@ def test_every_number_of_the_reading_is_a_json_value_as_the_page_formats_it():
 def test_the_committed_page_opens_with_its_table_and_no_prose_line_is_long():
     """The page: its title, one line, its main table; no line of prose (outside tables and commands) over 400
     characters, the reading's lines at most 120."""
-    with open(os.path.join(DOCS, "bottleneck_map.md")) as f:
+    with open(os.path.join(DOCS, bottleneck_report.PAGE)) as f:
         lines = f.read().split("\n")
     assert lines[0].startswith("# ") and lines[2] and lines[4].startswith("| head | d = 4 |")
     code = False
@@ -395,7 +394,7 @@ def test_the_committed_tables_are_the_cells_means_and_paired_differences():
     from scipy import stats as scipy_stats
 
     obj = _committed()
-    with open(os.path.join(DOCS, "bottleneck_map.md")) as f:
+    with open(os.path.join(DOCS, bottleneck_report.PAGE)) as f:
         text = f.read()
     cells = {(c["head"], c["d"], c["seed"]): c for c in obj["cells"]}
     ppl = [math.exp(cells[("mixtape", 4, s)]["test_nll"]) for s in (1, 2, 3)]

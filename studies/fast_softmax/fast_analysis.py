@@ -1,5 +1,5 @@
 """The fast-softmax study's analysis apart from its page (:mod:`studies.fast_softmax.fast_report`): the runs' json
-collected into ``studies/fast_softmax/records/`` (their plots into ``docs/fast_study/``), read back, and the derived
+collected into ``studies/fast_softmax/records/`` (their plots into its ``figures/``), read back, and the derived
 numbers (:func:`derived`) the page's tables and its reading cite."""
 
 from __future__ import annotations

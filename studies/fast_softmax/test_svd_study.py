@@ -176,7 +176,8 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
 
     argv = tiny_wt2_argv(tmp_path, monkeypatch, "--experts", "2")
     dsr.main(argv[: argv.index("--out") + 1] + [str(tmp_path / "ds")] + argv[argv.index("--out") + 2 :])
-    docs, records = tmp_path / "docs", tmp_path / "records" / "fast_softmax_study"
+    docs = tmp_path / "study"
+    records = docs / "records"
     docs.mkdir()
     FR.main(
         [
@@ -192,7 +193,7 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
             "timed beside two busy processes",
         ]
     )
-    text = (docs / "fast_softmax_study.md").read_text()
+    text = (docs / FR.PAGE).read_text()
     lines = text.splitlines()
     assert lines[0].startswith("# ") and lines[4].startswith("| task |")  # the title, one caption line, the table
     assert lines[6].startswith("| wikitext-2 | 21 | 8 | 2 (")  # the DS row, from the json
@@ -245,7 +246,7 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     assert f"| all |  | {nums['cpu']['total_hours']:.2f} |  |" in lines
     assert "_wikitext-2: timed beside two busy processes_" in text
     for plot in FA.PLOTS:
-        assert (docs / "fast_study" / plot).stat().st_size > 100
+        assert (docs / FR.FIGURES / plot).stat().st_size > 100
     # the page again from the committed json alone: the same text
     assert FR.main(["--no-collect", "--docs", str(docs), "--records", str(records)]) == text
     # the CPU-hours no run recorded (estimated from notes, committed beside the runs' json) join the table and total
@@ -253,7 +254,7 @@ def test_fast_study_page_from_both_commands(tmp_path, monkeypatch):
     again = FR.main(["--no-collect", "--docs", str(docs), "--records", str(records)])
     total = nums["cpu"]["total_hours"] + 0.25
     assert "| - | a discarded run | 0.25 | estimated |" in again and f"| all |  | {total:.2f} |  |" in again
-    assert "from `records/fast_softmax_study/*.json`" in text and "(../records/fast_softmax_study/numbers.json)" in text
+    assert "from `records/*.json`" in text and "(records/numbers.json)" in text
     with pytest.raises(SystemExit):
         FR.main(["--docs", str(docs), "--records", str(records)])  # nothing to collect
 
@@ -295,15 +296,15 @@ def test_fast_study_committed_page_numbers_and_reading():
     from recipes.common.reading import number_values, unmatched_numbers
 
     out_dir = FR.RECORDS
-    text, nums = FR.render(out_dir, FR.DOCS)
-    with open(os.path.join(FR.DOCS, "fast_softmax_study.md")) as f:
+    text, nums = FR.render(out_dir, FR.HOME)
+    with open(os.path.join(FR.HOME, FR.PAGE)) as f:
         assert f.read() == text
     with open(os.path.join(out_dir, "numbers.json")) as f:
         assert json.load(f) == json.loads(json.dumps(nums))
     lines = text.splitlines()
     assert lines[4].startswith("| task |") and "## Reading" in lines
     assert max(len(line) for line in lines if not line.startswith("|")) <= 400
-    with open(os.path.join(FR.DOCS, FR.READING)) as f:
+    with open(os.path.join(FR.HOME, FR.READING)) as f:
         reading = f.read()
     assert max(len(line) for line in reading.splitlines()) <= 120
     values = number_values(nums) + [

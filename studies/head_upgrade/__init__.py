@@ -4,4 +4,4 @@ softmax, and a residual MLP as large as the head: :mod:`studies.head_upgrade.con
 ``python -m studies.head_upgrade`` is ``softmax-heads upgrade`` with that control's ``--residual-mlp``
 (:mod:`studies.head_upgrade.command`); ``python -m studies.head_upgrade.table`` runs the table cell after cell. Its
 committed cells are in the bottleneck map's records (``studies/bottleneck_map/records/``); its page is
-docs/bottleneck_map.md."""
+studies/bottleneck_map/README.md."""

@@ -1,4 +1,4 @@
-"""The "more parameters" control of the head-upgrade study (docs/bottleneck_map.md's control (b)): a residual MLP
+"""The "more parameters" control of the head-upgrade study (the bottleneck map page's control (b)): a residual MLP
 before the pretrained softmax with as many parameters as MoS-K adds, which adds parameters but not rank.
 ``python -m studies.head_upgrade --residual-mlp mos-3`` trains it (:class:`ResidualMLPControl` adds the option to
 ``softmax-heads upgrade``); it is a control to score, not a head a model saves, so it lives with the study, not in

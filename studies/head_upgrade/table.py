@@ -1,4 +1,4 @@
-"""The head-upgrade table of docs/bottleneck_map.md: SmolLM2-135M's head upgraded on WikiText-2, every row and control,
+"""The head-upgrade table of the bottleneck map page: SmolLM2-135M's head upgraded on WikiText-2, every row and control,
 three seeds, by ``python -m studies.head_upgrade`` cell after cell (resumable: a cell with its ``results.json`` is
 read, not rerun).
 
