@@ -40,7 +40,7 @@ class StopRule:
 
     def describe(self) -> str:
         return (
-            f"validated after every epoch; stops when the valid loss has not improved for {self.patience} epochs "
+            f"validated after every epoch. It stops when the valid loss has not improved for {self.patience} epochs "
             f"(at most {self.max_epochs} epochs); the best checkpoint is scored"
         )
 

@@ -3,12 +3,12 @@
     python -m recipes.reproduce.pilots.protocols [--seeds 3] [--epochs 5] [--out results/protocols]
 
 For each seed, the mini ``lm-ptb`` softmax cell (``recipes.reproduce.tables.language_model``'s ``MINI_MODEL``, Adam, the
-table's data: train.txt trains, valid.txt validates, test.txt tests; the committed study ran before PTB's train split
-was here, when the first 90% of valid.txt trained and its last 10% validated) is trained
-twice, the same seed: with fairseq's ``language_modeling`` blocks of 70 tokens (what the mini tables ran then; they
-now train on the streams, as the papers do) and with
-the papers' streams (``--task awd_language_modeling``: the state carried, BPTT lengths drawn, the learning rate scaled
-by them). Each best checkpoint is then scored three ways on valid and test: fairseq's blocks (batch 10), the papers'
+table's data: train.txt trains, valid.txt validates, test.txt tests) is trained twice, the same seed. The committed
+study ran before PTB's train split was here, when the first 90% of valid.txt trained and its last 10% validated. It
+trains once with fairseq's ``language_modeling`` blocks of 70 tokens (what the mini tables ran then; they now train on
+the streams, as the papers do) and once with the papers' streams (``--task awd_language_modeling``: the state carried,
+BPTT lengths drawn, the learning rate scaled by them). Each best checkpoint is then scored three ways on valid and test:
+fairseq's blocks (batch 10), the papers'
 windows from a zero state (``--stateless``), and with the state carried over the split (10 streams valid, 1 test).
 Every finished (protocol, seed) is kept in ``OUT/cells``: a rerun continues (an interrupted cell resumes from its
 last epoch's checkpoint). Writes ``OUT/protocols.json`` (per-seed

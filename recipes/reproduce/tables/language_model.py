@@ -110,8 +110,8 @@ PPL = re.compile(r"Perplexity: ([\d.]+)")
 FULL_NOTE = (
     "Trained and scored as the papers' code (--task awd_language_modeling: contiguous streams, the LSTM state "
     "carried from window to window, BPTT lengths drawn as the papers draw them with the learning rate "
-    "scaled by them; evaluation over the whole split, batch 10 valid / 1 test); no finetune stage, no "
-    "dynamic evaluation; once NT-ASGD averages, validation reads the averages (as AWD-LSTM swaps them in), "
+    "scaled by them; evaluation over the whole split, batch 10 valid / 1 test). No finetune stage, no "
+    "dynamic evaluation. Once NT-ASGD averages, validation reads the averages (as AWD-LSTM swaps them in), "
     "and the averaged weights that validated best are scored."
 )
 
@@ -277,9 +277,9 @@ class LanguageModelTable(Table):
         sized = "; ".join(f"{name}: {' '.join(options)}" for name, options in self.mini_model_options.items())
         return (
             f"Mini: {train} trains, valid.txt validates (the rate, the checkpoint, the stopping rule), test.txt "
-            f"tests, the vocabulary of the whole train split; the papers' protocol (--task "
+            f"tests, the vocabulary of the whole train split. The papers' protocol (--task "
             f"awd_language_modeling: {MINI_BATCH} streams, the state carried, BPTT lengths drawn; scored with the "
-            f"state carried over the split, 10 streams valid / 1 test); an AWD-LSTM of {' '.join(MINI_MODEL)}"
+            f"state carried over the split, 10 streams valid / 1 test). An AWD-LSTM of {' '.join(MINI_MODEL)}"
             + (f" ({sized})" if sized else "")
             + f", {' '.join(MINI_OPTIMIZERS[self.mini_optimizer])} "
             f"(the pilot's choice), {self.mini_stop.describe()}. Seeds per head, fixed before the runs: {seeds}."

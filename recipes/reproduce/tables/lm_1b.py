@@ -30,7 +30,7 @@ TABLE = LanguageModelTable(
     full_model_options={"mos": MOS_SIZES, "mixtape": MOS_SIZES},
     full_note="The MoS paper publishes its 1B models' parameter counts (softmax 119M, MoS 113M) but not every "
     "setting: head_awd_lstm_lm_1b's sizes (2 x 1024 LSTM, tied 1024-d embedding) reproduce the softmax "
-    "count, and the MoS and Mixtape rows take a 920-d embedding and last layer (--emsize 920 --nhidlast "
+    "count. The MoS and Mixtape rows take a 920-d embedding and last layer (--emsize 920 --nhidlast "
     "920: MoS-7 113.2M, the paper's 113M; Mixtape 111.5M, 98% of it, as the Mixtape paper matches "
-    "Mixtape to MoS); its light dropouts, batch 128, lr 20 and 5 epochs are our assumptions.",
+    "Mixtape to MoS). Its light dropouts, batch 128, lr 20 and 5 epochs are our assumptions.",
 )
