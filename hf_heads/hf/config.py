@@ -32,6 +32,24 @@ def head_config_class(base_config_class: type) -> type:
     return _CONFIG_CLASSES[base_config_class]
 
 
+def family_class(name: str, module: str, kind: str, make):
+    """``make(transformers' class)`` for the head class named ``name`` (``SoftmaxHeads`` + a transformers class's name),
+    so that ``getattr(module, name)`` finds a class made on demand: pickle and multiprocessing's spawn (vLLM's engine,
+    DataLoader workers) then pass a head config or model by its name."""
+    base = name[len(CLASS_PREFIX) :] if name.startswith(CLASS_PREFIX) else ""
+    import transformers
+
+    found = getattr(transformers, base, None) if base else None
+    if not (isinstance(found, type) and issubclass(found, getattr(transformers, kind))):
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    return make(found)
+
+
+def __getattr__(name: str):
+    """``SoftmaxHeadsLlamaConfig`` and the like: each family's head config class (:func:`family_class`)."""
+    return family_class(name, __name__, "PretrainedConfig", head_config_class)
+
+
 def is_head_config(config) -> bool:
     """Whether ``config`` names a head (model type softmax-heads)."""
     return getattr(config, "model_type", None) == MODEL_TYPE

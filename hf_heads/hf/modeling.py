@@ -16,6 +16,7 @@ from torch import nn
 from ..core import OutputHead, build_head, start_options
 from .config import (
     CLASS_PREFIX,
+    family_class,
     head_config_class,
     head_spec,
     is_head_config,
@@ -344,6 +345,12 @@ def head_model_class(base_model_class: type) -> type:
         _auto_class(base_model_class).register(config_class, cls, exist_ok=True)
         _MODEL_CLASSES[base_model_class] = cls
     return _MODEL_CLASSES[base_model_class]
+
+
+def __getattr__(name: str):
+    """``SoftmaxHeadsLlamaForCausalLM`` and the like: each family's head model class, made on demand so that a class
+    pickles by its name (:func:`hf_heads.hf.config.family_class`)."""
+    return family_class(name, __name__, "PreTrainedModel", head_model_class)
 
 
 def _output_bias(model, old: nn.Module) -> Tuple[torch.Tensor, bool]:

