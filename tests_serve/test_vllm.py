@@ -88,7 +88,8 @@ def served(case, tmp_path_factory):
     model.save_pretrained(folder)
     tokenizer().save_pretrained(folder)
     llm = vllm.LLM(model=str(folder), dtype="float32", enforce_eager=True, max_model_len=64, max_num_seqs=4, seed=0)
-    params = vllm.SamplingParams(temperature=0.0, max_tokens=STEPS, logprobs=TOP)
+    # min_tokens, as generate's min_new_tokens: the end-of-text token cannot end either early
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=STEPS, min_tokens=STEPS, logprobs=TOP)
     prompts = [vllm.TokensPrompt(prompt_token_ids=p) for p in PROMPTS]
     batched = llm.generate(prompts, params, use_tqdm=False)
     alone = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts[:2]]
@@ -202,7 +203,9 @@ def test_vllm_serve_answers_an_openai_completion_with_the_heads_log_probs(tmp_pa
                 time.sleep(2)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         prompt = PROMPTS[0]
-        answer = client.completions.create(model="tiny", prompt=prompt, max_tokens=STEPS, temperature=0, logprobs=TOP)
+        answer = client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=STEPS, temperature=0, logprobs=TOP, extra_body={"min_tokens": STEPS}
+        )
         ids, log_probs = hf_steps(model, prompt)
         words = tokenizer()
         choice = answer.choices[0].logprobs
