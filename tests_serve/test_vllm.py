@@ -89,7 +89,7 @@ def served(case, tmp_path_factory):
     tokenizer().save_pretrained(folder)
     llm = vllm.LLM(model=str(folder), dtype="float32", enforce_eager=True, max_model_len=64, max_num_seqs=4, seed=0)
     # min_tokens, as generate's min_new_tokens: the end-of-text token cannot end either early
-    params = vllm.SamplingParams(temperature=0.0, max_tokens=STEPS, min_tokens=STEPS, logprobs=TOP)
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=STEPS, min_tokens=STEPS, logprobs=TOP, prompt_logprobs=1)
     prompts = [vllm.TokensPrompt(prompt_token_ids=p) for p in PROMPTS]
     batched = llm.generate(prompts, params, use_tqdm=False)
     alone = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts[:2]]
@@ -119,6 +119,17 @@ def test_greedy_ids_and_log_probs_equal_transformers(served):
             top = torch.topk(log_probs[step], TOP)
             for value, index in zip(top.values.tolist(), top.indices.tolist()):
                 assert ranked[index].logprob == pytest.approx(value, abs=1e-4), f"step {step}, token {index}"
+
+
+def test_prompt_log_probs_are_the_heads_the_perplexity_lm_eval_scores(served):
+    """Each prompt token's log-prob given the tokens before it (what a perplexity sums) is the HF model's."""
+    model, batched, _ = served
+    for prompt, result in zip(PROMPTS, batched):
+        with torch.no_grad():
+            log_probs = model(torch.tensor([prompt])).logits[0]
+        for position, ranked in enumerate(result.prompt_logprobs[1:], start=1):
+            token = prompt[position]
+            assert ranked[token].logprob == pytest.approx(log_probs[position - 1, token].item(), abs=1e-4)
 
 
 def test_a_batch_of_mixed_lengths_equals_the_prompts_one_by_one(served):
@@ -222,3 +233,40 @@ def test_vllm_serve_answers_an_openai_completion_with_the_heads_log_probs(tmp_pa
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
+
+
+@pytest.mark.parametrize("top_k, top_p", [(-1, 1.0), (10, 1.0), (-1, 0.9)])
+def test_sampling_draws_from_the_heads_probabilities_to_the_power_one_over_t(top_k, top_p, tmp_path_factory):
+    """vLLM's processed log-probs (what it samples from): temperature T gives p^(1/T) renormalised, as transformers'
+    generate does with these models; top-k and top-p keep the head's most probable tokens and renormalise."""
+    llm, model = sampling_engine(tmp_path_factory)
+    T, prompt = 0.5, PROMPTS[1]
+    params = vllm.SamplingParams(temperature=T, top_k=top_k, top_p=top_p, max_tokens=1, logprobs=TOP, seed=0)
+    (result,) = llm.generate([vllm.TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+    with torch.no_grad():
+        tempered = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].double() / T, dim=-1)
+    order = tempered.argsort(descending=True)
+    keep = torch.zeros_like(tempered, dtype=torch.bool)
+    if top_k > 0:
+        keep[order[:top_k]] = True
+    else:
+        mass = tempered[order].exp().cumsum(0)
+        keep[order[: int((mass < top_p).sum()) + 1]] = True
+    expected = torch.log_softmax(tempered.masked_fill(~keep, -float("inf")), dim=-1)
+    (ranked,) = result.outputs[0].logprobs
+    for token, value in ranked.items():
+        assert value.logprob == pytest.approx(expected[token].item(), abs=1e-4), token
+
+
+_SAMPLING = {}
+
+
+def sampling_engine(tmp_path_factory):
+    """One engine for the sampling tests: a MoS head on the tiny Llama, its processed log-probs returned."""
+    if not _SAMPLING:
+        folder = save(tmp_path_factory.mktemp("sampling"), "mos", **HEADS["mos"])
+        llm = vllm.LLM(
+            model=folder, dtype="float32", enforce_eager=True, max_model_len=64, logprobs_mode="processed_logprobs"
+        )
+        _SAMPLING["engine"] = (llm, transformers.AutoModelForCausalLM.from_pretrained(folder).eval())
+    return _SAMPLING["engine"]
