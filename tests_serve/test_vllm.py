@@ -236,10 +236,10 @@ def test_vllm_serve_answers_an_openai_completion_with_the_heads_log_probs(tmp_pa
 
 
 @pytest.mark.parametrize("top_k, top_p", [(-1, 1.0), (10, 1.0), (-1, 0.9)])
-def test_sampling_draws_from_the_heads_probabilities_to_the_power_one_over_t(top_k, top_p, tmp_path_factory):
+def test_sampling_draws_from_the_heads_probabilities_to_the_power_one_over_t(top_k, top_p, sampling):
     """vLLM's processed log-probs (what it samples from): temperature T gives p^(1/T) renormalised, as transformers'
     generate does with these models; top-k and top-p keep the head's most probable tokens and renormalise."""
-    llm, model = sampling_engine(tmp_path_factory)
+    llm, model = sampling
     T, prompt = 0.5, PROMPTS[1]
     params = vllm.SamplingParams(temperature=T, top_k=top_k, top_p=top_p, max_tokens=1, logprobs=TOP, seed=0)
     (result,) = llm.generate([vllm.TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
@@ -258,15 +258,13 @@ def test_sampling_draws_from_the_heads_probabilities_to_the_power_one_over_t(top
         assert value.logprob == pytest.approx(expected[token].item(), abs=1e-4), token
 
 
-_SAMPLING = {}
-
-
-def sampling_engine(tmp_path_factory):
+@pytest.fixture(scope="module")
+def sampling(tmp_path_factory):
     """One engine for the sampling tests: a MoS head on the tiny Llama, its processed log-probs returned."""
-    if not _SAMPLING:
-        folder = save(tmp_path_factory.mktemp("sampling"), "mos", **HEADS["mos"])
-        llm = vllm.LLM(
-            model=folder, dtype="float32", enforce_eager=True, max_model_len=64, logprobs_mode="processed_logprobs"
-        )
-        _SAMPLING["engine"] = (llm, transformers.AutoModelForCausalLM.from_pretrained(folder).eval())
-    return _SAMPLING["engine"]
+    folder = save(tmp_path_factory.mktemp("sampling"), "mos", **HEADS["mos"])
+    llm = vllm.LLM(
+        model=folder, dtype="float32", enforce_eager=True, max_model_len=64, logprobs_mode="processed_logprobs"
+    )
+    yield llm, transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    del llm
+    gc.collect()
