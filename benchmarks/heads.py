@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib.util
 import json
 import os
@@ -275,19 +276,7 @@ def device_steps(vocab: int, dim: int, dtype: torch.dtype, args):
             loss = lambda: xtransformers_mos_loss(peer, hidden, target)  # noqa: E731
             rows[PEER] = Row(loss, list(peer.parameters()), "mos K=3", n)
     losses: Dict[str, torch.Tensor] = {}
-
-    def make(name):
-        row = rows[name]
-
-        def step():
-            loss = row.loss()
-            loss.backward()
-            losses[name] = loss.detach()  # read after the timing: a float() here would sync every step
-            _clear([hidden, *row.params])
-
-        return step
-
-    return {name: make(name) for name in rows}, losses, missing, rows
+    return entry_steps(dataclasses.replace(setting, entries=rows), losses), losses, missing, rows
 
 
 # ------------------------------------------------------------------ the roofline: what a head's step cannot beat

@@ -16,19 +16,10 @@ import os
 import statistics
 import time
 
-#: HuggingFaceTB/SmolLM2-135M's shape (benchmarks/heads.py keeps the same)
-SMOLLM2 = dict(
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    vocab_size=49152,
-    tie_word_embeddings=True,
-    rope_theta=100000.0,
-    rms_norm_eps=1e-5,
-    max_position_embeddings=2048,
-)
+from benchmarks.heads import SMOLLM2_135M
+
+#: HuggingFaceTB/SmolLM2-135M's shape, as the whole-model step of benchmarks/heads.py has it
+SMOLLM2 = {**SMOLLM2_135M, "max_position_embeddings": 2048}
 #: (label, head, options); None: the plain model
 ROWS = [
     ("plain lm_head", None, {}),

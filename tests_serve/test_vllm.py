@@ -77,17 +77,22 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("case", cases(metafunc.config), ids=lambda c: f"{c[0]}-{c[1]}", scope="module")
 
 
+def save(folder, head, family="llama", **options):
+    """A tiny model of ``family`` with ``head`` (seeded), saved with its tokenizer in ``folder``: the folder and the
+    model, in eval mode."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf_heads.head_config(base_config(family), head, **options))
+    model.save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return str(folder), model.eval()
+
+
 @pytest.fixture(scope="module")
 def served(case, tmp_path_factory):
     """The saved head model, its HF answers and vLLM's, on one engine."""
     head, family = case
-    torch.manual_seed(0)
-    config = hf_heads.head_config(base_config(family), head, **HEADS[head])
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    folder = tmp_path_factory.mktemp(f"{head}-{family}")
-    model.save_pretrained(folder)
-    tokenizer().save_pretrained(folder)
-    llm = vllm.LLM(model=str(folder), dtype="float32", enforce_eager=True, max_model_len=64, max_num_seqs=4, seed=0)
+    folder, model = save(tmp_path_factory.mktemp(f"{head}-{family}"), head, family, **HEADS[head])
+    llm = vllm.LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=64, max_num_seqs=4, seed=0)
     # min_tokens, as generate's min_new_tokens: the end-of-text token cannot end either early
     params = vllm.SamplingParams(temperature=0.0, max_tokens=STEPS, min_tokens=STEPS, logprobs=TOP, prompt_logprobs=1)
     prompts = [vllm.TokensPrompt(prompt_token_ids=p) for p in PROMPTS]
@@ -143,14 +148,6 @@ def test_a_batch_of_mixed_lengths_equals_the_prompts_one_by_one(served):
             )
 
 
-def save(folder, head, family="llama", **options):
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(hf_heads.head_config(base_config(family), head, **options))
-    model.save_pretrained(folder)
-    tokenizer().save_pretrained(folder)
-    return str(folder)
-
-
 @pytest.mark.parametrize(
     "head, engine, message",
     [
@@ -163,7 +160,7 @@ def save(folder, head, family="llama", **options):
     ],
 )
 def test_what_the_plugin_cannot_serve_exactly_is_refused_at_engine_start(head, engine, message, tmp_path):
-    folder = save(tmp_path / head, head)
+    folder, _ = save(tmp_path / head, head)
     with pytest.raises(Exception, match=message):
         vllm.LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=64, **engine)
 
@@ -191,8 +188,7 @@ def test_vllm_serve_answers_an_openai_completion_with_the_heads_log_probs(tmp_pa
     import urllib.request
 
     openai = pytest.importorskip("openai")
-    folder = save(tmp_path / "mixtape", "mixtape", **HEADS["mixtape"])
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    folder, model = save(tmp_path / "mixtape", "mixtape", **HEADS["mixtape"])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -261,10 +257,10 @@ def test_sampling_draws_from_the_heads_probabilities_to_the_power_one_over_t(top
 @pytest.fixture(scope="module")
 def sampling(tmp_path_factory):
     """One engine for the sampling tests: a MoS head on the tiny Llama, its processed log-probs returned."""
-    folder = save(tmp_path_factory.mktemp("sampling"), "mos", **HEADS["mos"])
+    folder, model = save(tmp_path_factory.mktemp("sampling"), "mos", **HEADS["mos"])
     llm = vllm.LLM(
         model=folder, dtype="float32", enforce_eager=True, max_model_len=64, logprobs_mode="processed_logprobs"
     )
-    yield llm, transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    yield llm, model
     del llm
     gc.collect()
