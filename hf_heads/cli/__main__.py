@@ -5,6 +5,7 @@ command's options.
     softmax-heads finetune --model gpt2 --head mos --train-file train.txt --valid-file valid.txt
     softmax-heads upgrade --model HuggingFaceTB/SmolLM2-135M --head mos --train-file ... --valid-file ...
     softmax-heads lm-eval --model out/finetune --text test.txt
+    softmax-heads serve-check --model DIR --url http://127.0.0.1:8000/v1
     softmax-heads bench --device cuda
     fairseq-train DATA --user-dir "$(softmax-heads fairseq-user-dir)" --arch head_transformer_lm ...
 """
@@ -22,6 +23,7 @@ COMMANDS = {
     "finetune": ("finetune", "fine-tune a causal LM (a Hub id or a local folder) with an output head swapped in"),
     "upgrade": ("upgrade", "train a new head on a frozen pretrained LM's hidden states, then score it"),
     "lm-eval": ("lm_eval", "perplexity per token and per word of a saved model on a text"),
+    "serve-check": ("serve_check", "compare a running vLLM server's greedy log-probs with transformers' on its model"),
     "bench": ("bench", "the heads' training cost against plain softmax (output layer and whole model; CPU or GPU)"),
     "fairseq-user-dir": (None, "print the folder to pass to fairseq's --user-dir (the installed fairseq_plugin)"),
 }
