@@ -58,8 +58,19 @@ __all__ = [
     "swap_head",
     "output_head",
     "head_config",
+    "VocabParallel",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    """``hf_heads.VocabParallel``: the tensor-parallel style of a head (:mod:`hf_heads.core.shard`), imported on use."""
+    if name == "VocabParallel":
+        from .core import shard
+
+        return shard.VocabParallel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 if _importlib_util.find_spec("transformers") is not None:
     # the HF adapter: AutoConfig learns model_type "softmax-heads" (cheap: no model code is imported)

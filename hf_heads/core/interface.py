@@ -20,13 +20,35 @@ import math
 from typing import Any, Callable, Dict, Optional, Tuple, Type
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import functional, ops
-from . import lean
+from . import lean, shard
 from .config import HeadConfig, check_float, check_int
 from .vocabulary import VocabularyMixin
+
+
+#: the methods that run a head's math from outside: on a head whose parameters are DTensors they run on plain local
+#: tensors (:func:`_on_local_parameters`), their subclasses' overrides too (``OutputHead.__init_subclass__``)
+_PUBLIC = ("forward", "loss_and_nll", "token_log_probs", "topk", "aux_loss")
+
+
+def _on_local_parameters(method: Callable) -> Callable:
+    """``method`` run with the head's DTensor parameters as plain tensors and :attr:`OutputHead.vocab_shard` set
+    (:func:`hf_heads.core.shard.local_parameters`); a call made inside another runs as it is."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if self.__dict__.get("_on_local") or functional.compiling():  # (no DTensor head under torch.compile)
+            return method(self, *args, **kwargs)
+        with shard.local_parameters(self, self.vocab_parallel) as vocab_shard:
+            self.__dict__.update(_on_local=True, vocab_shard=vocab_shard)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self.__dict__.update(_on_local=False, vocab_shard=None)
+
+    return run
 
 
 class OutputHead(VocabularyMixin, nn.Module):
@@ -110,6 +132,18 @@ class OutputHead(VocabularyMixin, nn.Module):
     #: its ``decode_topk`` ids and ``-inf`` elsewhere (the head's fast path in a decoding loop); None: the full
     #: distribution
     decode_topk: Optional[int] = None
+    #: whether the head's math can run on a slice of the vocabulary under tensor parallelism (:mod:`.shard`: its
+    #: ``weight`` and ``bias`` placed ``Shard(0)``); a head that cannot gathers them whole on every rank
+    vocab_parallel = False
+    #: this rank's slice of the vocabulary during a call whose ``weight`` is split over tensor-parallel ranks, else
+    #: None (set by the public methods, :func:`_on_local_parameters`)
+    vocab_shard: Optional[shard.VocabShard] = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in _PUBLIC:
+            if name in cls.__dict__:
+                setattr(cls, name, _on_local_parameters(cls.__dict__[name]))
 
     @classmethod
     def check_config(cls, config: HeadConfig) -> HeadConfig:
@@ -151,7 +185,7 @@ class OutputHead(VocabularyMixin, nn.Module):
 
     def nll_2d(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Per-token NLL ``[N]`` for valid targets (no ignore_index here); default via log-probs."""
-        return -self.log_probs_2d(hidden).gather(1, target[:, None]).squeeze(1)
+        return -shard.pick(self.log_probs_2d(hidden), target, self.vocab_shard)
 
     # -- public interface -------------------------------------------------------------
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -163,7 +197,7 @@ class OutputHead(VocabularyMixin, nn.Module):
             if self.decode_topk is not None and not torch.is_grad_enabled():
                 out = self._top_log_probs_2d(h, self.decode_topk)
             else:
-                out = self.log_probs_2d(h)
+                out = shard.full(self.log_probs_2d(h), self.vocab_shard, fill=-math.inf)
             return out.view(*hidden.shape[:-1], self.config.vocab_size)
 
     def _top_log_probs_2d(self, h: torch.Tensor, k: int) -> torch.Tensor:
@@ -221,7 +255,9 @@ class OutputHead(VocabularyMixin, nn.Module):
             on = functional.values_known(h) and torch.is_autocast_enabled(kind)
             self.__dict__["_call_autocast"] = torch.get_autocast_dtype(kind) if on else None  # (lean_products)
             chunk_fn = self.lean_nll_chunk
-            if path == "triton":
+            if self.vocab_shard is not None:  # a slice: autograd on the head's math, chunk by chunk
+                chunk_fn = functools.partial(OutputHead.lean_nll_chunk, self)
+            elif path == "triton":
                 ops.check_can_run(f"{self.head_name}: impl='triton'", h)
                 chunk_fn = functools.partial(self.lean_nll_chunk, triton=True)
             chunk = self.lean_chunk_tokens()
@@ -280,8 +316,9 @@ class OutputHead(VocabularyMixin, nn.Module):
             nll = self.nll_2d(hidden, target)
             return nll, nll
         lp = self.log_probs_2d(hidden)
-        nll = -lp.gather(1, target[:, None]).squeeze(1)
-        return functional.smoothed_loss(nll, lp.sum(1), label_smoothing, self.config.vocab_size), nll
+        nll = -shard.pick(lp, target, self.vocab_shard)
+        total = shard.vocab_sum(lp, self.vocab_shard)
+        return functional.smoothed_loss(nll, total, label_smoothing, self.config.vocab_size), nll
 
     def token_log_probs(
         self, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, temperature: float = 1.0
@@ -310,8 +347,8 @@ class OutputHead(VocabularyMixin, nn.Module):
         renormalised (``log_softmax(log p / T)``: the head's log-probs stand where a softmax's logits would)."""
         if temperature == 1.0:
             return -self.nll_2d(hidden, target)
-        lp = torch.log_softmax(self.log_probs_2d(hidden) / temperature, dim=-1)
-        return lp.gather(1, target[:, None]).squeeze(1)
+        lp = shard.log_softmax(self.log_probs_2d(hidden) / temperature, self.vocab_shard)
+        return shard.pick(lp, target, self.vocab_shard)
 
     def lean_loss_active(self) -> bool:
         """Whether :meth:`loss` takes the memory-lean path now: ``lean_loss`` on, training mode, grad enabled."""
@@ -360,7 +397,7 @@ class OutputHead(VocabularyMixin, nn.Module):
         check_int(self.head_name, "k", k, 1, self.config.vocab_size)
         h = self._flat_hidden(hidden)
         with functional.autocast_off(h):
-            top, idx = self.log_probs_2d(h).topk(k, dim=-1)
+            top, idx = shard.topk(self.log_probs_2d(h), k, self.vocab_shard)
         shape = (*hidden.shape[:-1], k)
         return top.view(shape), idx.view(shape)
 
@@ -432,7 +469,7 @@ class OutputHead(VocabularyMixin, nn.Module):
     def _output_logits(self, context: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
         """float32 ``context @ W[rows]^T + b[rows]`` (autocast off, so the math stays fp32)."""
         b = None if self.bias is None else self.bias[rows]
-        return functional.linear_full_precision(context, self.weight[rows], b)
+        return functional.linear_full_precision(shard.enter(context, self.vocab_shard), self.weight[rows], b)
 
 
 class SingleSoftmaxHead(OutputHead):
@@ -446,18 +483,18 @@ class SingleSoftmaxHead(OutputHead):
         raise NotImplementedError
 
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.scores_2d(hidden), dim=-1)
+        return shard.log_softmax(self.scores_2d(hidden), self.vocab_shard)
 
     def nll_2d(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.scores_2d(hidden), target, reduction="none")
+        return shard.cross_entropy(self.scores_2d(hidden), target, self.vocab_shard)
 
     def topk(self, hidden: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
         check_int(self.head_name, "k", k, 1, self.config.vocab_size)
         h = self._flat_hidden(hidden)
         with functional.autocast_off(h):
             s = self.scores_2d(h)
-            top, idx = s.topk(k, dim=-1)
-            lp = top - torch.logsumexp(s, dim=-1, keepdim=True)
+            top, idx = shard.topk(s, k, self.vocab_shard)
+            lp = top - shard.logsumexp(s, self.vocab_shard, keepdim=True)
         shape = (*hidden.shape[:-1], k)
         return lp.view(shape), idx.view(shape)
 
@@ -469,6 +506,7 @@ class LinearScoresHead(SingleSoftmaxHead):
 
     applies_logit_map = True
     row_kernels = True
+    vocab_parallel = True
 
     def score_transform(self, logits: torch.Tensor) -> torch.Tensor:
         """f, elementwise on the float32 logits (identity here)."""
@@ -508,3 +546,7 @@ def _logit_map_heads() -> list:
         if cls.applies_logit_map and cls.head_name != OutputHead.head_name and cls not in found:
             found.append(cls)
     return sorted(found, key=lambda c: c.head_name)
+
+
+for _name in _PUBLIC:
+    setattr(OutputHead, _name, _on_local_parameters(getattr(OutputHead, _name)))

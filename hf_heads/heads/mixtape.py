@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..core import functional, ops
+from ..core import functional, ops, shard
 from ..core import lean
 from ..core import (
     SingleSoftmaxHead,
@@ -102,6 +102,7 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
     applies_logit_map = True  # on the gated logits, before the one softmax
     row_kernels = True  # the softmax rows, and the frequent ids' sigmoid tree (ops.triton_rows.tree_mix)
     uses_frequency_order = True  # the S most frequent ids (frequency_order[:S]) have their own gates
+    vocab_parallel = True  # a slice's frequent ids take their gate rows by frequency rank (_gated_logits_on_slice)
     optional_state_keys = ("scaled_form",)  # the form of the projections, kept with the weights since spec version 2
     legacy_defaults = {1: {"scaled_input": LEGACY_SCALED}}  # version 2 made torch's nn.Linear form the default
 
@@ -239,6 +240,8 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
 
     def _gated_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 Mixtape logits ``z`` ``[N, V]``."""
+        if self.vocab_shard is not None:
+            return self._gated_logits_on_slice(hidden, self.vocab_shard)
         c = self.config
         s = c.num_frequent
         ctx, shared, gate_ctx, mixed = self._gate_inputs(hidden)
@@ -259,6 +262,33 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         if s == c.vocab_size:
             return freq_logits
         return torch.cat([freq_logits, self._output_logits(mixed, slice(s, None))], dim=-1)
+
+    def _gated_logits_on_slice(self, hidden: torch.Tensor, vs: shard.VocabShard) -> torch.Tensor:
+        """:meth:`_gated_logits` on this rank's slice of the vocabulary ``[N, width]``. The gate parameters stay whole
+        on every rank: each rank takes the rows of the frequent ids in its slice, by their frequency rank (they are
+        S x d2, small beside the slice's rows of W; a rank's frequent ids may be any, or none)."""
+        ctx, shared, gate_ctx, mixed = self._gate_inputs(hidden)
+        logits = self._output_logits(mixed)  # every id's shared-prior logit; the frequent ids' are replaced below
+        if shared is None:
+            return logits
+        order = self.frequency_order[: self.config.num_frequent]
+        ranks = ((order >= vs.start) & (order < vs.stop)).nonzero().squeeze(1)  # (rank-dependent sizes from here)
+        local = order[ranks] - vs.start
+        dt = ctx.dtype
+        gate_ctx, shared, ctx = (shard.enter(t, vs) for t in (gate_ctx, shared, ctx))
+        gate_embedding = shard.enter(self.gate_embedding.to(dt), vs)[ranks]
+        freq_gates = torch.einsum("nke,se->nsk", gate_ctx, gate_embedding)
+        freq_gates = freq_gates + shared[:, None, :] + shard.enter(self.gate_bias.to(dt), vs)[ranks]
+        if self.training and self.config.gate_noise > 0:  # drawn per rank, past one draw every rank makes alike
+            seed = int(torch.randint(2**62, ()))
+            generator = torch.Generator(freq_gates.device).manual_seed(seed + vs.rank)
+            noise = torch.randn(freq_gates.shape, generator=generator, device=freq_gates.device, dtype=dt)
+            freq_gates = freq_gates + self.config.gate_noise * noise
+        freq_prior = ops.sigmoid_tree_log_priors(freq_gates).exp()  # [N, S_rank, K]
+        freq_logits = (freq_prior * torch.einsum("nkd,sd->nsk", ctx, self.weight[local].to(dt))).sum(-1)
+        if self.bias is not None:
+            freq_logits = freq_logits + self.bias[local].to(dt)
+        return logits.index_copy(1, local, freq_logits)
 
     @property
     def lean_width(self) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..core import functional, ops
+from ..core import functional, ops, shard
 from ..core import lean
 from ..core import check_int, option, register_head
 from .contexts import ContextConfig, ContextHead
@@ -40,6 +40,7 @@ class MoSHead(ContextHead):
     paper = "Yang et al. 2018, Breaking the softmax bottleneck"
     applies_logit_map = True  # on every component's logits, before its softmax
     row_kernels = True  # the K rows of a token coupled through their [n, K] responsibilities
+    vocab_parallel = True
 
     def __init__(self, config: MoSConfig):
         super().__init__(config)
@@ -70,8 +71,10 @@ class MoSHead(ContextHead):
 
     def log_probs_2d(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx, log_prior = self._contexts_and_log_priors(hidden)
+        vs = self.vocab_shard
+        log_prior = shard.enter(log_prior, vs)  # added to this rank's slice of each component
         parts = [
-            torch.log_softmax(self._component_scores(ctx[:, k]), dim=-1) + log_prior[:, k, None]
+            shard.log_softmax(self._component_scores(ctx[:, k]), vs) + log_prior[:, k, None]
             for k in range(self.config.num_components)
         ]
         return torch.logsumexp(torch.stack(parts, dim=1), dim=1)
@@ -81,7 +84,7 @@ class MoSHead(ContextHead):
         parts = []
         for k in range(self.config.num_components):
             s = self._component_scores(ctx[:, k])
-            parts.append(s.gather(1, target[:, None]).squeeze(1) - torch.logsumexp(s, dim=-1))
+            parts.append(shard.pick(s, target, self.vocab_shard) - shard.logsumexp(s, self.vocab_shard))
         return -torch.logsumexp(torch.stack(parts, dim=1) + log_prior, dim=1)
 
     def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0, triton=False):

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import ops
+from ..core import ops, shard
 from ..core import lean
 from ..core import HeadConfig, LinearScoresHead, check_float, check_int, option, register_head
 from .mos import MoSConfig, MoSHead
@@ -57,8 +57,10 @@ class PiecewiseLinearIncreasing(nn.Module):
         """The T positive slopes ``softplus(p)`` in ``dtype``."""
         return F.softplus(self.slope_params.to(dtype))
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return ops.piecewise_linear_increasing(z, self.slopes(z.dtype), self.knot_range)
+    def forward(self, z: torch.Tensor, vocab_shard: "shard.VocabShard | None" = None) -> torch.Tensor:
+        """``f(z)``; ``z`` a slice of the vocabulary's logits under ``vocab_shard`` (:mod:`hf_heads.core.shard`)."""
+        slopes = shard.enter(self.slopes(z.dtype), vocab_shard)
+        return ops.piecewise_linear_increasing(z, slopes, self.knot_range)
 
     def lean_forward(self, z: torch.Tensor, backprop: Callable):
         """``(f(z), back)`` for a memory-lean loss: ``back(grad)`` returns the gradient w.r.t. ``z`` (in place
@@ -106,7 +108,7 @@ class PLIFHead(LinearScoresHead):
         self.plif = PiecewiseLinearIncreasing(config.num_knots, config.knot_range)
 
     def score_transform(self, logits: torch.Tensor) -> torch.Tensor:
-        return self.plif(logits)
+        return self.plif(logits, self.vocab_shard)
 
     def lean_score_transform(self, logits, grads):
         return self.plif.lean_forward(logits, lambda outs, gouts: lean.backprop(outs, gouts, None, grads))
@@ -134,7 +136,7 @@ class MoSPLIFHead(MoSHead):
         self.lean_width = PLIFHead.lean_width * config.num_components
 
     def component_scores(self, logits: torch.Tensor) -> torch.Tensor:
-        return self.plif(logits)
+        return self.plif(logits, self.vocab_shard)
 
     def lean_component_scores(self, logits, grads):
         return self.plif.lean_forward(logits, lambda outs, gouts: lean.backprop(outs, gouts, None, grads))

@@ -24,7 +24,7 @@ from .config import (
     unwrap_head_config,
     without_model_sizes,
 )
-from . import checkpoint, liger, remote_code, trl
+from . import checkpoint, liger, remote_code, tensor_parallel, trl
 from .lean_forward import decoder_inputs_from_labels, is_seq2seq, lean_forward
 from .output_layer import absorb_or_refuse, output_layer, output_layer_path, run_probe
 from .peft import running_head
@@ -135,9 +135,17 @@ class HeadModelMixin:
         if not getattr(self, "_hf_peft_config_loaded", False):  # (transformers' PEFT integration saves the adapter)
             checkpoint.check_saveable(self, kwargs.get("state_dict"))
         result = super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
+        if kwargs.get("is_main_process", True) and _first_rank():  # (under tensor parallelism every rank calls it)
             self._write_remote_code(save_directory)
         return result
+
+    def _resolve_parallel_plans(self, distributed_config):
+        """transformers' tensor-parallel plans, refused in one line where they give the head another style than its
+        own (:func:`hf_heads.hf.tensor_parallel.check_plan`)."""
+        tp_plan, *rest = super()._resolve_parallel_plans(distributed_config)
+        head = self.get_output_embeddings()
+        tensor_parallel.check_plan(self, tp_plan, checkpoint.head_path(self, head))
+        return (tp_plan, *rest)
 
     def _upload_modified_files(self, working_dir, *args, **kwargs):
         # save_pretrained(push_to_hub=True) uploads before it returns: the code goes up with the weights
@@ -279,6 +287,13 @@ class HeadModelMixin:
         return out
 
 
+def _first_rank() -> bool:
+    """Whether this process is rank 0 of torch.distributed, or not distributed."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
 def _forward_with_aux_loss(base_forward):
     """``base_forward`` plus the head's aux loss, with the base signature (Trainer reads it to
     choose the dataset columns it passes); ``fused_lm_head=True`` (TRL) goes to
@@ -331,10 +346,12 @@ def head_model_class(base_model_class: type) -> type:
     if base_model_class not in _MODEL_CLASSES:
         liger.check_base_forward(base_model_class)
         config_class = head_config_class(base_model_class.config_class)
+        plan = tensor_parallel.tp_plan(base_model_class, output_layer_path(base_model_class) or "lm_head")
         cls = type(
             f"{CLASS_PREFIX}{base_model_class.__name__}",
             (HeadModelMixin, base_model_class),
             {
+                **({} if plan is None else {"_tp_plan": plan}),
                 "config_class": config_class,
                 "__module__": __name__,
                 "_head_base_class": base_model_class,

@@ -44,6 +44,7 @@ HF_MODULES = (
     "peft",
     "remote_code",
     "resize",
+    "tensor_parallel",
     "trl",
 )
 #: what transformers follows to find the files to copy (transformers.dynamic_module_utils.get_relative_imports)
