@@ -82,9 +82,9 @@ def tiny(family: str, tie: bool):
 
 def test_head_models_loaded_with_tp_plan_auto_equal_one_process(tmp_path):
     """Each bottleneck head once on Llama (untied), Qwen2 (tied) or Gemma 2 (tied, soft-capped): loaded with
-    ``tp_plan="auto"`` on 2 ranks, the head's rows split; logits, loss, every gradient, greedy generation and the
-    saved checkpoint equal one process's. A fast head (class-based softmax, tied on Qwen2) is whole on every rank,
-    with one warning, and equal too."""
+    ``tp_plan="auto"`` on 2 ranks, the head's rows split; logits, loss, every gradient, greedy generation, the saved
+    checkpoint and the losses of three AdamW steps equal one process's. A fast head (class-based softmax, tied on
+    Qwen2) is whole on every rank, with one warning, and equal too."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip(TP_API, reason=TP_API_MISSING)
     import torch

@@ -127,8 +127,8 @@ def audit_shapes(name, one, split, hidden, target) -> None:
 
 def check_models(mesh) -> None:
     """Each saved head model in $TP_MODELS (tests/test_tensor_parallel.py made them), loaded with ``tp_plan="auto"``:
-    its head split, logits, the training loss and every gradient, greedy generation and the saved folder equal the
-    model loaded in one process."""
+    its head split, logits, the training loss and every gradient, greedy generation, the saved folder and the losses
+    of three AdamW steps equal the model loaded in one process."""
     import tempfile
 
     import transformers
@@ -169,6 +169,24 @@ def check_models(mesh) -> None:
         again = transformers.AutoModelForCausalLM.from_pretrained(saved)
         for (name, a), b in zip(one.state_dict().items(), again.state_dict().values()):
             close(f"{sub}: saved {name}", b, a, tol=0.0)
+        train_alike(sub, one, split, ids)
+
+
+def train_alike(sub: str, one, split, ids) -> None:
+    """Two AdamW steps of each model: the split model's losses are the one-process model's."""
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (one, split)]
+    for model in (one, split):
+        model.train()
+        model.zero_grad()
+    for step in range(3):
+        losses = []
+        for model, optimizer in zip((one, split), optimizers):
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.detach())
+        close(f"{sub}: training loss at step {step}", losses[1], losses[0])
 
 
 class Scored(torch.nn.Module):
