@@ -60,6 +60,10 @@ class VocabShard:
         return VocabShard(mesh.get_group(), rank, world, start, min(start + chunk, vocab_size), vocab_size)
 
 
+#: the parameters a head splits over the ranks (its output projection's rows); everything else stays whole
+SPLIT = ("weight", "bias")
+
+
 def is_dtensor(t: Any) -> bool:
     """Whether ``t`` is a DTensor (without importing torch.distributed.tensor where it is not loaded)."""
     return type(t).__name__ == "DTensor" and hasattr(t, "placements")
@@ -151,10 +155,10 @@ def pick(x: torch.Tensor, target: torch.Tensor, shard: Optional[VocabShard]) -> 
     slice, summed over the ranks."""
     if shard is None:
         return x.gather(-1, target[:, None]).squeeze(-1)
-    local = target - shard.start
-    inside = (local >= 0) & (local < shard.width)
     if not shard.width:
         return total(x.sum(-1) * 0.0, shard)  # (x is empty: the collective still runs, as on every rank)
+    local = target - shard.start
+    inside = (local >= 0) & (local < shard.width)
     picked = x.gather(-1, local.clamp(0, shard.width - 1)[:, None]).squeeze(-1)
     return total(torch.where(inside, picked, torch.zeros_like(picked)), shard)
 
@@ -198,7 +202,7 @@ def local_parameters(module: nn.Module, can_split: bool) -> Iterator[Optional[Vo
         for name, p in list(sub._parameters.items()):
             if not is_dtensor(p):
                 continue
-            split = shard is not None and sub is module and name in ("weight", "bias")
+            split = shard is not None and sub is module and name in SPLIT
             whole = not split and any(pl.is_shard() for pl in p.placements)
             swapped.append((sub, name, p))
             sub._parameters[name] = p.full_tensor() if whole else p.to_local()
@@ -211,16 +215,21 @@ def local_parameters(module: nn.Module, can_split: bool) -> Iterator[Optional[Vo
 
 def split_parameters(module: nn.Module, mesh, src_data_rank: Optional[int] = 0) -> nn.Module:
     """``module.weight`` and ``module.bias`` (plain parameters) made DTensors placed ``Shard(0)`` on the 1-D
-    ``mesh``, from rank ``src_data_rank``'s values (None: each rank's own); every other parameter stays a plain,
-    replicated one."""
+    ``mesh`` (:func:`split_parameter`); every other parameter stays a plain, replicated one."""
+    for name in SPLIT:
+        split_parameter(module, name, mesh, src_data_rank)
+    return module
+
+
+def split_parameter(module: nn.Module, name: str, mesh, src_data_rank: Optional[int] = 0) -> None:
+    """``module``'s parameter ``name``, where it is a plain one, made a DTensor placed ``Shard(0)`` on the 1-D ``mesh``
+    from rank ``src_data_rank``'s values (None: each rank's own, as a loader that reads each rank's rows wants)."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    for name in ("weight", "bias"):
-        p = module._parameters.get(name)
-        if p is not None and not is_dtensor(p):
-            placed = distribute_tensor(p.data, mesh, [Shard(0)], src_data_rank=src_data_rank)
-            module._parameters[name] = nn.Parameter(placed, requires_grad=p.requires_grad)
-    return module
+    p = module._parameters.get(name)
+    if p is not None and not is_dtensor(p):
+        placed = distribute_tensor(p.data, mesh, [Shard(0)], src_data_rank=src_data_rank)
+        module._parameters[name] = nn.Parameter(placed, requires_grad=p.requires_grad)
 
 
 def _vocab_parallel_style() -> type:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import warnings
 from typing import Dict, Optional
 
-from torch import nn
 
-from ..core.shard import is_dtensor
+from ..core.shard import SPLIT, is_dtensor, split_parameter
 
 #: the tensor-parallel style of a head model's head
 STYLE = "softmax_heads_vocab"
@@ -35,10 +34,8 @@ def register_style() -> bool:
         hooks (the head takes plain hidden states and returns plain tensors)."""
 
         def shard_param(self, module, param, mesh, *, config=None, mesh_manager=None):
-            from torch.distributed.tensor import Shard, distribute_tensor
-
             meta = module._parameters.get(param)
-            if param not in ("weight", "bias") or meta is None or is_dtensor(meta):
+            if param not in SPLIT or meta is None or is_dtensor(meta):
                 return
             if not getattr(module, "vocab_parallel", False):
                 if param == "weight":
@@ -49,8 +46,7 @@ def register_style() -> bool:
                         stacklevel=2,
                     )
                 return
-            placed = distribute_tensor(meta, mesh, [Shard(0)], src_data_rank=None)
-            module._parameters[param] = nn.Parameter(placed, requires_grad=meta.requires_grad)
+            split_parameter(module, param, mesh, src_data_rank=None)  # (each rank then loads its own rows)
 
         def install_forward(self, module, mesh, *, config=None, mesh_manager=None):
             return module
