@@ -210,10 +210,19 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             w = w * (norm / w.norm(dim=1, keepdim=True).clamp_min(1e-12))
         return w
 
-    def _noisy(self, gate_logits: torch.Tensor) -> torch.Tensor:
-        if self.training and self.config.gate_noise > 0:
-            return gate_logits + self.config.gate_noise * torch.randn_like(gate_logits)
-        return gate_logits
+    def _noisy(self, gate_logits: torch.Tensor, rank: Optional[int] = None) -> torch.Tensor:
+        """``gate_logits`` with the training noise; with ``rank`` (the gates of a vocabulary slice's frequent ids, whose
+        number differs per rank) drawn from a generator seeded by one draw every rank makes alike, plus the rank."""
+        if not (self.training and self.config.gate_noise > 0):
+            return gate_logits
+        if rank is None:
+            noise = torch.randn_like(gate_logits)
+        else:
+            generator = torch.Generator(gate_logits.device).manual_seed(int(torch.randint(2**62, ())) + rank)
+            noise = torch.randn(
+                gate_logits.shape, generator=generator, device=gate_logits.device, dtype=gate_logits.dtype
+            )
+        return gate_logits + self.config.gate_noise * noise
 
     def _gate_inputs(self, hidden: torch.Tensor):
         """``(ctx, shared, gate_ctx, m)``: the contexts ``[N, K, d]``, the shared gate pre-activations
@@ -249,13 +258,10 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
             return self._output_logits(mixed)
         # frequent ids: own gate priors -> vector gating in logit space
         dt = ctx.dtype
-        freq_gates = torch.einsum("nke,se->nsk", gate_ctx, self.gate_embedding.to(dt))
-        freq_gates = self._noisy(freq_gates + shared[:, None, :] + self.gate_bias.to(dt))
-        freq_prior = ops.sigmoid_tree_log_priors(freq_gates).exp()  # [N, S, K]
-        comp = torch.einsum("nkd,sd->nsk", ctx, self._frequent_rows(self.weight, dt))  # [N, S, K]
-        freq_logits = (freq_prior * comp).sum(-1)
-        if self.bias is not None:
-            freq_logits = freq_logits + self._frequent_rows(self.bias, dt)
+        bias = None if self.bias is None else self._frequent_rows(self.bias, dt)
+        freq_logits = self._frequent_logits(
+            ctx, shared, gate_ctx, self.gate_embedding, self.gate_bias, self._frequent_rows(self.weight, dt), bias
+        )
         ids = self.frequent_ids()
         if ids is not None:  # frequent ids anywhere in the vocabulary: shared logits for all, then theirs
             return self._output_logits(mixed).index_copy(1, ids, freq_logits)
@@ -274,21 +280,25 @@ class MixtapeHead(ContextHead, SingleSoftmaxHead):
         order = self.frequency_order[: self.config.num_frequent]
         ranks = ((order >= vs.start) & (order < vs.stop)).nonzero().squeeze(1)  # (rank-dependent sizes from here)
         local = order[ranks] - vs.start
-        dt = ctx.dtype
         gate_ctx, shared, ctx = (shard.enter(t, vs) for t in (gate_ctx, shared, ctx))
-        gate_embedding = shard.enter(self.gate_embedding.to(dt), vs)[ranks]
-        freq_gates = torch.einsum("nke,se->nsk", gate_ctx, gate_embedding)
-        freq_gates = freq_gates + shared[:, None, :] + shard.enter(self.gate_bias.to(dt), vs)[ranks]
-        if self.training and self.config.gate_noise > 0:  # drawn per rank, past one draw every rank makes alike
-            seed = int(torch.randint(2**62, ()))
-            generator = torch.Generator(freq_gates.device).manual_seed(seed + vs.rank)
-            noise = torch.randn(freq_gates.shape, generator=generator, device=freq_gates.device, dtype=dt)
-            freq_gates = freq_gates + self.config.gate_noise * noise
-        freq_prior = ops.sigmoid_tree_log_priors(freq_gates).exp()  # [N, S_rank, K]
-        freq_logits = (freq_prior * torch.einsum("nkd,sd->nsk", ctx, self.weight[local].to(dt))).sum(-1)
-        if self.bias is not None:
-            freq_logits = freq_logits + self.bias[local].to(dt)
+        gate_embedding, gate_bias = (shard.enter(p, vs)[ranks] for p in (self.gate_embedding, self.gate_bias))
+        bias = None if self.bias is None else self.bias[local]
+        freq_logits = self._frequent_logits(
+            ctx, shared, gate_ctx, gate_embedding, gate_bias, self.weight[local], bias, vs.rank
+        )
         return logits.index_copy(1, local, freq_logits)
+
+    def _frequent_logits(self, ctx, shared, gate_ctx, gate_embedding, gate_bias, weight, bias, rank=None):
+        """The gated logits ``[N, S']`` of S' frequent ids, from their rows of the gate parameters (``gate_embedding``
+        ``[S', d2]``, ``gate_bias`` ``[S', K - 1]``), of W and of b (None: no bias): each id's own gate priors mix
+        the K components' logits (vector gating in logit space). ``rank``: the ids of a vocabulary slice
+        (:meth:`_noisy`)."""
+        dt = ctx.dtype
+        gates = torch.einsum("nke,se->nsk", gate_ctx, gate_embedding.to(dt))
+        gates = self._noisy(gates + shared[:, None, :] + gate_bias.to(dt), rank)
+        prior = ops.sigmoid_tree_log_priors(gates).exp()  # [N, S', K]
+        logits = (prior * torch.einsum("nkd,sd->nsk", ctx, weight.to(dt))).sum(-1)
+        return logits if bias is None else logits + bias.to(dt)
 
     @property
     def lean_width(self) -> int:
