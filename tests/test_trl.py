@@ -233,3 +233,248 @@ def test_token_log_probs_equal_the_heads_log_probs_and_keep_no_vocabulary_wide_t
         for a, b in zip(lean_grads, ref_grads):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
         assert ref_saved >= (n - 3) * vocab > lean_saved  # the plain path keeps [tokens, V]; the lean one does not
+
+
+# ----------------------------------------------------------------------------- the audit: TRL's options on a head
+# Each row of docs/huggingface.md's TRL table is a test here: the trainer's own per-token log-probs equal the head's
+# (tests/trl_check.py), and the head's own parameters move under TRL's loss; or the option is refused in one line
+# when the trainer is built.
+
+from trl_check import assert_trainer_scores_with_the_head  # noqa: E402
+
+
+def llama_head_folder(folder, name="mixtape"):
+    """A tiny untied Llama with head ``name``, saved with its tokenizer (TRL rebuilds reference models from the
+    folder)."""
+    from transformers import LlamaConfig
+
+    torch.manual_seed(0)
+    base = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=len(WORDS) + 4,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    AutoModelForCausalLM.from_config(hf_heads.head_config(base, name, **HEADS.get(name, {}))).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def reward_length(completions, **kwargs):
+    return [float(len(c.split())) for c in completions]
+
+
+def online_trainer(kind, tmp_path, model, **options):
+    """GRPO or RLOO on ``model`` (4 prompts, 4 completions each of 6 tokens, 2 steps at lr 1e-2)."""
+    config, trainer = {"grpo": (trl.GRPOConfig, trl.GRPOTrainer), "rloo": (trl.RLOOConfig, trl.RLOOTrainer)}[kind]
+    args = config(
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        bf16=False,
+        **options,
+    )
+    data = datasets.Dataset.from_dict({"prompt": sentences(8, 4)})
+    return trainer(model=model, reward_funcs=reward_length, args=args, train_dataset=data, processing_class=tokenizer())
+
+
+GRPO_OPTIONS = {
+    "defaults": {},
+    "cast_lm_head_to_fp32": {"cast_lm_head_to_fp32": True},
+    "temperature": {"temperature": 0.7},
+    "reference": {"beta": 0.1, "sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5},
+    "entropy": {"entropy_coef": 0.1, "top_entropy_quantile": 0.5},
+    "loss_type": {"loss_type": "grpo"},
+}
+
+
+@pytest.mark.parametrize("option", sorted(GRPO_OPTIONS))
+def test_grpo_option_scores_with_the_head_and_trains_it(tmp_path, option):
+    """The GRPO run on a Llama Mixtape head model with each option: TRL's per-token log-probs (the ones its loss,
+    ratios and KL use) are the head's before and after two steps, and every head parameter moved."""
+    model = AutoModelForCausalLM.from_pretrained(llama_head_folder(tmp_path / "model"))
+    options = GRPO_OPTIONS[option]
+    trainer = online_trainer("grpo", tmp_path, model, **options)
+    ids = torch.randint(4, len(WORDS) + 4, (2, 9), generator=torch.Generator().manual_seed(0))
+    temperature = options.get("temperature", 1.0)
+    assert_trainer_scores_with_the_head(trainer, ids, temperature=temperature)
+    before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
+    trainer.train()
+    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in model.lm_head.named_parameters()}
+    assert all(v > 0 for v in moved.values()), moved
+    assert_trainer_scores_with_the_head(trainer, ids, temperature=temperature)
+    if option == "reference":  # TRL rebuilt the reference from the folder: the head model, synced from the policy
+        assert_trainer_scores_with_the_head(trainer, ids, temperature=temperature, model=trainer.ref_model)
+    if option == "cast_lm_head_to_fp32":
+        assert "forward" not in model.lm_head.__dict__ and model.lm_head.weight.dtype == torch.float32
+
+
+def test_rloo_scores_with_the_head_and_its_reference_is_the_saved_head_model(tmp_path):
+    """RLOO (beta 0.05 by default: a reference TRL rebuilds from the model's folder) at temperature 0.7."""
+    model = AutoModelForCausalLM.from_pretrained(llama_head_folder(tmp_path / "model", "mos"))
+    trainer = online_trainer("rloo", tmp_path, model, temperature=0.7)
+    ids = torch.randint(4, len(WORDS) + 4, (2, 9), generator=torch.Generator().manual_seed(0))
+    before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
+    trainer.train()
+    assert all((p.detach() - before[n]).abs().max() > 0 for n, p in model.lm_head.named_parameters())
+    assert_trainer_scores_with_the_head(trainer, ids, temperature=0.7)
+    assert_trainer_scores_with_the_head(trainer, ids, temperature=0.7, model=trainer.ref_model)
+
+
+def offline_trainer(kind, tmp_path, model, **options):
+    """KTO or DPO on ``model``, 2 steps of 4 examples, its reference rebuilt by TRL (``ref_model`` not given)."""
+    prompts, good, bad = sentences(8, 1), sentences(8, 2), sentences(8, 3)
+    if kind == "kto":
+        config, trainer = trl.KTOConfig, trl.KTOTrainer
+        data = {"prompt": prompts + prompts, "completion": good + bad, "label": [True] * 8 + [False] * 8}
+    else:
+        config, trainer = trl.DPOConfig, trl.DPOTrainer
+        data = {"prompt": prompts, "chosen": good, "rejected": bad}
+    args = config(
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=5e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        bf16=False,
+        **options,
+    )
+    return trainer(model=model, args=args, processing_class=tokenizer(), train_dataset=datasets.Dataset.from_dict(data))
+
+
+@pytest.mark.parametrize(
+    "kind, options",
+    [("kto", {}), ("dpo", {"precompute_ref_log_probs": True}), ("kto", {"precompute_ref_log_probs": True})],
+    ids=["kto", "dpo-precompute", "kto-precompute"],
+)
+def test_kto_and_dpo_score_with_the_head_and_its_reference(tmp_path, kind, options):
+    model = AutoModelForCausalLM.from_pretrained(llama_head_folder(tmp_path / "model", "plif"))
+    trainer = offline_trainer(kind, tmp_path, model, **options)
+    ids = torch.randint(4, len(WORDS) + 4, (2, 9), generator=torch.Generator().manual_seed(0))
+    before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
+    trainer.train()
+    assert all((p.detach() - before[n]).abs().max() > 0 for n, p in model.lm_head.named_parameters())
+    assert_trainer_scores_with_the_head(trainer, ids)
+    if trainer.ref_model is not None:
+        assert_trainer_scores_with_the_head(trainer, ids, model=trainer.ref_model)
+
+
+def test_a_reference_model_trl_would_rebuild_without_the_head_is_refused_when_the_trainer_is_built(tmp_path):
+    """A head swapped in memory leaves config._name_or_path at the plain model's folder: GRPO with a KL term would
+    load that plain model as its reference. Refused in one line; from the saved head model it runs (above)."""
+    from transformers import LlamaForCausalLM
+
+    folder = llama_head_folder(tmp_path / "model")
+    plain = LlamaForCausalLM.from_pretrained(folder)  # (the head's weights left out: the plain Llama of that folder)
+    plain.save_pretrained(tmp_path / "plain")
+    model = hf_heads.swap_head(LlamaForCausalLM.from_pretrained(tmp_path / "plain"), "mixtape", **HEADS["mixtape"])
+    with pytest.raises(ValueError, match=r"^GRPOTrainer: the reference model TRL loaded from .*plain' .* is a plain "
+                       r"LlamaForCausalLM, not this mixtape head model, .* save this model"):  # fmt: skip
+        online_trainer("grpo", tmp_path, model, beta=0.1)
+    online_trainer("grpo", tmp_path, model)  # beta 0: no reference model
+
+
+def test_distillation_trainer_which_reads_the_output_weight_is_refused_when_built(tmp_path):
+    model = head_model("mos")
+    args = trl.DistillationConfig(output_dir=str(tmp_path), max_steps=1, report_to=[], use_cpu=True, bf16=False)
+    with pytest.raises(ValueError, match=r"^DistillationTrainer: its loss reads the output layer's weight directly "
+                       r"and never runs the mos head"):  # fmt: skip
+        trl.DistillationTrainer(
+            model=model,
+            teacher_model=head_model("softmax"),
+            args=args,
+            processing_class=tokenizer(),
+            train_dataset=datasets.Dataset.from_dict({"prompt": sentences(4, 0), "completion": sentences(4, 1)}),
+        )
+
+
+def test_the_fused_entropy_carries_the_heads_gradient():
+    """GRPO's entropy bonus (entropy_coef) differentiates TRL's per-token entropy: the fused forward's entropy has the
+    gradient of the head's, for the hidden states' trunk and every head parameter."""
+    model = head_model("mixtape").train()
+    trl.trainer.utils.add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    ids = torch.randint(4, len(WORDS) + 4, (2, 9), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[0, :3] = -100
+    grads = []
+    for fused in (True, False):
+        model.zero_grad()
+        if fused:
+            entropy = model(input_ids=ids, labels=labels, fused_lm_head=True).entropy
+        else:
+            lp = torch.log_softmax(model(input_ids=ids).logits[:, :-1] / 0.7, -1)
+            entropy = (-(lp.exp() * lp).sum(-1)).masked_fill(labels[:, 1:] == -100, 0)
+        (entropy * torch.linspace(0.5, 1.5, entropy.numel()).view_as(entropy)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any(n.startswith("lm_head.") for n in grads[0])
+    for n in grads[1]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_a_mixture_of_experts_trunks_router_loss_reaches_trl():
+    """With ``output_router_logits`` (TRL's ``router_aux_loss_coef`` adds ``outputs.aux_loss``), the fused forward
+    returns the trunk's router loss: the one the model's own forward gives."""
+    from transformers import MixtralConfig
+
+    torch.manual_seed(0)
+    base = MixtralConfig(
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=len(WORDS) + 4,
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+    )
+    model = AutoModelForCausalLM.from_config(hf_heads.head_config(base, "mos", num_components=2))
+    trl.trainer.utils.add_fused_lm_head(model)
+    ids = torch.randint(4, len(WORDS) + 4, (2, 9), generator=torch.Generator().manual_seed(1))
+    fused = model(input_ids=ids, labels=ids, fused_lm_head=True)
+    plain = model(input_ids=ids, labels=ids)
+    assert fused.aux_loss is not None and fused.aux_loss.requires_grad
+    torch.testing.assert_close(fused.aux_loss, plain.aux_loss)
+
+
+def test_sft_padding_free_scores_with_the_head(tmp_path, spy):
+    """``padding_free`` packs the batch into one row with ``position_ids``: the fused call's log-probs are still the
+    head's (the spy checks each against the model's own forward on the same inputs) and the head trains."""
+    model = AutoModelForCausalLM.from_pretrained(llama_head_folder(tmp_path / "model", "mos"))
+    before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=5e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        bf16=False,
+        padding_free=True,
+        max_length=None,
+    )
+    data = datasets.Dataset.from_dict({"text": sentences(16, 0)})
+    trl.SFTTrainer(model=model, args=args, processing_class=tokenizer(), train_dataset=data).train()
+    calls = spy()
+    assert calls and "position_ids" in calls[0]["kwargs"]
+    assert all((p.detach() - before[n]).abs().max() > 0 for n, p in model.lm_head.named_parameters())

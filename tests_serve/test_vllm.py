@@ -304,3 +304,62 @@ def sampling(tmp_path_factory):
     yield llm, model
     del llm
     gc.collect()
+
+
+@pytest.mark.parametrize("head, family, tie", [("mixtape", "llama", True), ("mos", "qwen2", False)])
+def test_grpo_weight_sync_gives_vllm_the_trained_models_log_probs(head, family, tie, tmp_path, monkeypatch):
+    """TRL's GRPO with ``use_vllm=True`` (colocated) pushes the trained policy into the engine after each step:
+    ``model_runner.model.load_weights([(name, tensor)])`` for each of the HF model's named parameters, one per call.
+    After three AdamW steps that move every head parameter (and, tied, the embedding it shares), vLLM's prompt
+    log-probs of a completion, and those of a completion it samples at T = 0.7 (what TRL's importance-sampling
+    correction reads), are the trained HF model's within 1e-4. (The trunk trains frozen here: vLLM's CPU
+    backend repacks its linear layers' weights after loading and cannot load them again, for any model.)"""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # (TRL's colocated engine runs in its own process)
+    torch.manual_seed(0)
+    config = hf_heads.head_config(base_config(family), head, **HEADS[head])
+    config.tie_word_embeddings = tie
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(tmp_path)
+    tokenizer().save_pretrained(tmp_path)
+    llm = vllm.LLM(
+        model=str(tmp_path),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=64,
+        max_num_seqs=4,
+        seed=0,
+        logprobs_mode="processed_logprobs",  # (TRL's: its importance-sampling correction reads them)
+    )
+    ids = torch.tensor(PROMPTS[1:2] * 2)
+    trained = {n: p for n, p in model.named_parameters() if n.startswith("lm_head.") or "embed_tokens" in n}
+    for name, param in model.named_parameters():
+        param.requires_grad_(name in trained)
+    before = {n: p.detach().clone() for n, p in trained.items()}
+    optimizer = torch.optim.AdamW(trained.values(), lr=1e-2)
+    for _ in range(3):
+        model(ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert all((p.detach() - before[n]).abs().max() > 0 for n, p in trained.items())
+    assert any(n.startswith("lm_head.") for n in trained) and (not tie or "lm_head.weight" not in trained)
+    served = llm.llm_engine.model_executor.driver_worker.model_runner.model
+    for name, param in trained.items():  # (what TRL's VLLMGeneration.sync_weights sends, colocated)
+        served.load_weights([(name, param.detach())])
+    completion = PROMPTS[1] + [20, 21, 22, 23]
+    params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0)
+    ranked = llm.generate([vllm.TokensPrompt(prompt_token_ids=completion)], params, use_tqdm=False)[0].prompt_logprobs
+    with torch.no_grad():
+        log_probs = model.eval()(torch.tensor([completion])).logits[0]
+    got = [ranked[i][token].logprob for i, token in enumerate(completion) if i > 0]
+    want = [log_probs[i - 1, token].item() for i, token in enumerate(completion) if i > 0]
+    assert got == pytest.approx(want, abs=1e-4)
+    # a completion sampled at T = 0.7: each token's log-prob is the trained head's at T, log_softmax(log p / T)
+    sample = vllm.SamplingParams(temperature=0.7, max_tokens=4, logprobs=0, seed=0)  # (min_tokens would mask EOS)
+    out = llm.generate([vllm.TokensPrompt(prompt_token_ids=PROMPTS[0])], sample, use_tqdm=False)[0].outputs[0]
+    with torch.no_grad():
+        at_t = torch.log_softmax(model(torch.tensor([PROMPTS[0] + list(out.token_ids)])).logits[0] / 0.7, -1)
+    start = len(PROMPTS[0]) - 1
+    got = [ranked[token].logprob for token, ranked in zip(out.token_ids, out.logprobs)]
+    assert got == pytest.approx([at_t[start + i, t].item() for i, t in enumerate(out.token_ids)], abs=1e-4)
+    del llm
+    gc.collect()

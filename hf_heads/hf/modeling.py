@@ -127,6 +127,11 @@ class HeadModelMixin:
             return
         super().__setattr__(name, value)
 
+    def add_model_tags(self, tags):
+        # TRL's trainers tag the model while they are built: where one never runs the head, refuse it then
+        trl.refuse_weight_readers(self)
+        return super().add_model_tags(tags)
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' ``save_pretrained`` (``push_to_hub`` and ``Trainer.save_model`` call it), plus the code
         that loads the model where softmax-heads is not installed: ``from_pretrained(folder,

@@ -151,7 +151,10 @@ class HeadMixin:
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
         """The trunk's tensors through the family's loader, the head's (``lm_head.*``) into the head; a head that
-        saved no ``weight`` of its own shares the input embedding (its first ``vocab_size`` rows: vLLM pads it)."""
+        saved no ``weight`` of its own shares the input embedding (its first ``vocab_size`` rows: vLLM pads it).
+        After the checkpoint's load, a call updates the tensors it is given (:meth:`update_weights`)."""
+        if getattr(self, "_checkpoint_loaded", False):
+            return self.update_weights(weights)
         own = {}
 
         def trunk():
@@ -175,7 +178,33 @@ class HeadMixin:
                 f"{type(self).__name__}: the checkpoint's lm_head.* tensors do not match its {head.head_name} head "
                 f"(missing {missing}, unexpected {unexpected}): save it again with softmax-heads"
             )
+        self._checkpoint_loaded = True
         return loaded | {f"lm_head.{n}" for n, _ in head.named_parameters()}
+
+    def update_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
+        """Some of the model's tensors, by their transformers names, copied into place: how TRL's GRPO syncs its
+        trained policy into vLLM (colocated: ``load_weights([(name, tensor)])``, one tensor per call; a server: in
+        chunks). The trunk's go through the family's loader; the head's into the head's own tensors, a shared
+        embedding staying shared. Nothing is re-tied, and a call need not hold every tensor."""
+        head = dict(self.lm_head.named_parameters())
+        updated = set()
+
+        def trunk():
+            for name, tensor in weights:
+                if not name.startswith("lm_head."):
+                    yield name, tensor
+                    continue
+                target = head.get(name[len("lm_head.") :])
+                if target is None:
+                    raise ValueError(
+                        f"{type(self).__name__}: {name} is not a parameter of its {self.lm_head.head_name} head "
+                        f"({', '.join(sorted(head))}); sync the weights of the head model this engine serves"
+                    )
+                with torch.no_grad():
+                    target.copy_(tensor)
+                updated.add(name)
+
+        return set(super().load_weights(trunk())) | updated
 
 
 def input_embedding(model: nn.Module) -> nn.Module:
