@@ -58,6 +58,19 @@ def head_model(name):
     return AutoModelForCausalLM.from_config(hf_heads.head_config(base, name, **HEADS.get(name, {})))
 
 
+#: what every trainer here runs with: the CPU, float32, seed 0, nothing saved or reported
+ON_THE_CPU = {"report_to": [], "use_cpu": True, "save_strategy": "no", "seed": 0, "bf16": False}
+
+
+def head_parameters(model):
+    return {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
+
+
+def assert_every_head_parameter_moved(model, before):
+    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in model.lm_head.named_parameters()}
+    assert all(v > 0 for v in moved.values()), moved  # (had anything bypassed the head, they would stay put)
+
+
 def sentences(n, seed):
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))) for _ in range(n)]
@@ -106,18 +119,14 @@ def spy(monkeypatch):
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_sft_trainer_trains_the_head_and_logs_its_loss(tmp_path, spy, name):
     model = head_model(name)
-    before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
+    before = head_parameters(model)
     args = trl.SFTConfig(
         output_dir=str(tmp_path),
         max_steps=3,
         per_device_train_batch_size=4,
         learning_rate=5e-3,
         logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
-        bf16=False,
+        **ON_THE_CPU,
     )
     trainer = trl.SFTTrainer(
         model=model,
@@ -131,8 +140,7 @@ def test_sft_trainer_trains_the_head_and_logs_its_loss(tmp_path, spy, name):
         counts.append(num_items_in_batch) or compute_loss(*a, num_items_in_batch=num_items_in_batch, **k)
     )
     trainer.train()
-    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in model.lm_head.named_parameters()}
-    assert all(v > 0 for v in moved.values()), moved  # every head parameter trained (the bypass left them at 0)
+    assert_every_head_parameter_moved(model, before)
     first = trainer.state.log_history[0]
     calls = spy()
     assert len(calls) >= 3
@@ -161,7 +169,7 @@ def test_sft_metrics_are_the_heads_entropy_and_accuracy():
 
 def test_dpo_trainer_scores_chosen_and_rejected_with_the_head(tmp_path, spy):
     model = head_model("mixtape")
-    before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
+    before = head_parameters(model)
     prompts, chosen, rejected = sentences(8, 1), sentences(8, 2), sentences(8, 3)
     data = datasets.Dataset.from_dict({"prompt": prompts, "chosen": chosen, "rejected": rejected})
     args = trl.DPOConfig(
@@ -170,25 +178,20 @@ def test_dpo_trainer_scores_chosen_and_rejected_with_the_head(tmp_path, spy):
         per_device_train_batch_size=4,
         learning_rate=5e-3,
         logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
-        bf16=False,
+        **ON_THE_CPU,
     )
     trainer = trl.DPOTrainer(
         model=model, ref_model=copy.deepcopy(model), args=args, processing_class=tokenizer(), train_dataset=data
     )  # the reference is the head model as it starts
     trainer.train()
     assert len(spy()) >= 2  # policy (and reference) log-probs came through the head's fused forward
-    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in model.lm_head.named_parameters()}
-    assert all(v > 0 for v in moved.values()), moved
+    assert_every_head_parameter_moved(model, before)
     assert "logps/chosen" in trainer.state.log_history[0]
 
 
 def test_a_head_with_an_aux_loss_is_refused_when_the_trainer_is_built(tmp_path):
     model = head_model("ds_softmax")
-    args = trl.SFTConfig(output_dir=str(tmp_path), max_steps=1, report_to=[], use_cpu=True, save_strategy="no")
+    args = trl.SFTConfig(output_dir=str(tmp_path), max_steps=1, **ON_THE_CPU)
     with pytest.raises(
         ValueError,
         match=r"^SFTTrainer: the ds_softmax head has an auxiliary loss .* that TRL's "
@@ -243,6 +246,11 @@ def test_token_log_probs_equal_the_heads_log_probs_and_keep_no_vocabulary_wide_t
 from trl_check import assert_trainer_scores_with_the_head  # noqa: E402
 
 
+#: the trunk of the tiny Llama and Mixtral models below
+TRUNK = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+         "vocab_size": len(WORDS) + 4}  # fmt: skip
+
+
 def llama_head_folder(folder, name="mixtape"):
     """A tiny untied Llama with head ``name``, saved with its tokenizer (TRL rebuilds reference models from the
     folder)."""
@@ -250,12 +258,8 @@ def llama_head_folder(folder, name="mixtape"):
 
     torch.manual_seed(0)
     base = LlamaConfig(
-        hidden_size=32,
+        **TRUNK,
         intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        vocab_size=len(WORDS) + 4,
         max_position_embeddings=64,
         tie_word_embeddings=False,
         bos_token_id=1,
@@ -282,11 +286,7 @@ def online_trainer(kind, tmp_path, model, **options):
         max_completion_length=6,
         learning_rate=1e-2,
         logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
-        bf16=False,
+        **ON_THE_CPU,
         **options,
     )
     data = datasets.Dataset.from_dict({"prompt": sentences(8, 4)})
@@ -313,10 +313,9 @@ def test_grpo_option_scores_with_the_head_and_trains_it(tmp_path, option):
     ids = torch.randint(4, len(WORDS) + 4, (2, 9), generator=torch.Generator().manual_seed(0))
     temperature = options.get("temperature", 1.0)
     assert_trainer_scores_with_the_head(trainer, ids, temperature=temperature)
-    before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
+    before = head_parameters(model)
     trainer.train()
-    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in model.lm_head.named_parameters()}
-    assert all(v > 0 for v in moved.values()), moved
+    assert_every_head_parameter_moved(model, before)
     assert_trainer_scores_with_the_head(trainer, ids, temperature=temperature)
     if option == "reference":  # TRL rebuilt the reference from the folder: the head model, synced from the policy
         assert_trainer_scores_with_the_head(trainer, ids, temperature=temperature, model=trainer.ref_model)
@@ -329,9 +328,9 @@ def test_rloo_scores_with_the_head_and_its_reference_is_the_saved_head_model(tmp
     model = AutoModelForCausalLM.from_pretrained(llama_head_folder(tmp_path / "model", "mos"))
     trainer = online_trainer("rloo", tmp_path, model, temperature=0.7)
     ids = torch.randint(4, len(WORDS) + 4, (2, 9), generator=torch.Generator().manual_seed(0))
-    before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
+    before = head_parameters(model)
     trainer.train()
-    assert all((p.detach() - before[n]).abs().max() > 0 for n, p in model.lm_head.named_parameters())
+    assert_every_head_parameter_moved(model, before)
     assert_trainer_scores_with_the_head(trainer, ids, temperature=0.7)
     assert_trainer_scores_with_the_head(trainer, ids, temperature=0.7, model=trainer.ref_model)
 
@@ -350,11 +349,7 @@ def offline_trainer(kind, tmp_path, model, **options):
         max_steps=2,
         per_device_train_batch_size=4,
         learning_rate=5e-3,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
-        bf16=False,
+        **ON_THE_CPU,
         **options,
     )
     return trainer(model=model, args=args, processing_class=tokenizer(), train_dataset=datasets.Dataset.from_dict(data))
@@ -369,9 +364,9 @@ def test_kto_and_dpo_score_with_the_head_and_its_reference(tmp_path, kind, optio
     model = AutoModelForCausalLM.from_pretrained(llama_head_folder(tmp_path / "model", "plif"))
     trainer = offline_trainer(kind, tmp_path, model, **options)
     ids = torch.randint(4, len(WORDS) + 4, (2, 9), generator=torch.Generator().manual_seed(0))
-    before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
+    before = head_parameters(model)
     trainer.train()
-    assert all((p.detach() - before[n]).abs().max() > 0 for n, p in model.lm_head.named_parameters())
+    assert_every_head_parameter_moved(model, before)
     assert_trainer_scores_with_the_head(trainer, ids)
     if trainer.ref_model is not None:
         assert_trainer_scores_with_the_head(trainer, ids, model=trainer.ref_model)
@@ -394,7 +389,7 @@ def test_a_reference_model_trl_would_rebuild_without_the_head_is_refused_when_th
 
 def test_distillation_trainer_which_reads_the_output_weight_is_refused_when_built(tmp_path):
     model = head_model("mos")
-    args = trl.DistillationConfig(output_dir=str(tmp_path), max_steps=1, report_to=[], use_cpu=True, bf16=False)
+    args = trl.DistillationConfig(output_dir=str(tmp_path), max_steps=1, **ON_THE_CPU)
     with pytest.raises(ValueError, match=r"^DistillationTrainer: its loss reads the output layer's weight directly "
                        r"and never runs the mos head"):  # fmt: skip
         trl.DistillationTrainer(
@@ -436,14 +431,10 @@ def test_a_mixture_of_experts_trunks_router_loss_reaches_trl():
 
     torch.manual_seed(0)
     base = MixtralConfig(
-        hidden_size=32,
+        **TRUNK,
         intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
         num_local_experts=4,
         num_experts_per_tok=2,
-        vocab_size=len(WORDS) + 4,
         output_router_logits=True,
         router_aux_loss_coef=0.02,
     )
@@ -460,21 +451,18 @@ def test_sft_padding_free_scores_with_the_head(tmp_path, spy):
     """``padding_free`` packs the batch into one row with ``position_ids``: the fused call's log-probs are still the
     head's (the spy checks each against the model's own forward on the same inputs) and the head trains."""
     model = AutoModelForCausalLM.from_pretrained(llama_head_folder(tmp_path / "model", "mos"))
-    before = {n: p.detach().clone() for n, p in model.lm_head.named_parameters()}
+    before = head_parameters(model)
     args = trl.SFTConfig(
         output_dir=str(tmp_path / "run"),
         max_steps=2,
         per_device_train_batch_size=4,
         learning_rate=5e-3,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        bf16=False,
         padding_free=True,
         max_length=None,
+        **ON_THE_CPU,
     )
     data = datasets.Dataset.from_dict({"text": sentences(16, 0)})
     trl.SFTTrainer(model=model, args=args, processing_class=tokenizer(), train_dataset=data).train()
     calls = spy()
     assert calls and "position_ids" in calls[0]["kwargs"]
-    assert all((p.detach() - before[n]).abs().max() > 0 for n, p in model.lm_head.named_parameters())
+    assert_every_head_parameter_moved(model, before)
