@@ -447,22 +447,31 @@ def test_a_mixture_of_experts_trunks_router_loss_reaches_trl():
     torch.testing.assert_close(fused.aux_loss, plain.aux_loss)
 
 
-def test_sft_padding_free_scores_with_the_head(tmp_path, spy):
-    """``padding_free`` packs the batch into one row with ``position_ids``: the fused call's log-probs are still the
-    head's (the spy checks each against the model's own forward on the same inputs) and the head trains."""
+@pytest.mark.parametrize("option", ["padding_free", "completion_only_loss"])
+def test_sft_option_scores_with_the_head(tmp_path, spy, option):
+    """``padding_free`` packs the batch into one row with ``position_ids``; ``completion_only_loss`` scores a
+    prompt-completion dataset's completions only (labels -100 on the prompt). Either way the fused call's log-probs
+    are the head's (the spy checks each against the model's own forward on the same inputs) and the head trains."""
     model = AutoModelForCausalLM.from_pretrained(llama_head_folder(tmp_path / "model", "mos"))
     before = head_parameters(model)
+    if option == "padding_free":
+        options, data = {"padding_free": True, "max_length": None}, {"text": sentences(16, 0)}
+    else:
+        options, data = {"completion_only_loss": True}, {"prompt": sentences(16, 0), "completion": sentences(16, 1)}
     args = trl.SFTConfig(
         output_dir=str(tmp_path / "run"),
         max_steps=2,
         per_device_train_batch_size=4,
         learning_rate=5e-3,
-        padding_free=True,
-        max_length=None,
+        **options,
         **ON_THE_CPU,
     )
-    data = datasets.Dataset.from_dict({"text": sentences(16, 0)})
+    data = datasets.Dataset.from_dict(data)
     trl.SFTTrainer(model=model, args=args, processing_class=tokenizer(), train_dataset=data).train()
     calls = spy()
-    assert calls and "position_ids" in calls[0]["kwargs"]
+    if option == "padding_free":
+        assert calls and "position_ids" in calls[0]["kwargs"]
+    else:  # (the prompt's tokens are not scored: more ignored labels than padding)
+        kwargs = calls[0]["kwargs"]
+        assert (kwargs["labels"] == -100).sum() > (kwargs["attention_mask"] == 0).sum()
     assert_every_head_parameter_moved(model, before)
