@@ -475,3 +475,19 @@ def test_sft_option_scores_with_the_head(tmp_path, spy, option):
         kwargs = calls[0]["kwargs"]
         assert (kwargs["labels"] == -100).sum() > (kwargs["attention_mask"] == 0).sum()
     assert_every_head_parameter_moved(model, before)
+
+
+def test_grpo_cast_lm_head_to_fp32_on_a_bfloat16_model_scores_with_the_head_in_float32(tmp_path):
+    """What the option is for: a bfloat16 model whose output layer computes in float32. The head's parameters become
+    float32, the trunk stays bfloat16, the head keeps its own forward, and TRL's log-probs are the head's on the
+    trunk's bfloat16 hidden states, before and after training."""
+    model = AutoModelForCausalLM.from_pretrained(llama_head_folder(tmp_path / "model"), dtype=torch.bfloat16)
+    trainer = online_trainer("grpo", tmp_path, model, cast_lm_head_to_fp32=True)
+    assert {p.dtype for p in model.lm_head.parameters()} == {torch.float32}
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16 and "forward" not in model.lm_head.__dict__
+    ids = torch.randint(4, len(WORDS) + 4, (2, 9), generator=torch.Generator().manual_seed(0))
+    assert_trainer_scores_with_the_head(trainer, ids)
+    before = head_parameters(model)
+    trainer.train()
+    assert_every_head_parameter_moved(model, before)
+    assert_trainer_scores_with_the_head(trainer, ids)
