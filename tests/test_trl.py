@@ -298,7 +298,7 @@ GRPO_OPTIONS = {
     "cast_lm_head_to_fp32": {"cast_lm_head_to_fp32": True},
     "temperature": {"temperature": 0.7},
     "reference": {"beta": 0.1, "sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5},
-    "entropy": {"entropy_coef": 0.1, "top_entropy_quantile": 0.5},
+    "entropy": {"entropy_coef": 0.1, "use_adaptive_entropy": True, "top_entropy_quantile": 0.5},
     "loss_type": {"loss_type": "grpo"},
 }
 
@@ -355,17 +355,32 @@ def offline_trainer(kind, tmp_path, model, **options):
     return trainer(model=model, args=args, processing_class=tokenizer(), train_dataset=datasets.Dataset.from_dict(data))
 
 
-@pytest.mark.parametrize(
-    "kind, options",
-    [("kto", {}), ("dpo", {"precompute_ref_log_probs": True}), ("kto", {"precompute_ref_log_probs": True})],
-    ids=["kto", "dpo-precompute", "kto-precompute"],
-)
-def test_kto_and_dpo_score_with_the_head_and_its_reference(tmp_path, kind, options):
+OFFLINE_OPTIONS = {
+    "kto": ("kto", {}),
+    "dpo": ("dpo", {}),
+    "dpo-weighting": ("dpo", {"use_weighting": True}),
+    "dpo-precompute": ("dpo", {"precompute_ref_log_probs": True}),
+    "kto-precompute": ("kto", {"precompute_ref_log_probs": True}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OFFLINE_OPTIONS))
+def test_kto_and_dpo_score_with_the_head_and_its_reference(tmp_path, spy, case):
+    """KTO and DPO without ``ref_model``: TRL rebuilds the reference from the saved head model's folder, or (with
+    ``precompute_ref_log_probs``) scores the dataset with the policy as it starts and keeps no reference. Every fused
+    call (the precomputed reference log-probs among them; WPO's ``use_weighting`` reads their ``log_sum_sq_probs``)
+    is the head's, checked by the spy against the model as it was then; afterwards the trainer's log-probs, and its
+    reference's, are the head's, and every head parameter moved."""
+    kind, options = OFFLINE_OPTIONS[case]
     model = AutoModelForCausalLM.from_pretrained(llama_head_folder(tmp_path / "model", "plif"))
     trainer = offline_trainer(kind, tmp_path, model, **options)
+    precomputed = len(spy())  # (precompute_ref_log_probs: the dataset scored when the trainer was built)
+    assert (precomputed > 0) == ("precompute_ref_log_probs" in options)
+    assert (trainer.ref_model is None) == ("precompute_ref_log_probs" in options)
     ids = torch.randint(4, len(WORDS) + 4, (2, 9), generator=torch.Generator().manual_seed(0))
     before = head_parameters(model)
     trainer.train()
+    assert len(spy()) > precomputed
     assert_every_head_parameter_moved(model, before)
     assert_trainer_scores_with_the_head(trainer, ids)
     if trainer.ref_model is not None:

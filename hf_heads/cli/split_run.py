@@ -3,7 +3,8 @@
 
 Every process builds the model with its head as one process does (the same seed, so the same weights), rank 0 saves
 it, and every process loads it back split (``from_pretrained(DIR, tp_plan="auto")``). All processes then see the same
-batches: the run is one process's, spread over the ranks, and its losses are that process's.
+batches: the run is one process's, spread over the ranks, and its losses are that process's (but for randomness a
+head draws per rank: Mixtape's gate noise).
 
     torchrun --nproc_per_node 2 -m hf_heads.cli finetune --model-config llama-tiny --head mixtape --tensor-parallel ...
 
