@@ -300,6 +300,11 @@ GRPO_OPTIONS = {
     "reference": {"beta": 0.1, "sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5},
     "entropy": {"entropy_coef": 0.1, "use_adaptive_entropy": True, "top_entropy_quantile": 0.5},
     "loss_type": {"loss_type": "grpo"},
+    # Liger's layer kernels need a GPU: off here, as tests/test_liger.py has them; TRL turns the fused loss off itself
+    "use_liger_kernel": {
+        "use_liger_kernel": True,
+        "liger_kernel_config": {"rope": False, "rms_norm": False, "swiglu": False},
+    },
 }
 
 
