@@ -46,7 +46,7 @@ class VocabShard:
     @property
     def chunk(self) -> int:
         """Rows per rank before the last ones run short: ``ceil(V / P)``."""
-        return -(-self.vocab_size // self.world)
+        return _rows_per_rank(self.vocab_size, self.world)
 
     @staticmethod
     def of(weight: torch.Tensor) -> Optional["VocabShard"]:
@@ -55,9 +55,14 @@ class VocabShard:
             return None
         mesh, vocab_size = weight.device_mesh, weight.shape[0]
         rank, world = mesh.get_local_rank(), mesh.size()
-        chunk = -(-vocab_size // world)
+        chunk = _rows_per_rank(vocab_size, world)
         start = min(rank * chunk, vocab_size)
         return VocabShard(mesh.get_group(), rank, world, start, min(start + chunk, vocab_size), vocab_size)
+
+
+def _rows_per_rank(vocab_size: int, world: int) -> int:
+    """``ceil(V / P)``: the rows of each rank's slice, as torch's ``Shard(0)`` splits them (the last ones shorter)."""
+    return -(-vocab_size // world)
 
 
 #: the parameters a head splits over the ranks (its output projection's rows); everything else stays whole

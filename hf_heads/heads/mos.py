@@ -84,7 +84,7 @@ class MoSHead(ContextHead):
         parts = []
         for k in range(self.config.num_components):
             s = self._component_scores(ctx[:, k])
-            parts.append(shard.pick(s, target, self.vocab_shard) - shard.logsumexp(s, self.vocab_shard))
+            parts.append(-shard.cross_entropy(s, target, self.vocab_shard))
         return -torch.logsumexp(torch.stack(parts, dim=1) + log_prior, dim=1)
 
     def lean_nll_chunk(self, hidden, target, grads, label_smoothing=0.0, triton=False):

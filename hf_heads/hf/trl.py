@@ -133,8 +133,9 @@ def fused_forward(model, base_forward, args, kwargs):
     """TRL's ``fused_lm_head=True`` call answered with the head: the model runs with the head replaced by a stand-in
     that keeps the hidden states, then the head scores the next-token labels (``labels`` shifted, or
     ``shift_labels`` as given). Returns TRL's ``FusedCausalLMOutput``: ``log_probs`` (differentiable, memory-lean in
-    training), the metrics TRL asked for (entropy, ``is_top1``, ...; no gradient), ``label_mask`` and ``loss`` (the
-    mean NLL, or the sum over ``num_items_in_batch``, plus the head's aux loss in training)."""
+    training), the metrics TRL asked for (:func:`_metrics`: the entropy with its gradient, ``is_top1``, ... without),
+    ``label_mask``, ``loss`` (the mean NLL, or the sum over ``num_items_in_batch``, plus the head's aux loss in
+    training) and ``aux_loss`` (a mixture-of-experts trunk's router loss)."""
     # by name: the files a saved model carries may import only torch and transformers (hf_heads/hf/remote_code.py)
     FusedCausalLMOutput = importlib.import_module("trl.trainer.utils").FusedCausalLMOutput
 
